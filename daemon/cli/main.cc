@@ -1,0 +1,51 @@
+// toolsandbox: the command line.
+//
+//   toolsandbox run [options] -- CMD ARGS...   one command through the engine (root)
+//   toolsandbox policy check|explain|fingerprint|lint ...
+//   toolsandbox version
+//
+// Errors in the invocation are one clear line on stderr and exit status 2.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "daemon/cli/cli.h"
+
+namespace {
+
+void usage(std::FILE* out) {
+  std::fputs(
+      "usage: toolsandbox run [--policy NAME|FILE] [--timeout S] [--memory SIZE] [--network none|host]\n"
+      "                       [--venv DIR] [--bind SRC:DST[:rw]]... [--env NAME=VALUE]... [--stdin FILE|-]\n"
+      "                       [--json] [--cgroup-parent PATH] [--state-dir DIR] -- CMD [ARGS...]\n"
+      "       toolsandbox policy check FILE...\n"
+      "       toolsandbox policy explain NAME|FILE [--compare PROFILE]\n"
+      "       toolsandbox policy fingerprint FILE\n"
+      "       toolsandbox policy lint FILE...\n"
+      "       toolsandbox version\n",
+      out);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+    usage(args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  const std::string verb = args[0];
+  args.erase(args.begin());
+  if (verb == "run") return tsb::cli::cmd_run(args);
+  if (verb == "policy") return tsb::cli::cmd_policy(args);
+  if (verb == "version" || verb == "--version") {
+    std::printf("toolsandbox %s\n", TSB_VERSION);
+    return 0;
+  }
+  std::fprintf(stderr, "toolsandbox: unknown command '%s' (try 'toolsandbox --help')\n", verb.c_str());
+  return 2;
+}

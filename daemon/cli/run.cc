@@ -1,0 +1,195 @@
+// toolsandbox run: one command through the engine, directly (root, no daemon).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include "daemon/cli/cli.h"
+#include "daemon/core/policy.h"
+#include "daemon/core/result_json.h"
+#include "daemon/core/units.h"
+#include "isolate/engine.h"
+#include "isolate/jsonc.h"
+
+namespace tsb::cli {
+namespace {
+
+int fail_usage(const std::string& msg) {
+  std::fprintf(stderr, "toolsandbox run: %s\n", msg.c_str());
+  return kExitUsage;
+}
+
+bool is_file_ref(const std::string& s) {
+  return s.find('/') != std::string::npos || (s.size() > 5 && s.compare(s.size() - 5, 5, ".json") == 0);
+}
+
+}  // namespace
+
+// Resolves NAME to /etc/toolsandboxd/policies/NAME.json when present, else
+// to the policy embedded in the binary; anything with a '/' or ".json" is a file.
+Result<core::Policy> resolve_policy(const std::string& ref, const core::PolicyContext& ctx) {
+  if (is_file_ref(ref)) return core::load_policy(ref, ctx);
+  std::string dir = std::string(TSB_SYSCONFDIR) + "/policies";
+  struct stat st{};
+  if (::stat((dir + "/" + ref + ".json").c_str(), &st) == 0) return core::load_named_policy(ref, dir, ctx);
+  return core::load_named_policy(ref, "", ctx);
+}
+
+int cmd_run(const std::vector<std::string>& args) {
+  std::string policy_ref = "default";
+  std::optional<std::string> timeout, memory, network, venv, stdin_src;
+  std::vector<std::string> binds, envs;
+  std::vector<std::string> cmd;
+  bool json = false;
+  isolate::EngineConfig cfg;
+
+  std::size_t i = 0;
+  auto value = [&](const std::string& opt) -> std::optional<std::string> {
+    if (i + 1 >= args.size()) return std::nullopt;
+    (void)opt;
+    return args[++i];
+  };
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      cmd.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+      break;
+    }
+    std::optional<std::string> v;
+    auto need = [&](std::optional<std::string>& dst) -> bool {
+      v = value(a);
+      if (!v) return false;
+      dst = *v;
+      return true;
+    };
+    if (a == "--json") json = true;
+    else if (a == "--policy") { std::optional<std::string> p; if (!need(p)) return fail_usage("--policy needs a name or file"); policy_ref = *p; }
+    else if (a == "--timeout") { if (!need(timeout)) return fail_usage("--timeout needs seconds"); }
+    else if (a == "--memory") { if (!need(memory)) return fail_usage("--memory needs a size (e.g. 256MiB)"); }
+    else if (a == "--network") { if (!need(network)) return fail_usage("--network needs none or host"); }
+    else if (a == "--venv") { if (!need(venv)) return fail_usage("--venv needs a directory"); }
+    else if (a == "--stdin") { if (!need(stdin_src)) return fail_usage("--stdin needs a file or -"); }
+    else if (a == "--bind") { std::optional<std::string> b; if (!need(b)) return fail_usage("--bind needs SRC:DST[:rw]"); binds.push_back(*b); }
+    else if (a == "--env") { std::optional<std::string> e; if (!need(e)) return fail_usage("--env needs NAME=VALUE"); envs.push_back(*e); }
+    else if (a == "--cgroup-parent") { std::optional<std::string> c; if (!need(c)) return fail_usage("--cgroup-parent needs a path"); cfg.cgroup_parent = *c; }
+    else if (a == "--state-dir") { std::optional<std::string> c; if (!need(c)) return fail_usage("--state-dir needs a directory"); cfg.state_dir = *c; }
+    else return fail_usage("unknown option '" + a + "' (commands go after --)");
+  }
+  if (cmd.empty()) return fail_usage("no command given (toolsandbox run [options] -- CMD ARGS...)");
+
+  core::PolicyContext ctx;
+  auto policy = resolve_policy(policy_ref, ctx);
+  if (!policy.ok()) {
+    std::fprintf(stderr, "toolsandbox run: %s\n", policy.error().message.c_str());
+    return kExitUsage;
+  }
+  isolate::RunSpec spec = core::run_spec_from(*policy);
+
+  // Command-line overrides: the operator (root) may tighten or relax one run.
+  if (timeout) {
+    // A bare number is seconds, as for timeout(1).
+    bool bare = !timeout->empty() && timeout->find_first_not_of("0123456789.") == std::string::npos;
+    auto d = core::parse_duration(nlohmann::json(bare ? *timeout + "s" : *timeout));
+    if (!d.ok() || d->count() == 0) return fail_usage("--timeout: not a positive duration: '" + *timeout + "'");
+    spec.limits.wall_timeout = *d;
+  }
+  if (memory) {
+    bool bare = !memory->empty() && memory->find_first_not_of("0123456789") == std::string::npos;
+    auto s = core::parse_size(nlohmann::json(bare ? *memory + "B" : *memory));
+    if (!s.ok() || *s < (16u << 20)) return fail_usage("--memory: need a size of at least 16MiB, like 256MiB: '" + *memory + "'");
+    spec.limits.memory_bytes = *s;
+  }
+  if (network) {
+    if (*network == "none") spec.network = isolate::NetworkMode::None;
+    else if (*network == "host") spec.network = isolate::NetworkMode::Host;
+    else return fail_usage("--network must be none or host");
+  }
+  if (venv) {
+    if (venv->empty() || (*venv)[0] != '/') return fail_usage("--venv needs an absolute path");
+    spec.venv = *venv;
+  }
+  for (const auto& b : binds) {
+    isolate::BindMount m;
+    auto c1 = b.find(':');
+    if (c1 == std::string::npos) return fail_usage("--bind wants SRC:DST[:rw], got '" + b + "'");
+    auto c2 = b.find(':', c1 + 1);
+    m.source = b.substr(0, c1);
+    m.target = c2 == std::string::npos ? b.substr(c1 + 1) : b.substr(c1 + 1, c2 - c1 - 1);
+    if (c2 != std::string::npos) {
+      std::string mode = b.substr(c2 + 1);
+      if (mode == "rw") m.writable = true;
+      else if (mode != "ro") return fail_usage("--bind mode must be ro or rw, got '" + mode + "'");
+    }
+    if (m.source.empty() || m.source[0] != '/') return fail_usage("--bind source must be absolute: '" + m.source + "'");
+    struct stat st{};
+    if (::stat(m.source.c_str(), &st) != 0) return fail_usage("--bind source does not exist: '" + m.source + "'");
+    spec.binds.push_back(m);
+  }
+  std::map<std::string, std::string> req_env;
+  for (const auto& e : envs) {
+    auto eq = e.find('=');
+    if (eq == std::string::npos || eq == 0) return fail_usage("--env wants NAME=VALUE, got '" + e + "'");
+    req_env[e.substr(0, eq)] = e.substr(eq + 1);
+  }
+  auto env = core::build_environment(*policy, req_env);
+  if (!env.ok()) return fail_usage(env.error().message);
+  spec.env = std::move(env).value();
+  spec.argv = cmd;
+  if (stdin_src) {
+    std::string data;
+    if (*stdin_src == "-") {
+      data.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    } else {
+      std::ifstream in(*stdin_src, std::ios::binary);
+      if (!in) return fail_usage("--stdin: cannot open '" + *stdin_src + "'");
+      data.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    spec.stdin_data = std::move(data);
+  }
+
+  auto engine = isolate::Engine::create(cfg);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "toolsandbox run: %s\n", engine.error().message.c_str());
+    return kExitSetup;
+  }
+  isolate::RunResult r = (*engine)->run(spec);
+
+  if (json) {
+    nlohmann::json j = core::run_record_json(r);
+    j["policy"] = policy->name;
+    j["policy_fingerprint"] = policy->fingerprint;
+    j["stdout"] = r.stdout_data;
+    j["stderr"] = r.stderr_data;
+    std::fputs(core::dump_json(j).c_str(), stdout);
+    std::fputc('\n', stdout);
+  } else {
+    std::fwrite(r.stdout_data.data(), 1, r.stdout_data.size(), stdout);
+    std::fwrite(r.stderr_data.data(), 1, r.stderr_data.size(), stderr);
+  }
+  std::fflush(stdout);
+  using isolate::EndReason;
+  switch (r.reason) {
+    case EndReason::Exited:
+      return r.exit_code;
+    case EndReason::Signaled:
+      if (!json) std::fprintf(stderr, "toolsandbox run: killed by signal %d\n", r.signal);
+      return 128 + r.signal;
+    case EndReason::SetupFailed:
+      if (!json) std::fprintf(stderr, "toolsandbox run: %s\n", r.error.c_str());
+      return kExitSetup;
+    case EndReason::Timeout:
+      if (!json) std::fprintf(stderr, "toolsandbox run: timed out after %s; the whole process tree was killed\n",
+                              core::format_duration(spec.limits.wall_timeout).c_str());
+      return kExitTimeout;
+    default:
+      if (!json) std::fprintf(stderr, "toolsandbox run: run ended: %s\n", std::string(isolate::to_string(r.reason)).c_str());
+      return 128 + 9;
+  }
+}
+
+}  // namespace tsb::cli

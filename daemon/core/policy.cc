@@ -1,0 +1,496 @@
+#include "daemon/core/policy.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "daemon/core/embedded.h"
+#include "daemon/core/units.h"
+#include "isolate/hash.h"
+#include "isolate/jsonc.h"
+#include "isolate/plan.h"
+
+namespace tsb::core {
+namespace {
+
+using nlohmann::json;
+constexpr const char* kEmbedded = "embedded:";
+
+bool is_embedded(const std::string& p) { return p.rfind(kEmbedded, 0) == 0; }
+
+std::string dir_of(const std::string& path) {
+  auto slash = path.rfind('/');
+  if (slash == std::string::npos) return is_embedded(path) ? std::string(kEmbedded) : ".";
+  return path.substr(0, slash);
+}
+
+std::string join(const std::string& dir, const std::string& rel) {
+  if (!rel.empty() && rel[0] == '/') return rel;
+  if (dir == kEmbedded) return dir + rel;
+  return dir + "/" + rel;
+}
+
+// Walks one JSON object, remembering which keys were consumed, so unknown
+// keys can be reported with their position.
+class Obj {
+ public:
+  Obj(const LocatedJson& doc, const json& v, std::string ptr) : doc_(doc), v_(v), ptr_(std::move(ptr)) {}
+
+  Status check_object(const char* what) const {
+    if (!v_.is_object()) return Error::invalid(doc_.where(ptr_) + ": " + what + " must be an object");
+    return {};
+  }
+  const json* get(const char* key) {
+    seen_.insert(key);
+    auto it = v_.find(key);
+    return it == v_.end() ? nullptr : &*it;
+  }
+  std::string ptr(const char* key) const { return json_pointer_append(ptr_, key); }
+  std::string where(const char* key) const { return doc_.where(ptr(key)); }
+  Status no_unknown_keys() const {
+    for (auto it = v_.begin(); it != v_.end(); ++it) {
+      if (!seen_.count(it.key())) {
+        std::string known;
+        for (const auto& k : seen_) known += (known.empty() ? "" : ", ") + k;
+        return Error::invalid(doc_.where_key(json_pointer_append(ptr_, it.key())) + ": unknown key " +
+                              quoted_for_message(it.key()) + " (known here: " + known + ")");
+      }
+    }
+    return {};
+  }
+
+ private:
+  const LocatedJson& doc_;
+  const json& v_;
+  std::string ptr_;
+  std::set<std::string> seen_;
+};
+
+Status expect(bool ok, const std::string& where, const std::string& sentence) {
+  if (ok) return {};
+  return Error::invalid(where + ": " + sentence);
+}
+
+// Deep merge for one level of include: objects merge key by key, anything
+// else (arrays included) is replaced by the including file's value.
+void merge_into(json& base, const json& over) {
+  if (!base.is_object() || !over.is_object()) {
+    base = over;
+    return;
+  }
+  for (auto it = over.begin(); it != over.end(); ++it) {
+    if (base.contains(it.key())) merge_into(base[it.key()], it.value());
+    else base[it.key()] = it.value();
+  }
+}
+
+bool path_under(const std::string& p, const std::string& prefix) {
+  if (prefix == "/") return true;
+  return p == prefix || (p.size() > prefix.size() && p.compare(0, prefix.size(), prefix) == 0 && p[prefix.size()] == '/');
+}
+
+Status parse_limits(Obj o, const LocatedJson& doc, isolate::Limits& lim) {
+  TSB_TRY(o.check_object("\"limits\""), "limits");
+  auto dur = [&](const char* key, std::chrono::milliseconds& out, bool allow_zero) -> Status {
+    if (const json* v = o.get(key)) {
+      auto d = parse_duration(*v);
+      if (!d.ok()) return Error::invalid(o.where(key) + ": " + d.error().message);
+      if (!allow_zero && d->count() == 0) return Error::invalid(o.where(key) + ": must be greater than zero");
+      out = *d;
+    }
+    return {};
+  };
+  auto size = [&](const char* key, std::uint64_t& out, std::uint64_t min) -> Status {
+    if (const json* v = o.get(key)) {
+      auto s = parse_size(*v);
+      if (!s.ok()) return Error::invalid(o.where(key) + ": " + s.error().message);
+      if (*s < min) return Error::invalid(o.where(key) + ": must be at least " + format_size(min));
+      out = *s;
+    }
+    return {};
+  };
+  auto count = [&](const char* key, std::uint64_t& out, std::uint64_t min, std::uint64_t max) -> Status {
+    if (const json* v = o.get(key)) {
+      if (!v->is_number_unsigned())
+        return Error::invalid(o.where(key) + ": must be a whole number");
+      auto n = v->get<std::uint64_t>();
+      if (n < min || n > max)
+        return Error::invalid(o.where(key) + ": must be between " + std::to_string(min) + " and " + std::to_string(max));
+      out = n;
+    }
+    return {};
+  };
+  TSB_TRY(dur("wall_timeout", lim.wall_timeout, false), "limits");
+  TSB_TRY(dur("cpu_time", lim.cpu_time, true), "limits");
+  TSB_TRY(size("memory", lim.memory_bytes, 16ull << 20), "limits");
+  TSB_TRY(count("pids", lim.pids, 2, 1u << 22), "limits");
+  if (const json* v = o.get("cpus")) {
+    if (!v->is_number() || v->get<double>() < 0.01 || v->get<double>() > 1024)
+      return Error::invalid(o.where("cpus") + ": must be a number of CPUs between 0.01 and 1024");
+    lim.cpu_quota_millicpus = static_cast<std::uint32_t>(v->get<double>() * 1000 + 0.5);
+  }
+  TSB_TRY(size("tmp_size", lim.tmp_bytes, 1ull << 20), "limits");
+  TSB_TRY(size("work_size", lim.work_bytes, 1ull << 20), "limits");
+  TSB_TRY(size("stdout", lim.stdout_bytes, 1024), "limits");
+  TSB_TRY(size("stderr", lim.stderr_bytes, 1024), "limits");
+  TSB_TRY(size("file_size", lim.file_size_bytes, 1024), "limits");
+  TSB_TRY(count("open_files", lim.open_files, 16, 1u << 20), "limits");
+  (void)doc;
+  return o.no_unknown_keys();
+}
+
+json limits_json(const isolate::Limits& l) {
+  return json{{"wall_timeout", format_duration(l.wall_timeout)},
+              {"cpu_time", format_duration(l.cpu_time)},
+              {"memory", format_size(l.memory_bytes)},
+              {"pids", l.pids},
+              {"cpus", l.cpu_quota_millicpus / 1000.0},
+              {"tmp_size", format_size(l.tmp_bytes)},
+              {"work_size", format_size(l.work_bytes)},
+              {"stdout", format_size(l.stdout_bytes)},
+              {"stderr", format_size(l.stderr_bytes)},
+              {"file_size", format_size(l.file_size_bytes)},
+              {"open_files", l.open_files}};
+}
+
+bool valid_env_name(std::string_view n) {
+  if (n.empty() || n.size() > 256) return false;
+  if (!(std::isalpha(static_cast<unsigned char>(n[0])) || n[0] == '_')) return false;
+  return std::all_of(n.begin(), n.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, const PolicyContext& ctx,
+                              const json& merged, const std::string& include_path) {
+  Policy p;
+  p.source = path;
+  p.include = include_path;
+  Obj root(doc, merged, "");
+  TSB_TRY(root.check_object("a policy"), path);
+
+  const json* version = root.get("version");
+  TSB_TRY(expect(version && version->is_number_unsigned() && version->get<std::uint64_t>() == 1,
+                 version ? doc.where("/version") : doc.where(""), "\"version\": 1 is required (the only version)"), "policy");
+  (void)root.get("include");  // consumed by the loader
+  if (const json* v = root.get("description")) {
+    TSB_TRY(expect(v->is_string(), root.where("description"), "must be a string"), "policy");
+    p.description = v->get<std::string>();
+  }
+  if (const json* v = root.get("backend")) {
+    TSB_TRY(expect(v->is_string() && (*v == "local" || *v == "e2b"), root.where("backend"),
+                   "must be \"local\" or \"e2b\""), "policy");
+    p.backend = *v == "e2b" ? Backend::E2B : Backend::Local;
+  }
+  if (const json* v = root.get("limits")) TSB_TRY(parse_limits(Obj(doc, *v, "/limits"), doc, p.limits), "policy");
+
+  p.venv = "/var/lib/toolsandbox/venv";
+  if (const json* v = root.get("filesystem")) {
+    Obj fs(doc, *v, "/filesystem");
+    TSB_TRY(fs.check_object("\"filesystem\""), "policy");
+    if (const json* venv = fs.get("venv")) {
+      TSB_TRY(expect(venv->is_null() || (venv->is_string() && !venv->get<std::string>().empty() &&
+                                         venv->get<std::string>()[0] == '/'),
+                     fs.where("venv"), "must be an absolute host path, or null for no venv"), "policy");
+      p.venv = venv->is_null() ? "" : venv->get<std::string>();
+    }
+    if (const json* wd = fs.get("workdir")) {
+      TSB_TRY(expect(wd->is_string(), fs.where("workdir"), "must be a string"), "policy");
+      auto st = isolate::check_sandbox_path(wd->get<std::string>(), "workdir");
+      if (!st.ok()) return Error::invalid(fs.where("workdir") + ": " + st.error().message);
+      p.workdir = wd->get<std::string>();
+      static const char* kReserved[] = {"/", "/usr", "/etc", "/proc", "/dev", "/tmp", "/venv", "/bin", "/lib", "/lib64", "/sbin"};
+      for (const char* r : kReserved)
+        TSB_TRY(expect(p.workdir != r, fs.where("workdir"), std::string("cannot be ") + r), "policy");
+    }
+    if (const json* binds = fs.get("binds")) {
+      TSB_TRY(expect(binds->is_array(), fs.where("binds"), "must be an array"), "policy");
+      for (std::size_t i = 0; i < binds->size(); ++i) {
+        std::string bp = json_pointer_append("/filesystem/binds", i);
+        Obj b(doc, (*binds)[i], bp);
+        TSB_TRY(b.check_object("a bind"), "policy");
+        isolate::BindMount m;
+        const json* src = b.get("source");
+        const json* dst = b.get("target");
+        TSB_TRY(expect(src && src->is_string() && !src->get<std::string>().empty() && src->get<std::string>()[0] == '/',
+                       src ? b.where("source") : doc.where(bp), "\"source\" must be an absolute host path"), "policy");
+        TSB_TRY(expect(dst && dst->is_string(), dst ? b.where("target") : doc.where(bp),
+                       "\"target\" must be an absolute path inside the sandbox"), "policy");
+        m.source = src->get<std::string>();
+        m.target = dst->get<std::string>();
+        auto st = isolate::check_sandbox_path(m.target, "target");
+        if (!st.ok()) return Error::invalid(b.where("target") + ": " + st.error().message);
+        auto st2 = isolate::check_sandbox_path(m.source, "source");
+        if (!st2.ok()) return Error::invalid(b.where("source") + ": " + st2.error().message);
+        for (const char* r : {"/", "/proc", "/dev", "/etc", "/usr"})
+          TSB_TRY(expect(m.target != r, b.where("target"), std::string("cannot bind over ") + r), "policy");
+        if (const json* w = b.get("writable")) {
+          TSB_TRY(expect(w->is_boolean(), b.where("writable"), "must be true or false"), "policy");
+          m.writable = w->get<bool>();
+        }
+        if (const json* o = b.get("optional")) {
+          TSB_TRY(expect(o->is_boolean(), b.where("optional"), "must be true or false"), "policy");
+          m.optional = o->get<bool>();
+        }
+        TSB_TRY(b.no_unknown_keys(), "policy");
+        bool allowed = std::any_of(ctx.bind_allowlist.begin(), ctx.bind_allowlist.end(),
+                                   [&](const std::string& pre) { return path_under(m.source, pre); });
+        TSB_TRY(expect(allowed, b.where("source"),
+                       "bind source " + quoted_for_message(m.source) +
+                           " is outside the bind allow-list of this daemon (bind_allowlist in its configuration)"),
+                "policy");
+        p.binds.push_back(std::move(m));
+      }
+    }
+    TSB_TRY(fs.no_unknown_keys(), "policy");
+  }
+
+  if (const json* v = root.get("network")) {
+    TSB_TRY(expect(v->is_string() && (*v == "none" || *v == "host"), root.where("network"),
+                   "must be \"none\" or \"host\""), "policy");
+    p.network = *v == "host" ? isolate::NetworkMode::Host : isolate::NetworkMode::None;
+  }
+
+  if (const json* v = root.get("environment")) {
+    Obj env(doc, *v, "/environment");
+    TSB_TRY(env.check_object("\"environment\""), "policy");
+    if (const json* set = env.get("set")) {
+      TSB_TRY(expect(set->is_object(), env.where("set"), "must be an object of NAME: value"), "policy");
+      for (auto it = set->begin(); it != set->end(); ++it) {
+        std::string kp = json_pointer_append("/environment/set", it.key());
+        TSB_TRY(expect(valid_env_name(it.key()), doc.where_key(kp), "not a valid variable name: " + quoted_for_message(it.key())), "policy");
+        TSB_TRY(expect(it->is_string(), doc.where(kp), "must be a string"), "policy");
+        TSB_TRY(expect(it->get<std::string>().find('\0') == std::string::npos, doc.where(kp), "must not contain NUL"), "policy");
+        p.env_set[it.key()] = it->get<std::string>();
+      }
+    }
+    if (const json* allow = env.get("allow")) {
+      TSB_TRY(expect(allow->is_array(), env.where("allow"), "must be an array of names"), "policy");
+      for (std::size_t i = 0; i < allow->size(); ++i) {
+        std::string ap = json_pointer_append("/environment/allow", i);
+        const json& a = (*allow)[i];
+        TSB_TRY(expect(a.is_string(), doc.where(ap), "must be a string"), "policy");
+        std::string name = a.get<std::string>();
+        std::string base = (!name.empty() && name.back() == '*') ? name.substr(0, name.size() - 1) : name;
+        TSB_TRY(expect(name == "*" || (!base.empty() && valid_env_name(base)), doc.where(ap),
+                       "must be a variable name, a PREFIX_* pattern, or \"*\": " + quoted_for_message(name)),
+                "policy");
+        p.env_allow.push_back(name);
+      }
+    }
+    TSB_TRY(env.no_unknown_keys(), "policy");
+  }
+
+  // Seccomp: a profile file (relative to this policy's directory) or inline
+  // rules. Missing means the shipped default profile: never no filter.
+  json seccomp_canon;
+  {
+    std::string profile_path = "seccomp/default.json";
+    const json* inline_profile = nullptr;
+    std::string where_profile = doc.where("");
+    bool from_default_dir = true;
+    if (const json* v = root.get("seccomp")) {
+      Obj sc(doc, *v, "/seccomp");
+      TSB_TRY(sc.check_object("\"seccomp\""), "policy");
+      const json* prof = sc.get("profile");
+      inline_profile = sc.get("inline");
+      TSB_TRY(sc.no_unknown_keys(), "policy");
+      TSB_TRY(expect((prof != nullptr) != (inline_profile != nullptr), sc.where("profile"),
+                     "give exactly one of \"profile\" (a file) or \"inline\" (rules)"), "policy");
+      if (prof) {
+        TSB_TRY(expect(prof->is_string() && !prof->get<std::string>().empty(), sc.where("profile"), "must be a path"), "policy");
+        profile_path = prof->get<std::string>();
+        where_profile = sc.where("profile");
+        from_default_dir = false;
+      }
+    }
+    Result<isolate::SeccompProfile> prof = Error::invalid("unset");
+    if (inline_profile) {
+      p.seccomp_source = path + "#/seccomp/inline";
+      prof = isolate::parse_seccomp_profile(inline_profile->dump(), p.seccomp_source);
+      seccomp_canon = json{{"inline", *inline_profile}};
+    } else {
+      std::string full = join(dir_of(path), profile_path);
+      // A policy with no "seccomp" key gets the default profile that ships
+      // with the policies it came with (or the embedded one).
+      auto text = read_policy_text(full);
+      if (!text.ok() && from_default_dir) {
+        full = std::string(kEmbedded) + profile_path;
+        text = read_policy_text(full);
+      }
+      if (!text.ok()) return Error::invalid(where_profile + ": seccomp profile: " + text.error().message, text.error().code);
+      p.seccomp_source = full;
+      prof = isolate::parse_seccomp_profile(*text, full);
+      if (prof.ok()) {
+        auto located = parse_jsonc(*text, full);
+        seccomp_canon = json{{"profile", located.ok() ? located->value : json()}};
+      }
+    }
+    if (!prof.ok()) return std::move(prof).error().wrap("policy " + path + ": seccomp");
+    p.seccomp_profile = std::make_shared<isolate::SeccompProfile>(std::move(prof).value());
+    if (ctx.compile) {
+      auto prog = isolate::compile_seccomp(*p.seccomp_profile);
+      if (!prog.ok()) return std::move(prog).error().wrap("policy " + path + ": compiling seccomp");
+      p.seccomp = std::move(prog).value();
+    }
+  }
+
+  if (const json* v = root.get("user")) {
+    Obj u(doc, *v, "/user");
+    TSB_TRY(u.check_object("\"user\""), "policy");
+    for (const char* key : {"uid", "gid"}) {
+      if (const json* id = u.get(key)) {
+        TSB_TRY(expect(id->is_number_unsigned() && id->get<std::uint64_t>() >= 1 && id->get<std::uint64_t>() <= 65533,
+                       u.where(key), "must be a sandbox id between 1 and 65533 (0 is the sandbox's init)"), "policy");
+        (std::string(key) == "uid" ? p.uid : p.gid) = id->get<std::uint32_t>();
+      }
+    }
+    TSB_TRY(u.no_unknown_keys(), "policy");
+  }
+  if (const json* v = root.get("interpreter")) {
+    TSB_TRY(expect(v->is_string(), root.where("interpreter"), "must be a path inside the sandbox"), "policy");
+    auto st = isolate::check_sandbox_path(v->get<std::string>(), "interpreter");
+    if (!st.ok()) return Error::invalid(root.where("interpreter") + ": " + st.error().message);
+    p.interpreter = v->get<std::string>();
+  } else {
+    p.interpreter = p.venv.empty() ? "/usr/bin/python3" : std::string(isolate::kVenvPath) + "/bin/python3";
+  }
+  if (const json* v = root.get("hostname")) {
+    TSB_TRY(expect(v->is_string() && !v->get<std::string>().empty() && v->get<std::string>().size() <= 64 &&
+                       std::all_of(v->get<std::string>().begin(), v->get<std::string>().end(),
+                                   [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; }),
+                   root.where("hostname"), "must be 1-64 letters, digits or '-'"), "policy");
+    p.hostname = v->get<std::string>();
+  }
+  TSB_TRY(root.no_unknown_keys(), "policy");
+
+  // The effective policy, every value explicit, the profile's text resolved
+  // in: what the fingerprint covers, so an auditor can tie a run to it.
+  json binds = json::array();
+  for (const auto& b : p.binds)
+    binds.push_back({{"source", b.source}, {"target", b.target}, {"writable", b.writable}, {"optional", b.optional}});
+  p.canonical = json{{"version", 1},
+                     {"description", p.description},
+                     {"backend", to_string(p.backend)},
+                     {"limits", limits_json(p.limits)},
+                     {"filesystem", {{"venv", p.venv.empty() ? json() : json(p.venv)}, {"workdir", p.workdir}, {"binds", binds}}},
+                     {"network", p.network == isolate::NetworkMode::Host ? "host" : "none"},
+                     {"environment", {{"set", p.env_set}, {"allow", p.env_allow}}},
+                     {"seccomp", seccomp_canon},
+                     {"user", {{"uid", p.uid}, {"gid", p.gid}}},
+                     {"interpreter", p.interpreter},
+                     {"hostname", p.hostname}};
+  p.fingerprint = "sha256:" + sha256_hex(p.canonical.dump());
+  return p;
+}
+
+}  // namespace
+
+const char* to_string(Backend b) noexcept { return b == Backend::E2B ? "e2b" : "local"; }
+
+bool Policy::env_name_allowed(std::string_view n) const {
+  for (const auto& a : env_allow) {
+    if (!a.empty() && a.back() == '*') {
+      if (n.size() >= a.size() - 1 && n.compare(0, a.size() - 1, a, 0, a.size() - 1) == 0) return true;
+    } else if (n == a) {
+      return true;
+    }
+  }
+  return false;
+}
+
+Result<std::string> read_policy_text(const std::string& path) {
+  if (is_embedded(path)) {
+    auto text = embedded_file(path.substr(std::strlen(kEmbedded)));
+    if (!text) return Error::invalid("no embedded file '" + path.substr(std::strlen(kEmbedded)) + "'", ENOENT);
+    return std::string(*text);
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error::from_errno("open '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().size() > (4u << 20)) return Error::invalid("'" + path + "' is larger than 4 MiB", EFBIG);
+  return ss.str();
+}
+
+Result<Policy> load_policy(const std::string& path, const PolicyContext& ctx) {
+  auto text = read_policy_text(path);
+  if (!text.ok()) return std::move(text).error().wrap("policy");
+  auto doc = parse_jsonc(*text, path);
+  if (!doc.ok()) return std::move(doc).error();
+  json merged = doc->value;
+  std::string include_path;
+  if (merged.is_object() && merged.contains("include")) {
+    const json& inc = merged["include"];
+    if (!inc.is_string() || inc.get<std::string>().empty())
+      return Error::invalid(doc->where("/include") + ": must be the path of another policy file");
+    include_path = join(dir_of(path), inc.get<std::string>());
+    auto itext = read_policy_text(include_path);
+    if (!itext.ok()) return Error::invalid(doc->where("/include") + ": " + itext.error().message, itext.error().code);
+    auto idoc = parse_jsonc(*itext, include_path);
+    if (!idoc.ok()) return std::move(idoc).error().wrap("included from " + doc->where("/include"));
+    if (!idoc->value.is_object()) return Error::invalid(idoc->where("") + ": a policy must be an object");
+    // One level deep: an included file including another is refused, so a
+    // reader never has to chase a chain to know what a policy says.
+    if (idoc->value.contains("include"))
+      return Error::invalid(idoc->where("/include") + ": an included policy cannot include another (one level only)");
+    json base = idoc->value;
+    json over = merged;
+    over.erase("include");
+    merge_into(base, over);
+    // Validate both files on their own first so errors point at their lines.
+    PolicyContext no_compile = ctx;
+    no_compile.compile = false;
+    auto check_inc = parse_document(*idoc, include_path, no_compile, idoc->value, "");
+    if (!check_inc.ok()) return std::move(check_inc).error();
+    merged = std::move(base);
+  }
+  auto p = parse_document(*doc, path, ctx, merged, include_path);
+  if (!p.ok()) return std::move(p).error();
+  std::string stem = path.substr(path.rfind('/') == std::string::npos ? (is_embedded(path) ? std::strlen(kEmbedded) : 0) : path.rfind('/') + 1);
+  if (stem.size() > 5 && stem.compare(stem.size() - 5, 5, ".json") == 0) stem.resize(stem.size() - 5);
+  p->name = stem;
+  return p;
+}
+
+Result<Policy> load_named_policy(const std::string& name, const std::string& dir, const PolicyContext& ctx) {
+  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')
+    return Error::invalid("policy names are plain file stems: " + quoted_for_message(name));
+  std::string path = dir.empty() ? std::string(kEmbedded) + name + ".json" : dir + "/" + name + ".json";
+  return load_policy(path, ctx);
+}
+
+Result<std::vector<std::string>> build_environment(const Policy& p, const std::map<std::string, std::string>& req) {
+  std::vector<std::string> env;
+  for (const auto& [k, v] : req) {
+    if (!valid_env_name(k)) return Error::invalid("environment: not a valid variable name: " + quoted_for_message(k));
+    if (p.env_set.count(k))
+      return Error::invalid("environment: " + quoted_for_message(k) + " is fixed by policy '" + p.name + "'", EPERM);
+    if (!p.env_name_allowed(k))
+      return Error::invalid("environment: policy '" + p.name + "' does not allow setting " + quoted_for_message(k), EPERM);
+    if (v.find('\0') != std::string::npos) return Error::invalid("environment: a value contains a NUL byte");
+  }
+  for (const auto& [k, v] : p.env_set) env.push_back(k + "=" + v);
+  for (const auto& [k, v] : req) env.push_back(k + "=" + v);
+  return env;
+}
+
+isolate::RunSpec run_spec_from(const Policy& p) {
+  isolate::RunSpec s;
+  s.limits = p.limits;
+  s.venv = p.venv;
+  s.binds = p.binds;
+  s.network = p.network;
+  s.seccomp = p.seccomp;
+  s.sandbox_uid = p.uid;
+  s.sandbox_gid = p.gid;
+  s.hostname = p.hostname;
+  s.workdir = p.workdir;
+  return s;
+}
+
+}  // namespace tsb::core

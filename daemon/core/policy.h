@@ -1,0 +1,75 @@
+// Policies: what a tool run may do, as files security teams read.
+// Format and every key: policies/README.md. Parsing is strict (unknown keys,
+// bad units, unknown syscalls, binds outside the allow-list are errors that
+// point at file:line:col); a missing key means the safe value.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "isolate/result.h"
+#include "isolate/seccomp.h"
+#include "isolate/spec.h"
+
+namespace tsb::core {
+
+enum class Backend { Local, E2B };
+const char* to_string(Backend b) noexcept;
+
+struct Policy {
+  std::string name;         // file stem ("default"), or as registered
+  std::string source;       // path, or "embedded:<name>"
+  std::string description;
+  Backend backend = Backend::Local;
+  isolate::Limits limits;
+  std::string venv;         // host path; "" = no venv
+  std::string workdir = "/work";
+  std::vector<isolate::BindMount> binds;
+  isolate::NetworkMode network = isolate::NetworkMode::None;
+  std::map<std::string, std::string> env_set;  // fixed values, always present
+  std::vector<std::string> env_allow;          // names (or PREFIX_*) a request may set
+  std::string seccomp_source;                  // profile path, or "<inline>"
+  std::shared_ptr<const isolate::SeccompProfile> seccomp_profile;
+  std::shared_ptr<const isolate::SeccompProgram> seccomp;  // compiled once, here
+  std::uint32_t uid = 1000;
+  std::uint32_t gid = 1000;
+  std::string interpreter;  // inside the sandbox
+  std::string hostname = "sandbox";
+  std::string include;      // the included file, if any (resolved path)
+
+  nlohmann::json canonical;  // the effective policy, includes resolved
+  std::string fingerprint;   // "sha256:" + hex of canonical's compact sorted dump
+
+  bool env_name_allowed(std::string_view name) const;
+};
+
+// Where policy files may bind host paths from (daemon configuration).
+struct PolicyContext {
+  std::vector<std::string> bind_allowlist;  // host path prefixes
+  bool compile = true;                      // compile seccomp (off for pure checks in tests)
+};
+
+// Reads files from disk, or from the set embedded in the binary when the
+// path starts with "embedded:" (policies/ of the source tree, see
+// daemon/core/embedded.h).
+Result<std::string> read_policy_text(const std::string& path);
+
+Result<Policy> load_policy(const std::string& path, const PolicyContext& ctx);
+// `name` resolves to a file in `dir` ("<dir>/<name>.json"); with dir empty,
+// to the embedded policies.
+Result<Policy> load_named_policy(const std::string& name, const std::string& dir, const PolicyContext& ctx);
+
+// The environment of a run: the policy's fixed values, then the request's
+// values for allowed names. A request naming a key the policy does not allow
+// is refused (never silently dropped), and fixed values cannot be overridden.
+Result<std::vector<std::string>> build_environment(const Policy& p, const std::map<std::string, std::string>& request_env);
+
+// A RunSpec carrying everything the policy decides (argv/env/stdin left empty).
+isolate::RunSpec run_spec_from(const Policy& p);
+
+}  // namespace tsb::core

@@ -1,0 +1,403 @@
+#include "isolate/cgroup.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace tsb::isolate {
+namespace {
+
+constexpr const char* kV1Controllers[] = {"memory", "pids", "cpu", "cpuacct", "freezer"};
+constexpr std::uint64_t kCpuPeriodUs = 100000;
+
+bool exists(const std::string& p) {
+  struct stat st{};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+Status mkdir_p(const std::string& path) {
+  std::string cur;
+  std::size_t i = 0;
+  while (i < path.size()) {
+    std::size_t j = path.find('/', i + 1);
+    if (j == std::string::npos) j = path.size();
+    cur = path.substr(0, j);
+    if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+      return Error::from_errno("mkdir '" + cur + "'");
+    i = j;
+  }
+  return {};
+}
+
+// "key value" lines (memory.events, pids.events, cpu.stat, oom_control).
+std::uint64_t keyed_value(const std::string& text, std::string_view key) {
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    if (line.size() > key.size() && line.substr(0, key.size()) == key && line[key.size()] == ' ') {
+      std::uint64_t v = 0;
+      auto num = line.substr(key.size() + 1);
+      std::from_chars(num.data(), num.data() + num.size(), v);
+      return v;
+    }
+    pos = end + 1;
+  }
+  return 0;
+}
+
+std::uint64_t parse_u64(const std::string& text) {
+  std::uint64_t v = 0;
+  std::from_chars(text.data(), text.data() + text.size(), v);
+  return v;
+}
+
+std::vector<pid_t> list_pids(const std::string& procs_file) {
+  std::vector<pid_t> pids;
+  auto text = read_text_file(procs_file);
+  if (!text.ok()) return pids;
+  std::istringstream in(*text);
+  pid_t p;
+  while (in >> p) pids.push_back(p);
+  return pids;
+}
+
+}  // namespace
+
+const char* to_string(CgroupMode m) noexcept { return m == CgroupMode::V2 ? "v2" : "v1"; }
+
+Result<std::string> read_text_file(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return Error::from_errno("open '" + path + "'");
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::from_errno("read '" + path + "'");
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  return out;
+}
+
+Status write_text_file(const std::string& path, std::string_view data) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  if (!fd) return Error::from_errno("open '" + path + "'");
+  // cgroup and procfs control files take one write(2) per value.
+  ssize_t n = ::write(fd.get(), data.data(), data.size());
+  if (n < 0) return Error::from_errno("write '" + std::string(data) + "' to '" + path + "'");
+  if (static_cast<std::size_t>(n) != data.size())
+    return Error::invalid("short write to '" + path + "'", EIO);
+  return {};
+}
+
+Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
+  if (parent_in.empty() || parent_in[0] != '/' || parent_in.find("..") != std::string::npos)
+    return Error::invalid("cgroup parent must be an absolute path without '..': '" + parent_in + "'");
+  std::string parent = parent_in;
+  while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
+
+  auto mi = read_text_file("/proc/self/mountinfo");
+  if (!mi.ok()) return std::move(mi).error().wrap("detecting cgroup layout");
+
+  std::string v2_mount;
+  std::vector<Hierarchy> v1;
+  std::istringstream in(*mi);
+  std::string line;
+  while (std::getline(in, line)) {
+    // id parent maj:min root mountpoint options [optional...] - fstype source superoptions
+    auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream pre(line.substr(0, dash));
+    std::string id, par, dev, root, mnt;
+    pre >> id >> par >> dev >> root >> mnt;
+    std::istringstream post(line.substr(dash + 3));
+    std::string fstype, source, superopts;
+    post >> fstype >> source >> superopts;
+    if (root != "/") continue;  // a bind of a sub-tree cannot hold our parent reliably
+    if (fstype == "cgroup2") {
+      if (v2_mount.empty() || mnt == "/sys/fs/cgroup") v2_mount = mnt;
+    } else if (fstype == "cgroup") {
+      std::istringstream opts(superopts);
+      std::string opt;
+      while (std::getline(opts, opt, ',')) {
+        for (const char* c : kV1Controllers) {
+          if (opt == c && std::none_of(v1.begin(), v1.end(), [&](const Hierarchy& h) { return h.controller == c; }))
+            v1.push_back({c, mnt});
+        }
+      }
+    }
+  }
+
+  std::unique_ptr<Cgroups> cg(new Cgroups());
+  cg->parent_ = parent;
+
+  bool v1_has_memory = std::any_of(v1.begin(), v1.end(), [](const Hierarchy& h) { return h.controller == "memory"; });
+  if (!v1_has_memory && !v2_mount.empty()) {
+    cg->mode_ = CgroupMode::V2;
+    cg->hierarchies_.push_back({"", v2_mount});
+    auto ctrl = read_text_file(v2_mount + "/cgroup.controllers");
+    if (!ctrl.ok()) return std::move(ctrl).error().wrap("reading cgroup v2 controllers");
+    for (const char* need : {"memory", "pids", "cpu"}) {
+      if (std::string(" " + *ctrl + " ").find(std::string(" ") + need) == std::string::npos)
+        return Error::invalid(std::string("cgroup v2 controller '") + need +
+                              "' is not available at the hierarchy root " + v2_mount, ENOTSUP);
+    }
+    // Create the parent chain. Each level passes the controllers down to the
+    // next; levels above `parent` may belong to someone else (systemd), so a
+    // failure there is only reported if the parent itself lacks them.
+    auto enable = [](const std::string& dir) -> Status {
+      for (const char* c : {"+memory", "+pids", "+cpu"})
+        TSB_TRY(write_text_file(dir + "/cgroup.subtree_control", c), "enabling cgroup controllers");
+      return {};
+    };
+    std::string dir = v2_mount;
+    std::istringstream comps(parent);
+    std::string comp;
+    while (std::getline(comps, comp, '/')) {
+      if (comp.empty()) continue;
+      (void)enable(dir);
+      dir += "/" + comp;
+      if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+        return Error::from_errno("creating cgroup '" + dir + "'");
+    }
+    // cgroup v2 forbids processes in a cgroup that distributes controllers
+    // ("no internal processes"): the parent must hold none.
+    auto st = enable(dir);
+    if (!st.ok())
+      return std::move(st).error().wrap("cgroup parent '" + dir +
+                                        "' (it must be delegated to us and hold no processes)");
+    return cg;
+  }
+
+  if (v1.empty()) return Error::invalid("no cgroup hierarchy is mounted", ENOTSUP);
+  cg->mode_ = CgroupMode::V1;
+  for (const char* need : kV1Controllers) {
+    auto it = std::find_if(v1.begin(), v1.end(), [&](const Hierarchy& h) { return h.controller == need; });
+    if (it == v1.end())
+      return Error::invalid(std::string("cgroup v1 controller '") + need + "' is not mounted", ENOTSUP);
+    cg->hierarchies_.push_back(*it);
+  }
+  for (const auto& h : cg->hierarchies_) {
+    TSB_TRY(mkdir_p(h.mount + parent), "creating the cgroup parent");
+  }
+  cg->has_memsw_ = exists(cg->hierarchies_[0].mount + parent + "/memory.memsw.limit_in_bytes");
+  return cg;
+}
+
+std::string Cgroups::dir_of(const Hierarchy& h, const std::string& leaf) const {
+  std::string d = h.mount;
+  if (parent_.size() > 1) d += parent_;
+  d += '/';
+  d += leaf;
+  return d;
+}
+
+std::string Cgroups::describe() const {
+  std::string s = std::string("cgroup ") + to_string(mode_) + ", parent " + parent_ + " (";
+  for (std::size_t i = 0; i < hierarchies_.size(); ++i) {
+    if (i) s += ", ";
+    s += hierarchies_[i].controller.empty() ? hierarchies_[i].mount
+                                            : hierarchies_[i].controller + "@" + hierarchies_[i].mount;
+  }
+  return s + ")";
+}
+
+Result<std::unique_ptr<CgroupLeaf>> Cgroups::create_leaf(const std::string& name, const CgroupLimits& lim) {
+  std::unique_ptr<CgroupLeaf> leaf(new CgroupLeaf(this, name));
+  if (mode_ == CgroupMode::V2) {
+    std::string d = dir_of(hierarchies_[0], name);
+    if (::mkdir(d.c_str(), 0755) != 0) return Error::from_errno("mkdir cgroup '" + d + "'");
+    leaf->v2_fd_.reset(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!leaf->v2_fd_) {
+      auto e = Error::from_errno("open cgroup '" + d + "'");
+      ::rmdir(d.c_str());
+      return e;
+    }
+    auto w = [&](const char* f, const std::string& v) -> Status {
+      return write_text_file(d + "/" + f, v);
+    };
+    if (lim.memory_bytes) {
+      TSB_TRY(w("memory.max", std::to_string(lim.memory_bytes)), "setting the memory limit");
+      // No swap: the limit is the limit. The file is absent without swap support.
+      if (exists(d + "/memory.swap.max")) TSB_TRY(w("memory.swap.max", "0"), "disabling swap");
+      // On OOM kill the whole run, not one process of it.
+      TSB_TRY(w("memory.oom.group", "1"), "setting memory.oom.group");
+    }
+    if (lim.pids) TSB_TRY(w("pids.max", std::to_string(lim.pids)), "setting the pids limit");
+    if (lim.cpu_quota_millicpus) {
+      std::uint64_t quota = std::max<std::uint64_t>(1000, kCpuPeriodUs * lim.cpu_quota_millicpus / 1000);
+      TSB_TRY(w("cpu.max", std::to_string(quota) + " " + std::to_string(kCpuPeriodUs)), "setting the CPU quota");
+    }
+    has_memory_peak_ = exists(d + "/memory.peak");
+    has_cgroup_kill_ = exists(d + "/cgroup.kill");
+    return leaf;
+  }
+
+  for (const auto& h : hierarchies_) {
+    std::string d = dir_of(h, name);
+    if (::mkdir(d.c_str(), 0755) != 0) return Error::from_errno("mkdir cgroup '" + d + "'");
+  }
+  auto w = [&](const char* ctrl, const char* f, const std::string& v) -> Status {
+    return write_text_file(leaf->file(ctrl, f), v);
+  };
+  if (lim.memory_bytes) {
+    TSB_TRY(w("memory", "memory.limit_in_bytes", std::to_string(lim.memory_bytes)), "setting the memory limit");
+    if (has_memsw_)
+      TSB_TRY(w("memory", "memory.memsw.limit_in_bytes", std::to_string(lim.memory_bytes)), "disabling swap");
+    else
+      (void)w("memory", "memory.swappiness", "0");  // best effort: no swap accounting on this kernel
+  }
+  if (lim.pids) TSB_TRY(w("pids", "pids.max", std::to_string(lim.pids)), "setting the pids limit");
+  if (lim.cpu_quota_millicpus) {
+    std::uint64_t quota = std::max<std::uint64_t>(1000, kCpuPeriodUs * lim.cpu_quota_millicpus / 1000);
+    TSB_TRY(w("cpu", "cpu.cfs_period_us", std::to_string(kCpuPeriodUs)), "setting the CPU period");
+    TSB_TRY(w("cpu", "cpu.cfs_quota_us", std::to_string(quota)), "setting the CPU quota");
+  }
+  return leaf;
+}
+
+Result<int> Cgroups::reclaim_stale(const std::string& prefix) {
+  std::string base = hierarchies_[0].mount + (parent_.size() > 1 ? parent_ : "");
+  DIR* d = ::opendir(base.c_str());
+  if (!d) return Error::from_errno("opendir '" + base + "'");
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (e->d_type != DT_DIR || n.rfind(prefix + ".", 0) != 0) continue;
+    // name: <prefix>.<owner pid>.<seq>
+    auto rest = n.substr(prefix.size() + 1);
+    pid_t owner = 0;
+    std::from_chars(rest.data(), rest.data() + rest.size(), owner);
+    if (owner > 0 && (::kill(owner, 0) == 0 || errno == EPERM)) continue;  // owner alive
+    stale.push_back(n);
+  }
+  ::closedir(d);
+  int removed = 0;
+  for (const auto& n : stale) {
+    CgroupLeaf leaf(this, n);
+    if (mode_ == CgroupMode::V2) leaf.v2_fd_.reset(::open(dir_of(hierarchies_[0], n).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (leaf.destroy().ok()) ++removed;
+  }
+  return removed;
+}
+
+CgroupLeaf::~CgroupLeaf() {
+  if (!destroyed_) (void)destroy();
+}
+
+std::string CgroupLeaf::path(std::size_t i) const { return owner_->dir_of(owner_->hierarchies_[i], name_); }
+
+std::string CgroupLeaf::file(const char* controller, const char* f) const {
+  for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i) {
+    const auto& h = owner_->hierarchies_[i];
+    if (h.controller.empty() || h.controller == controller) return path(i) + "/" + f;
+  }
+  return path(0) + "/" + f;
+}
+
+Status CgroupLeaf::attach_from_parent(pid_t pid) {
+  if (owner_->mode_ == CgroupMode::V2) return {};
+  std::string p = std::to_string(pid);
+  for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i)
+    TSB_TRY(write_text_file(path(i) + "/cgroup.procs", p), "moving the sandbox into its cgroup");
+  return {};
+}
+
+bool CgroupLeaf::empty() const {
+  for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i) {
+    auto t = read_text_file(path(i) + "/cgroup.procs");
+    if (t.ok() && t->find_first_not_of(" \n") != std::string::npos) return false;
+  }
+  return true;
+}
+
+Status CgroupLeaf::kill_all() {
+  if (owner_->mode_ == CgroupMode::V2) {
+    if (owner_->has_cgroup_kill_) return write_text_file(path(0) + "/cgroup.kill", "1");
+    for (pid_t p : list_pids(path(0) + "/cgroup.procs")) ::kill(p, SIGKILL);
+    return {};
+  }
+  // v1 has no cgroup.kill. Freezing first means nothing in the leaf can fork
+  // between listing and killing; SIGKILL is delivered when it is thawed.
+  std::string freezer = file("freezer", "freezer.state");
+  for (int round = 0; round < 8; ++round) {
+    auto pids = list_pids(file("pids", "cgroup.procs"));
+    if (pids.empty()) break;
+    (void)write_text_file(freezer, "FROZEN");
+    for (pid_t p : list_pids(file("freezer", "cgroup.procs"))) ::kill(p, SIGKILL);
+    (void)write_text_file(freezer, "THAWED");
+  }
+  return {};
+}
+
+std::chrono::nanoseconds CgroupLeaf::cpu_usage() const {
+  if (owner_->mode_ == CgroupMode::V2) {
+    auto t = read_text_file(path(0) + "/cpu.stat");
+    return t.ok() ? std::chrono::microseconds(keyed_value(*t, "usage_usec")) : std::chrono::nanoseconds(0);
+  }
+  auto t = read_text_file(file("cpuacct", "cpuacct.usage"));
+  return std::chrono::nanoseconds(t.ok() ? parse_u64(*t) : 0);
+}
+
+CgroupStats CgroupLeaf::stats() const {
+  CgroupStats s;
+  s.cpu = cpu_usage();
+  if (owner_->mode_ == CgroupMode::V2) {
+    if (owner_->has_memory_peak_) {
+      auto t = read_text_file(path(0) + "/memory.peak");
+      if (t.ok()) s.peak_memory_bytes = parse_u64(*t);
+    }
+    auto ev = read_text_file(path(0) + "/memory.events");
+    if (ev.ok()) s.oom_kills = keyed_value(*ev, "oom_kill") + keyed_value(*ev, "oom_group_kill");
+    auto pe = read_text_file(path(0) + "/pids.events");
+    if (pe.ok()) s.pids_max_hits = keyed_value(*pe, "max");
+    return s;
+  }
+  auto peak = read_text_file(file("memory", "memory.max_usage_in_bytes"));
+  if (peak.ok()) s.peak_memory_bytes = parse_u64(*peak);
+  auto oom = read_text_file(file("memory", "memory.oom_control"));
+  if (oom.ok()) s.oom_kills = keyed_value(*oom, "oom_kill");
+  auto pe = read_text_file(file("pids", "pids.events"));
+  if (pe.ok()) s.pids_max_hits = keyed_value(*pe, "max");
+  return s;
+}
+
+Status CgroupLeaf::destroy() {
+  if (destroyed_) return {};
+  (void)kill_all();
+  v2_fd_.reset();
+  // Processes killed a moment ago may still be exiting: rmdir answers EBUSY
+  // until the last one is gone. Bounded wait (about 2 s in all).
+  Status result;
+  for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i) {
+    std::string d = path(i);
+    for (int attempt = 0;; ++attempt) {
+      if (::rmdir(d.c_str()) == 0 || errno == ENOENT) break;
+      if (errno != EBUSY || attempt >= 400) {
+        result = Error::from_errno("removing cgroup '" + d + "'");
+        break;
+      }
+      if (attempt % 50 == 49) (void)kill_all();
+      std::this_thread::sleep_for(std::chrono::microseconds(attempt < 20 ? 100 : 5000));
+    }
+  }
+  destroyed_ = true;
+  return result;
+}
+
+}  // namespace tsb::isolate

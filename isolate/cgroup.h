@@ -1,0 +1,114 @@
+// cgroup facade: one backend for the unified v2 hierarchy, one for v1
+// (including the hybrid layout where v1 holds the controllers). The engine
+// manages only the subtree it is given ("parent"); every run gets a leaf
+// below it that is created, limited, measured, killed and removed here.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "isolate/result.h"
+#include "isolate/unique_fd.h"
+
+namespace tsb::isolate {
+
+enum class CgroupMode { V2, V1 };
+const char* to_string(CgroupMode m) noexcept;
+
+struct CgroupLimits {
+  std::uint64_t memory_bytes = 0;       // 0 = leave unset
+  std::uint64_t pids = 0;               // 0 = leave unset
+  std::uint32_t cpu_quota_millicpus = 0;  // 0 = leave unset
+};
+
+struct CgroupStats {
+  std::uint64_t peak_memory_bytes = 0;  // 0 when the kernel cannot tell
+  std::uint64_t oom_kills = 0;          // memory.events oom_kill / v1 oom_control
+  std::uint64_t pids_max_hits = 0;      // pids.events max
+  std::chrono::nanoseconds cpu{0};      // user + system of the whole leaf
+};
+
+class CgroupLeaf;
+
+class Cgroups {
+ public:
+  // Detects the layout from /proc/self/mountinfo. `parent` is a path inside
+  // the hierarchy ("/toolsandbox"); it is created when missing and, on v2,
+  // its subtree_control gets +memory +pids +cpu. Fails with a sentence that
+  // says what is missing (a controller, a writable hierarchy, delegation).
+  static Result<std::unique_ptr<Cgroups>> open(const std::string& parent);
+
+  CgroupMode mode() const noexcept { return mode_; }
+  const std::string& parent() const noexcept { return parent_; }
+  // Human description for start-up logs and `status`.
+  std::string describe() const;
+
+  // Create a leaf named `name` under the parent and write its limits.
+  Result<std::unique_ptr<CgroupLeaf>> create_leaf(const std::string& name, const CgroupLimits& limits);
+
+  // Remove leaves under the parent that no live owner holds (names carry the
+  // owner pid, see engine.cc); kills their processes first. Returns how many.
+  Result<int> reclaim_stale(const std::string& prefix);
+
+ private:
+  friend class CgroupLeaf;
+  struct Hierarchy {
+    std::string controller;  // "memory", "pids", "cpu", "cpuacct", "freezer"; "" for v2
+    std::string mount;       // where the hierarchy is mounted
+  };
+  Cgroups() = default;
+  std::string dir_of(const Hierarchy& h, const std::string& leaf) const;
+
+  CgroupMode mode_ = CgroupMode::V2;
+  std::string parent_;
+  std::vector<Hierarchy> hierarchies_;  // v2: exactly one
+  bool has_memory_peak_ = false;        // v2 memory.peak (5.19+)
+  bool has_cgroup_kill_ = false;        // v2 cgroup.kill (5.14+)
+  bool has_memsw_ = false;              // v1 memory.memsw.* (swap accounting on)
+};
+
+// One run's leaf. Owns the directories: the destructor kills whatever still
+// runs inside and removes them, unless release() was called.
+class CgroupLeaf {
+ public:
+  ~CgroupLeaf();
+  CgroupLeaf(const CgroupLeaf&) = delete;
+  CgroupLeaf& operator=(const CgroupLeaf&) = delete;
+
+  // v2: an O_DIRECTORY fd of the leaf for clone3(CLONE_INTO_CGROUP); -1 on v1.
+  int clone_fd() const noexcept { return v2_fd_.get(); }
+  // v1 only: move `pid` into the leaf of every hierarchy (v2 never migrates).
+  Status attach_from_parent(pid_t pid);
+  // Kill every process in the leaf: cgroup.kill on v2; on v1 freeze, SIGKILL
+  // each listed task, thaw, until the leaf is empty.
+  Status kill_all();
+  bool empty() const;
+  CgroupStats stats() const;
+  std::chrono::nanoseconds cpu_usage() const;
+  // Kill, wait for the leaf to empty, remove the directories.
+  Status destroy();
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  friend class Cgroups;
+  CgroupLeaf(Cgroups* owner, std::string name) : owner_(owner), name_(std::move(name)) {}
+  std::string path(std::size_t hierarchy_index) const;
+  std::string file(const char* controller, const char* file) const;
+
+  Cgroups* owner_;
+  std::string name_;
+  UniqueFd v2_fd_;
+  bool destroyed_ = false;
+};
+
+// Small helpers shared with tests.
+Result<std::string> read_text_file(const std::string& path);
+Status write_text_file(const std::string& path, std::string_view data);
+
+}  // namespace tsb::isolate

@@ -1,0 +1,220 @@
+#include "isolate/supervise.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <csignal>
+#include <cstring>
+
+#include "isolate/stage.h"
+
+namespace tsb::isolate {
+namespace {
+
+using asio::use_awaitable;
+using std::chrono::steady_clock;
+using stream = asio::posix::stream_descriptor;
+
+struct RunState {
+  std::shared_ptr<Sandbox> sb;
+  Observations obs;
+  RunResult result;
+  int open_readers = 0;
+  bool finished = false;            // pid 1 was reaped; watchdogs must stop
+  asio::steady_timer readers_done;  // cancelled when the last reader hits EOF
+  asio::steady_timer wall;
+  asio::steady_timer cpu;
+
+  RunState(std::shared_ptr<Sandbox> s, const asio::any_io_executor& ex)
+      : sb(std::move(s)), readers_done(ex, steady_clock::time_point::max()), wall(ex), cpu(ex) {}
+
+  void kill_for(bool Observations::*flag) {
+    if (!(obs.*flag)) obs.*flag = true;
+    sb->kill();
+  }
+};
+
+// Reads one pipe to EOF. Keeps at most `cap` bytes; past the cap the run is
+// ended (output_limit) and the rest is read and dropped, so the caller's
+// memory stays flat whatever the tool writes.
+asio::awaitable<void> read_pipe(std::shared_ptr<RunState> st, UniqueFd fd, std::string* sink, bool* truncated,
+                                std::uint64_t* total, std::uint64_t cap) {
+  auto ex = co_await asio::this_coro::executor;
+  stream sd(ex, fd.release());
+  std::array<char, 65536> buf;
+  for (;;) {
+    asio::error_code ec;
+    std::size_t n = co_await sd.async_read_some(asio::buffer(buf), asio::redirect_error(use_awaitable, ec));
+    if (ec) break;  // eof or error: either way this stream is over
+    *total += n;
+    if (sink->size() < cap) {
+      std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(n, cap - sink->size()));
+      sink->append(buf.data(), take);
+      if (take < n) *truncated = true;
+    } else {
+      *truncated = true;
+    }
+    if (*truncated && !st->obs.output_exceeded) st->kill_for(&Observations::output_exceeded);
+  }
+  if (--st->open_readers == 0) st->readers_done.cancel();
+}
+
+asio::awaitable<void> write_stdin(UniqueFd fd, std::string data) {
+  auto ex = co_await asio::this_coro::executor;
+  stream sd(ex, fd.release());
+  if (!data.empty()) {
+    asio::error_code ec;
+    // EPIPE when the tool never reads its input is fine: SIGPIPE is ignored.
+    co_await asio::async_write(sd, asio::buffer(data), asio::redirect_error(use_awaitable, ec));
+  }
+  // Closing gives the tool EOF.
+}
+
+asio::awaitable<void> wall_watchdog(std::shared_ptr<RunState> st) {
+  asio::error_code ec;
+  co_await st->wall.async_wait(asio::redirect_error(use_awaitable, ec));
+  if (!ec && !st->finished) st->kill_for(&Observations::timed_out);
+}
+
+// CPU time of the whole cgroup. The earliest the budget can run out is
+// remaining / quota, so the check sleeps that long: no polling loop.
+asio::awaitable<void> cpu_watchdog(std::shared_ptr<RunState> st) {
+  const auto limit = std::chrono::duration_cast<std::chrono::nanoseconds>(st->sb->limits().cpu_time);
+  const double cpus = std::max(0.001, st->sb->limits().cpu_quota_millicpus / 1000.0);
+  for (;;) {
+    if (st->finished) co_return;
+    auto used = st->sb->cgroup().cpu_usage();
+    if (used >= limit) {
+      st->kill_for(&Observations::cpu_exceeded);
+      co_return;
+    }
+    auto wait = std::chrono::nanoseconds(static_cast<long long>((limit - used).count() / cpus));
+    st->cpu.expires_after(std::max<std::chrono::nanoseconds>(wait, std::chrono::milliseconds(10)));
+    asio::error_code ec;
+    co_await st->cpu.async_wait(asio::redirect_error(use_awaitable, ec));
+    if (ec || st->finished) co_return;  // cancelled: the run ended
+  }
+}
+
+void read_reports(int fd, Observations& o) {
+  Report r;
+  for (;;) {
+    ssize_t n = ::read(fd, &r, sizeof r);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof r) || r.magic != kReportMagic) break;
+    if (r.kind == Report::kSetupError && !o.have_setup_error) {
+      o.have_setup_error = true;
+      o.setup_stage = r.stage;
+      o.setup_errno = r.value;
+    } else if (r.kind == Report::kToolStatus) {
+      o.have_tool_status = true;
+      o.tool_status = r.value;
+    }
+  }
+}
+
+}  // namespace
+
+void classify(const Observations& o, RunResult& r) {
+  if (o.have_tool_status) {
+    if (WIFEXITED(o.tool_status)) r.exit_code = WEXITSTATUS(o.tool_status);
+    if (WIFSIGNALED(o.tool_status)) r.signal = WTERMSIG(o.tool_status);
+  }
+  // A set-up error wins: the tool never ran (or ran no code of its own).
+  if (o.have_setup_error) {
+    r.reason = EndReason::SetupFailed;
+    r.setup_stage = static_cast<Stage>(o.setup_stage);
+    r.setup_errno = o.setup_errno;
+    r.error = std::string("sandbox set-up failed at ") + stage_name(r.setup_stage) + ": " +
+              std::strerror(o.setup_errno);
+    r.exit_code = -1;
+    return;
+  }
+  // Limits the engine enforced itself, in the order they were decided.
+  if (o.cancelled) r.reason = EndReason::Cancelled;
+  else if (o.timed_out) r.reason = EndReason::Timeout;
+  else if (o.cpu_exceeded) r.reason = EndReason::CpuLimit;
+  else if (o.output_exceeded) r.reason = EndReason::OutputLimit;
+  // Limits the kernel enforced.
+  else if (o.oom_kills > 0) r.reason = EndReason::MemoryLimit;
+  else if (o.have_tool_status && WIFSIGNALED(o.tool_status) &&
+           (WTERMSIG(o.tool_status) == SIGXCPU))
+    r.reason = EndReason::CpuLimit;
+  else if (o.pids_max_hits > 0 && !(o.have_tool_status && WIFEXITED(o.tool_status) && WEXITSTATUS(o.tool_status) == 0))
+    r.reason = EndReason::PidsLimit;
+  else if (o.have_tool_status && WIFEXITED(o.tool_status)) r.reason = EndReason::Exited;
+  else if (o.have_tool_status) r.reason = EndReason::Signaled;
+  else {
+    // pid 1 died without a report: killed from outside or by the kernel.
+    r.reason = EndReason::Signaled;
+    r.signal = SIGKILL;
+    r.error = "the sandbox's init ended without reporting the tool's status";
+  }
+  if (r.reason != EndReason::Exited && r.reason != EndReason::Signaled) {
+    if (!o.have_tool_status || WIFSIGNALED(o.tool_status)) r.exit_code = -1;
+  }
+}
+
+asio::awaitable<RunResult> supervise(std::shared_ptr<Sandbox> sandbox, std::string stdin_data) {
+  auto ex = co_await asio::this_coro::executor;
+  auto st = std::make_shared<RunState>(sandbox, ex);
+  RunResult& r = st->result;
+  r.run_id = sandbox->run_id();
+  r.host_uid = sandbox->host_uid();
+  const Limits& lim = sandbox->limits();
+
+  st->open_readers = 2;
+  asio::co_spawn(ex, read_pipe(st, sandbox->take_stdout(), &r.stdout_data, &r.stdout_truncated,
+                               &r.stdout_total_bytes, lim.stdout_bytes), asio::detached);
+  asio::co_spawn(ex, read_pipe(st, sandbox->take_stderr(), &r.stderr_data, &r.stderr_truncated,
+                               &r.stderr_total_bytes, lim.stderr_bytes), asio::detached);
+  asio::co_spawn(ex, write_stdin(sandbox->take_stdin(), std::move(stdin_data)), asio::detached);
+
+  st->wall.expires_at(sandbox->started() + lim.wall_timeout);
+  asio::co_spawn(ex, wall_watchdog(st), asio::detached);
+  if (lim.cpu_time.count() > 0) asio::co_spawn(ex, cpu_watchdog(st), asio::detached);
+
+  // pid 1 exiting is the end of the run: the kernel has then killed every
+  // other process of the pid namespace.
+  {
+    int dupfd = ::dup(sandbox->pidfd());
+    stream pidfd(ex, dupfd);
+    asio::error_code ec;
+    co_await pidfd.async_wait(stream::wait_read, asio::redirect_error(use_awaitable, ec));
+  }
+  auto ended = steady_clock::now();
+  st->finished = true;
+  st->wall.cancel();
+  st->cpu.cancel();
+  (void)sandbox->reap();
+
+  // Every writer is gone, so both pipes reach EOF promptly. Bounded anyway:
+  // a pipe can only stay open if something outlived the namespace.
+  if (st->open_readers > 0) {
+    st->readers_done.expires_after(std::chrono::seconds(5));
+    asio::error_code ec;
+    co_await st->readers_done.async_wait(asio::redirect_error(use_awaitable, ec));
+  }
+
+  read_reports(sandbox->report_fd(), st->obs);
+  CgroupStats cs = sandbox->cgroup().stats();
+  st->obs.oom_kills = cs.oom_kills;
+  st->obs.pids_max_hits = cs.pids_max_hits;
+  st->obs.cancelled = sandbox->cancelled();
+  r.cpu = cs.cpu;
+  r.peak_memory_bytes = cs.peak_memory_bytes;
+  r.wall = ended - sandbox->started();
+  classify(st->obs, r);
+  if (auto s = sandbox->destroy_cgroup(); !s.ok() && r.error.empty()) r.error = s.error().message;
+  co_return std::move(r);
+}
+
+}  // namespace tsb::isolate
