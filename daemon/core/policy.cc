@@ -117,7 +117,7 @@ Status parse_limits(Obj o, const LocatedJson& doc, isolate::Limits& lim) {
   };
   auto count = [&](const char* key, std::uint64_t& out, std::uint64_t min, std::uint64_t max) -> Status {
     if (const json* v = o.get(key)) {
-      if (!v->is_number_unsigned())
+      if (!v->is_number_integer() || v->get<std::int64_t>() < 0)
         return Error::invalid(o.where(key) + ": must be a whole number");
       auto n = v->get<std::uint64_t>();
       if (n < min || n > max)
@@ -360,11 +360,12 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
     p.interpreter = p.venv.empty() ? "/usr/bin/python3" : std::string(isolate::kVenvPath) + "/bin/python3";
   }
   if (const json* v = root.get("hostname")) {
-    TSB_TRY(expect(v->is_string() && !v->get<std::string>().empty() && v->get<std::string>().size() <= 64 &&
-                       std::all_of(v->get<std::string>().begin(), v->get<std::string>().end(),
+    std::string h = v->is_string() ? v->get<std::string>() : std::string();
+    TSB_TRY(expect(!h.empty() && h.size() <= 64 &&
+                       std::all_of(h.begin(), h.end(),
                                    [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; }),
                    root.where("hostname"), "must be 1-64 letters, digits or '-'"), "policy");
-    p.hostname = v->get<std::string>();
+    p.hostname = h;
   }
   TSB_TRY(root.no_unknown_keys(), "policy");
 

@@ -19,8 +19,10 @@ constexpr Unit kSizeUnits[] = {
 }  // namespace
 
 Result<std::uint64_t> parse_size(const nlohmann::json& v) {
-  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
-  if (v.is_number_integer()) return Error::invalid("a size cannot be negative");
+  if (v.is_number_integer()) {
+    if (v.get<std::int64_t>() < 0 && !v.is_number_unsigned()) return Error::invalid("a size cannot be negative");
+    return v.get<std::uint64_t>();
+  }
   if (!v.is_string()) return Error::invalid("a size must be a string like \"512MiB\" or a number of bytes");
   std::string_view s = v.get_ref<const std::string&>();
   std::size_t digits = 0;

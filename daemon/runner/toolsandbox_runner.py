@@ -1,0 +1,804 @@
+"""toolsandbox runner: call one Letta-style Python tool function inside a sandbox.
+
+This file is trusted code. It is the fixed program the engine runs in place of
+the script letta-server generates: the tool's source, arguments and agent state
+travel as JSON data, never as spliced source text. Standard library only.
+
+Invocation
+==========
+
+    /venv/bin/python3 -I -S -B -u -X utf8 /opt/toolsandbox/runner/toolsandbox_runner.py < request-pipe
+
+-I       Isolated mode: PYTHON* variables (PYTHONPATH, PYTHONSTARTUP, ...), the
+         user site directory and the script's own directory are ignored.
+         Required: the runner refuses to start without it.
+-S       Do not process site-packages at startup. Required. The venv's
+         site-packages (and their .pth files, which may run code) are added by
+         the tool process only, after the fork described below, with the same
+         site.main() call a normal start would make; so the venv stays fully
+         importable for the tool while no venv code ever runs in the process
+         that holds the nonce. (Without -S, -I alone would also keep the venv's
+         site-packages: site.py reads <venv>/pyvenv.cfg; checked on Python 3.11.)
+-B       Write no .pyc files.
+-u       Unbuffered stdout/stderr: output written before a timeout kill is not
+         lost. (Letta sets PYTHONUNBUFFERED=1, which -I ignores.)
+-X utf8  UTF-8 mode whatever the sandbox locale, so stdout and stderr are
+         UTF-8 as letta-server expects.
+
+stdin must be a pipe or a socket, never a regular file: a tool could re-read a
+file from offset 0 and learn the nonce.
+
+Request (one JSON object on stdin, read to EOF)
+===============================================
+
+    {"nonce":       "<32 lowercase hex>",       required, fresh per run
+     "tool_name":   "<Python identifier>",      required
+     "source_code": "<module source>",          required
+     "args":        {"name": <json>, ...},      optional, default {}
+     "json_schema": {...} | null,               optional; when given, every arg
+                                                name must be a key of
+                                                json_schema.parameters.properties
+     "agent_state": {...} | null,               optional
+     "agent_id":    "<id>" | null}              optional
+
+Unknown fields are rejected. The environment is not part of the request: the
+engine sets it when it starts this process.
+
+Argument values are passed to the function as keyword arguments exactly as
+decoded from JSON (a string stays a string whatever it contains). They are
+neither coerced by annotations nor evaluated. Letta silently drops args that
+are not in the schema; the runner rejects them instead.
+
+agent_state and agent_id are injected only when the function declares a
+parameter of that name, decided from the source's syntax tree as Letta does
+(any def of that name in the module), in the parent process. The tool then
+receives agent_state as a plain dict (the JSON the engine sent), not Letta's
+pydantic AgentState: this runner does not depend on letta being installed in
+the venv. A tool that needs the model can build it itself
+(AgentState.model_validate(agent_state)). After the call the same dict,
+including the tool's in-place changes, is returned as the new agent state. A
+tool that does not declare agent_state never receives it (it holds secrets)
+and can never return one. An injected name may not also appear in args.
+
+The tool module is named "tool_module" (registered in sys.modules) and its code
+objects use the filename "<tool:NAME>". Its namespace starts with the names of
+`from typing import *`, as in Letta's generated script, so tools that use
+Optional or List without importing them keep working. Unlike Letta's script,
+the module is not "__main__", so an `if __name__ == "__main__":` block in a
+tool does not run.
+
+Output
+======
+
+stdout carries whatever the tool prints and, at the end, exactly one result
+frame (unless the runner could not read a usable request, see exit code 3):
+
+    "\\n<<TSB-RESULT-" nonce ">>" base64(payload) "<<TSB-END-" nonce ">>\\n"
+
+payload is ASCII JSON:
+
+    success: {"results": <json>, "agent_state": <object|null>}
+    failure: {"results": null, "agent_state": null,
+              "error": {"kind": "tool" | "request", "name": str, "message": str}}
+
+results is the return value turned into JSON the way Letta's script does it
+(json.dumps(..., default=str) after a pydantic wrapper): JSON types map
+directly (tuples become lists, dict keys become strings), pydantic models and
+dataclasses become objects, anything else becomes str(value). When that fails
+(a cycle, extreme depth) the whole value becomes str(value) and a warning goes
+to stderr. Non-finite floats become the strings "NaN", "Infinity" and
+"-Infinity" so that the payload is strict JSON.
+
+stderr carries the tool's own stderr. When the tool raises (while its module
+is executed or while it is called), the traceback is printed to stderr as
+CPython would print it, starting at the first tool frame, so its last line is
+e.g. "ZeroDivisionError: division by zero", which Letta's
+parse_stderr_error_msg understands. A runner-detected failure prints one line
+of the same form ("TypeError: ...").
+
+Exit status: 0 success; 1 the tool failed (raised, called sys.exit, or its
+process died: error.kind "tool"); 2 the request was unusable (unknown argument,
+missing function: error.kind "request"); 3 no frame was written (stdin not a
+pipe, unreadable request, no valid nonce, runner started without -I -S, the
+runner could not protect itself or write to stdout).
+
+Threat model
+============
+
+The tool is hostile and runs with the runner's uid. What must hold: nothing
+the tool does or prints can make the engine accept a result the tool did not
+return, or an agent_state from a tool that did not declare agent_state. Letta's
+framings fail this (fixed public markers, first occurrence wins), and a nonce
+held in the tool's own process would too: a tool could find it in the
+runner's variables, on the interpreter's heap or by re-reading stdin.
+
+So the nonce never enters the tool's address space:
+
+1. The runner forks before it reads stdin. The child (the tool process) first
+   replaces its fd 0 with an empty pipe, then waits for the request the
+   parent forwards to it over a private pipe, without the nonce. The nonce is
+   only ever read by the parent, after the fork, so it is not in the memory the
+   child inherited either.
+2. The parent makes itself non-dumpable (prctl(PR_SET_DUMPABLE, 0) through
+   ctypes) before reading stdin. A same-uid process can then no longer
+   ptrace it, read /proc/<parent>/mem or open its /proc/<parent>/fd/0.
+   If that call fails the runner exits without running the tool.
+3. The parent never executes tool or venv code (-S, see above); it only
+   parses the source with ast to see which parameters the function declares.
+4. The child sends {results, agent_state} or {error} back over a private
+   pipe; the parent checks the shape, drops agent_state unless it was
+   declared, and writes the only frame to its own fd 1, which the tool cannot
+   redirect (it can only change its own descriptor table). It does so after
+   the child exited, so the child's output comes first.
+
+What the tool can still do: lie about its own result (it could just return
+that value), print any text including forged frames (ignored: wrong nonce),
+kill or stop the parent (the run then ends without a frame, which the engine
+reports as an error), and leave a grandchild writing to stdout after the
+frame (text after the frame is returned as stdout; a write that lands inside
+the frame, possible for frames larger than PIPE_BUF, breaks the frame's
+base64 and the run fails). The engine accepts a frame only if it occurs
+exactly once (see extract_nonce_frame in protocol/letta.h).
+"""
+
+# Only cheap modules at the top: everything before the fork is paid twice
+# over in latency. Heavier imports happen where they are needed.
+import json
+import os
+import stat
+import struct
+import sys
+
+EXIT_OK = 0
+EXIT_TOOL_ERROR = 1
+EXIT_REQUEST_ERROR = 2
+EXIT_NO_FRAME = 3
+
+FRAME_START = b"<<TSB-RESULT-"
+FRAME_END = b"<<TSB-END-"
+FRAME_CLOSE = b">>"
+
+_REQUEST_FIELDS = frozenset(
+    ["nonce", "tool_name", "source_code", "args", "json_schema", "agent_state", "agent_id"]
+)
+_MAX_RESULT_DEPTH = 200  # nesting depth kept as JSON; deeper values fall back to str()
+_MSG_HEADER = struct.Struct(">Q")  # child -> parent: length, then JSON
+
+
+class RequestError(Exception):
+    """The request cannot be run; reported as error.kind "request"."""
+
+    def __init__(self, name, message):
+        super().__init__(message)
+        self.name = name
+        self.message = message
+
+
+class Fatal(Exception):
+    """No frame can be written (exit 3)."""
+
+
+# ---------------------------------------------------------------------------
+# Small I/O helpers (raw fds: they keep working whatever sys.stdout has become)
+# ---------------------------------------------------------------------------
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_all(fd):
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _error_line(fd, name, message):
+    """One CPython-style exception line on stderr, for Letta's stderr regex."""
+    text = "%s: %s\n" % (name, message) if message else "%s\n" % name
+    try:
+        _write_all(fd, text.encode("utf-8", "backslashreplace"))
+    except OSError:
+        pass
+
+
+def _error_payload(kind, name, message):
+    return {
+        "results": None,
+        "agent_state": None,
+        "error": {"kind": kind, "name": name, "message": message},
+    }
+
+
+# ---------------------------------------------------------------------------
+# Parent: holds the nonce, never runs tool code
+# ---------------------------------------------------------------------------
+
+
+def _make_non_dumpable():
+    # ctypes is only imported here, in the parent, after the fork.
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    PR_SET_DUMPABLE = 4
+    if prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "prctl(PR_SET_DUMPABLE, 0): " + os.strerror(err))
+
+
+def _valid_nonce(nonce):
+    return (
+        isinstance(nonce, str)
+        and len(nonce) == 32
+        and all(c in "0123456789abcdef" for c in nonce)
+    )
+
+
+def _declared_params(source, tool_name):
+    """Parameter names of every def named tool_name, as Letta's
+    parse_function_arguments finds them (ast.walk over the whole module). The
+    source is parsed, never executed. Unparsable source declares nothing; the
+    child will report the SyntaxError."""
+    # The C-level _ast module and compile(PyCF_ONLY_AST) are what ast.parse
+    # uses; importing the ast module itself would cost ~10 ms of startup.
+    import _ast
+
+    try:
+        tree = compile(source, "<tool>", "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    names = set()
+    stack = [tree]
+    while stack:  # ast.walk, without recursion
+        node = stack.pop()
+        if isinstance(node, (_ast.FunctionDef, _ast.AsyncFunctionDef)) and node.name == tool_name:
+            a = node.args
+            names.update(arg.arg for arg in a.posonlyargs + a.args + a.kwonlyargs)
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, _ast.AST):
+                stack.append(value)
+            elif isinstance(value, list):
+                stack.extend(v for v in value if isinstance(v, _ast.AST))
+    return names
+
+
+def _validate_request(req):
+    """Check the request and build what the child receives (no nonce)."""
+    import keyword
+
+    unknown = sorted(set(req) - _REQUEST_FIELDS)
+    if unknown:
+        raise RequestError("ValueError", "unknown request field(s): " + ", ".join(map(repr, unknown)))
+    tool_name = req.get("tool_name")
+    if not isinstance(tool_name, str) or not tool_name.isidentifier() or keyword.iskeyword(tool_name):
+        raise RequestError("ValueError", "tool_name must be a Python identifier")
+    source = req.get("source_code")
+    if not isinstance(source, str):
+        raise RequestError("ValueError", "source_code must be a string")
+    args = req.get("args")
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise RequestError("ValueError", "args must be an object")
+    agent_state = req.get("agent_state")
+    if agent_state is not None and not isinstance(agent_state, dict):
+        raise RequestError("ValueError", "agent_state must be an object or null")
+    agent_id = req.get("agent_id")
+    if agent_id is not None and not isinstance(agent_id, str):
+        raise RequestError("ValueError", "agent_id must be a string or null")
+
+    schema = req.get("json_schema")
+    if schema is not None:
+        if not isinstance(schema, dict):
+            raise RequestError("ValueError", "json_schema must be an object or null")
+        params = schema.get("parameters", {})
+        props = params.get("properties", {}) if isinstance(params, dict) else None
+        if not isinstance(props, dict):
+            raise RequestError("ValueError", "json_schema.parameters.properties must be an object")
+        extra = [name for name in args if name not in props]
+        if extra:
+            raise RequestError(
+                "TypeError",
+                "%s() got unexpected argument(s) not in its json_schema: %s"
+                % (tool_name, ", ".join(map(repr, extra))),
+            )
+
+    declared = _declared_params(source, tool_name)
+    inject_agent_state = "agent_state" in declared
+    inject_agent_id = "agent_id" in declared
+    for name, injected in (("agent_state", inject_agent_state), ("agent_id", inject_agent_id)):
+        if injected and name in args:
+            raise RequestError(
+                "TypeError", "%s() argument %r is supplied by the sandbox, not by args" % (tool_name, name)
+            )
+
+    child_req = {
+        "tool_name": tool_name,
+        "source_code": source,
+        "args": args,
+        "inject_agent_state": inject_agent_state,
+        # Only a tool that declares agent_state ever sees it: it carries secrets.
+        "agent_state": agent_state if inject_agent_state else None,
+        "inject_agent_id": inject_agent_id,
+        "agent_id": agent_id if inject_agent_id else None,
+    }
+    return child_req, inject_agent_state
+
+
+def _read_nonblocking(fd):
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return None
+
+
+def _message_complete(buf):
+    if len(buf) < _MSG_HEADER.size:
+        return False
+    (n,) = _MSG_HEADER.unpack_from(buf)
+    return len(buf) >= _MSG_HEADER.size + n
+
+
+def _collect_child(pid, fd):
+    """Read the child's message and reap it. The message is length-prefixed
+    rather than read to EOF: a forked grandchild may hold the pipe open. If the
+    child dies without a complete message while a grandchild keeps the pipe
+    open, the periodic waitpid notices and stops waiting for data."""
+    import select
+
+    os.set_blocking(fd, False)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    buf = bytearray()
+    status = None
+    while not _message_complete(buf):
+        if status is not None:
+            chunk = _read_nonblocking(fd)  # child gone: take only what is already there
+            if not chunk:
+                break
+            buf += chunk
+            continue
+        if poller.poll(100):
+            chunk = _read_nonblocking(fd)
+            if chunk == b"":
+                break  # EOF
+            if chunk:
+                buf += chunk
+                continue
+        pid_done, st = os.waitpid(pid, os.WNOHANG)
+        if pid_done == pid:
+            status = st
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    if not _message_complete(buf):
+        return None, status
+    (n,) = _MSG_HEADER.unpack_from(buf)
+    return bytes(buf[_MSG_HEADER.size : _MSG_HEADER.size + n]), status
+
+
+def _describe_death(status):
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            import signal
+
+            signame = " (%s)" % signal.Signals(sig).name
+        except (ImportError, ValueError):
+            signame = ""
+        return "tool process was killed by signal %d%s before returning a result" % (sig, signame)
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
+    return "tool process exited with status %d before returning a result" % code
+
+
+class _ChildFailure(Exception):
+    """The child could not report; the parent describes what happened."""
+
+
+def _final_payload(body, status, inject_agent_state):
+    """Turn the child's message into the frame payload, trusting nothing in it
+    beyond its JSON shape. Returns (payload, exit_code); raises _ChildFailure
+    when there is no usable message."""
+    if body is None:
+        raise _ChildFailure(_describe_death(status))
+    try:
+        msg = json.loads(body)
+    except (ValueError, RecursionError, MemoryError):
+        msg = None
+    if not isinstance(msg, dict):
+        raise _ChildFailure("tool process sent a malformed result")
+    if "error" in msg:
+        err = msg["error"]
+        if (
+            isinstance(err, dict)
+            and err.get("kind") in ("tool", "request")
+            and isinstance(err.get("name"), str)
+            and isinstance(err.get("message"), str)
+        ):
+            code = EXIT_REQUEST_ERROR if err["kind"] == "request" else EXIT_TOOL_ERROR
+            return _error_payload(err["kind"], err["name"], err["message"]), code
+        raise _ChildFailure("tool process sent a malformed error")
+    if "results" not in msg:
+        raise _ChildFailure("tool process sent a malformed result")
+    agent_state = msg.get("agent_state") if inject_agent_state else None
+    if agent_state is not None and not isinstance(agent_state, dict):
+        return (
+            _error_payload("tool", "TypeError", "agent_state must stay a dict, got %s" % type(agent_state).__name__),
+            EXIT_TOOL_ERROR,
+        )
+    return {"results": msg["results"], "agent_state": agent_state}, EXIT_OK
+
+
+def _frame(nonce, payload):
+    import base64
+
+    text = json.dumps(payload, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    n = nonce.encode("ascii")
+    return (
+        b"\n" + FRAME_START + n + FRAME_CLOSE
+        + base64.b64encode(text.encode("ascii"))
+        + FRAME_END + n + FRAME_CLOSE + b"\n"
+    )
+
+
+def _emit(nonce, payload):
+    try:
+        frame = _frame(nonce, payload)
+    except (ValueError, TypeError, RecursionError) as e:
+        # The parent re-encodes what json.loads produced, so this should not happen.
+        frame = _frame(nonce, _error_payload("tool", "RuntimeError", "result could not be encoded: %s" % e))
+    try:
+        _write_all(1, frame)
+    except OSError as e:
+        raise Fatal("cannot write the result frame to stdout: %s" % e) from None
+
+
+def _abort_child(pid, to_child):
+    """Release a child that will not get a request: EOF makes it exit."""
+    try:
+        os.close(to_child)
+    except OSError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _parent_main(pid, to_child, from_child):
+    try:
+        _make_non_dumpable()
+    except (OSError, ImportError, AttributeError) as e:
+        _abort_child(pid, to_child)
+        raise Fatal("cannot make the runner non-dumpable: %s" % e) from None
+
+    try:
+        data = _read_all(0)
+        req = json.loads(data)
+    except (OSError, ValueError, RecursionError) as e:
+        _abort_child(pid, to_child)
+        raise Fatal("cannot read the request: %s" % e) from None
+    del data
+    if not isinstance(req, dict) or not _valid_nonce(req.get("nonce")):
+        _abort_child(pid, to_child)
+        raise Fatal("request must be an object with a 32-character lowercase hex nonce")
+    nonce = req["nonce"]
+
+    try:
+        child_req, inject_agent_state = _validate_request(req)
+    except RequestError as e:
+        _abort_child(pid, to_child)
+        _error_line(2, e.name, e.message)
+        _emit(nonce, _error_payload("request", e.name, e.message))
+        return EXIT_REQUEST_ERROR
+    del req
+
+    try:
+        _write_all(to_child, json.dumps(child_req).encode("utf-8"))
+    except OSError:
+        pass  # the child died already; _collect_child reports how
+    finally:
+        os.close(to_child)
+    del child_req
+
+    body, status = _collect_child(pid, from_child)
+    try:
+        payload, code = _final_payload(body, status, inject_agent_state)
+    except _ChildFailure as e:
+        # The child printed nothing about this; leave the usual stderr line.
+        payload, code = _error_payload("tool", "RuntimeError", str(e)), EXIT_TOOL_ERROR
+        _error_line(2, "RuntimeError", str(e))
+    _emit(nonce, payload)
+    return code
+
+
+# ---------------------------------------------------------------------------
+# Child: runs the tool
+# ---------------------------------------------------------------------------
+
+
+def _flush_std():
+    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            f.flush()
+        except Exception:
+            pass
+
+
+def _safe_str(value):
+    try:
+        return str(value)
+    except Exception:
+        try:
+            return "<unprintable %s object>" % type(value).__name__
+        except Exception:
+            return "<unprintable object>"
+
+
+def _report_exception(exc, err_fd, filename):
+    """Print exc to stderr the way CPython prints an uncaught exception, then
+    describe it for the frame."""
+    _flush_std()
+    name = type(exc).__name__
+    if isinstance(exc, SystemExit):
+        # CPython prints nothing for sys.exit(None) or an int, else str(code).
+        code = exc.code
+        if code is not None and not isinstance(code, int):
+            _error_line(err_fd, _safe_str(code), "")
+        return _error_payload("tool", name, "" if code is None else _safe_str(code))
+    try:
+        import traceback
+
+        # Drop the runner's own frames (and asyncio's, for async tools): the
+        # traceback starts at the first frame of the tool's code. With no tool
+        # frame (a SyntaxError, a bad call) only the exception itself is shown.
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+            tb = tb.tb_next
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        _write_all(err_fd, text.encode("utf-8", "backslashreplace"))
+    except Exception:
+        _error_line(err_fd, name, _safe_str(exc))
+    return _error_payload("tool", name, _safe_str(exc))
+
+
+def _json_float(f):
+    if f != f:
+        return "NaN"
+    if f in (float("inf"), float("-inf")):
+        return "Infinity" if f > 0 else "-Infinity"
+    return f
+
+
+def _json_key(k):
+    # json.dumps turns these key types into strings; other keys make it raise,
+    # Letta's script then fails. Using str() for them is kinder and harmless.
+    if isinstance(k, str):
+        return str.__str__(k)
+    if k is True:
+        return "true"
+    if k is False:
+        return "false"
+    if k is None:
+        return "null"
+    if isinstance(k, int):
+        return int.__repr__(k)
+    if isinstance(k, float):
+        f = _json_float(float(k))
+        return f if isinstance(f, str) else float.__repr__(f)
+    return str(k)
+
+
+_NOT_CONVERTED = object()
+
+
+def _jsonable(obj, depth, active):
+    """A JSON-only copy of obj, following json.dumps(default=str) after
+    pydantic's Any serialization: models and dataclasses become dicts."""
+    if obj is None or obj is True or obj is False:
+        return obj
+    if isinstance(obj, str):
+        return str.__str__(obj)
+    if isinstance(obj, int):
+        return int(int.__index__(obj))
+    if isinstance(obj, float):
+        return _json_float(float(obj))
+    if depth > _MAX_RESULT_DEPTH:
+        raise ValueError("result nested deeper than %d levels" % _MAX_RESULT_DEPTH)
+    if isinstance(obj, (list, tuple, dict)):
+        if id(obj) in active:
+            raise ValueError("Circular reference detected")
+        active.add(id(obj))
+        try:
+            if isinstance(obj, dict):
+                return {_json_key(k): _jsonable(v, depth + 1, active) for k, v in obj.items()}
+            return [_jsonable(v, depth + 1, active) for v in obj]
+        finally:
+            active.discard(id(obj))
+    if not isinstance(obj, type):
+        converted = _NOT_CONVERTED
+        model_dump = getattr(obj, "model_dump", None)  # a pydantic v2 model
+        if callable(model_dump):
+            try:
+                converted = model_dump(mode="json")
+            except Exception:
+                pass
+        elif hasattr(type(obj), "__dataclass_fields__"):
+            try:
+                import dataclasses
+
+                converted = dataclasses.asdict(obj)
+            except Exception:
+                pass
+        if converted is not _NOT_CONVERTED:
+            return _jsonable(converted, depth + 1, active)
+    return str(obj)
+
+
+def _serialize_result(value, err_fd):
+    try:
+        return _jsonable(value, 0, set())
+    except Exception as e:
+        _error_line(
+            err_fd,
+            "Warning",
+            "result of type %s is not JSON-serializable (%s); returning str() of it"
+            % (type(value).__name__, _safe_str(e)),
+        )
+        return _safe_str(value)
+
+
+def _send(res_fd, msg):
+    body = json.dumps(msg, ensure_ascii=True, allow_nan=False).encode("ascii")
+    _write_all(res_fd, _MSG_HEADER.pack(len(body)) + body)
+
+
+def _run_tool(req, err_fd):
+    """Execute the tool module and call the function. Returns the message for
+    the parent."""
+    import linecache
+    import types
+
+    name = req["tool_name"]
+    source = req["source_code"]
+    filename = "<tool:%s>" % name
+    # Let tracebacks show the tool's source lines; an entry without an mtime
+    # is never invalidated by linecache.checkcache().
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+    module = types.ModuleType("tool_module")
+    sys.modules["tool_module"] = module  # dataclasses and typing look modules up here
+    try:
+        # Letta's generated script starts with `from typing import *`, so tools
+        # written for Letta may use Optional, List, ... without importing them.
+        exec("from typing import *", module.__dict__)
+        code = compile(source, filename, "exec", dont_inherit=True)
+        exec(code, module.__dict__)
+    except BaseException as e:
+        return _report_exception(e, err_fd, filename)
+
+    fn = module.__dict__.get(name)
+    if fn is None or not callable(fn):
+        if fn is None:
+            exc_name, message = "NameError", "name %r is not defined" % name
+        else:
+            exc_name, message = "TypeError", "%r object is not callable" % type(fn).__name__
+        _flush_std()
+        _error_line(err_fd, exc_name, message)
+        return _error_payload("request", exc_name, message)
+
+    kwargs = dict(req["args"])
+    if req["inject_agent_state"]:
+        kwargs["agent_state"] = req["agent_state"]
+    if req["inject_agent_id"]:
+        kwargs["agent_id"] = req["agent_id"]
+    try:
+        value = fn(**kwargs)
+        if hasattr(type(value), "__await__"):
+            import asyncio
+
+            async def _await(awaitable):
+                return await awaitable
+
+            value = asyncio.run(_await(value))
+    except BaseException as e:
+        return _report_exception(e, err_fd, filename)
+
+    results = _serialize_result(value, err_fd)
+    agent_state = None
+    if req["inject_agent_state"] and kwargs["agent_state"] is not None:
+        try:
+            agent_state = _jsonable(kwargs["agent_state"], 0, set())
+        except Exception as e:
+            return _error_payload("tool", "TypeError", "agent_state is not JSON-serializable: %s" % _safe_str(e))
+    return {"results": results, "agent_state": agent_state}
+
+
+def _child_main(from_parent, to_parent):
+    # Before anything else: the tool must never read the request stream. An
+    # empty pipe gives the tool (and its subprocesses) EOF on stdin.
+    r, w = os.pipe()
+    os.close(w)
+    os.dup2(r, 0)
+    os.close(r)
+
+    # The tool process, and only it, gets the venv's site-packages, exactly as
+    # a normal start without -S would have set them up. This and the imports
+    # below need no request, so they overlap with the parent's work.
+    if sys.flags.no_site:
+        import site
+
+        site.main()
+    import linecache  # noqa: F401  (used by _run_tool)
+    import types  # noqa: F401
+    import typing  # noqa: F401
+
+    data = _read_all(from_parent)
+    os.close(from_parent)
+    if not data:
+        os._exit(0)  # the parent rejected the request
+    req = json.loads(data)
+    del data
+
+    # The tool may rebind fd 2 or sys.stderr; tracebacks still go to the real one.
+    err_fd = os.dup(2)
+    msg = _run_tool(req, err_fd)
+    try:
+        _send(to_parent, msg)
+    except (OSError, ValueError) as e:
+        _error_line(err_fd, "RuntimeError", "cannot send the result to the runner: %s" % _safe_str(e))
+    _flush_std()
+    # A normal interpreter exit, as at the end of Letta's script: atexit
+    # handlers run and non-daemon threads are joined.
+    sys.exit(0)
+
+
+# ---------------------------------------------------------------------------
+
+
+def main():
+    if not sys.flags.isolated or not sys.flags.no_site:
+        raise Fatal("the runner must be started with python3 -I -S")
+    try:
+        st = os.fstat(0)
+    except OSError:
+        raise Fatal("stdin is closed") from None
+    if not (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        raise Fatal("stdin must be a pipe or a socket")
+
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        raise Fatal("cannot fork the tool process: %s" % e) from None
+    if pid == 0:
+        os.close(to_child_w)
+        os.close(from_child_r)
+        _child_main(to_child_r, from_child_w)  # exits
+        os._exit(EXIT_NO_FRAME)  # not reached
+    os.close(to_child_r)
+    os.close(from_child_w)
+    return _parent_main(pid, to_child_w, from_child_r)
+
+
+if __name__ == "__main__":
+    # Only the parent returns from main(): the child leaves through sys.exit()
+    # inside _child_main, with a normal interpreter shutdown.
+    try:
+        code = main()
+    except Fatal as e:
+        _error_line(2, "ToolsandboxRunnerError", str(e))
+        code = EXIT_NO_FRAME
+    # The parent wrote everything with os.write and runs no user code; skip
+    # interpreter finalization (a few ms on every run).
+    os._exit(code)
