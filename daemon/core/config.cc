@@ -1,0 +1,184 @@
+#include "daemon/core/config.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+
+#include <set>
+
+#include "daemon/core/policy.h"
+#include "daemon/core/units.h"
+#include "isolate/jsonc.h"
+
+namespace tsb::core {
+namespace {
+
+using nlohmann::json;
+
+struct Walker {
+  const LocatedJson& doc;
+  const json& v;
+  std::string ptr;
+  std::set<std::string> seen;
+
+  const json* get(const char* k) {
+    seen.insert(k);
+    auto it = v.find(k);
+    return it == v.end() ? nullptr : &*it;
+  }
+  std::string where(const char* k) const { return doc.where(json_pointer_append(ptr, k)); }
+  Status done() const {
+    for (auto it = v.begin(); it != v.end(); ++it)
+      if (!seen.count(it.key()))
+        return Error::invalid(doc.where_key(json_pointer_append(ptr, it.key())) + ": unknown key " +
+                              quoted_for_message(it.key()));
+    return {};
+  }
+  Result<std::string> string(const char* k, const std::string& dflt, bool absolute_path = false) {
+    const json* x = get(k);
+    if (!x || x->is_null()) return dflt;
+    if (!x->is_string()) return Error::invalid(where(k) + ": must be a string");
+    std::string s = x->get<std::string>();
+    if (absolute_path && (s.empty() || s[0] != '/')) return Error::invalid(where(k) + ": must be an absolute path");
+    return s;
+  }
+  Result<std::uint64_t> number(const char* k, std::uint64_t dflt, std::uint64_t lo, std::uint64_t hi) {
+    const json* x = get(k);
+    if (!x) return dflt;
+    if (!x->is_number_unsigned() || x->get<std::uint64_t>() < lo || x->get<std::uint64_t>() > hi)
+      return Error::invalid(where(k) + ": must be a whole number between " + std::to_string(lo) + " and " + std::to_string(hi));
+    return x->get<std::uint64_t>();
+  }
+  Result<std::chrono::milliseconds> duration(const char* k, std::chrono::milliseconds dflt) {
+    const json* x = get(k);
+    if (!x) return dflt;
+    auto d = parse_duration(*x);
+    if (!d.ok()) return Error::invalid(where(k) + ": " + d.error().message);
+    return *d;
+  }
+};
+
+#define TRY_SET(dst, expr)                              \
+  do {                                                  \
+    auto r_ = (expr);                                   \
+    if (!r_.ok()) return std::move(r_).error();         \
+    dst = std::move(r_).value();                        \
+  } while (0)
+
+}  // namespace
+
+Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) {
+  DaemonConfig c;
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (optional && errno == ENOENT) return c;
+    return Error::from_errno("configuration '" + path + "'");
+  }
+  auto text = read_policy_text(path);
+  if (!text.ok()) return std::move(text).error();
+  auto doc = parse_jsonc(*text, path);
+  if (!doc.ok()) return std::move(doc).error();
+  if (!doc->value.is_object()) return Error::invalid(doc->where("") + ": the configuration must be an object");
+  c.source = path;
+  Walker w{*doc, doc->value, ""};
+  if (const json* v = w.get("version"); !v || !v->is_number_unsigned() || v->get<int>() != 1)
+    return Error::invalid(doc->where(v ? "/version" : "") + ": \"version\": 1 is required");
+
+  if (const json* s = w.get("socket")) {
+    if (!s->is_object()) return Error::invalid(w.where("socket") + ": must be an object");
+    Walker ws{*doc, *s, "/socket"};
+    TRY_SET(c.socket_path, ws.string("path", c.socket_path, true));
+    std::string mode;
+    TRY_SET(mode, ws.string("mode", "0660"));
+    char* end = nullptr;
+    unsigned long m = std::strtoul(mode.c_str(), &end, 8);
+    if (mode.empty() || *end != '\0' || m > 0777 || (m & 0007))
+      return Error::invalid(ws.where("mode") + ": must be an octal mode like \"0660\" with no access for others");
+    c.socket_mode = static_cast<mode_t>(m);
+    TRY_SET(c.socket_group, ws.string("group", ""));
+    TSB_TRY(ws.done(), "configuration");
+  }
+  if (const json* u = w.get("allowed_uids")) {
+    if (!u->is_array()) return Error::invalid(w.where("allowed_uids") + ": must be an array of uids or user names");
+    c.allowed_uids.clear();
+    for (const auto& e : *u) {
+      if (e.is_number_unsigned()) c.allowed_uids.push_back(e.get<uid_t>());
+      else if (e.is_string()) {
+        passwd* pw = ::getpwnam(e.get<std::string>().c_str());
+        if (!pw) return Error::invalid(w.where("allowed_uids") + ": no such user " + quoted_for_message(e.get<std::string>()));
+        c.allowed_uids.push_back(pw->pw_uid);
+      } else return Error::invalid(w.where("allowed_uids") + ": entries must be uids or user names");
+    }
+  }
+  if (const json* g = w.get("allowed_groups")) {
+    if (!g->is_array()) return Error::invalid(w.where("allowed_groups") + ": must be an array of gids or group names");
+    for (const auto& e : *g) {
+      if (e.is_number_unsigned()) c.allowed_gids.push_back(e.get<gid_t>());
+      else if (e.is_string()) {
+        group* gr = ::getgrnam(e.get<std::string>().c_str());
+        if (!gr) return Error::invalid(w.where("allowed_groups") + ": no such group " + quoted_for_message(e.get<std::string>()));
+        c.allowed_gids.push_back(gr->gr_gid);
+      } else return Error::invalid(w.where("allowed_groups") + ": entries must be gids or group names");
+    }
+  }
+  std::uint64_t n = 0;
+  TRY_SET(n, w.number("max_concurrent_runs", c.max_concurrent_runs, 1, 4096));
+  c.max_concurrent_runs = static_cast<unsigned>(n);
+  TRY_SET(n, w.number("max_queued_runs", c.max_queued_runs, 0, 65536));
+  c.max_queued_runs = static_cast<unsigned>(n);
+  if (const json* f = w.get("max_frame_bytes")) {
+    auto s = parse_size(*f);
+    if (!s.ok() || *s < 4096 || *s > (1ull << 30))
+      return Error::invalid(w.where("max_frame_bytes") + ": must be a size between 4KiB and 1GiB");
+    c.max_frame_bytes = *s;
+  }
+  TRY_SET(c.request_timeout, w.duration("request_timeout", c.request_timeout));
+  TRY_SET(c.shutdown_grace, w.duration("shutdown_grace", c.shutdown_grace));
+  TRY_SET(c.policies_dir, w.string("policies_dir", "", true));
+  TRY_SET(c.organizations_file, w.string("organizations", "", true));
+  TRY_SET(c.runner_path, w.string("runner", "", true));
+  if (const json* b = w.get("bind_allowlist")) {
+    if (!b->is_array()) return Error::invalid(w.where("bind_allowlist") + ": must be an array of absolute host paths");
+    for (const auto& e : *b) {
+      if (!e.is_string() || e.get<std::string>().empty() || e.get<std::string>()[0] != '/')
+        return Error::invalid(w.where("bind_allowlist") + ": entries must be absolute host paths");
+      c.bind_allowlist.push_back(e.get<std::string>());
+    }
+  }
+  if (const json* e = w.get("engine")) {
+    if (!e->is_object()) return Error::invalid(w.where("engine") + ": must be an object");
+    Walker we{*doc, *e, "/engine"};
+    TRY_SET(c.engine.cgroup_parent, we.string("cgroup_parent", c.engine.cgroup_parent, true));
+    TRY_SET(c.engine.state_dir, we.string("state_dir", c.engine.state_dir, true));
+    TRY_SET(n, we.number("uid_base", c.engine.uid_base, 65536, 0xF0000000u));
+    c.engine.uid_base = static_cast<std::uint32_t>(n);
+    TRY_SET(n, we.number("uid_slots", c.engine.uid_slots, 1, 16384));
+    c.engine.uid_slots = static_cast<std::uint32_t>(n);
+    TRY_SET(c.engine.init_path, we.string("init", "", true));
+    TSB_TRY(we.done(), "configuration");
+  }
+  if (const json* e = w.get("e2b")) {
+    if (!e->is_object()) return Error::invalid(w.where("e2b") + ": must be an object");
+    Walker we{*doc, *e, "/e2b"};
+    TRY_SET(c.e2b.api_key_file, we.string("api_key_file", "", true));
+    c.e2b.enabled = !c.e2b.api_key_file.empty();
+    TRY_SET(c.e2b.api_url, we.string("api_url", c.e2b.api_url));
+    TRY_SET(c.e2b.sandbox_url, we.string("sandbox_url", c.e2b.sandbox_url));
+    TRY_SET(c.e2b.domain, we.string("domain", c.e2b.domain));
+    TRY_SET(c.e2b.template_id, we.string("template", c.e2b.template_id));
+    std::chrono::milliseconds ttl{};
+    TRY_SET(ttl, we.duration("sandbox_ttl", std::chrono::duration_cast<std::chrono::milliseconds>(c.e2b.sandbox_ttl)));
+    c.e2b.sandbox_ttl = std::chrono::duration_cast<std::chrono::seconds>(ttl);
+    TRY_SET(n, we.number("max_sandboxes", c.e2b.max_sandboxes, 1, 1024));
+    c.e2b.max_sandboxes = static_cast<unsigned>(n);
+    if (const json* a = we.get("allow_requirement_urls")) {
+      if (!a->is_boolean()) return Error::invalid(we.where("allow_requirement_urls") + ": must be true or false");
+      c.e2b.allow_requirement_urls = a->get<bool>();
+    }
+    TSB_TRY(we.done(), "configuration");
+  }
+  TSB_TRY(w.done(), "configuration");
+  return c;
+}
+
+}  // namespace tsb::core

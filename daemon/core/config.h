@@ -1,0 +1,53 @@
+// toolsandboxd configuration: one JSON-with-comments file (default
+// /etc/toolsandboxd/toolsandboxd.json), every key optional with a secure
+// default. Documented key by key in docs/CONFIGURATION.md.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "isolate/engine.h"
+#include "isolate/result.h"
+
+namespace tsb::core {
+
+struct E2BConfig {
+  bool enabled = false;           // true when an API key file is configured
+  std::string api_key_file;       // readable only by the daemon, or a systemd credential
+  std::string api_url = "https://api.e2b.app";
+  std::string sandbox_url;        // "" = https://{port}-{id}.{domain}; else a pattern with {port} and {id}
+  std::string domain = "e2b.app";
+  std::string template_id = "code-interpreter-v1";
+  std::chrono::seconds sandbox_ttl{300};
+  unsigned max_sandboxes = 16;
+  bool allow_requirement_urls = false;
+};
+
+struct DaemonConfig {
+  std::string source = "<embedded defaults>";
+  std::string socket_path = "/run/toolsandboxd/toolsandboxd.sock";
+  mode_t socket_mode = 0660;
+  std::string socket_group;             // "" = root's group
+  std::vector<uid_t> allowed_uids{0};
+  std::vector<gid_t> allowed_gids;
+  unsigned max_concurrent_runs = 8;
+  unsigned max_queued_runs = 32;
+  std::size_t max_frame_bytes = 32u << 20;
+  std::chrono::milliseconds request_timeout{30000};   // a request line must arrive within this
+  std::chrono::milliseconds shutdown_grace{30000};
+  std::string policies_dir;             // "" = the policies embedded in the binary
+  std::string organizations_file;       // "" = embedded organizations.json
+  std::vector<std::string> bind_allowlist;
+  std::string runner_path;              // "" = found next to the binary / in the data dir
+  isolate::EngineConfig engine;
+  E2BConfig e2b;
+};
+
+// Loads `path`; a missing file with `optional` gives the defaults.
+Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional);
+
+}  // namespace tsb::core

@@ -1,0 +1,174 @@
+#include "daemon/core/letta_result.h"
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+
+#include "daemon/core/units.h"
+#include "protocol/letta.h"
+
+namespace tsb::core {
+namespace {
+
+using nlohmann::json;
+using isolate::EndReason;
+namespace lp = tsb::protocol;
+
+json as_list(const std::string& s) { return s.empty() ? json::array() : json::array({s}); }
+
+// Letta's handling of a non-zero exit without a result: the exception named
+// on the last lines of stderr, or an empty name and message when none is.
+std::string failure_from_stderr(const std::string& tool, const std::string& stderr_text,
+                                const std::string& fallback_name, const std::string& fallback_msg) {
+  auto [name, msg] = lp::parse_stderr_error_msg(stderr_text, 3);
+  if (name.empty() && !fallback_name.empty()) return lp::friendly_error_msg(tool, fallback_name, fallback_msg);
+  return lp::friendly_error_msg(tool, name, msg);
+}
+
+std::string signal_text(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return std::string("the tool was killed by signal ") + std::to_string(sig) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+}
+
+}  // namespace
+
+std::string python_float_str(double v) {
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e16) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+    return buf;
+  }
+  // Shortest representation that round-trips, as repr() does.
+  for (int prec = 1; prec <= 17; ++prec) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) return buf;
+  }
+  return std::to_string(v);
+}
+
+Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run) {
+  Shaped out;
+  json& r = out.result;
+  const std::string& name = ctx.tool_name;
+  r = {{"status", "error"},
+       {"func_return", nullptr},
+       {"agent_state", nullptr},
+       {"stdout", json::array()},
+       {"stderr", json::array()},
+       {"sandbox_config_fingerprint", ctx.fingerprint ? json(*ctx.fingerprint) : json()}};
+
+  // Runs that did not end on their own: Letta raises in these cases and its
+  // manager reports get_friendly_error_msg(name, type(e).__name__, str(e)).
+  auto fail = [&](const std::string& exc, const std::string& msg) {
+    r["func_return"] = lp::friendly_error_msg(name, exc, msg);
+    r["stdout"] = as_list(run.stdout_data);
+    json err = as_list(run.stderr_data);
+    err.push_back(exc + ": " + msg);
+    r["stderr"] = err;
+  };
+  switch (run.reason) {
+    case EndReason::SetupFailed:
+      fail("SandboxError", run.error.empty() ? "the sandbox could not be built" : run.error);
+      return out;
+    case EndReason::Timeout:
+      fail("TimeoutError", "Executing tool " + name + " timed out after " + python_float_str(ctx.timeout_s) + " seconds.");
+      return out;
+    case EndReason::CpuLimit:
+      fail("TimeoutError", "Executing tool " + name + " used up its CPU time limit.");
+      return out;
+    case EndReason::MemoryLimit:
+      fail("MemoryError", "Executing tool " + name + " exceeded the memory limit" +
+                              (ctx.memory_limit ? " of " + format_size(ctx.memory_limit) : std::string()) + ".");
+      return out;
+    case EndReason::OutputLimit:
+      fail("RuntimeError", "Executing tool " + name + " produced more output than allowed.");
+      return out;
+    case EndReason::Cancelled:
+      fail("CancelledError", "Execution cancelled.");
+      return out;
+    case EndReason::PidsLimit:
+      if (run.exit_code != 0) {
+        r["func_return"] = failure_from_stderr(name, run.stderr_data, "RuntimeError",
+                                               "Executing tool " + name + " hit the process limit" +
+                                                   (ctx.pids_limit ? " of " + std::to_string(ctx.pids_limit) : std::string()) + ".");
+        r["stdout"] = as_list(run.stdout_data);
+        r["stderr"] = as_list(run.stderr_data);
+        return out;
+      }
+      break;
+    case EndReason::Exited:
+    case EndReason::Signaled:
+      break;
+  }
+
+  const bool success_exit = run.reason == EndReason::Exited && run.exit_code == 0;
+  const std::string fallback_name = run.reason == EndReason::Signaled ? "RuntimeError" : "";
+  const std::string fallback_msg = run.reason == EndReason::Signaled ? signal_text(run.signal) : "";
+
+  if (!ctx.tool_mode) {
+    lp::ParsedOutput p = lp::parse_letta_stdout(run.stdout_data);
+    out.extra["framing"] = std::string(lp::framing_name(p.framing));
+    if (p.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
+    if (p.corrupted) {
+      // Letta's "internal error" shape (local_sandbox.py:233-251).
+      r["func_return"] = lp::friendly_error_msg(name, p.error_name, p.error_message);
+      r["stdout"] = json::array({p.stdout_text});
+      r["stderr"] = json::array({p.error_message});
+      return out;
+    }
+    if (p.opaque_pickle) {
+      out.extra["opaque_pickle"] = true;
+      out.extra["payload_base64"] = p.opaque_payload_base64;
+      r["func_return"] = lp::friendly_error_msg(
+          name, "Exception", "the result is a pickle payload, which toolsandboxd never deserializes; regenerate the script with JSON output");
+      r["stdout"] = as_list(p.stdout_text);
+      r["stderr"] = as_list(run.stderr_data);
+      return out;
+    }
+    r["stdout"] = as_list(p.stdout_text);
+    r["stderr"] = as_list(run.stderr_data);
+    r["status"] = success_exit ? "success" : "error";
+    if (p.usable()) {
+      r["func_return"] = p.results;
+      r["agent_state"] = p.agent_state;
+    }
+    if (!success_exit && !p.found()) r["func_return"] = failure_from_stderr(name, run.stderr_data, fallback_name, fallback_msg);
+    return out;
+  }
+
+  // Tool mode: only the frame carrying this run's nonce counts.
+  out.extra["framing"] = "nonce";
+  auto frame = lp::extract_nonce_frame(run.stdout_data, ctx.nonce);
+  if (!frame.ok()) {
+    r["func_return"] = lp::friendly_error_msg(name, "Exception", std::string(lp::kCorruptedOutputMessage));
+    r["stdout"] = json::array({run.stdout_data});
+    r["stderr"] = json::array({frame.error().message});
+    out.extra["frame_error"] = frame.error().message;
+    return out;
+  }
+  if (!frame->has_value()) {
+    // The runner never wrote its frame: it was killed, or the tool killed it.
+    r["stdout"] = as_list(run.stdout_data);
+    r["stderr"] = as_list(run.stderr_data);
+    r["func_return"] = failure_from_stderr(name, run.stderr_data, fallback_name.empty() ? "RuntimeError" : fallback_name,
+                                           fallback_msg.empty() ? "the tool ended without returning a result" : fallback_msg);
+    return out;
+  }
+  const lp::NonceFrame& f = **frame;
+  if (f.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
+  r["stdout"] = as_list(f.stdout_text);
+  r["stderr"] = as_list(run.stderr_data);
+  if (f.error) {
+    out.extra["error_kind"] = f.error->kind;
+    r["func_return"] = lp::friendly_error_msg(name, f.error->name, f.error->message);
+    return out;
+  }
+  r["status"] = success_exit ? "success" : "error";
+  r["func_return"] = f.results;
+  r["agent_state"] = f.agent_state;
+  return out;
+}
+
+}  // namespace tsb::core

@@ -1,0 +1,36 @@
+// Shapes an engine RunResult into Letta's ToolExecutionResult, exactly as
+// letta-server's local sandbox would (letta-sandbox.md §3, §5, §8), for
+// both the script mode (Letta's framings) and the tool mode (our runner's
+// nonce frame). Pure: no I/O.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "isolate/spec.h"
+
+namespace tsb::core {
+
+struct ShapeContext {
+  std::string tool_name;
+  double timeout_s = 60;                  // the effective wall-clock limit, for messages
+  std::optional<std::string> fingerprint; // sandbox_config_fingerprint, when computable
+  bool tool_mode = false;                 // run_tool: parse the nonce frame
+  std::string nonce;                      // tool mode
+  std::uint64_t memory_limit = 0;         // for messages
+  std::uint64_t pids_limit = 0;
+};
+
+struct Shaped {
+  nlohmann::json result;  // ToolExecutionResult fields
+  nlohmann::json extra;   // framing details for the run record
+};
+
+Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run);
+
+// Python's str() of a float, for Letta's timeout message ("180.0", "1.5").
+std::string python_float_str(double v);
+
+}  // namespace tsb::core

@@ -1,0 +1,52 @@
+// The daemon's policy set: every policy, compiled, plus the organizations
+// table. Immutable once built; a reload builds a new set and swaps it in
+// whole, so a broken file never leaves a half-loaded set in force.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/core/config.h"
+#include "daemon/core/policy.h"
+
+namespace tsb::core {
+
+struct OrgEntry {
+  bool privileged = false;
+  std::string policy = "default";
+  std::vector<std::string> allowed_policies{"default"};
+};
+
+struct Organizations {
+  std::string source;
+  OrgEntry fallback;                      // "default": organizations not listed
+  std::map<std::string, OrgEntry> orgs;
+  const OrgEntry& lookup(const std::string& id) const;
+};
+
+Result<Organizations> load_organizations(const std::string& path);  // "" = embedded
+
+struct PolicySet {
+  std::map<std::string, std::shared_ptr<const Policy>> policies;
+  Organizations orgs;
+};
+
+Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg);
+
+// Where and how one run goes (the legacy Letta rule, letta-sandbox.md §1):
+// a privileged organization runs locally; one that is not goes to E2B when
+// E2B is configured, else runs locally under its (strict) policy. A policy
+// whose backend is "e2b" always goes to E2B.
+struct Placement {
+  std::shared_ptr<const Policy> policy;
+  Backend backend = Backend::Local;
+  bool privileged = false;
+};
+// Errors carry EPERM for a policy the organization may not use.
+Result<Placement> place_run(const PolicySet& set, const std::string& organization_id,
+                            const std::optional<std::string>& requested_policy, bool e2b_configured);
+
+}  // namespace tsb::core

@@ -1,0 +1,92 @@
+// Protocol v1: newline-delimited JSON over a Unix stream socket. One
+// request object per line, one response object per line, in order.
+// Decoding is strict: unknown fields, wrong types, bad UTF-8, a missing or
+// wrong version are errors with a stable code. protocol/PROTOCOL.md is the
+// reference; protocol/schema/*.json are the JSON Schemas.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+namespace tsb::protocol {
+
+inline constexpr int kProtocolVersion = 1;
+inline constexpr std::size_t kDefaultMaxFrameBytes = 32u << 20;
+inline constexpr std::size_t kMaxIdLength = 128;
+
+// Stable error codes. Clients switch on these, never on messages.
+enum class ErrorCode {
+  BadRequest,     // malformed JSON, wrong types, unknown fields, bad version
+  TooLarge,       // a frame above the daemon's max_frame_bytes
+  Unauthorized,   // the peer's uid/gid is not allowed
+  Busy,           // concurrency limit and queue are full: retry later
+  PolicyDenied,   // the policy or organization does not allow this request
+  Timeout,        // the client sent no complete request in time
+  Unavailable,    // the daemon is shutting down, or a backend is unreachable
+  Internal,       // a bug or an unexpected system failure
+};
+std::string_view error_code_name(ErrorCode c);
+
+struct ProtocolError {
+  ErrorCode code;
+  std::string message;
+};
+
+// A Letta sandbox config, for the fingerprint (letta-sandbox.md §6).
+struct SandboxConfig {
+  std::string type;               // "local" | "e2b" | ...
+  nlohmann::json config;          // the config dict as Letta stores it
+};
+
+struct CommonRunFields {
+  std::string tool_name;          // Python identifier; used in messages and audit
+  std::string organization_id;    // selects policy and backend
+  std::optional<std::string> policy;  // must be allowed for the organization
+  std::map<std::string, std::string> env;  // the tool's variables (secrets included)
+  std::optional<double> timeout_s;    // lowered to the policy's wall_timeout if higher
+  std::optional<SandboxConfig> sandbox_config;
+  std::optional<std::string> agent_id;
+  std::optional<std::string> project_id;
+};
+
+// execute: a complete Python script, as letta-server generates it today.
+struct ExecuteRequest {
+  CommonRunFields common;
+  std::string script;
+};
+
+// run_tool: source + args as data; a trusted runner calls the function.
+struct RunToolRequest {
+  CommonRunFields common;
+  std::string source_code;
+  nlohmann::json args;            // object: name -> JSON value
+  nlohmann::json json_schema;     // null or Letta's Tool.json_schema
+  nlohmann::json agent_state;     // null or a JSON object
+  std::vector<std::string> pip_requirements;  // E2B backend only
+};
+
+struct StatusRequest {};
+
+struct Request {
+  std::string id;
+  std::variant<ExecuteRequest, RunToolRequest, StatusRequest> body;
+  std::string_view type_name() const;
+};
+
+// Decode one frame (without its newline). On error, `id` is set when it
+// could be read, so the error response can carry it.
+std::variant<Request, ProtocolError> decode_request(std::string_view line, std::string* id_out);
+
+// Response lines.
+std::string encode_error(std::string_view id, ErrorCode code, std::string_view message);
+std::string encode_ok(std::string_view id, std::string_view key, const nlohmann::json& payload);
+
+bool is_python_identifier(std::string_view s);
+
+}  // namespace tsb::protocol

@@ -1,0 +1,119 @@
+// Set-up failures, concurrency, and nothing left behind after many runs.
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <set>
+
+#include "tests/integration/harness.h"
+
+using namespace tsb::testing;
+using tsb::isolate::EndReason;
+using tsb::isolate::Stage;
+using namespace std::chrono_literals;
+
+namespace {
+int count_fds() {
+  int n = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n;
+}
+std::string read_all(const std::string& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+std::set<std::string> leaves(const tsb::isolate::Engine& e) {
+  std::set<std::string> out;
+  (void)e;
+  for (const char* h : {"memory", "pids", "cpu", "cpuacct", "freezer", ""}) {
+    std::string base = std::string("/sys/fs/cgroup/") + h;
+    const char* parent = std::getenv("TSB_CGROUP_PARENT");
+    base += parent ? parent : "/toolsandbox-test";
+    DIR* d = ::opendir(base.c_str());
+    if (!d) continue;
+    while (dirent* ent = ::readdir(d))
+      if (ent->d_type == DT_DIR && ent->d_name[0] != '.') out.insert(base + "/" + ent->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_F(EngineTest, MissingCommandIsASetupFailureAtExecve) {
+  auto r = run(spec({"/no/such/tool"}));
+  EXPECT_EQ(r.reason, EndReason::SetupFailed) << describe(r);
+  EXPECT_EQ(r.setup_stage, Stage::Execve);
+  EXPECT_EQ(r.setup_errno, ENOENT);
+  EXPECT_NE(r.error.find("execve"), std::string::npos);
+}
+
+TEST_F(EngineTest, CommandIsSearchedInPath) {
+  auto r = run(spec({"true"}));
+  EXPECT_EQ(r.reason, EndReason::Exited) << describe(r);
+  EXPECT_EQ(r.exit_code, 0);
+}
+
+TEST_F(EngineTest, MissingVenvIsASetupFailureNamingTheStage) {
+  auto s = spec({"/bin/true"});
+  s.venv = "/nonexistent/venv";
+  auto r = run(s);
+  EXPECT_EQ(r.reason, EndReason::SetupFailed) << describe(r);
+  EXPECT_EQ(r.setup_stage, Stage::MountBind);
+  EXPECT_EQ(r.setup_errno, ENOENT);
+}
+
+TEST_F(EngineTest, SpawnWithoutSeccompIsRefused) {
+  auto s = spec({"/bin/true"});
+  s.seccomp.reset();
+  auto r = run(s);
+  EXPECT_EQ(r.reason, EndReason::SetupFailed);
+  EXPECT_NE(r.error.find("seccomp"), std::string::npos) << r.error;
+}
+
+TEST_F(EngineTest, ExitCodesAndSignalsPassThrough) {
+  auto r = run(spec({"/bin/sh", "-c", "exit 42"}));
+  EXPECT_EQ(r.reason, EndReason::Exited);
+  EXPECT_EQ(r.exit_code, 42);
+  r = run(spec({"/bin/sh", "-c", "kill -SEGV $$"}));
+  EXPECT_EQ(r.reason, EndReason::Signaled) << describe(r);
+  EXPECT_EQ(r.signal, SIGSEGV);
+}
+
+TEST_F(EngineTest, ConcurrentRunsGetDistinctHostUids) {
+  auto a = engine_->spawn(spec({"/bin/sleep", "1"}));
+  auto b = engine_->spawn(spec({"/bin/sleep", "1"}));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE((*a)->host_uid(), (*b)->host_uid());
+  (*a)->kill();
+  (*b)->kill();
+}
+
+TEST_F(EngineTest, NothingLeftBehindAfter500Runs) {
+  // Warm up once so lazily created state (lock file, parent cgroups) exists.
+  (void)run(spec({"/bin/true"}));
+  int fds = count_fds();
+  std::string mounts = read_all("/proc/self/mountinfo");
+  auto leaves_before = leaves(*engine_);
+  int failures = 0;
+  for (int i = 0; i < 500; ++i) {
+    // Mix successes, failures and kills so every exit path is covered.
+    tsb::isolate::RunResult r;
+    if (i % 50 == 7) r = run(spec({"/no/such/tool"}));
+    else if (i % 50 == 13) {
+      auto s = spec({"/bin/sleep", "10"});
+      s.limits.wall_timeout = 50ms;
+      r = run(s);
+    } else {
+      r = run(spec({"/bin/true"}));
+      failures += r.reason != EndReason::Exited || r.exit_code != 0;
+    }
+  }
+  EXPECT_EQ(failures, 0);
+  EXPECT_EQ(count_fds(), fds) << "file descriptors leaked";
+  EXPECT_EQ(read_all("/proc/self/mountinfo"), mounts) << "mounts leaked into the engine's namespace";
+  EXPECT_EQ(leaves(*engine_), leaves_before) << "cgroups left behind";
+  EXPECT_TRUE(host_pids_with_uid_in(engine_->config().uid_base, engine_->config().uid_base + 65536u * engine_->config().uid_slots).empty())
+      << "sandbox processes left behind";
+}
