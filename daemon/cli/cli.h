@@ -1,5 +1,7 @@
 #pragma once
 
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -7,6 +9,7 @@ namespace tsb::cli {
 
 int cmd_run(const std::vector<std::string>& args);
 int cmd_policy(const std::vector<std::string>& args);
+int cmd_client(const std::string& verb, const std::vector<std::string>& args);
 
 // Exit statuses of toolsandbox itself (the tool's own status passes through).
 inline constexpr int kExitUsage = 2;

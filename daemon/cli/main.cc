@@ -22,6 +22,9 @@ void usage(std::FILE* out) {
       "usage: toolsandbox run [--policy NAME|FILE] [--timeout S] [--memory SIZE] [--network none|host]\n"
       "                       [--venv DIR] [--bind SRC:DST[:rw]]... [--env NAME=VALUE]... [--stdin FILE|-]\n"
       "                       [--json] [--cgroup-parent PATH] [--state-dir DIR] -- CMD [ARGS...]\n"
+      "       toolsandbox exec SCRIPT.py [--org ID] [--env NAME=VALUE]... [--timeout S] [--socket PATH] [--json]\n"
+      "       toolsandbox call TOOL.py [--args JSON] [--function NAME] [--agent-state FILE] [--org ID] [--json]\n"
+      "       toolsandbox status [--socket PATH] [--json]\n"
       "       toolsandbox policy check FILE...\n"
       "       toolsandbox policy explain NAME|FILE [--compare PROFILE]\n"
       "       toolsandbox policy fingerprint FILE\n"
@@ -42,6 +45,7 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (verb == "run") return tsb::cli::cmd_run(args);
   if (verb == "policy") return tsb::cli::cmd_policy(args);
+  if (verb == "exec" || verb == "call" || verb == "status") return tsb::cli::cmd_client(verb, args);
   if (verb == "version" || verb == "--version") {
     std::printf("toolsandbox %s\n", TSB_VERSION);
     return 0;

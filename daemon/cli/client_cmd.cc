@@ -1,0 +1,190 @@
+// toolsandbox exec | call | status: client verbs that talk to toolsandboxd
+// over its Unix socket (protocol/PROTOCOL.md).
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <sstream>
+
+#include "daemon/cli/cli.h"
+#include "daemon/core/result_json.h"
+#include "isolate/hash.h"
+#include "isolate/result.h"
+#include "isolate/unique_fd.h"
+
+namespace tsb::cli {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kDefaultSocket = "/run/toolsandboxd/toolsandboxd.sock";
+
+Result<json> roundtrip(const std::string& socket_path, const json& request) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return Error::from_errno("socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof addr.sun_path) return Error::invalid("socket path too long");
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    return Error::from_errno("connecting to toolsandboxd at '" + socket_path + "'");
+  std::string line = core::dump_json(request) + "\n";
+  std::size_t off = 0;
+  while (off < line.size()) {
+    ssize_t n = ::write(fd.get(), line.data() + off, line.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::from_errno("sending the request");
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  std::string reply;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::from_errno("reading the response");
+    }
+    if (n == 0) break;
+    reply.append(buf, static_cast<std::size_t>(n));
+    if (reply.find('\n') != std::string::npos) break;
+  }
+  auto nl = reply.find('\n');
+  if (nl == std::string::npos) return Error::invalid("the daemon closed the connection without a response", EPROTO);
+  json j = json::parse(reply.substr(0, nl), nullptr, false);
+  if (j.is_discarded()) return Error::invalid("the daemon sent invalid JSON", EPROTO);
+  return j;
+}
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error::from_errno("open '" + path + "'");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+int usage(const char* verb, const std::string& msg) {
+  std::fprintf(stderr, "toolsandbox %s: %s\n", verb, msg.c_str());
+  return kExitUsage;
+}
+
+// Prints a run's outcome the way a person wants to read it; the exit status
+// says whether the tool succeeded.
+int report(const json& resp, bool as_json) {
+  if (as_json) {
+    std::printf("%s\n", core::dump_json(resp).c_str());
+  }
+  if (!resp.value("ok", false)) {
+    if (!as_json) {
+      const json& e = resp["error"];
+      std::fprintf(stderr, "toolsandbox: %s: %s\n", e.value("code", "?").c_str(), e.value("message", "").c_str());
+    }
+    return 1;
+  }
+  if (resp.contains("status")) {
+    if (!as_json) std::printf("%s\n", resp["status"].dump(2).c_str());
+    return 0;
+  }
+  const json& r = resp["result"];
+  if (!as_json) {
+    for (const auto& s : r["stdout"]) std::fputs(s.get<std::string>().c_str(), stdout);
+    for (const auto& s : r["stderr"]) std::fputs(s.get<std::string>().c_str(), stderr);
+    std::printf("%s\n", core::dump_json(r["func_return"]).c_str());
+    const json& rec = r["record"];
+    std::fprintf(stderr, "[%s: %s, %.1f ms, policy %s]\n", r.value("status", "?").c_str(),
+                 rec.value("end_reason", "?").c_str(), rec.value("wall_ms", 0.0), rec.value("policy", "?").c_str());
+  }
+  return r.value("status", "") == "success" ? 0 : 1;
+}
+
+// The last top-level function defined in a tool file, as Letta names tools.
+std::string last_function(const std::string& src) {
+  std::regex def(R"(^(?:async\s+)?def\s+([A-Za-z_][A-Za-z_0-9]*)\s*\()", std::regex::multiline);
+  std::string name;
+  for (auto it = std::sregex_iterator(src.begin(), src.end(), def); it != std::sregex_iterator(); ++it) name = (*it)[1];
+  return name;
+}
+
+}  // namespace
+
+int cmd_client(const std::string& verb, const std::vector<std::string>& args) {
+  std::string socket_path = kDefaultSocket, org = "default", file, tool_name, args_json = "{}", agent_state_file, policy;
+  std::map<std::string, std::string> env;
+  std::optional<double> timeout;
+  bool as_json = false;
+  const char* v = verb.c_str();
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto next = [&]() -> std::optional<std::string> {
+      if (i + 1 >= args.size()) return std::nullopt;
+      return args[++i];
+    };
+    std::optional<std::string> x;
+    if (a == "--json") as_json = true;
+    else if (a == "--socket") { if (!(x = next())) return usage(v, "--socket needs a path"); socket_path = *x; }
+    else if (a == "--org") { if (!(x = next())) return usage(v, "--org needs an organization id"); org = *x; }
+    else if (a == "--policy") { if (!(x = next())) return usage(v, "--policy needs a name"); policy = *x; }
+    else if (a == "--tool-name" || a == "--function") { if (!(x = next())) return usage(v, a + " needs a name"); tool_name = *x; }
+    else if (a == "--args") { if (!(x = next())) return usage(v, "--args needs a JSON object"); args_json = *x; }
+    else if (a == "--agent-state") { if (!(x = next())) return usage(v, "--agent-state needs a JSON file"); agent_state_file = *x; }
+    else if (a == "--timeout") {
+      if (!(x = next())) return usage(v, "--timeout needs seconds");
+      char* end = nullptr;
+      double t = std::strtod(x->c_str(), &end);
+      if (*end != '\0' || !(t > 0)) return usage(v, "--timeout needs a positive number of seconds");
+      timeout = t;
+    } else if (a == "--env") {
+      if (!(x = next()) || x->find('=') == std::string::npos || (*x)[0] == '=') return usage(v, "--env needs NAME=VALUE");
+      env[x->substr(0, x->find('='))] = x->substr(x->find('=') + 1);
+    } else if (!a.empty() && a[0] == '-') return usage(v, "unknown option '" + a + "'");
+    else if (file.empty()) file = a;
+    else return usage(v, "unexpected argument '" + a + "'");
+  }
+
+  json req = {{"v", 1}, {"id", random_hex(8)}};
+  if (verb == "status") {
+    if (!file.empty()) return usage(v, "takes no file");
+    req["type"] = "status";
+  } else {
+    if (file.empty()) return usage(v, verb == "exec" ? "need a SCRIPT.py" : "need a TOOL.py");
+    auto src = read_file(file);
+    if (!src.ok()) return usage(v, src.error().message);
+    if (tool_name.empty()) tool_name = verb == "call" ? last_function(*src) : "script";
+    if (tool_name.empty()) return usage(v, "no function found in '" + file + "' (use --function NAME)");
+    req["tool_name"] = tool_name;
+    req["organization_id"] = org;
+    if (!env.empty()) req["env"] = env;
+    if (timeout) req["timeout"] = *timeout;
+    if (!policy.empty()) req["policy"] = policy;
+    if (verb == "exec") {
+      req["type"] = "execute";
+      req["script"] = *src;
+    } else {
+      req["type"] = "run_tool";
+      req["source_code"] = *src;
+      json a = json::parse(args_json, nullptr, false);
+      if (a.is_discarded() || !a.is_object()) return usage(v, "--args must be a JSON object");
+      req["args"] = a;
+      if (!agent_state_file.empty()) {
+        auto s = read_file(agent_state_file);
+        if (!s.ok()) return usage(v, s.error().message);
+        json st = json::parse(*s, nullptr, false);
+        if (st.is_discarded() || !st.is_object()) return usage(v, "--agent-state must hold a JSON object");
+        req["agent_state"] = st;
+      }
+    }
+  }
+  auto resp = roundtrip(socket_path, req);
+  if (!resp.ok()) {
+    std::fprintf(stderr, "toolsandbox %s: %s\n", v, resp.error().message.c_str());
+    return 1;
+  }
+  return report(*resp, as_json);
+}
+
+}  // namespace tsb::cli
