@@ -30,7 +30,7 @@ struct MountStep {
     kBind,       // bind src on dst (created as dir or empty file), then set attributes
     kMount,      // mount(src, dst, fstype, flags, data) on a directory created first
     kSetAttr,    // mount_setattr(dst, attr_set) on an existing mount point
-    kMaskFile,   // bind /dev/null read-only over dst if it exists
+    kMaskFile,   // bind src (an empty read-only file) over dst if dst exists
     kMaskDir,    // mount an empty read-only tmpfs over dst if it exists
   };
   int kind;

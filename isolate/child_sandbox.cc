@@ -90,7 +90,7 @@ int run_step(const MountStep& s) noexcept {
       return setattr(s.dst, s.attr_set, true);
     case MountStep::kMaskFile:
       if (!path_exists(s.dst)) return 0;
-      if (::mount("/dev/null", s.dst, nullptr, MS_BIND, nullptr) != 0) return -1;
+      if (::mount(s.src, s.dst, nullptr, MS_BIND, nullptr) != 0) return -1;
       return setattr(s.dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, false);
     case MountStep::kMaskDir:
       if (!path_exists(s.dst)) return 0;

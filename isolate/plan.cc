@@ -269,6 +269,10 @@ Status build_plan(const PlanInputs& in, PlanStorage& st, ChildPlan& plan) {
     s.dst = st.keep(b.host("/proc"));
     s.flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
     s.data = nullptr;
+    // Masked files get an empty read-only regular file bound over them, not
+    // /dev/null: writes to a device node succeed even on a read-only mount.
+    b.write_file("/.masked", "", 0444);
+    const char* masked = st.keep(b.host("/.masked"));
     for (const auto& m : proc_masks()) {
       std::string path = b.host("/proc") + m.path;
       if (m.kind == ProcMask::kReadOnly) {
@@ -281,6 +285,7 @@ Status build_plan(const PlanInputs& in, PlanStorage& st, ChildPlan& plan) {
       } else {
         auto& r = b.add(m.kind == ProcMask::kFile ? MountStep::kMaskFile : MountStep::kMaskDir, Stage::MaskProc);
         r.dst = st.keep(path);
+        r.src = masked;
       }
     }
   }

@@ -83,6 +83,11 @@ struct SeccompProgram {
 // Parse a profile (JSON, comments allowed). Strict: unknown keys, wrong
 // types, unknown actions, operators, architectures and syscall names are
 // errors that name the file and the JSON pointer (and line:col when known).
+// includes/excludes are resolved here, for a tool with no capabilities:
+// an entry that includes caps is dropped, one that excludes caps is kept;
+// arches are compared with the native architecture, minKernel with uname.
+// A syscall defined twice with different actions where libseccomp would
+// silently keep one of them is an error naming both places.
 Result<SeccompProfile> parse_seccomp_profile(std::string_view text, std::string_view source);
 Result<SeccompProfile> parse_seccomp_profile(std::string_view text, std::string_view source,
                                              const SeccompParseOptions& options);

@@ -139,10 +139,18 @@ frame (text after the frame is returned as stdout; a write that lands inside
 the frame, possible for frames larger than PIPE_BUF, breaks the frame's
 base64 and the run fails). The engine accepts a frame only if it occurs
 exactly once (see extract_nonce_frame in protocol/letta.h).
+
+What this relies on from the sandbox: the tool has no CAP_SYS_PTRACE (with it,
+non-dumpable does not stop /proc/<pid>/mem or ptrace; as root outside a user
+namespace the nonce is readable); the pids limit leaves room for the runner's
+two processes plus the tool's own; the seccomp policy allows fork/clone,
+pipe2, poll, wait4, kill and prctl(PR_SET_DUMPABLE); the image has libffi for
+ctypes; stdin is a pipe.
 """
 
-# Only cheap modules at the top: everything before the fork is paid twice
-# over in latency. Heavier imports happen where they are needed.
+# Only cheap modules at the top: imports before the fork sit on every run's
+# critical path. The rest is imported where needed, in the one process that
+# needs it.
 import json
 import os
 import stat
@@ -163,6 +171,9 @@ _REQUEST_FIELDS = frozenset(
 )
 _MAX_RESULT_DEPTH = 200  # nesting depth kept as JSON; deeper values fall back to str()
 _MSG_HEADER = struct.Struct(">Q")  # child -> parent: length, then JSON
+# Bounds the parent's memory only: the engine's stdout cap (1 MiB by default)
+# stops far smaller results from reaching the engine anyway.
+_MAX_RESULT_BYTES = 64 << 20
 
 
 class RequestError(Exception):
@@ -179,7 +190,7 @@ class Fatal(Exception):
 
 
 # ---------------------------------------------------------------------------
-# Small I/O helpers (raw fds: they keep working whatever sys.stdout has become)
+# Raw fd I/O: it keeps working whatever sys.stdout has become
 # ---------------------------------------------------------------------------
 
 
@@ -335,6 +346,10 @@ def _validate_request(req):
     return child_req, inject_agent_state
 
 
+class _ChildFailure(Exception):
+    """The child could not report; the parent describes what happened."""
+
+
 def _read_nonblocking(fd):
     try:
         return os.read(fd, 1 << 16)
@@ -353,7 +368,8 @@ def _collect_child(pid, fd):
     """Read the child's message and reap it. The message is length-prefixed
     rather than read to EOF: a forked grandchild may hold the pipe open. If the
     child dies without a complete message while a grandchild keeps the pipe
-    open, the periodic waitpid notices and stops waiting for data."""
+    open, the periodic waitpid notices and stops waiting for data. Returns
+    (body or None, wait status); raises _ChildFailure for an oversized result."""
     import select
 
     os.set_blocking(fd, False)
@@ -362,6 +378,14 @@ def _collect_child(pid, fd):
     buf = bytearray()
     status = None
     while not _message_complete(buf):
+        if len(buf) >= _MSG_HEADER.size and _MSG_HEADER.unpack_from(buf)[0] > _MAX_RESULT_BYTES:
+            # The child may be blocked writing the rest into a full pipe.
+            import signal
+
+            os.kill(pid, signal.SIGKILL)
+            if status is None:
+                os.waitpid(pid, 0)
+            raise _ChildFailure("tool result is larger than %d bytes" % _MAX_RESULT_BYTES)
         if status is not None:
             chunk = _read_nonblocking(fd)  # child gone: take only what is already there
             if not chunk:
@@ -398,10 +422,6 @@ def _describe_death(status):
         return "tool process was killed by signal %d%s before returning a result" % (sig, signame)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
     return "tool process exited with status %d before returning a result" % code
-
-
-class _ChildFailure(Exception):
-    """The child could not report; the parent describes what happened."""
 
 
 def _final_payload(body, status, inject_agent_state):
@@ -510,8 +530,8 @@ def _parent_main(pid, to_child, from_child):
         os.close(to_child)
     del child_req
 
-    body, status = _collect_child(pid, from_child)
     try:
+        body, status = _collect_child(pid, from_child)
         payload, code = _final_payload(body, status, inject_agent_state)
     except _ChildFailure as e:
         # The child printed nothing about this; leave the usual stderr line.

@@ -1,0 +1,217 @@
+// Letta compatibility: what letta-server computes around a sandboxed tool run,
+// reproduced exactly, plus the result frame of our own runner.
+//
+// Reference: /work/shared/reference/letta-sandbox.md (sections cited as §N).
+// Everything here is pure logic: no I/O, no processes.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "isolate/result.h"
+
+namespace tsb::protocol {
+
+// ---------------------------------------------------------------------------
+// Sandbox config fingerprint (§6)
+// ---------------------------------------------------------------------------
+
+// str(int.from_bytes(bytes, "big")): the decimal value of a big-endian
+// unsigned integer of any length, without leading zeros ("0" for all zeros).
+std::string big_endian_to_decimal(std::string_view bytes);
+
+// SandboxConfig.fingerprint():
+//   str(int.from_bytes(sha256(json.dumps({"type": type, "organization_id":
+//       organization_id, "config": config}, sort_keys=True,
+//       separators=(",", ":")).encode()).digest(), "big"))
+// Fails only when a string is not valid UTF-8 or config holds something
+// json.dumps could not have serialized (see dumps_compact_sorted).
+Result<std::string> sandbox_config_fingerprint(std::string_view type, std::string_view organization_id,
+                                               const nlohmann::json& config);
+
+// ---------------------------------------------------------------------------
+// Letta's result framings (§5), for stdout produced by Letta-generated scripts
+// ---------------------------------------------------------------------------
+
+// Legacy text markers: str(uuid5(NAMESPACE_DNS, "local-sandbox-result-{start,end}-marker")).
+inline constexpr std::string_view kLegacyStartMarker = "92c8e498-43d3-5fb3-919d-a69eb3e5c5c6";
+inline constexpr std::string_view kLegacyEndMarker = "34aa1e30-8090-58d0-a72a-e5545c067875";
+// Binary frame marker: the 16 bytes of the start-marker UUID.
+inline constexpr std::string_view kBinaryMarker{
+    "\x92\xc8\xe4\x98\x43\xd3\x5f\xb3\x91\x9d\xa6\x9e\xb3\xe5\xc5\xc6", 16};
+// Binary frame: MARKER(16) | u32 big-endian payload length | 32 hex md5 | payload.
+inline constexpr std::size_t kBinaryHeaderSize = 16 + 4 + 32;
+// The exception text Letta reports when the frame checksum does not match.
+inline constexpr std::string_view kCorruptedOutputMessage = "Function ran, but output is corrupted.";
+
+enum class Framing {
+  kNone,        // no marker in stdout
+  kLegacyText,  // START + base64(payload) + END, parsed with str.index()
+  kBinary,      // length-prefixed frame with md5
+};
+std::string_view framing_name(Framing f);
+
+struct ParsedOutput {
+  Framing framing = Framing::kNone;
+  [[nodiscard]] bool found() const { return framing != Framing::kNone; }
+
+  // Letta would raise while extracting or decoding the frame and report an
+  // internal error (§3): status "error", func_return =
+  // get_friendly_error_msg(name, error_name, error_message), stderr =
+  // [error_message], stdout = [""] (stdout_text below still holds the whole
+  // stdout, so the caller can choose). error_name/error_message are what Letta's
+  // exception would carry; for an md5 mismatch that is exactly ("Exception",
+  // kCorruptedOutputMessage). Other cases give Letta's exception type and a
+  // message close to Python's (the exact text of e.g. a JSONDecodeError is
+  // not reproduced).
+  bool corrupted = false;
+  std::string error_name;
+  std::string error_message;
+
+  // The payload is not JSON at all: most likely a pickle from a script
+  // generated before Letta PR #3343. It is never unpickled; the raw payload
+  // bytes are returned base64-encoded for diagnostics. Unusable as a result.
+  bool opaque_pickle = false;
+  std::string opaque_payload_base64;
+
+  // The frame carried an empty payload; Letta returns (None, None).
+  bool empty_payload = false;
+
+  // The decoded payload: payload["results"] (null when missing) and
+  // payload["agent_state"] when it is truthy in Python's sense (a non-empty
+  // object; Letta validates it into an AgentState), else null.
+  nlohmann::json results;
+  nlohmann::json agent_state;
+
+  // Python's json.loads accepts NaN/Infinity/-Infinity and lone surrogate
+  // escapes; nlohmann does not. Such tokens are rewritten to null and U+FFFD
+  // before parsing, and this flag says that happened.
+  bool payload_lossy = false;
+
+  // Legacy framing only: END occurred before START. Letta's str.index() finds
+  // each marker from the start of the text, so the payload is empty and the
+  // returned stdout repeats the text between the two markers. Reproduced.
+  bool legacy_end_before_start = false;
+
+  // stdout without the frame (bytes before it plus bytes after it), as UTF-8.
+  // Letta decodes strictly and fails the run on invalid UTF-8; we replace each
+  // invalid sequence with U+FFFD instead and set stdout_invalid_utf8, so odd
+  // output never turns into an error (§9 item 11).
+  std::string stdout_text;
+  bool stdout_invalid_utf8 = false;
+
+  // True when the run has a usable decoded result (possibly null).
+  [[nodiscard]] bool usable() const { return found() && !corrupted && !opaque_pickle; }
+};
+
+// Find and decode a Letta result frame in a tool's raw stdout.
+//
+// Both framings are recognised. When both markers occur, the framing whose
+// marker starts EARLIER in the stream wins and the other is left in
+// stdout_text as ordinary text. That mirrors Letta's own rule within one
+// framing (the first marker wins) and keeps the result independent of which
+// framing the parser tries first. Letta scripts emit exactly one frame, last;
+// any earlier marker came from the tool's own output, which is why Letta's
+// framings are only for compatibility and our runner uses extract_nonce_frame.
+ParsedOutput parse_letta_stdout(std::string_view stdout_bytes);
+
+// base64.b64decode(s, validate=True) of CPython 3.11 (binascii.a2b_base64 in
+// strict mode), including its acceptance of padding after a complete quad
+// ("QUFB=" decodes) and its error messages.
+Result<std::string> b64decode_validate(std::string_view s);
+// base64.b64encode: standard alphabet, with padding.
+std::string b64encode(std::string_view bytes);
+
+// ---------------------------------------------------------------------------
+// Error strings (§8)
+// ---------------------------------------------------------------------------
+
+inline constexpr std::size_t kMaxErrorMessageChars = 1000;  // MAX_ERROR_MESSAGE_CHAR_LIMIT
+
+// get_friendly_error_msg: f"Error executing function {function_name}:
+// {exception_name}: {exception_message}" cut to the first 1000 characters.
+// Characters are Python's (code points), so the cut never splits a UTF-8
+// sequence. Invalid UTF-8 in the inputs is first replaced by U+FFFD (Python
+// strings cannot hold it).
+std::string friendly_error_msg(std::string_view function_name, std::string_view exception_name,
+                               std::string_view message);
+
+// parse_stderr_error_msg: over stderr.split("\n")[:-(last_n_lines + 1):-1]
+// (the last last_n_lines lines, last first, Python slice semantics for any
+// last_n_lines), the first line that contains "Error" or "Exception" and
+// matches re.search(r"(\w+(?:Error|Exception)): (.+)$") gives (group 1,
+// group 2); otherwise ("", ""). Note that a bare "Exception: boom" does not
+// match (\w+ needs a character before the suffix).
+//
+// \w is Python's Unicode \w (str.isalnum() or "_"), from a table generated
+// from CPython 3.11 (Unicode 14.0.0); a letta-server on a newer Python may
+// classify characters added in later Unicode versions differently. Invalid
+// UTF-8 in stderr is replaced by U+FFFD first (Letta would fail to decode).
+std::pair<std::string, std::string> parse_stderr_error_msg(std::string_view stderr_text,
+                                                           int last_n_lines = 3);
+
+// Whether `cp` matches Python's re \w in a str pattern. Exposed for tests.
+bool python_re_word_char(char32_t cp);
+
+// ---------------------------------------------------------------------------
+// Our runner's result frame (daemon/runner/toolsandbox_runner.py)
+// ---------------------------------------------------------------------------
+//
+//   "\n" "<<TSB-RESULT-" nonce ">>" base64(payload JSON) "<<TSB-END-" nonce ">>" "\n"
+//
+// nonce: 32 lowercase hex characters (tsb::random_hex(16)), fresh per run,
+// given to the runner on stdin only. The runner process that knows the nonce
+// never runs tool code (it forks a child for that and is non-dumpable), so a
+// tool cannot learn the nonce; text a tool prints, including forged frames
+// with guessed or Letta markers, is just stdout. See the threat model at the
+// top of the runner.
+//
+// payload (ASCII JSON object):
+//   success: {"results": <json>, "agent_state": <object|null>}
+//   failure: {"results": null, "agent_state": null,
+//             "error": {"kind": "tool"|"request", "name": str, "message": str}}
+
+inline constexpr std::string_view kNonceFrameStart = "<<TSB-RESULT-";
+inline constexpr std::string_view kNonceFrameEnd = "<<TSB-END-";
+inline constexpr std::string_view kNonceFrameClose = ">>";
+inline constexpr std::size_t kNonceHexChars = 32;
+
+bool is_valid_nonce(std::string_view nonce);
+
+// Build a frame as the runner writes it (for tests and fake runners).
+Result<std::string> make_nonce_frame(std::string_view nonce, const nlohmann::json& payload);
+
+struct RunnerError {
+  std::string kind;     // "tool": the tool raised or died; "request": the request was unusable
+  std::string name;     // exception class name, e.g. "ZeroDivisionError"
+  std::string message;  // str(exception)
+};
+
+struct NonceFrame {
+  nlohmann::json results;      // null on failure
+  nlohmann::json agent_state;  // object or null
+  std::optional<RunnerError> error;
+  // stdout without the frame (and without the frame's own leading and
+  // trailing newline), invalid UTF-8 replaced as in ParsedOutput.
+  std::string stdout_text;
+  bool stdout_invalid_utf8 = false;
+};
+
+// Find the frame for `nonce` in the runner's stdout.
+//   - no frame with this nonce: nullopt (the runner died or was killed before
+//     writing it; frames with other nonces are ordinary text);
+//   - exactly one well-formed frame: its decoded contents;
+//   - an error when the nonce is malformed, the frame occurs more than once
+//     (only possible if the nonce leaked: neither copy is trusted), is
+//     unterminated (e.g. cut by an output limit), carries invalid base64 or a
+//     payload that does not follow the shape above.
+// Uniqueness instead of "first" or "last": the first occurrence is what a
+// forger printing before the runner would win, the last what a forger
+// printing after it (a leftover grandchild) would win.
+Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_bytes, std::string_view nonce);
+
+}  // namespace tsb::protocol
