@@ -106,8 +106,9 @@ Status write_text_file(const std::string& path, std::string_view data) {
 }
 
 Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
-  if (parent_in.empty() || parent_in[0] != '/' || parent_in.find("..") != std::string::npos)
-    return Error::invalid("cgroup parent must be an absolute path without '..': '" + parent_in + "'");
+  const bool self_mode = parent_in == "self";
+  if (!self_mode && (parent_in.empty() || parent_in[0] != '/' || parent_in.find("..") != std::string::npos))
+    return Error::invalid("cgroup parent must be \"self\" or an absolute path without '..': '" + parent_in + "'");
   std::string parent = parent_in;
   while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
 
@@ -143,13 +144,38 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
     }
   }
 
+  // Where this process sits in each hierarchy (for "self").
+  std::string own_v2;
+  std::vector<std::pair<std::string, std::string>> own_v1;  // controller list, path
+  {
+    auto pc = read_text_file("/proc/self/cgroup");
+    if (!pc.ok()) return std::move(pc).error().wrap("reading /proc/self/cgroup");
+    std::istringstream lines(*pc);
+    std::string l;
+    while (std::getline(lines, l)) {
+      auto c1 = l.find(':'), c2 = l.find(':', c1 + 1);
+      if (c1 == std::string::npos || c2 == std::string::npos) continue;
+      std::string ctrls = l.substr(c1 + 1, c2 - c1 - 1), path = l.substr(c2 + 1);
+      if (l.compare(0, c1, "0") == 0 && ctrls.empty()) own_v2 = path;
+      else own_v1.emplace_back(ctrls, path);
+    }
+  }
+  auto own_v1_path = [&](const std::string& ctrl) -> std::string {
+    for (const auto& [ctrls, path] : own_v1) {
+      std::istringstream cs(ctrls);
+      std::string c;
+      while (std::getline(cs, c, ','))
+        if (c == ctrl) return path;
+    }
+    return "/";
+  };
+
   std::unique_ptr<Cgroups> cg(new Cgroups());
   cg->parent_ = parent;
 
   bool v1_has_memory = std::any_of(v1.begin(), v1.end(), [](const Hierarchy& h) { return h.controller == "memory"; });
   if (!v1_has_memory && !v2_mount.empty()) {
     cg->mode_ = CgroupMode::V2;
-    cg->hierarchies_.push_back({"", v2_mount});
     auto ctrl = read_text_file(v2_mount + "/cgroup.controllers");
     if (!ctrl.ok()) return std::move(ctrl).error().wrap("reading cgroup v2 controllers");
     for (const char* need : {"memory", "pids", "cpu"}) {
@@ -157,23 +183,37 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
         return Error::invalid(std::string("cgroup v2 controller '") + need +
                               "' is not available at the hierarchy root " + v2_mount, ENOTSUP);
     }
-    // Create the parent chain. Each level passes the controllers down to the
-    // next; levels above `parent` may belong to someone else (systemd), so a
-    // failure there is only reported if the parent itself lacks them.
     auto enable = [](const std::string& dir) -> Status {
       for (const char* c : {"+memory", "+pids", "+cpu"})
         TSB_TRY(write_text_file(dir + "/cgroup.subtree_control", c), "enabling cgroup controllers");
       return {};
     };
-    std::string dir = v2_mount;
-    std::istringstream comps(parent);
-    std::string comp;
-    while (std::getline(comps, comp, '/')) {
-      if (comp.empty()) continue;
-      (void)enable(dir);
-      dir += "/" + comp;
-      if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-        return Error::from_errno("creating cgroup '" + dir + "'");
+    std::string dir;
+    if (self_mode) {
+      if (own_v2.empty() || own_v2 == "/")
+        return Error::invalid("cgroup parent \"self\" needs a delegated cgroup of our own (systemd: Delegate=yes); "
+                              "this process is in the root cgroup", EPERM);
+      dir = v2_mount + own_v2;
+      cg->parent_ = own_v2;
+      // Leave the delegated cgroup to its children: move into a leaf.
+      std::string leaf = dir + "/supervisor";
+      if (::mkdir(leaf.c_str(), 0755) != 0 && errno != EEXIST) return Error::from_errno("creating cgroup '" + leaf + "'");
+      TSB_TRY(write_text_file(leaf + "/cgroup.procs", "0"), "moving the daemon into its own leaf (is Delegate=yes set?)");
+    } else {
+      // Create the parent chain. Each level passes the controllers down to
+      // the next; levels above `parent` may belong to someone else
+      // (systemd), so a failure there only matters if the parent itself
+      // ends up without them.
+      dir = v2_mount;
+      std::istringstream comps(parent);
+      std::string comp;
+      while (std::getline(comps, comp, '/')) {
+        if (comp.empty()) continue;
+        (void)enable(dir);
+        dir += "/" + comp;
+        if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+          return Error::from_errno("creating cgroup '" + dir + "'");
+      }
     }
     // cgroup v2 forbids processes in a cgroup that distributes controllers
     // ("no internal processes"): the parent must hold none.
@@ -181,6 +221,7 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
     if (!st.ok())
       return std::move(st).error().wrap("cgroup parent '" + dir +
                                         "' (it must be delegated to us and hold no processes)");
+    cg->hierarchies_.push_back({"", v2_mount, dir});
     return cg;
   }
 
@@ -190,29 +231,28 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
     auto it = std::find_if(v1.begin(), v1.end(), [&](const Hierarchy& h) { return h.controller == need; });
     if (it == v1.end())
       return Error::invalid(std::string("cgroup v1 controller '") + need + "' is not mounted", ENOTSUP);
-    cg->hierarchies_.push_back(*it);
+    Hierarchy h = *it;
+    std::string rel = self_mode ? own_v1_path(need) : parent;
+    h.base = h.mount + (rel == "/" ? "" : rel);
+    if (self_mode && rel == "/")
+      return Error::invalid(std::string("cgroup parent \"self\": this process is in the root of the v1 '") + need +
+                                "' hierarchy; give an explicit parent path",
+                            EPERM);
+    cg->hierarchies_.push_back(h);
   }
-  for (const auto& h : cg->hierarchies_) {
-    TSB_TRY(mkdir_p(h.mount + parent), "creating the cgroup parent");
-  }
-  cg->has_memsw_ = exists(cg->hierarchies_[0].mount + parent + "/memory.memsw.limit_in_bytes");
+  for (const auto& h : cg->hierarchies_) TSB_TRY(mkdir_p(h.base), "creating the cgroup parent");
+  cg->has_memsw_ = exists(cg->hierarchies_[0].base + "/memory.memsw.limit_in_bytes");
   return cg;
 }
 
-std::string Cgroups::dir_of(const Hierarchy& h, const std::string& leaf) const {
-  std::string d = h.mount;
-  if (parent_.size() > 1) d += parent_;
-  d += '/';
-  d += leaf;
-  return d;
-}
+std::string Cgroups::dir_of(const Hierarchy& h, const std::string& leaf) const { return h.base + "/" + leaf; }
 
 std::string Cgroups::describe() const {
   std::string s = std::string("cgroup ") + to_string(mode_) + ", parent " + parent_ + " (";
   for (std::size_t i = 0; i < hierarchies_.size(); ++i) {
     if (i) s += ", ";
-    s += hierarchies_[i].controller.empty() ? hierarchies_[i].mount
-                                            : hierarchies_[i].controller + "@" + hierarchies_[i].mount;
+    s += hierarchies_[i].controller.empty() ? hierarchies_[i].base
+                                            : hierarchies_[i].controller + "@" + hierarchies_[i].base;
   }
   return s + ")";
 }
@@ -272,7 +312,7 @@ Result<std::unique_ptr<CgroupLeaf>> Cgroups::create_leaf(const std::string& name
 }
 
 Result<int> Cgroups::reclaim_stale(const std::string& prefix) {
-  std::string base = hierarchies_[0].mount + (parent_.size() > 1 ? parent_ : "");
+  const std::string& base = hierarchies_[0].base;
   DIR* d = ::opendir(base.c_str());
   if (!d) return Error::from_errno("opendir '" + base + "'");
   std::vector<std::string> stale;

@@ -42,6 +42,12 @@ class Cgroups {
   // the hierarchy ("/toolsandbox"); it is created when missing and, on v2,
   // its subtree_control gets +memory +pids +cpu. Fails with a sentence that
   // says what is missing (a controller, a writable hierarchy, delegation).
+  //
+  // parent "self": the cgroup this process runs in, as systemd hands it to
+  // a service with Delegate=yes. On v2 the process first moves itself into
+  // a leaf "<self>/supervisor", because a cgroup that distributes
+  // controllers may hold no processes ("no internal processes" rule,
+  // Documentation/admin-guide/cgroup-v2.rst); run leaves go beside it.
   static Result<std::unique_ptr<Cgroups>> open(const std::string& parent);
 
   CgroupMode mode() const noexcept { return mode_; }
@@ -61,6 +67,7 @@ class Cgroups {
   struct Hierarchy {
     std::string controller;  // "memory", "pids", "cpu", "cpuacct", "freezer"; "" for v2
     std::string mount;       // where the hierarchy is mounted
+    std::string base;        // the parent directory of run leaves in this hierarchy
   };
   Cgroups() = default;
   std::string dir_of(const Hierarchy& h, const std::string& leaf) const;
