@@ -190,6 +190,17 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   if (::mkdir(e->staging_root_.c_str(), 0755) != 0 && errno != EEXIST)
     return Error::from_errno("mkdir '" + e->staging_root_ + "'");
   e->slot_lock_path_ = config.state_dir + "/uid-slots.lock";
+  // The sandbox resolves the staging path after it switched to its mapped
+  // ids, which are "others" for every host directory: each ancestor must be
+  // searchable by others, or every run fails at mount-root with EACCES.
+  for (std::string p = e->staging_root_; !p.empty() && p != "/"; p = p.substr(0, p.rfind('/'))) {
+    struct stat st{};
+    if (::stat(p.c_str(), &st) != 0) return Error::from_errno("stat '" + p + "'");
+    if (!(st.st_mode & S_IXOTH))
+      return Error::invalid("state directory: '" + p + "' must be searchable by others (chmod o+x): "
+                            "sandboxes resolve '" + e->staging_root_ + "' with unprivileged ids", EACCES);
+    if (p.rfind('/') == 0) break;
+  }
 
   auto cg = Cgroups::open(config.cgroup_parent);
   if (!cg.ok()) return std::move(cg).error().wrap("setting up cgroups");

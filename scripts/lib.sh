@@ -13,7 +13,7 @@ TSB_PACKAGES=(
   build-essential cmake pkg-config
   libseccomp-dev libcap-dev nlohmann-json3-dev libasio-dev libspdlog-dev
   libgtest-dev libgmock-dev libcurl4-openssl-dev libssl-dev libsystemd-dev
-  python3 python3-venv
+  python3 python3-venv python3-pytest
   bubblewrap util-linux procps iproute2
   qemu-system-x86 busybox-static kmod
 )

@@ -16,9 +16,6 @@ log "root integration tests (inside the outer guard)"
 "$TSB_ROOT/tests/guard/run-guarded" --mem $((4 << 30)) --pids 4096 -- \
   "$TSB_BUILD/bin/integration_tests" --gtest_brief=1
 
-log "python tests"
-for t in "$TSB_ROOT"/tests/python/test_*.py; do
-  [ -e "$t" ] || continue
-  /usr/bin/python3 -m unittest -q "$t"
-done
+log "python tests (runner, client, Letta adapter; end-to-end against a real daemon)"
+(cd "$TSB_ROOT" && TSB_BUILD="$TSB_BUILD" /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python)
 log "all tests passed"

@@ -1,0 +1,401 @@
+"""Protocol v1 of toolsandboxd: building requests and checking responses.
+
+Newline-delimited JSON over a Unix stream socket: one request object per line,
+one response object per line, answered in order on a connection.
+
+    request   {"v": 1, "id": "<str, at most 128 bytes>", "type": "execute" | "run_tool" | "status", ...}
+    response  {"v": 1, "id": ..., "ok": true, "result": {...}}      (execute, run_tool)
+              {"v": 1, "id": ..., "ok": true, "status": {...}}      (status)
+              {"v": 1, "id": ... | null, "ok": false, "error": {"code": ..., "message": ...}}
+
+The daemon decodes strictly (unknown fields, wrong types and duplicate keys
+are refused), so this module only ever sends the fields it knows, and leaves
+optional fields out rather than sending null.
+
+Nothing here does I/O; the sync and asyncio clients share it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+from .errors import ResponseError, error_from_code
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "DEFAULT_SOCKET_PATH",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "MAX_ID_LENGTH",
+    "ToolResult",
+    "new_request_id",
+    "status_request",
+    "execute_request",
+    "run_tool_request",
+    "encode_request",
+    "decode_response",
+    "describe_request",
+]
+
+PROTOCOL_VERSION = 1
+DEFAULT_SOCKET_PATH = "/run/toolsandboxd/toolsandboxd.sock"
+MAX_ID_LENGTH = 128
+# A run's answer holds its captured stdout and stderr (JSON-escaped) and its
+# result. The daemon's own request cap is 32 MiB; answers get more room.
+DEFAULT_MAX_RESPONSE_BYTES = 128 << 20
+
+# The fields of ToolExecutionResult (letta/schemas/tool_execution_result.py).
+LETTA_RESULT_FIELDS = ("status", "func_return", "agent_state", "stdout", "stderr", "sandbox_config_fingerprint")
+
+
+@dataclass
+class ToolResult:
+    """The result of one execute or run_tool request.
+
+    The first six fields are Letta's ToolExecutionResult; ``record`` is the
+    daemon's run record (run_id, end_reason, exit_code, signal, wall_ms,
+    cpu_ms, peak_memory_bytes, stdout_truncated, ..., policy,
+    policy_fingerprint, backend, framing). agent_state is left out of repr():
+    it carries the agent's secrets.
+    """
+
+    status: str
+    func_return: Any = None
+    agent_state: Optional[Dict[str, Any]] = field(default=None, repr=False)
+    stdout: Optional[List[str]] = field(default_factory=list)
+    stderr: Optional[List[str]] = field(default_factory=list)
+    sandbox_config_fingerprint: Optional[str] = None
+    record: Dict[str, Any] = field(default_factory=dict)
+    request_id: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the tool ran and returned (status "success")."""
+        return self.status == "success"
+
+    @property
+    def end_reason(self) -> Optional[str]:
+        return self.record.get("end_reason")
+
+    def to_letta_dict(self) -> Dict[str, Any]:
+        """The ToolExecutionResult fields only, as a dict."""
+        return {k: getattr(self, k) for k in LETTA_RESULT_FIELDS}
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = self.to_letta_dict()
+        d["record"] = self.record
+        return d
+
+    @classmethod
+    def from_json(cls, obj: Any, request_id: Optional[str] = None) -> "ToolResult":
+        if not isinstance(obj, dict):
+            raise ResponseError("\"result\" is not an object", request_id=request_id)
+        status = obj.get("status")
+        if status not in ("success", "error"):
+            raise ResponseError("\"result.status\" is %r, not \"success\" or \"error\"" % (status,), request_id=request_id)
+        for name in ("stdout", "stderr"):
+            v = obj.get(name)
+            if v is not None and not (isinstance(v, list) and all(isinstance(s, str) for s in v)):
+                raise ResponseError("\"result.%s\" is not a list of strings" % name, request_id=request_id)
+        agent_state = obj.get("agent_state")
+        if agent_state is not None and not isinstance(agent_state, dict):
+            raise ResponseError("\"result.agent_state\" is not an object", request_id=request_id)
+        fp = obj.get("sandbox_config_fingerprint")
+        if fp is not None and not isinstance(fp, str):
+            raise ResponseError("\"result.sandbox_config_fingerprint\" is not a string", request_id=request_id)
+        record = obj.get("record")
+        if record is None:
+            record = {}
+        if not isinstance(record, dict):
+            raise ResponseError("\"result.record\" is not an object", request_id=request_id)
+        return cls(
+            status=status,
+            func_return=obj.get("func_return"),
+            agent_state=agent_state,
+            stdout=obj.get("stdout", []),
+            stderr=obj.get("stderr", []),
+            sandbox_config_fingerprint=fp,
+            record=record,
+            request_id=request_id,
+        )
+
+
+def new_request_id() -> str:
+    return "py-" + uuid.uuid4().hex
+
+
+# --- request building ---------------------------------------------------------
+
+
+def _check_str(name: str, value: Any, *, optional: bool = False) -> Optional[str]:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise TypeError("%s must be a string, not %s" % (name, type(value).__name__))
+    return value
+
+
+def _env(env: Optional[Mapping[str, Any]]) -> Optional[Dict[str, str]]:
+    if env is None:
+        return None
+    if not isinstance(env, Mapping):
+        raise TypeError("env must be a mapping of str to str, not %s" % type(env).__name__)
+    out: Dict[str, str] = {}
+    for k, v in env.items():
+        if not isinstance(k, str):
+            raise TypeError("env names must be strings")
+        # The value is never part of a message: it may be a secret.
+        if not isinstance(v, str):
+            raise TypeError("env[%r] must be a string, not %s" % (k, type(v).__name__))
+        out[k] = v
+    return out
+
+
+def _timeout(timeout: Any) -> Optional[float]:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError("timeout must be a number of seconds, not %s" % type(timeout).__name__)
+    return float(timeout)
+
+
+def _enum_value(v: Any) -> Any:
+    return v.value if isinstance(v, enum.Enum) else v
+
+
+def to_json_object(value: Any, what: str) -> Optional[Dict[str, Any]]:
+    """A mapping, or a pydantic model (model_dump(mode="json")), as a JSON object."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return dict(value)
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        out = dump(mode="json")
+    else:
+        dump = getattr(value, "dict", None)  # pydantic v1
+        if not callable(dump):
+            raise TypeError("%s must be a dict or a pydantic model, not %s" % (what, type(value).__name__))
+        out = json.loads(json.dumps(dump(), default=str))
+    if not isinstance(out, dict):
+        raise TypeError("%s did not dump to a JSON object" % what)
+    return out
+
+
+def sandbox_config_wire(sandbox_config: Any) -> Optional[Dict[str, Any]]:
+    """{"type", "config"} from a dict or a Letta SandboxConfig.
+
+    Letta's SandboxConfig also has id, organization_id, ...; only type and
+    config go into the fingerprint, and the daemon refuses other fields.
+    The organization comes from the request's organization_id.
+    """
+    if sandbox_config is None:
+        return None
+    if isinstance(sandbox_config, Mapping):
+        typ, config = sandbox_config.get("type"), sandbox_config.get("config")
+    else:
+        typ, config = getattr(sandbox_config, "type", None), getattr(sandbox_config, "config", None)
+    typ = _enum_value(typ)
+    if not isinstance(typ, str):
+        raise TypeError("sandbox_config.type must be a string (\"local\", \"e2b\", ...)")
+    if config is None:
+        config = {}
+    if not isinstance(config, Mapping):
+        config = to_json_object(config, "sandbox_config.config")
+    return {"type": typ, "config": dict(config)}
+
+
+def _pip_requirements(reqs: Optional[Iterable[Any]]) -> Optional[List[str]]:
+    if reqs is None:
+        return None
+    if isinstance(reqs, (str, bytes)):
+        raise TypeError("pip_requirements must be a list of strings")
+    out = []
+    for r in reqs:
+        if isinstance(r, str):
+            out.append(r)
+            continue
+        # Letta's PipRequirement {name, version?} renders as name==version.
+        name = r.get("name") if isinstance(r, Mapping) else getattr(r, "name", None)
+        version = r.get("version") if isinstance(r, Mapping) else getattr(r, "version", None)
+        if not isinstance(name, str):
+            raise TypeError("pip_requirements entries must be strings or {name, version}")
+        out.append("%s==%s" % (name, version) if version else name)
+    return out
+
+
+def _common(
+    req: Dict[str, Any],
+    *,
+    tool_name: str,
+    organization_id: str,
+    env: Optional[Mapping[str, str]],
+    timeout: Optional[float],
+    policy: Optional[str],
+    sandbox_config: Any,
+    agent_id: Optional[str],
+    project_id: Optional[str],
+) -> None:
+    req["tool_name"] = _check_str("tool_name", tool_name)
+    req["organization_id"] = _check_str("organization_id", organization_id)
+    optional = {
+        "policy": _check_str("policy", policy, optional=True),
+        "env": _env(env),
+        "timeout": _timeout(timeout),
+        "sandbox_config": sandbox_config_wire(sandbox_config),
+        "agent_id": _check_str("agent_id", agent_id, optional=True),
+        "project_id": _check_str("project_id", project_id, optional=True),
+    }
+    for k, v in optional.items():
+        if v is not None:
+            req[k] = v
+
+
+def _envelope(type_: str, request_id: Optional[str]) -> Dict[str, Any]:
+    rid = request_id if request_id is not None else new_request_id()
+    _check_str("request_id", rid)
+    if len(rid.encode("utf-8")) > MAX_ID_LENGTH:
+        raise ValueError("request ids are at most %d bytes" % MAX_ID_LENGTH)
+    return {"v": PROTOCOL_VERSION, "id": rid, "type": type_}
+
+
+def status_request(*, request_id: Optional[str] = None) -> Dict[str, Any]:
+    return _envelope("status", request_id)
+
+
+def execute_request(
+    script: str,
+    *,
+    tool_name: str,
+    organization_id: str,
+    env: Optional[Mapping[str, str]] = None,
+    timeout: Optional[float] = None,
+    policy: Optional[str] = None,
+    sandbox_config: Any = None,
+    agent_id: Optional[str] = None,
+    project_id: Optional[str] = None,
+    request_id: Optional[str] = None,
+) -> Dict[str, Any]:
+    req = _envelope("execute", request_id)
+    _common(req, tool_name=tool_name, organization_id=organization_id, env=env, timeout=timeout, policy=policy,
+            sandbox_config=sandbox_config, agent_id=agent_id, project_id=project_id)
+    req["script"] = _check_str("script", script)
+    return req
+
+
+def run_tool_request(
+    source_code: str,
+    *,
+    tool_name: str,
+    args: Optional[Mapping[str, Any]],
+    organization_id: str,
+    json_schema: Optional[Mapping[str, Any]] = None,
+    agent_state: Any = None,
+    env: Optional[Mapping[str, str]] = None,
+    timeout: Optional[float] = None,
+    policy: Optional[str] = None,
+    sandbox_config: Any = None,
+    agent_id: Optional[str] = None,
+    project_id: Optional[str] = None,
+    pip_requirements: Optional[Iterable[Any]] = None,
+    request_id: Optional[str] = None,
+) -> Dict[str, Any]:
+    req = _envelope("run_tool", request_id)
+    _common(req, tool_name=tool_name, organization_id=organization_id, env=env, timeout=timeout, policy=policy,
+            sandbox_config=sandbox_config, agent_id=agent_id, project_id=project_id)
+    req["source_code"] = _check_str("source_code", source_code)
+    if args is None:
+        args = {}
+    if not isinstance(args, Mapping):
+        raise TypeError("args must be a mapping of argument name to JSON value")
+    req["args"] = dict(args)
+    if json_schema is not None:
+        req["json_schema"] = to_json_object(json_schema, "json_schema")
+    state = to_json_object(agent_state, "agent_state")
+    if state is not None:
+        req["agent_state"] = state
+    reqs = _pip_requirements(pip_requirements)
+    if reqs:
+        req["pip_requirements"] = reqs
+    return req
+
+
+def encode_request(req: Mapping[str, Any]) -> bytes:
+    """One request line. Raises TypeError/ValueError for values JSON cannot carry
+    (NaN, infinities, lone surrogates, arbitrary objects)."""
+    text = json.dumps(req, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8") + b"\n"
+
+
+def describe_request(req: Mapping[str, Any]) -> str:
+    """A log-safe one-line description: never env, args, agent_state or code."""
+    parts = ["id=%s" % req.get("id"), "type=%s" % req.get("type")]
+    for k in ("tool_name", "organization_id", "policy", "timeout", "agent_id"):
+        if k in req:
+            parts.append("%s=%s" % (k, req[k]))
+    if "env" in req:
+        parts.append("env_names=%d" % len(req["env"]))
+    return " ".join(parts)
+
+
+# --- response checking --------------------------------------------------------
+
+
+def decode_response(line: bytes, request_id: str, expect: str) -> Any:
+    """The payload under `expect` ("result" or "status") of a response to
+    `request_id`; raises the ToolSandboxError subclass of an error response,
+    or ResponseError when the line is not a valid answer to this request."""
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ResponseError("the daemon's answer is not JSON: %s" % e, request_id=request_id) from None
+    if not isinstance(obj, dict):
+        raise ResponseError("the daemon's answer is not a JSON object", request_id=request_id)
+    if obj.get("v") != PROTOCOL_VERSION:
+        raise ResponseError("the daemon answered with protocol version %r, not %d" % (obj.get("v"), PROTOCOL_VERSION),
+                            request_id=request_id)
+    ok = obj.get("ok")
+    rid = obj.get("id")
+    if ok is False:
+        err = obj.get("error")
+        if not isinstance(err, dict) or not isinstance(err.get("code"), str):
+            raise ResponseError("an error answer without an error code", request_id=request_id)
+        # A null id: an error about the connection, not one request (the
+        # daemon could not read an id, refused the peer, or timed out).
+        if rid is not None and rid != request_id:
+            raise ResponseError("an error answer for request %r, expected %r" % (rid, request_id), request_id=request_id)
+        message = err.get("message")
+        raise error_from_code(err["code"], message if isinstance(message, str) else "", request_id=request_id)
+    if ok is not True:
+        raise ResponseError("the daemon's answer has no \"ok\" flag", request_id=request_id)
+    if rid != request_id:
+        raise ResponseError("an answer for request %r, expected %r" % (rid, request_id), request_id=request_id)
+    if expect not in obj:
+        raise ResponseError("the daemon's answer has no %r" % expect, request_id=request_id)
+    return obj[expect]
+
+
+def response_id(line: bytes) -> Any:
+    """The id of a response line, or None when it cannot be read."""
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return obj.get("id") if isinstance(obj, dict) else None
+
+
+def is_idle_close(line: bytes) -> bool:
+    """The daemon's unsolicited answer on a connection that stayed idle past its
+    request_timeout (or that it closes on shutdown): the request just written
+    was not read, so it is safe to send it again on a new connection."""
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(obj, dict) or obj.get("ok") is not False or obj.get("id") is not None:
+        return False
+    err = obj.get("error")
+    return isinstance(err, dict) and err.get("code") == "timeout"
