@@ -1,4 +1,5 @@
 #include "protocol/letta.h"
+#include "protocol/json_limits.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -138,6 +139,14 @@ void set_corrupted(ParsedOutput& r, std::string_view name, std::string_view mess
 // result.get("results") and AgentState.model_validate(agent_state) when the
 // agent_state is truthy. `raw` is what is reported when text is not JSON.
 void decode_json_payload(std::string_view text, std::string_view raw, ParsedOutput& r) {
+  // Python's json.loads gives up near its recursion limit too; here the
+  // bound also keeps a hostile payload from overflowing the daemon's stack.
+  if (!json_nesting_within(text)) {
+    r.corrupted = true;
+    r.error_name = "RecursionError";
+    r.error_message = "maximum recursion depth exceeded while decoding a JSON object from a unicode string";
+    return;
+  }
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     if (auto rewritten = rewrite_python_json_extensions(text)) {
@@ -584,6 +593,7 @@ Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_by
 
   auto decoded = b64decode_validate(stdout_bytes.substr(body, end - body));
   if (!decoded.ok()) return std::move(decoded).error().wrap("runner result frame: base64");
+  if (!json_nesting_within(*decoded)) return bad_frame("payload is nested too deeply");
   nlohmann::json payload = nlohmann::json::parse(*decoded, nullptr, /*allow_exceptions=*/false);
   if (payload.is_discarded()) return bad_frame("payload is not JSON");
   if (!payload.is_object()) return bad_frame("payload is not an object");

@@ -1,5 +1,7 @@
 #include "protocol/messages.h"
 
+#include "protocol/json_limits.h"
+
 #include <algorithm>
 #include <set>
 #include <vector>
@@ -75,6 +77,14 @@ void decode_common(Decoder& d, CommonRunFields& c) {
         d.fail(d.where + ": env values must be strings (\"" + it.key().substr(0, 64) + "\")");
         continue;
       }
+      if (!is_env_name(it.key())) {
+        d.fail(d.where + ": env names must match [A-Za-z_][A-Za-z0-9_]* (\"" + it.key().substr(0, 64) + "\")");
+        continue;
+      }
+      if (it->get_ref<const std::string&>().find('\0') != std::string::npos) {
+        d.fail(d.where + ": env values must not contain NUL (\"" + it.key().substr(0, 64) + "\")");
+        continue;
+      }
       c.env[it.key()] = it->get<std::string>();
     }
   }
@@ -120,7 +130,21 @@ std::string_view Request::type_name() const {
   }
 }
 
+bool is_env_name(std::string_view s) {
+  if (s.empty() || s.size() > 256) return false;
+  auto ok_first = [](char c) { return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  if (!ok_first(s[0])) return false;
+  return std::all_of(s.begin(), s.end(), [&](char c) { return ok_first(c) || (c >= '0' && c <= '9'); });
+}
+
 bool is_python_identifier(std::string_view s) {
+  // Keywords cannot name a function (keyword.kwlist of Python 3.11).
+  static constexpr std::string_view kKeywords[] = {
+      "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
+      "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import", "in",
+      "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with", "yield"};
+  for (auto k : kKeywords)
+    if (s == k) return false;
   if (s.empty() || s.size() > 256) return false;
   auto ok_first = [](char c) { return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
   if (!ok_first(s[0])) return false;
@@ -139,6 +163,11 @@ std::variant<Request, ProtocolError> decode_request(std::string_view line, std::
       duplicate = true;
     return true;
   };
+  // JSON text never contains a raw NUL; the parser would stop there and
+  // ignore whatever follows.
+  if (line.find('\0') != std::string_view::npos) return ProtocolError{ErrorCode::BadRequest, "NUL byte in the request line"};
+  if (!json_nesting_within(line))
+    return ProtocolError{ErrorCode::BadRequest, "JSON nested deeper than " + std::to_string(kMaxJsonNesting) + " levels"};
   json j = json::parse(line.begin(), line.end(), cb, false);
   if (j.is_discarded()) return ProtocolError{ErrorCode::BadRequest, "not a JSON object (invalid JSON or UTF-8)"};
   if (duplicate) return ProtocolError{ErrorCode::BadRequest, "duplicate keys in an object"};
@@ -146,9 +175,12 @@ std::variant<Request, ProtocolError> decode_request(std::string_view line, std::
   Decoder d{j, "request"};
   Request req;
   if (auto id = d.str("id", true, kMaxIdLength)) {
+    if (id->empty()) d.fail("request: \"id\" must not be empty");
     req.id = *id;
     if (id_out) *id_out = *id;
   }
+  if (j.contains("v") && !j["v"].is_number_unsigned())
+    return ProtocolError{ErrorCode::BadRequest, "request: field \"v\" must be the integer 1"};
   const json* v = d.get("v", json::value_t::number_unsigned, true);
   if (v && v->get<std::uint64_t>() != kProtocolVersion)
     d.fail("unsupported protocol version " + std::to_string(v->get<std::uint64_t>()) + " (this daemon speaks 1)");

@@ -87,6 +87,7 @@ std::variant<Request, ProtocolError> decode_request(std::string_view line, std::
 std::string encode_error(std::string_view id, ErrorCode code, std::string_view message);
 std::string encode_ok(std::string_view id, std::string_view key, const nlohmann::json& payload);
 
-bool is_python_identifier(std::string_view s);
+bool is_python_identifier(std::string_view s);  // and not a keyword
+bool is_env_name(std::string_view s);           // [A-Za-z_][A-Za-z0-9_]*, at most 256
 
 }  // namespace tsb::protocol

@@ -2,6 +2,7 @@
 
 #include <grp.h>
 #include <spdlog/spdlog.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
@@ -16,6 +17,7 @@
 #include <asio/write.hpp>
 #include <fstream>
 
+#include "daemon/core/e2b.h"
 #include "daemon/core/letta_result.h"
 #include "daemon/core/result_json.h"
 #include "daemon/core/units.h"
@@ -101,6 +103,7 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
       policies_(std::move(policies)),
       signals_(io, SIGTERM, SIGINT, SIGHUP) {
   runner_path_ = find_runner(cfg_.runner_path);
+  if (cfg_.e2b.enabled) e2b_ = std::make_unique<E2BBackend>(io_, cfg_.e2b);
 }
 
 Server::~Server() {
@@ -108,6 +111,10 @@ Server::~Server() {
 }
 
 Status Server::open_listener() {
+  // The E2B API key is read before anything listens: a key file others can
+  // read stops the daemon here.
+  if (e2b_)
+    if (auto st = e2b_->load_key(); !st.ok()) return st;
   int n = sd_listen_fds(1);
   if (n > 1) return Error::invalid("systemd passed " + std::to_string(n) + " sockets; toolsandboxd takes exactly one");
   if (n == 1) {
@@ -273,17 +280,23 @@ asio::awaitable<Server::Slot> Server::acquire_slot() {
     ++rejected_busy_;
     co_return Slot::Busy;
   }
-  auto t = std::make_shared<asio::steady_timer>(io_, std::chrono::steady_clock::time_point::max());
-  waiters_.push_back(t);
-  co_await t->async_wait(tuple_awaitable);  // cancelled by release_slot (or shutdown)
-  co_return shutting_down_ && in_flight_ == 0 ? Slot::ShuttingDown : Slot::Granted;
+  auto w = std::make_shared<Waiter>(io_);
+  waiters_.push_back(w);
+  co_await w->timer.async_wait(tuple_awaitable);  // cancelled by release_slot (or shutdown)
+  if (!w->granted) co_return Slot::ShuttingDown;   // woken by shutdown, holds no slot
+  if (shutting_down_) {
+    release_slot();  // the slot it was handed goes back: nothing new starts
+    co_return Slot::ShuttingDown;
+  }
+  co_return Slot::Granted;
 }
 
 void Server::release_slot() {
   if (!waiters_.empty() && !shutting_down_) {
-    auto t = waiters_.front();  // the slot passes to the oldest waiter
+    auto w = waiters_.front();  // the slot passes to the oldest waiter
     waiters_.pop_front();
-    t->cancel();
+    w->granted = true;
+    w->timer.cancel();
     return;
   }
   --in_flight_;
@@ -298,9 +311,15 @@ asio::awaitable<std::string> Server::run_local(const protocol::Request& req, con
   auto placement = place_run(*policies, c.organization_id, c.policy, cfg_.e2b.enabled);
   if (!placement.ok()) co_return protocol::encode_error(req.id, ErrorCode::PolicyDenied, placement.error().message);
   const Policy& pol = *placement->policy;
-  if (placement->backend == Backend::E2B)
-    co_return protocol::encode_error(req.id, ErrorCode::Unavailable,
-                                     "organization " + q(c.organization_id) + " runs on E2B, which is not configured in this daemon");
+  if (placement->backend == Backend::E2B) {
+    if (!e2b_ || !cfg_.e2b.enabled)
+      co_return protocol::encode_error(req.id, ErrorCode::Unavailable,
+                                       "organization " + q(c.organization_id) + " runs on E2B, which is not configured in this daemon");
+    // E2B runs take no local run slot; E2BConfig.max_sandboxes bounds them.
+    auto reply = co_await e2b_->run(req, peer, sock, *placement, runner_path_);
+    if (!reply.end_reason.empty()) ++totals_[reply.end_reason];
+    co_return reply.line;
+  }
 
   std::optional<std::string> fingerprint;
   if (c.sandbox_config) {
@@ -385,13 +404,16 @@ asio::awaitable<std::string> Server::run_local(const protocol::Request& req, con
       while (*watching) {
         auto [ec] = co_await sock.async_wait(socket_t::wait_read, tuple_awaitable);
         if (ec || !*watching) co_return;
-        char c;
-        ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        // POLLHUP: the peer closed its end entirely. A half-close
+        // (shutdown(SHUT_WR) after sending the request) shows as POLLRDHUP
+        // only: that client still waits for its answer.
+        pollfd pfd{sock.native_handle(), POLLIN | POLLRDHUP, 0};
+        if (::poll(&pfd, 1, 0) < 0) co_return;
+        if (pfd.revents & (POLLHUP | POLLERR)) {
           sb->cancel();
           co_return;
         }
-        if (n > 0) co_return;  // a pipelined request: handled after this one
+        co_return;  // half-closed, or a pipelined request: handled after this one
       }
     }, asio::detached);
     run = co_await isolate::supervise(sb, std::move(stdin_data));
@@ -439,6 +461,7 @@ json Server::status_json() const {
           {"cgroup_mode", isolate::to_string(engine_->cgroups().mode())},
           {"policies", pols},
           {"e2b_configured", cfg_.e2b.enabled},
+          {"e2b", e2b_ ? e2b_->status_json() : json()},
           {"shutting_down", shutting_down_}};
 }
 
@@ -455,6 +478,15 @@ void Server::reload() {
     spdlog::error("reload: keeping the current configuration and policies: {}", set.error().message);
     sd_notify(0, "READY=1");
     return;
+  }
+  // The E2B key is re-read (and its file checked) before anything changes.
+  if (cfg->e2b.enabled) {
+    if (!e2b_) e2b_ = std::make_unique<E2BBackend>(io_, cfg->e2b);
+    if (auto st = e2b_->reconfigure(cfg->e2b); !st.ok()) {
+      spdlog::error("reload: keeping the current configuration and policies: {}", st.error().message);
+      sd_notify(0, "READY=1");
+      return;
+    }
   }
   // Engine settings (cgroup parent, uid range) and the socket need a restart.
   isolate::EngineConfig keep_engine = cfg_.engine;
@@ -489,10 +521,11 @@ asio::awaitable<void> Server::shutdown_sequence() {
   asio::error_code ec;
   if (acceptor_) acceptor_->close(ec);
   // Queued requests will not start.
-  for (auto& t : waiters_) t->cancel();
+  for (auto& w : waiters_) w->timer.cancel();  // not granted: they answer `unavailable`
   waiters_.clear();
   // In-flight runs may finish within the grace period, then are killed.
   auto deadline = std::chrono::steady_clock::now() + cfg_.shutdown_grace;
+  if (e2b_) co_await e2b_->shutdown(cfg_.shutdown_grace);
   asio::steady_timer t(io_);
   while (!live_.empty() && std::chrono::steady_clock::now() < deadline) {
     t.expires_after(std::chrono::milliseconds(50));

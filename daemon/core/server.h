@@ -24,6 +24,8 @@
 
 namespace tsb::core {
 
+class E2BBackend;
+
 struct Peer {
   pid_t pid = 0;
   uid_t uid = 0;
@@ -73,7 +75,12 @@ class Server {
   bool owns_socket_file_ = false;
 
   unsigned in_flight_ = 0;
-  std::deque<std::shared_ptr<asio::steady_timer>> waiters_;
+  struct Waiter {
+    asio::steady_timer timer;
+    bool granted = false;  // release_slot passed its slot to this waiter
+    explicit Waiter(asio::io_context& io) : timer(io, std::chrono::steady_clock::time_point::max()) {}
+  };
+  std::deque<std::shared_ptr<Waiter>> waiters_;
   std::set<std::shared_ptr<isolate::Sandbox>> live_;
   bool shutting_down_ = false;
   int exit_code_ = 0;
@@ -81,6 +88,7 @@ class Server {
   std::map<std::string, std::uint64_t> totals_;  // end reason -> count
   std::uint64_t connections_ = 0;
   std::uint64_t rejected_busy_ = 0;
+  std::unique_ptr<E2BBackend> e2b_;  // when an E2B API key file is configured (docs/E2B.md)
 };
 
 // Where the trusted tool runner lives on the host ("" when not found).

@@ -11,8 +11,9 @@
 //   - responses built by the daemon's own code (encode_ok, encode_error,
 //     shape_tool_result, run_record_json, for every end reason and both modes)
 //     validate, and every field they carry is declared;
-//   - the status fields (read from daemon/core/server.cc), the end reasons and
-//     error codes (read from the enums) match the schemas;
+//   - the status fields (read from daemon/core/server.cc and
+//     daemon/core/e2b.cc), the end reasons and error codes (read from the
+//     enums and the E2B backend) match the schemas;
 //   - PROTOCOL.md names every field and its example lines validate.
 //
 // The validator below implements the subset of JSON Schema 2020-12 the
@@ -21,10 +22,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -54,6 +58,23 @@ std::string read_text(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// The E2B backend's source, read for the fields and values it adds to
+// responses ("" when the file is absent).
+std::string e2b_source() {
+  std::ifstream in(std::string(TSB_SOURCE_DIR) + "/daemon/core/e2b.cc", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The body of a function definition `signature { ... }` in a source text.
+std::string function_body(const std::string& src, const std::string& signature) {
+  auto start = src.find(signature);
+  if (start == std::string::npos) return "";
+  auto end = src.find("\n}\n", start);
+  return src.substr(start, end == std::string::npos ? std::string::npos : end - start);
 }
 
 // ---------------------------------------------------------------------------
@@ -324,13 +345,15 @@ TEST(Schema, RequestsAreStrictResponsesTolerant) {
   for (const char* f : kRequestFiles) {
     const json& d = schemas().doc(f);
     EXPECT_EQ(d["additionalProperties"], false) << f;
-    if (d["properties"].contains("sandbox_config"))
+    if (d["properties"].contains("sandbox_config")) {
       EXPECT_EQ(d["properties"]["sandbox_config"]["additionalProperties"], false) << f;
+    }
   }
   for (const char* f : kResponseFiles)
     walk(schemas().doc(f), "", [&](const json& s, const std::string& at) {
-      if (s.contains("additionalProperties") && s["additionalProperties"].is_boolean())
+      if (s.contains("additionalProperties") && s["additionalProperties"].is_boolean()) {
         EXPECT_TRUE(s["additionalProperties"].get<bool>()) << f << at << ": responses must allow additions";
+      }
       if (s.contains("properties") && s.value("type", json()) == "object" && !s.contains("additionalProperties") &&
           !at.empty())
         ADD_FAILURE() << f << at << ": say additionalProperties true explicitly";
@@ -561,12 +584,20 @@ TEST(SchemaRequests, RequestOneOfDispatchesOnType) {
 // Responses built by the daemon's own code
 // ---------------------------------------------------------------------------
 
+// The engine's end reasons (local runs).
 std::set<std::string> end_reason_names() {
   std::set<std::string> out;
   auto names = enumerators("isolate/spec.h", "EndReason");
   EXPECT_EQ(names.size(), 9u);
   for (std::size_t i = 0; i < names.size(); ++i) out.insert(std::string(isolate::to_string(static_cast<isolate::EndReason>(i))));
   EXPECT_EQ(out.count("unknown"), 0u);
+  return out;
+}
+
+// Plus the ones the E2B backend writes itself ("backend_error").
+std::set<std::string> all_end_reason_names() {
+  std::set<std::string> out = end_reason_names();
+  for (const auto& r : captures(e2b_source(), R"(end_reason\s*=\s*\"([a-z_]+)\")")) out.insert(r);
   return out;
 }
 
@@ -577,7 +608,7 @@ std::set<std::string> strings_of(const json& arr) {
 }
 
 TEST(SchemaResponses, EndReasonsMatchTheEngine) {
-  std::set<std::string> names = end_reason_names();
+  std::set<std::string> names = all_end_reason_names();
   EXPECT_EQ(strings_of(schemas().doc("run-record.json")["properties"]["end_reason"]["enum"]), names);
   EXPECT_EQ(strings_of(schemas().doc("response-status.json")["properties"]["status"]["properties"]["totals"]["propertyNames"]["enum"]),
             names);
@@ -618,12 +649,27 @@ TEST(SchemaResponses, StatusFieldsMatchTheServer) {
   EXPECT_EQ(keys, strings_of(st["required"]));
 }
 
+TEST(SchemaResponses, E2BStatusFieldsMatchTheBackend) {
+  std::string body = function_body(e2b_source(), "json E2BBackend::status_json()");
+  const json& e2b = schemas().doc("response-status.json")["properties"]["status"]["properties"]["e2b"];
+  if (body.empty()) {
+    EXPECT_TRUE(e2b.is_null()) << "status.e2b is documented but the E2B backend is gone";
+    return;
+  }
+  auto ret = body.find("return {");
+  ASSERT_NE(ret, std::string::npos);
+  EXPECT_EQ(captures(body.substr(ret), R"(\{\"([a-z_0-9]+)\",)"), keys_of(e2b["properties"]));
+}
+
 TEST(SchemaResponses, RecordFieldsSetByTheServerAreDeclared) {
-  std::string src = read_text(std::string(TSB_SOURCE_DIR) + "/daemon/core/server.cc");
+  std::string src = read_text(std::string(TSB_SOURCE_DIR) + "/daemon/core/server.cc") + e2b_source();
   std::set<std::string> keys = captures(src, R"(record\[\"([a-z_0-9]+)\"\])");
   EXPECT_FALSE(keys.empty());
   const json& props = schemas().doc("run-record.json")["properties"];
   for (const auto& k : keys) EXPECT_TRUE(props.contains(k)) << k;
+  // Literal framing values written there are declared too.
+  for (const auto& f : captures(src, R"(record\[\"framing\"\]\s*=\s*\"([a-z0-9-]+)\")"))
+    EXPECT_TRUE(strings_of(props["framing"]["enum"]).count(f)) << f;
 }
 
 // Runs of every kind, shaped as the server shapes them.
@@ -770,6 +816,8 @@ TEST(SchemaResponses, ResultsOfEveryKindValidate) {
     if (result["record"].contains("framing")) framings_seen.insert(result["record"]["framing"]);
   }
   EXPECT_EQ(reasons_seen, end_reason_names());
+  // Every framing value is produced here or written literally by the E2B backend.
+  for (const auto& f : captures(e2b_source(), R"(record\[\"framing\"\]\s*=\s*\"([a-z0-9-]+)\")")) framings_seen.insert(f);
   EXPECT_EQ(framings_seen, strings_of(rec_props["framing"]["enum"]));
 }
 
@@ -788,14 +836,15 @@ TEST(ProtocolDoc, NamesEveryFieldErrorCodeAndEndReason) {
         for (auto it = s["properties"].begin(); it != s["properties"].end(); ++it) names.insert(it.key());
     });
   for (const auto& n : names) EXPECT_NE(md.find("`" + n + "`"), std::string::npos) << "PROTOCOL.md does not name `" << n << "`";
-  for (const auto& r : end_reason_names()) EXPECT_NE(md.find("`" + r + "`"), std::string::npos) << r;
+  for (const auto& r : all_end_reason_names()) EXPECT_NE(md.find("`" + r + "`"), std::string::npos) << r;
   for (const auto& c : strings_of(schemas().doc("response-error.json")["properties"]["error"]["properties"]["code"]["enum"]))
     EXPECT_NE(md.find("`" + c + "`"), std::string::npos) << c;
 }
 
 // Every JSON object line in a code block that carries "v" is a protocol
 // message: responses (they have "ok") must validate; requests must get the
-// same verdict from the decoder and the schema.
+// same verdict from the decoder and the schema (the error examples are
+// refused by both).
 TEST(ProtocolDoc, ExampleLinesValidate) {
   std::istringstream in(protocol_md());
   std::string line;
@@ -806,6 +855,9 @@ TEST(ProtocolDoc, ExampleLinesValidate) {
       in_code = !in_code;
       continue;
     }
+    // Example transcripts mark lines sent with "\u2192 " and lines received with "\u2190 ".
+    for (const char* mark : {"\u2192 ", "\u2190 "})
+      if (line.rfind(mark, 0) == 0) line = line.substr(std::string(mark).size());
     if (!in_code || line.rfind("{", 0) != 0) continue;
     json j = json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("v")) continue;
