@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the main job: a tool run
-# through the engine under the embedded default policy.
+# Installs what is missing, builds, and starts toolsandboxd in the
+# foreground on its embedded defaults (policies compiled into the binary,
+# socket /run/toolsandboxd/toolsandboxd.sock, root may connect). Stop it
+# with Ctrl-C (SIGTERM/SIGINT: in-flight runs get 30 s to finish).
+#
+# Try it from another terminal:
+#   build/bin/toolsandbox status
+#   build/bin/toolsandbox call examples/add.py --args '{"a": 2, "b": 3}'
 source "$(dirname "$0")/lib.sh"
 setup_all
-log "running a demo tool through the engine (policy: default)"
-exec "$TSB_BUILD/bin/toolsandbox" run --json -- /venv/bin/python3 -c '
-import json, os, platform, socket, sys
-print(json.dumps({"python": sys.version.split()[0], "prefix": sys.prefix, "uid": os.getuid(),
-                  "hostname": socket.gethostname(), "cwd": os.getcwd(), "interfaces": os.listdir("/sys/class/net") if os.path.exists("/sys/class/net") else ["(no /sys)"]}))'
+log "starting toolsandboxd (embedded defaults); socket /run/toolsandboxd/toolsandboxd.sock"
+exec "$TSB_BUILD/bin/toolsandboxd" "$@"

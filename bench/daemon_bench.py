@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""Daemon round trip and throughput, beside bare Python running the same work.
+
+Starts its own toolsandboxd on a temporary socket (or uses --socket), then:
+
+  1. Latency, interleaved rounds (order rotated every round, 5 warm-ups):
+       bare-script   /venv/bin/python3 - < SCRIPT      (the work, no sandbox)
+       execute       the same SCRIPT through the daemon (script mode)
+       bare-tool     /venv/bin/python3 - < equivalent tool-call script
+       run_tool      the same tool through the daemon (tool mode, runner)
+     reporting median/p95 and the overhead over the bare twin.
+  2. Throughput at concurrency 1, 8 and 32: a fixed number of runs through
+     the daemon (execute mode) vs the same number of bare runs with the
+     same concurrency; runs per second and the ratio.
+
+Standard library only: /usr/bin/python3 bench/daemon_bench.py [--n 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "clients" / "python"))
+from toolsandbox_client import Client  # noqa: E402
+
+VENV_PY = "/var/lib/toolsandbox/venv/bin/python3"
+
+# A trivial Letta-style script: compute, then emit Letta's binary frame.
+SCRIPT = r'''
+import sys, json, struct, hashlib
+def add(a, b):
+    return a + b
+p = json.dumps({"results": add(2, 3), "agent_state": None}).encode("utf-8")
+sys.stdout.buffer.write(bytes.fromhex("92c8e49843d35fb3919da69eb3e5c5c6") + struct.pack(">I", len(p)) + hashlib.md5(p).hexdigest().encode() + p)
+sys.stdout.buffer.flush()
+'''
+TOOL = "def add(a, b):\n    return a + b\n"
+BARE_TOOL = TOOL + "import json\nprint(json.dumps(add(**json.loads('{\"a\": 2, \"b\": 3}'))))\n"
+
+
+def pct(v, p):
+    v = sorted(v)
+    k = (len(v) - 1) * p
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def bare(script: str) -> float:
+    t0 = time.perf_counter_ns()
+    r = subprocess.run([VENV_PY, "-"], input=script.encode(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError("bare run failed")
+    return (time.perf_counter_ns() - t0) / 1e6
+
+
+def start_daemon(build: Path, tmp: Path, concurrency: int) -> tuple[subprocess.Popen, str]:
+    sock = str(tmp / "d.sock")
+    os.chmod(tmp, 0o711)
+    cfg = {
+        "version": 1,
+        "socket": {"path": sock},
+        "max_concurrent_runs": concurrency,
+        "max_queued_runs": 1024,
+        "engine": {"state_dir": str(tmp / "state"), "cgroup_parent": "/toolsandbox-bench-daemon"},
+    }
+    (tmp / "config.json").write_text(json.dumps(cfg))
+    log = open(tmp / "log", "wb")
+    proc = subprocess.Popen([str(build / "bin" / "toolsandboxd"), "--config", str(tmp / "config.json")],
+                            stdout=log, stderr=log)
+    for _ in range(500):
+        if os.path.exists(sock):
+            return proc, sock
+        time.sleep(0.01)
+    raise RuntimeError("daemon did not start; see " + str(tmp / "log"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--build", type=Path, default=REPO / "build")
+    ap.add_argument("--throughput-runs", type=int, default=96)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="tsb-bench-", dir="/run" if os.access("/run", os.W_OK) else None))
+    proc, sock = start_daemon(args.build, tmp, 32)
+    client = Client(sock)
+    report = {"n": args.n, "load_before": os.getloadavg(), "machine": os.uname().release}
+    try:
+        variants = {
+            "bare-script": lambda: bare(SCRIPT),
+            "execute": lambda: timed(lambda: client.execute(SCRIPT, tool_name="add", organization_id="bench")),
+            "bare-tool": lambda: bare(BARE_TOOL),
+            "run_tool": lambda: timed(lambda: client.run_tool(TOOL, tool_name="add", args={"a": 2, "b": 3},
+                                                              organization_id="bench")),
+        }
+        names = list(variants)
+        for _ in range(5):
+            for name in names:
+                variants[name]()
+        samples = {name: [] for name in names}
+        for i in range(args.n):
+            order = names[i % len(names):] + names[:i % len(names)]
+            for name in order:
+                samples[name].append(variants[name]())
+        lat = {}
+        for name in names:
+            s = samples[name]
+            lat[name] = {"median": statistics.median(s), "p95": pct(s, 0.95), "p10": pct(s, 0.1), "p90": pct(s, 0.9)}
+        report["latency_ms"] = lat
+        print("| variant | median ms | p95 ms | overhead vs bare twin |")
+        print("|---|---:|---:|---:|")
+        for name, twin in (("bare-script", None), ("execute", "bare-script"), ("bare-tool", None), ("run_tool", "bare-tool")):
+            m = lat[name]["median"]
+            over = "" if twin is None else "%+.2f ms (x%.2f)" % (m - lat[twin]["median"], m / lat[twin]["median"])
+            print("| %s | %.2f | %.2f | %s |" % (name, m, lat[name]["p95"], over))
+
+        thr = {}
+        print("\n| concurrency | daemon runs/s | bare runs/s | daemon/bare |")
+        print("|---:|---:|---:|---:|")
+        for c in (1, 8, 32):
+            d = throughput(c, args.throughput_runs, lambda: client.execute(SCRIPT, tool_name="add", organization_id="bench"))
+            b = throughput(c, args.throughput_runs, lambda: bare(SCRIPT))
+            thr[c] = {"daemon": d, "bare": b, "ratio": d / b}
+            print("| %d | %.1f | %.1f | %.0f %% |" % (c, d, b, 100 * d / b))
+        report["throughput_runs_per_s"] = thr
+        report["load_after"] = os.getloadavg()
+        print("\nload average before %s, after %s" % (report["load_before"], report["load_after"]))
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter_ns()
+    r = fn()
+    if r.status != "success":
+        raise RuntimeError("daemon run failed: %r" % (r.func_return,))
+    return (time.perf_counter_ns() - t0) / 1e6
+
+
+def throughput(concurrency: int, runs: int, fn) -> float:
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(max_workers=concurrency) as ex:
+        list(ex.map(lambda _: fn(), range(runs)))
+    return runs / (time.perf_counter() - t0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
