@@ -26,9 +26,10 @@ void usage(std::FILE* out) {
       "       toolsandbox call TOOL.py [--args JSON] [--function NAME] [--agent-state FILE] [--org ID] [--json]\n"
       "       toolsandbox status [--socket PATH] [--json]\n"
       "       toolsandbox policy check FILE...\n"
-      "       toolsandbox policy explain NAME|FILE [--compare PROFILE]\n"
-      "       toolsandbox policy fingerprint FILE\n"
-      "       toolsandbox policy lint FILE...\n"
+      "       toolsandbox policy explain NAME|FILE [--compare PROFILE] [--no-host]\n"
+      "       toolsandbox policy fingerprint FILE...\n"
+      "       toolsandbox policy lint FILE... [--notes]\n"
+      "         (policy verbs also take --config FILE and --bind-allow PATH; see toolsandbox policy help)\n"
       "       toolsandbox version\n",
       out);
 }

@@ -1,20 +1,22 @@
 #include "daemon/core/policy.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <optional>
 #include <set>
-#include <sstream>
 
 #include "daemon/core/embedded.h"
 #include "daemon/core/units.h"
 #include "isolate/hash.h"
 #include "isolate/jsonc.h"
 #include "isolate/plan.h"
+#include "isolate/unique_fd.h"
 
 namespace tsb::core {
 namespace {
@@ -33,6 +35,7 @@ std::string dir_of(const std::string& path) {
 std::string join(const std::string& dir, const std::string& rel) {
   if (!rel.empty() && rel[0] == '/') return rel;
   if (dir == kEmbedded) return dir + rel;
+  if (dir == ".") return rel;  // messages name the file as the user would
   return dir + "/" + rel;
 }
 
@@ -165,8 +168,127 @@ bool valid_env_name(std::string_view n) {
   return std::all_of(n.begin(), n.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
+// "default" for "/etc/toolsandboxd/policies/default.json" or "embedded:default.json".
+std::string policy_stem(const std::string& path) {
+  std::string stem = path.substr(path.rfind('/') == std::string::npos ? (is_embedded(path) ? std::strlen(kEmbedded) : 0)
+                                                                       : path.rfind('/') + 1);
+  if (stem.size() > 5 && stem.compare(stem.size() - 5, 5, ".json") == 0) stem.resize(stem.size() - 5);
+  return stem;
+}
+
+// A file the loader read: its parsed document, its text and its path.
+struct SourceFile {
+  const LocatedJson* doc;
+  std::string_view text;
+  std::string path;
+};
+
+// Byte offset of a 1-based line:col (columns count code points, as in
+// isolate/jsonc.h), or npos.
+std::size_t offset_of(std::string_view text, JsonLocation at) {
+  int line = 1, col = 1;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const bool starts_char = (c & 0xC0) != 0x80;
+    if (starts_char && line == at.line && col == at.col) return i;
+    if (c == '\n') {
+      ++line;
+      col = 1;
+    } else if (starts_char) {
+      ++col;
+    }
+  }
+  return std::string::npos;
+}
+
+// The text of the object or array at `pointer` in `doc`, with everything
+// before it blanked to spaces (newlines kept) and everything after it cut,
+// so parsing it alone reports the same line:col as the whole file would.
+// "" when the value is not an object or array, or its position is unknown.
+std::string value_text_in_place(std::string_view text, const LocatedJson& doc, const std::string& pointer) {
+  const auto loc = doc.locations.find(pointer);
+  if (loc == doc.locations.end()) return {};
+  const std::size_t begin = offset_of(text, loc->second);
+  if (begin == std::string::npos || (text[begin] != '{' && text[begin] != '[')) return {};
+  // The document parsed, so brackets balance outside strings and comments.
+  std::size_t i = begin;
+  int depth = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == '"') {
+      for (++i; i < text.size() && text[i] != '"'; ++i)
+        if (text[i] == '\\') ++i;
+    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {
+      while (i < text.size() && text[i] != '\n') ++i;
+      continue;
+    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '*') {
+      i = text.find("*/", i + 2);
+      if (i == std::string_view::npos) return {};
+      ++i;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) break;
+    }
+    ++i;
+  }
+  if (depth != 0 || i >= text.size()) return {};
+  std::string out;
+  out.reserve(i + 1);
+  for (std::size_t k = 0; k < begin; ++k) {
+    const auto c = static_cast<unsigned char>(text[k]);
+    if (c == '\n') out += '\n';
+    else if ((c & 0xC0) != 0x80) out += ' ';  // one column per code point
+  }
+  out.append(text.substr(begin, i + 1 - begin));
+  return out;
+}
+
+// The syscalls the engine itself makes under the tool's filter, which is
+// loaded just before execve (isolate/child_tool.cc): execve starts the tool,
+// write reports a failed start on the report pipe, exit_group ends it; read
+// and exit are what any program needs next. A profile that refuses one of
+// them, even for some arguments only, cannot run a tool, so it is a load
+// error rather than a run that fails at its first step. execveat is not
+// used by the engine and may be refused.
+constexpr const char* kEngineSyscalls[] = {"execve", "exit", "exit_group", "read", "write"};
+
+Status check_engine_syscalls(const isolate::SeccompProfile& prof, const std::string& default_at) {
+  using isolate::SeccompAction;
+  const auto allows = [](SeccompAction a) { return a == SeccompAction::Allow || a == SeccompAction::Log; };
+  for (const char* name : kEngineSyscalls) {
+    const isolate::SeccompRule* unconditional = nullptr;
+    const isolate::SeccompRule* conditional = nullptr;
+    for (const auto& rule : prof.rules) {
+      if (std::find(rule.names.begin(), rule.names.end(), name) == rule.names.end()) continue;
+      if (rule.args.empty()) unconditional = &rule;
+      else if (!conditional) conditional = &rule;
+    }
+    std::string why;
+    std::string where = default_at;
+    if (unconditional) {
+      if (allows(unconditional->action)) continue;
+      where = unconditional->where;
+      why = "refuses \"" + std::string(name) + "\" (" +
+            isolate::seccomp_action_name(unconditional->action, unconditional->errno_ret) + ")";
+    } else if (conditional) {
+      where = conditional->where;
+      why = "allows \"" + std::string(name) + "\" only for some arguments";
+    } else if (allows(prof.default_action)) {
+      continue;
+    } else {
+      why = "refuses \"" + std::string(name) + "\" by its default action (" +
+            isolate::seccomp_action_name(prof.default_action, prof.default_errno) + ")";
+    }
+    return Error::invalid(where + ": the profile " + why +
+                          "; toolsandboxd needs execve, exit, exit_group, read and write allowed for every "
+                          "argument to start a tool, report a failed start and end it");
+  }
+  return {};
+}
+
 Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, const PolicyContext& ctx,
-                              const json& merged, const std::string& include_path) {
+                              const json& merged, const std::string& include_path, const SourceFile& seccomp_file) {
   Policy p;
   p.source = path;
   p.include = include_path;
@@ -285,40 +407,55 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
     TSB_TRY(env.no_unknown_keys(), "policy");
   }
 
-  // Seccomp: a profile file (relative to this policy's directory) or inline
-  // rules. Missing means the shipped default profile: never no filter.
+  // Seccomp: a profile file (relative to the directory of the file that
+  // names it) or inline rules. Missing means the shipped default profile:
+  // never no filter.
   json seccomp_canon;
   {
+    const LocatedJson& sdoc = *seccomp_file.doc;
     std::string profile_path = "seccomp/default.json";
+    std::string profile_dir = dir_of(path);
     const json* inline_profile = nullptr;
     std::string where_profile = doc.where("");
     bool from_default_dir = true;
     if (const json* v = root.get("seccomp")) {
-      Obj sc(doc, *v, "/seccomp");
+      Obj sc(sdoc, *v, "/seccomp");
       TSB_TRY(sc.check_object("\"seccomp\""), "policy");
       const json* prof = sc.get("profile");
       inline_profile = sc.get("inline");
       TSB_TRY(sc.no_unknown_keys(), "policy");
-      TSB_TRY(expect((prof != nullptr) != (inline_profile != nullptr), sc.where("profile"),
+      TSB_TRY(expect((prof != nullptr) != (inline_profile != nullptr), sdoc.where("/seccomp"),
                      "give exactly one of \"profile\" (a file) or \"inline\" (rules)"), "policy");
       if (prof) {
         TSB_TRY(expect(prof->is_string() && !prof->get<std::string>().empty(), sc.where("profile"), "must be a path"), "policy");
         profile_path = prof->get<std::string>();
+        profile_dir = dir_of(seccomp_file.path);
         where_profile = sc.where("profile");
         from_default_dir = false;
+      } else {
+        TSB_TRY(expect(inline_profile->is_object(), sc.where("inline"), "must be an object (a seccomp profile)"), "policy");
+        where_profile = sc.where("inline");
       }
     }
     Result<isolate::SeccompProfile> prof = Error::invalid("unset");
+    std::string default_action_at;  // where the profile's defaultAction is written
     if (inline_profile) {
-      p.seccomp_source = path + "#/seccomp/inline";
-      prof = isolate::parse_seccomp_profile(inline_profile->dump(), p.seccomp_source);
+      p.seccomp_source = seccomp_file.path + "#/seccomp/inline";
+      // Parsed from the policy file's own text, so every diagnostic and rule
+      // position points at the line the author wrote.
+      std::string text = value_text_in_place(seccomp_file.text, sdoc, "/seccomp/inline");
+      prof = text.empty() ? isolate::parse_seccomp_profile(inline_profile->dump(), p.seccomp_source)
+                          : isolate::parse_seccomp_profile(text, seccomp_file.path);
       seccomp_canon = json{{"inline", *inline_profile}};
+      default_action_at = sdoc.where("/seccomp/inline/defaultAction");
     } else {
-      std::string full = join(dir_of(path), profile_path);
+      std::string full = join(profile_dir, profile_path);
       // A policy with no "seccomp" key gets the default profile that ships
-      // with the policies it came with (or the embedded one).
+      // with the policies it came with, else the embedded one. Only a
+      // missing file falls back: one that exists but is refused (owner,
+      // mode) or unreadable is an error, never silently replaced.
       auto text = read_policy_text(full);
-      if (!text.ok() && from_default_dir) {
+      if (!text.ok() && from_default_dir && text.error().code == ENOENT) {
         full = std::string(kEmbedded) + profile_path;
         text = read_policy_text(full);
       }
@@ -328,9 +465,12 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
       if (prof.ok()) {
         auto located = parse_jsonc(*text, full);
         seccomp_canon = json{{"profile", located.ok() ? located->value : json()}};
+        if (located.ok()) default_action_at = located->where("/defaultAction");
       }
     }
     if (!prof.ok()) return std::move(prof).error().wrap("policy " + path + ": seccomp");
+    TSB_TRY(check_engine_syscalls(*prof, default_action_at.empty() ? where_profile : default_action_at),
+            "policy " + path + ": seccomp");
     p.seccomp_profile = std::make_shared<isolate::SeccompProfile>(std::move(prof).value());
     if (ctx.compile) {
       auto prog = isolate::compile_seccomp(*p.seccomp_profile);
@@ -410,12 +550,39 @@ Result<std::string> read_policy_text(const std::string& path) {
     if (!text) return Error::invalid("no embedded file '" + path.substr(std::strlen(kEmbedded)) + "'", ENOENT);
     return std::string(*text);
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error::from_errno("open '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().size() > (4u << 20)) return Error::invalid("'" + path + "' is larger than 4 MiB", EFBIG);
-  return ss.str();
+  // O_NONBLOCK: a FIFO planted at the path must not block the daemon; it is
+  // refused below as not a regular file. Every check is made on the opened
+  // descriptor, so the file checked is the file read.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
+  if (!fd) return Error::from_errno("open '" + path + "'");
+  struct stat st{};
+  if (::fstat(fd.get(), &st) != 0) return Error::from_errno("fstat '" + path + "'");
+  if (!S_ISREG(st.st_mode)) return Error::invalid("'" + path + "' is not a regular file");
+  // A policy is only as strong as the weakest hand that can edit it: when
+  // the daemon runs as root, a file someone else owns or may write would let
+  // that someone rewrite every sandbox's rules. Without root the daemon has
+  // nothing to protect that its own user could not change anyway.
+  if (::geteuid() == 0 && (st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return Error::invalid("refusing '" + path + "': owned by uid " + std::to_string(st.st_uid) + " with mode " + mode +
+                              "; a policy file must be owned by root and writable by no one else",
+                          EPERM);
+  }
+  if (st.st_size > (4 << 20)) return Error::invalid("'" + path + "' is larger than 4 MiB", EFBIG);
+  std::string text;
+  char buf[16384];
+  while (true) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::from_errno("read '" + path + "'");
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > (4u << 20)) return Error::invalid("'" + path + "' is larger than 4 MiB", EFBIG);
+  }
+  return text;
 }
 
 Result<Policy> load_policy(const std::string& path, const PolicyContext& ctx) {
@@ -425,36 +592,46 @@ Result<Policy> load_policy(const std::string& path, const PolicyContext& ctx) {
   if (!doc.ok()) return std::move(doc).error();
   json merged = doc->value;
   std::string include_path;
+  SourceFile seccomp_file{&*doc, *text, path};
+  std::optional<Result<std::string>> itext;
+  std::optional<Result<LocatedJson>> idoc;
   if (merged.is_object() && merged.contains("include")) {
     const json& inc = merged["include"];
     if (!inc.is_string() || inc.get<std::string>().empty())
       return Error::invalid(doc->where("/include") + ": must be the path of another policy file");
     include_path = join(dir_of(path), inc.get<std::string>());
-    auto itext = read_policy_text(include_path);
-    if (!itext.ok()) return Error::invalid(doc->where("/include") + ": " + itext.error().message, itext.error().code);
-    auto idoc = parse_jsonc(*itext, include_path);
-    if (!idoc.ok()) return std::move(idoc).error().wrap("included from " + doc->where("/include"));
-    if (!idoc->value.is_object()) return Error::invalid(idoc->where("") + ": a policy must be an object");
+    itext = read_policy_text(include_path);
+    if (!itext->ok()) return Error::invalid(doc->where("/include") + ": " + itext->error().message, itext->error().code);
+    idoc = parse_jsonc(**itext, include_path);
+    if (!idoc->ok()) return std::move(*idoc).error().wrap("included from " + doc->where("/include"));
+    const LocatedJson& inc_doc = **idoc;
+    if (!inc_doc.value.is_object()) return Error::invalid(inc_doc.where("") + ": a policy must be an object");
     // One level deep: an included file including another is refused, so a
     // reader never has to chase a chain to know what a policy says.
-    if (idoc->value.contains("include"))
-      return Error::invalid(idoc->where("/include") + ": an included policy cannot include another (one level only)");
-    json base = idoc->value;
+    if (inc_doc.value.contains("include"))
+      return Error::invalid(inc_doc.where("/include") + ": an included policy cannot include another (one level only)");
+    json base = inc_doc.value;
     json over = merged;
     over.erase("include");
+    // "seccomp" is one choice (a profile file or inline rules), so an
+    // including file's "seccomp" replaces the included one whole rather
+    // than merging into it.
+    if (over.contains("seccomp")) base.erase("seccomp");
     merge_into(base, over);
     // Validate both files on their own first so errors point at their lines.
     PolicyContext no_compile = ctx;
     no_compile.compile = false;
-    auto check_inc = parse_document(*idoc, include_path, no_compile, idoc->value, "");
+    const SourceFile inc_file{&inc_doc, **itext, include_path};
+    auto check_inc = parse_document(inc_doc, include_path, no_compile, inc_doc.value, "", inc_file);
     if (!check_inc.ok()) return std::move(check_inc).error();
     merged = std::move(base);
+    // Seccomp settings that come from the included file are resolved and
+    // located there.
+    if (!doc->value.contains("seccomp")) seccomp_file = inc_file;
   }
-  auto p = parse_document(*doc, path, ctx, merged, include_path);
+  auto p = parse_document(*doc, path, ctx, merged, include_path, seccomp_file);
   if (!p.ok()) return std::move(p).error();
-  std::string stem = path.substr(path.rfind('/') == std::string::npos ? (is_embedded(path) ? std::strlen(kEmbedded) : 0) : path.rfind('/') + 1);
-  if (stem.size() > 5 && stem.compare(stem.size() - 5, 5, ".json") == 0) stem.resize(stem.size() - 5);
-  p->name = stem;
+  p->name = policy_stem(path);
   return p;
 }
 

@@ -1,0 +1,883 @@
+#include "daemon/core/policy_explain.h"
+
+#include <seccomp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <optional>
+#include <sstream>
+
+#include "daemon/core/policy_lint.h"
+#include "daemon/core/units.h"
+#include "isolate/engine.h"
+#include "isolate/jsonc.h"
+#include "isolate/plan.h"
+#include "isolate/syscall_groups.h"
+
+namespace tsb::core {
+namespace {
+
+using isolate::SeccompAction;
+
+// ---------------------------------------------------------------------------
+// Names for syscall arguments and their values, so conditions read as the
+// man pages write them. Values are the kernel's ABI numbers (the numbers a
+// profile compares), named as in the man pages.
+
+struct ValueName {
+  std::uint64_t value;
+  std::string_view name;
+};
+
+constexpr ValueName kFamilies[] = {
+    {AF_UNSPEC, "AF_UNSPEC"},   {AF_UNIX, "AF_UNIX"},       {AF_INET, "AF_INET"},
+    {AF_AX25, "AF_AX25"},       {AF_IPX, "AF_IPX"},         {AF_APPLETALK, "AF_APPLETALK"},
+    {AF_NETROM, "AF_NETROM"},   {AF_BRIDGE, "AF_BRIDGE"},   {AF_ATMPVC, "AF_ATMPVC"},
+    {AF_X25, "AF_X25"},         {AF_INET6, "AF_INET6"},     {AF_ROSE, "AF_ROSE"},
+    {AF_DECnet, "AF_DECnet"},   {AF_NETBEUI, "AF_NETBEUI"}, {AF_SECURITY, "AF_SECURITY"},
+    {AF_KEY, "AF_KEY"},         {AF_NETLINK, "AF_NETLINK"}, {AF_PACKET, "AF_PACKET"},
+    {AF_RDS, "AF_RDS"},         {AF_CAN, "AF_CAN"},         {AF_TIPC, "AF_TIPC"},
+    {AF_BLUETOOTH, "AF_BLUETOOTH"}, {AF_ALG, "AF_ALG"},     {AF_VSOCK, "AF_VSOCK"},
+    {AF_KCM, "AF_KCM"},         {AF_XDP, "AF_XDP"},
+};
+
+// fcntl(2) commands (asm-generic/fcntl.h, linux/fcntl.h; x86-64 values).
+constexpr ValueName kFcntlCommands[] = {
+    {0, "F_DUPFD"},          {1, "F_GETFD"},         {2, "F_SETFD"},
+    {3, "F_GETFL"},          {4, "F_SETFL"},         {5, "F_GETLK"},
+    {6, "F_SETLK"},          {7, "F_SETLKW"},        {8, "F_SETOWN"},
+    {9, "F_GETOWN"},         {10, "F_SETSIG"},       {11, "F_GETSIG"},
+    {15, "F_SETOWN_EX"},     {16, "F_GETOWN_EX"},    {17, "F_GETOWNER_UIDS"},
+    {36, "F_OFD_GETLK"},     {37, "F_OFD_SETLK"},    {38, "F_OFD_SETLKW"},
+    {1024, "F_SETLEASE"},    {1025, "F_GETLEASE"},   {1026, "F_NOTIFY"},
+    {1030, "F_DUPFD_CLOEXEC"}, {1031, "F_SETPIPE_SZ"}, {1032, "F_GETPIPE_SZ"},
+    {1033, "F_ADD_SEALS"},   {1034, "F_GET_SEALS"},  {1035, "F_GET_RW_HINT"},
+    {1036, "F_SET_RW_HINT"}, {1037, "F_GET_FILE_RW_HINT"}, {1038, "F_SET_FILE_RW_HINT"},
+};
+
+// clone(2)/unshare(2) flags and setns(2) namespace types (linux/sched.h).
+constexpr ValueName kCloneFlags[] = {
+    {0x00000100, "CLONE_VM"},           {0x00000200, "CLONE_FS"},
+    {0x00000400, "CLONE_FILES"},        {0x00000800, "CLONE_SIGHAND"},
+    {0x00001000, "CLONE_PIDFD"},        {0x00002000, "CLONE_PTRACE"},
+    {0x00004000, "CLONE_VFORK"},        {0x00008000, "CLONE_PARENT"},
+    {0x00010000, "CLONE_THREAD"},       {0x00020000, "CLONE_NEWNS"},
+    {0x00040000, "CLONE_SYSVSEM"},      {0x00080000, "CLONE_SETTLS"},
+    {0x00100000, "CLONE_PARENT_SETTID"}, {0x00200000, "CLONE_CHILD_CLEARTID"},
+    {0x00400000, "CLONE_DETACHED"},     {0x00800000, "CLONE_UNTRACED"},
+    {0x01000000, "CLONE_CHILD_SETTID"}, {0x02000000, "CLONE_NEWCGROUP"},
+    {0x04000000, "CLONE_NEWUTS"},       {0x08000000, "CLONE_NEWIPC"},
+    {0x10000000, "CLONE_NEWUSER"},      {0x20000000, "CLONE_NEWPID"},
+    {0x40000000, "CLONE_NEWNET"},       {0x80000000, "CLONE_IO"},
+};
+
+// personality(2) (linux/personality.h); 0xffffffff only reads the domain.
+constexpr ValueName kPersonalities[] = {
+    {0x0000, "PER_LINUX"},
+    {0x0008, "PER_LINUX32"},
+    {0x20000, "UNAME26"},
+    {0x20008, "PER_LINUX32|UNAME26"},
+    {0xffffffff, "0xffffffff (query only)"},
+};
+
+constexpr ValueName kIoctlRequests[] = {
+    {0x5412, "TIOCSTI"},
+};
+
+struct ArgNames {
+  std::string_view syscall;
+  std::string_view args[6];
+};
+constexpr ArgNames kArgNames[] = {
+    {"clone", {"flags", "stack", "parent_tid", "child_tid", "tls", ""}},
+    {"fcntl", {"fd", "cmd", "arg", "", "", ""}},
+    {"ioctl", {"fd", "request", "arg", "", "", ""}},
+    {"kill", {"pid", "sig", "", "", "", ""}},
+    {"mmap", {"addr", "length", "prot", "flags", "fd", "offset"}},
+    {"mprotect", {"addr", "length", "prot", "", "", ""}},
+    {"personality", {"persona", "", "", "", "", ""}},
+    {"prctl", {"option", "arg2", "arg3", "arg4", "arg5", ""}},
+    {"ptrace", {"request", "pid", "addr", "data", "", ""}},
+    {"setns", {"fd", "nstype", "", "", "", ""}},
+    {"socket", {"family", "type", "protocol", "", "", ""}},
+    {"socketpair", {"family", "type", "protocol", "sv", "", ""}},
+    {"unshare", {"flags", "", "", "", "", ""}},
+};
+
+struct ArgValues {
+  std::string_view syscall;
+  unsigned index;
+  const ValueName* begin;
+  const ValueName* end;
+  bool flags;  // a bit set: masks are named bit by bit
+};
+constexpr ArgValues kArgValues[] = {
+    {"clone", 0, std::begin(kCloneFlags), std::end(kCloneFlags), true},
+    {"fcntl", 1, std::begin(kFcntlCommands), std::end(kFcntlCommands), false},
+    {"ioctl", 1, std::begin(kIoctlRequests), std::end(kIoctlRequests), false},
+    {"personality", 0, std::begin(kPersonalities), std::end(kPersonalities), false},
+    {"setns", 1, std::begin(kCloneFlags), std::end(kCloneFlags), false},
+    {"socket", 0, std::begin(kFamilies), std::end(kFamilies), false},
+    {"socketpair", 0, std::begin(kFamilies), std::end(kFamilies), false},
+    {"unshare", 0, std::begin(kCloneFlags), std::end(kCloneFlags), true},
+};
+
+std::string arg_label(std::string_view syscall, unsigned index) {
+  const std::string n = "arg" + std::to_string(index);
+  for (const auto& row : kArgNames) {
+    if (row.syscall == syscall && index < 6 && !row.args[index].empty()) return std::string(row.args[index]) + " (" + n + ")";
+  }
+  return n;
+}
+
+const ArgValues* arg_values(std::string_view syscall, unsigned index) {
+  for (const auto& row : kArgValues)
+    if (row.syscall == syscall && row.index == index) return &row;
+  return nullptr;
+}
+
+std::string hex(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string number(std::uint64_t v) { return v < 0x10000 ? std::to_string(v) : hex(v); }
+
+// A value of an argument: its name when the table knows it, else a number.
+std::string value_text(std::string_view syscall, unsigned index, std::uint64_t v) {
+  if (const ArgValues* t = arg_values(syscall, index)) {
+    for (const ValueName* row = t->begin; row != t->end; ++row)
+      if (row->value == v) return std::string(row->name);
+  }
+  return number(v);
+}
+
+// "CLONE_NEWNS, CLONE_NEWUTS" when every bit of `mask` has a name.
+std::optional<std::string> flag_names(std::string_view syscall, unsigned index, std::uint64_t mask) {
+  const ArgValues* t = arg_values(syscall, index);
+  if (t == nullptr || !t->flags || mask == 0) return std::nullopt;
+  std::string out;
+  std::uint64_t named = 0;
+  for (const ValueName* row = t->begin; row != t->end; ++row) {
+    if ((mask & row->value) == row->value) {
+      out += (out.empty() ? "" : ", ") + std::string(row->name);
+      named |= row->value;
+    }
+  }
+  if (named != mask) return std::nullopt;
+  return out;
+}
+
+std::string describe_arg(std::string_view syscall, const isolate::SeccompArg& a) {
+  const std::string who = arg_label(syscall, a.index);
+  const std::string& op = a.op;
+  if (op == "SCMP_CMP_EQ") return who + " is " + value_text(syscall, a.index, a.value);
+  if (op == "SCMP_CMP_NE") return who + " is not " + value_text(syscall, a.index, a.value);
+  const auto cmp = [&](const char* sym) {
+    std::string v = number(a.value);
+    std::string name = value_text(syscall, a.index, a.value);
+    return who + " " + sym + " " + v + (name != v ? " (" + name + ")" : "");
+  };
+  if (op == "SCMP_CMP_LT") return cmp("<");
+  if (op == "SCMP_CMP_LE") return cmp("<=");
+  if (op == "SCMP_CMP_GT") return cmp(">");
+  if (op == "SCMP_CMP_GE") return cmp(">=");
+  if (op == "SCMP_CMP_MASKED_EQ") {
+    // OCI: `value` is the mask, `valueTwo` the datum.
+    const std::uint64_t mask = a.value, datum = a.value_two;
+    if (mask == 0xffffffffu) return who + " (low 32 bits) is " + value_text(syscall, a.index, datum);
+    if (auto names = flag_names(syscall, a.index, mask)) {
+      if (datum == 0) return who + " has none of " + *names;
+      if (datum == mask) return who + " has all of " + *names;
+    }
+    return who + " & " + hex(mask) + " == " + hex(datum);
+  }
+  return who + " " + op + " " + number(a.value);
+}
+
+// ---------------------------------------------------------------------------
+// Text layout.
+
+std::string pad(std::string s, std::size_t width) {
+  if (s.size() + 2 > width) return s + "  ";
+  s.resize(width, ' ');
+  return s;
+}
+
+// A line, flagged or not: "!" replaces the first column.
+std::string line(bool flagged, const std::string& text) {
+  std::string s = (flagged ? "!" : " ") + text;
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s + "\n";
+}
+
+std::string cpus_text(std::uint32_t millicpus) {
+  std::string s = std::to_string(millicpus / 1000);
+  if (millicpus % 1000 != 0) {
+    char frac[8];
+    std::snprintf(frac, sizeof frac, "%03u", millicpus % 1000);
+    std::string f = frac;
+    while (!f.empty() && f.back() == '0') f.pop_back();
+    s += "." + f;
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// File system: the rows of isolate/plan.cc's tables, with their reasons.
+// tests/unit/policy_test.cc compares these rows with build_plan()'s steps.
+
+struct SystemRow {
+  const char* path;
+  const char* reason;
+};
+constexpr SystemRow kSystemRows[] = {
+    {"/usr", "programs, shared libraries, Python's standard library"},
+    {"/bin", "merged-/usr symlink or legacy binaries"},
+    {"/sbin", "merged-/usr symlink or legacy binaries"},
+    {"/lib", "dynamic loader and libraries"},
+    {"/lib32", "multilib loader"},
+    {"/lib64", "x86-64 dynamic loader path /lib64/ld-linux-x86-64.so.2"},
+    {"/libx32", "x32 libraries"},
+};
+constexpr SystemRow kEtcAlwaysRows[] = {
+    {"/etc/ld.so.cache", "the dynamic loader's library cache"},
+    {"/etc/localtime", "local time zone for time.localtime()"},
+};
+constexpr SystemRow kEtcNetworkRows[] = {
+    {"/etc/resolv.conf", "DNS resolvers"},
+    {"/etc/ssl", "CA certificates and OpenSSL configuration"},
+    {"/etc/ca-certificates", "CA certificate configuration"},
+    {"/etc/protocols", "protocol names for socket.getprotobyname"},
+    {"/etc/services", "service names for socket.getservbyname"},
+    {"/etc/gai.conf", "getaddrinfo address sorting"},
+};
+constexpr const char* kDevices[] = {"null", "zero", "full", "random", "urandom"};
+
+std::string ids(std::uint32_t uid, std::uint32_t gid) { return std::to_string(uid) + ":" + std::to_string(gid); }
+
+// Facts about this machine for the host-dependent rows, from the plan the
+// engine would build here.
+class HostPlan {
+ public:
+  explicit HostPlan(const Policy& p) {
+    spec_ = run_spec_from(p);
+    spec_.argv = {p.interpreter.empty() ? std::string("python3") : p.interpreter};
+    isolate::ChildPlan plan{};
+    isolate::PlanInputs in{&spec_, kStaging, isolate::EngineConfig{}.root_tmpfs_bytes};
+    ok_ = isolate::build_plan(in, storage_, plan).ok();
+  }
+
+  // One "[host]" sentence for a system path or host /etc file.
+  std::string system_fact(const std::string& path) const {
+    const isolate::MountStep* s = step_for(path);
+    if (s == nullptr) return path + ": not on this host, skipped";
+    if (s->kind == isolate::MountStep::kSymlink) return path + " -> " + s->src + ": the symlink is recreated";
+    if (s->kind == isolate::MountStep::kBind) {
+      if (std::string(s->src) != path) return path + ": bound from " + s->src + " (the host's symlink, resolved)";
+      return path + ": " + (s->is_dir ? "directory" : "file") + ", bound read-only";
+    }
+    return path + ": present";
+  }
+
+  static std::string exists_fact(const std::string& host_path, const char* what) {
+    struct stat st{};
+    if (::stat(host_path.c_str(), &st) != 0) return host_path + ": missing on this host (" + what + ")";
+    return host_path + ": present on this host";
+  }
+
+  bool ok() const { return ok_; }
+
+ private:
+  static constexpr const char* kStaging = "/staging";
+  isolate::RunSpec spec_;
+  isolate::PlanStorage storage_;
+  bool ok_ = false;
+
+  const isolate::MountStep* step_for(const std::string& path) const {
+    const std::string dst = std::string(kStaging) + path;
+    for (const auto& s : storage_.steps) {
+      if (s.kind == isolate::MountStep::kMkdir || s.dst == nullptr) continue;
+      if (dst == s.dst) return &s;
+    }
+    return nullptr;
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Profile views.
+
+bool action_runs_syscall(SeccompAction action) noexcept {
+  return action == SeccompAction::Allow || action == SeccompAction::Log;
+}
+
+ProfileView view_profile(const isolate::SeccompProfile& profile) {
+  ProfileView v;
+  v.default_action = profile.default_action;
+  v.default_data = profile.default_errno;
+  for (const auto& rule : profile.rules) {
+    for (const auto& name : rule.names) {
+      SyscallRuleView r;
+      r.action = rule.action;
+      r.data = rule.errno_ret;
+      r.args = rule.args;
+      r.where = rule.where;
+      r.pointer = rule.pointer;
+      v.syscalls[name].push_back(std::move(r));
+    }
+  }
+  return v;
+}
+
+SyscallFate syscall_fate(const ProfileView& view, const std::string& name) {
+  auto it = view.syscalls.find(name);
+  if (it == view.syscalls.end())
+    return action_runs_syscall(view.default_action) ? SyscallFate::Allowed : SyscallFate::Refused;
+  bool some_allow = false;
+  for (const auto& r : it->second) {
+    // libseccomp keeps an unconditional rule over conditional ones, and the
+    // parser refuses a conflicting pair, so an unconditional rule decides.
+    if (r.args.empty()) return action_runs_syscall(r.action) ? SyscallFate::Allowed : SyscallFate::Refused;
+    some_allow = some_allow || action_runs_syscall(r.action);
+  }
+  // Only conditional rules: the arguments none of them matches get the
+  // default action.
+  if (some_allow || action_runs_syscall(view.default_action)) return SyscallFate::AllowedSometimes;
+  return SyscallFate::Refused;
+}
+
+std::string errno_label(int err) {
+  if (err == 0) return "errno 0 (reports success without running)";
+  const char* name = ::strerrorname_np(err);
+  return (name ? std::string(name) : "errno") + " (" + std::to_string(err) + ")";
+}
+
+std::string action_effect(SeccompAction action, int data) {
+  switch (action) {
+    case SeccompAction::Allow: return "allowed";
+    case SeccompAction::Log: return "allowed, logged";
+    case SeccompAction::Errno: return errno_label(data);
+    case SeccompAction::KillProcess: return "kills the process";
+    case SeccompAction::KillThread: return "kills the thread";
+    case SeccompAction::Trap: return "SIGSYS (trap)";
+    case SeccompAction::Trace: return "trace " + std::to_string(data) + " (ENOSYS without a tracer)";
+  }
+  return "unknown action";
+}
+
+std::vector<std::string> describe_conditions(std::string_view syscall, const std::vector<SyscallRuleView>& rules) {
+  std::map<unsigned, std::vector<std::uint64_t>> equal;  // single "arg == value" rules, by argument
+  // Single-bit tests ("(arg & bit) == bit" or "== 0"), by argument.
+  std::map<unsigned, std::vector<std::uint64_t>> bits_set, bits_clear;
+  std::vector<std::string> other;
+  for (const auto& r : rules) {
+    if (r.args.empty()) continue;
+    if (r.args.size() == 1 && r.args[0].op == "SCMP_CMP_EQ") {
+      equal[r.args[0].index].push_back(r.args[0].value);
+      continue;
+    }
+    const auto& a = r.args[0];
+    if (r.args.size() == 1 && a.op == "SCMP_CMP_MASKED_EQ" && a.value != 0 && (a.value & (a.value - 1)) == 0 &&
+        (a.value_two == 0 || a.value_two == a.value)) {
+      (a.value_two != 0 ? bits_set : bits_clear)[a.index].push_back(a.value);
+      continue;
+    }
+    std::vector<isolate::SeccompArg> args = r.args;
+    std::sort(args.begin(), args.end(), [](const auto& a, const auto& b) { return a.index < b.index; });
+    std::string clause;
+    for (const auto& a : args) clause += (clause.empty() ? "" : " and ") + describe_arg(syscall, a);
+    other.push_back(std::move(clause));
+  }
+  std::vector<std::string> out;
+  for (auto& [index, values] : equal) {
+    std::sort(values.begin(), values.end());
+    values.erase(std::unique(values.begin(), values.end()), values.end());
+    std::string clause = arg_label(syscall, index) + " is ";
+    for (std::size_t i = 0; i < values.size(); ++i) clause += (i ? ", " : "") + value_text(syscall, index, values[i]);
+    out.push_back(std::move(clause));
+  }
+  for (auto* bits : {&bits_set, &bits_clear}) {
+    const bool set = bits == &bits_set;
+    for (auto& [index, values] : *bits) {
+      std::sort(values.begin(), values.end());
+      values.erase(std::unique(values.begin(), values.end()), values.end());
+      std::uint64_t mask = 0;
+      for (auto v : values) mask |= v;
+      auto names = set ? flag_names(syscall, index, mask) : std::nullopt;
+      std::string clause = arg_label(syscall, index) + " has ";
+      if (names && values.size() == 1) {
+        clause += *names;
+      } else if (names) {
+        clause += "any of " + *names;
+      } else {
+        clause += values.size() == 1 ? "bit " : "any of bits ";
+        for (std::size_t i = 0; i < values.size(); ++i) clause += (i ? ", " : "") + std::to_string(__builtin_ctzll(values[i]));
+        clause += set ? " set" : " clear";
+      }
+      out.push_back(std::move(clause));
+    }
+  }
+  out.insert(out.end(), other.begin(), other.end());
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Mount rows.
+
+std::vector<MountRow> mount_rows(const Policy& p) {
+  std::vector<MountRow> rows;
+  const auto add = [&](MountRow r) { rows.push_back(std::move(r)); };
+  const isolate::Limits& lim = p.limits;
+
+  add({"/", "tmpfs", "ro", format_size(isolate::EngineConfig{}.root_tmpfs_bytes),
+       "the new root: mount points and the /etc stubs; nothing of the host unless listed here"});
+  for (const auto& r : kSystemRows) {
+    const bool optional = std::strcmp(r.path, "/usr") != 0;
+    add({r.path, "bind", "ro", std::string("host ") + r.path, std::string(r.reason) + (optional ? " (if present)" : ""),
+         optional});
+  }
+  const std::string home = p.workdir;
+  add({"/etc/passwd", "file", "ro", "generated",
+       "root (0), sandbox (" + ids(p.uid, p.gid) + ", home " + home + "), nobody: no host accounts"});
+  add({"/etc/group", "file", "ro", "generated", "root, sandbox (" + std::to_string(p.gid) + "), nogroup"});
+  add({"/etc/hostname", "file", "ro", "generated", quoted_for_message(p.hostname)});
+  add({"/etc/hosts", "file", "ro", "generated", "localhost and " + quoted_for_message(p.hostname) + " only"});
+  add({"/etc/nsswitch.conf", "file", "ro", "generated", "accounts from files; host names from files, then DNS"});
+  for (const auto& r : kEtcAlwaysRows)
+    add({r.path, "bind", "ro", std::string("host ") + r.path, std::string(r.reason) + " (if present)", true});
+  for (const auto& r : kEtcNetworkRows) {
+    MountRow row{r.path, "bind", "ro", std::string("host ") + r.path, std::string(r.reason) + " (if present)", true};
+    row.host_network_only = true;
+    add(std::move(row));
+  }
+  if (!p.venv.empty())
+    add({std::string(isolate::kVenvPath), "bind", "ro", "host " + p.venv, "the Python environment"});
+  add({"/tmp", "tmpfs", "rw,noexec", format_size(lim.tmp_bytes), "scratch space, mode 1777; counts toward memory"});
+  add({p.workdir, "tmpfs", "rw,noexec", format_size(lim.work_bytes),
+       "working directory, mode 0700, owned by " + ids(p.uid, p.gid) + "; counts toward memory"});
+  // Extra binds, shallowest first, as the plan mounts them.
+  std::vector<const isolate::BindMount*> binds;
+  for (const auto& b : p.binds) binds.push_back(&b);
+  std::stable_sort(binds.begin(), binds.end(), [](const auto* a, const auto* b) {
+    return std::count(a->target.begin(), a->target.end(), '/') < std::count(b->target.begin(), b->target.end(), '/');
+  });
+  for (const auto* b : binds) {
+    std::string note = b->writable ? "READ-WRITE: the tool can change these host files" : "extra bind from the policy";
+    if (auto why = sensitive_host_path_reason(b->source)) note += "; sensitive host path: " + std::string(*why);
+    if (b->optional) note += " (skipped when missing)";
+    MountRow row{b->target, "bind", b->writable ? "rw" : "ro", "host " + b->source, note, b->optional};
+    row.flagged = b->writable || sensitive_host_path_reason(b->source).has_value();
+    add(std::move(row));
+  }
+  add({"/proc", "proc", "rw,noexec", "new instance", "processes of this pid namespace only"});
+  add({"/.masked", "file", "ro", "generated", "empty file bound over the masked /proc files"});
+  for (const auto& m : isolate::proc_masks()) {
+    const char* how = m.kind == isolate::ProcMask::kFile  ? "empty file"
+                      : m.kind == isolate::ProcMask::kDir ? "empty tmpfs"
+                                                          : "itself";
+    add({std::string("/proc") + m.path, m.kind == isolate::ProcMask::kReadOnly ? "bind" : "masked", "ro", how,
+         std::string(m.reason) + " (if present)", true});
+  }
+  add({"/dev", "tmpfs", "rw,noexec", "64KiB", "device directory, owned by the sandbox's root, mode 0755"});
+  for (const char* d : kDevices) {
+    const std::string path = std::string("/dev/") + d;
+    add({path, "device", "rw,noexec", "host " + path, "character device (the only mount without nodev)"});
+  }
+  add({"/dev/fd", "symlink", "-", "-> /proc/self/fd", ""});
+  add({"/dev/stdin", "symlink", "-", "-> /proc/self/fd/0", ""});
+  add({"/dev/stdout", "symlink", "-", "-> /proc/self/fd/1", ""});
+  add({"/dev/stderr", "symlink", "-", "-> /proc/self/fd/2", ""});
+  add({"/dev/shm", "tmpfs", "rw,noexec", format_size(std::min<std::uint64_t>(lim.tmp_bytes, 64ull << 20)),
+       "POSIX shared memory, mode 1777; counts toward memory"});
+  return rows;
+}
+
+// ---------------------------------------------------------------------------
+// The page.
+
+std::string explain_policy(const Policy& p, const ExplainOptions& options) {
+  std::ostringstream out;
+  const bool host_net = p.network == isolate::NetworkMode::Host;
+  const std::vector<PolicyRisk> risks = assess_policy(p);
+  const auto kv = [&](const char* key, const std::string& value) { out << "  " << pad(key, 15) << value << "\n"; };
+
+  out << "Policy " << p.name << "\n";
+  kv("source", p.source);
+  kv("fingerprint", p.fingerprint);
+  kv("description", p.description.empty() ? "(none)" : p.description);
+  kv("backend", p.backend == Backend::E2B
+                    ? "e2b: runs in an E2B sandbox; the namespaces, file system and seccomp below are not what E2B enforces"
+                    : "local: runs on the daemon's host, in the sandbox described below");
+  kv("include", p.include.empty() ? "(none)" : p.include);
+  kv("interpreter", p.interpreter);
+  out << "\n"
+      << "Lines starting with \"!\" are dangerous grants, all listed again at the end.\n";
+  out << "Lines starting with \"[host]\" describe the machine this ran on, not the policy (--no-host omits them).\n";
+
+  const std::string uid = std::to_string(p.uid), gid = std::to_string(p.gid);
+  out << "\nNamespaces (all new for each run unless flagged)\n";
+  out << "  user    sandbox ids 0-65535 map to 65536 host ids reserved for the run (engine uid_base +\n"
+         "          slot * 65536, never host root); setgroups is denied\n"
+         "          tool: uid " << uid << ", gid " << gid
+      << ", no capabilities, no_new_privs, securebits locked\n"
+         "          init (pid 1): uid 0 inside the namespace only, no capabilities\n";
+  out << "  pid     the sandbox init is pid 1; host processes are invisible\n";
+  out << "  mount   built as listed under \"File system\", then pivot_root; nothing propagates to the host\n";
+  if (host_net)
+    out << line(true, " net     host: shares the host's network namespace (every interface, services on the host's localhost, abstract Unix sockets)");
+  else
+    out << "  net     loopback (lo) only; no route out of the sandbox\n";
+  out << "  ipc     System V IPC and POSIX message queues private to the run\n";
+  out << "  uts     hostname " << quoted_for_message(p.hostname) << "\n";
+  out << "  cgroup  rooted at the run's own cgroup leaf\n";
+
+  out << "\nFile system (in the order it is built; every mount is nosuid and nodev except the devices; a system\n"
+         "path that is a symlink on the host is recreated as that symlink, not bound)\n";
+  out << "  " << pad("PATH", 24) << pad("TYPE", 9) << pad("MODE", 11) << pad("SOURCE", 32) << "NOTE\n";
+  std::optional<HostPlan> host;
+  if (options.host_facts) host.emplace(p);
+  const std::set<std::string> host_checked = [] {
+    std::set<std::string> s;
+    for (const auto& r : kSystemRows) s.insert(r.path);
+    for (const auto& r : kEtcAlwaysRows) s.insert(r.path);
+    for (const auto& r : kEtcNetworkRows) s.insert(r.path);
+    return s;
+  }();
+  std::string skipped_network_etc;
+  for (const auto& r : mount_rows(p)) {
+    if (r.host_network_only && !host_net) {
+      skipped_network_etc += (skipped_network_etc.empty() ? "" : ", ") + r.path;
+      continue;
+    }
+    out << line(r.flagged, " " + pad(r.path, 24) + pad(r.type, 9) + pad(r.mode, 11) + pad(r.source, 32) + r.note);
+    if (!host || !host->ok()) continue;
+    if (host_checked.count(r.path)) {
+      out << "  [host] " << host->system_fact(r.path) << "\n";
+    } else if (r.path == isolate::kVenvPath) {
+      out << "  [host] " << HostPlan::exists_fact(p.venv, "the run would fail") << "\n";
+    } else if (r.type == "bind" && r.source.rfind("host ", 0) == 0 && r.path.rfind("/proc/", 0) != 0) {
+      out << "  [host] " << HostPlan::exists_fact(r.source.substr(5), r.optional ? "skipped" : "the run would fail") << "\n";
+    }
+  }
+  if (!skipped_network_etc.empty())
+    out << "  (not bound, as network is \"none\": " << skipped_network_etc << ")\n";
+
+  out << "\nLimits\n";
+  const auto limit = [&](const char* key, const std::string& value, const std::string& note) {
+    bool flagged = false;
+    for (const auto& r : risks)
+      if (r.anchor == PolicyRisk::Anchor::PolicyKey && r.pointer == std::string("/limits/") + key) flagged = true;
+    out << line(flagged, " " + pad(key, 14) + pad(value, 9) + note);
+  };
+  const isolate::Limits& l = p.limits;
+  limit("wall_timeout", format_duration(l.wall_timeout), "the whole run; then every process of the run is killed");
+  limit("cpu_time", format_duration(l.cpu_time),
+        l.cpu_time.count() == 0 ? "no CPU-time limit (only the wall clock ends a busy run)"
+                                : "CPU time of all processes of the run together");
+  limit("memory", format_size(l.memory_bytes), "cgroup memory.max, no swap; tmpfs contents count; OOM ends the run");
+  limit("pids", std::to_string(l.pids), "processes and threads of the run (pids.max and RLIMIT_NPROC)");
+  limit("cpus", cpus_text(l.cpu_quota_millicpus), "CPU quota (cpu.max)");
+  limit("tmp_size", format_size(l.tmp_bytes), "tmpfs /tmp; /dev/shm gets the same, at most 64MiB");
+  limit("work_size", format_size(l.work_bytes), "tmpfs " + p.workdir);
+  limit("stdout", format_size(l.stdout_bytes), "captured; past it the run ends");
+  limit("stderr", format_size(l.stderr_bytes), "captured; past it the run ends");
+  limit("file_size", format_size(l.file_size_bytes), "largest file a process may write (RLIMIT_FSIZE)");
+  limit("open_files", std::to_string(l.open_files), "descriptors per process (RLIMIT_NOFILE)");
+  out << "  " << pad("core dumps", 14) << pad("none", 9) << "RLIMIT_CORE 0 (not a policy setting)\n";
+
+  out << "\nEnvironment (the daemon's own environment never reaches the tool)\n";
+  out << "  fixed by the policy; a request cannot change them:\n";
+  if (p.env_set.empty()) out << "    (none)\n";
+  for (const auto& [k, v] : p.env_set) out << "    " << k << "=" << v << "\n";
+  out << "  a request may set:\n";
+  std::vector<std::string> allow = p.env_allow;
+  std::sort(allow.begin(), allow.end());
+  if (allow.empty()) out << "    (nothing)\n";
+  for (const auto& a : allow) {
+    if (a == "*") out << line(true, "   * (any name the policy does not fix)");
+    else out << "    " << a << (a.back() == '*' ? " (any name with this prefix)" : "") << "\n";
+  }
+
+  out << "\nSeccomp\n";
+  const isolate::SeccompProfile* prof = p.seccomp_profile.get();
+  if (prof == nullptr) {
+    out << "  (no profile loaded)\n";
+  } else {
+    const ProfileView view = view_profile(*prof);
+    const bool default_runs = action_runs_syscall(view.default_action);
+    kv("profile", p.seccomp_source);
+    out << line(default_runs, " " + pad("default", 15) + isolate::seccomp_action_name(view.default_action, view.default_data) +
+                                  ": every syscall not listed below " +
+                                  (default_runs ? "is ALLOWED (a deny-list)" : "gets " + action_effect(view.default_action, view.default_data)));
+    std::string arches;
+    for (const auto& a : prof->architectures) arches += (arches.empty() ? "" : ", ") + a;
+    kv("architectures", arches + "; a syscall from any other ABI kills the process");
+
+    // Allowed, by first group.
+    std::map<std::string, std::vector<std::string>> by_group;  // group name -> syscalls
+    std::size_t n_allowed = 0, n_some = 0;
+    for (const auto& [name, rules] : view.syscalls) {
+      const SyscallFate fate = syscall_fate(view, name);
+      if (fate == SyscallFate::Refused) continue;
+      ++n_allowed;
+      if (fate == SyscallFate::AllowedSometimes) ++n_some;
+      const auto groups = isolate::syscall_groups_of(name);
+      by_group[groups.empty() ? std::string() : std::string(groups.front())].push_back(name);
+    }
+    out << "  allowed: " << n_allowed << " syscalls (" << n_some << " only for some arguments)"
+        << (default_runs ? ", and every syscall not listed" : "") << "; each under its first group\n";
+    const auto print_allowed = [&](const std::string& name) {
+      const auto& rules = view.syscalls.at(name);
+      const SyscallFate fate = syscall_fate(view, name);
+      std::vector<SyscallRuleView> allowing, refusing;
+      for (const auto& r : rules) (action_runs_syscall(r.action) ? allowing : refusing).push_back(r);
+      std::vector<std::string> clauses;
+      std::string lead;
+      if (fate == SyscallFate::AllowedSometimes && !allowing.empty()) {
+        clauses = describe_conditions(name, allowing);
+        lead = "only when ";
+      } else if (fate == SyscallFate::AllowedSometimes) {
+        clauses = describe_conditions(name, refusing);
+        lead = "except when ";
+      }
+      const bool logged = std::any_of(allowing.begin(), allowing.end(),
+                                      [](const auto& r) { return r.action == SeccompAction::Log; });
+      const bool conditional = fate == SyscallFate::AllowedSometimes;
+      const bool dangerous = dangerous_syscall_reason(name, conditional).has_value() && !inert_syscall_reason(name);
+      std::string text = "     " + name + (logged ? " [logged]" : "");
+      if (clauses.empty()) {
+        out << line(dangerous, text);
+        return;
+      }
+      out << line(dangerous, text + ": " + lead + clauses[0]);
+      const std::string indent(6 + name.size() + 2 + (logged ? 9 : 0) + lead.size() - 3, ' ');
+      for (std::size_t i = 1; i < clauses.size(); ++i) out << indent << "or " << clauses[i] << "\n";
+    };
+    for (const auto& g : isolate::syscall_groups()) {
+      auto it = by_group.find(std::string(g.name));
+      if (it == by_group.end()) continue;
+      out << "    " << g.name << ": " << g.help << "\n";
+      for (const auto& name : it->second) print_allowed(name);
+    }
+    if (auto it = by_group.find(""); it != by_group.end()) {
+      out << "    (in no group)\n";
+      for (const auto& name : it->second) print_allowed(name);
+    }
+
+    // Refused, by effect.
+    struct Refusal {
+      std::string name;
+      std::vector<std::string> clauses;
+    };
+    std::map<std::pair<int, int>, std::pair<std::string, std::vector<Refusal>>> refused;  // (order, data) -> label, rows
+    const auto order_of = [](SeccompAction a) {
+      switch (a) {
+        case SeccompAction::Errno: return 0;
+        case SeccompAction::Trace: return 1;
+        case SeccompAction::Trap: return 2;
+        case SeccompAction::KillThread: return 3;
+        case SeccompAction::KillProcess: return 4;
+        default: return 5;
+      }
+    };
+    std::size_t n_refused = 0, n_refused_some = 0;
+    for (const auto& [name, rules] : view.syscalls) {
+      std::map<std::pair<int, int>, std::vector<SyscallRuleView>> by_effect;
+      for (const auto& r : rules) {
+        if (action_runs_syscall(r.action)) continue;
+        by_effect[{order_of(r.action), r.data}].push_back(r);
+      }
+      if (!by_effect.empty()) ++(syscall_fate(view, name) == SyscallFate::Refused ? n_refused : n_refused_some);
+      for (auto& [key, rs] : by_effect) {
+        auto& slot = refused[key];
+        slot.first = action_effect(rs.front().action, rs.front().data);
+        const bool unconditional = std::any_of(rs.begin(), rs.end(), [](const auto& r) { return r.args.empty(); });
+        slot.second.push_back({name, unconditional ? std::vector<std::string>{} : describe_conditions(name, rs)});
+      }
+    }
+    out << "  refused: " << n_refused << " syscalls (and " << n_refused_some
+        << " more for some arguments); by what the caller gets\n";
+    for (const auto& [key, slot] : refused) {
+      out << "    " << slot.first << "\n";
+      for (const auto& r : slot.second) {
+        if (r.clauses.empty()) {
+          out << "      " << r.name << "\n";
+          continue;
+        }
+        out << "      " << r.name << ": when " << r.clauses[0] << "\n";
+        const std::string indent(6 + r.name.size() + 2 + 5 - 3, ' ');
+        for (std::size_t i = 1; i < r.clauses.size(); ++i) out << indent << "or " << r.clauses[i] << "\n";
+      }
+    }
+    out << line(default_runs, " every other syscall: " + action_effect(view.default_action, view.default_data));
+  }
+
+  out << "\nDangerous grants\n";
+  std::size_t warnings = 0;
+  for (const auto& r : risks) {
+    if (r.severity != LintSeverity::Warning) continue;
+    ++warnings;
+    out << line(true, " " + r.message);
+  }
+  if (warnings == 0) out << "  (none)\n";
+  std::string accepted;
+  for (const auto& r : risks)
+    if (r.severity == LintSeverity::Note) accepted += "  " + r.message + "\n";
+  if (!accepted.empty()) out << "\nAccepted (from dangerous groups, inert in every toolsandboxd sandbox)\n" << accepted;
+  return out.str();
+}
+
+// ---------------------------------------------------------------------------
+// Comparison.
+
+namespace {
+
+struct Verdict {
+  SyscallFate fate = SyscallFate::Refused;
+  std::string allow;   // "always", or the allowing conditions
+  std::string refuse;  // what the refused calls get, with conditions
+  bool named = false;  // false: the default action decides
+
+  std::string refusal_text() const { return named ? refuse : refuse + " by default"; }
+};
+
+std::string join_clauses(std::vector<std::string> clauses, const char* sep) {
+  std::sort(clauses.begin(), clauses.end());
+  std::string s;
+  for (const auto& c : clauses) s += (s.empty() ? "" : sep) + c;
+  return s;
+}
+
+Verdict verdict_of(const ProfileView& view, const std::string& name) {
+  Verdict v;
+  v.fate = syscall_fate(view, name);
+  auto it = view.syscalls.find(name);
+  const std::string dflt = action_effect(view.default_action, view.default_data);
+  if (it == view.syscalls.end()) {
+    if (v.fate == SyscallFate::Allowed) v.allow = "always" + std::string(view.default_action == SeccompAction::Log ? ", logged" : "");
+    else v.refuse = dflt;
+    return v;
+  }
+  v.named = true;
+  const auto& rules = it->second;
+  for (const auto& r : rules) {
+    if (!r.args.empty()) continue;
+    if (action_runs_syscall(r.action)) v.allow = r.action == SeccompAction::Log ? "always, logged" : "always";
+    else v.refuse = action_effect(r.action, r.data);
+    return v;
+  }
+  std::vector<SyscallRuleView> allowing;
+  std::map<std::string, std::vector<SyscallRuleView>> refusing;  // effect -> rules
+  for (const auto& r : rules) {
+    if (action_runs_syscall(r.action)) allowing.push_back(r);
+    else refusing[action_effect(r.action, r.data)].push_back(r);
+  }
+  if (!allowing.empty()) {
+    v.allow = "only when " + join_clauses(describe_conditions(name, allowing), "; or ");
+  } else if (action_runs_syscall(view.default_action)) {
+    std::vector<SyscallRuleView> all;
+    for (const auto& [e, rs] : refusing) all.insert(all.end(), rs.begin(), rs.end());
+    v.allow = "except when " + join_clauses(describe_conditions(name, all), "; or ");
+  }
+  std::string refuse;
+  for (const auto& [effect, rs] : refusing)
+    refuse += (refuse.empty() ? "" : "; ") + effect + " when " + join_clauses(describe_conditions(name, rs), " or ");
+  if (!action_runs_syscall(view.default_action)) refuse += (refuse.empty() ? "" : "; ") + dflt + " otherwise";
+  v.refuse = refuse;
+  return v;
+}
+
+bool runs(const Verdict& v) { return v.fate != SyscallFate::Refused; }
+
+}  // namespace
+
+std::string compare_profiles(const Policy& p, const isolate::SeccompProfile& other, const std::string& other_label) {
+  std::ostringstream out;
+  const isolate::SeccompProfile* mine = p.seccomp_profile.get();
+  out << "Policy " << p.name << " compared with " << other_label << "\n";
+  out << "  policy fingerprint  " << p.fingerprint << "\n";
+  if (mine == nullptr) {
+    out << "  (the policy has no profile loaded)\n";
+    return out.str();
+  }
+  const ProfileView here = view_profile(*mine), there = view_profile(other);
+  const auto arches = [](const isolate::SeccompProfile& prof) {
+    std::string s;
+    for (const auto& a : prof.architectures) s += (s.empty() ? "" : ", ") + a;
+    return s;
+  };
+  out << "  here                " << p.seccomp_source << ": default "
+      << isolate::seccomp_action_name(here.default_action, here.default_data) << "; " << arches(*mine) << "\n";
+  out << "  there               " << other_label << ": default "
+      << isolate::seccomp_action_name(there.default_action, there.default_data) << "; " << arches(other) << "\n";
+  if (!other.skipped_syscalls.empty()) {
+    out << "  skipped from there: names this libseccomp does not know, dropped from allow rules (only stricter):\n";
+    std::vector<std::string> skipped = other.skipped_syscalls;
+    std::sort(skipped.begin(), skipped.end(), [](const std::string& a, const std::string& b) {
+      return a.substr(a.rfind(' ') + 1) < b.substr(b.rfind(' ') + 1);
+    });
+    for (const auto& s : skipped) out << "    " << s << "\n";
+  }
+  const std::string dh = action_effect(here.default_action, here.default_data);
+  const std::string dt = action_effect(there.default_action, there.default_data);
+  if (dh != dt) out << "  default action differs (every syscall neither names): here " << dh << ", there " << dt << "\n";
+  out << "\n";
+
+  std::set<std::string> names;
+  for (const auto& [n, r] : here.syscalls) names.insert(n);
+  for (const auto& [n, r] : there.syscalls) names.insert(n);
+  const std::uint32_t native = seccomp_arch_native();
+  std::size_t allowed_here = 0, allowed_there = 0, conditions = 0, errnos = 0;
+  for (const auto& name : names) {
+    const Verdict h = verdict_of(here, name), t = verdict_of(there, name);
+    // A name of another ABI only (chown32 on x86_64): under a filter that
+    // lists only the native architecture, that ABI kills the process.
+    std::string foreign;
+    if (seccomp_syscall_resolve_name_arch(native, name.c_str()) < 0)
+      foreign = " [not a " + isolate::seccomp_native_arch() + " syscall" +
+                (mine->architectures.size() == 1 ? "; here every other ABI kills the process]" : "]");
+    if (runs(h) && !runs(t)) {
+      ++allowed_here;
+      out << "  " << name << ": allowed here" << (h.fate == SyscallFate::AllowedSometimes ? " (" + h.allow + ")" : "")
+          << ", refused there (" << t.refusal_text() << ")" << foreign << "\n";
+    } else if (!runs(h) && runs(t)) {
+      ++allowed_there;
+      out << "  " << name << ": refused here (" << h.refusal_text() << "), allowed there"
+          << (t.fate == SyscallFate::AllowedSometimes ? " (" + t.allow + ")" : "") << foreign << "\n";
+    } else if (runs(h) && runs(t) && h.allow != t.allow) {
+      ++conditions;
+      out << "  " << name << ": allowed in both, with different argument conditions" << foreign << "\n"
+          << "    here:  " << h.allow << "\n"
+          << "    there: " << t.allow << "\n";
+    } else if (h.refuse != t.refuse && !(h.fate == SyscallFate::Allowed && t.fate == SyscallFate::Allowed)) {
+      ++errnos;
+      out << "  " << name << ": "
+          << (runs(h) ? "allowed in both for the same arguments; the others are refused differently"
+                      : "refused in both, with a different errno or action")
+          << foreign << "\n"
+          << "    here:  " << h.refusal_text() << "\n"
+          << "    there: " << t.refusal_text() << "\n";
+    }
+  }
+  const std::size_t total = allowed_here + allowed_there + conditions + errnos;
+  out << "\n"
+      << total << " differences: " << allowed_here << " allowed here but refused there, " << allowed_there
+      << " refused here but allowed there, " << conditions << " with different argument conditions, " << errnos
+      << " with a different errno or action\n";
+  return out.str();
+}
+
+std::string check_summary(const std::string& argument, const Policy& p) {
+  return argument + ": ok: policy '" + p.name + "', backend " + to_string(p.backend) + ", network " +
+         (p.network == isolate::NetworkMode::Host ? "host" : "none") + ", " +
+         std::to_string(p.seccomp_profile ? p.seccomp_profile->rules.size() : 0) + " syscall rules, " + p.fingerprint;
+}
+
+}  // namespace tsb::core

@@ -1,0 +1,883 @@
+// Policies: the loader's file checks and engine contract, includes, backend
+// placement (place_run), the explain model and page, lint's tables, and the
+// schemas and README against the loader. The golden corpora are in
+// policy_golden_test.cc.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "daemon/core/policy.h"
+#include "daemon/core/policy_explain.h"
+#include "daemon/core/policy_lint.h"
+#include "daemon/core/registry.h"
+#include "isolate/jsonc.h"
+#include "isolate/plan.h"
+#include "isolate/seccomp.h"
+#include "isolate/syscall_groups.h"
+
+namespace tsb::core {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::string kSource = TSB_SOURCE_DIR;
+
+// The syscalls every inline profile in these tests allows (the engine needs them).
+constexpr const char* kEngineAllow =
+    R"({ "names": ["read", "write", "exit", "exit_group", "execve"], "action": "SCMP_ACT_ALLOW" })";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A temporary directory; files are written with an exact mode, whatever the umask.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/tsb-policy-test-XXXXXX";
+    if (const char* d = ::mkdtemp(tmpl)) dir_ = d;
+    ::chmod(dir_.c_str(), 0755);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  const std::string& path() const { return dir_; }
+  std::string write(const std::string& rel, const std::string& text, mode_t mode = 0644) const {
+    const std::string p = dir_ + "/" + rel;
+    fs::create_directories(fs::path(p).parent_path());
+    const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    EXPECT_GE(fd, 0) << p;
+    if (fd < 0) return p;
+    EXPECT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    EXPECT_EQ(::fchmod(fd, mode), 0);
+    ::close(fd);
+    return p;
+  }
+
+ private:
+  std::string dir_;
+};
+
+PolicyContext no_binds() { return PolicyContext{}; }
+
+std::string inline_policy(const std::string& entries, const std::string& defaults = R"("defaultAction": "SCMP_ACT_ERRNO")") {
+  return "{\n  \"version\": 1,\n  \"seccomp\": { \"inline\": {\n    " + defaults + ",\n    \"syscalls\": [\n      " +
+         entries + "\n    ]\n  } }\n}\n";
+}
+
+bool root() { return ::geteuid() == 0; }
+
+#define SKIP_UNLESS_ROOT()                                                                                \
+  do {                                                                                                    \
+    if (!root())                                                                                          \
+      GTEST_SKIP() << "\n\n    *** SKIPPED: the owner and mode checks apply only when loading as root\n"; \
+  } while (0)
+
+// ---------------------------------------------------------------------------
+// Files: who may have written them.
+
+TEST(PolicyFiles, RootOwnedFilesNotWritableByOthersLoad) {
+  TempDir t;
+  for (mode_t mode : {0644, 0600, 0444}) {
+    const std::string p = t.write("p.json", R"({"version": 1})", mode);
+    auto r = load_policy(p, no_binds());
+    EXPECT_TRUE(r.ok()) << std::oct << mode << ": " << r.error().message;
+  }
+}
+
+TEST(PolicyFiles, GroupOrWorldWritablePolicyIsRefused) {
+  SKIP_UNLESS_ROOT();
+  TempDir t;
+  for (mode_t mode : {0664, 0646, 0666}) {
+    const std::string p = t.write("p.json", R"({"version": 1})", mode);
+    auto r = load_policy(p, no_binds());
+    ASSERT_FALSE(r.ok());
+    char m[8];
+    std::snprintf(m, sizeof m, "%04o", static_cast<unsigned>(mode));
+    EXPECT_EQ(r.error().message, "policy: refusing '" + p + "': owned by uid 0 with mode " + m +
+                                     "; a policy file must be owned by root and writable by no one else");
+    EXPECT_EQ(r.error().code, EPERM);
+  }
+}
+
+TEST(PolicyFiles, FileOwnedBySomeoneElseIsRefused) {
+  SKIP_UNLESS_ROOT();
+  TempDir t;
+  const std::string p = t.write("p.json", R"({"version": 1})", 0644);
+  ASSERT_EQ(::chown(p.c_str(), 65534, 65534), 0);
+  auto r = load_policy(p, no_binds());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("owned by uid 65534 with mode 0644"), std::string::npos) << r.error().message;
+}
+
+TEST(PolicyFiles, WritableIncludeIsRefusedWhereItIsNamed) {
+  SKIP_UNLESS_ROOT();
+  TempDir t;
+  t.write("base.json", R"({"version": 1})", 0666);
+  const std::string p = t.write("p.json", "{\n  \"version\": 1,\n  \"include\": \"base.json\"\n}\n");
+  auto r = load_policy(p, no_binds());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message.rfind(p + ":3:14: refusing '" + t.path() + "/base.json'", 0), 0u) << r.error().message;
+}
+
+// A refused seccomp/default.json next to the policy must not quietly give
+// way to the built-in profile: the author meant that file.
+TEST(PolicyFiles, RefusedDefaultProfileIsAnErrorNotAFallback) {
+  SKIP_UNLESS_ROOT();
+  TempDir t;
+  t.write("seccomp/default.json", read_file(kSource + "/policies/seccomp/default.json"), 0664);
+  const std::string p = t.write("p.json", R"({"version": 1})");
+  auto r = load_policy(p, no_binds());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("seccomp profile: refusing '" + t.path() + "/seccomp/default.json'"),
+            std::string::npos)
+      << r.error().message;
+  // Missing is fine: then the built-in profile applies.
+  fs::remove(t.path() + "/seccomp/default.json");
+  auto ok = load_policy(p, no_binds());
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->seccomp_source, "embedded:seccomp/default.json");
+}
+
+TEST(PolicyFiles, OnlyRegularFilesAreRead) {
+  TempDir t;
+  const std::string fifo = t.path() + "/fifo.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  auto r = load_policy(fifo, no_binds());  // must not block
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, "policy: '" + fifo + "' is not a regular file");
+  auto d = load_policy(t.path(), no_binds());
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error().message, "policy: '" + t.path() + "' is not a regular file");
+}
+
+// Without root there is nothing to protect that the caller could not
+// change anyway, so a non-root `policy check` reads its own files.
+TEST(PolicyFiles, ChecksApplyOnlyWhenRunningAsRoot) {
+  SKIP_UNLESS_ROOT();
+  TempDir t;
+  const std::string p = t.write("p.json", R"({"version": 1})", 0666);
+  ASSERT_FALSE(read_policy_text(p).ok());
+  struct EuidGuard {
+    ~EuidGuard() { EXPECT_EQ(::seteuid(0), 0); }
+  } guard;
+  ASSERT_EQ(::seteuid(65534), 0);
+  auto text = read_policy_text(p);
+  EXPECT_TRUE(text.ok()) << text.error().message;
+}
+
+TEST(PolicyFiles, EmbeddedFilesAreNotSubjectToTheFileChecks) {
+  auto r = load_named_policy("default", "", no_binds());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->source, "embedded:default.json");
+}
+
+// ---------------------------------------------------------------------------
+// The engine's own syscalls.
+
+TEST(PolicyEngineSyscalls, EachOneIsRequired) {
+  TempDir t;
+  const std::vector<std::string> needed = {"execve", "exit", "exit_group", "read", "write"};
+  for (const auto& missing : needed) {
+    std::string names;
+    for (const auto& n : needed)
+      if (n != missing) names += (names.empty() ? "\"" : ", \"") + n + "\"";
+    const std::string p = t.write("p.json", inline_policy(R"({ "names": [)" + names + R"(], "action": "SCMP_ACT_ALLOW" })"));
+    auto r = load_policy(p, no_binds());
+    ASSERT_FALSE(r.ok()) << missing;
+    EXPECT_NE(r.error().message.find("the profile refuses \"" + missing + "\" by its default action (SCMP_ACT_ERRNO(1))"),
+              std::string::npos)
+        << r.error().message;
+    EXPECT_NE(r.error().message.find(p + ":4:22: "), std::string::npos) << "points at defaultAction: " << r.error().message;
+  }
+}
+
+TEST(PolicyEngineSyscalls, LogAndDefaultAllowCountAsAllowedExecveatDoesNotMatter) {
+  TempDir t;
+  auto logged = load_policy(
+      t.write("a.json", inline_policy(R"({ "names": ["read", "write", "exit", "exit_group", "execve"], "action": "SCMP_ACT_LOG" },
+      { "names": ["execveat"], "action": "SCMP_ACT_ERRNO" })")),
+      no_binds());
+  EXPECT_TRUE(logged.ok()) << logged.error().message;
+  auto deny_list = load_policy(t.write("b.json", inline_policy(R"({ "names": ["ptrace"], "action": "SCMP_ACT_ERRNO" })",
+                                                               R"("defaultAction": "SCMP_ACT_ALLOW")")),
+                               no_binds());
+  EXPECT_TRUE(deny_list.ok()) << deny_list.error().message;
+  auto refused = load_policy(t.write("c.json", inline_policy(R"({ "names": ["read"], "action": "SCMP_ACT_TRAP" })",
+                                                             R"("defaultAction": "SCMP_ACT_ALLOW")")),
+                             no_binds());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("the profile refuses \"read\" (SCMP_ACT_TRAP)"), std::string::npos)
+      << refused.error().message;
+}
+
+// ---------------------------------------------------------------------------
+// Inline profiles and includes.
+
+TEST(PolicyInline, RulePositionsAreThoseOfThePolicyFile) {
+  TempDir t;
+  const std::string p = t.write("p.json", inline_policy(std::string(kEngineAllow) + R"(,
+      { "names": ["getpid"], "action": "SCMP_ACT_ALLOW" })"));
+  auto r = load_policy(p, no_binds());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->seccomp_profile->rules.size(), 2u);
+  EXPECT_EQ(r->seccomp_profile->rules[0].where, p + ":6:7");
+  EXPECT_EQ(r->seccomp_profile->rules[1].where, p + ":7:7");
+  EXPECT_EQ(r->seccomp_source, p + "#/seccomp/inline");
+}
+
+TEST(PolicyInclude, SeccompIsReplacedWholeNotMerged) {
+  TempDir t;
+  t.write("base.json", R"({"version": 1, "seccomp": {"profile": "seccomp/default.json"}, "limits": {"pids": 100, "memory": "1GiB"}})");
+  t.write("seccomp/default.json", read_file(kSource + "/policies/seccomp/default.json"));
+  const std::string p = t.write("p.json", R"({
+  "version": 1,
+  "include": "base.json",
+  "limits": {"pids": 200},
+  "seccomp": {"inline": {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [)" + std::string(kEngineAllow) + R"(]}}
+})");
+  auto r = load_policy(p, no_binds());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->seccomp_source, p + "#/seccomp/inline");
+  EXPECT_EQ(r->limits.pids, 200u);                 // objects merge key by key
+  EXPECT_EQ(r->limits.memory_bytes, 1ull << 30);  // ... keeping the included keys
+  EXPECT_EQ(r->include, t.path() + "/base.json");
+}
+
+// A profile named in the included file is found next to that file, as its
+// author wrote it, not next to the including one.
+TEST(PolicyInclude, IncludedProfileResolvesFromTheIncludedFilesDirectory) {
+  TempDir t;
+  const std::string strict = R"({"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [)" + std::string(kEngineAllow) + "]}";
+  t.write("base/base.json", R"({"version": 1, "seccomp": {"profile": "strict.json"}})");
+  t.write("base/strict.json", strict);
+  t.write("strict.json", R"({"defaultAction": "SCMP_ACT_ALLOW"})");  // a decoy
+  const std::string p = t.write("p.json", R"({"version": 1, "include": "base/base.json"})");
+  auto r = load_policy(p, no_binds());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->seccomp_source, t.path() + "/base/strict.json");
+  EXPECT_EQ(r->seccomp_profile->default_action, isolate::SeccompAction::Errno);
+}
+
+TEST(PolicyInclude, ErrorsInAnIncludedInlineProfilePointAtTheIncludedFile) {
+  TempDir t;
+  t.write("base.json", inline_policy(R"({ "names": ["read", "nosuchcall"], "action": "SCMP_ACT_ALLOW" })"));
+  const std::string p = t.write("p.json", R"({"version": 1, "include": "base.json"})");
+  auto r = load_policy(p, no_binds());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find(t.path() + "/base.json:6:27: unknown syscall \"nosuchcall\""), std::string::npos)
+      << r.error().message;
+}
+
+TEST(PolicyInclude, ArraysAreReplaced) {
+  TempDir t;
+  t.write("base.json", R"({"version": 1, "environment": {"allow": ["A", "B"], "set": {"X": "1"}}})");
+  const std::string p = t.write("p.json", R"({"version": 1, "include": "base.json", "environment": {"allow": ["C"]}})");
+  auto r = load_policy(p, no_binds());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->env_allow, std::vector<std::string>{"C"});
+  EXPECT_EQ(r->env_set.at("X"), "1");
+}
+
+TEST(PolicyFingerprint, CoversTheEffectivePolicyNotItsSpelling) {
+  TempDir t;
+  auto a = load_policy(t.write("a.json", R"({"version": 1, "limits": {"memory": "512MiB"}})"), no_binds());
+  auto b = load_policy(t.write("b.json", "// same policy, other spelling\n{\"limits\": {\"memory\": 536870912}, \"version\": 1}"),
+                       no_binds());
+  auto c = load_policy(t.write("c.json", R"({"version": 1, "limits": {"memory": "513MiB"}})"), no_binds());
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->fingerprint, b->fingerprint);
+  EXPECT_NE(a->fingerprint, c->fingerprint);
+  EXPECT_EQ(a->fingerprint.rfind("sha256:", 0), 0u);
+  EXPECT_EQ(a->fingerprint.size(), 7u + 64u);
+}
+
+// ---------------------------------------------------------------------------
+// Backend placement: daemon/core/registry.cc place_run.
+
+class PlaceRun : public testing::Test {
+ protected:
+  void SetUp() override {
+    PolicyContext ctx;
+    ctx.compile = false;
+    for (const char* n : {"default", "privileged"}) {
+      auto p = load_named_policy(n, "", ctx);
+      ASSERT_TRUE(p.ok()) << p.error().message;
+      set_.policies[n] = std::make_shared<const Policy>(std::move(p).value());
+    }
+    Policy remote = *set_.policies.at("default");
+    remote.name = "remote";
+    remote.backend = Backend::E2B;
+    set_.policies["remote"] = std::make_shared<const Policy>(remote);
+
+    set_.orgs.fallback = OrgEntry{};  // not privileged, "default" only
+    set_.orgs.orgs["org-privileged"] = OrgEntry{true, "privileged", {"privileged", "default", "remote"}};
+    set_.orgs.orgs["org-plain"] = OrgEntry{false, "default", {"default", "privileged", "ghost"}};
+  }
+  PolicySet set_;
+};
+
+TEST_F(PlaceRun, PrivilegedOrganizationRunsLocallyEvenWithE2B) {
+  for (bool e2b : {false, true}) {
+    auto r = place_run(set_, "org-privileged", std::nullopt, e2b);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->backend, Backend::Local);
+    EXPECT_TRUE(r->privileged);
+    EXPECT_EQ(r->policy->name, "privileged");
+  }
+}
+
+TEST_F(PlaceRun, UnprivilegedOrganizationGoesToE2BWhenConfigured) {
+  auto r = place_run(set_, "org-plain", std::nullopt, true);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->backend, Backend::E2B);
+  EXPECT_FALSE(r->privileged);
+  EXPECT_EQ(r->policy->name, "default");
+}
+
+TEST_F(PlaceRun, UnprivilegedOrganizationWithoutE2BRunsLocallyUnderItsPolicy) {
+  auto r = place_run(set_, "org-plain", std::nullopt, false);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->backend, Backend::Local);
+  EXPECT_EQ(r->policy->name, "default");
+  auto asked = place_run(set_, "org-plain", std::string("privileged"), false);
+  ASSERT_TRUE(asked.ok()) << asked.error().message;
+  EXPECT_EQ(asked->policy->name, "privileged");
+  EXPECT_EQ(asked->backend, Backend::Local);
+}
+
+TEST_F(PlaceRun, PolicyNotAllowedForTheOrganizationIsRefusedWithEperm) {
+  auto r = place_run(set_, "org-plain", std::string("remote"), false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, EPERM);
+  EXPECT_EQ(r.error().message, "policy \"remote\" is not allowed for organization \"org-plain\"");
+  auto ghost = place_run(set_, "org-plain", std::string("ghost"), false);  // allowed, not loaded
+  ASSERT_FALSE(ghost.ok());
+  EXPECT_EQ(ghost.error().code, EPERM);
+  EXPECT_EQ(ghost.error().message, "policy \"ghost\" is not loaded");
+}
+
+TEST_F(PlaceRun, UnknownOrganizationGetsTheDefaultEntry) {
+  auto r = place_run(set_, "org-nobody-listed", std::nullopt, false);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->policy->name, "default");
+  EXPECT_FALSE(r->privileged);
+  EXPECT_EQ(r->backend, Backend::Local);
+  auto e2b = place_run(set_, "org-nobody-listed", std::nullopt, true);
+  ASSERT_TRUE(e2b.ok());
+  EXPECT_EQ(e2b->backend, Backend::E2B);
+  auto denied = place_run(set_, "org-nobody-listed", std::string("privileged"), false);
+  ASSERT_FALSE(denied.ok());
+  EXPECT_EQ(denied.error().code, EPERM);
+}
+
+TEST_F(PlaceRun, AnE2BPolicyAlwaysGoesToE2B) {
+  auto r = place_run(set_, "org-privileged", std::string("remote"), false);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->backend, Backend::E2B);
+}
+
+TEST(Organizations, StrictWithPositions) {
+  TempDir t;
+  auto ok = load_organizations(t.write("o.json", R"({"version": 1, "organizations": {"a": {"privileged": true, "policy": "privileged"}}})"));
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  // The entry's own policy is always among its allowed ones.
+  EXPECT_EQ(ok->orgs.at("a").allowed_policies, (std::vector<std::string>{"default", "privileged"}));
+  EXPECT_EQ(&ok->lookup("zzz"), &ok->fallback);
+  const std::string bad = t.write("bad.json", "{\n  \"version\": 1,\n  \"default\": {\"priviledged\": true}\n}\n");
+  auto r = load_organizations(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, bad + ":3:15: unknown key \"priviledged\"");
+  auto nov = load_organizations(t.write("nov.json", R"({"default": {}})"));
+  ASSERT_FALSE(nov.ok());
+}
+
+// ---------------------------------------------------------------------------
+// The explain model.
+
+std::vector<SyscallRuleView> rules_from(const std::string& syscalls_json) {
+  auto prof = isolate::parse_seccomp_profile(
+      R"({"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [)" + syscalls_json + "]}", "t.json");
+  EXPECT_TRUE(prof.ok()) << prof.error().message;
+  if (!prof.ok()) return {};
+  std::vector<SyscallRuleView> out;
+  for (auto& [name, rules] : view_profile(*prof).syscalls) out.insert(out.end(), rules.begin(), rules.end());
+  return out;
+}
+
+std::string eq(const char* name, int index, unsigned long long value, const char* action = "SCMP_ACT_ALLOW") {
+  return std::string(R"({"names": [")") + name + R"("], "action": ")" + action + R"(", "args": [{"index": )" +
+         std::to_string(index) + R"(, "value": )" + std::to_string(value) + R"(, "op": "SCMP_CMP_EQ"}]})";
+}
+
+TEST(PolicyExplainConditions, EqualityTestsOfOneArgumentMerge) {
+  const auto rules = rules_from(eq("socket", 0, 1) + "," + eq("socket", 0, 2) + "," + eq("socket", 0, 10) + "," +
+                                eq("socket", 0, 16));
+  EXPECT_EQ(describe_conditions("socket", rules),
+            std::vector<std::string>{"family (arg0) is AF_UNIX, AF_INET, AF_INET6, AF_NETLINK"});
+}
+
+TEST(PolicyExplainConditions, EachOperatorReads) {
+  const auto one = [](const std::string& syscall, const std::string& args) {
+    return describe_conditions(syscall, rules_from(R"({"names": [")" + syscall +
+                                                   R"("], "action": "SCMP_ACT_ALLOW", "args": [)" + args + "]}"));
+  };
+  EXPECT_EQ(one("clone", R"({"index": 0, "value": 2114060288, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"})"),
+            std::vector<std::string>{"flags (arg0) has none of CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, "
+                                     "CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET"});
+  EXPECT_EQ(one("ioctl", R"({"index": 1, "value": 4294967295, "valueTwo": 21522, "op": "SCMP_CMP_MASKED_EQ"})"),
+            std::vector<std::string>{"request (arg1) (low 32 bits) is TIOCSTI"});
+  EXPECT_EQ(one("socket", R"({"index": 0, "value": 40, "op": "SCMP_CMP_NE"})"),
+            std::vector<std::string>{"family (arg0) is not AF_VSOCK"});
+  EXPECT_EQ(one("socket", R"({"index": 0, "value": 16, "op": "SCMP_CMP_GT"})"),
+            std::vector<std::string>{"family (arg0) > 16 (AF_NETLINK)"});
+  EXPECT_EQ(one("getpid", R"({"index": 2, "value": 65536, "op": "SCMP_CMP_LE"})"),
+            std::vector<std::string>{"arg2 <= 0x10000"});
+  EXPECT_EQ(one("socket", R"({"index": 0, "value": 16, "op": "SCMP_CMP_EQ"}, {"index": 2, "value": 0, "op": "SCMP_CMP_EQ"})"),
+            std::vector<std::string>{"family (arg0) is AF_NETLINK and protocol (arg2) is 0"});
+  EXPECT_EQ(one("ioctl", R"({"index": 1, "value": 12, "valueTwo": 4, "op": "SCMP_CMP_MASKED_EQ"})"),
+            std::vector<std::string>{"request (arg1) & 0xc == 0x4"});
+}
+
+TEST(PolicyExplainConditions, SingleBitTestsMerge) {
+  std::string rules;
+  for (int bit : {0, 3}) {
+    rules += std::string(rules.empty() ? "" : ",") + R"({"names": ["ioctl"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 1, "value": )" +
+             std::to_string(1 << bit) + R"(, "valueTwo": )" + std::to_string(1 << bit) + R"(, "op": "SCMP_CMP_MASKED_EQ"}]})";
+  }
+  rules += R"(,{"names": ["ioctl"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 1, "value": 2, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]})";
+  EXPECT_EQ(describe_conditions("ioctl", rules_from(rules)),
+            (std::vector<std::string>{"request (arg1) has any of bits 0, 3 set", "request (arg1) has bit 1 clear"}));
+}
+
+TEST(PolicyExplainModel, ErrnoNamesAndEffects) {
+  EXPECT_EQ(errno_label(1), "EPERM (1)");
+  EXPECT_EQ(errno_label(38), "ENOSYS (38)");
+  EXPECT_EQ(errno_label(0), "errno 0 (reports success without running)");
+  EXPECT_EQ(action_effect(isolate::SeccompAction::KillProcess, 0), "kills the process");
+  EXPECT_EQ(action_effect(isolate::SeccompAction::Log, 0), "allowed, logged");
+}
+
+TEST(PolicyExplainModel, SyscallFates) {
+  auto prof = isolate::parse_seccomp_profile(
+      R"({"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"},
+          {"names": ["ptrace"], "action": "SCMP_ACT_ERRNO"},)" +
+          eq("socket", 0, 1) + "," + eq("kill", 1, 9, "SCMP_ACT_ERRNO") + "]}",
+      "t.json");
+  ASSERT_TRUE(prof.ok()) << prof.error().message;
+  const auto v = view_profile(*prof);
+  EXPECT_EQ(syscall_fate(v, "read"), SyscallFate::Allowed);
+  EXPECT_EQ(syscall_fate(v, "ptrace"), SyscallFate::Refused);
+  EXPECT_EQ(syscall_fate(v, "socket"), SyscallFate::AllowedSometimes);
+  EXPECT_EQ(syscall_fate(v, "kill"), SyscallFate::Refused);  // refused for SIGKILL, the default for the rest
+  EXPECT_EQ(syscall_fate(v, "getpid"), SyscallFate::Refused);
+}
+
+// The page's file-system rows and isolate::build_plan() describe the same
+// mounts: every step of the plan has a row, and every row that is not
+// optional is in the plan.
+void expect_rows_match_plan(const Policy& p) {
+  isolate::RunSpec spec = run_spec_from(p);
+  spec.argv = {"/venv/bin/python3"};
+  isolate::PlanStorage storage;
+  isolate::ChildPlan plan{};
+  const std::string staging = "/staging";
+  ASSERT_TRUE(isolate::build_plan({&spec, staging, 1u << 20}, storage, plan).ok());
+  std::set<std::string> planned;
+  for (const auto& s : storage.steps) {
+    if (s.kind == isolate::MountStep::kMkdir || s.dst == nullptr) continue;
+    std::string dst = s.dst;
+    ASSERT_EQ(dst.rfind(staging, 0), 0u) << dst;
+    planned.insert(dst.substr(staging.size()));
+  }
+  std::set<std::string> rows;
+  for (const auto& r : mount_rows(p)) {
+    if (r.host_network_only && p.network != isolate::NetworkMode::Host) continue;
+    rows.insert(r.path);
+    if (!r.optional && r.path != "/") {
+      EXPECT_TRUE(planned.count(r.path)) << p.name << ": row " << r.path << " is not in the plan";
+    }
+  }
+  for (const auto& d : planned) EXPECT_TRUE(rows.count(d)) << p.name << ": the plan mounts " << d << " but explain has no row";
+}
+
+TEST(PolicyExplainPage, MountRowsMatchThePlan) {
+  TempDir t;
+  PolicyContext ctx;
+  ctx.bind_allowlist = {"/srv"};
+  for (const char* n : {"default", "privileged"}) {
+    auto p = load_named_policy(n, "", ctx);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    expect_rows_match_plan(*p);
+  }
+  auto binds = load_policy(t.write("b.json", R"({"version": 1, "filesystem": {"venv": null, "workdir": "/home/tool",
+      "binds": [{"source": "/srv/a", "target": "/data/a", "writable": true}, {"source": "/srv/b", "target": "/b", "optional": true}]}})"),
+                           ctx);
+  ASSERT_TRUE(binds.ok()) << binds.error().message;
+  expect_rows_match_plan(*binds);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string l;
+  while (std::getline(in, l)) out.push_back(l);
+  return out;
+}
+
+// The section of a page that starts with the line `heading`.
+std::vector<std::string> section(const std::string& page, const std::string& heading) {
+  std::vector<std::string> out;
+  bool in = false;
+  for (const auto& l : lines_of(page)) {
+    if (l == heading) {
+      in = true;
+      continue;
+    }
+    if (in && l.empty()) break;
+    if (in) out.push_back(l);
+  }
+  return out;
+}
+
+TEST(PolicyExplainPage, DangerousGrantsAreFlaggedWhereTheyAppearAndListedAtTheEnd) {
+  TempDir t;
+  PolicyContext ctx;
+  ctx.bind_allowlist = {"/srv", "/etc"};
+  const std::string p = t.write("risky.json", R"({
+  "version": 1,
+  "network": "host",
+  "filesystem": {"binds": [{"source": "/srv/data", "target": "/data", "writable": true},
+                           {"source": "/etc/pki", "target": "/pki"}]},
+  "environment": {"allow": ["*"]},
+  "limits": {"cpu_time": 0},
+  "seccomp": {"inline": {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [)" + std::string(kEngineAllow) + R"(,
+    {"names": ["ptrace", "chown"], "action": "SCMP_ACT_ALLOW"}]}}
+})");
+  auto r = load_policy(p, ctx);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ExplainOptions portable;
+  portable.host_facts = false;
+  const std::string page = explain_policy(*r, portable);
+  std::vector<std::string> flagged;
+  for (const auto& l : lines_of(page))
+    if (!l.empty() && l[0] == '!') flagged.push_back(l);
+  const auto grants = section(page, "Dangerous grants");
+  const auto has = [&](const std::vector<std::string>& v, const std::string& s) {
+    return std::any_of(v.begin(), v.end(), [&](const std::string& l) { return l.find(s) != std::string::npos; });
+  };
+  EXPECT_TRUE(has(flagged, "! net     host: shares the host's network namespace"));
+  EXPECT_TRUE(has(flagged, "! /data "));
+  EXPECT_TRUE(has(flagged, "! /pki "));
+  EXPECT_TRUE(has(flagged, "!   * (any name the policy does not fix)"));
+  EXPECT_TRUE(has(flagged, "! cpu_time "));
+  EXPECT_TRUE(has(flagged, "!     ptrace"));
+  EXPECT_FALSE(has(flagged, "chown"));  // inert here: listed under Accepted
+  EXPECT_TRUE(has(section(page, "Accepted (from dangerous groups, inert in every toolsandboxd sandbox)"), "\"chown\""));
+  // The end section says what lint says, line for line.
+  const LintReport lint = lint_policy_file(p, ctx);
+  std::vector<std::string> warnings;
+  for (const auto& f : lint.findings)
+    if (f.severity == LintSeverity::Warning) warnings.push_back("! " + f.message);
+  EXPECT_EQ(grants, warnings);
+  EXPECT_EQ(lint.exit_status(), 1);
+}
+
+TEST(PolicyExplainPage, StableAndFreeOfBuildPaths) {
+  auto p = load_named_policy("privileged", "", PolicyContext{});
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  const std::string page = explain_policy(*p);
+  EXPECT_EQ(page, explain_policy(*p));
+  EXPECT_EQ(page.find(TSB_SOURCE_DIR), std::string::npos);
+  for (const auto& l : lines_of(page)) {
+    EXPECT_TRUE(l.empty() || l.back() != ' ') << "trailing space: " << l;
+    EXPECT_EQ(l.find('\t'), std::string::npos) << l;
+  }
+}
+
+TEST(PolicyExplainPage, EachAllowedSyscallOnceUnderItsFirstGroup) {
+  auto p = load_named_policy("default", "", PolicyContext{});
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  ExplainOptions portable;
+  portable.host_facts = false;
+  const auto seccomp = section(explain_policy(*p, portable), "Seccomp");
+  std::map<std::string, int> seen;
+  std::string group;
+  bool in_allowed = false;
+  for (const auto& l : seccomp) {
+    if (l.rfind("  allowed:", 0) == 0) in_allowed = true;
+    else if (l.rfind("  refused:", 0) == 0) in_allowed = false;
+    else if (in_allowed && l.rfind("    ", 0) == 0 && l.size() > 4 && l[4] != ' ') group = l.substr(4, l.find(':') - 4);
+    else if (in_allowed && l.size() > 6 && l.compare(0, 6, "      ") == 0 && l[6] != ' ') {
+      const std::string name = l.substr(6, l.find(':') == std::string::npos ? std::string::npos : l.find(':') - 6);
+      ++seen[name];
+      const auto groups = isolate::syscall_groups_of(name);
+      EXPECT_EQ(group, groups.empty() ? std::string("(in no group)") : std::string(groups.front())) << name;
+    }
+  }
+  EXPECT_GT(seen.size(), 100u);
+  for (const auto& [name, n] : seen) EXPECT_EQ(n, 1) << name;
+  EXPECT_EQ(seen.count("ptrace"), 0u);
+  EXPECT_EQ(seen.count("socket"), 1u);
+}
+
+TEST(PolicyExplainCompare, EachKindOfDifferenceIsReportedAndCounted) {
+  TempDir t;
+  const std::string p = t.write("p.json", inline_policy(std::string(kEngineAllow) + R"(,
+      {"names": ["ptrace"], "action": "SCMP_ACT_ALLOW"},
+      {"names": ["kcmp"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1},)" +
+                                                       eq("socket", 0, 1) + "," + eq("socket", 0, 2)));
+  auto mine = load_policy(p, no_binds());
+  ASSERT_TRUE(mine.ok()) << mine.error().message;
+  auto other = isolate::parse_seccomp_profile(R"({"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38, "syscalls": [)" +
+                                                  std::string(kEngineAllow) + R"(,
+      {"names": ["mount"], "action": "SCMP_ACT_ALLOW"},)" + eq("socket", 0, 1) + "]}",
+                                              "other.json");
+  ASSERT_TRUE(other.ok()) << other.error().message;
+  const std::string page = compare_profiles(*mine, *other, "other.json");
+  const auto has = [&](const std::string& s) { return page.find(s) != std::string::npos; };
+  EXPECT_TRUE(has("\n  kcmp: refused in both, with a different errno or action\n    here:  EPERM (1)\n"
+                  "    there: ENOSYS (38) by default\n"));
+  EXPECT_TRUE(has("\n  mount: refused here (EPERM (1) by default), allowed there\n"));
+  EXPECT_TRUE(has("\n  ptrace: allowed here, refused there (ENOSYS (38) by default)\n"));
+  EXPECT_TRUE(has("\n  socket: allowed in both, with different argument conditions\n"
+                  "    here:  only when family (arg0) is AF_UNIX, AF_INET\n"
+                  "    there: only when family (arg0) is AF_UNIX\n"));
+  EXPECT_TRUE(has("default action differs (every syscall neither names): here EPERM (1), there ENOSYS (38)"));
+  EXPECT_TRUE(has("\n4 differences: 1 allowed here but refused there, 1 refused here but allowed there, "
+                  "1 with different argument conditions, 1 with a different errno or action\n"));
+  // Sorted by name.
+  EXPECT_LT(page.find("  kcmp:"), page.find("  mount:"));
+  EXPECT_LT(page.find("  mount:"), page.find("  ptrace:"));
+  EXPECT_LT(page.find("  ptrace:"), page.find("  socket:"));
+}
+
+// ---------------------------------------------------------------------------
+// Lint.
+
+TEST(PolicyLint, ShippedPoliciesWarnOnlyAboutWhatTheyGrantOnPurpose) {
+  const std::map<std::string, std::vector<std::string>> expected = {
+      {"default", {"environment allow \"*\": a request may set any variable the policy does not fix"}},
+      {"privileged",
+       {"network \"host\": the tool shares the host's network namespace (every interface and address, services "
+        "listening on the host's localhost, abstract Unix sockets)",
+        "environment allow \"*\": a request may set any variable the policy does not fix"}},
+  };
+  for (const auto& [name, warnings] : expected) {
+    const LintReport r = lint_policy_file("embedded:" + name + ".json", PolicyContext{});
+    std::vector<std::string> got;
+    std::size_t notes = 0;
+    for (const auto& f : r.findings) {
+      if (f.severity == LintSeverity::Warning) got.push_back(f.message);
+      if (f.severity == LintSeverity::Note) ++notes;
+    }
+    EXPECT_EQ(got, warnings) << name;
+    EXPECT_GT(notes, 0u) << name << ": chown and the set*id calls are noted as inert";
+    EXPECT_EQ(r.exit_status(), 1) << name;
+  }
+}
+
+TEST(PolicyLint, RiskTables) {
+  EXPECT_FALSE(dangerous_syscall_reason("clone", true).has_value());  // a flag mask makes clone fine
+  EXPECT_TRUE(dangerous_syscall_reason("clone", false).has_value());
+  EXPECT_TRUE(dangerous_syscall_reason("ptrace", true).has_value());  // ptrace is not
+  for (const char* s : {"ptrace", "mount", "bpf", "unshare", "setns", "keyctl", "perf_event_open", "userfaultfd",
+                        "io_uring_setup", "kexec_load", "init_module", "clock_settime", "pivot_root", "clone3"})
+    EXPECT_TRUE(dangerous_syscall_reason(s, false).has_value()) << s;
+  for (const char* s : {"read", "write", "openat", "getpid", "socket", "execve", "futex"})
+    EXPECT_FALSE(dangerous_syscall_reason(s, false).has_value()) << s;
+  EXPECT_EQ(*dangerous_syscall_reason("kexec_load", false), "Rebooting the machine or loading a new kernel (@reboot)");
+  EXPECT_TRUE(inert_syscall_reason("chown").has_value());
+  EXPECT_TRUE(inert_syscall_reason("setuid").has_value());
+  EXPECT_FALSE(inert_syscall_reason("ptrace").has_value());
+  // Every inert syscall is one lint would otherwise flag.
+  for (const char* s : {"capset", "chown", "fchown", "fchownat", "lchown", "setfsuid", "setgroups", "setresuid",
+                        "setreuid", "setuid"})
+    EXPECT_TRUE(dangerous_syscall_reason(s, false).has_value()) << s;
+
+  for (const char* p : {"/", "/etc", "/etc/ssl", "/root", "/home/alice", "/run", "/var/run/docker.sock",
+                        "/srv/x/containerd.sock", "/var", "/proc", "/sys/fs", "/dev", "/boot"})
+    EXPECT_TRUE(sensitive_host_path_reason(p).has_value()) << p;
+  for (const char* p : {"/srv/tools", "/opt/models", "/var/lib/toolsandbox/venv", "/etcetera", "/homes"})
+    EXPECT_FALSE(sensitive_host_path_reason(p).has_value()) << p;
+  EXPECT_EQ(*sensitive_host_path_reason("/var"), "contains /var/lib/containerd, /var/lib/docker, /var/log, /var/run");
+}
+
+TEST(PolicyLint, FindingFormat) {
+  LintFinding f;
+  f.file = "p.json";
+  f.message = "m";
+  EXPECT_EQ(f.format(), "p.json: warning: m");
+  f.line = 3;
+  f.col = 14;
+  f.severity = LintSeverity::Error;
+  EXPECT_EQ(f.format(), "p.json:3:14: error: m");
+  LintReport r;
+  EXPECT_EQ(r.exit_status(), 0);
+  r.findings.push_back({LintSeverity::Note, "a", 0, 0, "n"});
+  EXPECT_EQ(r.exit_status(), 0);
+  r.findings.push_back({LintSeverity::Warning, "a", 0, 0, "w"});
+  EXPECT_EQ(r.exit_status(), 1);
+  r.findings.push_back({LintSeverity::Error, "a", 0, 0, "e"});
+  EXPECT_EQ(r.exit_status(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Schemas and README against the loader.
+
+json load_schema(const std::string& name) {
+  auto doc = parse_jsonc(read_file(kSource + "/policies/schema/" + name), name);
+  EXPECT_TRUE(doc.ok()) << (doc.ok() ? "" : doc.error().message);
+  return doc.ok() ? doc->value : json();
+}
+
+std::set<std::string> keys_of(const json& schema_object) {
+  std::set<std::string> out;
+  if (schema_object.contains("properties"))
+    for (auto it = schema_object["properties"].begin(); it != schema_object["properties"].end(); ++it) out.insert(it.key());
+  return out;
+}
+
+// The loader's known keys at one place, read from its unknown-key message.
+std::set<std::string> loader_keys(const std::string& policy_text) {
+  TempDir t;
+  PolicyContext ctx;
+  ctx.bind_allowlist = {"/srv"};
+  auto r = load_policy(t.write("k.json", policy_text), ctx);
+  EXPECT_FALSE(r.ok());
+  if (r.ok()) return {};
+  static const std::regex re(R"(unknown key "zz_unknown" \(known here: ([^)]*)\))");
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(r.error().message, m, re)) << r.error().message;
+  std::set<std::string> out;
+  std::string list = m[1];
+  std::size_t pos = 0;
+  while (pos <= list.size()) {
+    const auto comma = list.find(", ", pos);
+    out.insert(list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    if (comma == std::string::npos) break;
+    pos = comma + 2;
+  }
+  return out;
+}
+
+TEST(PolicySchema, DeclaresDraft202012AndTheLoadersKeys) {
+  const json s = load_schema("policy.schema.json");
+  ASSERT_TRUE(s.is_object());
+  EXPECT_EQ(s["$schema"], "https://json-schema.org/draft/2020-12/schema");
+  EXPECT_EQ(s["additionalProperties"], false);
+  const json& defs = s["$defs"];
+  EXPECT_EQ(keys_of(s), loader_keys(R"({"version": 1, "zz_unknown": 1})"));
+  EXPECT_EQ(keys_of(defs["limits"]), loader_keys(R"({"version": 1, "limits": {"zz_unknown": 1}})"));
+  EXPECT_EQ(keys_of(defs["filesystem"]), loader_keys(R"({"version": 1, "filesystem": {"zz_unknown": 1}})"));
+  EXPECT_EQ(keys_of(defs["filesystem"]["properties"]["binds"]["items"]),
+            loader_keys(R"({"version": 1, "filesystem": {"binds": [{"source": "/srv/a", "target": "/a", "zz_unknown": 1}]}})"));
+  EXPECT_EQ(keys_of(defs["environment"]), loader_keys(R"({"version": 1, "environment": {"zz_unknown": 1}})"));
+  EXPECT_EQ(keys_of(defs["seccomp"]), loader_keys(R"({"version": 1, "seccomp": {"zz_unknown": 1}})"));
+  EXPECT_EQ(keys_of(s["properties"]["user"]), loader_keys(R"({"version": 1, "user": {"zz_unknown": 1}})"));
+  // The embedded OCI profile schema names what isolate/seccomp.cc accepts.
+  EXPECT_EQ(keys_of(defs["seccompProfile"]),
+            (std::set<std::string>{"defaultAction", "defaultErrnoRet", "architectures", "archMap", "syscalls", "flags",
+                                   "listenerPath", "listenerMetadata"}));
+  EXPECT_EQ(keys_of(defs["seccompProfile"]["properties"]["syscalls"]["items"]),
+            (std::set<std::string>{"names", "name", "action", "errnoRet", "args", "comment", "includes", "excludes"}));
+  // Every property says what it means.
+  std::function<void(const json&, const std::string&)> documented = [&](const json& node, const std::string& where) {
+    if (!node.is_object()) return;
+    if (node.contains("properties")) {
+      for (auto it = node["properties"].begin(); it != node["properties"].end(); ++it) {
+        const json& prop = it.value();
+        const bool has_doc = prop.contains("description") ||
+                             (prop.contains("$ref") && defs.contains(prop["$ref"].get<std::string>().substr(8)) &&
+                              defs[prop["$ref"].get<std::string>().substr(8)].contains("description"));
+        const bool internal = where.find("seccompProfile") != std::string::npos || where.find("seccompFilter") != std::string::npos;
+        if (!internal) {
+          EXPECT_TRUE(has_doc) << where << "/" << it.key();
+        }
+        documented(prop, where + "/" + it.key());
+      }
+    }
+    for (const char* k : {"items", "additionalProperties"})
+      if (node.contains(k)) documented(node[k], where + "/" + k);
+  };
+  documented(s, "");
+  for (auto it = defs.begin(); it != defs.end(); ++it) documented(it.value(), "$defs/" + it.key());
+}
+
+TEST(PolicySchema, OrganizationsSchemaMatchesTheRegistry) {
+  const json s = load_schema("organizations.schema.json");
+  ASSERT_TRUE(s.is_object());
+  EXPECT_EQ(s["$schema"], "https://json-schema.org/draft/2020-12/schema");
+  EXPECT_EQ(keys_of(s), (std::set<std::string>{"version", "default", "organizations"}));
+  EXPECT_EQ(keys_of(s["$defs"]["entry"]), (std::set<std::string>{"privileged", "policy", "allowed_policies"}));
+  // ... and the registry accepts exactly those.
+  TempDir t;
+  EXPECT_TRUE(load_organizations(t.write("o.json", R"({"version": 1, "default": {"privileged": false, "policy": "default",
+      "allowed_policies": ["default"]}, "organizations": {}})")).ok());
+  EXPECT_FALSE(load_organizations(t.write("o.json", R"({"version": 1, "extra": 1})")).ok());
+  EXPECT_FALSE(load_organizations(t.write("o.json", R"({"version": 1, "default": {"extra": 1}})")).ok());
+}
+
+// A key in a shipped file that the schema does not declare would mean the
+// schema (or the file) is wrong.
+void expect_declared(const json& value, const json& schema, const json& defs, const std::string& where) {
+  const json* s = &schema;
+  while (s->contains("$ref")) s = &defs[(*s)["$ref"].get<std::string>().substr(8)];
+  if (!value.is_object() || !s->contains("properties")) return;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    ASSERT_TRUE((*s)["properties"].contains(it.key())) << where << "/" << it.key() << " is not in the schema";
+    expect_declared(it.value(), (*s)["properties"][it.key()], defs, where + "/" + it.key());
+  }
+}
+
+TEST(PolicySchema, ShippedPoliciesUseOnlyDeclaredKeys) {
+  const json s = load_schema("policy.schema.json");
+  for (const char* f : {"default.json", "privileged.json"}) {
+    auto doc = parse_jsonc(read_file(kSource + "/policies/" + f), f);
+    ASSERT_TRUE(doc.ok()) << doc.error().message;
+    expect_declared(doc->value, s, s["$defs"], f);
+  }
+  auto prof = parse_jsonc(read_file(kSource + "/policies/seccomp/default.json"), "seccomp/default.json");
+  ASSERT_TRUE(prof.ok());
+  expect_declared(prof->value, s["$defs"]["seccompProfile"], s["$defs"], "seccomp/default.json");
+}
+
+TEST(PolicyReadme, NamesEveryKeyAndVerb) {
+  const std::string readme = read_file(kSource + "/policies/README.md");
+  ASSERT_FALSE(readme.empty());
+  const json s = load_schema("policy.schema.json");
+  std::set<std::string> keys = keys_of(s);
+  for (const char* d : {"limits", "filesystem", "environment", "seccomp"})
+    for (const auto& k : keys_of(s["$defs"][d])) keys.insert(k);
+  for (const auto& k : keys_of(s["$defs"]["filesystem"]["properties"]["binds"]["items"])) keys.insert(k);
+  for (const auto& k : keys_of(s["properties"]["user"])) keys.insert(k);
+  for (const auto& k : keys_of(s["$defs"]["seccompProfile"])) keys.insert(k);
+  for (const auto& k : keys_of(s["$defs"]["seccompProfile"]["properties"]["syscalls"]["items"])) keys.insert(k);
+  for (const char* k : {"privileged", "policy", "allowed_policies", "organizations", "bind_allowlist"}) keys.insert(k);
+  for (const auto& k : keys) EXPECT_NE(readme.find("`" + k + "`"), std::string::npos) << "README does not explain `" << k << "`";
+  for (const char* verb : {"policy check", "policy fingerprint", "policy explain", "policy lint", "--compare", "--no-host",
+                           "--notes", "--bind-allow", "--config", "TSB_UPDATE_GOLDEN"})
+    EXPECT_NE(readme.find(verb), std::string::npos) << verb;
+}
+
+}  // namespace
+}  // namespace tsb::core
