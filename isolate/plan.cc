@@ -13,18 +13,14 @@ namespace {
 
 // System directories Python needs, bound read-only. On a merged-/usr host
 // /bin, /lib, ... are symlinks into /usr: they are recreated as symlinks.
-struct SystemPath {
-  const char* path;
-  const char* reason;
-};
 constexpr SystemPath kSystemPaths[] = {
     {"/usr", "programs, shared libraries, Python's standard library"},
     {"/bin", "merged-/usr symlink or legacy binaries"},
     {"/sbin", "merged-/usr symlink or legacy binaries"},
     {"/lib", "dynamic loader and libraries"},
-    {"/lib32", "multilib loader (when present)"},
+    {"/lib32", "multilib loader"},
     {"/lib64", "x86-64 dynamic loader path /lib64/ld-linux-x86-64.so.2"},
-    {"/libx32", "x32 libraries (when present)"},
+    {"/libx32", "x32 libraries"},
 };
 
 // Read-only single files from the host's /etc that every run gets.
@@ -41,6 +37,10 @@ constexpr SystemPath kEtcNetwork[] = {
     {"/etc/services", "service names for socket.getservbyname"},
     {"/etc/gai.conf", "getaddrinfo address sorting"},
 };
+
+// Character devices bound from the host into the sandbox's /dev (a user
+// namespace cannot mknod).
+constexpr const char* kDevices[] = {"null", "zero", "full", "random", "urandom"};
 
 constexpr std::uint64_t kRO = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
 constexpr std::uint64_t kRW = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
@@ -170,6 +170,11 @@ std::string group_file(const RunSpec& spec) {
 
 }  // namespace
 
+std::span<const SystemPath> system_paths() { return kSystemPaths; }
+std::span<const SystemPath> etc_paths_always() { return kEtcAlways; }
+std::span<const SystemPath> etc_paths_network() { return kEtcNetwork; }
+std::span<const char* const> device_names() { return kDevices; }
+
 const std::vector<ProcMask>& proc_masks() {
   static const std::vector<ProcMask> masks = {
       {"/acpi", ProcMask::kDir, "ACPI tables and event interfaces of the host"},
@@ -293,7 +298,7 @@ Status build_plan(const PlanInputs& in, PlanStorage& st, ChildPlan& plan) {
   // 7. A minimal /dev: five character devices bound from the host (a user
   //    namespace cannot mknod), the usual symlinks, and a small /dev/shm.
   b.tmpfs("/dev", "size=64k,mode=0755,nr_inodes=64", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, Stage::MountDev);
-  for (const char* dev : {"null", "zero", "full", "random", "urandom"}) {
+  for (const char* dev : kDevices) {
     std::string p = std::string("/dev/") + dev;
     auto& s = b.add(MountStep::kBind, Stage::MountDev);
     s.src = st.keep(p);

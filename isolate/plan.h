@@ -4,6 +4,7 @@
 
 #include <deque>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,20 @@ Status build_plan(const PlanInputs& in, PlanStorage& storage, ChildPlan& plan);
 
 // Validate a sandbox-side path: absolute, normalised, no "..", no "//".
 Status check_sandbox_path(const std::string& p, const char* what);
+
+// Host paths every sandbox gets read-only, with the reason for each: the
+// system directories (merged-/usr aware: a symlink on the host is recreated
+// as that symlink), the /etc files every run gets, the /etc files only runs
+// with network get, and the device nodes bound into /dev. One table, used
+// by the plan and by `toolsandbox policy explain`.
+struct SystemPath {
+  const char* path;
+  const char* reason;
+};
+std::span<const SystemPath> system_paths();
+std::span<const SystemPath> etc_paths_always();
+std::span<const SystemPath> etc_paths_network();
+std::span<const char* const> device_names();
 
 // The /proc entries hidden or frozen in every sandbox, with reasons.
 struct ProcMask {

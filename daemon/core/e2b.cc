@@ -1371,13 +1371,7 @@ asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Pe
   if (ok && tool_mode) {
     const auto& t = std::get<protocol::RunToolRequest>(req.body);
     shape.nonce = random_hex(16);
-    json rq = {{"nonce", shape.nonce},
-               {"tool_name", c.tool_name},
-               {"source_code", t.source_code},
-               {"args", t.args},
-               {"json_schema", t.json_schema},
-               {"agent_state", t.agent_state},
-               {"agent_id", c.agent_id ? json(*c.agent_id) : json()}};
+    json rq = runner_request_json(t, shape.nonce);
     const std::string beat = "<<TSB-HB-" + random_hex(8) + ">>";
     json spec = {{"runner", runner_src},
                  {"request", dump_json(rq)},

@@ -33,6 +33,17 @@ std::string signal_text(int sig) {
 
 }  // namespace
 
+nlohmann::json runner_request_json(const protocol::RunToolRequest& t, const std::string& nonce) {
+  const auto& c = t.common;
+  return {{"nonce", nonce},
+          {"tool_name", c.tool_name},
+          {"source_code", t.source_code},
+          {"args", t.args},
+          {"json_schema", t.json_schema},
+          {"agent_state", t.agent_state},
+          {"agent_id", c.agent_id ? json(*c.agent_id) : json()}};
+}
+
 std::string python_float_str(double v) {
   if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e16) {
     char buf[64];

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "isolate/spec.h"
+#include "protocol/messages.h"
 
 namespace tsb::core {
 
@@ -29,6 +30,11 @@ struct Shaped {
 };
 
 Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run);
+
+// The request the trusted runner reads on its stdin (tool mode), for a local
+// sandbox or an E2B cell alike: the tool's source, its arguments as data and
+// a fresh nonce (daemon/runner/toolsandbox_runner.py documents the fields).
+nlohmann::json runner_request_json(const protocol::RunToolRequest& t, const std::string& nonce);
 
 // Python's str() of a float, for Letta's timeout message ("180.0", "1.5").
 std::string python_float_str(double v);

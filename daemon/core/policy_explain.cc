@@ -232,33 +232,6 @@ std::string cpus_text(std::uint32_t millicpus) {
 // File system: the rows of isolate/plan.cc's tables, with their reasons.
 // tests/unit/policy_test.cc compares these rows with build_plan()'s steps.
 
-struct SystemRow {
-  const char* path;
-  const char* reason;
-};
-constexpr SystemRow kSystemRows[] = {
-    {"/usr", "programs, shared libraries, Python's standard library"},
-    {"/bin", "merged-/usr symlink or legacy binaries"},
-    {"/sbin", "merged-/usr symlink or legacy binaries"},
-    {"/lib", "dynamic loader and libraries"},
-    {"/lib32", "multilib loader"},
-    {"/lib64", "x86-64 dynamic loader path /lib64/ld-linux-x86-64.so.2"},
-    {"/libx32", "x32 libraries"},
-};
-constexpr SystemRow kEtcAlwaysRows[] = {
-    {"/etc/ld.so.cache", "the dynamic loader's library cache"},
-    {"/etc/localtime", "local time zone for time.localtime()"},
-};
-constexpr SystemRow kEtcNetworkRows[] = {
-    {"/etc/resolv.conf", "DNS resolvers"},
-    {"/etc/ssl", "CA certificates and OpenSSL configuration"},
-    {"/etc/ca-certificates", "CA certificate configuration"},
-    {"/etc/protocols", "protocol names for socket.getprotobyname"},
-    {"/etc/services", "service names for socket.getservbyname"},
-    {"/etc/gai.conf", "getaddrinfo address sorting"},
-};
-constexpr const char* kDevices[] = {"null", "zero", "full", "random", "urandom"};
-
 std::string ids(std::uint32_t uid, std::uint32_t gid) { return std::to_string(uid) + ":" + std::to_string(gid); }
 
 // Facts about this machine for the host-dependent rows, from the plan the
@@ -438,7 +411,7 @@ std::vector<MountRow> mount_rows(const Policy& p) {
 
   add({"/", "tmpfs", "ro", format_size(isolate::EngineConfig{}.root_tmpfs_bytes),
        "the new root: mount points and the /etc stubs; nothing of the host unless listed here"});
-  for (const auto& r : kSystemRows) {
+  for (const auto& r : isolate::system_paths()) {
     const bool optional = std::strcmp(r.path, "/usr") != 0;
     add({r.path, "bind", "ro", std::string("host ") + r.path, std::string(r.reason) + (optional ? " (if present)" : ""),
          optional});
@@ -450,9 +423,9 @@ std::vector<MountRow> mount_rows(const Policy& p) {
   add({"/etc/hostname", "file", "ro", "generated", quoted_for_message(p.hostname)});
   add({"/etc/hosts", "file", "ro", "generated", "localhost and " + quoted_for_message(p.hostname) + " only"});
   add({"/etc/nsswitch.conf", "file", "ro", "generated", "accounts from files; host names from files, then DNS"});
-  for (const auto& r : kEtcAlwaysRows)
+  for (const auto& r : isolate::etc_paths_always())
     add({r.path, "bind", "ro", std::string("host ") + r.path, std::string(r.reason) + " (if present)", true});
-  for (const auto& r : kEtcNetworkRows) {
+  for (const auto& r : isolate::etc_paths_network()) {
     MountRow row{r.path, "bind", "ro", std::string("host ") + r.path, std::string(r.reason) + " (if present)", true};
     row.host_network_only = true;
     add(std::move(row));
@@ -486,7 +459,7 @@ std::vector<MountRow> mount_rows(const Policy& p) {
          std::string(m.reason) + " (if present)", true});
   }
   add({"/dev", "tmpfs", "rw,noexec", "64KiB", "device directory, owned by the sandbox's root, mode 0755"});
-  for (const char* d : kDevices) {
+  for (const char* d : isolate::device_names()) {
     const std::string path = std::string("/dev/") + d;
     add({path, "device", "rw,noexec", "host " + path, "character device (the only mount without nodev)"});
   }
@@ -545,9 +518,9 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
   if (options.host_facts) host.emplace(p);
   const std::set<std::string> host_checked = [] {
     std::set<std::string> s;
-    for (const auto& r : kSystemRows) s.insert(r.path);
-    for (const auto& r : kEtcAlwaysRows) s.insert(r.path);
-    for (const auto& r : kEtcNetworkRows) s.insert(r.path);
+    for (const auto& r : isolate::system_paths()) s.insert(r.path);
+    for (const auto& r : isolate::etc_paths_always()) s.insert(r.path);
+    for (const auto& r : isolate::etc_paths_network()) s.insert(r.path);
     return s;
   }();
   std::string skipped_network_etc;

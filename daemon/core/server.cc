@@ -359,13 +359,7 @@ asio::awaitable<std::string> Server::run_local(const protocol::Request& req, con
       co_return protocol::encode_error(req.id, ErrorCode::Internal, "the tool runner is not installed on this host");
     const auto& t = std::get<protocol::RunToolRequest>(req.body);
     shape.nonce = random_hex(16);
-    json rq = {{"nonce", shape.nonce},
-               {"tool_name", c.tool_name},
-               {"source_code", t.source_code},
-               {"args", t.args},
-               {"json_schema", t.json_schema},
-               {"agent_state", t.agent_state},
-               {"agent_id", c.agent_id ? json(*c.agent_id) : json()}};
+    json rq = runner_request_json(t, shape.nonce);
     stdin_data = dump_json(rq);
     spec.binds.push_back({runner_path_, kRunnerSandboxPath, false, false});
     spec.argv = {pol.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", kRunnerSandboxPath};

@@ -65,42 +65,10 @@ class Daemon {
       ::waitpid(pid_, &st, 0);
     }
   }
-  int connect() const {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::strcpy(a.sun_path, socket_.c_str());
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(fd);
-      return -1;
-    }
-    return fd;
-  }
-  static void send_all(int fd, const std::string& s) {
-    std::size_t off = 0;
-    while (off < s.size()) {
-      ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return;
-      off += static_cast<std::size_t>(n);
-    }
-  }
-  static json read_line(int fd) {
-    std::string out;
-    char c;
-    while (::read(fd, &c, 1) == 1) {
-      if (c == '\n') return json::parse(out, nullptr, false);
-      out += c;
-    }
-    return json();
-  }
-  json request(const json& req) const {
-    int fd = connect();
-    if (fd < 0) return json();
-    send_all(fd, req.dump() + "\n");
-    json r = read_line(fd);
-    ::close(fd);
-    return r;
-  }
+  int connect() const { return tsb::testing::connect_unix(socket_); }
+  static void send_all(int fd, const std::string& s) { tsb::testing::send_all(fd, s); }
+  static json read_line(int fd) { return tsb::testing::read_json_line(fd); }
+  json request(const json& req) const { return tsb::testing::request_once(socket_, req); }
   json raw(const std::string& bytes, bool shut_write = false) const {
     int fd = connect();
     send_all(fd, bytes);
@@ -122,16 +90,11 @@ class Daemon {
 };
 
 json execute(const std::string& script, json extra = json::object()) {
-  json r = {{"v", 1}, {"id", "e1"}, {"type", "execute"}, {"tool_name", "t"}, {"organization_id", "org-a"}, {"script", script}};
-  for (auto it = extra.begin(); it != extra.end(); ++it) r[it.key()] = it.value();
-  return r;
+  return tsb::testing::execute_request(script, std::move(extra));
 }
 
-json run_tool(const std::string& src, const std::string& name, json args, json extra = json::object()) {
-  json r = {{"v", 1}, {"id", "t1"}, {"type", "run_tool"}, {"tool_name", name}, {"organization_id", "org-a"},
-            {"source_code", src}, {"args", args}};
-  for (auto it = extra.begin(); it != extra.end(); ++it) r[it.key()] = it.value();
-  return r;
+json run_tool(const std::string& src, const std::string& name, json args = json::object(), json extra = json::object()) {
+  return tsb::testing::run_tool_request(src, name, std::move(args), std::move(extra));
 }
 
 // A script emitting Letta's binary frame, as letta-server's generator does.

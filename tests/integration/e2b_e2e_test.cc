@@ -228,42 +228,10 @@ class Daemon {
     }
     return -1;
   }
-  int connect() const {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::strcpy(a.sun_path, socket_.c_str());
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(fd);
-      return -1;
-    }
-    return fd;
-  }
-  static void send_all(int fd, const std::string& s) {
-    std::size_t off = 0;
-    while (off < s.size()) {
-      ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return;
-      off += static_cast<std::size_t>(n);
-    }
-  }
-  static json read_line(int fd) {
-    std::string out;
-    char c;
-    while (::read(fd, &c, 1) == 1) {
-      if (c == '\n') return json::parse(out, nullptr, false);
-      out += c;
-    }
-    return json();
-  }
-  json request(const json& req) const {
-    int fd = connect();
-    if (fd < 0) return json();
-    send_all(fd, req.dump() + "\n");
-    json r = read_line(fd);
-    ::close(fd);
-    return r;
-  }
+  int connect() const { return tsb::testing::connect_unix(socket_); }
+  static void send_all(int fd, const std::string& s) { tsb::testing::send_all(fd, s); }
+  static json read_line(int fd) { return tsb::testing::read_json_line(fd); }
+  json request(const json& req) const { return tsb::testing::request_once(socket_, req); }
   json status() const { return request({{"v", 1}, {"id", "s"}, {"type", "status"}}); }
   std::string log_text() const { return read_file(dir_ + "/log"); }
   pid_t pid() const { return pid_; }
@@ -274,16 +242,11 @@ class Daemon {
 };
 
 json run_tool(const std::string& src, const std::string& name, json args = json::object(), json extra = json::object()) {
-  json r = {{"v", 1}, {"id", "t1"}, {"type", "run_tool"}, {"tool_name", name}, {"organization_id", "org-a"},
-            {"source_code", src}, {"args", args}};
-  for (auto it = extra.begin(); it != extra.end(); ++it) r[it.key()] = it.value();
-  return r;
+  return tsb::testing::run_tool_request(src, name, std::move(args), std::move(extra));
 }
 
 json execute(const std::string& script, json extra = json::object()) {
-  json r = {{"v", 1}, {"id", "e1"}, {"type", "execute"}, {"tool_name", "t"}, {"organization_id", "org-a"}, {"script", script}};
-  for (auto it = extra.begin(); it != extra.end(); ++it) r[it.key()] = it.value();
-  return r;
+  return tsb::testing::execute_request(script, std::move(extra));
 }
 
 json e2b_config(const std::string& tag) { return {{"type", "e2b"}, {"config", {{"timeout", 300}, {"tag", tag}}}}; }

@@ -1,9 +1,12 @@
 #include "tests/integration/harness.h"
 
 #include <dirent.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -119,6 +122,65 @@ std::vector<pid_t> host_pids_with_uid_in(std::uint32_t lo, std::uint32_t hi) {
   }
   ::closedir(d);
   return out;
+}
+
+int connect_unix(const std::string& socket_path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (fd < 0 || socket_path.size() >= sizeof a.sun_path) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  std::memcpy(a.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_all(int fd, const std::string& bytes) {
+  std::size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    off += static_cast<std::size_t>(n);
+  }
+}
+
+nlohmann::json read_json_line(int fd) {
+  std::string out;
+  char c;
+  while (::read(fd, &c, 1) == 1) {
+    if (c == '\n') return nlohmann::json::parse(out, nullptr, false);
+    out += c;
+  }
+  return nlohmann::json();
+}
+
+nlohmann::json request_once(const std::string& socket_path, const nlohmann::json& req) {
+  int fd = connect_unix(socket_path);
+  if (fd < 0) return nlohmann::json();
+  send_all(fd, req.dump() + "\n");
+  nlohmann::json r = read_json_line(fd);
+  ::close(fd);
+  return r;
+}
+
+nlohmann::json run_tool_request(const std::string& src, const std::string& name, nlohmann::json args,
+                                nlohmann::json extra) {
+  nlohmann::json r = {{"v", 1}, {"id", "t1"}, {"type", "run_tool"}, {"tool_name", name}, {"organization_id", "org-a"},
+                      {"source_code", src}, {"args", args}};
+  for (auto it = extra.begin(); it != extra.end(); ++it) r[it.key()] = it.value();
+  return r;
+}
+
+nlohmann::json execute_request(const std::string& script, nlohmann::json extra) {
+  nlohmann::json r = {{"v", 1}, {"id", "e1"}, {"type", "execute"}, {"tool_name", "t"}, {"organization_id", "org-a"},
+                      {"script", script}};
+  for (auto it = extra.begin(); it != extra.end(); ++it) r[it.key()] = it.value();
+  return r;
 }
 
 std::string describe(const isolate::RunResult& r) {

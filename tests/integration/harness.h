@@ -49,6 +49,16 @@ class EngineTest : public ::testing::Test {
 };
 
 std::vector<nlohmann::json> parse_lines(const std::string& out);
+
+// Talking to a daemon under test over its Unix socket.
+int connect_unix(const std::string& socket_path);  // -1 when refused
+void send_all(int fd, const std::string& bytes);
+nlohmann::json read_json_line(int fd);               // null on EOF before a newline
+nlohmann::json request_once(const std::string& socket_path, const nlohmann::json& req);
+// Protocol v1 requests for organization "org-a"; `extra` fields are merged in.
+nlohmann::json run_tool_request(const std::string& src, const std::string& name, nlohmann::json args,
+                                nlohmann::json extra = nlohmann::json::object());
+nlohmann::json execute_request(const std::string& script, nlohmann::json extra = nlohmann::json::object());
 // Host processes whose real uid falls in [lo, hi).
 std::vector<pid_t> host_pids_with_uid_in(std::uint32_t lo, std::uint32_t hi);
 std::string describe(const isolate::RunResult& r);
