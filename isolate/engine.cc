@@ -141,8 +141,9 @@ Result<int> Sandbox::reap() {
     return Error::from_errno("waitid on the sandbox's pid 1");
   }
   reaped_ = true;
-  init_status_ = si.si_code == CLD_EXITED ? W_EXITCODE(si.si_status, 0) : si.si_status;  // signal number
-  if (si.si_code != CLD_EXITED) init_status_ = si.si_status & 0x7f;
+  // The tool's own status arrives on the report pipe; pid 1's is kept only
+  // for diagnostics, as a wait(2)-style status.
+  init_status_ = si.si_code == CLD_EXITED ? W_EXITCODE(si.si_status, 0) : (si.si_status & 0x7f);
   return init_status_;
 }
 

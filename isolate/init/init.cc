@@ -84,9 +84,6 @@ int load_filter() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Not ptrace-attachable or readable through /proc/1/mem even by its own uid.
-  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-
   pid_t tool = 0;
   if (argc == 2) {
     for (const char* p = argv[1]; *p; ++p) {
@@ -98,6 +95,11 @@ int main(int argc, char** argv) {
     }
   }
   if (tool <= 0) fail(0, Stage::ExecInit, EINVAL);
+
+  // Not ptrace-attachable, and /proc/1/{mem,environ,fd} closed, even to its
+  // own uid. The tool runs as another uid already; this is the second fence,
+  // and like every other step it fails closed.
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail(tool, Stage::ExecInit, errno);
 
   // Signals this process acts on are blocked and taken synchronously with
   // sigwaitinfo: no handlers, no races between a signal and waitpid.
