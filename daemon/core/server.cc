@@ -421,6 +421,10 @@ asio::awaitable<std::string> Server::run_local(const protocol::Request& req, con
   record["policy"] = pol.name;
   record["policy_fingerprint"] = pol.fingerprint;
   record["backend"] = "local";
+  // Local runs use the policy's read-only venv: nothing is installed per run
+  // (a shared, writable venv is how Letta's local sandbox gets poisoned).
+  if (tool_mode && !std::get<protocol::RunToolRequest>(req.body).pip_requirements.empty())
+    record["pip_requirements_ignored"] = true;
   for (auto it = shaped.extra.begin(); it != shaped.extra.end(); ++it) record[it.key()] = it.value();
   json result = shaped.result;
   result["record"] = record;
