@@ -178,8 +178,17 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
     cg->mode_ = CgroupMode::V2;
     auto ctrl = read_text_file(v2_mount + "/cgroup.controllers");
     if (!ctrl.ok()) return std::move(ctrl).error().wrap("reading cgroup v2 controllers");
+    // Whole-word match: a plain substring search for "cpu" also matched
+    // "cpuset", so a hierarchy without the cpu controller passed this check
+    // and failed later with a bare EINVAL from cgroup.subtree_control.
+    std::vector<std::string> available;
+    {
+      std::istringstream words(*ctrl);
+      std::string w;
+      while (words >> w) available.push_back(w);
+    }
     for (const char* need : {"memory", "pids", "cpu"}) {
-      if (std::string(" " + *ctrl + " ").find(std::string(" ") + need) == std::string::npos)
+      if (std::find(available.begin(), available.end(), need) == available.end())
         return Error::invalid(std::string("cgroup v2 controller '") + need +
                               "' is not available at the hierarchy root " + v2_mount, ENOTSUP);
     }
@@ -222,6 +231,14 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
       return std::move(st).error().wrap("cgroup parent '" + dir +
                                         "' (it must be delegated to us and hold no processes)");
     cg->hierarchies_.push_back({"", v2_mount, dir});
+    // Kernel features, probed on the parent (every non-root cgroup has the
+    // same interface files as the leaves below it). Probing only in
+    // create_leaf() left them false for reclaim_stale(), which runs first:
+    // stale leaves were then killed by listing cgroup.procs, which misses
+    // processes forked meanwhile and anything in a sub-cgroup, instead of
+    // with cgroup.kill.
+    cg->has_cgroup_kill_ = exists(dir + "/cgroup.kill");
+    cg->has_memory_peak_ = exists(dir + "/memory.peak");
     return cg;
   }
 
@@ -246,6 +263,12 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
 }
 
 std::string Cgroups::dir_of(const Hierarchy& h, const std::string& leaf) const { return h.base + "/" + leaf; }
+
+std::vector<std::string> Cgroups::parent_directories() const {
+  std::vector<std::string> out;
+  for (const auto& h : hierarchies_) out.push_back(h.base);
+  return out;
+}
 
 std::string Cgroups::describe() const {
   std::string s = std::string("cgroup ") + to_string(mode_) + ", parent " + parent_ + " (";
@@ -341,6 +364,12 @@ CgroupLeaf::~CgroupLeaf() {
 }
 
 std::string CgroupLeaf::path(std::size_t i) const { return owner_->dir_of(owner_->hierarchies_[i], name_); }
+
+std::vector<std::string> CgroupLeaf::directories() const {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i) out.push_back(path(i));
+  return out;
+}
 
 std::string CgroupLeaf::file(const char* controller, const char* f) const {
   for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i) {

@@ -54,6 +54,11 @@ class Cgroups {
   const std::string& parent() const noexcept { return parent_; }
   // Human description for start-up logs and `status`.
   std::string describe() const;
+  // The directory run leaves are created in, per hierarchy (v2: one).
+  std::vector<std::string> parent_directories() const;
+  // v2 features found at the parent (kernel 5.14+ / 5.19+); false on v1.
+  bool has_cgroup_kill() const noexcept { return has_cgroup_kill_; }
+  bool has_memory_peak() const noexcept { return has_memory_peak_; }
 
   // Create a leaf named `name` under the parent and write its limits.
   Result<std::unique_ptr<CgroupLeaf>> create_leaf(const std::string& name, const CgroupLimits& limits);
@@ -81,7 +86,7 @@ class Cgroups {
 };
 
 // One run's leaf. Owns the directories: the destructor kills whatever still
-// runs inside and removes them, unless release() was called.
+// runs inside and removes them.
 class CgroupLeaf {
  public:
   ~CgroupLeaf();
@@ -101,6 +106,8 @@ class CgroupLeaf {
   // Kill, wait for the leaf to empty, remove the directories.
   Status destroy();
   const std::string& name() const noexcept { return name_; }
+  // The leaf's directory in each hierarchy (v2: one), for diagnostics and tests.
+  std::vector<std::string> directories() const;
 
  private:
   friend class Cgroups;

@@ -185,11 +185,21 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
 
   // State dir: traversable by the sandboxes' unprivileged ids (the child
   // resolves the staging path after it switched to them), writable by root only.
-  if (::mkdir(config.state_dir.c_str(), 0711) != 0 && errno != EEXIST)
-    return Error::from_errno("mkdir '" + config.state_dir + "'");
+  // The modes are set with chmod, not left to mkdir: mkdir applies the
+  // umask, and under a restrictive one (the systemd unit's UMask=0077, or a
+  // root shell with umask 027) the directories came out without o+x and
+  // every start failed the check below.
+  auto make_dir = [](const std::string& p, mode_t mode) -> Status {
+    if (::mkdir(p.c_str(), mode) == 0) {
+      if (::chmod(p.c_str(), mode) != 0) return Error::from_errno("chmod '" + p + "'");
+    } else if (errno != EEXIST) {
+      return Error::from_errno("mkdir '" + p + "'");
+    }
+    return {};
+  };
+  TSB_TRY(make_dir(config.state_dir, 0711), "state directory");
   e->staging_root_ = config.state_dir + "/root";
-  if (::mkdir(e->staging_root_.c_str(), 0755) != 0 && errno != EEXIST)
-    return Error::from_errno("mkdir '" + e->staging_root_ + "'");
+  TSB_TRY(make_dir(e->staging_root_, 0755), "state directory");
   e->slot_lock_path_ = config.state_dir + "/uid-slots.lock";
   // The sandbox resolves the staging path after it switched to its mapped
   // ids, which are "others" for every host directory: each ancestor must be

@@ -16,10 +16,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +35,7 @@ using namespace tsb::testing;
 using namespace std::chrono_literals;
 using nlohmann::json;
 using tsb::isolate::CgroupMode;
+using tsb::isolate::to_string;
 using tsb::isolate::EndReason;
 using tsb::isolate::read_text_file;
 using tsb::isolate::write_text_file;
@@ -109,7 +108,7 @@ class CgroupV2Test : public EngineTest {
       const char* want = std::getenv("TSB_EXPECT_CGROUP");
       if (want && std::string(want) == "v2")
         FAIL() << "TSB_EXPECT_CGROUP=v2, but the engine found " << engine_->cgroups().describe();
-      GTEST_SKIP() << "cgroup v2 only; this host: " << engine_->cgroups().describe()
+      GTEST_SKIP() << "cgroup v2 only, this host has " << to_string(engine_->cgroups().mode())
                    << " (tests/vm/run-lane.sh runs these on a v2-only kernel)";
     }
   }
@@ -325,20 +324,9 @@ TEST_F(CgroupV2Test, DaemonWithParentSelfRunsBesideItsSupervisorLeaf) {
       ::rmdir(deleg.c_str());
     }
   } stop{d, deleg};
-  auto connect = [&]() {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::strcpy(a.sun_path, sock.c_str());
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(fd);
-      return -1;
-    }
-    return fd;
-  };
   int fd = -1;
   for (int i = 0; i < 1500 && fd < 0; ++i) {  // up to 30 s: the VM lane is slow
-    fd = connect();
+    fd = connect_unix(sock);
     if (fd < 0) std::this_thread::sleep_for(20ms);
   }
   ASSERT_GE(fd, 0) << "the daemon did not start: " << slurp(log);
@@ -354,10 +342,8 @@ TEST_F(CgroupV2Test, DaemonWithParentSelfRunsBesideItsSupervisorLeaf) {
   for (const char* c : {"memory", "pids", "cpu"}) EXPECT_EQ(enabled.count(c), 1u) << c << " not in: " << ctl;
 
   // A run in flight has its leaf beside the supervisor.
-  json req = {{"v", 1}, {"id", "t1"}, {"type", "run_tool"}, {"tool_name", "nap"}, {"organization_id", "org-a"},
-              {"source_code", "import time\ndef nap():\n    time.sleep(3)\n    return 7\n"}, {"args", json::object()}};
-  std::string line = req.dump() + "\n";
-  ASSERT_EQ(::send(fd, line.data(), line.size(), MSG_NOSIGNAL), static_cast<ssize_t>(line.size()));
+  send_all(fd, run_tool_request("import time\ndef nap():\n    time.sleep(3)\n    return 7\n", "nap", json::object()).dump() +
+                   "\n");
   std::set<std::string> during;
   for (int i = 0; i < 1000; ++i) {
     during = subdirs(deleg);
@@ -368,12 +354,9 @@ TEST_F(CgroupV2Test, DaemonWithParentSelfRunsBesideItsSupervisorLeaf) {
   bool saw_run = false;
   for (const auto& n : during) saw_run |= n.rfind("run." + std::to_string(d) + ".", 0) == 0;
   EXPECT_TRUE(saw_run) << "no run leaf beside the supervisor; saw " << during.size() << " dirs";
-  std::string reply;
-  char c;
-  while (::read(fd, &c, 1) == 1 && c != '\n') reply += c;
+  json reply = read_json_line(fd);
   ::close(fd);
-  auto j = json::parse(reply, nullptr, false);
-  EXPECT_EQ(j.is_object() ? j["result"].value("func_return", json()) : json(), 7) << reply << slurp(log);
+  EXPECT_EQ(reply.is_object() ? reply["result"].value("func_return", json()) : json(), 7) << reply.dump() << slurp(log);
   // The finished run's leaf is gone; only the supervisor stays.
   std::set<std::string> after;
   for (int i = 0; i < 500; ++i) {

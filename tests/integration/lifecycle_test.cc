@@ -92,9 +92,9 @@ TEST_F(EngineTest, ConcurrentRunsGetDistinctHostUids) {
   (*b)->kill();
 }
 
-// TSB_LEAK_TEST_RUNS overrides the 500 runs (the VM lane, where every run
-// is several times slower under emulation, sets 100; see docs/VM-LANE.md).
-// The override is announced on stderr, never silent.
+// TSB_LEAK_TEST_RUNS overrides the 500 runs, for quick runs under emulation
+// (tests/vm/run-lane.sh --quick sets 100; the full lane keeps 500, see
+// docs/VM-LANE.md). The override is announced on stderr, never silent.
 static int leak_test_runs() {
   const char* v = std::getenv("TSB_LEAK_TEST_RUNS");
   if (!v || !*v) return 500;

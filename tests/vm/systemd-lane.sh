@@ -1,0 +1,335 @@
+#!/bin/bash
+# systemd-lane.sh: the shipped systemd units, end to end, on a cgroup-v2-only
+# kernel with systemd as PID 1. Runs INSIDE the VM as vm-lane.service:
+#
+#   tests/vm/vm-run --systemd --timeout 900 -- tests/vm/systemd-lane.sh [BUILD_DIR]
+#
+# (tests/vm/run-lane.sh does this.) BUILD_DIR (default build-vm next to this
+# checkout) is installed at the prefix it was configured with (/usr for a
+# package, /usr/local by default): the unit's ExecStart=, the compiled-in
+# configuration, libexec and data paths all come from that prefix, so a build
+# must not be installed elsewhere with "cmake --install --prefix". The paths
+# used below are read from the installed unit and the install manifest.
+#
+# The guest's root is a tmpfs overlay over the host's read-only root, so the
+# install lands in the guest only. Then, as a package would:
+#   systemd-sysusers, systemd-tmpfiles --create, systemctl daemon-reload,
+#   systemctl enable --now toolsandboxd.socket
+# and checks that:
+#   - systemd-analyze verify is silent for both installed units, and
+#     "toolsandboxd --check" accepts the installed configuration;
+#   - the service is not running until the first connection, and the first
+#     client (toolsandbox status) starts it: Type=notify, active/running;
+#   - the daemon moved itself into <service cgroup>/supervisor, the service
+#     cgroup holds no process and delegates cpu, memory and pids;
+#   - toolsandbox call runs a tool; while it runs, its leaf run.<MainPID>.N
+#     sits beside the supervisor, with the sandbox's init inside;
+#   - the installed Python client (python3 -m toolsandbox_client) answers;
+#   - systemctl reload keeps the same main process;
+#   - after "systemctl stop toolsandboxd.service" the socket still activates
+#     a new instance;
+#   - after stopping socket and service nothing is left: no daemon, no
+#     sandbox process, no service cgroup, no run leaf, no mount under the
+#     state directory;
+#   - with a configuration the daemon refuses, the unit gives up after its
+#     start limit, the socket fails too, and a waiting client is let go.
+#
+# Prints "ok"/"not ok" lines, ends with "N passed, N failed"; exit status 0
+# only when everything passed. On a failure the unit's journal is printed.
+#
+# The check functions are called through check/need, which SC2317 misses.
+# shellcheck disable=SC2317
+
+set -u -o pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../.." && pwd)
+build=${1:-$src/build-vm}
+sock=/run/toolsandboxd/toolsandboxd.sock
+work=$(mktemp -d /var/tmp/tsb-lane.XXXXXX)
+passed=0 failed=0
+
+check() { # check DESCRIPTION COMMAND...
+	local what=$1 out
+	shift
+	if out=$("$@" 2>&1); then
+		echo "ok - $what"
+		[ -n "${LANE_VERBOSE:-}" ] && printf '%s\n' "$out" | sed 's/^/    # /'
+		passed=$((passed + 1))
+	else
+		echo "not ok - $what"
+		printf '%s\n' "$out" | sed 's/^/    # /'
+		failed=$((failed + 1))
+	fi
+}
+
+# Fatal set-up step: without it nothing below means anything.
+need() {
+	local before=$failed
+	check "$@"
+	if [ "$failed" != "$before" ]; then
+		echo "# a required step failed: stopping here"
+		finish
+	fi
+}
+
+finish() {
+	if [ "$failed" != 0 ]; then
+		echo "# journal of toolsandboxd (last 60 lines):"
+		journalctl --no-pager -o short-monotonic -u toolsandboxd.service -u toolsandboxd.socket 2>&1 | tail -60 | sed 's/^/#   /'
+	fi
+	echo "$passed passed, $failed failed"
+	rm -rf "$work"
+	[ "$failed" = 0 ]
+	exit
+}
+
+prop() { systemctl show -P "$1" toolsandboxd.service; }
+
+# ---------------------------------------------------------------- install
+
+# Paths of the installed files, found by install_tree (the check functions
+# run in subshells, so they are kept in a file).
+paths=$work/paths
+install_tree() {
+	local prefix
+	prefix=$(sed -n 's/^CMAKE_INSTALL_PREFIX:PATH=//p' "$build/CMakeCache.txt")
+	echo "prefix $prefix"
+	cmake --install "$build" >"$work/install.log" 2>&1 || { tail -20 "$work/install.log"; return 1; }
+	local unit exec daemon config cli pydir f
+	unit=$(grep -m1 '/systemd/system/toolsandboxd.service$' "$build/install_manifest.txt")
+	exec=$(sed -n 's/^ExecStart=//p' "$unit")
+	daemon=${exec%% *}
+	config=$(sed -n 's/.*--config \([^ ]*\).*/\1/p' <<<"$exec")
+	cli=$(grep -m1 '/bin/toolsandbox$' "$build/install_manifest.txt")
+	pydir=$(grep -m1 '/toolsandbox_client/__init__.py$' "$build/install_manifest.txt")
+	pydir=${pydir%/toolsandbox_client/__init__.py}
+	for f in "$daemon" "$config" "$cli" "$pydir" "${unit%.service}.socket" \
+		"$(grep -m1 '/toolsandbox-init$' "$build/install_manifest.txt")"; do
+		[ -e "$f" ] || { echo "missing after install: '$f'"; return 1; }
+	done
+	printf 'unit=%q\ndaemon=%q\nconfig=%q\ncli=%q\npydir=%q\n' "$unit" "$daemon" "$config" "$cli" "$pydir" >"$paths"
+	cat "$paths"
+}
+
+sysusers() {
+	systemd-sysusers /usr/lib/sysusers.d/toolsandboxd.conf && getent group toolsandbox
+}
+
+tmpfiles() {
+	systemd-tmpfiles --create /usr/lib/tmpfiles.d/toolsandboxd.conf || return 1
+	stat -c '%n %a %U:%G' /run/toolsandbox /run/toolsandboxd /var/lib/toolsandbox /var/cache/toolsandbox
+	[ "$(stat -c %a /run/toolsandbox)" = 711 ]
+}
+
+# systemd-analyze prints a line for every problem, also for the ones it
+# only warns about; silence is the pass mark.
+verify_units() {
+	local out
+	out=$(systemd-analyze verify --man=no "$unit" "${unit%.service}.socket" 2>&1) || { echo "$out"; return 1; }
+	[ -z "$out" ] || { echo "$out"; return 1; }
+}
+
+config_check() {
+	"$daemon" --check --config "$config"
+}
+
+enable_socket() {
+	systemctl daemon-reload && systemctl enable --now toolsandboxd.socket || return 1
+	systemctl is-active toolsandboxd.socket && [ -S "$sock" ]
+}
+
+not_started_yet() {
+	local s
+	s=$(systemctl is-active toolsandboxd.service)
+	echo "service: $s"
+	[ "$s" = inactive ]
+}
+
+# ------------------------------------------------------------- activation
+
+first_client_starts_it() {
+	# The first connection makes systemd start the service; the client's
+	# request waits in the socket's backlog until the daemon accepts it.
+	timeout 120 "$cli" status || return 1
+	echo "Type=$(prop Type) ActiveState=$(prop ActiveState) SubState=$(prop SubState) MainPID=$(prop MainPID)"
+	[ "$(prop Type)" = notify ] && [ "$(prop ActiveState)" = active ] && [ "$(prop SubState)" = running ]
+}
+
+cgroup_layout() {
+	local cg pid own procs ctl c
+	cg=/sys/fs/cgroup$(prop ControlGroup)
+	pid=$(prop MainPID)
+	own=$(cut -d: -f3 "/proc/$pid/cgroup")
+	echo "service cgroup $cg, main pid $pid in $own"
+	[ "/sys/fs/cgroup$own" = "$cg/supervisor" ] || { echo "the daemon is not in the supervisor leaf"; return 1; }
+	procs=$(cat "$cg/cgroup.procs")
+	[ -z "$procs" ] || { echo "processes in the service cgroup itself: $procs"; return 1; }
+	ctl=" $(cat "$cg/cgroup.subtree_control") "
+	echo "subtree_control:$ctl"
+	for c in cpu memory pids; do
+		[[ $ctl == *" $c "* ]] || { echo "$c is not delegated to the runs"; return 1; }
+	done
+}
+
+call_tool() {
+	local cg pid leaf
+	cg=/sys/fs/cgroup$(prop ControlGroup)
+	pid=$(prop MainPID)
+	cat >"$work/tool.py" <<-'EOF'
+	import time
+	def add_slowly(a: int, b: int) -> int:
+	    time.sleep(3)
+	    return a + b
+	EOF
+	"$cli" call "$work/tool.py" --args '{"a": 40, "b": 2}' --json >"$work/call.out" 2>&1 &
+	local client=$!
+	# While the tool sleeps: its leaf beside the supervisor, init inside.
+	leaf=""
+	for _ in $(seq 1 300); do
+		leaf=$(find "$cg" -mindepth 1 -maxdepth 1 -type d -name "run.$pid.*" | head -1)
+		[ -n "$leaf" ] && [ -n "$(cat "$leaf/cgroup.procs")" ] && break
+		sleep 0.1
+	done
+	echo "leaves while running: $(cd "$cg" && find . -mindepth 1 -maxdepth 1 -type d | sort | tr '\n' ' ')"
+	local leaf_ok=1
+	if [ -z "$leaf" ]; then
+		echo "no run.$pid.* leaf beside the supervisor"
+		leaf_ok=0
+	else
+		local first comm
+		first=$(head -1 "$leaf/cgroup.procs")
+		comm=$(cat "/proc/$first/comm" 2>/dev/null)
+		echo "first process in $leaf: $first ($comm)"
+		[ "$comm" = toolsandbox-ini ] || [ "$comm" = toolsandbox-init ] || leaf_ok=0
+	fi
+	wait "$client"
+	local rc=$?
+	cat "$work/call.out"
+	[ "$rc" = 0 ] && grep -q '"func_return": *42' "$work/call.out" && [ "$leaf_ok" = 1 ] || return 1
+	# The finished run's leaf is removed; only the supervisor stays.
+	for _ in $(seq 1 100); do
+		[ "$(find "$cg" -mindepth 1 -maxdepth 1 -type d | wc -l)" = 1 ] && return 0
+		sleep 0.1
+	done
+	echo "leaves left after the run: $(ls "$cg")"
+	return 1
+}
+
+python_client() {
+	# The package as installed, not the tree. Under /usr it is on Debian's
+	# sys.path (/usr/lib/python3/dist-packages); other prefixes need PYTHONPATH.
+	cd / || return 1
+	if python3 -c 'import sys; sys.exit(sys.argv[1] not in sys.path)' "$pydir"; then
+		timeout 60 python3 -m toolsandbox_client status
+	else
+		echo "PYTHONPATH=$pydir (not on sys.path for this prefix)"
+		PYTHONPATH=$pydir timeout 60 python3 -m toolsandbox_client status
+	fi
+}
+
+reload_keeps_main() {
+	local before after
+	before=$(prop MainPID)
+	systemctl reload toolsandboxd.service || return 1
+	timeout 60 "$cli" status >/dev/null || return 1
+	after=$(prop MainPID)
+	echo "MainPID $before -> $after, $(prop ActiveState)/$(prop SubState)"
+	[ "$before" = "$after" ] && [ "$(prop ActiveState)" = active ]
+}
+
+socket_survives_service_stop() {
+	local before after
+	before=$(prop MainPID)
+	systemctl stop toolsandboxd.service || return 1
+	echo "after stop: service $(systemctl is-active toolsandboxd.service), socket $(systemctl is-active toolsandboxd.socket)"
+	[ -S "$sock" ] || { echo "$sock is gone"; ls -la /run/toolsandboxd 2>&1; return 1; }
+	timeout 120 "$cli" status >/dev/null || return 1
+	after=$(prop MainPID)
+	echo "MainPID $before -> $after"
+	[ "$after" != 0 ] && [ "$after" != "$before" ]
+}
+
+# ------------------------------------------------------------------- stop
+
+nothing_left() {
+	local cg=/sys/fs/cgroup/system.slice/toolsandboxd.service
+	# Stop with a run in flight: the daemon gives it shutdown_grace (30 s),
+	# then cancels it; KillMode=mixed kills whatever is left in the subtree.
+	cat >"$work/long.py" <<-'EOF'
+	import time
+	def long_nap() -> int:
+	    time.sleep(600)
+	    return 1
+	EOF
+	"$cli" call "$work/long.py" --timeout 900 >"$work/long.out" 2>&1 &
+	local client=$! t0
+	for _ in $(seq 1 300); do
+		[ -n "$(find "$cg" -mindepth 1 -maxdepth 1 -type d -name 'run.*' 2>/dev/null)" ] && break
+		sleep 0.1
+	done
+	echo "in flight: $(find "$cg" -mindepth 1 -maxdepth 1 -type d -name 'run.*' 2>/dev/null)"
+	t0=$(date +%s)
+	systemctl stop toolsandboxd.socket toolsandboxd.service || return 1
+	echo "stopped after $(($(date +%s) - t0)) s"
+	wait "$client"
+	echo "the client of the run in flight got (status $?): $(head -c 300 "$work/long.out")"
+	local s
+	s=$(systemctl is-active toolsandboxd.service)
+	echo "service $s, socket $(systemctl is-active toolsandboxd.socket)"
+	[ "$s" = inactive ] || return 1
+	local bad=0
+	if pgrep -x toolsandboxd >/dev/null || pgrep -x toolsandbox-ini >/dev/null; then
+		echo "left running:"; pgrep -a 'toolsandbox(d|-ini)'
+		bad=1
+	fi
+	# Sandbox ids start at uid_base (2^30).
+	local left
+	left=$(ps -eo uid=,pid=,args= | awk '$1 >= 1073741824')
+	[ -z "$left" ] || { echo "sandbox processes left: $left"; bad=1; }
+	[ ! -e "$cg" ] || { echo "service cgroup left: $(find "$cg" -type d)"; bad=1; }
+	left=$(find /sys/fs/cgroup -type d -name 'run.*' 2>/dev/null)
+	[ -z "$left" ] || { echo "run leaves left: $left"; bad=1; }
+	left=$(grep ' /run/toolsandbox' /proc/self/mountinfo)
+	[ -z "$left" ] || { echo "mounts left: $left"; bad=1; }
+	[ "$bad" = 0 ]
+}
+
+# A configuration the daemon refuses: after StartLimitBurst restarts the
+# service and its socket fail, and a waiting client is let go.
+broken_config_fails_fast() {
+	cp "$config" "$work/config.good"
+	echo '{ "version": 1, "no_such_key": true }' >"$config"
+	systemctl start toolsandboxd.socket || return 1
+	local t0 rc result sock_state
+	t0=$(date +%s)
+	timeout 150 "$cli" status
+	rc=$?
+	result=$(systemctl show -P Result toolsandboxd.socket)
+	sock_state=$(systemctl is-active toolsandboxd.socket)
+	echo "client exit status $rc after $(($(date +%s) - t0)) s; socket $sock_state, result $result"
+	cp "$work/config.good" "$config"
+	systemctl stop toolsandboxd.socket toolsandboxd.service
+	systemctl reset-failed toolsandboxd.service toolsandboxd.socket 2>/dev/null
+	[ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$result" = service-start-limit-hit ] && [ "$sock_state" != active ]
+}
+
+echo "# systemd $(systemctl --version | head -1 | cut -d' ' -f2), kernel $(uname -r), build $build"
+need "install into the guest's root (cmake --install)" install_tree
+# shellcheck source=/dev/null
+. "$paths"
+need "systemd-sysusers creates the toolsandbox group" sysusers
+need "systemd-tmpfiles creates the runtime and state directories" tmpfiles
+check "systemd-analyze verify is silent for both units" verify_units
+check "toolsandboxd --check accepts the installed configuration" config_check
+need "systemctl enable --now toolsandboxd.socket" enable_socket
+check "the service does not run before the first connection" not_started_yet
+need "the first client starts the service (socket activation, Type=notify)" first_client_starts_it
+check "the daemon runs in <service>/supervisor and delegates cpu, memory, pids" cgroup_layout
+check "toolsandbox call runs a tool in a leaf beside the supervisor" call_tool
+check "the installed Python client answers (python3 -m toolsandbox_client status)" python_client
+check "systemctl reload keeps the main process" reload_keeps_main
+check "after stopping the service the socket activates a new instance" socket_survives_service_stop
+check "after stopping socket and service nothing is left" nothing_left
+check "with a broken configuration the unit gives up and clients are let go" broken_config_fails_fast
+finish
