@@ -16,6 +16,12 @@ if [ "${CI:-}" = "true" ]; then export TOOLSANDBOXD_TESTS_MUST_RUN="${TOOLSANDBO
 log "unit tests"
 "$TSB_BUILD/bin/unit_tests" --gtest_brief=1
 
+log "systemd units: systemd-analyze verify, sysusers.d, tmpfiles.d, toolsandboxd --check"
+verify_rc=0
+"$TSB_ROOT/tests/systemd/verify.sh" "$TSB_BUILD" || verify_rc=$?
+if [ "$verify_rc" = 77 ]; then log "systemd unit checks SKIPPED (a systemd tool is missing)"
+elif [ "$verify_rc" != 0 ]; then exit "$verify_rc"; fi
+
 # The CgroupV2Test suite proves the cgroup v2 paths (CLONE_INTO_CGROUP,
 # cgroup.kill, memory.events, memory.peak, delegation). On a host without a
 # v2 hierarchy with controllers it cannot run here: it is left out by name,
@@ -25,11 +31,6 @@ if ! grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
   log "this host's cgroups are v1/hybrid: CgroupV2Test runs in the cgroup v2 VM lane (tests/vm/run-lane.sh), not here"
   filter="-CgroupV2Test.*"
 fi
-log "systemd units: systemd-analyze verify, sysusers.d, tmpfiles.d, toolsandboxd --check"
-verify_rc=0
-"$TSB_ROOT/tests/systemd/verify.sh" "$TSB_BUILD" || verify_rc=$?
-if [ "$verify_rc" = 77 ]; then log "systemd unit checks SKIPPED (a systemd tool is missing)"
-elif [ "$verify_rc" != 0 ]; then exit "$verify_rc"; fi
 
 log "root integration tests (inside the outer guard)"
 "$TSB_ROOT/tests/guard/run-guarded" --mem $((4 << 30)) --pids 4096 -- \
@@ -37,6 +38,7 @@ log "root integration tests (inside the outer guard)"
 
 log "python tests (runner, client, Letta adapter; end-to-end against a real daemon)"
 (cd "$TSB_ROOT" && TSB_BUILD="$TSB_BUILD" /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python)
+
 # The cgroup v2 lane boots a VM under emulation: 5-12 minutes on the 2-core
 # build machine (docs/VM-LANE.md has the measured times). It reuses this
 # build; the VM sees it read-only.
@@ -49,4 +51,5 @@ elif [ "${CI:-}" = "true" ] || [ "${TSB_VM_LANE:-}" = 1 ]; then
 else
   log "cgroup v2 VM lane not run (it runs under CI=true, or with TSB_VM_LANE=1; alone: tests/vm/run-lane.sh)"
 fi
+
 log "all tests passed"
