@@ -148,7 +148,9 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) 
   if (const json* e = w.get("engine")) {
     if (!e->is_object()) return Error::invalid(w.where("engine") + ": must be an object");
     Walker we{*doc, *e, "/engine"};
-    TRY_SET(c.engine.cgroup_parent, we.string("cgroup_parent", c.engine.cgroup_parent, true));
+    TRY_SET(c.engine.cgroup_parent, we.string("cgroup_parent", c.engine.cgroup_parent));
+    if (c.engine.cgroup_parent != "self" && (c.engine.cgroup_parent.empty() || c.engine.cgroup_parent[0] != '/'))
+      return Error::invalid(we.where("cgroup_parent") + ": must be \"self\" or an absolute cgroup path");
     TRY_SET(c.engine.state_dir, we.string("state_dir", c.engine.state_dir, true));
     TRY_SET(n, we.number("uid_base", c.engine.uid_base, 65536, 0xF0000000u));
     c.engine.uid_base = static_cast<std::uint32_t>(n);
