@@ -71,7 +71,9 @@ if [ "$do_build" = 1 ]; then
 		{ tail -30 "$build/vm-lane-build.log"; log "build failed (log: $build/vm-lane-build.log)"; exit 1; }
 	summary+=("build: $(elapsed "$t")")
 fi
-for f in integration_tests toolsandboxd toolsandbox toolsandbox-init tsb-probe; do
+needed="toolsandboxd toolsandbox toolsandbox-init"
+[ "$only" = systemd ] || needed="$needed integration_tests tsb-probe"
+for f in $needed; do
 	[ -x "$build/bin/$f" ] || { log "missing $build/bin/$f (build first, or drop --no-build)"; exit 1; }
 done
 [ -x /var/lib/toolsandbox/venv/bin/python3 ] ||
