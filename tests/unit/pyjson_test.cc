@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/python_reference.h"
+
 namespace tsb::protocol {
 namespace {
 
@@ -30,44 +32,8 @@ using ojson = nlohmann::ordered_json;
 // Running the reference interpreter
 // ---------------------------------------------------------------------------
 
-constexpr const char* kPython = "/usr/bin/python3";
-
-bool python_must_run() {
-  const char* v = std::getenv("TOOLSANDBOXD_TESTS_MUST_RUN");
-  return v != nullptr && std::strstr(v, "python") != nullptr;
-}
-
-#define TSB_REQUIRE_PYTHON()                                                                \
-  do {                                                                                      \
-    if (access(kPython, X_OK) != 0) {                                                       \
-      if (python_must_run()) FAIL() << kPython << " is required (TOOLSANDBOXD_TESTS_MUST_RUN)"; \
-      GTEST_SKIP() << kPython << " not found; cross-check against CPython skipped";         \
-    }                                                                                       \
-  } while (0)
-
-class TempFile {
- public:
-  explicit TempFile(const std::string& content) {
-    char tmpl[] = "/tmp/tsb-pyjson-test-XXXXXX";
-    const int fd = mkstemp(tmpl);
-    if (fd < 0) throw std::runtime_error("mkstemp failed");
-    path_ = tmpl;
-    std::size_t off = 0;
-    while (off < content.size()) {
-      const ssize_t n = write(fd, content.data() + off, content.size() - off);
-      if (n <= 0) break;
-      off += static_cast<std::size_t>(n);
-    }
-    close(fd);
-  }
-  ~TempFile() { unlink(path_.c_str()); }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::tsb::testing::kPython;
+using ::tsb::testing::TempFile;
 
 // Run `script` under /usr/bin/python3 -I with the path of a file holding
 // `input` as argv[1]; return its stdout split into lines.
