@@ -229,6 +229,7 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   if (!memfd.ok()) return std::move(memfd).error();
   e->init_filter_ = std::move(memfd).value();
 
+  e->instance_ = random_hex(4);
   e->empty_caps_ = ::cap_init();
   if (!e->empty_caps_) return Error::from_errno("cap_init");
   e->config_ = std::move(config);
@@ -284,7 +285,11 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   cl.memory_bytes = spec.limits.memory_bytes;
   cl.pids = spec.limits.pids;
   cl.cpu_quota_millicpus = spec.limits.cpu_quota_millicpus;
-  std::string leaf_name = config_.leaf_prefix + "." + std::to_string(::getpid()) + "." + std::to_string(++seq_);
+  // "<prefix>.<pid>.<instance>-<n>": the pid lets start-up reclaim leaves of
+  // dead engines; the random instance tag keeps a new engine that got a
+  // dead one's pid from colliding with its leftover leaves.
+  std::string leaf_name = config_.leaf_prefix + "." + std::to_string(::getpid()) + "." + instance_ + "-" +
+                          std::to_string(++seq_);
   auto leaf = cgroups_->create_leaf(leaf_name, cl);
   if (!leaf.ok()) return std::move(leaf).error().wrap("creating the run's cgroup");
   sb->leaf_ = std::move(leaf).value();

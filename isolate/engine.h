@@ -40,7 +40,7 @@ struct EngineConfig {
   std::uint32_t uid_slots = 1024;  // also the most runs at once on this host
   // toolsandbox-init; empty = next to the running program, then libexec.
   std::string init_path;
-  // cgroup leaf names are "<prefix>.<engine pid>.<sequence>"; leaves with a
+  // cgroup leaf names are "<prefix>.<engine pid>.<instance>-<n>"; leaves with a
   // dead owner pid are reclaimed by Engine::create.
   std::string leaf_prefix = "run";
   // The root tmpfs of a sandbox (skeleton and /etc stubs only).
@@ -133,6 +133,7 @@ class Engine {
   UniqueFd init_filter_;     // sealed memfd
   cap_t empty_caps_ = nullptr;
   std::uint64_t seq_ = 0;
+  std::string instance_;     // random tag in leaf names (see spawn)
   std::uint32_t next_slot_ = 0;
 };
 

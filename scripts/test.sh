@@ -39,14 +39,14 @@ log "root integration tests (inside the outer guard)"
 log "python tests (runner, client, Letta adapter; end-to-end against a real daemon)"
 (cd "$TSB_ROOT" && TSB_BUILD="$TSB_BUILD" /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python)
 
-# The cgroup v2 lane boots a VM under emulation: 5-12 minutes on the 2-core
+# The cgroup v2 lane boots a VM under emulation: 5-10 minutes on the 2-core
 # build machine (docs/VM-LANE.md has the measured times). It reuses this
 # build; the VM sees it read-only.
 if [ "${TSB_SKIP_VM_LANE:-}" = 1 ]; then
   log "!!! SKIPPING the cgroup v2 VM lane (TSB_SKIP_VM_LANE=1): CLONE_INTO_CGROUP, cgroup.kill,"
   log "!!! memory.events/memory.peak, delegation and the booted systemd units are NOT tested in this run"
 elif [ "${CI:-}" = "true" ] || [ "${TSB_VM_LANE:-}" = 1 ]; then
-  log "cgroup v2 VM lane (tests/vm/run-lane.sh; 5-12 min under emulation)"
+  log "cgroup v2 VM lane (tests/vm/run-lane.sh; 5-10 min under emulation)"
   "$TSB_ROOT/tests/vm/run-lane.sh" --build "$TSB_BUILD" --no-build
 else
   log "cgroup v2 VM lane not run (it runs under CI=true, or with TSB_VM_LANE=1; alone: tests/vm/run-lane.sh)"

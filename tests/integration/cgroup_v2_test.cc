@@ -186,20 +186,20 @@ TEST_F(CgroupV2Test, WholeTreeKillUsesCgroupKill) {
   // kernels without cgroup.kill). cgroup.kill acts on the whole subtree.
   const std::string sub = leaf + "/outside";
   ASSERT_EQ(::mkdir(sub.c_str(), 0755), 0) << std::strerror(errno);
-  pid_t helper = ::fork();
-  if (helper == 0) {
+  pid_t outsider = ::fork();
+  if (outsider == 0) {
     for (;;) ::pause();
   }
-  ASSERT_GT(helper, 0);
-  ASSERT_TRUE(write_text_file(sub + "/cgroup.procs", std::to_string(helper)).ok());
+  ASSERT_GT(outsider, 0);
+  ASSERT_TRUE(write_text_file(sub + "/cgroup.procs", std::to_string(outsider)).ok());
 
   // What the wall-clock and CPU watchdogs do when a limit is reached.
   (*sb)->kill();
 
-  int st = wait_exit(helper, 10s);
+  int st = wait_exit(outsider, 10s);
   if (st == -1) {
-    ::kill(helper, SIGKILL);
-    ::waitpid(helper, nullptr, 0);
+    ::kill(outsider, SIGKILL);
+    ::waitpid(outsider, nullptr, 0);
   }
   EXPECT_TRUE(st != -1 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)
       << "the process below the leaf survived the run's kill (status " << st << ")";
@@ -254,21 +254,21 @@ TEST_F(CgroupV2Test, StaleLeavesAreKilledAndRemoved) {
   const std::string stale = base + "/stale.999999999.1";
   ASSERT_EQ(::mkdir(stale.c_str(), 0755), 0) << std::strerror(errno);
   ASSERT_EQ(::mkdir((stale + "/sub").c_str(), 0755), 0);
-  pid_t helper = ::fork();
-  if (helper == 0) {
+  pid_t leftover = ::fork();
+  if (leftover == 0) {
     for (;;) ::pause();
   }
-  ASSERT_TRUE(write_text_file(stale + "/sub/cgroup.procs", std::to_string(helper)).ok());
+  ASSERT_TRUE(write_text_file(stale + "/sub/cgroup.procs", std::to_string(leftover)).ok());
   // A fresh Cgroups, as at the start of a new engine: reclaim runs before
   // any leaf of its own was created.
   auto fresh = tsb::isolate::Cgroups::open(engine_->cgroups().parent());
   ASSERT_TRUE(fresh.ok()) << fresh.error().message;
   EXPECT_TRUE((*fresh)->has_cgroup_kill());
   auto n = (*fresh)->reclaim_stale("stale");
-  int st = wait_exit(helper, 10s);
+  int st = wait_exit(leftover, 10s);
   if (st == -1) {
-    ::kill(helper, SIGKILL);
-    ::waitpid(helper, nullptr, 0);
+    ::kill(leftover, SIGKILL);
+    ::waitpid(leftover, nullptr, 0);
   }
   EXPECT_TRUE(st != -1 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "status " << st;
   // The sub-cgroup keeps the leaf's directory; the engine never creates

@@ -84,7 +84,7 @@ mkdir -p "$results"
 "$here/vm-run" --prepare >/dev/null || { log "vm-run --prepare failed"; exit 1; }
 
 if [ -z "$only" ] || [ "$only" = integration ]; then
-	log "integration tests in the v2 VM, inside the outer guard (10-20 min under TCG)"
+	log "integration tests in the v2 VM, inside the outer guard (3-8 min under emulation)"
 	t=$(now)
 	quick_env=()
 	if [ "$quick" = 1 ]; then
