@@ -1,9 +1,11 @@
 #include "protocol/messages.h"
 
 #include "protocol/json_limits.h"
+#include "protocol/json_scan.h"
 
 #include <algorithm>
-#include <set>
+#include <charconv>
+#include <span>
 #include <vector>
 
 namespace tsb::protocol {
@@ -11,57 +13,197 @@ namespace {
 
 using nlohmann::json;
 
+// A member's value as the scanner found it: its text and its kind.
+struct Slice {
+  std::string_view text;
+  JsonKind kind;
+};
+
+// Every field name a request can hold, for any type, and those of
+// sandbox_config. Members outside these lists are unknown whatever the type.
+constexpr std::string_view kRequestFields[] = {
+    "id",       "v",          "type",       "tool_name",   "organization_id", "policy", "env", "timeout", "sandbox_config",
+    "agent_id", "project_id", "script",     "source_code", "args",            "json_schema", "agent_state",
+    "pip_requirements"};
+constexpr std::string_view kSandboxConfigFields[] = {"type", "config"};
+
+// The members of one object, filled from scan_json's on_child: one slot per
+// known name, and the first other member (for the "unknown field" message).
+// Nothing is kept per unknown member, so a line of millions of them costs
+// nothing here.
+class Members {
+ public:
+  explicit Members(std::span<const std::string_view> names) : names_(names), slots_(names.size()) {}
+
+  void add(const JsonChild& c) {
+    std::string_view name = c.key.size() >= 2 ? c.key.substr(1, c.key.size() - 2) : std::string_view();
+    std::string decoded;
+    if (name.find('\\') != std::string_view::npos) name = decoded = json_string_value(c.key);
+    for (std::size_t i = 0; i < names_.size(); ++i)
+      if (names_[i] == name) {
+        slots_[i] = Slice{c.value, c.kind};  // the scanner refuses duplicate keys
+        return;
+      }
+    if (!unknown_) unknown_ = Unknown{std::string(name.substr(0, 64)), c.value.data()};
+  }
+
+  std::size_t index(std::string_view name) const {
+    for (std::size_t i = 0; i < names_.size(); ++i)
+      if (names_[i] == name) return i;
+    return names_.size();  // a name missing from the lists above: a bug, reported as an absent field
+  }
+  const Slice* slot(std::size_t i) const { return i < slots_.size() && slots_[i] ? &*slots_[i] : nullptr; }
+  std::size_t size() const { return names_.size(); }
+  std::string_view name(std::size_t i) const { return names_[i]; }
+
+  // The first member, in document order, that is unknown or known but not
+  // read (`read[i]` false): its name, cut to 64 bytes, or nullopt.
+  std::optional<std::string> first_unread(const std::vector<bool>& read) const {
+    const char* best = unknown_ ? unknown_->at : nullptr;
+    std::optional<std::string> name = unknown_ ? std::optional<std::string>(unknown_->name) : std::nullopt;
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i] && !read[i] && (!best || slots_[i]->text.data() < best)) {
+        best = slots_[i]->text.data();
+        name = std::string(names_[i]);
+      }
+    return name;
+  }
+
+ private:
+  struct Unknown {
+    std::string name;
+    const char* at;  // the value's position in the line, for document order
+  };
+  std::span<const std::string_view> names_;
+  std::vector<std::optional<Slice>> slots_;
+  std::optional<Unknown> unknown_;
+};
+
+// Scans a value that scan_json already accepted as part of the line, to walk
+// its direct children (duplicates were refused the first time).
+template <class F>
+bool for_each_child(std::string_view text, F&& f) {
+  JsonScanOptions o;
+  o.duplicate_keys = false;
+  o.on_child = std::forward<F>(f);
+  return std::holds_alternative<JsonScanned>(scan_json(text, o));
+}
+
+std::string shown_number(std::string_view text) {
+  return text.size() <= 32 ? std::string(text) : std::string(text.substr(0, 32)) + "...";
+}
+
 struct Decoder {
-  const json& obj;
+  const Members& obj;
   std::string where;
-  std::set<std::string> seen;
-  std::optional<ProtocolError> err;
+  std::vector<bool> seen = std::vector<bool>(obj.size());
+  std::optional<ProtocolError> err = std::nullopt;
 
   void fail(std::string msg) {
     if (!err) err = ProtocolError{ErrorCode::BadRequest, std::move(msg)};
   }
-  const json* get(const char* key, json::value_t t, bool required) {
-    seen.insert(key);
-    auto it = obj.find(key);
-    if (it == obj.end() || (it->is_null() && !required)) {
+  const Slice* get(const char* key, JsonKind want, bool required) {
+    std::size_t i = obj.index(key);
+    if (i < seen.size()) seen[i] = true;
+    const Slice* v = obj.slot(i);
+    if (!v || (v->kind == JsonKind::Null && !required)) {
       if (required) fail(where + ": missing field \"" + key + "\"");
       return nullptr;
     }
-    bool ok = it->type() == t || (t == json::value_t::number_float && it->is_number()) ||
-              (t == json::value_t::number_unsigned && it->is_number_unsigned());
-    if (!ok) {
-      fail(where + ": field \"" + key + "\" must be " + type_name(t));
+    if (v->kind != want) {
+      fail(where + ": field \"" + key + "\" must be " + kind_name(want));
       return nullptr;
     }
-    return &*it;
+    return v;
   }
   std::optional<std::string> str(const char* key, bool required, std::size_t max = SIZE_MAX) {
-    const json* v = get(key, json::value_t::string, required);
+    const Slice* v = get(key, JsonKind::String, required);
     if (!v) return std::nullopt;
-    if (v->get_ref<const std::string&>().size() > max) {
+    std::string s = json_string_value(v->text);
+    if (s.size() > max) {
       fail(where + ": field \"" + key + "\" is longer than " + std::to_string(max) + " bytes");
       return std::nullopt;
     }
-    return v->get<std::string>();
+    return s;
   }
   void no_unknown() {
-    for (auto it = obj.begin(); it != obj.end(); ++it)
-      if (!seen.count(it.key())) {
-        std::string k = it.key().substr(0, 64);
-        fail(where + ": unknown field \"" + k + "\"");
-      }
+    if (auto k = obj.first_unread(seen)) fail(where + ": unknown field \"" + *k + "\"");
   }
-  static const char* type_name(json::value_t t) {
-    switch (t) {
-      case json::value_t::string: return "a string";
-      case json::value_t::object: return "an object";
-      case json::value_t::array: return "an array";
-      case json::value_t::boolean: return "true or false";
-      case json::value_t::number_float: return "a number";
+  static const char* kind_name(JsonKind k) {
+    switch (k) {
+      case JsonKind::String: return "a string";
+      case JsonKind::Object: return "an object";
+      case JsonKind::Array: return "an array";
+      case JsonKind::Boolean: return "true or false";
+      case JsonKind::Number: return "a number";
       default: return "of another type";
     }
   }
 };
+
+void decode_env(Decoder& d, const Slice& env, std::map<std::string, std::string>& out) {
+  std::size_t count = 0;
+  bool failed = false;
+  for_each_child(env.text, [&](const JsonChild& c) {
+    if (failed) return;
+    if (++count > kMaxEnvVariables) {
+      d.fail(d.where + ": env holds more than " + std::to_string(kMaxEnvVariables) + " variables");
+      failed = true;
+      return;
+    }
+    std::string name = json_string_value(c.key);
+    if (c.kind != JsonKind::String) {
+      d.fail(d.where + ": env values must be strings (\"" + name.substr(0, 64) + "\")");
+    } else if (!is_env_name(name)) {
+      d.fail(d.where + ": env names must match [A-Za-z_][A-Za-z0-9_]* (\"" + name.substr(0, 64) + "\")");
+    } else {
+      std::string value = json_string_value(c.value);
+      if (value.find('\0') != std::string::npos) {
+        d.fail(d.where + ": env values must not contain NUL (\"" + name.substr(0, 64) + "\")");
+      } else {
+        out[std::move(name)] = std::move(value);
+        return;
+      }
+    }
+    failed = true;  // only the first problem is reported
+  });
+}
+
+// A Letta sandbox config feeds the fingerprint, so it becomes a document; it
+// is small (Letta's configs are a few fields), and bounded here.
+void decode_sandbox_config(Decoder& d, const Slice& sc, std::optional<SandboxConfig>& out) {
+  if (sc.text.size() > kMaxSandboxConfigBytes) {
+    d.fail(d.where + ": field \"sandbox_config\" is larger than " + std::to_string(kMaxSandboxConfigBytes) + " bytes");
+    return;
+  }
+  Members members(kSandboxConfigFields);
+  // The fingerprint is computed from numbers as Python holds them; a number
+  // a double or a 64-bit integer cannot hold would change on the way, so it
+  // is refused rather than rounded.
+  bool out_of_range = false;
+  JsonScanOptions o;
+  o.duplicate_keys = false;
+  o.on_child = [&](const JsonChild& c) { members.add(c); };
+  o.on_number = [&](std::string_view n) {
+    if (json_number_is_integer(n) && !json_integer_fits_64_bits(n)) out_of_range = true;
+  };
+  if (!std::holds_alternative<JsonScanned>(scan_json(sc.text, o))) {
+    d.fail(d.where + ": field \"sandbox_config\" could not be read");
+    return;
+  }
+  Decoder s{members, d.where + ".sandbox_config"};
+  SandboxConfig cfg;
+  if (auto t = s.str("type", true, 64)) cfg.type = *t;
+  if (const Slice* c2 = s.get("config", JsonKind::Object, true)) {
+    cfg.config = json::parse(c2->text.begin(), c2->text.end(), nullptr, false);
+    // nlohmann refuses numbers beyond a double's range (it keeps the rest).
+    if (out_of_range || cfg.config.is_discarded())
+      s.fail(s.where + ": a number in \"config\" is out of range (integers must fit in 64 bits, other numbers in a double)");
+  }
+  s.no_unknown();
+  if (s.err) d.fail(s.err->message);
+  out = std::move(cfg);
+}
 
 void decode_common(Decoder& d, CommonRunFields& c) {
   auto name = d.str("tool_name", true, 256);
@@ -71,39 +213,36 @@ void decode_common(Decoder& d, CommonRunFields& c) {
   }
   if (auto o = d.str("organization_id", true, 256)) c.organization_id = *o;
   c.policy = d.str("policy", false, 128);
-  if (const json* env = d.get("env", json::value_t::object, false)) {
-    for (auto it = env->begin(); it != env->end(); ++it) {
-      if (!it->is_string()) {
-        d.fail(d.where + ": env values must be strings (\"" + it.key().substr(0, 64) + "\")");
-        continue;
-      }
-      if (!is_env_name(it.key())) {
-        d.fail(d.where + ": env names must match [A-Za-z_][A-Za-z0-9_]* (\"" + it.key().substr(0, 64) + "\")");
-        continue;
-      }
-      if (it->get_ref<const std::string&>().find('\0') != std::string::npos) {
-        d.fail(d.where + ": env values must not contain NUL (\"" + it.key().substr(0, 64) + "\")");
-        continue;
-      }
-      c.env[it.key()] = it->get<std::string>();
-    }
+  if (const Slice* env = d.get("env", JsonKind::Object, false)) decode_env(d, *env, c.env);
+  if (const Slice* t = d.get("timeout", JsonKind::Number, false)) {
+    // Read as the nearest double; a number beyond a double's range, either
+    // way, is refused rather than turned into infinity or zero.
+    double v = 0;
+    auto [end, ec] = std::from_chars(t->text.data(), t->text.data() + t->text.size(), v);
+    if (ec != std::errc() || end != t->text.data() + t->text.size() || !(v > 0 && v <= 86400))
+      d.fail(d.where + ": \"timeout\" must be seconds in (0, 86400]");
+    else
+      c.timeout_s = v;
   }
-  if (const json* t = d.get("timeout", json::value_t::number_float, false)) {
-    double v = t->get<double>();
-    if (!(v > 0 && v <= 86400)) d.fail(d.where + ": \"timeout\" must be seconds in (0, 86400]");
-    else c.timeout_s = v;
-  }
-  if (const json* sc = d.get("sandbox_config", json::value_t::object, false)) {
-    Decoder s{*sc, d.where + ".sandbox_config"};
-    SandboxConfig cfg;
-    if (auto t = s.str("type", true, 64)) cfg.type = *t;
-    if (const json* c2 = s.get("config", json::value_t::object, true)) cfg.config = *c2;
-    s.no_unknown();
-    if (s.err) d.fail(s.err->message);
-    c.sandbox_config = std::move(cfg);
-  }
+  if (const Slice* sc = d.get("sandbox_config", JsonKind::Object, false)) decode_sandbox_config(d, *sc, c.sandbox_config);
   c.agent_id = d.str("agent_id", false, 256);
   c.project_id = d.str("project_id", false, 256);
+}
+
+void decode_pip_requirements(Decoder& d, const Slice& p, std::vector<std::string>& out) {
+  bool failed = false;
+  for_each_child(p.text, [&](const JsonChild& e) {
+    if (failed) return;
+    if (out.size() >= kMaxPipRequirements) {
+      d.fail(d.where + ": pip_requirements holds more than " + std::to_string(kMaxPipRequirements) + " requirements");
+      failed = true;
+    } else if (e.kind != JsonKind::String) {
+      d.fail(d.where + ": pip_requirements must be strings");
+      failed = true;
+    } else {
+      out.push_back(json_string_value(e.value));
+    }
+  });
 }
 
 }  // namespace
@@ -152,59 +291,65 @@ bool is_python_identifier(std::string_view s) {
 }
 
 std::variant<Request, ProtocolError> decode_request(std::string_view line, std::string* id_out) {
-  // Duplicate keys are refused: with "last one wins" a second "policy" or
-  // "env" could hide behind the first for whoever reads the request.
-  std::vector<std::set<std::string>> keys;
-  bool duplicate = false;
-  auto cb = [&](int, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) keys.emplace_back();
-    else if (ev == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    else if (ev == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
-      duplicate = true;
-    return true;
-  };
-  // JSON text never contains a raw NUL; the parser would stop there and
-  // ignore whatever follows.
+  // JSON text never contains a raw NUL (the scanner refuses one too; this
+  // gives it its own message).
   if (line.find('\0') != std::string_view::npos) return ProtocolError{ErrorCode::BadRequest, "NUL byte in the request line"};
-  if (!json_nesting_within(line))
-    return ProtocolError{ErrorCode::BadRequest, "JSON nested deeper than " + std::to_string(kMaxJsonNesting) + " levels"};
-  json j = json::parse(line.begin(), line.end(), cb, false);
-  if (j.is_discarded()) return ProtocolError{ErrorCode::BadRequest, "not a JSON object (invalid JSON or UTF-8)"};
-  if (duplicate) return ProtocolError{ErrorCode::BadRequest, "duplicate keys in an object"};
-  if (!j.is_object()) return ProtocolError{ErrorCode::BadRequest, "a request must be a JSON object"};
-  Decoder d{j, "request"};
+  const std::string too_deep = "JSON nested deeper than " + std::to_string(kMaxJsonNesting) + " levels";
+  Members top(kRequestFields);
+  JsonScanOptions scan;
+  scan.allow_bom = true;  // as nlohmann::json did; RFC 8259 section 8.1 allows ignoring one
+  scan.on_child = [&](const JsonChild& c) { top.add(c); };
+  auto scanned = scan_json(line, scan);
+  if (const auto* e = std::get_if<JsonScanError>(&scanned)) {
+    switch (e->failure) {
+      case JsonScanFailure::TooDeep:
+        return ProtocolError{ErrorCode::BadRequest, too_deep};
+      case JsonScanFailure::DuplicateKey:
+        // With "last one wins" a second "policy" or "env" could hide
+        // behind the first for whoever reads the request.
+        return ProtocolError{ErrorCode::BadRequest, "duplicate keys in an object (at byte " + std::to_string(e->offset) + ")"};
+      case JsonScanFailure::Syntax:
+        // A line too deep is called so even when it is also malformed
+        // further on.
+        if (!json_nesting_within(line)) return ProtocolError{ErrorCode::BadRequest, too_deep};
+        return ProtocolError{ErrorCode::BadRequest, "not a JSON object (invalid JSON or UTF-8): " + std::string(e->what) +
+                                                        " at byte " + std::to_string(e->offset)};
+    }
+  }
+  if (std::get<JsonScanned>(scanned).kind != JsonKind::Object)
+    return ProtocolError{ErrorCode::BadRequest, "a request must be a JSON object"};
+
+  Decoder d{top, "request"};
   Request req;
   if (auto id = d.str("id", true, kMaxIdLength)) {
     if (id->empty()) d.fail("request: \"id\" must not be empty");
     req.id = *id;
     if (id_out) *id_out = *id;
   }
-  if (j.contains("v") && !j["v"].is_number_unsigned())
+  // Only the JSON integer 1: not 1.0, 1e0, -1, "1"; a version of any length
+  // is compared as written, never converted.
+  const Slice* vs = top.slot(top.index("v"));
+  if (vs && (vs->kind != JsonKind::Number || !json_number_is_integer(vs->text) || vs->text[0] == '-'))
     return ProtocolError{ErrorCode::BadRequest, "request: field \"v\" must be the integer 1"};
-  const json* v = d.get("v", json::value_t::number_unsigned, true);
-  if (v && v->get<std::uint64_t>() != kProtocolVersion)
-    d.fail("unsupported protocol version " + std::to_string(v->get<std::uint64_t>()) + " (this daemon speaks 1)");
+  const Slice* v = d.get("v", JsonKind::Number, true);
+  if (v && v->text != "1")
+    d.fail("unsupported protocol version " + shown_number(v->text) + " (this daemon speaks " + std::to_string(kProtocolVersion) + ")");
   auto type = d.str("type", true, 32);
   if (d.err) return *d.err;
   if (*type == "execute") {
     ExecuteRequest r;
     decode_common(d, r.common);
-    if (auto s = d.str("script", true)) r.script = *s;
+    if (auto s = d.str("script", true)) r.script = std::move(*s);
     req.body = std::move(r);
   } else if (*type == "run_tool") {
     RunToolRequest r;
     decode_common(d, r.common);
-    if (auto s = d.str("source_code", true)) r.source_code = *s;
-    if (const json* a = d.get("args", json::value_t::object, false)) r.args = *a;
-    else r.args = json::object();
-    if (const json* s = d.get("json_schema", json::value_t::object, false)) r.json_schema = *s;
-    if (const json* s = d.get("agent_state", json::value_t::object, false)) r.agent_state = *s;
-    if (const json* p = d.get("pip_requirements", json::value_t::array, false)) {
-      for (const auto& e : *p) {
-        if (!e.is_string()) d.fail("request: pip_requirements must be strings");
-        else r.pip_requirements.push_back(e.get<std::string>());
-      }
-    }
+    if (auto s = d.str("source_code", true)) r.source_code = std::move(*s);
+    // Forwarded as text: validated with the whole line, copied as sent.
+    if (const Slice* a = d.get("args", JsonKind::Object, false)) r.args.assign(a->text);
+    if (const Slice* s = d.get("json_schema", JsonKind::Object, false)) r.json_schema.assign(s->text);
+    if (const Slice* s = d.get("agent_state", JsonKind::Object, false)) r.agent_state.assign(s->text);
+    if (const Slice* p = d.get("pip_requirements", JsonKind::Array, false)) decode_pip_requirements(d, *p, r.pip_requirements);
     req.body = std::move(r);
   } else if (*type == "status") {
     req.body = StatusRequest{};

@@ -3,6 +3,12 @@
 // Decoding is strict: unknown fields, wrong types, bad UTF-8, a missing or
 // wrong version are errors with a stable code. protocol/PROTOCOL.md is the
 // reference; protocol/schema/*.json are the JSON Schemas.
+//
+// A request line is validated by protocol/json_scan.h without building a
+// document; the fields the daemon reads are decoded from their slices, and
+// the values it only forwards to the tool (args, json_schema, agent_state)
+// stay the text the client sent. Decoding one line never holds much more
+// than the line itself (see the limits below).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +26,13 @@ namespace tsb::protocol {
 inline constexpr int kProtocolVersion = 1;
 inline constexpr std::size_t kDefaultMaxFrameBytes = 32u << 20;
 inline constexpr std::size_t kMaxIdLength = 128;
+
+// Fields the daemon decodes into containers, where each element costs a
+// fixed overhead beyond its bytes, are bounded so that a line of millions of
+// tiny elements cannot make the daemon hold many times the line's size.
+inline constexpr std::size_t kMaxEnvVariables = 4096;        // env entries
+inline constexpr std::size_t kMaxPipRequirements = 1024;     // pip_requirements elements
+inline constexpr std::size_t kMaxSandboxConfigBytes = 1u << 20;  // sandbox_config, as sent
 
 // Stable error codes. Clients switch on these, never on messages.
 enum class ErrorCode {
@@ -62,12 +76,16 @@ struct ExecuteRequest {
 };
 
 // run_tool: source + args as data; a trusted runner calls the function.
+// args, json_schema and agent_state are JSON text exactly as the client sent
+// it (validated, duplicate-free, whitespace and number spelling kept), never
+// a document: they are only forwarded to the runner, so an integer of any
+// size reaches the tool as written.
 struct RunToolRequest {
   CommonRunFields common;
   std::string source_code;
-  nlohmann::json args;            // object: name -> JSON value
-  nlohmann::json json_schema;     // null or Letta's Tool.json_schema
-  nlohmann::json agent_state;     // null or a JSON object
+  std::string args = "{}";           // an object: name -> JSON value
+  std::string json_schema = "null";  // null or Letta's Tool.json_schema (an object)
+  std::string agent_state = "null";  // null or an object
   std::vector<std::string> pip_requirements;  // E2B backend only
 };
 

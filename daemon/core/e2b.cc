@@ -1371,10 +1371,9 @@ asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Pe
   if (ok && tool_mode) {
     const auto& t = std::get<protocol::RunToolRequest>(req.body);
     shape.nonce = random_hex(16);
-    json rq = runner_request_json(t, shape.nonce);
     const std::string beat = "<<TSB-HB-" + random_hex(8) + ">>";
     json spec = {{"runner", runner_src},
-                 {"request", dump_json(rq)},
+                 {"request", runner_request_text(t, shape.nonce)},
                  {"env", env},
                  {"timeout", ctx.timeout_s},
                  {"heartbeat", kHeartbeatSeconds},

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "daemon/core/units.h"
+#include "protocol/json_scan.h"
 #include "protocol/letta.h"
 
 namespace tsb::core {
@@ -33,15 +34,44 @@ std::string signal_text(int sig) {
 
 }  // namespace
 
-nlohmann::json runner_request_json(const protocol::RunToolRequest& t, const std::string& nonce) {
+std::string runner_request_text(const protocol::RunToolRequest& t, std::string_view nonce) {
   const auto& c = t.common;
-  return {{"nonce", nonce},
-          {"tool_name", c.tool_name},
-          {"source_code", t.source_code},
-          {"args", t.args},
-          {"json_schema", t.json_schema},
-          {"agent_state", t.agent_state},
-          {"agent_id", c.agent_id ? json(*c.agent_id) : json()}};
+  struct Part {
+    std::string_view name;  // with its quotes, colon and leading separator
+    std::size_t size;
+  };
+  const Part parts[] = {
+      {"{\"nonce\":", lp::json_quoted_size(nonce)},
+      {",\"tool_name\":", lp::json_quoted_size(c.tool_name)},
+      {",\"source_code\":", lp::json_quoted_size(t.source_code)},
+      {",\"args\":", t.args.size()},
+      {",\"json_schema\":", t.json_schema.size()},
+      {",\"agent_state\":", t.agent_state.size()},
+      {",\"agent_id\":", c.agent_id ? lp::json_quoted_size(*c.agent_id) : std::string_view("null").size()},
+  };
+  std::size_t size = 1;  // the closing brace
+  for (const Part& p : parts) size += p.name.size() + p.size;
+  // Sized exactly once: for a request of tens of megabytes a growing string
+  // would briefly hold two copies.
+  std::string out;
+  out.reserve(size);
+  out += parts[0].name;
+  lp::append_json_quoted(out, nonce);
+  out += parts[1].name;
+  lp::append_json_quoted(out, c.tool_name);
+  out += parts[2].name;
+  lp::append_json_quoted(out, t.source_code);
+  out += parts[3].name;
+  out += t.args;
+  out += parts[4].name;
+  out += t.json_schema;
+  out += parts[5].name;
+  out += t.agent_state;
+  out += parts[6].name;
+  if (c.agent_id) lp::append_json_quoted(out, *c.agent_id);
+  else out += "null";
+  out += '}';
+  return out;
 }
 
 std::string python_float_str(double v) {

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -33,8 +34,12 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run)
 
 // The request the trusted runner reads on its stdin (tool mode), for a local
 // sandbox or an E2B cell alike: the tool's source, its arguments as data and
-// a fresh nonce (daemon/runner/toolsandbox_runner.py documents the fields).
-nlohmann::json runner_request_json(const protocol::RunToolRequest& t, const std::string& nonce);
+// a fresh nonce (daemon/runner/toolsandbox_runner.py documents the fields;
+// absent ones are null). One JSON object, built by concatenation: the
+// strings JSON-escaped, args, json_schema and agent_state spliced in as the
+// client sent them, so no value is re-encoded (numbers stay as written) and
+// the text is about the size of the request it comes from.
+std::string runner_request_text(const protocol::RunToolRequest& t, std::string_view nonce);
 
 // Python's str() of a float, for Letta's timeout message ("180.0", "1.5").
 std::string python_float_str(double v);

@@ -494,6 +494,31 @@ def _abort_child(pid, to_child):
         pass
 
 
+class _ExactIntegers:
+    """Integers of any size while the request is read and handed on.
+
+    The daemon passes the client's integers through byte for byte; Python
+    (3.11+) refuses to convert one of more than 4300 digits by default. The
+    limit is lifted only around the runner's own json.loads/json.dumps of
+    the request, so the tool's code sees the interpreter's usual behaviour.
+    """
+
+    def __enter__(self):
+        self.old = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else None
+        if self.old is not None:
+            sys.set_int_max_str_digits(0)
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            sys.set_int_max_str_digits(self.old)
+        return False
+
+
+def _loads_request(data):
+    with _ExactIntegers():
+        return json.loads(data)
+
+
 def _parent_main(pid, to_child, from_child):
     try:
         _make_non_dumpable()
@@ -503,7 +528,7 @@ def _parent_main(pid, to_child, from_child):
 
     try:
         data = _read_all(0)
-        req = json.loads(data)
+        req = _loads_request(data)
     except (OSError, ValueError, RecursionError) as e:
         _abort_child(pid, to_child)
         raise Fatal("cannot read the request: %s" % e) from None
@@ -522,13 +547,15 @@ def _parent_main(pid, to_child, from_child):
         return EXIT_REQUEST_ERROR
     del req
 
+    with _ExactIntegers():
+        child_text = json.dumps(child_req)
     try:
-        _write_all(to_child, json.dumps(child_req).encode("utf-8"))
+        _write_all(to_child, child_text.encode("utf-8"))
     except OSError:
         pass  # the child died already; _collect_child reports how
     finally:
         os.close(to_child)
-    del child_req
+    del child_req, child_text
 
     try:
         body, status = _collect_child(pid, from_child)
@@ -766,7 +793,7 @@ def _child_main(from_parent, to_parent):
     os.close(from_parent)
     if not data:
         os._exit(0)  # the parent rejected the request
-    req = json.loads(data)
+    req = _loads_request(data)
     del data
 
     # The tool may rebind fd 2 or sys.stderr; tracebacks still go to the real one.

@@ -126,6 +126,25 @@ def schema(*names):
 
 
 class RunnerBasics(unittest.TestCase):
+    def test_integers_of_any_size_arrive_exact(self):
+        # The daemon forwards the client's digits as they are; more than
+        # Python's default 4300 digits must still reach the tool exact, and
+        # the tool's own conversions keep the interpreter's default limit.
+        digits = "9" * 5000
+        nonce = secrets.token_hex(16)
+        src = ("import sys\n"
+               "def t(x):\n"
+               "    limit = sys.get_int_max_str_digits() if hasattr(sys, 'get_int_max_str_digits') else 0\n"
+               "    return [x % 1000003, (x + 1).bit_length(), limit]\n")
+        data = ('{"nonce": "%s", "tool_name": "t", "source_code": %s, "args": {"x": %s}}'
+                % (nonce, json.dumps(src), digits)).encode()
+        proc = subprocess.run([PYTHON, *FLAGS, RUNNER], input=data, capture_output=True, timeout=60)
+        r = Run(proc, nonce)
+        self.assertEqual(r.code, 0, r)
+        value = 10 ** 5000 - 1
+        limit = getattr(sys, "int_info").default_max_str_digits if hasattr(sys.int_info, "default_max_str_digits") else 0
+        self.assertEqual(r.results, [value % 1000003, (value + 1).bit_length(), limit])
+
     def test_sync_tool(self):
         r = run_tool("def add(a: int, b: int = 2):\n    print('adding')\n    return a + b\n", "add",
                      {"a": 40}, json_schema=schema("a", "b"))

@@ -2,6 +2,7 @@
 // response envelopes. protocol/PROTOCOL.md is the reference these tests hold
 // the code to; tests/unit/schema_test.cc holds the JSON Schemas to the code.
 #include "protocol/messages.h"
+#include "protocol/json_limits.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <optional>
+#include <random>
 #include <string>
 #include <variant>
 #include <vector>
@@ -119,9 +121,9 @@ TEST(DecodeRequest, MinimalRunToolDefaults) {
   EXPECT_EQ(d.req->type_name(), "run_tool");
   const auto& r = std::get<RunToolRequest>(d.req->body);
   EXPECT_EQ(r.source_code, "def add(a, b):\n    return a + b\n");
-  EXPECT_EQ(r.args, json::object());  // absent args mean {}
-  EXPECT_TRUE(r.json_schema.is_null());
-  EXPECT_TRUE(r.agent_state.is_null());
+  EXPECT_EQ(r.args, "{}");  // absent args mean {}
+  EXPECT_EQ(r.json_schema, "null");
+  EXPECT_EQ(r.agent_state, "null");
   EXPECT_TRUE(r.pip_requirements.empty());
 }
 
@@ -138,9 +140,10 @@ TEST(DecodeRequest, FullRunTool) {
   Decoded d = decode(j);
   ASSERT_TRUE(d.req) << d.err->message;
   const auto& r = std::get<RunToolRequest>(d.req->body);
-  EXPECT_EQ(r.args, j["args"]);
-  EXPECT_EQ(r.json_schema, j["json_schema"]);
-  EXPECT_EQ(r.agent_state, j["agent_state"]);
+  // Kept as the text the client sent.
+  EXPECT_EQ(r.args, j["args"].dump());
+  EXPECT_EQ(r.json_schema, j["json_schema"].dump());
+  EXPECT_EQ(r.agent_state, j["agent_state"].dump());
   EXPECT_EQ(r.pip_requirements, (std::vector<std::string>{"requests==2.32.3", "numpy"}));
   EXPECT_EQ(r.common.env.at("K"), "v");
   EXPECT_DOUBLE_EQ(*r.common.timeout_s, 30.0);
@@ -162,7 +165,9 @@ TEST(DecodeRequest, NullOptionalFieldsMeanAbsent) {
   for (const char* k : {"args", "json_schema", "agent_state", "pip_requirements"}) r[k] = nullptr;
   Decoded d2 = decode(r);
   ASSERT_TRUE(d2.req) << d2.err->message;
-  EXPECT_EQ(std::get<RunToolRequest>(d2.req->body).args, json::object());
+  EXPECT_EQ(std::get<RunToolRequest>(d2.req->body).args, "{}");
+  EXPECT_EQ(std::get<RunToolRequest>(d2.req->body).json_schema, "null");
+  EXPECT_EQ(std::get<RunToolRequest>(d2.req->body).agent_state, "null");
 }
 
 TEST(DecodeRequest, FieldOrderDoesNotMatter) {
@@ -615,9 +620,188 @@ TEST(DecodeRequest, TrailingGarbageIsRefused) {
   }
 }
 
-// nlohmann's lexer takes a NUL byte for the end of the input, so whatever
-// follows a NUL after the object (even invalid UTF-8) is ignored and the line
-// is accepted. Enable once the decoder refuses it.
+TEST(DecodeRequest, StrictGrammarEverywhereInTheLine) {
+  // Inside the free-form values too: they are forwarded as text, so the
+  // decoder is what guarantees they are JSON.
+  const std::string head = R"({"v":1,"id":"a","type":"run_tool","tool_name":"f","organization_id":"o","source_code":"",)";
+  for (std::string bad : {std::string(R"("args":{"a":[1,]}})"), std::string(R"("args":{"a":01}})"),
+                          std::string(R"("args":{"a":NaN}})"), std::string(R"("args":{"a":"\x"}})"),
+                          std::string(R"("args":{"a":"\ud800"}})"), std::string("\"args\":{\"a\":\"\xc0\xaf\"}}"),
+                          std::string("\"args\":{\"a\":\"\t\"}}"), std::string(R"("args":{"a":1}/**/})"),
+                          std::string(R"("agent_state":{"a":tru}})"), std::string(R"("json_schema":{'a':1}})")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_BAD_REQUEST(head + bad, "not a JSON object (invalid JSON or UTF-8)");
+  }
+  // The message says what and where.
+  Decoded d = decode(std::string_view(R"({"v":1,"id":"a","type":"status",})"));
+  ASSERT_TRUE(d.err);
+  EXPECT_NE(d.err->message.find("expected a string key at byte 32"), std::string::npos) << d.err->message;
+}
+
+TEST(DecodeRequest, DuplicateKeysInAnySpellingAreRefused) {
+  const std::string head = R"({"v":1,"id":"a","type":"run_tool","tool_name":"f","organization_id":"o","source_code":"",)";
+  for (std::string dup : {std::string(R"("args":{"a":1,"\u0061":2}})"),
+                          std::string(R"("args":{"x":[{"k":{"\u006b":1,"k":2}}]}})"),
+                          std::string(R"("\u0061rgs":{},"args":{}})"),
+                          std::string(R"("agent_state":{"m":{"\u00e9":1,"\u00E9":2}}})")}) {
+    SCOPED_TRACE(dup);
+    Decoded d = decode(head + dup);
+    ASSERT_TRUE(d.err);
+    EXPECT_NE(d.err->message.find("duplicate keys"), std::string::npos) << d.err->message;
+    EXPECT_EQ(d.id, "");
+  }
+  EXPECT_BAD_REQUEST(std::string_view(R"({"v":1,"\u0069d":"a","id":"b","type":"status"})"), "duplicate keys");
+}
+
+TEST(DecodeRequest, EscapedFieldNamesAreTheFields) {
+  Decoded d = decode(std::string_view(R"({"\u0076":1,"i\u0064":"a\u0062","t\u0079pe":"status"})"));
+  ASSERT_TRUE(d.req) << d.err->message;
+  EXPECT_EQ(d.req->id, "ab");
+  EXPECT_BAD_REQUEST(std::string_view(R"({"v":1,"id":"a","type":"status","\u0074imout":1})"), "unknown field \"timout\"");
+}
+
+TEST(DecodeRequest, ByteOrderMarkBeforeTheObjectIsSkipped) {
+  // RFC 8259 section 8.1 lets a parser ignore one; nlohmann::json did.
+  EXPECT_TRUE(decode(std::string("\xef\xbb\xbf") + minimal_status().dump()).req);
+  EXPECT_BAD_REQUEST(std::string(" \xef\xbb\xbf") + minimal_status().dump(), "invalid JSON");
+}
+
+TEST(DecodeRequest, VersionIsNeverConverted) {
+  auto with_v = [](const std::string& v) { return R"({"v":)" + v + R"(,"id":"a","type":"status"})"; };
+  EXPECT_TRUE(decode(with_v("1")).req);
+  for (const char* big : {"18446744073709551616", "18446744073709551617", "99999999999999999999999999999999999999999"}) {
+    SCOPED_TRACE(big);
+    Decoded d = decode(with_v(big));
+    ASSERT_TRUE(d.err);
+    EXPECT_EQ(d.err->code, ErrorCode::BadRequest);
+    EXPECT_NE(d.err->message.find("unsupported protocol version"), std::string::npos) << d.err->message;
+    EXPECT_NE(d.err->message.find(std::string(big).substr(0, 20)), std::string::npos) << d.err->message;
+    EXPECT_LT(d.err->message.size(), 100u);
+    EXPECT_EQ(d.id, "a");
+  }
+  // 1 + 2^64 must not wrap around to 1, nor 1.0000000000000000001 round to it.
+  for (const char* not_one : {"18446744073709551617", "1.0000000000000000001", "1e400", "1e-400", "-0", "1E0", "10e-1"}) {
+    SCOPED_TRACE(not_one);
+    EXPECT_TRUE(decode(with_v(not_one)).err);
+  }
+  EXPECT_BAD_REQUEST(with_v("1e400"), "field \"v\" must be the integer 1");
+  EXPECT_BAD_REQUEST(with_v("-18446744073709551617"), "field \"v\" must be the integer 1");
+}
+
+TEST(DecodeRequest, TimeoutOutOfRangeIsRefusedNeverRounded) {
+  auto with = [](const std::string& t) {
+    return decode(std::string(R"({"v":1,"id":"t","type":"execute","tool_name":"f","organization_id":"o","script":"","timeout":)") + t + "}");
+  };
+  for (std::string bad : {std::string("1e400"), std::string("-1e400"), std::string("1e-400"), std::string("18446744073709551616"),
+                          "1" + std::string(300, '0'), std::string("0.") + std::string(400, '0') + "1"}) {
+    SCOPED_TRACE(bad.substr(0, 40));
+    Decoded d = with(bad);
+    ASSERT_TRUE(d.err);
+    EXPECT_EQ(d.err->code, ErrorCode::BadRequest);
+    EXPECT_NE(d.err->message.find("\"timeout\" must be seconds in (0, 86400]"), std::string::npos) << d.err->message;
+    EXPECT_EQ(d.id, "t");
+  }
+  Decoded ok = with("1E+2");
+  ASSERT_TRUE(ok.req) << ok.err->message;
+  EXPECT_DOUBLE_EQ(*std::get<ExecuteRequest>(ok.req->body).common.timeout_s, 100.0);
+}
+
+TEST(DecodeRequest, ForwardedValuesKeepTheirText) {
+  const std::string big = "-" + std::string(300, '9');
+  const std::string args = "{ \"n\" : " + big + " ,\"z\":-0,\"h\":1e400,\"e\":1E+2,\"s\":\"\\u00e9\\/\"}";
+  json j = minimal_run_tool();
+  std::string line = j.dump();
+  line.pop_back();
+  line += ",\"args\":" + args + ",\"agent_state\":{\"c\":" + big + "},\"json_schema\":{\"m\":" + big + "}}";
+  Decoded d = decode(line);
+  ASSERT_TRUE(d.req) << d.err->message;
+  const auto& r = std::get<RunToolRequest>(d.req->body);
+  EXPECT_EQ(r.args, args);
+  EXPECT_EQ(r.agent_state, "{\"c\":" + big + "}");
+  EXPECT_EQ(r.json_schema, "{\"m\":" + big + "}");
+}
+
+TEST(DecodeRequest, SandboxConfigNumbersMustBeRepresentable) {
+  // The fingerprint is computed from the config as a document; a number it
+  // would have to round is refused instead.
+  auto with = [](const std::string& config) {
+    return std::string(R"({"v":1,"id":"s","type":"execute","tool_name":"f","organization_id":"o","script":"","sandbox_config":{"type":"local","config":)") +
+           config + "}}";
+  };
+  EXPECT_TRUE(decode(with(R"({"timeout":300,"big":18446744073709551615,"neg":-9223372036854775808,"f":1.5,"t":1e-400})")).req);
+  for (const char* bad : {R"({"x":18446744073709551616})", R"({"x":[-9223372036854775809]})", R"({"x":1e400})",
+                          R"({"x":{"y":123456789012345678901234567890}})"}) {
+    SCOPED_TRACE(bad);
+    Decoded d = decode(with(bad));
+    ASSERT_TRUE(d.err);
+    EXPECT_NE(d.err->message.find("request.sandbox_config: a number in \"config\" is out of range"), std::string::npos)
+        << d.err->message;
+    EXPECT_EQ(d.id, "s");
+  }
+}
+
+TEST(DecodeRequest, ContainersTheDecoderBuildsAreBounded) {
+  json e = minimal_execute();
+  json env = json::object();
+  for (std::size_t i = 0; i < kMaxEnvVariables; ++i) env["V" + std::to_string(i)] = "";
+  e["env"] = env;
+  EXPECT_TRUE(decode(e).req);
+  e["env"]["ONE_MORE"] = "";
+  EXPECT_BAD_REQUEST(e, "env holds more than 4096 variables");
+
+  json r = minimal_run_tool();
+  r["pip_requirements"] = json::array();
+  for (std::size_t i = 0; i < kMaxPipRequirements; ++i) r["pip_requirements"].push_back("p");
+  EXPECT_TRUE(decode(r).req);
+  r["pip_requirements"].push_back("p");
+  EXPECT_BAD_REQUEST(r, "pip_requirements holds more than 1024 requirements");
+
+  json s = minimal_execute();
+  s["sandbox_config"] = {{"type", "local"}, {"config", {{"pad", std::string(kMaxSandboxConfigBytes - 64, 'x')}}}};
+  EXPECT_TRUE(decode(s).req);
+  s["sandbox_config"]["config"]["pad"] = std::string(kMaxSandboxConfigBytes, 'x');
+  EXPECT_BAD_REQUEST(s, "field \"sandbox_config\" is larger than 1048576 bytes");
+}
+
+TEST(DecodeRequest, MillionsOfUnknownFieldsCostNothing) {
+  std::string line = R"({"v":1,"id":"u","type":"status")";
+  for (int i = 0; i < 300000; ++i) line += ",\"x" + std::to_string(i) + "\":0";
+  line += "}";
+  Decoded d = decode(line);
+  ASSERT_TRUE(d.err);
+  EXPECT_NE(d.err->message.find("unknown field \"x0\""), std::string::npos) << d.err->message;
+  EXPECT_EQ(d.id, "u");
+}
+
+TEST(DecodeRequest, GarbageNeverCrashes) {
+  // Random mutations of valid requests and random bytes: refused or
+  // accepted, never a crash (a fuzz target explores this further).
+  std::mt19937 rng(99);
+  const std::string seeds[] = {minimal_execute().dump(), minimal_run_tool().dump(), minimal_status().dump(),
+                               R"({"v":1,"id":"a","type":"run_tool","tool_name":"f","organization_id":"o","source_code":"",)"
+                               R"("args":{"a":[1,{"b":"\u00e9"}]},"env":{"A":"b"},"pip_requirements":["x"],)"
+                               R"("sandbox_config":{"type":"e2b","config":{"k":[1.5e3]}},"timeout":2,"agent_state":{}})"};
+  static const char kBytes[] = "{}[],:\"\\ -.e0123456789tfnu\x01\xc3\xa9\xff";
+  int accepted = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string s = seeds[rng() % 4];
+    for (int k = 1 + static_cast<int>(rng() % 4); k > 0; --k) {
+      std::size_t at = rng() % (s.size() + 1);
+      switch (rng() % 3) {
+        case 0: if (at < s.size()) s[at] = kBytes[rng() % (sizeof kBytes - 1)]; break;
+        case 1: s.insert(s.begin() + static_cast<long>(at), kBytes[rng() % (sizeof kBytes - 1)]); break;
+        default: if (at < s.size()) s.erase(at, 1 + rng() % 4); break;
+      }
+    }
+    std::vector<char> buf(s.begin(), s.end());
+    std::string id;
+    if (std::holds_alternative<Request>(decode_request(std::string_view(buf.data(), buf.size()), &id))) ++accepted;
+  }
+  EXPECT_GT(accepted, 0);
+}
+
+// A NUL byte is refused wherever it is (nlohmann's lexer used to take one
+// for the end of the input and ignore whatever followed).
 TEST(DecodeRequest, BytesAfterANulAreRefused) {
   const std::string obj = R"({"v":1,"id":"a","type":"status"})";
   EXPECT_TRUE(decode(obj + std::string(1, '\0')).err);
@@ -641,12 +825,10 @@ TEST(DecodeRequest, DecodingWithoutIdOutput) {
   EXPECT_TRUE(std::holds_alternative<ProtocolError>(decode_request("{}", nullptr)));
 }
 
-// Nesting depth is not limited by the decoder. nlohmann::json copies values
-// recursively, so a request with ~100000 levels of nesting inside args,
-// json_schema, agent_state or sandbox_config.config (a line of a few hundred
-// kilobytes, far below the frame limit) overflows the stack while it is
-// decoded. Run in a child process so that the failure cannot take the test
-// binary down; enable once the decoder bounds the depth.
+// A request with ~100000 levels of nesting inside args (a line of a few
+// hundred kilobytes, far below the frame limit) must not overflow the stack
+// while it is decoded. Run in a child process so that a failure cannot take
+// the test binary down.
 TEST(DecodeRequestDeathTest, DeepNestingDoesNotCrash) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const int depth = 200000;
@@ -661,6 +843,19 @@ TEST(DecodeRequestDeathTest, DeepNestingDoesNotCrash) {
         std::exit(0);
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+TEST(DecodeRequest, NestingIsBoundedAt512Levels) {
+  // The request object is level 1 and args level 2.
+  auto line = [](int inner, const std::string& tail = "") {
+    return R"({"v":1,"id":"deep","type":"run_tool","tool_name":"f","organization_id":"o","source_code":"","args":{"a":)" +
+           std::string(inner, '[') + std::string(inner, ']') + tail + "}}";
+  };
+  EXPECT_TRUE(decode(line(kMaxJsonNesting - 2)).req);
+  EXPECT_BAD_REQUEST(line(kMaxJsonNesting - 1), "JSON nested deeper than 512 levels");
+  EXPECT_BAD_REQUEST(line(200000), "JSON nested deeper than 512 levels");
+  // Too deep and malformed: called too deep, as before.
+  EXPECT_BAD_REQUEST(std::string("{\"v\":1,,") + std::string(600, '[') , "JSON nested deeper than 512 levels");
 }
 
 // ---------------------------------------------------------------------------
