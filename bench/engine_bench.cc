@@ -3,10 +3,13 @@
 //
 //   tsb-bench-engine [--n 200] [--payload "/usr/bin/python3 -S -c pass"] [--json FILE]
 //
-// Interleaves three variants, n rounds, the order rotated every round, 5
+// Interleaves four variants, n rounds, the order rotated every round, 5
 // warm-ups each: the bare payload (posix_spawn + wait), the payload through
-// the engine (spawn + supervise to the end, cleanup included), and the
-// payload through bwrap --unshare-all --die-with-parent. Reports median,
+// the engine (spawn + supervise to the end, cleanup included) as shipped,
+// where read-only host directories are overlays the engine makes
+// ("views", so mountinfo names no host path), the same engine with plain
+// binds instead (engine.hide_host_paths false), and the payload through
+// bwrap --unshare-all --die-with-parent. Reports median,
 // p10, p90 and p95 in ms, and the overhead of each variant over bare.
 #include <fcntl.h>
 #include <spawn.h>
@@ -84,6 +87,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "engine: %s\n", engine.error().message.c_str());
     return 1;
   }
+  tsb::isolate::EngineConfig bind_cfg = cfg;
+  bind_cfg.hide_host_paths = false;
+  bind_cfg.uid_base = cfg.uid_base + cfg.uid_slots * 65536u;
+  auto bind_engine = tsb::isolate::Engine::create(bind_cfg);
+  if (!bind_engine.ok()) {
+    std::fprintf(stderr, "engine (binds): %s\n", bind_engine.error().message.c_str());
+    return 1;
+  }
   tsb::core::PolicyContext ctx;
   auto policy = tsb::core::load_named_policy("default", "", ctx);
   if (!policy.ok()) {
@@ -102,24 +113,25 @@ int main(int argc, char** argv) {
     const char* name;
     std::vector<double> ms;
   };
-  Variant v[3] = {{"bare", {}}, {"engine", {}}, {"bwrap", {}}};
+  constexpr int kVariants = 4;
+  Variant v[kVariants] = {{"bare", {}}, {"engine", {}}, {"bwrap", {}}, {"engine, binds", {}}};
   auto run_variant = [&](int which) -> double {
     if (which == 0) return spawn_wait(cmd);
     if (which == 2) return spawn_wait(bwrap);
     auto t0 = clk::now();
-    auto r = (*engine)->run(spec);
+    auto r = (which == 1 ? *engine : *bind_engine)->run(spec);
     double ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
     return (r.reason == tsb::isolate::EndReason::Exited && r.exit_code == 0) ? ms : -1;
   };
   for (int w = 0; w < 5; ++w)
-    for (int k = 0; k < 3; ++k)
+    for (int k = 0; k < kVariants; ++k)
       if (run_variant(k) < 0) {
         std::fprintf(stderr, "variant %s fails\n", v[k].name);
         return 1;
       }
   for (int round = 0; round < n; ++round)
-    for (int j = 0; j < 3; ++j) {
-      int k = (round + j) % 3;
+    for (int j = 0; j < kVariants; ++j) {
+      int k = (round + j) % kVariants;
       double ms = run_variant(k);
       if (ms >= 0) v[k].ms.push_back(ms);
     }
@@ -128,14 +140,21 @@ int main(int argc, char** argv) {
   std::ostringstream js;
   js << "{\"n\":" << n << ",\"payload\":\"" << payload << "\",\"variants\":{";
   std::printf("| variant | n | median ms | p10 | p90 | p95 | overhead vs bare |\n|---|---:|---:|---:|---:|---:|---:|\n");
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < kVariants; ++k) {
     double med = pct(v[k].ms, 0.5);
     std::printf("| %s | %zu | %.2f | %.2f | %.2f | %.2f | %+.2f ms (x%.2f) |\n", v[k].name, v[k].ms.size(), med,
                 pct(v[k].ms, 0.1), pct(v[k].ms, 0.9), pct(v[k].ms, 0.95), med - base, med / base);
     js << (k ? "," : "") << "\"" << v[k].name << "\":{\"n\":" << v[k].ms.size() << ",\"median\":" << med
        << ",\"p10\":" << pct(v[k].ms, 0.1) << ",\"p90\":" << pct(v[k].ms, 0.9) << ",\"p95\":" << pct(v[k].ms, 0.95) << "}";
   }
-  js << "},\"cgroup\":\"" << (*engine)->cgroups().describe() << "\"}";
+  double load[3] = {0, 0, 0};
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = load[1] = load[2] = -1;
+    std::fclose(f);
+  }
+  js << "},\"cgroup\":\"" << (*engine)->cgroups().describe() << "\",\"loadavg\":[" << load[0] << "," << load[1]
+     << "," << load[2] << "]}";
+  std::printf("\nload average at the end: %.2f %.2f %.2f\n", load[0], load[1], load[2]);
   std::printf("\nengine: %s\n", (*engine)->cgroups().describe().c_str());
   if (!json_out.empty()) std::ofstream(json_out) << js.str() << "\n";
   return 0;

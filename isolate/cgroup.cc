@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -97,8 +98,12 @@ Result<std::string> read_text_file(const std::string& path) {
 Status write_text_file(const std::string& path, std::string_view data) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
   if (!fd) return Error::from_errno("open '" + path + "'");
-  // cgroup and procfs control files take one write(2) per value.
-  ssize_t n = ::write(fd.get(), data.data(), data.size());
+  // cgroup and procfs control files take one write(2) per value. A signal
+  // may interrupt one that has to reclaim memory first (memory.limit_in_bytes
+  // above the current usage): that is not a failure, it is tried again.
+  ssize_t n;
+  do n = ::write(fd.get(), data.data(), data.size());
+  while (n < 0 && errno == EINTR);
   if (n < 0) return Error::from_errno("write '" + std::string(data) + "' to '" + path + "'");
   if (static_cast<std::size_t>(n) != data.size())
     return Error::invalid("short write to '" + path + "'", EIO);
@@ -259,6 +264,7 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
   }
   for (const auto& h : cg->hierarchies_) TSB_TRY(mkdir_p(h.base), "creating the cgroup parent");
   cg->has_memsw_ = exists(cg->hierarchies_[0].base + "/memory.memsw.limit_in_bytes");
+  cg->has_kmem_tcp_ = exists(cg->hierarchies_[0].base + "/memory.kmem.tcp.limit_in_bytes");
   return cg;
 }
 
@@ -324,6 +330,15 @@ Result<std::unique_ptr<CgroupLeaf>> Cgroups::create_leaf(const std::string& name
       TSB_TRY(w("memory", "memory.memsw.limit_in_bytes", std::to_string(lim.memory_bytes)), "disabling swap");
     else
       (void)w("memory", "memory.swappiness", "0");  // best effort: no swap accounting on this kernel
+    // v1 charges socket buffers to a cgroup only once its TCP limit is set
+    // (and then TCP and UDP alike, to that counter); without it a run could
+    // queue any amount in loopback connections, out of the host-wide TCP
+    // pool every service shares. Set before any process is in the leaf:
+    // sockets made earlier would stay uncharged. v2 charges them to
+    // memory.max without being asked.
+    if (has_kmem_tcp_)
+      TSB_TRY(w("memory", "memory.kmem.tcp.limit_in_bytes", std::to_string(lim.memory_bytes)),
+              "charging socket buffers to the run");
   }
   if (lim.pids) TSB_TRY(w("pids", "pids.max", std::to_string(lim.pids)), "setting the pids limit");
   if (lim.cpu_quota_millicpus) {
@@ -334,33 +349,63 @@ Result<std::unique_ptr<CgroupLeaf>> Cgroups::create_leaf(const std::string& name
   return leaf;
 }
 
-Result<int> Cgroups::reclaim_stale(const std::string& prefix) {
-  const std::string& base = hierarchies_[0].base;
-  DIR* d = ::opendir(base.c_str());
-  if (!d) return Error::from_errno("opendir '" + base + "'");
-  std::vector<std::string> stale;
-  while (dirent* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (e->d_type != DT_DIR || n.rfind(prefix + ".", 0) != 0) continue;
-    // name: <prefix>.<owner pid>.<seq>
-    auto rest = n.substr(prefix.size() + 1);
-    pid_t owner = 0;
-    std::from_chars(rest.data(), rest.data() + rest.size(), owner);
-    if (owner > 0 && (::kill(owner, 0) == 0 || errno == EPERM)) continue;  // owner alive
-    stale.push_back(n);
+Result<Cgroups::Reclaimed> Cgroups::reclaim_stale(const std::string& prefix,
+                                                  const std::function<bool(const std::string&)>& owner_alive,
+                                                  std::chrono::milliseconds wait) {
+  // Every hierarchy: a leaf half removed by a crash may be left in some only.
+  std::set<std::string> names;
+  for (const auto& h : hierarchies_) {
+    DIR* d = ::opendir(h.base.c_str());
+    if (!d) {
+      if (errno == ENOENT) continue;
+      return Error::from_errno("opendir '" + h.base + "'");
+    }
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (e->d_type == DT_DIR && n.rfind(prefix + ".", 0) == 0) names.insert(n);
+    }
+    ::closedir(d);
   }
-  ::closedir(d);
-  int removed = 0;
-  for (const auto& n : stale) {
-    CgroupLeaf leaf(this, n);
-    if (mode_ == CgroupMode::V2) leaf.v2_fd_.reset(::open(dir_of(hierarchies_[0], n).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (leaf.destroy().ok()) ++removed;
+  Reclaimed out;
+  std::vector<std::unique_ptr<CgroupLeaf>> stale;
+  for (const auto& n : names) {
+    if (owner_alive(n)) continue;
+    std::unique_ptr<CgroupLeaf> leaf(new CgroupLeaf(this, n));
+    if (mode_ == CgroupMode::V2)
+      leaf->v2_fd_.reset(::open(dir_of(hierarchies_[0], n).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    (void)leaf->kill_all();  // all first, so they die in parallel
+    stale.push_back(std::move(leaf));
   }
-  return removed;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (int round = 0; !stale.empty(); ++round) {
+    for (auto it = stale.begin(); it != stale.end();) {
+      auto done = (*it)->try_remove();
+      if (!done.ok()) {
+        out.failed.push_back((*it)->name() + ": " + done.error().message);
+        (*it)->destroyed_ = true;
+        it = stale.erase(it);
+      } else if (*done) {
+        out.removed.push_back((*it)->name());
+        it = stale.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (stale.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      for (auto& l : stale) {
+        out.failed.push_back(l->name() + ": processes still exiting after " + std::to_string(wait.count()) + " ms");
+        l->destroyed_ = true;  // leave it; the next start-up tries again
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(round < 20 ? 1 : 10));
+  }
+  return out;
 }
 
 CgroupLeaf::~CgroupLeaf() {
-  if (!destroyed_) (void)destroy();
+  if (!destroyed_) (void)try_remove();
 }
 
 std::string CgroupLeaf::path(std::size_t i) const { return owner_->dir_of(owner_->hierarchies_[i], name_); }
@@ -446,27 +491,36 @@ CgroupStats CgroupLeaf::stats() const {
   return s;
 }
 
-Status CgroupLeaf::destroy() {
-  if (destroyed_) return {};
+Result<bool> CgroupLeaf::try_remove() {
+  if (destroyed_) return true;
   (void)kill_all();
-  v2_fd_.reset();
-  // Processes killed a moment ago may still be exiting: rmdir answers EBUSY
-  // until the last one is gone. Bounded wait (about 2 s in all).
-  Status result;
   for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i) {
     std::string d = path(i);
-    for (int attempt = 0;; ++attempt) {
-      if (::rmdir(d.c_str()) == 0 || errno == ENOENT) break;
-      if (errno != EBUSY || attempt >= 400) {
-        result = Error::from_errno("removing cgroup '" + d + "'");
-        break;
-      }
-      if (attempt % 50 == 49) (void)kill_all();
-      std::this_thread::sleep_for(std::chrono::microseconds(attempt < 20 ? 100 : 5000));
-    }
+    if (::rmdir(d.c_str()) == 0 || errno == ENOENT) continue;
+    // Processes killed a moment ago may still be exiting: rmdir answers
+    // EBUSY until the last one is gone.
+    if (errno == EBUSY) return false;
+    return Error::from_errno("removing cgroup '" + d + "'");
   }
+  v2_fd_.reset();
   destroyed_ = true;
-  return result;
+  return true;
+}
+
+Status CgroupLeaf::destroy() {
+  for (int attempt = 0;; ++attempt) {
+    auto done = try_remove();
+    if (!done.ok()) {
+      destroyed_ = true;
+      return std::move(done).error();
+    }
+    if (*done) return {};
+    if (attempt >= 400) {
+      destroyed_ = true;
+      return Error::invalid("removing cgroup leaf '" + name_ + "': processes still inside after 2 s", EBUSY);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(attempt < 20 ? 100 : 5000));
+  }
 }
 
 }  // namespace tsb::isolate

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -63,9 +64,18 @@ class Cgroups {
   // Create a leaf named `name` under the parent and write its limits.
   Result<std::unique_ptr<CgroupLeaf>> create_leaf(const std::string& name, const CgroupLimits& limits);
 
-  // Remove leaves under the parent that no live owner holds (names carry the
-  // owner pid, see engine.cc); kills their processes first. Returns how many.
-  Result<int> reclaim_stale(const std::string& prefix);
+  // Leaves under the parent whose names start with "<prefix>." and that
+  // `owner_alive` says nobody owns any more, in every hierarchy: their
+  // processes are killed (cgroup.kill on v2, a freezer sweep on v1), then the
+  // leaves are removed, waiting up to `wait` for the killed to exit.
+  struct Reclaimed {
+    std::vector<std::string> removed;  // leaf names
+    std::vector<std::string> failed;   // "name: why"
+  };
+  Result<Reclaimed> reclaim_stale(const std::string& prefix, const std::function<bool(const std::string&)>& owner_alive,
+                                  std::chrono::milliseconds wait = std::chrono::seconds(5));
+  // v1 with socket accounting: memory.kmem.tcp.limit_in_bytes exists.
+  bool has_tcp_memory_limit() const noexcept { return has_kmem_tcp_; }
 
  private:
   friend class CgroupLeaf;
@@ -83,10 +93,12 @@ class Cgroups {
   bool has_memory_peak_ = false;        // v2 memory.peak (5.19+)
   bool has_cgroup_kill_ = false;        // v2 cgroup.kill (5.14+)
   bool has_memsw_ = false;              // v1 memory.memsw.* (swap accounting on)
+  bool has_kmem_tcp_ = false;           // v1 memory.kmem.tcp.limit_in_bytes
 };
 
 // One run's leaf. Owns the directories: the destructor kills whatever still
-// runs inside and removes them.
+// runs inside and makes one attempt to remove them (no waiting; a leaf left
+// behind is removed by the next start-up reclaim at the latest).
 class CgroupLeaf {
  public:
   ~CgroupLeaf();
@@ -103,7 +115,11 @@ class CgroupLeaf {
   bool empty() const;
   CgroupStats stats() const;
   std::chrono::nanoseconds cpu_usage() const;
-  // Kill, wait for the leaf to empty, remove the directories.
+  // One non-blocking attempt: kill what is left, remove the directories.
+  // False when the kernel still counts exiting processes in it (EBUSY).
+  Result<bool> try_remove();
+  // Kill, wait (up to about 2 s, sleeping) for the leaf to empty, remove the
+  // directories. For start-up and the command line; never on an event loop.
   Status destroy();
   const std::string& name() const noexcept { return name_; }
   // The leaf's directory in each hierarchy (v2: one), for diagnostics and tests.

@@ -11,7 +11,6 @@
 #include <linux/filter.h>
 #include <sys/resource.h>
 #include <sys/types.h>
-#include <sys/capability.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -31,9 +30,13 @@ struct MountStep {
     kMount,      // mount(src, dst, fstype, flags, data) on a directory created first
     kSetAttr,    // mount_setattr(dst, attr_set) on an existing mount point
     kMaskFile,   // bind src (an empty read-only file) over dst if dst exists
-    kMaskDir,    // mount an empty read-only tmpfs over dst if it exists
+    kMaskDir,    // bind src (an empty read-only directory) over dst if dst exists
+    kAttach,     // move the detached mount `fd` (made by the parent) onto dst
   };
   int kind;
+  int fd;                 // kAttach: a mount fd from fsmount(2)/open_tree(2), CLOEXEC;
+                          // -1 when the parent could not make it (see `err`)
+  int err;                // kAttach with fd -1: the errno the parent got (the step fails with it)
   Stage stage;            // reported on failure
   const char* src;
   const char* dst;
@@ -61,11 +64,15 @@ struct ChildPlan {
   int stderr_fd;
   int init_exe_fd;      // toolsandbox-init, opened O_PATH by the engine
   int init_filter_fd;   // sealed memfd holding the init's BPF program
+  int watch_fd;         // read end of the engine's watch pipe: EOF = the engine is gone
+  int lease_fd;         // the run's uid-slot lease (an OFD lock); init holds it until it dies
   bool unshare_cgroupns;  // enter a cgroup namespace rooted at the leaf
+  bool memfd_noexec;      // write vm.memfd_noexec=2 for the new pid namespace
+  unsigned init_backstop_s;   // init ends the run on its own after this many seconds
 
   // File system.
-  const char* root;             // staging directory; a tmpfs is mounted here
-  const char* root_tmpfs_data;  // "size=...,mode=0755,..."
+  const char* root;             // staging directory; the root tmpfs is attached here
+  int root_fd;                  // the root tmpfs, made and owned by the parent (fsmount)
   const MountStep* steps;
   std::size_t nsteps;
   const char* hostname;
@@ -81,7 +88,6 @@ struct ChildPlan {
   const RlimitStep* rlimits;
   std::size_t nrlimits;
   sock_fprog filter;            // points into the policy's compiled program
-  cap_t empty_caps;             // cap_init() in the parent: every set empty
 };
 
 inline constexpr char kSyncMaps = 'M';    // uid/gid maps are written
@@ -89,8 +95,11 @@ inline constexpr char kSyncCgroup = 'C';  // the child sits in its cgroup leaf
 
 // Entry point of the clone3 child (pid 1 of the new pid namespace). Never returns.
 [[noreturn]] void child_sandbox_main(const ChildPlan& plan) noexcept;
-// Entry point of the tool process, forked by child_sandbox_main. Never returns.
-[[noreturn]] void child_tool_main(const ChildPlan& plan) noexcept;
+// Entry point of the tool process, forked by child_sandbox_main. `ready_fd`
+// is the read end of a pipe whose write end the sandbox init holds: EOF on it
+// means init runs and its filter is loaded, a byte means the sandbox is being
+// torn down. Never returns.
+[[noreturn]] void child_tool_main(const ChildPlan& plan, int ready_fd) noexcept;
 // Write one setup-error report and _exit(code). Async-signal-safe.
 [[noreturn]] void child_fail(int report_fd, Stage stage, int err, int exit_code) noexcept;
 
@@ -98,6 +107,9 @@ inline constexpr char kSyncCgroup = 'C';  // the child sits in its cgroup leaf
 // Each returns 0 or -1 with errno set.
 int child_lock_securebits() noexcept;
 int child_drop_bounding_set() noexcept;  // bounding and ambient sets
-int child_clear_caps(cap_t empty) noexcept;
+int child_clear_caps() noexcept;         // raw capset(2) to empty sets, then verified
+// Arm the parent-death signal (SIGKILL). The kernel clears it whenever the
+// effective ids change, so it is armed again after every id switch.
+int child_arm_death_signal() noexcept;
 
 }  // namespace tsb::isolate

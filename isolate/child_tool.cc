@@ -49,25 +49,31 @@ int exec_tool(const ChildPlan& plan) noexcept {
 
 }  // namespace
 
-[[noreturn]] void child_tool_main(const ChildPlan& plan) noexcept {
-  const int rep = plan.report_fd;
-  auto fail = [rep](Stage s) { child_fail(rep, s, errno, 127); };
+[[noreturn]] void child_tool_main(const ChildPlan& plan, int ready_fd) noexcept {
+  int rep = plan.report_fd;  // moves to fd 3 below
+  auto fail = [&rep](Stage s) { child_fail(rep, s, errno, 127); };
 
   // A session of its own: no controlling terminal of whoever started the
-  // engine is reachable (TIOCSTI, job-control signals), and init can signal
-  // the tool's whole process group.
+  // engine is reachable (TIOCSTI, job-control signals).
   if (::setsid() < 0) fail(Stage::Session);
   // If pid 1 dies, so does the tool (the pid namespace would kill it anyway).
-  if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) fail(Stage::Session);
+  if (child_arm_death_signal() != 0) fail(Stage::DeathSignal);
 
-  // Exactly the three pipes as 0-2. Everything else the engine had open is
-  // closed here, except the CLOEXEC report pipe, which execve closes: EOF on
-  // it tells the engine the exec happened. The engine keeps fds 0-2 of its
-  // own process open, so every pipe end here is >= 3 and dup2 cannot clobber.
+  // Exactly the three pipes as 0-2; the report pipe (CLOEXEC: execve closes
+  // it, and EOF on it tells the engine the exec happened) as 3 and `ready`
+  // as 4; everything else the engine had open is closed here. The engine
+  // keeps fds 0-2 of its own process open, so every pipe end here is >= 3
+  // and the dup2s cannot clobber one another; the two kept descriptors are
+  // first copied above 9 so that placing one cannot close the other.
   if (::dup2(plan.stdin_fd, 0) < 0 || ::dup2(plan.stdout_fd, 1) < 0 || ::dup2(plan.stderr_fd, 2) < 0)
     fail(Stage::Fds);
-  if (rep > 3 && ::close_range(3, static_cast<unsigned>(rep - 1), 0) != 0) fail(Stage::Fds);
-  if (::close_range(static_cast<unsigned>(rep + 1), ~0U, 0) != 0) fail(Stage::Fds);
+  int rep_high = ::fcntl(rep, F_DUPFD_CLOEXEC, 10);
+  int ready_high = ::fcntl(ready_fd, F_DUPFD_CLOEXEC, 10);
+  if (rep_high < 0 || ready_high < 0) fail(Stage::Fds);
+  if (::dup3(rep_high, 3, O_CLOEXEC) < 0) fail(Stage::Fds);
+  rep = 3;
+  if (::dup3(ready_high, 4, O_CLOEXEC) < 0) fail(Stage::Fds);
+  if (::close_range(5, ~0U, 0) != 0) fail(Stage::Fds);
 
   // Resource limits per process (file size, open files, CPU seconds, no core
   // dumps, process count for this run's uid). Lowering needs no privilege.
@@ -85,9 +91,11 @@ int exec_tool(const ChildPlan& plan) noexcept {
   if (child_drop_bounding_set() != 0) fail(Stage::CapBound);
   // setgroups(2) is denied in this user namespace and the engine has no
   // supplementary groups, so gid and uid are all there is to switch.
-  if (::setresgid(plan.tool_gid, plan.tool_gid, plan.tool_gid) != 0) fail(Stage::SetToolIds);
-  if (::setresuid(plan.tool_uid, plan.tool_uid, plan.tool_uid) != 0) fail(Stage::SetToolIds);
-  if (child_clear_caps(plan.empty_caps) != 0) fail(Stage::Caps);
+  if (child::set_resgid(plan.tool_gid, plan.tool_gid, plan.tool_gid) != 0) fail(Stage::SetToolIds);
+  if (child::set_resuid(plan.tool_uid, plan.tool_uid, plan.tool_uid) != 0) fail(Stage::SetToolIds);
+  // The id switch cleared the death signal.
+  if (child_arm_death_signal() != 0) fail(Stage::DeathSignal);
+  if (child_clear_caps() != 0) fail(Stage::Caps);
 
   // No execve may ever grant privileges again (setuid bits, file caps); it
   // is also what lets an unprivileged process load a seccomp filter.
@@ -98,6 +106,18 @@ int exec_tool(const ChildPlan& plan) noexcept {
   }
 
   if (::chdir(plan.workdir) != 0) fail(Stage::Chdir);
+
+  // Wait for toolsandbox-init: EOF once it runs with its own filter loaded.
+  // A byte means the sandbox is being torn down: exit without a word (the
+  // failure that caused it is reported already).
+  for (;;) {
+    char c;
+    ssize_t n = ::read(4, &c, 1);
+    if (n == 0) break;
+    if (n > 0) ::_exit(127);
+    if (errno != EINTR) fail(Stage::InitReady);
+  }
+  ::close(4);
 
   // Seccomp comes last: every step above may use syscalls the filter
   // refuses. The program was compiled once for the policy, in the engine.

@@ -1,7 +1,10 @@
 #include "isolate/engine.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pthread.h>
+#include <linux/capability.h>
 #include <linux/sched.h>
 #include <sched.h>
 #include <signal.h>
@@ -12,10 +15,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstring>
+#include <thread>
 
 #include "isolate/child.h"
 #include "isolate/hash.h"
+#include "isolate/mounts.h"
 #include "isolate/plan.h"
 
 namespace tsb::isolate {
@@ -103,16 +109,141 @@ Status set_nonblock(int fd) {
   return {};
 }
 
+// Start time of a process (clock ticks since boot, /proc/<pid>/stat field
+// 22), 0 when there is no such process. A pid plus its start time names a
+// process; a pid alone may name a later one.
+std::uint64_t process_start_ticks(pid_t pid) {
+  auto text = read_text_file("/proc/" + std::to_string(pid) + "/stat");
+  if (!text.ok()) return 0;
+  auto close = text->rfind(')');
+  if (close == std::string::npos) return 0;
+  // After "pid (comm)": field 3 is state; start time is field 22.
+  std::size_t pos = close + 2;
+  for (int field = 3; field < 22 && pos < text->size(); ++field) {
+    pos = text->find(' ', pos);
+    if (pos == std::string::npos) return 0;
+    ++pos;
+  }
+  std::uint64_t v = 0;
+  std::from_chars(text->data() + pos, text->data() + text->size(), v);
+  return v;
+}
+
+// The uid-slot lock file holds one record per slot, at slot * sizeof; the
+// OFD lock on a record is the lease. The record names the run's init
+// (pid, start time): the init holds the lease too, and when its engine died
+// the lock is released as init exits, a moment before the kernel has killed
+// the rest of its namespace. A slot whose recorded init still exists (dying,
+// or a zombie nobody reaped yet) is not free.
+struct SlotRecord {
+  std::uint32_t magic;
+  std::int32_t pid;
+  std::uint64_t start_ticks;
+};
+static_assert(sizeof(SlotRecord) == 16);
+constexpr std::uint32_t kSlotMagic = 0x74736c31;  // "tsl1"
+
+void clear_slot_record(int fd, std::uint32_t slot) {
+  SlotRecord none{};
+  // Best effort: a record left behind only costs the next lease one
+  // /proc lookup (its init is gone).
+  if (::pwrite(fd, &none, sizeof none, static_cast<off_t>(slot) * static_cast<off_t>(sizeof none)) < 0) return;
+}
+
+// Leaf names: "<prefix>.<pid>.<instance>-<n>" (older engines:
+// "<prefix>.<pid>.<n>", no instance).
+struct LeafOwner {
+  pid_t pid = 0;
+  std::string instance;
+};
+LeafOwner parse_leaf_name(const std::string& name, const std::string& prefix) {
+  LeafOwner o;
+  if (name.rfind(prefix + ".", 0) != 0) return o;
+  std::string rest = name.substr(prefix.size() + 1);
+  auto dot = rest.find('.');
+  std::from_chars(rest.data(), rest.data() + (dot == std::string::npos ? rest.size() : dot), o.pid);
+  if (dot == std::string::npos) return o;
+  std::string tail = rest.substr(dot + 1);
+  auto dash = tail.rfind('-');
+  if (dash != std::string::npos && dash > 0) o.instance = tail.substr(0, dash);
+  return o;
+}
+
 }  // namespace
+
+// ------------------------------------------------------------- EngineCore
+
+// What outlives a Sandbox that was destroyed before its end, until the
+// kernel is done with it: its pid 1 (to reap), its leaf (to remove), its
+// uid-slot lease (to release only when both are gone).
+struct Retired {
+  UniqueFd pidfd;
+  bool reaped = false;
+  std::unique_ptr<CgroupLeaf> leaf;
+  UniqueFd lease;
+  std::uint32_t slot = 0;
+};
+
+struct EngineCore {
+  std::unique_ptr<Cgroups> cgroups;
+  std::vector<Retired> retired;
+
+  std::size_t collect() {
+    for (auto it = retired.begin(); it != retired.end();) {
+      if (!it->reaped && it->pidfd) {
+        siginfo_t si{};
+        if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(it->pidfd.get()), &si, WEXITED | WNOHANG) == 0) {
+          if (si.si_pid != 0) it->reaped = true;
+        } else if (errno == ECHILD) {
+          it->reaped = true;  // reaped elsewhere
+        }
+      } else {
+        it->reaped = true;
+      }
+      if (it->reaped && it->leaf) {
+        auto done = it->leaf->try_remove();
+        if (!done.ok() || *done) it->leaf.reset();  // removed, or not removable: the next start-up reclaims it
+      }
+      if (it->reaped && !it->leaf) {
+        if (it->lease) clear_slot_record(it->lease.get(), it->slot);
+        it = retired.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return retired.size();
+  }
+};
 
 // ---------------------------------------------------------------- Sandbox
 
 Sandbox::~Sandbox() {
+  // Never blocks: what the kernel is not done with yet is handed to the
+  // engine (collect_retired), which finishes the clean-up later.
   if (pidfd_ && !reaped_) {
     kill();
-    (void)reap();
+    siginfo_t si{};
+    if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &si, WEXITED | WNOHANG) == 0 &&
+        si.si_pid != 0)
+      reaped_ = true;
   }
-  if (leaf_) (void)leaf_->destroy();
+  if (reaped_ && leaf_) {
+    auto done = leaf_->try_remove();
+    if (!done.ok() || *done) leaf_.reset();
+  }
+  if ((pidfd_ && !reaped_) || leaf_) {
+    if (core_) {
+      Retired r;
+      r.pidfd = std::move(pidfd_);
+      r.reaped = reaped_;
+      r.leaf = std::move(leaf_);
+      r.lease = std::move(uid_slot_);
+      r.slot = slot_;
+      core_->retired.push_back(std::move(r));
+    }
+    return;
+  }
+  if (uid_slot_) clear_slot_record(uid_slot_.get(), slot_);
 }
 
 void Sandbox::kill() noexcept {
@@ -121,10 +252,6 @@ void Sandbox::kill() noexcept {
   // first). cgroup.kill (v2) or the freezer sweep (v1) is the second fence.
   if (pidfd_ && !reaped_) (void)pidfd_signal(pidfd_.get(), SIGKILL);
   if (leaf_) (void)leaf_->kill_all();
-}
-
-void Sandbox::terminate() noexcept {
-  if (pidfd_ && !reaped_) (void)pidfd_signal(pidfd_.get(), SIGTERM);
 }
 
 void Sandbox::cancel() noexcept {
@@ -147,12 +274,18 @@ Result<int> Sandbox::reap() {
   return init_status_;
 }
 
-Status Sandbox::destroy_cgroup() {
-  if (!leaf_) return {};
-  auto st = leaf_->destroy();
-  leaf_.reset();
-  return st;
+Result<bool> Sandbox::try_remove_cgroup() {
+  if (!leaf_) return true;
+  auto done = leaf_->try_remove();
+  if (!done.ok()) {
+    leaf_.reset();
+    return std::move(done).error();
+  }
+  if (*done) leaf_.reset();
+  return *done;
 }
+
+std::size_t Sandbox::collect_retired() { return core_ ? core_->collect() : 0; }
 
 // ----------------------------------------------------------------- Engine
 
@@ -163,6 +296,18 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   if (config.uid_base == 0 || config.uid_slots == 0 ||
       static_cast<std::uint64_t>(config.uid_base) + std::uint64_t{config.uid_slots} * kIdsPerSlot >= 0xFFFFFFFFull)
     return Error::invalid("uid range: uid_base must be > 0 and uid_base + uid_slots*65536 below 2^32-1");
+  if (config.sandbox_oom_score_adj < -1000 || config.sandbox_oom_score_adj > 1000)
+    return Error::invalid("sandbox_oom_score_adj must be between -1000 and 1000");
+
+  // The engine names its children by pid in /proc: that /proc must be the
+  // one of its own pid namespace (not so after a bare unshare --pid).
+  {
+    char self[32] = {};
+    ssize_t n = ::readlink("/proc/self", self, sizeof self - 1);
+    if (n <= 0 || std::string(self, static_cast<std::size_t>(n)) != std::to_string(::getpid()))
+      return Error::invalid("/proc is not the proc file system of this process's pid namespace "
+                            "(mount a new one, e.g. unshare --pid --fork --mount-proc)", EINVAL);
+  }
 
   // Sandboxes inherit the engine's supplementary groups and setgroups(2) is
   // denied inside them (so they cannot be dropped there): drop them here.
@@ -212,11 +357,32 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
                             "sandboxes resolve '" + e->staging_root_ + "' with unprivileged ids", EACCES);
     if (p.rfind('/') == 0) break;
   }
+  // The overlays' lowest layer: an empty directory nobody can write.
+  const std::string empty = config.state_dir + "/empty";
+  TSB_TRY(make_dir(empty, 0555), "state directory");
+  e->empty_dir_.reset(::open(empty.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!e->empty_dir_) return Error::from_errno("open '" + empty + "'");
+
+  // This engine's tag and its lock: held for the engine's whole life, it is
+  // what says "alive" to the start-up reclaim of another engine, whatever
+  // pid either of them has (a container restart gives the daemon its old
+  // pid every time).
+  e->instance_ = random_hex(4);
+  e->engines_dir_ = config.state_dir + "/engines";
+  TSB_TRY(make_dir(e->engines_dir_, 0700), "state directory");
+  {
+    const std::string lock = e->engines_dir_ + "/" + e->instance_ + ".lock";
+    e->instance_lock_.reset(::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!e->instance_lock_) return Error::from_errno("creating '" + lock + "'");
+    if (::flock(e->instance_lock_.get(), LOCK_EX | LOCK_NB) != 0) return Error::from_errno("locking '" + lock + "'");
+  }
 
   auto cg = Cgroups::open(config.cgroup_parent);
   if (!cg.ok()) return std::move(cg).error().wrap("setting up cgroups");
-  e->cgroups_ = std::move(cg).value();
-  (void)e->cgroups_->reclaim_stale(config.leaf_prefix);
+  e->core_ = std::make_shared<EngineCore>();
+  e->core_->cgroups = std::move(cg).value();
+  e->config_ = config;
+  e->reclaim_at_start();
 
   auto init = open_init(config.init_path);
   if (!init.ok()) return std::move(init).error();
@@ -229,22 +395,106 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   if (!memfd.ok()) return std::move(memfd).error();
   e->init_filter_ = std::move(memfd).value();
 
-  e->instance_ = random_hex(4);
-  e->empty_caps_ = ::cap_init();
-  if (!e->empty_caps_) return Error::from_errno("cap_init");
-  e->config_ = std::move(config);
+  // Kernel features. Each one that is missing is either fatal (the engine
+  // was asked for it) or said at start-up, never silently dropped.
+  e->features_.memfd_noexec = ::access("/proc/sys/vm/memfd_noexec", F_OK) == 0;
+  if (!e->features_.memfd_noexec)
+    e->startup_notes_.push_back(
+        "this kernel has no vm.memfd_noexec (Linux 6.3+): a tool can execute a binary it writes to a memfd; "
+        "policies that must refuse it drop memfd_create from their seccomp profile");
+  e->features_.tcp_memory_limit =
+      e->core_->cgroups->mode() == CgroupMode::V2 || e->core_->cgroups->has_tcp_memory_limit();
+  if (!e->features_.tcp_memory_limit)
+    e->startup_notes_.push_back("cgroup v1 without memory.kmem.tcp.limit_in_bytes: socket buffers of runs are not "
+                                "charged to their memory limit");
+  // With CAP_SYS_RESOURCE the engine's write of a run's oom_score_adj is
+  // also its floor (no process of the run can go below it); without it the
+  // score is only a start value.
+  {
+    struct __user_cap_header_struct hdr {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2] = {};
+    if (::syscall(SYS_capget, &hdr, data) == 0)
+      e->features_.oom_score_floor = (data[CAP_SYS_RESOURCE / 32].effective >> (CAP_SYS_RESOURCE % 32)) & 1u;
+    if (!e->features_.oom_score_floor)
+      e->startup_notes_.push_back("no CAP_SYS_RESOURCE: runs start with oom_score_adj " +
+                                  std::to_string(config.sandbox_oom_score_adj) +
+                                  " but a run can lower it (to the engine's own score)");
+  }
+  if (config.hide_host_paths) {
+    if (auto st = probe_overlay_views(e->empty_dir_.get()); !st.ok())
+      return std::move(st).error().wrap(
+          "read-only views of host directories need overlayfs (modprobe overlay), so that no host path shows in a "
+          "sandbox's mountinfo; set engine.hide_host_paths to false to bind them directly");
+    e->features_.overlay_views = true;
+  }
   return e;
 }
 
 Engine::~Engine() {
-  if (empty_caps_) ::cap_free(empty_caps_);
+  if (core_) (void)drain_retired(std::chrono::seconds(2));
+  if (instance_lock_) ::unlink((engines_dir_ + "/" + instance_ + ".lock").c_str());
+}
+
+Cgroups& Engine::cgroups() noexcept { return *core_->cgroups; }
+
+std::size_t Engine::collect_retired() { return core_->collect(); }
+
+std::size_t Engine::drain_retired(std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (int round = 0;; ++round) {
+    std::size_t left = core_->collect();
+    if (left == 0 || std::chrono::steady_clock::now() >= deadline) return left;
+    std::this_thread::sleep_for(std::chrono::milliseconds(round < 20 ? 1 : 10));
+  }
+}
+
+bool Engine::leaf_owner_alive(const std::string& name) const {
+  LeafOwner o = parse_leaf_name(name, config_.leaf_prefix);
+  if (!o.instance.empty()) {
+    if (o.instance == instance_) return true;
+    UniqueFd lock(::open((engines_dir_ + "/" + o.instance + ".lock").c_str(), O_RDONLY | O_CLOEXEC));
+    if (lock) return ::flock(lock.get(), LOCK_SH | LOCK_NB) != 0;  // held: that engine is alive
+    // No lock file (an engine with another state directory, or one whose
+    // /run was wiped, as in a container restart): only the pid is left.
+  }
+  if (o.pid <= 0 || o.pid == ::getpid()) return false;  // our pid, not our tag: its engine is gone
+  return ::kill(o.pid, 0) == 0 || errno == EPERM;        // alive, and we cannot tell more: keep
+}
+
+void Engine::reclaim_at_start() {
+  auto r = core_->cgroups->reclaim_stale(config_.leaf_prefix,
+                                         [this](const std::string& n) { return leaf_owner_alive(n); });
+  if (!r.ok()) {
+    startup_notes_.push_back("reclaiming leaves of engines that are gone: " + r.error().message);
+    return;
+  }
+  if (!r->removed.empty()) {
+    std::string names;
+    for (const auto& n : r->removed) names += (names.empty() ? "" : ", ") + n;
+    startup_notes_.push_back("reclaimed " + std::to_string(r->removed.size()) +
+                             " cgroup leaves of engines that are gone (their processes killed): " + names);
+  }
+  for (const auto& f : r->failed) startup_notes_.push_back("could not reclaim cgroup leaf " + f);
+  // Lock files of engines that are gone.
+  if (DIR* d = ::opendir(engines_dir_.c_str())) {
+    while (dirent* ent = ::readdir(d)) {
+      std::string n = ent->d_name;
+      if (n.size() < 6 || n.compare(n.size() - 5, 5, ".lock") != 0 || n == instance_ + ".lock") continue;
+      std::string path = engines_dir_ + "/" + n;
+      UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (f && ::flock(f.get(), LOCK_EX | LOCK_NB) == 0) ::unlink(path.c_str());
+    }
+    ::closedir(d);
+  }
 }
 
 Result<UniqueFd> Engine::lease_uid_slot(std::uint32_t* slot) {
-  // One open file description per lease; an OFD lock on byte k is slot k.
-  // The kernel drops the lock when the description is closed, including
-  // when the process dies, so a crash cannot leak slots, and the command
-  // line and the daemon on one host never share host uids.
+  // One open file description per lease; an OFD lock on record k is slot k.
+  // The kernel drops the lock when the last descriptor of the description
+  // is closed, including when a process dies, so a crash cannot leak slots;
+  // the run's init holds a descriptor too (so the lease lasts as long as the
+  // sandbox, even when the engine is gone), and the command line and the
+  // daemon on one host never share host uids.
   UniqueFd fd(::open(slot_lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!fd) return Error::from_errno("open '" + slot_lock_path_ + "'");
   for (std::uint32_t i = 0; i < config_.uid_slots; ++i) {
@@ -252,14 +502,23 @@ Result<UniqueFd> Engine::lease_uid_slot(std::uint32_t* slot) {
     struct flock fl{};
     fl.l_type = F_WRLCK;
     fl.l_whence = SEEK_SET;
-    fl.l_start = k;
-    fl.l_len = 1;
-    if (::fcntl(fd.get(), F_OFD_SETLK, &fl) == 0) {
-      *slot = k;
-      next_slot_ = k + 1;
-      return fd;
+    fl.l_start = static_cast<off_t>(k) * static_cast<off_t>(sizeof(SlotRecord));
+    fl.l_len = sizeof(SlotRecord);
+    if (::fcntl(fd.get(), F_OFD_SETLK, &fl) != 0) {
+      if (errno != EAGAIN && errno != EACCES) return Error::from_errno("locking uid slot");
+      continue;
     }
-    if (errno != EAGAIN && errno != EACCES) return Error::from_errno("locking uid slot");
+    SlotRecord rec{};
+    if (::pread(fd.get(), &rec, sizeof rec, fl.l_start) == static_cast<ssize_t>(sizeof rec) && rec.magic == kSlotMagic &&
+        rec.pid > 0 && process_start_ticks(rec.pid) == rec.start_ticks) {
+      // The last run of this slot is still being torn down (its engine died).
+      fl.l_type = F_UNLCK;
+      (void)::fcntl(fd.get(), F_OFD_SETLK, &fl);
+      continue;
+    }
+    *slot = k;
+    next_slot_ = k + 1;
+    return fd;
   }
   return Error::invalid("all " + std::to_string(config_.uid_slots) + " uid slots are in use", EBUSY);
 }
@@ -269,8 +528,10 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
     return Error::invalid("a compiled seccomp program is required for every run");
   if (spec.sandbox_uid == 0 || spec.sandbox_uid >= 65534 || spec.sandbox_gid == 0 || spec.sandbox_gid >= 65534)
     return Error::invalid("the tool's uid and gid must be between 1 and 65533 (0 is the sandbox's init)");
+  (void)core_->collect();
 
   std::unique_ptr<Sandbox> sb(new Sandbox());
+  sb->core_ = core_;
   sb->started_ = std::chrono::steady_clock::now();
   sb->run_id_ = random_hex(8);
   sb->limits_ = spec.limits;
@@ -279,23 +540,25 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   auto lease = lease_uid_slot(&slot);
   if (!lease.ok()) return std::move(lease).error();
   sb->uid_slot_ = std::move(lease).value();
+  sb->slot_ = slot;
   sb->host_uid_ = config_.uid_base + slot * kIdsPerSlot;
 
   CgroupLimits cl;
   cl.memory_bytes = spec.limits.memory_bytes;
   cl.pids = spec.limits.pids;
   cl.cpu_quota_millicpus = spec.limits.cpu_quota_millicpus;
-  // "<prefix>.<pid>.<instance>-<n>": the pid lets start-up reclaim leaves of
-  // dead engines; the random instance tag keeps a new engine that got a
-  // dead one's pid from colliding with its leftover leaves.
+  // "<prefix>.<pid>.<instance>-<n>": the instance tag names this engine
+  // (its lock file says whether it is alive); the pid is for people, and
+  // for engines without a lock file.
   std::string leaf_name = config_.leaf_prefix + "." + std::to_string(::getpid()) + "." + instance_ + "-" +
                           std::to_string(++seq_);
-  auto leaf = cgroups_->create_leaf(leaf_name, cl);
+  auto leaf = core_->cgroups->create_leaf(leaf_name, cl);
   if (!leaf.ok()) return std::move(leaf).error().wrap("creating the run's cgroup");
   sb->leaf_ = std::move(leaf).value();
 
-  auto in = make_pipe(), out = make_pipe(), err = make_pipe(), rep = make_pipe(), sync = make_pipe();
-  for (auto* p : {&in, &out, &err, &rep, &sync})
+  auto in = make_pipe(), out = make_pipe(), err = make_pipe(), rep = make_pipe(), sync = make_pipe(),
+       watch = make_pipe();
+  for (auto* p : {&in, &out, &err, &rep, &sync, &watch})
     if (!p->ok()) return std::move(*p).error().wrap("creating pipes");
   TSB_TRY(set_nonblock(in->w.get()), "stdin pipe");
   TSB_TRY(set_nonblock(out->r.get()), "stdout pipe");
@@ -304,8 +567,14 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
 
   PlanStorage storage;
   ChildPlan plan{};
-  PlanInputs inputs{&spec, staging_root_, config_.root_tmpfs_bytes};
+  PlanInputs inputs{&spec, staging_root_, config_.root_tmpfs_bytes, ""};
   TSB_TRY(build_plan(inputs, storage, plan), "planning the sandbox");
+  MountContext mctx;
+  mctx.host_id_base = sb->host_uid_;
+  mctx.overlay_views = features_.overlay_views;
+  mctx.empty_dir_fd = empty_dir_.get();
+  auto mounts = prepare_mounts(storage, plan, mctx);
+  if (!mounts.ok()) return std::move(mounts).error().wrap("preparing the sandbox's mounts");
   plan.sync_fd = sync->r.get();
   plan.report_fd = rep->w.get();
   plan.stdin_fd = in->r.get();
@@ -313,13 +582,23 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   plan.stderr_fd = err->w.get();
   plan.init_exe_fd = init_exe_.get();
   plan.init_filter_fd = init_filter_.get();
+  plan.watch_fd = watch->r.get();
+  plan.lease_fd = sb->uid_slot_.get();
   plan.unshare_cgroupns = true;
+  plan.memfd_noexec = features_.memfd_noexec;
+  // The engine ends the run at its wall timeout; init's own fence comes
+  // later, for an engine that is alive but stuck.
+  {
+    auto wall = std::chrono::duration_cast<std::chrono::milliseconds>(spec.limits.wall_timeout);
+    auto slack = std::max<std::chrono::milliseconds>(std::chrono::seconds(5), wall / 10);
+    plan.init_backstop_s = static_cast<unsigned>((wall + slack).count() / 1000 + 1);
+  }
   plan.filter = spec.seccomp->fprog();
-  plan.empty_caps = empty_caps_;
 
-  std::uint64_t flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD;
+  std::uint64_t flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD |
+                        CLONE_CLEAR_SIGHAND;
   if (spec.network == NetworkMode::None) flags |= CLONE_NEWNET;
-  const bool into_cgroup = cgroups_->mode() == CgroupMode::V2;
+  const bool into_cgroup = core_->cgroups->mode() == CgroupMode::V2;
   if (into_cgroup) flags |= CLONE_INTO_CGROUP;
 
   int pidfd = -1;
@@ -329,13 +608,23 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   args.exit_signal = SIGCHLD;
   if (into_cgroup) args.cgroup = static_cast<std::uint64_t>(sb->leaf_->clone_fd());
 
+  // Every signal is blocked across clone3, and CLONE_CLEAR_SIGHAND gives the
+  // child default handlers: no handler of the engine (Asio's signal_set)
+  // can ever run in the child, which then resets its mask and dispositions
+  // itself (systemd's safe_fork_full does the same around fork).
+  sigset_t all, old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
   // On v2 the child is born in its leaf (CLONE_INTO_CGROUP): no migration,
   // which would cost milliseconds after idle (docs/BENCHMARKS.md).
   long pid = ::syscall(SYS_clone3, &args, sizeof args);
   if (pid == 0) child_sandbox_main(plan);  // never returns
-  if (pid < 0) return Error::from_errno("clone3");
+  int clone_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (pid < 0) return Error::from_errno(clone_errno, "clone3");
 
-  // From here the Sandbox owns the child: any early return kills and reaps it.
+  // From here the Sandbox owns the child: any early return kills it (and
+  // the engine reaps it later, without blocking).
   sb->pid_ = static_cast<pid_t>(pid);
   sb->pidfd_.reset(pidfd);
   in->r.reset();
@@ -343,6 +632,36 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   err->w.reset();
   rep->w.reset();
   sync->r.reset();
+  watch->r.reset();
+  sb->watch_w_ = std::move(watch->w);
+  // The slot's record names this run's init (see lease_uid_slot).
+  {
+    SlotRecord rec{kSlotMagic, static_cast<std::int32_t>(pid), process_start_ticks(sb->pid_)};
+    if (::pwrite(sb->uid_slot_.get(), &rec, sizeof rec, static_cast<off_t>(slot) * static_cast<off_t>(sizeof rec)) !=
+        static_cast<ssize_t>(sizeof rec))
+      return Error::from_errno("recording the uid slot's init");
+  }
+
+  // The pipes to the tool are the supervisor's from here on, whatever
+  // happens below.
+  sb->stdin_w_ = std::move(in->w);
+  sb->stdout_r_ = std::move(out->r);
+  sb->stderr_r_ = std::move(err->r);
+  sb->report_r_ = std::move(rep->r);
+
+  // A child that failed early (a missing venv is found by its first mount
+  // steps) has exited by the time the parent signals it: EPIPE on the sync
+  // pipe, ESRCH when moving it into its cgroup. That is not an engine
+  // error: the child's own report says what failed, and supervise() reads
+  // it. Returning the engine's "Broken pipe" instead hid the real cause.
+  const auto child_gone = [](int e) { return e == EPIPE || e == ESRCH; };
+
+  // The sandbox is what the OOM killer takes first when memory runs out.
+  // Written by the engine, which holds CAP_SYS_RESOURCE: that also makes it
+  // the floor (oom_score_adj_min) for every process of the run, none of
+  // which may then lower its score. Written from inside, it would not be.
+  TSB_TRY(write_proc(sb->pid_, "oom_score_adj", std::to_string(config_.sandbox_oom_score_adj)),
+          "setting the run's OOM score");
 
   // Id maps: sandbox 0..65535 -> host range of this slot. setgroups first
   // ("deny" is required before an unprivileged gid_map and keeps the tool
@@ -351,16 +670,29 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   TSB_TRY(write_proc(sb->pid_, "setgroups", "deny"), "writing id maps");
   TSB_TRY(write_proc(sb->pid_, "uid_map", map), "writing id maps");
   TSB_TRY(write_proc(sb->pid_, "gid_map", map), "writing id maps");
-  if (::write(sync->w.get(), &kSyncMaps, 1) != 1) return Error::from_errno("signalling the sandbox");
+  const auto signal_child = [&](const char* c) {
+    ssize_t n;
+    do n = ::write(sync->w.get(), c, 1);
+    while (n < 0 && errno == EINTR);
+    return n == 1;
+  };
+  if (!signal_child(&kSyncMaps)) {
+    if (child_gone(errno)) return sb;
+    return Error::from_errno("signalling the sandbox");
+  }
 
   // v1: migrate while the child builds its file system (the two overlap).
-  if (!into_cgroup) TSB_TRY(sb->leaf_->attach_from_parent(sb->pid_), "cgroup v1");
-  if (::write(sync->w.get(), &kSyncCgroup, 1) != 1) return Error::from_errno("signalling the sandbox");
-
-  sb->stdin_w_ = std::move(in->w);
-  sb->stdout_r_ = std::move(out->r);
-  sb->stderr_r_ = std::move(err->r);
-  sb->report_r_ = std::move(rep->r);
+  if (!into_cgroup) {
+    auto st = sb->leaf_->attach_from_parent(sb->pid_);
+    if (!st.ok()) {
+      if (child_gone(st.error().code)) return sb;
+      return std::move(st).error().wrap("cgroup v1");
+    }
+  }
+  if (!signal_child(&kSyncCgroup)) {
+    if (child_gone(errno)) return sb;
+    return Error::from_errno("signalling the sandbox");
+  }
   return sb;
 }
 

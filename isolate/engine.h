@@ -11,7 +11,6 @@
 // others would stay held forever in the child).
 #pragma once
 
-#include <sys/capability.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -19,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "isolate/cgroup.h"
 #include "isolate/result.h"
@@ -40,12 +40,33 @@ struct EngineConfig {
   std::uint32_t uid_slots = 1024;  // also the most runs at once on this host
   // toolsandbox-init; empty = next to the running program, then libexec.
   std::string init_path;
-  // cgroup leaf names are "<prefix>.<engine pid>.<instance>-<n>"; leaves with a
-  // dead owner pid are reclaimed by Engine::create.
+  // cgroup leaf names are "<prefix>.<engine pid>.<instance>-<n>": the random
+  // instance tag names the engine, whose lock file
+  // (<state_dir>/engines/<instance>.lock) says whether it is alive. Leaves of
+  // engines that are gone are killed and removed by Engine::create.
   std::string leaf_prefix = "run";
-  // The root tmpfs of a sandbox (skeleton and /etc stubs only).
+  // The root tmpfs of a sandbox (skeleton and /etc stubs; the host files
+  // copied in come on top).
   std::uint64_t root_tmpfs_bytes = 1u << 20;
+  // Read-only host directories are shown through overlays made by the
+  // engine, so /proc/self/mountinfo in a sandbox names no host path, device
+  // or file system (isolate/mounts.h). Needs overlayfs; false binds them
+  // directly, and mountinfo shows where they come from.
+  bool hide_host_paths = true;
+  // oom_score_adj of every sandbox process (-1000..1000): under memory
+  // pressure the kernel kills runs before the daemon or anything else.
+  int sandbox_oom_score_adj = 1000;
 };
+
+// What this kernel lets the engine do, probed once by Engine::create.
+struct EngineFeatures {
+  bool memfd_noexec = false;  // vm.memfd_noexec (Linux 6.3+): memfds of a run cannot be executed
+  bool overlay_views = false; // read-only host directories shown through overlays
+  bool tcp_memory_limit = false;  // v1: memory.kmem.tcp.limit_in_bytes; v2 charges sockets to memory.max
+  bool oom_score_floor = false;   // CAP_SYS_RESOURCE: a run's oom_score_adj is also its floor
+};
+
+struct EngineCore;  // shared by the engine and its sandboxes (engine.cc)
 
 class Engine;
 
@@ -74,8 +95,6 @@ class Sandbox {
 
   // SIGKILL the whole tree now (pid namespace and cgroup). Idempotent.
   void kill() noexcept;
-  // Ask for a graceful stop: SIGTERM to init, which forwards it to the tool.
-  void terminate() noexcept;
   // The caller (client gone, shutdown) wants the run stopped: kill, and
   // remember why, so the result says "cancelled".
   void cancel() noexcept;
@@ -84,13 +103,21 @@ class Sandbox {
   // After the pidfd became readable: reap init (waitid) and return its raw
   // wait status. Safe to call once; later calls return the same status.
   Result<int> reap();
-  // Remove the cgroup leaf now (after reap); the destructor does it otherwise.
-  Status destroy_cgroup();
+  // One non-blocking attempt to remove the cgroup leaf (after reap): kills
+  // what is left in it, then rmdir. False while processes are still exiting
+  // (EBUSY): try again later. The destructor hands a leaf that is still
+  // there to the engine, which removes it later without blocking anyone.
+  Result<bool> try_remove_cgroup();
+
+  // The engine's pending clean-up: reap sandboxes destroyed before their
+  // end, remove leaves that were busy. Non-blocking; returns what is left.
+  std::size_t collect_retired();
 
  private:
   friend class Engine;
   Sandbox() = default;
 
+  std::shared_ptr<EngineCore> core_;
   std::string run_id_;
   pid_t pid_ = -1;
   UniqueFd pidfd_;
@@ -101,7 +128,11 @@ class Sandbox {
   Limits limits_;
   std::chrono::steady_clock::time_point started_;
   UniqueFd stdin_w_, stdout_r_, stderr_r_, report_r_;
-  UniqueFd uid_slot_;  // an OFD lock on the slot's byte of the lock file
+  // The engine's end of the watch pipe: when the engine dies it closes, and
+  // the sandbox's init ends the run (isolate/init/init.cc).
+  UniqueFd watch_w_;
+  UniqueFd uid_slot_;  // an OFD lock on the slot's record in the lock file (init holds it too)
+  std::uint32_t slot_ = 0;
   std::unique_ptr<CgroupLeaf> leaf_;
 };
 
@@ -119,22 +150,45 @@ class Engine {
   RunResult run(const RunSpec& spec);
 
   const EngineConfig& config() const noexcept { return config_; }
-  Cgroups& cgroups() noexcept { return *cgroups_; }
+  Cgroups& cgroups() noexcept;
+  const EngineFeatures& features() const noexcept { return features_; }
+  // This engine's tag (leaf names, lock file).
+  const std::string& instance() const noexcept { return instance_; }
+  // What Engine::create found and did at start-up, one sentence each:
+  // leaves of engines that are gone, killed and removed (or that could not
+  // be), kernel features missing. For the daemon's log.
+  const std::vector<std::string>& startup_notes() const noexcept { return startup_notes_; }
+
+  // Pending clean-up (sandboxes destroyed early, leaves still busy): one
+  // non-blocking pass; returns how many are left.
+  std::size_t collect_retired();
+  // Blocking: collect until nothing is left or `limit` passes.
+  std::size_t drain_retired(std::chrono::milliseconds limit);
+
+  // Whether the owner of the leaf `name` (an engine's leaf name) is alive:
+  // its instance's lock file is held, or, without one, its pid is alive and
+  // not ours. Used by start-up reclaim; public for tests.
+  bool leaf_owner_alive(const std::string& name) const;
 
  private:
   Engine() = default;
   Result<UniqueFd> lease_uid_slot(std::uint32_t* slot);
+  void reclaim_at_start();
 
   EngineConfig config_;
-  std::unique_ptr<Cgroups> cgroups_;
+  EngineFeatures features_;
+  std::shared_ptr<EngineCore> core_;
   std::string staging_root_;
   std::string slot_lock_path_;
+  std::string engines_dir_;  // <state_dir>/engines: one lock file per live engine
+  UniqueFd instance_lock_;   // flock'ed for this engine's lifetime
   UniqueFd init_exe_;        // O_PATH
   UniqueFd init_filter_;     // sealed memfd
-  cap_t empty_caps_ = nullptr;
+  UniqueFd empty_dir_;       // O_PATH of <state_dir>/empty, the overlays' lowest layer
   std::uint64_t seq_ = 0;
   std::string instance_;     // random tag in leaf names (see spawn)
   std::uint32_t next_slot_ = 0;
+  std::vector<std::string> startup_notes_;
 };
 
 // A RunResult for a run that never started (spawn failed).

@@ -27,6 +27,10 @@ RunResult Engine::run(const RunSpec& spec) {
     result = std::move(r);
   });
   ctx.run();
+  shared.reset();
+  // Blocking is fine here (the command line, tests): finish any clean-up the
+  // run left pending, so the caller sees nothing left behind.
+  (void)drain_retired(std::chrono::seconds(2));
   return result;
 }
 

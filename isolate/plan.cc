@@ -5,8 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <climits>
+#include <optional>
+
+#include "isolate/hash.h"
+#include "isolate/unique_fd.h"
 
 namespace tsb::isolate {
 namespace {
@@ -45,9 +51,29 @@ constexpr const char* kDevices[] = {"null", "zero", "full", "random", "urandom"}
 constexpr std::uint64_t kRO = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
 constexpr std::uint64_t kRW = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
 
+// Reads a small host file whole; nullopt when it cannot be read or is
+// larger than `max`.
+std::optional<std::string> read_small_file(const std::string& path, std::uint64_t max) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+  if (!fd) return std::nullopt;
+  std::string out;
+  char buf[16384];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return std::nullopt;
+    }
+    if (n == 0) return out;
+    if (out.size() + static_cast<std::size_t>(n) > max) return std::nullopt;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
 struct Builder {
   const PlanInputs& in;
   PlanStorage& st;
+  std::uint64_t copied_bytes = 0;  // file contents written into the root tmpfs
 
   std::string host(const std::string& sandbox_path) const { return in.staging_root + sandbox_path; }
 
@@ -55,6 +81,7 @@ struct Builder {
     MountStep s{};
     s.kind = k;
     s.stage = stage;
+    s.fd = -1;
     return st.steps.emplace_back(s);
   }
 
@@ -85,44 +112,65 @@ struct Builder {
     s.dst = st.keep(host(sandbox_path));
   }
 
-  void write_file(const std::string& sandbox_path, std::string contents, unsigned mode = 0644) {
+  void write_file(const std::string& sandbox_path, std::string contents, unsigned mode = 0644,
+                  Stage stage = Stage::MountSkeleton) {
     parent_dirs(sandbox_path);
-    auto& s = add(MountStep::kWriteFile, Stage::MountSkeleton);
+    copied_bytes += contents.size();
+    auto& s = add(MountStep::kWriteFile, stage);
     s.dst = st.keep(host(sandbox_path));
     s.len = contents.size();
     s.data = st.keep(std::move(contents));
     s.mode = mode;
   }
 
-  void bind(const std::string& src, const std::string& sandbox_path, std::uint64_t attrs, bool optional,
-            Stage stage = Stage::MountBind) {
+  // A kAttach step at `sandbox_path` and the request that makes its mount.
+  MountRequest& attach(const std::string& sandbox_path, bool dir, bool optional, Stage stage, MountRequest::Kind kind) {
+    parent_dirs(sandbox_path);
+    if (dir) st.made_dirs.insert(sandbox_path);
+    auto& s = add(MountStep::kAttach, stage);
+    s.dst = st.keep(host(sandbox_path));
+    s.is_dir = dir;
+    s.optional = optional;
+    MountRequest r{};
+    r.kind = kind;
+    r.step = st.steps.size() - 1;
+    r.is_dir = dir;
+    return st.mounts.emplace_back(std::move(r));
+  }
+
+  // A host path, read-only unless `writable`: a directory becomes a view
+  // (mounts.h), a small read-only file is copied into the root tmpfs, a
+  // larger one or a writable path is bound. A missing source fails the run
+  // at this step (the child reports the parent's ENOENT), or is skipped
+  // when optional.
+  void host_path(const std::string& src, const std::string& sandbox_path, bool writable, bool optional,
+                 Stage stage = Stage::MountBind) {
     struct stat sb{};
     if (::stat(src.c_str(), &sb) != 0) {
       if (optional) return;
-      // Reported by the child with ENOENT; the parent does not guess.
+      sb.st_mode = S_IFDIR;  // the request fails when it is made; the child reports it
     }
-    bool dir = S_ISDIR(sb.st_mode);
-    if (dir) {
-      // The mount point itself is created by the step; only its parents here.
-      parent_dirs(sandbox_path);
-      st.made_dirs.insert(sandbox_path);
-    } else {
-      parent_dirs(sandbox_path);
+    const bool dir = S_ISDIR(sb.st_mode);
+    if (!dir && !writable && S_ISREG(sb.st_mode) && static_cast<std::uint64_t>(sb.st_size) <= kMaxCopiedFileBytes) {
+      if (auto data = read_small_file(src, kMaxCopiedFileBytes)) {
+        // Read-only like the bind it replaces; its exec bits are kept.
+        write_file(sandbox_path, std::move(*data), static_cast<unsigned>(sb.st_mode & 0555), stage);
+        return;
+      }
+      if (optional) return;
     }
-    auto& s = add(MountStep::kBind, stage);
-    s.src = st.keep(src);
-    s.dst = st.keep(host(sandbox_path));
-    s.attr_set = attrs;
-    s.is_dir = dir;
-    s.optional = optional;
+    MountRequest& r = attach(sandbox_path, dir, optional, stage, MountRequest::kView);
+    r.host_path = src;
+    r.writable = writable;
+    r.attrs = writable ? kRW : kRO;
   }
 
   // A host path that may be a symlink (merged /usr, /etc/localtime): the
-  // symlink is recreated as is, a directory or file is bound read-only.
+  // symlink is recreated as is, a directory or file is shown read-only.
   void system_path(const char* path, bool optional) {
     struct stat sb{};
     if (::lstat(path, &sb) != 0) {
-      if (!optional) bind(path, path, kRO, false);
+      if (!optional) host_path(path, path, false, false);
       return;
     }
     if (S_ISLNK(sb.st_mode)) {
@@ -130,32 +178,38 @@ struct Builder {
       ssize_t n = ::readlink(path, target, sizeof target - 1);
       if (n > 0) {
         target[n] = '\0';
-        symlink(target, path);
-        // An absolute target outside what we bind (resolv.conf pointing into
-        // /run) would dangle: bind the resolved file instead.
+        // An absolute target outside what we show (resolv.conf pointing into
+        // /run) would dangle: show the resolved file instead.
         if (target[0] == '/' && std::string(target).rfind("/usr/", 0) != 0) {
-          st.steps.pop_back();
           char real[PATH_MAX];
-          if (::realpath(path, real) != nullptr) bind(real, path, kRO, optional);
+          if (::realpath(path, real) != nullptr) host_path(real, path, false, optional);
+        } else {
+          symlink(target, path);
         }
       }
       return;
     }
-    bind(path, path, kRO, optional);
+    host_path(path, path, false, optional);
   }
 
-  void tmpfs(const std::string& sandbox_path, const std::string& data, std::uint64_t attrs, Stage stage) {
-    parent_dirs(sandbox_path);
-    st.made_dirs.insert(sandbox_path);
-    auto& s = add(MountStep::kMount, stage);
-    s.src = "tmpfs";
-    s.fstype = "tmpfs";
-    s.dst = st.keep(host(sandbox_path));
-    s.flags = MS_NOSUID | MS_NODEV;
-    s.data = st.keep(data);
-    s.attr_set = attrs;
+  MountRequest& tmpfs(const std::string& sandbox_path, std::string options, std::uint32_t uid, std::uint32_t gid,
+                      std::uint64_t attrs, Stage stage, MountRequest::Kind kind = MountRequest::kTmpfs) {
+    MountRequest& r = attach(sandbox_path, true, false, stage, kind);
+    r.options = std::move(options);
+    r.uid = uid;
+    r.gid = gid;
+    r.attrs = attrs;
+    return r;
   }
 };
+
+// A version-4 UUID in the kernel's boot_id text form.
+std::string random_uuid() {
+  std::string h = random_hex(16);
+  h[12] = '4';
+  h[16] = "89ab"[(h[16] - '0') & 3];
+  return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) + "-" + h.substr(20);
+}
 
 std::string passwd_file(const RunSpec& spec) {
   return "root:x:0:0:sandbox init:/:/usr/sbin/nologin\n"
@@ -181,6 +235,7 @@ const std::vector<ProcMask>& proc_masks() {
       {"/asound", ProcMask::kDir, "sound devices of the host"},
       {"/bus", ProcMask::kReadOnly, "PCI/USB device configuration space"},
       {"/fs", ProcMask::kReadOnly, "file system tunables (nfsd, ...)"},
+      {"/cmdline", ProcMask::kFile, "the host kernel's command line (boot parameters, host infrastructure)"},
       {"/irq", ProcMask::kReadOnly, "interrupt affinity of the host"},
       {"/kallsyms", ProcMask::kFile, "kernel symbol addresses (KASLR)"},
       {"/kcore", ProcMask::kFile, "an image of the kernel's memory"},
@@ -189,6 +244,9 @@ const std::vector<ProcMask>& proc_masks() {
       {"/sched_debug", ProcMask::kFile, "scheduler state of every host task"},
       {"/scsi", ProcMask::kDir, "SCSI device control"},
       {"/sys", ProcMask::kReadOnly, "kernel tunables (sysctl): read-only"},
+      // After /sys: a bind inside the read-only /proc/sys.
+      {"/sys/kernel/random/boot_id", ProcMask::kBootId,
+       "the host's boot id, the same in every run: a random one per run instead, so runs cannot be linked"},
       {"/sysrq-trigger", ProcMask::kFile, "magic SysRq: reboot, crash, kill-all"},
       {"/timer_list", ProcMask::kFile, "timers of every host task"},
       {"/timer_stats", ProcMask::kFile, "timer statistics of host tasks"},
@@ -227,8 +285,8 @@ Status build_plan(const PlanInputs& in, PlanStorage& st, ChildPlan& plan) {
   // 1. System directories (merged-/usr aware) and the loader's files.
   for (const auto& p : kSystemPaths) b.system_path(p.path, p.path != std::string("/usr"));
 
-  // 2. /etc: generated stubs (no host accounts, no host names) plus the few
-  //    host files the loader and, with network, name resolution need.
+  // 2. /etc: generated stubs (no host accounts, no host names) plus copies of
+  //    the few host files the loader and, with network, name resolution need.
   b.mkdirs("/etc");
   b.write_file("/etc/passwd", passwd_file(spec));
   b.write_file("/etc/group", group_file(spec));
@@ -240,17 +298,15 @@ Status build_plan(const PlanInputs& in, PlanStorage& st, ChildPlan& plan) {
     for (const auto& p : kEtcNetwork) b.system_path(p.path, true);
 
   // 3. The venv, read-only at a fixed path.
-  if (!spec.venv.empty()) b.bind(spec.venv, std::string(kVenvPath), kRO, false);
+  if (!spec.venv.empty()) b.host_path(spec.venv, std::string(kVenvPath), false, false);
 
   // 4. Writable scratch space, size-limited, charged to the run's memory
   //    cgroup; nothing written there is executable.
   const auto& lim = spec.limits;
-  b.tmpfs("/tmp", "size=" + std::to_string(lim.tmp_bytes) + ",mode=1777,nr_inodes=16384",
+  b.tmpfs("/tmp", "size=" + std::to_string(lim.tmp_bytes) + ",mode=1777,nr_inodes=16384", 0, 0,
           kRW | MOUNT_ATTR_NOEXEC, Stage::MountTmpfs);
-  b.tmpfs(spec.workdir,
-          "size=" + std::to_string(lim.work_bytes) + ",mode=0700,nr_inodes=16384,uid=" +
-              std::to_string(spec.sandbox_uid) + ",gid=" + std::to_string(spec.sandbox_gid),
-          kRW | MOUNT_ATTR_NOEXEC, Stage::MountTmpfs);
+  b.tmpfs(spec.workdir, "size=" + std::to_string(lim.work_bytes) + ",mode=0700,nr_inodes=16384", spec.sandbox_uid,
+          spec.sandbox_gid, kRW | MOUNT_ATTR_NOEXEC, Stage::MountTmpfs);
 
   // 5. Extra binds from the policy or the command line, shallowest first so
   //    a bind inside another lands on top of it.
@@ -263,7 +319,7 @@ Status build_plan(const PlanInputs& in, PlanStorage& st, ChildPlan& plan) {
   std::stable_sort(binds.begin(), binds.end(), [](const BindMount* a, const BindMount* c) {
     return std::count(a->target.begin(), a->target.end(), '/') < std::count(c->target.begin(), c->target.end(), '/');
   });
-  for (const BindMount* m : binds) b.bind(m->source, m->target, m->writable ? kRW : kRO, m->optional);
+  for (const BindMount* m : binds) b.host_path(m->source, m->target, m->writable, m->optional);
 
   // 6. A new /proc for the new pid namespace, with host-wide entries masked.
   {
@@ -276,8 +332,15 @@ Status build_plan(const PlanInputs& in, PlanStorage& st, ChildPlan& plan) {
     s.data = nullptr;
     // Masked files get an empty read-only regular file bound over them, not
     // /dev/null: writes to a device node succeed even on a read-only mount.
+    // Masked directories get an empty directory of the root tmpfs. Both, and
+    // the run's boot id, live in the root tmpfs, which ends up read-only.
     b.write_file("/.masked", "", 0444);
+    b.mkdirs("/.masked-dir", 0555);
+    std::string boot_id = in.boot_id.empty() ? random_uuid() : in.boot_id;
+    b.write_file("/.boot_id", boot_id + "\n", 0444);
     const char* masked = st.keep(b.host("/.masked"));
+    const char* masked_dir = st.keep(b.host("/.masked-dir"));
+    const char* boot_id_file = st.keep(b.host("/.boot_id"));
     for (const auto& m : proc_masks()) {
       std::string path = b.host("/proc") + m.path;
       if (m.kind == ProcMask::kReadOnly) {
@@ -288,30 +351,23 @@ Status build_plan(const PlanInputs& in, PlanStorage& st, ChildPlan& plan) {
         r.optional = true;
         r.attr_set = kRO | MOUNT_ATTR_NOEXEC;
       } else {
-        auto& r = b.add(m.kind == ProcMask::kFile ? MountStep::kMaskFile : MountStep::kMaskDir, Stage::MaskProc);
+        auto& r = b.add(m.kind == ProcMask::kDir ? MountStep::kMaskDir : MountStep::kMaskFile, Stage::MaskProc);
         r.dst = st.keep(path);
-        r.src = masked;
+        r.src = m.kind == ProcMask::kDir ? masked_dir : m.kind == ProcMask::kBootId ? boot_id_file : masked;
       }
     }
   }
 
-  // 7. A minimal /dev: five character devices bound from the host (a user
-  //    namespace cannot mknod), the usual symlinks, and a small /dev/shm.
-  b.tmpfs("/dev", "size=64k,mode=0755,nr_inodes=64", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, Stage::MountDev);
-  for (const char* dev : kDevices) {
-    std::string p = std::string("/dev/") + dev;
-    auto& s = b.add(MountStep::kBind, Stage::MountDev);
-    s.src = st.keep(p);
-    s.dst = st.keep(b.host(p));
-    s.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;  // not nodev: these are the devices
-    s.is_dir = false;
-  }
-  b.symlink("/proc/self/fd", "/dev/fd");
-  b.symlink("/proc/self/fd/0", "/dev/stdin");
-  b.symlink("/proc/self/fd/1", "/dev/stdout");
-  b.symlink("/proc/self/fd/2", "/dev/stderr");
-  b.tmpfs("/dev/shm", "size=" + std::to_string(std::min<std::uint64_t>(lim.tmp_bytes, 64ull << 20)) + ",mode=1777",
-          kRW | MOUNT_ATTR_NOEXEC, Stage::MountDev);
+  // 7. A minimal /dev: a tmpfs the parent fills with five character devices
+  //    (a user namespace cannot mknod; binding them from the host's devtmpfs
+  //    would show its size, half the host's memory, in mountinfo), the
+  //    /proc/self/fd links and shm/; read-only, so the only writable place
+  //    in it is the small /dev/shm.
+  b.tmpfs("/dev", "size=64k,mode=0755,nr_inodes=64", 0, 0, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+          Stage::MountDev, MountRequest::kDev);
+  st.made_dirs.insert("/dev/shm");
+  b.tmpfs("/dev/shm", "size=" + std::to_string(std::min<std::uint64_t>(lim.tmp_bytes, 64ull << 20)) + ",mode=1777", 0,
+          0, kRW | MOUNT_ATTR_NOEXEC, Stage::MountDev);
 
   // 8. The tool's command line and environment, exactly as given.
   for (const auto& a : spec.argv) st.argv.push_back(st.keep(a));
@@ -337,8 +393,13 @@ Status build_plan(const PlanInputs& in, PlanStorage& st, ChildPlan& plan) {
     st.rlimits.push_back({RLIMIT_CPU, secs + 1});  // backstop; the engine measures the whole cgroup
   }
 
+  // The root tmpfs: the skeleton, the generated /etc files and the copies.
+  st.root = MountRequest{};
+  st.root.kind = MountRequest::kTmpfs;
+  st.root.options = "size=" + std::to_string(in.root_tmpfs_bytes + b.copied_bytes) + ",mode=0755,nr_inodes=4096";
+  st.root.attrs = kRW;
   plan.root = st.keep(in.staging_root);
-  plan.root_tmpfs_data = st.keep("size=" + std::to_string(in.root_tmpfs_bytes) + ",mode=0755,nr_inodes=4096");
+  plan.root_fd = -1;
   plan.steps = st.steps.data();
   plan.nsteps = st.steps.size();
   plan.hostname = st.keep(spec.hostname);

@@ -946,17 +946,15 @@ Result<std::shared_ptr<const SeccompProgram>> compile_seccomp(const SeccompProfi
 }
 
 const std::vector<std::string>& init_filter_syscalls() {
-  // What the sandbox init does after loading its filter: wait for children
-  // and reap them, forward and wait for signals, write one report record,
-  // sleep, exit. The allocator-facing calls (brk, mmap, munmap) are for libc
-  // internals of the static binary; mmap cannot gain anything that execve
-  // would, and execve itself is absent.
+  // What the sandbox init does after loading its filter (isolate/init/init.cc):
+  // close `ready`, wait in poll on its signalfd and the engine's watch pipe,
+  // read a signal, reap children, write one report record, exit. The
+  // allocator-facing calls (brk, mmap, munmap) are for libc internals of the
+  // static binary; mmap cannot gain anything that execve would, and execve
+  // itself is absent. It signals nobody: it ends the sandbox by exiting.
   static const std::vector<std::string> names = {
-      "brk",          "clock_gettime", "clock_nanosleep", "close",           "exit",
-      "exit_group",   "getpid",        "kill",            "mmap",            "munmap",
-      "nanosleep",    "prctl",         "read",            "restart_syscall", "rt_sigaction",
-      "rt_sigprocmask", "rt_sigreturn", "rt_sigtimedwait", "tgkill",         "wait4",
-      "waitid",       "write",
+      "brk",   "clock_gettime", "close", "exit",    "exit_group",      "mmap",         "munmap",
+      "poll",  "ppoll",         "read",  "restart_syscall", "rt_sigreturn", "wait4", "waitid", "write",
   };
   return names;
 }
@@ -972,7 +970,7 @@ Result<std::shared_ptr<const SeccompProgram>> compile_init_filter() {
   SeccompRule rule;
   rule.names = init_filter_syscalls();
   rule.action = SeccompAction::Allow;
-  rule.comment = "sandbox init: reap, forward signals, report, exit";
+  rule.comment = "sandbox init: reap, watch the engine, report, exit";
   rule.where = profile.source;
   profile.rules.push_back(std::move(rule));
   return compile_seccomp(profile);

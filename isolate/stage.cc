@@ -36,6 +36,9 @@ const char* stage_name(Stage s) noexcept {
     case Stage::Execve: return "execve";
     case Stage::ExecInit: return "exec-init";
     case Stage::InitSeccomp: return "init-seccomp";
+    case Stage::MemfdNoexec: return "memfd-noexec";
+    case Stage::DeathSignal: return "death-signal";
+    case Stage::InitReady: return "init-ready";
     case Stage::kCount: break;
   }
   return "unknown";

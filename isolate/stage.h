@@ -36,6 +36,9 @@ enum class Stage : int {
   Execve,          // executing the tool
   ExecInit,        // executing toolsandbox-init as pid 1
   InitSeccomp,     // the init loading its own filter
+  MemfdNoexec,     // vm.memfd_noexec=2 for the sandbox's pid namespace
+  DeathSignal,     // arming the parent-death signal again after the id switch
+  InitReady,       // the tool waiting until the sandbox init runs
   kCount
 };
 
@@ -45,11 +48,16 @@ const char* stage_name(Stage s) noexcept;
 // The fixed-size record written to the report pipe. Written with one write(2)
 // (smaller than PIPE_BUF, so atomic); read by the parent after the run.
 struct Report {
-  enum Kind : int { kSetupError = 1, kToolStatus = 2 };
+  enum Kind : int {
+    kSetupError = 1,  // a set-up step failed: stage, errno
+    kToolStatus = 2,  // the tool ended: its wait status
+    kBackstop = 3,    // init's own wall-clock backstop ended the run: value = seconds
+    kEngineGone = 4,  // init saw the engine's end of the watch pipe close
+  };
   int magic;   // kReportMagic
   int kind;    // Kind
   int stage;   // Stage, for kSetupError
-  int value;   // errno for kSetupError; wait status for kToolStatus
+  int value;   // errno for kSetupError; wait status for kToolStatus; seconds for kBackstop
 };
 inline constexpr int kReportMagic = 0x7473626f;  // "tsbo"
 

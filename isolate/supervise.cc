@@ -117,6 +117,9 @@ void read_reports(int fd, Observations& o) {
     } else if (r.kind == Report::kToolStatus) {
       o.have_tool_status = true;
       o.tool_status = r.value;
+    } else if (r.kind == Report::kBackstop) {
+      o.backstop = true;
+      o.backstop_s = r.value;
     }
   }
 }
@@ -141,6 +144,12 @@ void classify(const Observations& o, RunResult& r) {
   // Limits the engine enforced itself, in the order they were decided.
   if (o.cancelled) r.reason = EndReason::Cancelled;
   else if (o.timed_out) r.reason = EndReason::Timeout;
+  else if (o.backstop) {
+    // The engine's own timer did not fire in time (a stalled event loop):
+    // init's fence did, a few seconds after the wall timeout.
+    r.reason = EndReason::Timeout;
+    r.error = "the sandbox's own wall-clock fence ended the run after " + std::to_string(o.backstop_s) + " s";
+  }
   else if (o.cpu_exceeded) r.reason = EndReason::CpuLimit;
   else if (o.output_exceeded) r.reason = EndReason::OutputLimit;
   // Limits the kernel enforced.
@@ -183,10 +192,14 @@ asio::awaitable<RunResult> supervise(std::shared_ptr<Sandbox> sandbox, std::stri
   if (lim.cpu_time.count() > 0) asio::co_spawn(ex, cpu_watchdog(st), asio::detached);
 
   // pid 1 exiting is the end of the run: the kernel has then killed every
-  // other process of the pid namespace.
+  // other process of the pid namespace. The Sandbox's own pidfd is watched
+  // (no duplicate to allocate or leak) and handed back before it returns.
   {
-    int dupfd = ::dup(sandbox->pidfd());
-    stream pidfd(ex, dupfd);
+    stream pidfd(ex, sandbox->pidfd());
+    struct Release {
+      stream& s;
+      ~Release() { (void)s.release(); }
+    } give_back{pidfd};
     asio::error_code ec;
     co_await pidfd.async_wait(stream::wait_read, asio::redirect_error(use_awaitable, ec));
   }
@@ -213,7 +226,24 @@ asio::awaitable<RunResult> supervise(std::shared_ptr<Sandbox> sandbox, std::stri
   r.peak_memory_bytes = cs.peak_memory_bytes;
   r.wall = ended - sandbox->started();
   classify(st->obs, r);
-  if (auto s = sandbox->destroy_cgroup(); !s.ok() && r.error.empty()) r.error = s.error().message;
+  // Remove the leaf without blocking the event loop: processes killed a
+  // moment ago may keep it busy (EBUSY) for a little while. A leaf still
+  // busy after that goes to the engine's pending clean-up with the Sandbox.
+  {
+    asio::steady_timer retry(ex);
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      auto done = sandbox->try_remove_cgroup();
+      if (!done.ok()) {
+        if (r.error.empty()) r.error = done.error().message;
+        break;
+      }
+      if (*done) break;
+      retry.expires_after(attempt < 10 ? std::chrono::milliseconds(1) : std::chrono::milliseconds(20));
+      asio::error_code ec;
+      co_await retry.async_wait(asio::redirect_error(use_awaitable, ec));
+    }
+  }
+  (void)sandbox->collect_retired();
   co_return std::move(r);
 }
 

@@ -30,6 +30,8 @@ struct Observations {
   bool output_exceeded = false;
   bool cpu_exceeded = false;
   bool cancelled = false;
+  bool backstop = false;     // the sandbox's init ended the run at its own wall-clock fence
+  int backstop_s = 0;
   std::uint64_t oom_kills = 0;
   std::uint64_t pids_max_hits = 0;
 };

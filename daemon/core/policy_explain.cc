@@ -3,6 +3,7 @@
 #include <seccomp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -242,7 +243,7 @@ class HostPlan {
     spec_ = run_spec_from(p);
     spec_.argv = {p.interpreter.empty() ? std::string("python3") : p.interpreter};
     isolate::ChildPlan plan{};
-    isolate::PlanInputs in{&spec_, kStaging, isolate::EngineConfig{}.root_tmpfs_bytes};
+    isolate::PlanInputs in{&spec_, kStaging, isolate::EngineConfig{}.root_tmpfs_bytes, "00000000-0000-4000-8000-000000000000"};
     ok_ = isolate::build_plan(in, storage_, plan).ok();
   }
 
@@ -251,10 +252,14 @@ class HostPlan {
     const isolate::MountStep* s = step_for(path);
     if (s == nullptr) return path + ": not on this host, skipped";
     if (s->kind == isolate::MountStep::kSymlink) return path + " -> " + s->src + ": the symlink is recreated";
-    if (s->kind == isolate::MountStep::kBind) {
-      if (std::string(s->src) != path) return path + ": bound from " + s->src + " (the host's symlink, resolved)";
-      return path + ": " + (s->is_dir ? "directory" : "file") + ", bound read-only";
+    if (s->kind == isolate::MountStep::kAttach) {
+      for (const auto& m : storage_.mounts) {
+        if (&storage_.steps[m.step] != s) continue;
+        std::string from = m.host_path != path ? " of " + m.host_path + " (the host's symlink, resolved)" : "";
+        return path + ": " + (m.is_dir ? "directory, read-only view" : "file, bound read-only") + from;
+      }
     }
+    if (s->kind == isolate::MountStep::kWriteFile) return path + ": file, copied read-only";
     return path + ": present";
   }
 
@@ -409,11 +414,15 @@ std::vector<MountRow> mount_rows(const Policy& p) {
   const auto add = [&](MountRow r) { rows.push_back(std::move(r)); };
   const isolate::Limits& lim = p.limits;
 
-  add({"/", "tmpfs", "ro", format_size(isolate::EngineConfig{}.root_tmpfs_bytes),
-       "the new root: mount points and the /etc stubs; nothing of the host unless listed here"});
+  add({"/", "tmpfs", "ro", format_size(isolate::EngineConfig{}.root_tmpfs_bytes) + " + copies",
+       "the new root: mount points, the /etc stubs and copies of small host files; nothing of the host unless listed "
+       "here"});
+  // Read-only host directories are overlays the engine makes (mountinfo
+  // shows "/", an anonymous device and no host path); small read-only host
+  // files are copied into the root tmpfs (isolate/mounts.h).
   for (const auto& r : isolate::system_paths()) {
     const bool optional = std::strcmp(r.path, "/usr") != 0;
-    add({r.path, "bind", "ro", std::string("host ") + r.path, std::string(r.reason) + (optional ? " (if present)" : ""),
+    add({r.path, "view", "ro", std::string("host ") + r.path, std::string(r.reason) + (optional ? " (if present)" : ""),
          optional});
   }
   const std::string home = p.workdir;
@@ -424,14 +433,14 @@ std::vector<MountRow> mount_rows(const Policy& p) {
   add({"/etc/hosts", "file", "ro", "generated", "localhost and " + quoted_for_message(p.hostname) + " only"});
   add({"/etc/nsswitch.conf", "file", "ro", "generated", "accounts from files; host names from files, then DNS"});
   for (const auto& r : isolate::etc_paths_always())
-    add({r.path, "bind", "ro", std::string("host ") + r.path, std::string(r.reason) + " (if present)", true});
+    add({r.path, "copy", "ro", std::string("host ") + r.path, std::string(r.reason) + " (if present)", true});
   for (const auto& r : isolate::etc_paths_network()) {
-    MountRow row{r.path, "bind", "ro", std::string("host ") + r.path, std::string(r.reason) + " (if present)", true};
+    MountRow row{r.path, "copy", "ro", std::string("host ") + r.path, std::string(r.reason) + " (if present)", true};
     row.host_network_only = true;
     add(std::move(row));
   }
   if (!p.venv.empty())
-    add({std::string(isolate::kVenvPath), "bind", "ro", "host " + p.venv, "the Python environment"});
+    add({std::string(isolate::kVenvPath), "view", "ro", "host " + p.venv, "the Python environment"});
   add({"/tmp", "tmpfs", "rw,noexec", format_size(lim.tmp_bytes), "scratch space, mode 1777; counts toward memory"});
   add({p.workdir, "tmpfs", "rw,noexec", format_size(lim.work_bytes),
        "working directory, mode 0700, owned by " + ids(p.uid, p.gid) + "; counts toward memory"});
@@ -442,31 +451,37 @@ std::vector<MountRow> mount_rows(const Policy& p) {
     return std::count(a->target.begin(), a->target.end(), '/') < std::count(b->target.begin(), b->target.end(), '/');
   });
   for (const auto* b : binds) {
-    std::string note = b->writable ? "READ-WRITE: the tool can change these host files" : "extra bind from the policy";
+    std::string note = b->writable ? "READ-WRITE: the tool can change these host files (mountinfo shows the host path)"
+                                   : "extra path from the policy: a directory as a view, a small file as a copy";
     if (auto why = sensitive_host_path_reason(b->source)) note += "; sensitive host path: " + std::string(*why);
     if (b->optional) note += " (skipped when missing)";
-    MountRow row{b->target, "bind", b->writable ? "rw" : "ro", "host " + b->source, note, b->optional};
+    MountRow row{b->target, b->writable ? "bind" : "view", b->writable ? "rw" : "ro", "host " + b->source, note,
+                 b->optional};
     row.flagged = b->writable || sensitive_host_path_reason(b->source).has_value();
     add(std::move(row));
   }
   add({"/proc", "proc", "rw,noexec", "new instance", "processes of this pid namespace only"});
   add({"/.masked", "file", "ro", "generated", "empty file bound over the masked /proc files"});
+  add({"/.boot_id", "file", "ro", "generated", "a random boot id for this run, bound over the host's"});
   for (const auto& m : isolate::proc_masks()) {
-    const char* how = m.kind == isolate::ProcMask::kFile  ? "empty file"
-                      : m.kind == isolate::ProcMask::kDir ? "empty tmpfs"
-                                                          : "itself";
+    const char* how = m.kind == isolate::ProcMask::kFile     ? "empty file"
+                      : m.kind == isolate::ProcMask::kDir    ? "empty directory"
+                      : m.kind == isolate::ProcMask::kBootId ? "random per run"
+                                                             : "itself";
     add({std::string("/proc") + m.path, m.kind == isolate::ProcMask::kReadOnly ? "bind" : "masked", "ro", how,
          std::string(m.reason) + " (if present)", true});
   }
-  add({"/dev", "tmpfs", "rw,noexec", "64KiB", "device directory, owned by the sandbox's root, mode 0755"});
+  add({"/dev", "tmpfs", "ro,noexec", "64KiB",
+       "made by the engine with the device nodes and links below, then read-only; mode 0755"});
   for (const char* d : isolate::device_names()) {
     const std::string path = std::string("/dev/") + d;
-    add({path, "device", "rw,noexec", "host " + path, "character device (the only mount without nodev)"});
+    add({path, "device", "rw,noexec", "like host " + path, "character device node (/dev is the only mount without nodev)",
+         false, false, false, true});
   }
-  add({"/dev/fd", "symlink", "-", "-> /proc/self/fd", ""});
-  add({"/dev/stdin", "symlink", "-", "-> /proc/self/fd/0", ""});
-  add({"/dev/stdout", "symlink", "-", "-> /proc/self/fd/1", ""});
-  add({"/dev/stderr", "symlink", "-", "-> /proc/self/fd/2", ""});
+  add({"/dev/fd", "symlink", "-", "-> /proc/self/fd", "", false, false, false, true});
+  add({"/dev/stdin", "symlink", "-", "-> /proc/self/fd/0", "", false, false, false, true});
+  add({"/dev/stdout", "symlink", "-", "-> /proc/self/fd/1", "", false, false, false, true});
+  add({"/dev/stderr", "symlink", "-", "-> /proc/self/fd/2", "", false, false, false, true});
   add({"/dev/shm", "tmpfs", "rw,noexec", format_size(std::min<std::uint64_t>(lim.tmp_bytes, 64ull << 20)),
        "POSIX shared memory, mode 1777; counts toward memory"});
   return rows;
@@ -511,8 +526,30 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
   out << "  uts     hostname " << quoted_for_message(p.hostname) << "\n";
   out << "  cgroup  rooted at the run's own cgroup leaf\n";
 
-  out << "\nFile system (in the order it is built; every mount is nosuid and nodev except the devices; a system\n"
-         "path that is a symlink on the host is recreated as that symlink, not bound)\n";
+  // What every run gets from the engine, whatever the policy says, and
+  // what depends on the kernel of the host.
+  out << "\nEvery run (engine, not policy)\n";
+  const bool memfd_refused_by_profile =
+      p.seccomp_profile && syscall_fate(view_profile(*p.seccomp_profile), "memfd_create") == SyscallFate::Refused;
+  if (memfd_refused_by_profile)
+    out << "  memfd   memfd_create is refused by the profile: no memfd exists to execute\n";
+  else
+    out << "  memfd   a binary written to a memfd cannot be executed: vm.memfd_noexec=2 in the run's pid\n"
+           "          namespace (Linux 6.3+); on older kernels it can, unless the profile refuses memfd_create\n";
+  if (options.host_facts && !memfd_refused_by_profile)
+    out << "  [host] " << (::access("/proc/sys/vm/memfd_noexec", F_OK) == 0
+                               ? "this kernel has vm.memfd_noexec: memfd execution is refused"
+                               : "this kernel has no vm.memfd_noexec: memfd execution is NOT refused")
+        << "\n";
+  out << "  socket  socket buffers count toward the run's memory (v2: memory.max; v1: memory.kmem.tcp.limit_in_bytes)\n";
+  out << "  oom     oom_score_adj 1000 (engine.sandbox_oom_score_adj): under memory pressure runs die first\n";
+  out << "  death   a run ends within a second of the daemon's death (death signal; init watches the daemon's\n"
+         "          pipe), and init ends it itself 5 s (or 10 %) after the wall timeout if the daemon does not\n";
+  out << "  hidden  /proc/cmdline masked; boot_id random per run; mountinfo names no host path, device or uid\n";
+
+  out << "\nFile system (in the order it is built; every mount is nosuid and nodev except /dev; a system path\n"
+         "that is a symlink on the host is recreated as that symlink; a view is a read-only overlay of the host\n"
+         "directory, a copy a read-only copy of a small host file, so mountinfo names no host path)\n";
   out << "  " << pad("PATH", 24) << pad("TYPE", 9) << pad("MODE", 11) << pad("SOURCE", 32) << "NOTE\n";
   std::optional<HostPlan> host;
   if (options.host_facts) host.emplace(p);
@@ -535,7 +572,8 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
       out << "  [host] " << host->system_fact(r.path) << "\n";
     } else if (r.path == isolate::kVenvPath) {
       out << "  [host] " << HostPlan::exists_fact(p.venv, "the run would fail") << "\n";
-    } else if (r.type == "bind" && r.source.rfind("host ", 0) == 0 && r.path.rfind("/proc/", 0) != 0) {
+    } else if ((r.type == "bind" || r.type == "view") && r.source.rfind("host ", 0) == 0 &&
+               r.path.rfind("/proc/", 0) != 0) {
       out << "  [host] " << HostPlan::exists_fact(r.source.substr(5), r.optional ? "skipped" : "the run would fail") << "\n";
     }
   }

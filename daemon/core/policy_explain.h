@@ -81,13 +81,14 @@ std::string explain_policy(const Policy& policy, const ExplainOptions& options =
 // One row of the file-system table, in the order the sandbox is built.
 struct MountRow {
   std::string path;    // inside the sandbox
-  std::string type;    // tmpfs, bind, file, proc, device, symlink, masked
+  std::string type;    // tmpfs, view, copy, bind, file, proc, device, symlink, masked
   std::string mode;    // ro, rw, rw,noexec, ...
   std::string source;  // "host /usr", "generated", "64MiB", "-> /proc/self/fd"
   std::string note;
   bool optional = false;   // skipped when the host lacks it
   bool flagged = false;    // a dangerous grant
   bool host_network_only = false;
+  bool inside_parent_mount = false;  // made by the engine inside the mount above (/dev's nodes), not a step
 };
 // The rows for `policy` (both the network-none and the host-network /etc
 // rows are returned; host_network_only marks the latter).

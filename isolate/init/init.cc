@@ -2,24 +2,43 @@
 //
 // The sandbox's first process becomes this program after building the
 // sandbox, so pid 1 has a fresh address space (no copy of the engine's
-// memory) and does only what a pid-1 must: reap orphans, forward termination
-// requests to the tool, and report the tool's exit status to the engine.
-// When the tool exits, init exits, and the kernel kills whatever the tool
-// left behind in the pid namespace (pid_namespaces(7)).
+// memory) and does only what a pid 1 must: reap orphans, report the tool's
+// exit status to the engine, and end the sandbox when the engine cannot.
+// When init exits, the kernel kills whatever else lives in the pid
+// namespace (pid_namespaces(7)); every way out below is an exit.
+//
+// It ends the run when:
+//   - the tool exits (its status goes to the report pipe);
+//   - the engine is gone: the engine's end of the watch pipe closed (the
+//     engine died, however it died), or the parent-death signal (SIGKILL,
+//     armed again by the child path after its id switch) arrived;
+//   - its own wall-clock backstop expires: the engine enforces the run's
+//     timeout itself; this is the fence for an engine that is alive but
+//     stuck.
 //
 // Interface (set up by child_sandbox.cc; not meant to be run by hand):
 //   argv[1]  the tool's pid (in this pid namespace)
-//   fd 3     the report pipe: one Report {kToolStatus, wait status} at the end
+//   argv[2]  the backstop in seconds (0: none)
+//   fd 3     the report pipe: one Report at the end
 //   fd 4     a memfd holding init's own seccomp program (sock_filter array)
+//   fd 6     the engine's watch pipe (read end)
+//   fd 7     `ready` (write end): closed once this program runs with its
+//            filter loaded, which lets the tool go on; a byte instead makes
+//            the tool exit
+//   fd 8     the run's uid-slot lease: held until init dies, so no other run
+//            gets this run's host ids while it lives
 // No capabilities, no_new_privs set, uid 0 of the sandbox's user namespace
-// (not the tool's uid, so the tool cannot signal or inspect it).
+// (not the tool's uid, so the tool cannot signal or inspect it, and init
+// cannot signal the tool either: it ends the sandbox by exiting).
 //
 // Static, no allocation, libc only.
 #include <errno.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,6 +53,8 @@ namespace {
 
 constexpr int kReportFd = 3;
 constexpr int kFilterFd = 4;
+constexpr int kWatchFd = 6;
+constexpr int kReadyFd = 7;
 constexpr unsigned kMaxInsns = BPF_MAXINSNS;
 sock_filter g_filter[kMaxInsns];
 
@@ -50,10 +71,26 @@ void report(int kind, int stage, int value) {
   }
 }
 
-[[noreturn]] void fail(pid_t tool, Stage stage, int err) {
+// Set-up failed: say why, tell the tool (blocked on `ready`) not to run,
+// and end the sandbox.
+[[noreturn]] void fail(Stage stage, int err) {
   report(Report::kSetupError, static_cast<int>(stage), err);
-  if (tool > 0) kill(tool, SIGKILL);
+  ssize_t n;
+  do n = write(kReadyFd, "X", 1);
+  while (n < 0 && errno == EINTR);
   _exit(1);
+}
+
+bool parse_number(const char* s, unsigned long max, unsigned long* out) {
+  unsigned long v = 0;
+  if (*s == '\0') return false;
+  for (; *s; ++s) {
+    if (*s < '0' || *s > '9') return false;
+    v = v * 10 + static_cast<unsigned long>(*s - '0');
+    if (v > max) return false;
+  }
+  *out = v;
+  return true;
 }
 
 int load_filter() {
@@ -84,32 +121,34 @@ int load_filter() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  pid_t tool = 0;
-  if (argc == 2) {
-    for (const char* p = argv[1]; *p; ++p) {
-      if (*p < '0' || *p > '9' || tool > 100000000) {
-        tool = 0;
-        break;
-      }
-      tool = tool * 10 + (*p - '0');
-    }
-  }
-  if (tool <= 0) fail(0, Stage::ExecInit, EINVAL);
+  unsigned long tool_arg = 0, backstop = 0;
+  if (argc != 3 || !parse_number(argv[1], 1ul << 22, &tool_arg) || tool_arg == 0 ||
+      !parse_number(argv[2], 1ul << 24, &backstop))
+    fail(Stage::ExecInit, EINVAL);
+  const pid_t tool = static_cast<pid_t>(tool_arg);
 
   // Not ptrace-attachable, and /proc/1/{mem,environ,fd} closed, even to its
   // own uid. The tool runs as another uid already; this is the second fence,
   // and like every other step it fails closed.
-  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail(tool, Stage::ExecInit, errno);
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail(Stage::ExecInit, errno);
 
-  // Signals this process acts on are blocked and taken synchronously with
-  // sigwaitinfo: no handlers, no races between a signal and waitpid.
+  // The signals this process acts on are blocked and read from a signalfd:
+  // no handlers, no race between a signal and waitpid. Every other signal
+  // keeps its default action; for pid 1 of a namespace that means only the
+  // engine (root, outside) can deliver one, and it ends the sandbox.
   sigset_t set;
   sigemptyset(&set);
-  static const int kSignals[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
-  for (int s : kSignals) sigaddset(&set, s);
-  if (sigprocmask(SIG_BLOCK, &set, nullptr) != 0) fail(tool, Stage::ExecInit, errno);
+  sigaddset(&set, SIGCHLD);
+  sigaddset(&set, SIGALRM);
+  if (sigprocmask(SIG_BLOCK, &set, nullptr) != 0) fail(Stage::ExecInit, errno);
+  int sfd = signalfd(-1, &set, SFD_CLOEXEC);
+  if (sfd < 0) fail(Stage::ExecInit, errno);
+  if (backstop > 0) alarm(static_cast<unsigned>(backstop));
 
-  if (load_filter() != 0) fail(tool, Stage::InitSeccomp, errno);
+  if (load_filter() != 0) fail(Stage::InitSeccomp, errno);
+
+  // Ready: the tool may run now.
+  close(kReadyFd);
 
   for (;;) {
     // Reap everything that has exited: the tool, and orphans reparented to us.
@@ -130,11 +169,27 @@ int main(int argc, char** argv) {
       }
       break;  // r == 0: children remain, none exited
     }
-    siginfo_t si;
-    int sig = sigwaitinfo(&set, &si);
-    if (sig < 0 || sig == SIGCHLD) continue;
-    // Termination requests go to the tool's process group (it called setsid).
-    kill(-tool, sig);
-    kill(tool, sig);
+    pollfd fds[2] = {{sfd, POLLIN, 0}, {kWatchFd, POLLIN, 0}};
+    int n = poll(fds, 2, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      _exit(3);
+    }
+    // The engine's end of the watch pipe closed (or, against the protocol,
+    // something was written to it): the engine is gone. Nobody would
+    // enforce this run's limits or read its result: end it.
+    if (fds[1].revents != 0) {
+      report(Report::kEngineGone, 0, 0);
+      _exit(2);
+    }
+    if (fds[0].revents & POLLIN) {
+      signalfd_siginfo si;
+      ssize_t got = read(sfd, &si, sizeof si);
+      if (got == static_cast<ssize_t>(sizeof si) && si.ssi_signo == SIGALRM) {
+        report(Report::kBackstop, 0, static_cast<int>(backstop));
+        _exit(2);
+      }
+      // SIGCHLD: the loop reaps.
+    }
   }
 }

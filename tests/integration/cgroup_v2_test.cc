@@ -264,7 +264,7 @@ TEST_F(CgroupV2Test, StaleLeavesAreKilledAndRemoved) {
   auto fresh = tsb::isolate::Cgroups::open(engine_->cgroups().parent());
   ASSERT_TRUE(fresh.ok()) << fresh.error().message;
   EXPECT_TRUE((*fresh)->has_cgroup_kill());
-  auto n = (*fresh)->reclaim_stale("stale");
+  auto n = (*fresh)->reclaim_stale("stale", [](const std::string&) { return false; });
   int st = wait_exit(leftover, 10s);
   if (st == -1) {
     ::kill(leftover, SIGKILL);
@@ -276,6 +276,7 @@ TEST_F(CgroupV2Test, StaleLeavesAreKilledAndRemoved) {
   ::rmdir((stale + "/sub").c_str());
   ::rmdir(stale.c_str());
   ASSERT_TRUE(n.ok()) << n.error().message;
+  EXPECT_EQ(n->removed.size() + n->failed.size(), 1u);
 }
 
 TEST_F(CgroupV2Test, DaemonWithParentSelfRunsBesideItsSupervisorLeaf) {

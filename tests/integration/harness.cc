@@ -1,20 +1,30 @@
 #include "tests/integration/harness.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
+
+#include "isolate/hash.h"
 
 namespace tsb::testing {
 
 std::unique_ptr<isolate::Engine> EngineTest::engine_;
 std::unique_ptr<core::Policy> EngineTest::policy_;
 std::string EngineTest::skip_reason_;
+
+std::string probe_dir() { return "/run/toolsandbox-test-probe"; }
 
 bool must_run_root() {
   const char* ci = std::getenv("CI");
@@ -49,6 +59,19 @@ void EngineTest::SetUpTestSuite() {
     return;
   }
   policy_ = std::make_unique<core::Policy>(std::move(p).value());
+  // The probe is shown to sandboxes through its own directory (a view, like
+  // any read-only host directory), not as a file bind: a bind would show
+  // its host path in the sandbox's mountinfo, which the posture tests check.
+  {
+    const std::string dir = probe_dir();
+    ::mkdir(dir.c_str(), 0755);
+    ::chmod(dir.c_str(), 0755);
+    std::ifstream src(std::string(TSB_BIN_DIR) + "/tsb-probe", std::ios::binary);
+    std::ofstream dst(dir + "/tsb-probe", std::ios::binary | std::ios::trunc);
+    dst << src.rdbuf();
+    dst.close();
+    ::chmod((dir + "/tsb-probe").c_str(), 0755);
+  }
   struct stat st{};
   if (::stat(policy_->venv.c_str(), &st) != 0) {
     skip_reason_ = "the default venv " + policy_->venv + " is missing (scripts/test.sh creates it)";
@@ -70,7 +93,7 @@ isolate::RunSpec EngineTest::spec(std::vector<std::string> argv) const {
   auto env = core::build_environment(*policy_, {});
   s.env = *env;
   s.argv = std::move(argv);
-  s.binds.push_back({std::string(TSB_BIN_DIR) + "/tsb-probe", kProbe, false, false});
+  s.binds.push_back({probe_dir(), kProbeDir, false, false});
   return s;
 }
 
@@ -189,6 +212,133 @@ std::string describe(const isolate::RunResult& r) {
     << " error='" << r.error << "' stdout='" << r.stdout_data.substr(0, 2000) << "' stderr='"
     << r.stderr_data.substr(0, 2000) << "'";
   return s.str();
+}
+
+namespace {
+
+bool exited_without_reaping(pid_t pid) {
+  siginfo_t si{};
+  return ::waitid(P_PID, static_cast<id_t>(pid), &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid;
+}
+
+// One status exchange with a deadline for the answer. Any answer counts
+// (a daemon that refuses this peer answers `unauthorized`).
+bool answers_status(const std::string& socket_path, std::chrono::milliseconds max) {
+  int fd = connect_unix(socket_path);
+  if (fd < 0) return false;
+  send_all(fd, "{\"v\":1,\"id\":\"ready\",\"type\":\"status\"}\n");
+  std::string got;
+  auto until = std::chrono::steady_clock::now() + max;
+  while (got.find('\n') == std::string::npos) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    char b[4096];
+    ssize_t n = ::read(fd, b, sizeof b);
+    if (n <= 0) break;
+    got.append(b, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  auto j = nlohmann::json::parse(got.substr(0, got.find('\n')), nullptr, false);
+  return j.is_object() && j.contains("ok");
+}
+
+}  // namespace
+
+bool wait_for_daemon(const std::string& socket_path, pid_t pid, std::chrono::milliseconds max) {
+  auto until = std::chrono::steady_clock::now() + max;
+  while (std::chrono::steady_clock::now() < until) {
+    if (pid > 0 && exited_without_reaping(pid)) return false;
+    struct stat st{};
+    if (::stat(socket_path.c_str(), &st) == 0 && answers_status(socket_path, std::chrono::seconds(5))) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+TestDaemon::TestDaemon(nlohmann::json extra, DaemonOptions opts) {
+  dir_ = "/tmp/tsb-e2e-" + random_hex(4);
+  ::mkdir(dir_.c_str(), 0755);
+  socket_ = dir_ + "/d.sock";
+  const char* parent = std::getenv("TSB_CGROUP_PARENT");
+  cfg_ = {{"version", 1},
+          {"socket", {{"path", socket_}}},
+          {"request_timeout", "5s"},
+          {"shutdown_grace", "2s"},
+          {"engine", {{"state_dir", "/run/tsb-e2e"},
+                      {"cgroup_parent", std::string(parent ? parent : "/toolsandbox-test") + "-e2e"},
+                      {"init", std::string(TSB_BIN_DIR) + "/toolsandbox-init"}}},
+          // The shipped policies, from the source tree.
+          {"policies_dir", std::string(TSB_SOURCE_DIR) + "/policies"},
+          {"organizations", std::string(TSB_SOURCE_DIR) + "/policies/organizations.json"}};
+  cfg_.merge_patch(extra);  // objects merge key by key; a null removes a key
+  config_ = dir_ + "/config.json";
+  write_config(cfg_);
+  std::string log = dir_ + "/log";
+  std::string bin = std::string(TSB_BIN_DIR) + "/toolsandboxd";
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    if (!opts.cgroup_procs.empty()) {
+      int cg = ::open(opts.cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
+      if (cg < 0 || ::write(cg, "0", 1) != 1) ::_exit(126);
+      ::close(cg);
+    }
+    if (opts.open_files) {
+      rlimit rl{opts.open_files, opts.open_files};
+      if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) ::_exit(126);
+    }
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl(bin.c_str(), bin.c_str(), "--config", config_.c_str(), nullptr);
+    ::_exit(127);
+  }
+  // Up to 30 s: the VM lane is slow.
+  if (opts.wait_ready && !wait_for_daemon(socket_, pid_, std::chrono::seconds(30)))
+    ADD_FAILURE() << "daemon did not start: " << log_text();
+}
+
+TestDaemon::~TestDaemon() {
+  stop();
+  const char* keep = std::getenv("TSB_TEST_KEEP");
+  if (!(keep && std::string(keep) == "1")) (void)!std::system(("rm -rf " + dir_).c_str());
+}
+
+void TestDaemon::stop() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGTERM);
+  int st;
+  ::waitpid(pid_, &st, 0);
+  pid_ = -1;
+}
+
+bool TestDaemon::alive() const { return pid_ > 0 && !exited_without_reaping(pid_); }
+
+nlohmann::json TestDaemon::status() const {
+  auto r = request({{"v", 1}, {"id", "s"}, {"type", "status"}});
+  return r.is_object() && r.contains("status") ? r["status"] : nlohmann::json();
+}
+
+nlohmann::json TestDaemon::raw(const std::string& bytes, bool shut_write) const {
+  int fd = connect();
+  if (fd < 0) return nlohmann::json();
+  send_all(fd, bytes);
+  if (shut_write) ::shutdown(fd, SHUT_WR);
+  nlohmann::json r = read_line(fd);
+  ::close(fd);
+  return r;
+}
+
+std::string TestDaemon::log_text() const {
+  std::ifstream in(dir_ + "/log");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void TestDaemon::write_config(const nlohmann::json& cfg) {
+  std::string tmp = config_ + ".new";
+  std::ofstream(tmp) << cfg.dump(2);
+  ::rename(tmp.c_str(), config_.c_str());
+  if (&cfg != &cfg_) cfg_ = cfg;
 }
 
 }  // namespace tsb::testing

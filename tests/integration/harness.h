@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,7 +22,10 @@
 
 namespace tsb::testing {
 
+inline constexpr const char* kProbeDir = "/opt/tsb";
 inline constexpr const char* kProbe = "/opt/tsb/tsb-probe";
+// The host directory holding a copy of the probe (made by EngineTest).
+std::string probe_dir();
 
 // True when skipping is not allowed (CI=true, or TOOLSANDBOXD_TESTS_MUST_RUN
 // lists "root"): a missing prerequisite is then a failure.
@@ -62,5 +66,54 @@ nlohmann::json execute_request(const std::string& script, nlohmann::json extra =
 // Host processes whose real uid falls in [lo, hi).
 std::vector<pid_t> host_pids_with_uid_in(std::uint32_t lo, std::uint32_t hi);
 std::string describe(const isolate::RunResult& r);
+
+// Waits until a daemon answers a status request on socket_path. The socket
+// file existing is not enough (a daemon that binds before it listens
+// refuses connections in between), nor is a connect alone (the daemon may
+// not serve yet). False after `max`, or as soon as process `pid` has exited.
+bool wait_for_daemon(const std::string& socket_path, pid_t pid, std::chrono::milliseconds max);
+
+// How TestDaemon starts the daemon process.
+struct DaemonOptions {
+  std::string cgroup_procs;  // a cgroup.procs file the daemon joins before exec ("": stays)
+  unsigned long open_files = 0;  // RLIMIT_NOFILE, soft and hard, for the daemon (0: inherited)
+  bool wait_ready = true;    // wait_for_daemon in the constructor (a failure is reported)
+};
+
+// The real toolsandboxd (TSB_BIN_DIR) on a temporary socket, with a
+// configuration for the test machine (the source tree's policies, a test
+// cgroup parent and state directory), with `extra` merged in (RFC 7396:
+// objects key by key, a null removes a key). Stopped with SIGTERM when destroyed; its directory is removed
+// unless TSB_TEST_KEEP=1.
+class TestDaemon {
+ public:
+  explicit TestDaemon(nlohmann::json extra = nlohmann::json::object(), DaemonOptions opts = {});
+  ~TestDaemon();
+  TestDaemon(const TestDaemon&) = delete;
+  TestDaemon& operator=(const TestDaemon&) = delete;
+
+  int connect() const { return connect_unix(socket_); }
+  static void send_all(int fd, const std::string& s) { tsb::testing::send_all(fd, s); }
+  static nlohmann::json read_line(int fd) { return read_json_line(fd); }
+  nlohmann::json request(const nlohmann::json& req) const { return request_once(socket_, req); }
+  nlohmann::json status() const;  // the status payload, or null
+  // Sends `bytes` on a new connection (then shutdown(SHUT_WR) if asked) and
+  // returns the first answer line.
+  nlohmann::json raw(const std::string& bytes, bool shut_write = false) const;
+  std::string log_text() const;
+  pid_t pid() const { return pid_; }
+  bool alive() const;  // not exited (checked without reaping)
+  void stop();         // SIGTERM and wait; idempotent
+  const std::string& config_path() const { return config_; }
+  const std::string& socket_path() const { return socket_; }
+  const std::string& dir() const { return dir_; }
+  const nlohmann::json& config() const { return cfg_; }
+  void write_config(const nlohmann::json& cfg);  // the file only: SIGHUP to apply
+
+ private:
+  std::string dir_, socket_, config_;
+  nlohmann::json cfg_;
+  pid_t pid_ = -1;
+};
 
 }  // namespace tsb::testing

@@ -1,0 +1,304 @@
+// What a tool can learn about the host or take from it, asserted from inside
+// real sandboxes: mountinfo, /proc/cmdline, the boot id, memfd execution,
+// socket memory, the OOM score. And the child path's own races.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+using namespace tsb::testing;
+using tsb::isolate::EndReason;
+using tsb::isolate::Stage;
+using nlohmann::json;
+
+namespace {
+
+std::string host_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  std::string l;
+  while (std::getline(in, l))
+    if (!l.empty()) out.push_back(l);
+  return out;
+}
+
+std::vector<std::string> fields(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream in(line);
+  std::string f;
+  while (in >> f) out.push_back(f);
+  return out;
+}
+
+}  // namespace
+
+// Every field of every line of /proc/self/mountinfo is the engine's choice:
+// no host path, device, file system or host uid. (Before: the venv's host
+// path, /dev/vda and ext4's options, devtmpfs with half the host's memory
+// as its size, and uid=<the run's host uid> on every tmpfs.)
+TEST_F(EngineTest, MountinfoShowsNothingOfTheHost) {
+  auto s = probe_spec({"readfile", "/proc/self/mountinfo", "65536"});
+  auto r = run(s);
+  ASSERT_EQ(r.reason, EndReason::Exited) << describe(r);
+  auto j = parse_lines(r.stdout_data).at(0);
+  ASSERT_TRUE(j["ok"].get<bool>()) << j.dump();
+  const std::string text = j["data"];
+  ASSERT_FALSE(text.empty());
+  const std::string base = std::to_string(r.host_uid);
+  for (const auto& line : split_lines(text)) {
+    // id parent maj:min root mountpoint options [optional...] - fstype source superoptions
+    auto dash = line.find(" - ");
+    ASSERT_NE(dash, std::string::npos) << line;
+    auto pre = fields(line.substr(0, dash));
+    auto post = fields(line.substr(dash + 3));
+    ASSERT_GE(pre.size(), 6u) << line;
+    ASSERT_GE(post.size(), 2u) << line;
+    const std::string& dev = pre[2];
+    const std::string& root = pre[3];
+    const std::string& fstype = post[0];
+    const std::string& source = post[1];
+    const std::string super = post.size() > 2 ? post[2] : "";
+    EXPECT_TRUE(fstype == "tmpfs" || fstype == "overlay" || fstype == "proc") << "host file system: " << line;
+    EXPECT_TRUE(source == "toolsandbox" || source == "proc") << "host mount source: " << line;
+    if (fstype != "proc") EXPECT_EQ(dev.rfind("0:", 0), 0u) << "a host device number: " << line;
+    // Roots: "/" for the engine's own mounts, or a path inside the root
+    // tmpfs / procfs (masks, the read-only /proc parts).
+    EXPECT_TRUE(root == "/" || root.rfind("/.masked", 0) == 0 || root == "/.boot_id" || fstype == "proc")
+        << "a host path as mount root: " << line;
+    EXPECT_EQ(line.find("uid="), std::string::npos) << "an owner in the mount options: " << line;
+    EXPECT_EQ(line.find("gid="), std::string::npos) << "an owner in the mount options: " << line;
+    EXPECT_EQ(line.find(base), std::string::npos) << "the run's host uid: " << line;
+    EXPECT_EQ(line.find(policy_->venv), std::string::npos) << line;
+    EXPECT_EQ(line.find(TSB_SOURCE_DIR), std::string::npos) << line;
+    EXPECT_EQ(line.find(probe_dir()), std::string::npos) << line;
+    if (fstype == "overlay") {
+      // lowerdir names the engine's descriptors, not host paths.
+      for (std::size_t p = super.find("lowerdir="); p != std::string::npos; p = super.find("lowerdir=", p + 1)) {
+        std::string v = super.substr(p + 9, super.find(',', p) - p - 9);
+        std::istringstream parts(v);
+        std::string part;
+        while (std::getline(parts, part, ':')) EXPECT_EQ(part.rfind("/proc/self/fd/", 0), 0u) << line;
+      }
+    }
+  }
+  // The /proc view of mounts says the same.
+  auto m = probe1({"readfile", "/proc/self/mounts", "65536"});
+  const std::string mounts = m["data"];
+  for (const auto& line : split_lines(mounts)) {
+    auto f = fields(line);
+    ASSERT_GE(f.size(), 3u) << line;
+    EXPECT_TRUE(f[0] == "toolsandbox" || f[0] == "proc") << "host mount source: " << line;
+  }
+  EXPECT_EQ(mounts.find("uid="), std::string::npos) << mounts;
+}
+
+// The host kernel's command line (boot parameters, and here the machine's
+// own infrastructure) is masked; the boot id is random per run, so two runs
+// of the same tenant, or of two tenants, cannot be linked through it.
+TEST_F(EngineTest, CmdlineIsMaskedAndBootIdIsPerRun) {
+  auto c = probe1({"readfile", "/proc/cmdline", "4096"});
+  if (c["ok"].get<bool>()) EXPECT_EQ(c["bytes"], 0) << c.dump();
+  const std::string host_boot = host_file("/proc/sys/kernel/random/boot_id");
+  ASSERT_FALSE(host_boot.empty());
+  auto a = probe1({"readfile", "/proc/sys/kernel/random/boot_id", "64"});
+  auto b = probe1({"readfile", "/proc/sys/kernel/random/boot_id", "64"});
+  ASSERT_TRUE(a["ok"].get<bool>()) << a.dump();
+  const std::string ida = a["data"], idb = b["data"];
+  EXPECT_NE(ida, host_boot);
+  EXPECT_NE(ida, idb) << "the same boot id in two runs";
+  EXPECT_EQ(ida.size(), 37u) << "not in the kernel's format: " << ida;
+  EXPECT_FALSE(probe1({"writefile", "/proc/sys/kernel/random/boot_id", "x"})["ok"].get<bool>());
+}
+
+// A binary written to a memfd cannot be executed (vm.memfd_noexec=2 in the
+// sandbox's pid namespace). Where the kernel lacks the knob the engine says
+// so at start-up instead.
+TEST_F(EngineTest, MemfdCannotBeExecuted) {
+  const char* script = R"PY(
+import os, sys
+fd = os.memfd_create("dropped")
+with open("/usr/bin/true", "rb") as f:
+    os.write(fd, f.read())
+try:
+    os.execv("/proc/self/fd/%d" % fd, ["dropped"])
+except OSError as e:
+    print("refused", e.errno)
+    sys.exit(0)
+)PY";
+  auto r = run(spec({"/venv/bin/python3", "-c", script}));
+  if (::access("/proc/sys/vm/memfd_noexec", F_OK) != 0) {
+    EXPECT_FALSE(engine_->features().memfd_noexec);
+    bool said = false;
+    for (const auto& n : engine_->startup_notes()) said |= n.find("memfd") != std::string::npos;
+    EXPECT_TRUE(said) << "a kernel without vm.memfd_noexec must be reported at start-up";
+    std::fprintf(stderr, "NOTE: this kernel has no vm.memfd_noexec (Linux 6.3+); the engine reported it\n");
+    return;
+  }
+  EXPECT_TRUE(engine_->features().memfd_noexec);
+  ASSERT_EQ(r.reason, EndReason::Exited) << describe(r);
+  EXPECT_EQ(r.stdout_data, "refused " + std::to_string(EACCES) + "\n") << describe(r);
+  // And the host's own setting is untouched.
+  EXPECT_EQ(host_file("/proc/sys/vm/memfd_noexec"), "0\n");
+}
+
+// Loopback TCP queues are the run's memory: a tool that fills many
+// connections and never reads them cannot queue more than its memory limit
+// (before: 640 MiB queued under a 512 MiB limit, taken from the TCP pool
+// every service of the host shares).
+TEST_F(EngineTest, SocketBuffersAreChargedToTheRun) {
+  ASSERT_TRUE(engine_->features().tcp_memory_limit) << "no way to charge socket memory on this host";
+  const char* script = R"PY(
+import socket, sys, errno
+limit = int(sys.argv[1])
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(256)
+conns, queued, chunk = [], 0, b"x" * 65536
+try:
+    for i in range(200):
+        c = socket.create_connection(srv.getsockname())
+        a, _ = srv.accept()
+        c.setblocking(False)
+        conns.append((c, a))
+        while True:
+            try:
+                queued += c.send(chunk)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                if e.errno in (errno.ENOBUFS, errno.ENOMEM): break
+                raise
+        if queued > 4 * limit: break
+except OSError as e:
+    print("stopped", e.errno, file=sys.stderr)
+print(queued)
+)PY";
+  const std::uint64_t limit = 48ull << 20;
+  auto s = spec({"/venv/bin/python3", "-c", script, std::to_string(limit)});
+  s.limits.memory_bytes = limit;
+  s.limits.open_files = 1024;
+  s.limits.pids = 64;
+  s.limits.wall_timeout = std::chrono::seconds(40);
+  auto r = run(s);
+  if (r.reason == EndReason::MemoryLimit) return;  // v2: sockets pushed the run over memory.max
+  ASSERT_EQ(r.reason, EndReason::Exited) << describe(r);
+  // Under the limit the kernel refuses more (sends block or fail), save a
+  // minimum it always grants each socket: allow half the limit for that.
+  // Uncharged, the tool queues the 4x it aims for.
+  std::uint64_t queued = std::stoull(r.stdout_data);
+  EXPECT_LE(queued, limit + limit / 2) << "queued " << (queued >> 20) << " MiB in loopback TCP under a "
+                                       << (limit >> 20) << " MiB limit; " << r.stderr_data;
+}
+
+// Under memory pressure the kernel takes a run, not the daemon or anything
+// else on the host; no process of the run may lower that.
+TEST_F(EngineTest, SandboxIsTheOomKillersFirstChoice) {
+  auto j = probe1({"readfile", "/proc/self/oom_score_adj", "16"});
+  ASSERT_TRUE(j["ok"].get<bool>()) << j.dump();
+  EXPECT_EQ(j["data"], "1000\n");
+  auto w = probe1({"writefile", "/proc/self/oom_score_adj", "0"});
+  if (!engine_->features().oom_score_floor) {
+    // An engine without CAP_SYS_RESOURCE (the systemd unit grants it) can
+    // set the score but not make it a floor; it says so at start-up.
+    bool said = false;
+    for (const auto& n : engine_->startup_notes()) said |= n.find("CAP_SYS_RESOURCE") != std::string::npos;
+    EXPECT_TRUE(said);
+    std::fprintf(stderr, "NOTE: no CAP_SYS_RESOURCE here: the OOM score is not a floor (reported at start-up)\n");
+    return;
+  }
+  EXPECT_FALSE(w["ok"].get<bool>()) << "the tool lowered its OOM score: " << w.dump();
+}
+
+// A child that fails at its first mount steps has exited before the engine
+// signals it; its own report must reach the result, not the engine's
+// "Broken pipe" (it did in about half the runs under load).
+TEST_F(EngineTest, EarlySetupFailureIsReportedEveryTime) {
+  for (int i = 0; i < 40; ++i) {
+    auto s = spec({"/bin/true"});
+    s.venv = "/nonexistent/venv";
+    auto r = run(s);
+    ASSERT_EQ(r.reason, EndReason::SetupFailed) << "run " << i << ": " << describe(r);
+    ASSERT_EQ(r.setup_stage, Stage::MountBind) << "run " << i << ": " << describe(r);
+    ASSERT_EQ(r.setup_errno, ENOENT) << "run " << i << ": " << describe(r);
+  }
+}
+
+// The tool runs only once pid 1 is toolsandbox-init (before, it could start
+// while pid 1 was still the engine's copy, between fork and exec).
+TEST_F(EngineTest, ToolStartsOnlyOnceInitRuns) {
+  for (int i = 0; i < 40; ++i) {
+    auto v = probe({"pid"});
+    ASSERT_EQ(v.size(), 1u);
+    ASSERT_EQ(v[0]["init_cmdline"][0], "toolsandbox-init") << "run " << i << ": " << v[0].dump();
+  }
+}
+
+namespace {
+std::atomic<int> g_marker_fd{-1};
+pid_t g_engine_pid = 0;
+void marker_handler(int) {
+  // Any process but the engine that runs this is a sandbox child running
+  // the engine's handler.
+  if (::getpid() != g_engine_pid) {
+    char c = 'X';
+    (void)!::write(g_marker_fd.load(), &c, 1);
+  }
+}
+}  // namespace
+
+// No handler of the engine's process ever runs in a sandbox's child: every
+// signal is blocked across clone3, the handlers are cleared there, and the
+// child leaves the engine's process group before it unblocks them. The
+// signals go to the process group (as a terminal's Ctrl-C would), which
+// the children are in right after clone3; this process gets a group of its
+// own for the test so nothing else receives them. The sending thread also
+// makes the engine multi-threaded, as a resolver thread would: the child
+// must not use glibc's setresuid, which waits for threads the child does
+// not have (it hung there, and the run timed out).
+TEST_F(EngineTest, EngineSignalHandlersNeverRunInTheChild) {
+  const pid_t old_pgrp = ::getpgrp();
+  ASSERT_EQ(::setpgid(0, 0), 0) << std::strerror(errno);
+  struct RestoreGroup {
+    pid_t pgrp;
+    ~RestoreGroup() { (void)::setpgid(0, pgrp); }
+  } restore{old_pgrp};
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+  g_marker_fd = p[1];
+  g_engine_pid = ::getpid();
+  struct sigaction sa{}, old{};
+  sa.sa_handler = marker_handler;
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  std::atomic<bool> stop{false};
+  std::thread spammer([&] {
+    while (!stop) {
+      ::kill(0, SIGUSR1);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  for (int i = 0; i < 60; ++i) {
+    auto r = run(spec({"/bin/true"}));
+    EXPECT_EQ(r.reason, EndReason::Exited) << describe(r);
+  }
+  stop = true;
+  spammer.join();
+  ::sigaction(SIGUSR1, &old, nullptr);
+  char buf[64];
+  ssize_t n = ::read(p[0], buf, sizeof buf);
+  ::close(p[0]);
+  ::close(p[1]);
+  EXPECT_LE(n, 0) << "the engine's signal handler ran in " << n << " sandbox children";
+}
