@@ -4,6 +4,7 @@
 #include <pwd.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <set>
 
 #include "daemon/core/policy.h"
@@ -132,7 +133,21 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) 
       return Error::invalid(w.where("max_frame_bytes") + ": must be a size between 4KiB and 1GiB");
     c.max_frame_bytes = *s;
   }
+  TRY_SET(n, w.number("max_connections", c.max_connections, 1, 65536));
+  c.max_connections = static_cast<unsigned>(n);
+  c.max_buffered_bytes = std::max<std::size_t>(c.max_buffered_bytes, c.max_frame_bytes);
+  if (const json* b = w.get("max_buffered_bytes")) {
+    // One maximal request must always fit, or it could never be read.
+    auto s = parse_size(*b);
+    if (!s.ok() || *s < c.max_frame_bytes || *s > (64ull << 30))
+      return Error::invalid(w.where("max_buffered_bytes") + ": must be a size between max_frame_bytes (" +
+                            format_size(c.max_frame_bytes) + ") and 64GiB");
+    c.max_buffered_bytes = *s;
+  }
   TRY_SET(c.request_timeout, w.duration("request_timeout", c.request_timeout));
+  TRY_SET(c.write_timeout, w.duration("write_timeout", c.write_timeout));
+  if (c.request_timeout.count() < 1) return Error::invalid(w.where("request_timeout") + ": must be at least 1ms");
+  if (c.write_timeout.count() < 1) return Error::invalid(w.where("write_timeout") + ": must be at least 1ms");
   TRY_SET(c.shutdown_grace, w.duration("shutdown_grace", c.shutdown_grace));
   TRY_SET(c.policies_dir, w.string("policies_dir", "", true));
   TRY_SET(c.organizations_file, w.string("organizations", "", true));
@@ -157,6 +172,14 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) 
     TRY_SET(n, we.number("uid_slots", c.engine.uid_slots, 1, 16384));
     c.engine.uid_slots = static_cast<std::uint32_t>(n);
     TRY_SET(c.engine.init_path, we.string("init", "", true));
+    if (const json* h = we.get("hide_host_paths")) {
+      if (!h->is_boolean()) return Error::invalid(we.where("hide_host_paths") + ": must be true or false");
+      c.engine.hide_host_paths = h->get<bool>();
+    }
+    // Only from 0 up: a sandbox is never less likely than an ordinary
+    // process to be chosen by the OOM killer.
+    TRY_SET(n, we.number("sandbox_oom_score_adj", static_cast<std::uint64_t>(c.engine.sandbox_oom_score_adj), 0, 1000));
+    c.engine.sandbox_oom_score_adj = static_cast<int>(n);
     TSB_TRY(we.done(), "configuration");
   }
   if (const json* e = w.get("e2b")) {

@@ -37,7 +37,14 @@ struct DaemonConfig {
   unsigned max_concurrent_runs = 8;
   unsigned max_queued_runs = 32;
   std::size_t max_frame_bytes = 32u << 20;
+  // Connections open at once; beyond it a new peer gets `busy` and is closed.
+  unsigned max_connections = 256;
+  // Bytes all connections may hold at once beyond kConnectionAllowance each:
+  // request lines being read, requests being handled, answers being written.
+  // At least max_frame_bytes; when absent, max(256 MiB, max_frame_bytes).
+  std::size_t max_buffered_bytes = 256u << 20;
   std::chrono::milliseconds request_timeout{30000};   // a request line must arrive within this
+  std::chrono::milliseconds write_timeout{30000};     // an answer must be taken within this
   std::chrono::milliseconds shutdown_grace{30000};
   std::string policies_dir;             // "" = the policies embedded in the binary
   std::string organizations_file;       // "" = embedded organizations.json
@@ -46,6 +53,10 @@ struct DaemonConfig {
   isolate::EngineConfig engine;
   E2BConfig e2b;
 };
+
+// What each connection may hold without drawing on max_buffered_bytes: a
+// small request and its answer never wait for the global budget.
+inline constexpr std::size_t kConnectionAllowance = 64u << 10;
 
 // Loads `path`; a missing file with `optional` gives the defaults.
 Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional);

@@ -1,10 +1,13 @@
 #include "daemon/core/server.h"
 
 #include <grp.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -15,6 +18,7 @@
 #include <asio/read_until.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
+#include <cstdlib>
 #include <fstream>
 
 #include "daemon/core/e2b.h"
@@ -37,6 +41,47 @@ constexpr auto tuple_awaitable = asio::experimental::as_tuple(use_awaitable);
 
 std::string q(std::string_view s) { return quoted_for_message(s); }
 
+#ifndef SO_PEERGROUPS
+#define SO_PEERGROUPS 59  // Linux 4.13, include/uapi/asm-generic/socket.h
+#endif
+
+// Supplementary groups from /proc/<pid>/status: only for kernels without
+// SO_PEERGROUPS. Racy: the peer may have changed its groups since connect(),
+// or exited and had its pid reused.
+std::vector<gid_t> peer_groups_from_proc(pid_t pid) {
+  std::vector<gid_t> out;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Groups:", 0) != 0) continue;
+    std::istringstream s(line.substr(7));
+    gid_t g;
+    while (s >> g) out.push_back(g);
+  }
+  return out;
+}
+
+// The supplementary groups the kernel recorded when the peer called
+// connect(), as SO_PEERCRED does for uid and gid (socket(7)): what the peer
+// does afterwards cannot change them. Empty when they cannot be read, which
+// only ever refuses.
+std::vector<gid_t> peer_groups(int fd, pid_t pid) {
+  std::vector<gid_t> g(32);
+  for (;;) {
+    socklen_t len = static_cast<socklen_t>(g.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g.data(), &len) == 0) {
+      g.resize(len / sizeof(gid_t));
+      return g;
+    }
+    if (errno == ERANGE && len > g.size() * sizeof(gid_t)) {  // len is the size needed
+      g.resize(len / sizeof(gid_t));
+      continue;
+    }
+    if (errno == ENOPROTOOPT && pid > 0) return peer_groups_from_proc(pid);
+    return {};
+  }
+}
+
 Peer peer_of(int fd) {
   ucred cr{};
   socklen_t len = sizeof cr;
@@ -52,21 +97,34 @@ Peer peer_of(int fd) {
   return p;
 }
 
-// Supplementary groups of the peer, read from /proc (SO_PEERCRED carries
-// only the primary gid). Racy against pid reuse only in the direction of
-// refusing: a reused pid belongs to another process with other groups.
-std::vector<gid_t> peer_groups(pid_t pid) {
-  std::vector<gid_t> out;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Groups:", 0) != 0) continue;
-    std::istringstream s(line.substr(7));
-    gid_t g;
-    while (s >> g) out.push_back(g);
-  }
-  return out;
+// accept(2) errors that mean the process or the system is out of a resource
+// (descriptors, socket buffers, memory): retrying at once fails again.
+bool accept_out_of_resources(const asio::error_code& ec) {
+  if (ec.category() != asio::system_category()) return false;
+  return ec.value() == EMFILE || ec.value() == ENFILE || ec.value() == ENOBUFS || ec.value() == ENOMEM;
 }
+
+std::string open_files_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return "unknown";
+  return std::to_string(rl.rlim_cur);
+}
+
+// True when the peer has closed its end entirely (POLLHUP). A half-close
+// (shutdown(SHUT_WR) after the request) shows as POLLRDHUP only: that
+// client still waits for its answer.
+bool peer_hung_up(int fd) {
+  pollfd pfd{fd, POLLIN | POLLRDHUP, 0};
+  return ::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLHUP | POLLERR));
+}
+
+// Reads of one request line are at most this big; the buffer grows by
+// doubling up to max_frame_bytes + 1.
+constexpr std::size_t kReadChunk = 256u << 10;
+// After a connection held more than this, free memory is handed back to the
+// kernel (malloc_trim): the pages of a big request's parsed form are
+// scattered through the heap, below live data, where free() cannot return them.
+constexpr std::size_t kTrimAfterBytes = 1u << 20;
 
 bool file_is_root_owned_readonly(const std::string& p) {
   struct stat st{};
@@ -75,6 +133,80 @@ bool file_is_root_owned_readonly(const std::string& p) {
 }
 
 }  // namespace
+
+bool BudgetHold::try_take(std::size_t n) {
+  std::size_t more = charged_for(bytes_ + n) - charged_for(bytes_);
+  if (more > budget_.limit || budget_.charged > budget_.limit - more) return false;
+  take(n);
+  return true;
+}
+
+void BudgetHold::take(std::size_t n) {
+  budget_.charged += charged_for(bytes_ + n) - charged_for(bytes_);
+  budget_.held += n;
+  bytes_ += n;
+}
+
+void BudgetHold::release(std::size_t n) {
+  n = std::min(n, bytes_);
+  budget_.charged -= charged_for(bytes_) - charged_for(bytes_ - n);
+  budget_.held -= n;
+  bytes_ -= n;
+}
+
+bool LogThrottle::admit(std::uint64_t* suppressed) {
+  auto now = std::chrono::steady_clock::now();
+  if (now < next_) {
+    ++left_out_;
+    return false;
+  }
+  next_ = now + interval_;
+  *suppressed = left_out_;
+  left_out_ = 0;
+  return true;
+}
+
+// One connection's unread request bytes. malloc/realloc rather than a
+// std::string: glibc grows a large (mmap'ed) block with mremap, so growing
+// copies nothing and touches only the pages that data lands in, and a
+// decoded frame's memory goes back to the kernel at once (consume()).
+struct Server::LineBuffer {
+  LineBuffer() = default;
+  LineBuffer(const LineBuffer&) = delete;
+  LineBuffer& operator=(const LineBuffer&) = delete;
+  ~LineBuffer() { std::free(data); }
+
+  // Room for n bytes in all; false when memory is short.
+  bool reserve(std::size_t n, std::size_t cap_limit) {
+    if (n <= capacity) return true;
+    std::size_t c = std::max(n, std::min(std::max<std::size_t>(capacity * 2, kReadChunk), cap_limit));
+    void* p = std::realloc(data, c);
+    if (!p) return false;
+    data = static_cast<char*>(p);
+    capacity = c;
+    return true;
+  }
+  // Drops the first n bytes (a frame and its newline). What follows (the
+  // start of a pipelined request, at most one read) moves to a small block
+  // of its own; the big one is freed.
+  void consume(std::size_t n) {
+    std::size_t rest = size - n;
+    char* p = rest ? static_cast<char*>(std::malloc(rest)) : nullptr;
+    if (rest && !p) {  // keep the big block rather than lose the bytes
+      std::memmove(data, data + n, rest);
+      size = rest;
+      return;
+    }
+    if (rest) std::memcpy(p, data + n, rest);
+    std::free(data);
+    data = p;
+    size = capacity = rest;
+  }
+
+  char* data = nullptr;
+  std::size_t size = 0;
+  std::size_t capacity = 0;
+};
 
 std::string find_runner(const std::string& configured) {
   std::vector<std::string> candidates;
@@ -104,10 +236,15 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
       signals_(io, SIGTERM, SIGINT, SIGHUP) {
   runner_path_ = find_runner(cfg_.runner_path);
   if (cfg_.e2b.enabled) e2b_ = std::make_unique<E2BBackend>(io_, cfg_.e2b);
+  budget_.limit = cfg_.max_buffered_bytes;
 }
 
 Server::~Server() {
-  if (owns_socket_file_) ::unlink(cfg_.socket_path.c_str());
+  // Only the socket we created: a daemon started since may own the path now.
+  struct stat st{};
+  if (owns_socket_file_ && ::lstat(cfg_.socket_path.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
+      st.st_ino == socket_ino_)
+    ::unlink(cfg_.socket_path.c_str());
 }
 
 Status Server::open_listener() {
@@ -127,41 +264,69 @@ Status Server::open_listener() {
     spdlog::info("listening on the socket passed by systemd");
     return {};
   }
-  std::string dir = cfg_.socket_path.substr(0, cfg_.socket_path.rfind('/'));
+  const std::string& path = cfg_.socket_path;
+  std::string dir = path.substr(0, path.rfind('/'));
   if (!dir.empty() && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     return Error::from_errno("mkdir '" + dir + "'");
-  // A stale socket file from a crashed instance: remove it, but only if
-  // nothing answers on it (a second daemon must not steal the first's path).
+  // The socket is bound under a temporary name in the same directory, given
+  // its owner and mode, put in the listening state, and only then renamed
+  // into place (rename(2) is atomic). A client that finds the path can
+  // connect at once: no ECONNREFUSED between bind() and listen(), and the
+  // path never names a socket with other permissions than configured.
+  const std::string tmp = dir + "/.tsbd." + std::to_string(::getpid());
+  for (const std::string* p : {&path, &tmp})
+    if (p->size() >= sizeof(sockaddr_un::sun_path))
+      return Error::invalid("socket path '" + *p + "' is longer than a Unix socket address allows (" +
+                                std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes)",
+                            ENAMETOOLONG);
+  // A stale socket file from a crashed instance is replaced by the rename
+  // below, but only if nothing answers on it (a second daemon must not
+  // steal the first's path).
   struct stat st{};
-  if (::lstat(cfg_.socket_path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) return Error::invalid("'" + cfg_.socket_path + "' exists and is not a socket", EEXIST);
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return Error::invalid("'" + path + "' exists and is not a socket", EEXIST);
     asio::local::stream_protocol::socket probe(io_);
     asio::error_code ec;
-    probe.connect(asio::local::stream_protocol::endpoint(cfg_.socket_path), ec);
-    if (!ec) return Error::invalid("another toolsandboxd is listening on '" + cfg_.socket_path + "'", EADDRINUSE);
-    ::unlink(cfg_.socket_path.c_str());
+    probe.connect(asio::local::stream_protocol::endpoint(path), ec);
+    if (!ec) return Error::invalid("another toolsandboxd is listening on '" + path + "'", EADDRINUSE);
   }
+  // Our pid in the name: a file there is left by an earlier process with
+  // this pid, which is gone.
+  ::unlink(tmp.c_str());
+  struct RemoveTmp {
+    const std::string& p;
+    bool armed = true;
+    ~RemoveTmp() {
+      if (armed) ::unlink(p.c_str());
+    }
+  } remove_tmp{tmp};
   acceptor_ = std::make_unique<asio::local::stream_protocol::acceptor>(io_);
   asio::error_code ec;
   acceptor_->open(asio::local::stream_protocol(), ec);
   // Created with no access for anyone but root, then opened up to the
   // configured mode and group: never briefly world-connectable.
   mode_t old = ::umask(0177);
-  if (!ec) acceptor_->bind(asio::local::stream_protocol::endpoint(cfg_.socket_path), ec);
+  if (!ec) acceptor_->bind(asio::local::stream_protocol::endpoint(tmp), ec);
   ::umask(old);
-  if (ec) return Error::invalid("binding '" + cfg_.socket_path + "': " + ec.message());
-  owns_socket_file_ = true;
+  if (ec) return Error::invalid("binding '" + tmp + "': " + ec.message(), ec.value());
   gid_t gid = 0;
   if (!cfg_.socket_group.empty()) {
     group* g = ::getgrnam(cfg_.socket_group.c_str());
     if (!g) return Error::invalid("socket group " + q(cfg_.socket_group) + " does not exist");
     gid = g->gr_gid;
   }
-  if (::chown(cfg_.socket_path.c_str(), 0, gid) != 0) return Error::from_errno("chown socket");
-  if (::chmod(cfg_.socket_path.c_str(), cfg_.socket_mode) != 0) return Error::from_errno("chmod socket");
+  if (::chown(tmp.c_str(), 0, gid) != 0) return Error::from_errno("chown socket '" + tmp + "'");
+  if (::chmod(tmp.c_str(), cfg_.socket_mode) != 0) return Error::from_errno("chmod socket '" + tmp + "'");
   acceptor_->listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return Error::invalid("listen: " + ec.message());
-  spdlog::info("listening on {} (mode {:o}, group {})", cfg_.socket_path, cfg_.socket_mode, gid);
+  if (ec) return Error::invalid("listen: " + ec.message(), ec.value());
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return Error::from_errno("rename '" + tmp + "' to '" + path + "'");
+  remove_tmp.armed = false;
+  if (::lstat(path.c_str(), &st) == 0) {
+    owns_socket_file_ = true;
+    socket_dev_ = st.st_dev;
+    socket_ino_ = st.st_ino;
+  }
+  spdlog::info("listening on {} (mode {:o}, group {})", path, cfg_.socket_mode, gid);
   return {};
 }
 
@@ -179,86 +344,209 @@ bool Server::peer_allowed(const Peer& p) const {
   if (cfg_.allowed_gids.empty()) return false;
   for (gid_t g : cfg_.allowed_gids)
     if (g == p.gid) return true;
-  for (gid_t pg : peer_groups(p.pid))
+  for (gid_t pg : p.groups)
     for (gid_t g : cfg_.allowed_gids)
       if (g == pg) return true;
   return false;
 }
 
 asio::awaitable<void> Server::accept_loop() {
+  // Out of descriptors (EMFILE), the listener stays readable and accept()
+  // fails at once, forever: retrying without a pause spins and floods the
+  // log. Pause instead, longer each time up to a second, and log at most
+  // once per interval. Waiting connections stay in the listen backlog.
+  constexpr std::chrono::milliseconds kMinPause{50}, kMaxPause{1000};
+  std::chrono::milliseconds pause = kMinPause;
+  asio::steady_timer pause_timer(io_);
   for (;;) {
     auto [ec, sock] = co_await acceptor_->async_accept(tuple_awaitable);
     if (ec) {
       if (shutting_down_ || ec == asio::error::operation_aborted) co_return;
-      spdlog::warn("accept: {}", ec.message());
+      ++accept_errors_;
+      if (ec == asio::error::connection_aborted) continue;  // that peer is gone; the next one may wait
+      const bool resources = accept_out_of_resources(ec);
+      std::uint64_t left_out = 0;
+      if (accept_log_.admit(&left_out))
+        spdlog::warn("accept: {}{}; pausing accepts for {} ms ({} similar messages left out)", ec.message(),
+                     ec.value() == EMFILE ? " (open files limit " + open_files_limit() + ")" : std::string(),
+                     pause.count(), left_out);
+      pause_timer.expires_after(pause);
+      co_await pause_timer.async_wait(tuple_awaitable);
+      pause = resources ? std::min(pause * 2, kMaxPause) : kMinPause;
       continue;
     }
+    pause = kMinPause;
     ++connections_;
-    asio::co_spawn(io_, serve(std::move(sock)), asio::detached);
+    // The peer check and the connection cap come before anything is read;
+    // both refusals are one line, written without waiting, then close.
+    Peer peer = peer_of(sock.native_handle());
+    if (!cfg_.allowed_gids.empty()) peer.groups = peer_groups(sock.native_handle(), peer.pid);
+    if (!peer_allowed(peer)) {
+      spdlog::warn("refused peer uid={} gid={} pid={}", peer.uid, peer.gid, peer.pid);
+      refuse_now(sock, protocol::encode_error("", ErrorCode::Unauthorized,
+                                              "uid " + std::to_string(peer.uid) + " is not allowed to use this daemon"));
+      continue;
+    }
+    if (connections_open_ >= cfg_.max_connections) {
+      ++refused_connections_;
+      std::uint64_t left_out = 0;
+      if (refusal_log_.admit(&left_out))
+        spdlog::warn("refused a connection of uid={} pid={}: {} connections open (max_connections) ({} similar "
+                     "messages left out)",
+                     peer.uid, peer.pid, connections_open_, left_out);
+      refuse_now(sock, protocol::encode_error("", ErrorCode::Busy,
+                                              "too many connections open (" + std::to_string(connections_open_) +
+                                                  ", max_connections); retry later; closing"));
+      continue;
+    }
+    ++connections_open_;
+    asio::co_spawn(io_, serve(std::move(sock), std::move(peer)), asio::detached);
   }
 }
 
-asio::awaitable<void> Server::serve(socket_t sock) {
+void Server::refuse_now(socket_t& sock, const std::string& line) {
+  // A fresh connection's send buffer is empty: a short line always fits,
+  // and MSG_DONTWAIT makes sure nothing here ever blocks.
+  (void)!::send(sock.native_handle(), line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  asio::error_code ignored;
+  sock.close(ignored);
+}
+
+asio::awaitable<bool> Server::write_line(socket_t& sock, const std::string& line) {
+  asio::steady_timer deadline(io_, cfg_.write_timeout);
+  auto res = co_await (asio::async_write(sock, asio::buffer(line), tuple_awaitable) || deadline.async_wait(tuple_awaitable));
+  if (res.index() == 1) {
+    ++write_timeouts_;
+    std::uint64_t left_out = 0;
+    if (refusal_log_.admit(&left_out))
+      spdlog::warn("dropped an answer of {} bytes: the client did not read it within {} (write_timeout); closing "
+                   "({} similar messages left out)",
+                   line.size(), format_duration(cfg_.write_timeout), left_out);
+    co_return false;
+  }
+  auto [ec, n] = std::get<0>(res);
+  co_return !ec;
+}
+
+asio::awaitable<std::optional<std::size_t>> Server::read_line(socket_t& sock, LineBuffer& buf, BudgetHold& hold, std::string* closing) {
+  closing->clear();
+  // One deadline for the whole line, from the moment the daemon starts
+  // waiting for it: a line trickled in byte by byte is bounded too, and so
+  // is an idle connection.
+  asio::steady_timer deadline(io_, cfg_.request_timeout);
+  const std::size_t cap = cfg_.max_frame_bytes + 1;  // never more of one request than this
+  std::size_t scanned = 0;
+  for (;;) {
+    // The frame cap is enforced while reading, before any parsing.
+    if (const void* nl = buf.size > scanned ? std::memchr(buf.data + scanned, '\n', buf.size - scanned) : nullptr) {
+      std::size_t len = static_cast<const char*>(nl) - buf.data;
+      if (len > cfg_.max_frame_bytes) break;  // too large
+      co_return len;
+    }
+    scanned = buf.size;
+    if (buf.size >= cap) break;  // too large
+    std::size_t want = std::min(kReadChunk, cap - buf.size);
+    bool took = hold.try_take(want);
+    if (!took) {
+      // With the budget spent, a read still fits in what is left of this
+      // connection's own allowance, which needs no budget: a small request
+      // is served all the same.
+      want = std::min(want, kConnectionAllowance - std::min(kConnectionAllowance, hold.bytes()));
+      took = want > 0 && hold.try_take(want);
+    }
+    if (!took) {
+      ++refused_budget_;
+      std::uint64_t left_out = 0;
+      if (refusal_log_.admit(&left_out))
+        spdlog::warn("refused a request: {} bytes buffered for all connections, max_buffered_bytes is {} ({} similar "
+                     "messages left out)",
+                     budget_.held, budget_.limit, left_out);
+      *closing = protocol::encode_error("", ErrorCode::Busy,
+                                        "the daemon holds too much request data (max_buffered_bytes " +
+                                            format_size(budget_.limit) + "); retry later; closing");
+      co_return std::nullopt;
+    }
+    if (!buf.reserve(buf.size + want, cap)) {
+      hold.release(want);
+      *closing = protocol::encode_error("", ErrorCode::Internal, "out of memory reading the request; closing");
+      co_return std::nullopt;
+    }
+    auto res = co_await (sock.async_read_some(asio::buffer(buf.data + buf.size, want), tuple_awaitable) ||
+                         deadline.async_wait(tuple_awaitable));
+    if (res.index() == 1) {
+      hold.release(want);
+      *closing = protocol::encode_error(
+          "", ErrorCode::Timeout, "no complete request line within " + format_duration(cfg_.request_timeout) + "; closing");
+      co_return std::nullopt;
+    }
+    auto [ec, n] = std::get<0>(res);
+    hold.release(want - n);
+    buf.size += n;
+    if (ec) {
+      if (ec == asio::error::eof && buf.size > 0)
+        *closing = protocol::encode_error("", ErrorCode::BadRequest, "connection closed in the middle of a request line");
+      co_return std::nullopt;  // eof between requests, reset, ...: just close
+    }
+  }
+  *closing = protocol::encode_error("", ErrorCode::TooLarge, "request larger than " + format_size(cfg_.max_frame_bytes) + "; closing");
+  co_return std::nullopt;
+}
+
+asio::awaitable<void> Server::serve(socket_t sock, Peer peer) {
+  struct Open {
+    unsigned& n;
+    ~Open() { --n; }
+  } open{connections_open_};
+  // Everything this connection holds is charged to the budget, until it
+  // ends: the line being read, the request being handled (its decoded form
+  // and the sandbox's stdin are about the size of the line), the answer
+  // being written. Past the budget, new request bytes are refused; answers
+  // of runs that happened are never refused, and they are bounded by the
+  // runs (slots and queue).
+  BudgetHold hold(budget_);
+  LineBuffer buf;
   // One bad peer must never take the daemon down: everything is caught here.
   try {
-    Peer peer = peer_of(sock.native_handle());
-    if (!peer_allowed(peer)) {
-      spdlog::warn("refused peer uid={} gid={} pid={}", peer.uid, peer.gid, peer.pid);
-      std::string line = protocol::encode_error("", ErrorCode::Unauthorized,
-                                                "uid " + std::to_string(peer.uid) + " is not allowed to use this daemon");
-      co_await asio::async_write(sock, asio::buffer(line), tuple_awaitable);
-      co_return;
-    }
-    std::string buf;
     for (;;) {
       if (shutting_down_) {
-        std::string line = protocol::encode_error("", ErrorCode::Unavailable, "the daemon is shutting down");
-        co_await asio::async_write(sock, asio::buffer(line), tuple_awaitable);
+        co_await write_line(sock, protocol::encode_error("", ErrorCode::Unavailable, "the daemon is shutting down"));
         co_return;
       }
-      // The frame cap is enforced while reading, before any parsing.
-      asio::steady_timer deadline(io_, cfg_.request_timeout);
-      auto res = co_await (asio::async_read_until(sock, asio::dynamic_buffer(buf, cfg_.max_frame_bytes + 1), '\n',
-                                                  tuple_awaitable) ||
-                           deadline.async_wait(tuple_awaitable));
-      if (res.index() == 1) {
-        std::string line = protocol::encode_error(
-            "", ErrorCode::Timeout,
-            "no complete request line within " + format_duration(cfg_.request_timeout) + "; closing");
-        co_await asio::async_write(sock, asio::buffer(line), tuple_awaitable);
+      std::string closing;
+      std::optional<std::size_t> line = co_await read_line(sock, buf, hold, &closing);
+      if (!line) {
+        // What was read is given back before the last line goes out: a
+        // peer that does not read it must not keep the budget meanwhile.
+        hold.release(buf.size);
+        buf.consume(buf.size);
+        if (!closing.empty()) co_await write_line(sock, closing);
         co_return;
       }
-      auto [ec, n] = std::get<0>(res);
-      if (ec == asio::error::not_found || (!ec && n > cfg_.max_frame_bytes + 1)) {
-        std::string line = protocol::encode_error("", ErrorCode::TooLarge,
-                                                  "request larger than " + format_size(cfg_.max_frame_bytes) + "; closing");
-        co_await asio::async_write(sock, asio::buffer(line), tuple_awaitable);
-        co_return;
+      const std::size_t len = *line;
+      std::size_t peak = hold.bytes();
+      {
+        std::string_view frame(buf.data, len);
+        if (!frame.empty() && frame.back() == '\r') frame.remove_suffix(1);
+        std::string id;
+        auto decoded = protocol::decode_request(frame, &id);
+        // The line is no longer needed once decoded: its memory goes back
+        // now, before a run that may take minutes. The request itself stays
+        // charged (len bytes) until its answer is out.
+        buf.consume(len + 1);
+        hold.release(1);
+        std::string reply;
+        if (auto* perr = std::get_if<protocol::ProtocolError>(&decoded)) {
+          reply = protocol::encode_error(id, perr->code, perr->message);
+        } else {
+          reply = co_await dispatch(std::get<protocol::Request>(decoded), peer, sock);
+        }
+        hold.take(reply.size());
+        peak = std::max(peak, hold.bytes());
+        bool written = co_await write_line(sock, reply);
+        hold.release(reply.size() + len);
+        if (!written) co_return;
       }
-      if (ec == asio::error::eof && !buf.empty()) {
-        std::string line = protocol::encode_error("", ErrorCode::BadRequest, "connection closed in the middle of a request line");
-        co_await asio::async_write(sock, asio::buffer(line), tuple_awaitable);
-        co_return;
-      }
-      if (ec) co_return;  // eof between requests, reset, ...
-      std::string frame = buf.substr(0, n - 1);
-      buf.erase(0, n);
-      if (!frame.empty() && frame.back() == '\r') frame.pop_back();
-      if (frame.size() > cfg_.max_frame_bytes) {
-        std::string line = protocol::encode_error("", ErrorCode::TooLarge, "request larger than " + format_size(cfg_.max_frame_bytes));
-        co_await asio::async_write(sock, asio::buffer(line), tuple_awaitable);
-        co_return;
-      }
-      std::string id;
-      auto decoded = protocol::decode_request(frame, &id);
-      std::string reply;
-      if (auto* perr = std::get_if<protocol::ProtocolError>(&decoded)) {
-        reply = protocol::encode_error(id, perr->code, perr->message);
-      } else {
-        reply = co_await dispatch(std::get<protocol::Request>(decoded), peer, sock);
-      }
-      auto [wec, wn] = co_await asio::async_write(sock, asio::buffer(reply), tuple_awaitable);
-      if (wec) co_return;
+      if (peak > kTrimAfterBytes) ::malloc_trim(0);
     }
   } catch (const std::exception& e) {
     spdlog::error("connection handler: {}", e.what());
@@ -270,9 +558,13 @@ asio::awaitable<std::string> Server::dispatch(const protocol::Request& req, cons
   co_return co_await run_local(req, peer, sock);
 }
 
-asio::awaitable<Server::Slot> Server::acquire_slot() {
+asio::awaitable<Server::Slot> Server::acquire_slot(socket_t& sock) {
   if (shutting_down_) co_return Slot::ShuttingDown;
-  if (in_flight_ < cfg_.max_concurrent_runs) {
+  if (peer_hung_up(sock.native_handle())) {
+    ++abandoned_in_queue_;
+    co_return Slot::ClientGone;
+  }
+  if (in_flight_ < cfg_.max_concurrent_runs && waiters_.empty()) {
     ++in_flight_;
     co_return Slot::Granted;
   }
@@ -282,8 +574,26 @@ asio::awaitable<Server::Slot> Server::acquire_slot() {
   }
   auto w = std::make_shared<Waiter>(io_);
   waiters_.push_back(w);
-  co_await w->timer.async_wait(tuple_awaitable);  // cancelled by release_slot (or shutdown)
-  if (!w->granted) co_return Slot::ShuttingDown;   // woken by shutdown, holds no slot
+  // The timer is cancelled by grant_waiting (a slot) or by shutdown (none);
+  // meanwhile the connection is watched for the client going away.
+  auto res = co_await (w->timer.async_wait(tuple_awaitable) || wait_for_hangup(sock));
+  const bool gone = res.index() == 1 && std::get<1>(res);
+  if (!w->granted) {
+    // Not granted: still queued when the client left (remove it), or
+    // woken by shutdown (which already emptied the queue).
+    auto it = std::find(waiters_.begin(), waiters_.end(), w);
+    if (it != waiters_.end()) waiters_.erase(it);
+    if (gone) {
+      ++abandoned_in_queue_;
+      co_return Slot::ClientGone;
+    }
+    co_return Slot::ShuttingDown;
+  }
+  if (gone || peer_hung_up(sock.native_handle())) {
+    release_slot();  // the slot it was handed passes on
+    ++abandoned_in_queue_;
+    co_return Slot::ClientGone;
+  }
   if (shutting_down_) {
     release_slot();  // the slot it was handed goes back: nothing new starts
     co_return Slot::ShuttingDown;
@@ -291,15 +601,36 @@ asio::awaitable<Server::Slot> Server::acquire_slot() {
   co_return Slot::Granted;
 }
 
+asio::awaitable<bool> Server::wait_for_hangup(socket_t& sock) {
+  // Readable is cheap to wait for, but a socket with a pipelined request or
+  // a half-closed one (which still waits for its answer) is readable
+  // without having hung up, and stays so; from then on, look every 200 ms.
+  auto [ec] = co_await sock.async_wait(socket_t::wait_read, tuple_awaitable);
+  if (ec == asio::error::operation_aborted) co_return false;
+  asio::steady_timer tick(io_);
+  for (;;) {
+    if (peer_hung_up(sock.native_handle())) co_return true;
+    tick.expires_after(std::chrono::milliseconds(200));
+    auto [tec] = co_await tick.async_wait(tuple_awaitable);
+    if (tec == asio::error::operation_aborted) co_return false;
+  }
+}
+
 void Server::release_slot() {
-  if (!waiters_.empty() && !shutting_down_) {
-    auto w = waiters_.front();  // the slot passes to the oldest waiter
+  --in_flight_;
+  grant_waiting();
+}
+
+void Server::grant_waiting() {
+  // Oldest first. After a reload lowered max_concurrent_runs, nothing is
+  // handed on until the runs in flight are below the new limit.
+  while (!shutting_down_ && in_flight_ < cfg_.max_concurrent_runs && !waiters_.empty()) {
+    auto w = waiters_.front();
     waiters_.pop_front();
+    ++in_flight_;
     w->granted = true;
     w->timer.cancel();
-    return;
   }
-  --in_flight_;
 }
 
 asio::awaitable<std::string> Server::run_local(const protocol::Request& req, const Peer& peer, socket_t& sock) {
@@ -359,8 +690,7 @@ asio::awaitable<std::string> Server::run_local(const protocol::Request& req, con
       co_return protocol::encode_error(req.id, ErrorCode::Internal, "the tool runner is not installed on this host");
     const auto& t = std::get<protocol::RunToolRequest>(req.body);
     shape.nonce = random_hex(16);
-    json rq = runner_request_json(t, shape.nonce);
-    stdin_data = dump_json(rq);
+    stdin_data = runner_request_text(t, shape.nonce);
     spec.binds.push_back({runner_path_, kRunnerSandboxPath, false, false});
     spec.argv = {pol.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", kRunnerSandboxPath};
   } else {
@@ -370,7 +700,13 @@ asio::awaitable<std::string> Server::run_local(const protocol::Request& req, con
     spec.argv = {pol.interpreter, "-"};
   }
 
-  Slot slot = co_await acquire_slot();
+  Slot slot = co_await acquire_slot(sock);
+  if (slot == Slot::ClientGone) {
+    // Never started: no sandbox, no run record, no audit line of a run.
+    spdlog::info("request {} of peer uid={} pid={} (org={} tool={}) dropped before it ran: the client disconnected",
+                 q(req.id), peer.uid, peer.pid, q(c.organization_id), q(c.tool_name));
+    co_return protocol::encode_error(req.id, ErrorCode::Unavailable, "the client disconnected before the run started");
+  }
   if (slot == Slot::Busy)
     co_return protocol::encode_error(req.id, ErrorCode::Busy,
                                      "too many runs in flight (" + std::to_string(in_flight_) + " running, " +
@@ -447,6 +783,14 @@ json Server::status_json() const {
   for (const auto& [k, v] : totals_) totals[k] = v;
   json pols = json::object();
   for (const auto& [name, p] : policies_->policies) pols[name] = p->fingerprint;
+  const isolate::EngineFeatures& f = engine_->features();
+  json engine = {{"instance", engine_->instance()},
+                 {"features",
+                  {{"memfd_noexec", f.memfd_noexec},
+                   {"overlay_views", f.overlay_views},
+                   {"tcp_memory_limit", f.tcp_memory_limit},
+                   {"oom_score_floor", f.oom_score_floor}}},
+                 {"notes", engine_->startup_notes()}};
   return {{"version", TSB_VERSION},
           {"uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count()},
           {"runs_in_flight", in_flight_},
@@ -456,7 +800,17 @@ json Server::status_json() const {
           {"totals", totals},
           {"rejected_busy", rejected_busy_},
           {"connections", connections_},
+          {"connections_open", connections_open_},
+          {"max_connections", cfg_.max_connections},
+          {"refused_connections", refused_connections_},
+          {"refused_budget", refused_budget_},
+          {"buffered_bytes", budget_.held},
+          {"max_buffered_bytes", cfg_.max_buffered_bytes},
+          {"write_timeouts", write_timeouts_},
+          {"abandoned_in_queue", abandoned_in_queue_},
+          {"accept_errors", accept_errors_},
           {"cgroup_mode", isolate::to_string(engine_->cgroups().mode())},
+          {"engine", engine},
           {"policies", pols},
           {"e2b_configured", cfg_.e2b.enabled},
           {"e2b", e2b_ ? e2b_->status_json() : json()},
@@ -465,8 +819,18 @@ json Server::status_json() const {
 
 void Server::reload() {
   sd_notify(0, "RELOADING=1");
-  auto cfg = config_path_.empty() ? Result<DaemonConfig>(cfg_) : load_daemon_config(config_path_, true);
+  // A reload never falls back to the embedded defaults: a configuration
+  // file that is missing or unreadable keeps the set in force (the embedded
+  // defaults would replace the allowed peers, limits and policies). Only a
+  // daemon that started on the embedded defaults, because there was no file,
+  // stays on them while there is still none.
+  auto cfg = load_daemon_config(config_path_, /*optional=*/false);
   if (!cfg.ok()) {
+    if (cfg.error().code == ENOENT && cfg_.source == DaemonConfig{}.source) {
+      spdlog::info("reload: no configuration file at '{}': still on the embedded defaults", config_path_);
+      sd_notify(0, "READY=1");
+      return;
+    }
     spdlog::error("reload: keeping the current configuration and policies: {}", cfg.error().message);
     sd_notify(0, "READY=1");
     return;
@@ -494,6 +858,11 @@ void Server::reload() {
   cfg_.socket_path = keep_socket;
   policies_ = std::move(set).value();
   runner_path_ = find_runner(cfg_.runner_path);
+  // Connections already open stay; a lower max_connections only refuses
+  // new ones. A larger max_concurrent_runs starts queued runs now; a
+  // smaller one lets the runs in flight finish.
+  budget_.limit = cfg_.max_buffered_bytes;
+  grant_waiting();
   for (const auto& [name, p] : policies_->policies) spdlog::info("policy {} {}", q(name), p->fingerprint);
   spdlog::info("reloaded configuration and {} policies", policies_->policies.size());
   sd_notify(0, "READY=1");

@@ -14,8 +14,10 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "daemon/core/config.h"
 #include "daemon/core/registry.h"
@@ -30,6 +32,52 @@ struct Peer {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary groups at connect() (SO_PEERGROUPS)
+};
+
+// Bytes held by all connections (request lines being read, requests being
+// handled, answers being written) against max_buffered_bytes. Each
+// connection's first kConnectionAllowance bytes are not charged.
+struct BufferBudget {
+  std::size_t limit = 0;
+  std::size_t charged = 0;  // beyond the allowances: what the limit applies to
+  std::size_t held = 0;     // everything, allowances included (status)
+};
+
+// One connection's share of the budget; gives it all back when destroyed.
+class BudgetHold {
+ public:
+  explicit BudgetHold(BufferBudget& b) : budget_(b) {}
+  ~BudgetHold() { release(bytes_); }
+  BudgetHold(const BudgetHold&) = delete;
+  BudgetHold& operator=(const BudgetHold&) = delete;
+
+  // Takes n more bytes if the budget has room for them; false otherwise.
+  bool try_take(std::size_t n);
+  // Takes n more bytes even past the limit (an answer that already exists).
+  void take(std::size_t n);
+  void release(std::size_t n);
+  std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  static std::size_t charged_for(std::size_t b) { return b > kConnectionAllowance ? b - kConnectionAllowance : 0; }
+  BufferBudget& budget_;
+  std::size_t bytes_ = 0;
+};
+
+// At most one log line per interval for an event that can repeat fast (an
+// accept that fails, refusals under a flood), with the count left out.
+class LogThrottle {
+ public:
+  explicit LogThrottle(std::chrono::steady_clock::duration interval) : interval_(interval) {}
+  // True when this occurrence is to be logged; `suppressed` is then the
+  // number of occurrences left out since the last line.
+  bool admit(std::uint64_t* suppressed);
+
+ private:
+  std::chrono::steady_clock::duration interval_;
+  std::chrono::steady_clock::time_point next_{};
+  std::uint64_t left_out_ = 0;
 };
 
 class Server {
@@ -49,7 +97,17 @@ class Server {
   using socket_t = asio::local::stream_protocol::socket;
 
   asio::awaitable<void> accept_loop();
-  asio::awaitable<void> serve(socket_t sock);
+  // Refusals at accept time: one error line, sent without blocking, then close.
+  void refuse_now(socket_t& sock, const std::string& line);
+  asio::awaitable<void> serve(socket_t sock, Peer peer);
+  // Reads one request line into `buf` within request_timeout, drawing on the
+  // budget. Returns its length (before the '\n'), or nothing when the
+  // connection is to be closed after *closing (if not empty) is sent.
+  struct LineBuffer;
+  asio::awaitable<std::optional<std::size_t>> read_line(socket_t& sock, LineBuffer& buf, BudgetHold& hold, std::string* closing);
+  // Writes within write_timeout; false when the peer did not take it in time
+  // or the connection failed: the caller then closes.
+  asio::awaitable<bool> write_line(socket_t& sock, const std::string& line);
   asio::awaitable<std::string> dispatch(const protocol::Request& req, const Peer& peer, socket_t& sock);
   asio::awaitable<std::string> run_local(const protocol::Request& req, const Peer& peer, socket_t& sock);
   asio::awaitable<void> signal_loop();
@@ -60,9 +118,18 @@ class Server {
 
   // Concurrency: at most max_concurrent_runs run, at most max_queued_runs
   // wait; beyond that a request is answered `busy` at once.
-  enum class Slot { Granted, Busy, ShuttingDown };
-  asio::awaitable<Slot> acquire_slot();
+  // A request waiting in the queue watches its connection: if the client
+  // goes away (a full close, not a half-close) it leaves the queue and never
+  // starts.
+  enum class Slot { Granted, Busy, ShuttingDown, ClientGone };
+  asio::awaitable<Slot> acquire_slot(socket_t& sock);
   void release_slot();
+  // Hands free slots to the oldest waiters (after a run ends or a reload
+  // raised max_concurrent_runs).
+  void grant_waiting();
+  // Completes only when the peer has closed its end entirely (true), or
+  // when cancelled (false).
+  asio::awaitable<bool> wait_for_hangup(socket_t& sock);
 
   asio::io_context& io_;
   std::string config_path_;
@@ -73,6 +140,8 @@ class Server {
   std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;
   asio::signal_set signals_;
   bool owns_socket_file_ = false;
+  dev_t socket_dev_ = 0;  // the socket file we created, removed at exit only if still ours
+  ino_t socket_ino_ = 0;
 
   unsigned in_flight_ = 0;
   struct Waiter {
@@ -88,6 +157,15 @@ class Server {
   std::map<std::string, std::uint64_t> totals_;  // end reason -> count
   std::uint64_t connections_ = 0;
   std::uint64_t rejected_busy_ = 0;
+  unsigned connections_open_ = 0;
+  std::uint64_t refused_connections_ = 0;  // over max_connections
+  std::uint64_t refused_budget_ = 0;       // over max_buffered_bytes
+  std::uint64_t write_timeouts_ = 0;
+  std::uint64_t abandoned_in_queue_ = 0;   // queued requests whose client left
+  std::uint64_t accept_errors_ = 0;
+  BufferBudget budget_;
+  LogThrottle accept_log_{std::chrono::seconds(5)};
+  LogThrottle refusal_log_{std::chrono::seconds(5)};
   std::unique_ptr<E2BBackend> e2b_;  // when an E2B API key file is configured (docs/E2B.md)
 };
 

@@ -21,73 +21,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-class Daemon {
- public:
-  explicit Daemon(json extra = json::object()) {
-    dir_ = "/tmp/tsb-e2e-" + tsb::random_hex(4);
-    ::mkdir(dir_.c_str(), 0755);
-    socket_ = dir_ + "/d.sock";
-    const char* parent = std::getenv("TSB_CGROUP_PARENT");
-    json cfg = {{"version", 1},
-                {"socket", {{"path", socket_}}},
-                {"request_timeout", "5s"},
-                {"shutdown_grace", "2s"},
-                {"engine", {{"state_dir", "/run/tsb-e2e"},
-                            {"cgroup_parent", std::string(parent ? parent : "/toolsandbox-test") + "-e2e"},
-                            {"init", std::string(TSB_BIN_DIR) + "/toolsandbox-init"}}}};
-    // The shipped policies, except for the venv path that the test runs use.
-    cfg["policies_dir"] = std::string(TSB_SOURCE_DIR) + "/policies";
-    cfg["organizations"] = std::string(TSB_SOURCE_DIR) + "/policies/organizations.json";
-    for (auto it = extra.begin(); it != extra.end(); ++it) cfg[it.key()] = it.value();
-    config_ = dir_ + "/config.json";
-    std::ofstream(config_) << cfg.dump(2);
-    std::string log = dir_ + "/log";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::string bin = std::string(TSB_BIN_DIR) + "/toolsandboxd";
-      ::execl(bin.c_str(), bin.c_str(), "--config", config_.c_str(), nullptr);
-      ::_exit(127);
-    }
-    for (int i = 0; i < 200; ++i) {
-      struct stat st{};
-      if (::stat(socket_.c_str(), &st) == 0) return;
-      std::this_thread::sleep_for(20ms);
-    }
-    ADD_FAILURE() << "daemon did not start: " << log_text();
-  }
-  ~Daemon() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      int st;
-      ::waitpid(pid_, &st, 0);
-    }
-  }
-  int connect() const { return tsb::testing::connect_unix(socket_); }
-  static void send_all(int fd, const std::string& s) { tsb::testing::send_all(fd, s); }
-  static json read_line(int fd) { return tsb::testing::read_json_line(fd); }
-  json request(const json& req) const { return tsb::testing::request_once(socket_, req); }
-  json raw(const std::string& bytes, bool shut_write = false) const {
-    int fd = connect();
-    send_all(fd, bytes);
-    if (shut_write) ::shutdown(fd, SHUT_WR);
-    json r = read_line(fd);
-    ::close(fd);
-    return r;
-  }
-  std::string log_text() const {
-    std::ifstream in(dir_ + "/log");
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  pid_t pid() const { return pid_; }
-  const std::string& config_path() const { return config_; }
-
- private:
-  std::string dir_, socket_, config_;
-  pid_t pid_ = -1;
-};
+// The daemon under test (tests/integration/harness.h): it is ready once it
+// answers on its socket, not as soon as the socket file exists.
+using Daemon = tsb::testing::TestDaemon;
 
 json execute(const std::string& script, json extra = json::object()) {
   return tsb::testing::execute_request(script, std::move(extra));

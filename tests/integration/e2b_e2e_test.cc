@@ -84,7 +84,8 @@ class Fake {
               port_file.c_str(), "--page-size", "1", nullptr);
       ::_exit(127);
     }
-    for (int i = 0; i < 250 && port_ == 0; ++i) {
+    // Up to 30 s: python3 starts slowly in the VM lane on a loaded host.
+    for (int i = 0; i < 1500 && port_ == 0; ++i) {
       std::string p = read_file(port_file);
       if (!p.empty()) port_ = std::atoi(p.c_str());
       else std::this_thread::sleep_for(20ms);
@@ -196,12 +197,8 @@ class Daemon {
       ::_exit(127);
     }
     if (!expect_start) return;
-    for (int i = 0; i < 250; ++i) {
-      struct stat st{};
-      if (::stat(socket_.c_str(), &st) == 0) return;
-      std::this_thread::sleep_for(20ms);
-    }
-    ADD_FAILURE() << "daemon did not start: " << log_text();
+    // Ready once it answers, not as soon as the socket file exists.
+    if (!tsb::testing::wait_for_daemon(socket_, pid_, 30s)) ADD_FAILURE() << "daemon did not start: " << log_text();
   }
   ~Daemon() {
     stop();

@@ -87,7 +87,7 @@ const std::set<std::string> kAssertions = {"$ref",     "allOf",     "anyOf",    
                                            "type",     "enum",      "const",     "properties", "required",
                                            "additionalProperties",  "propertyNames", "items", "minLength",
                                            "maxLength", "pattern",  "minimum",   "maximum",    "exclusiveMinimum",
-                                           "exclusiveMaximum", "minItems", "maxItems"};
+                                           "exclusiveMaximum", "minItems", "maxItems", "maxProperties"};
 
 std::size_t code_points(const std::string& s) {
   std::size_t n = 0;
@@ -222,6 +222,7 @@ class Schemas {
         for (std::size_t i = 0; i < inst.size(); ++i) check(inst[i], s["items"], file, at + "/" + std::to_string(i), errs);
     }
     if (inst.is_object()) {
+      if (s.contains("maxProperties") && inst.size() > s["maxProperties"].get<std::size_t>()) fail("too many properties");
       if (s.contains("required"))
         for (const auto& r : s["required"])
           if (!inst.contains(r.get<std::string>())) fail("missing " + r.get<std::string>());
@@ -525,6 +526,13 @@ std::vector<Case> request_corpus() {
     with(t, "env number value", [](json& j) { j["env"] = {{"A", 1}}; });
     with(t, "env null value", [](json& j) { j["env"] = {{"A", nullptr}}; });
     with(t, "env array", [](json& j) { j["env"] = json::array(); });
+    auto env_of = [](std::size_t n) {
+      json e = json::object();
+      for (std::size_t i = 0; i < n; ++i) e["V" + std::to_string(i)] = "";
+      return e;
+    };
+    with(t, "env 4096", [&](json& j) { j["env"] = env_of(kMaxEnvVariables); });
+    with(t, "env 4097", [&](json& j) { j["env"] = env_of(kMaxEnvVariables + 1); });
     with(t, "timeout int", [](json& j) { j["timeout"] = 5; });
     with(t, "timeout float", [](json& j) { j["timeout"] = 0.25; });
     with(t, "timeout max", [](json& j) { j["timeout"] = 86400; });
@@ -555,6 +563,8 @@ std::vector<Case> request_corpus() {
   with("run_tool", "agent_state array", [](json& j) { j["agent_state"] = json::array(); });
   with("run_tool", "pip_requirements", [](json& j) { j["pip_requirements"] = json::array({"a==1", "b"}); });
   with("run_tool", "pip_requirements number", [](json& j) { j["pip_requirements"] = json::array({1}); });
+  with("run_tool", "pip_requirements 1024", [](json& j) { j["pip_requirements"] = json(std::vector<std::string>(kMaxPipRequirements, "p")); });
+  with("run_tool", "pip_requirements 1025", [](json& j) { j["pip_requirements"] = json(std::vector<std::string>(kMaxPipRequirements + 1, "p")); });
   with("run_tool", "source_code missing", [](json& j) { j.erase("source_code"); });
   with("status", "tool_name", [](json& j) { j["tool_name"] = "f"; });
   return c;

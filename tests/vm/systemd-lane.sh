@@ -25,6 +25,13 @@
 #   - toolsandbox call runs a tool; while it runs, its leaf run.<MainPID>.N
 #     sits beside the supervisor, with the sandbox's init inside;
 #   - the installed Python client (python3 -m toolsandbox_client) answers;
+#   - the unit's memory settings are in force (OOMPolicy=continue, the
+#     daemon's oom_score_adj, MemoryMax=); a memory bomb run ends as
+#     memory_limit, systemd sees the OOM kill in the service's tree, and the
+#     same main process stays active and serving; with OOMPolicy=stop (a
+#     drop-in) the same bomb stops the service, which is what the setting
+#     prevents; below a service-level MemoryMax= the OOM killer takes the
+#     run, not the daemon;
 #   - systemctl reload keeps the same main process;
 #   - after "systemctl stop toolsandboxd.service" the socket still activates
 #     a new instance;
@@ -228,6 +235,104 @@ python_client() {
 	fi
 }
 
+# A tool that allocates until something stops it (the default policy's
+# memory limit is 512 MiB).
+bomb_tool() {
+	cat >"$work/bomb.py" <<-'EOF'
+	def bomb() -> int:
+	    hog = []
+	    while True:
+	        hog.append(bytearray(32 << 20))
+	EOF
+}
+
+# Runs the bomb through the installed client; prints its end_reason.
+run_bomb() {
+	bomb_tool
+	timeout 300 "$cli" call "$work/bomb.py" --timeout 120 --json >"$work/bomb.out" 2>&1
+	sed -n 's/.*"end_reason": *"\([a-z_]*\)".*/\1/p' "$work/bomb.out" | head -1
+}
+
+oom_settings() {
+	local pid adj max
+	pid=$(prop MainPID)
+	adj=$(cat "/proc/$pid/oom_score_adj")
+	max=$(cat "/sys/fs/cgroup$(prop ControlGroup)/memory.max")
+	echo "OOMPolicy=$(prop OOMPolicy) oom_score_adj=$adj MemoryMax=$(prop MemoryMax) memory.max=$max MemoryHigh=$(prop MemoryHigh)"
+	[ "$(prop OOMPolicy)" = continue ] && [ "$adj" = -900 ] && [ "$max" != max ]
+}
+
+memory_bomb_keeps_service() {
+	local before restarts reason since
+	before=$(prop MainPID)
+	restarts=$(prop NRestarts)
+	since=$(date '+%Y-%m-%d %H:%M:%S')
+	reason=$(run_bomb)
+	echo "bomb end_reason: ${reason:-none} ($(head -c 300 "$work/bomb.out"))"
+	[ "$reason" = memory_limit ] || return 1
+	timeout 60 "$cli" status >/dev/null || { echo "the daemon does not answer after the bomb"; return 1; }
+	echo "MainPID $before -> $(prop MainPID), $(prop ActiveState)/$(prop SubState), NRestarts $restarts -> $(prop NRestarts), Result $(prop Result)"
+	# systemd saw the kill in the service's tree (memory.events is
+	# hierarchical) and, as configured, carried on.
+	journalctl --no-pager -u toolsandboxd.service --since "$since" | grep 'killed by the OOM killer' || {
+		echo "systemd logged no OOM kill for the unit"
+		return 1
+	}
+	[ "$(prop MainPID)" = "$before" ] && [ "$(prop ActiveState)" = active ] && [ "$(prop NRestarts)" = "$restarts" ]
+}
+
+# Drop-ins for the two checks below, removed again by drop_in_reset.
+dropin=/run/systemd/system/toolsandboxd.service.d
+drop_in_set() {
+	mkdir -p "$dropin" && printf '[Service]\n%s\n' "$1" >"$dropin/lane.conf" &&
+		systemctl daemon-reload && systemctl restart toolsandboxd.service &&
+		timeout 120 "$cli" status >/dev/null
+}
+drop_in_reset() {
+	rm -rf "$dropin"
+	systemctl daemon-reload
+	systemctl reset-failed toolsandboxd.service 2>/dev/null
+	systemctl start toolsandboxd.service && timeout 120 "$cli" status >/dev/null
+}
+
+# The check above passes because of OOMPolicy=continue: with stop, systemd
+# stops the service on the bomb's OOM kill in a run leaf.
+# (Restart=on-failure then starts it again, so the journal tells.)
+oompolicy_stop_would_stop_it() {
+	drop_in_set OOMPolicy=stop || { drop_in_reset; return 1; }
+	local reason before since stopped=0
+	before=$(prop MainPID)
+	since=$(date '+%Y-%m-%d %H:%M:%S')
+	reason=$(run_bomb)
+	for _ in $(seq 1 60); do
+		journalctl --no-pager -u toolsandboxd.service --since "$since" | grep -q "Failed with result 'oom-kill'" && {
+			stopped=1
+			break
+		}
+		sleep 0.5
+	done
+	echo "with OOMPolicy=stop: bomb end_reason ${reason:-none}; MainPID $before -> $(prop MainPID)"
+	journalctl --no-pager -u toolsandboxd.service --since "$since" | grep -E 'OOM|oom-kill|Stopp' | head -5
+	drop_in_reset || return 1
+	[ "$stopped" = 1 ]
+}
+
+# MemoryMax= of the service below the policy's limit: the OOM is the
+# service's, and the kernel must pick the sandbox (oom_score_adj 1000), not
+# the daemon.
+service_oom_takes_the_run() {
+	drop_in_set MemoryMax=300M || { drop_in_reset; return 1; }
+	local before reason after ok=1
+	before=$(prop MainPID)
+	reason=$(run_bomb)
+	after=$(prop MainPID)
+	echo "MemoryMax=300M: bomb end_reason ${reason:-none}, MainPID $before -> $after, $(prop ActiveState)"
+	[ "$reason" = memory_limit ] && [ "$before" = "$after" ] && [ "$(prop ActiveState)" = active ] || ok=0
+	timeout 60 "$cli" status >/dev/null || { echo "the daemon does not answer"; ok=0; }
+	drop_in_reset || return 1
+	[ "$ok" = 1 ]
+}
+
 reload_keeps_main() {
 	local before after
 	before=$(prop MainPID)
@@ -328,8 +433,12 @@ need "the first client starts the service (socket activation, Type=notify)" firs
 check "the daemon runs in <service>/supervisor and delegates cpu, memory, pids" cgroup_layout
 check "toolsandbox call runs a tool in a leaf beside the supervisor" call_tool
 check "the installed Python client answers (python3 -m toolsandbox_client status)" python_client
+check "the unit's memory settings are in force (OOMPolicy, oom_score_adj, MemoryMax)" oom_settings
+check "a memory bomb run is OOM-killed; the service stays active and serving" memory_bomb_keeps_service
 check "systemctl reload keeps the main process" reload_keeps_main
 check "after stopping the service the socket activates a new instance" socket_survives_service_stop
+check "with OOMPolicy=stop the same bomb stops the service (what continue prevents)" oompolicy_stop_would_stop_it
+check "an OOM of the whole service (MemoryMax=) kills the run, not the daemon" service_oom_takes_the_run
 check "after stopping socket and service nothing is left" nothing_left
 check "with a broken configuration the unit gives up and clients are let go" broken_config_fails_fast
 finish

@@ -3,7 +3,8 @@
 # host's systemd is PID 1 and this script runs as vm-lane.service
 # (Delegate=yes).  It is what a later test of the daemon's own unit needs:
 # a booted systemd, a delegated cgroup subtree, Type=notify and socket
-# activation.  Run by "selftest.sh --systemd", or directly:
+# activation; and the OOMPolicy= defaults the daemon's unit is written
+# against.  Run by "selftest.sh --systemd", or directly:
 #
 #   tests/vm/vm-run --systemd -- tests/vm/systemd-selftest.sh
 #
@@ -69,6 +70,21 @@ transient_unit() {
 		/bin/sh -c 'cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/memory.max')
 	echo "memory.max $max"
 	[ "$max" = 67108864 ]
+}
+
+# What OOMPolicy= a unit gets when it sets none: DefaultOOMPolicy= (stop)
+# unless Delegate=yes, then continue (service_add_extras, src/core/service.c).
+# A delegated unit's memory.events counts OOM kills in its sub-cgroups too,
+# so under "stop" any OOM kill below it would stop the whole unit.
+oom_policy_defaults() {
+	local plain deleg
+	systemd-run --quiet --unit vmlane-oom-plain /bin/sleep 60 || return 1
+	systemd-run --quiet --unit vmlane-oom-deleg -p Delegate=yes /bin/sleep 60 || return 1
+	plain=$(systemctl show -P OOMPolicy vmlane-oom-plain.service)
+	deleg=$(systemctl show -P OOMPolicy vmlane-oom-deleg.service)
+	echo "OOMPolicy: without Delegate= $plain, with Delegate=yes $deleg"
+	systemctl stop vmlane-oom-plain.service vmlane-oom-deleg.service
+	[ "$plain" = stop ] && [ "$deleg" = continue ]
 }
 
 # The notify helper both services use: tell systemd we are ready.
@@ -159,6 +175,7 @@ check "systemd is PID 1 and the boot finished" booted
 check "cgroup2 is the only cgroup file system" only_cgroup2
 check "Delegate=yes gives the unit its own cgroup subtree" delegated_cgroup
 check "transient unit with MemoryMax= (systemd-run)" transient_unit
+check "OOMPolicy= defaults to stop, and to continue with Delegate=yes" oom_policy_defaults
 check "Type=notify service becomes active on READY=1" notify_service
 check "socket activation passes the listening socket" socket_activation
 echo "$passed passed, $failed failed"
