@@ -5,10 +5,18 @@ set -euo pipefail
 TSB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TSB_BUILD="${TSB_BUILD:-$TSB_ROOT/build}"
 TSB_VENV="${TSB_VENV:-/var/lib/toolsandbox/venv}"
+# The sanitizer tree (gcc, -DTSB_SANITIZE=address,undefined) and the fuzz
+# tree (clang-14, -DTSB_FUZZ=ON), next to the main one.
+TSB_ASAN_BUILD="${TSB_ASAN_BUILD:-$TSB_BUILD-asan}"
+TSB_FUZZ_BUILD="${TSB_FUZZ_BUILD:-$TSB_BUILD-fuzz}"
 
 # Debian 12 packages. Build: compiler, cmake, libraries. Run: python3 and
 # venv for the default venv. Tests and benchmarks: bubblewrap (reference),
 # util-linux (outer guard), qemu/busybox/kmod (cgroup v2 VM lane), strace.
+# Fuzzing: clang-14 with its runtimes (libclang-rt-14-dev holds libFuzzer
+# and clang's sanitizer runtimes; clang-14 only recommends it) and llvm-14
+# for llvm-symbolizer (symbolised stacks in sanitizer reports). gcc's own
+# sanitizer runtimes (libasan8, libubsan1) come with build-essential.
 TSB_PACKAGES=(
   build-essential cmake pkg-config
   libseccomp-dev libcap-dev nlohmann-json3-dev libasio-dev libspdlog-dev
@@ -16,7 +24,15 @@ TSB_PACKAGES=(
   python3 python3-venv python3-pytest
   bubblewrap util-linux procps iproute2
   qemu-system-x86 busybox-static kmod
+  clang-14 libclang-rt-14-dev llvm-14
 )
+
+# Sanitizer findings abort with a report and a non-zero status. halt_on_error
+# also stops ASan after its first report; LeakSanitizer runs at exit
+# (detect_leaks); UBSan prints the stack of each finding. Set before any
+# sanitized program runs, kept if the caller set them.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:halt_on_error=1:detect_leaks=1:check_initialization_order=1:strict_init_order=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:abort_on_error=1:print_stacktrace=1}"
 
 log() { printf '==> %s\n' "$*" >&2; }
 
@@ -55,6 +71,142 @@ build() {
   log "building in $TSB_BUILD"
   cmake -S "$TSB_ROOT" -B "$TSB_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build "$TSB_BUILD" -j "$(nproc)"
+}
+
+# The sanitizer and fuzz trees are built with -O1 -g1 and asserts on: line
+# tables are all a sanitizer report needs, and on the 2-core CI machine this
+# halves their compile time against -O2 -g (measured in tests/README.md).
+TSB_CHECK_FLAGS="-O1 -g1"
+
+# The sanitizer tree: only what its tests run (no benchmarks).
+build_asan() {
+  log "building the sanitizer tree in $TSB_ASAN_BUILD (address,undefined)"
+  cmake -S "$TSB_ROOT" -B "$TSB_ASAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="$TSB_CHECK_FLAGS" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$TSB_CHECK_FLAGS" \
+    -DTSB_SANITIZE=address,undefined >/dev/null
+  cmake --build "$TSB_ASAN_BUILD" -j "$(nproc)" --target unit_tests integration_tests
+}
+
+# The fuzz tree: the libraries and the libFuzzer targets, with clang-14.
+build_fuzz() {
+  log "building the fuzz targets in $TSB_FUZZ_BUILD (clang-14, libFuzzer, address,undefined)"
+  CC=clang-14 CXX=clang++-14 cmake -S "$TSB_ROOT" -B "$TSB_FUZZ_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="$TSB_CHECK_FLAGS" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$TSB_CHECK_FLAGS" \
+    -DTSB_FUZZ=ON >/dev/null
+  cmake --build "$TSB_FUZZ_BUILD" -j "$(nproc)"
+}
+
+# ---------------------------------------------------------------------------
+# Test tiers, shared by scripts/test.sh and CTest (tests/CMakeLists.txt), so
+# that both run each tier the same way.
+
+# The outer guard for the root tiers, keeping the checkout and the build tree
+# visible at their own paths even when they live under /tmp or /run (which
+# the guard covers with fresh tmpfs).
+guarded() {
+  local build=$1
+  shift
+  "$TSB_ROOT/tests/guard/run-guarded" --mem $((4 << 30)) --pids 4096 --ro "$TSB_ROOT" --ro "$build" -- "$@"
+}
+
+# The CgroupV2Test suite proves the cgroup v2 paths (CLONE_INTO_CGROUP,
+# cgroup.kill, memory.events, memory.peak, delegation). On a host without a
+# v2 hierarchy with controllers it cannot run here: it is left out by name,
+# not skipped, and runs in the VM lane (tests/vm/run-lane.sh).
+root_tier_filter() {
+  if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    echo "*"
+  else
+    log "this host's cgroups are v1/hybrid: CgroupV2Test runs in the cgroup v2 VM lane (tests/vm/run-lane.sh), not here"
+    echo "-CgroupV2Test.*"
+  fi
+}
+
+# run_root_tier BUILD: the root integration tests, inside the outer guard.
+run_root_tier() {
+  local build=${1:-$TSB_BUILD} filter
+  filter=$(root_tier_filter)
+  guarded "$build" "$build/bin/integration_tests" --gtest_brief=1 --gtest_filter="$filter"
+}
+
+# The integration tests the sanitizer tier runs: the engine's parent side
+# (every lifecycle path, 50 runs of the leak test, the memory and pids
+# limits, whose cgroups the sanitized engine sets up) and the daemon end to
+# end (its request parsing, framing and result shaping, on a real socket).
+TSB_ASAN_INTEGRATION_TESTS=(
+  EngineTest.MissingCommandIsASetupFailureAtExecve
+  EngineTest.CommandIsSearchedInPath
+  EngineTest.MissingVenvIsASetupFailureNamingTheStage
+  EngineTest.SpawnWithoutSeccompIsRefused
+  EngineTest.ExitCodesAndSignalsPassThrough
+  EngineTest.ConcurrentRunsGetDistinctHostUids
+  EngineTest.NothingLeftBehindAfter500Runs
+  EngineTest.MemoryBombEndsAsOom
+  EngineTest.ForkBombStopsAtThePidsLimit
+  'EngineTest.Daemon*'
+)
+# Left out of that subset, each for a reason the sanitizers impose:
+TSB_ASAN_INTEGRATION_EXCLUDED=(
+  # They measure the daemon's memory against a request's or a budget's
+  # size, which ASan's redzones and quarantine inflate by design.
+  EngineTest.DaemonLimitsConnectionCapAndBudgetBoundMemory
+  EngineTest.DaemonLimitsMaximalRunToolRequestPeakMemory
+  EngineTest.DaemonLimitsUnreadAnswersAreDroppedAfterWriteTimeout
+  # It runs the daemon out of descriptors. The sanitizer runtime checks
+  # that memory is readable through a pipe(2), so with no descriptor left
+  # UBSan's vptr check reports every not-yet-cached object as having an
+  # "invalid vptr": a false finding, not the daemon's.
+  EngineTest.DaemonLimitsOutOfDescriptorsBacksOffAndRecovers
+)
+
+# Whether a line of stdin matches the glob $1.
+glob_matches_a_line() {
+  local line
+  while IFS= read -r line; do
+    # shellcheck disable=SC2053  # a glob on purpose
+    [[ $line == $1 ]] && return 0
+  done
+  return 1
+}
+
+# Unit tests left out under the sanitizers: they measure the allocator's
+# peak memory against the request's size, which ASan's redzones and
+# quarantine inflate by design.
+TSB_ASAN_UNIT_EXCLUDED=(
+  'RunnerRequestMemory.*'
+)
+
+# run_asan_unit_tier [BUILD]: the unit tests of the sanitizer tree.
+run_asan_unit_tier() {
+  local build=${1:-$TSB_ASAN_BUILD} filter
+  filter=-$(IFS=:; echo "${TSB_ASAN_UNIT_EXCLUDED[*]}")
+  log "left out under the sanitizers (they measure memory use): ${TSB_ASAN_UNIT_EXCLUDED[*]}"
+  "$build/bin/unit_tests" --gtest_brief=1 --gtest_filter="$filter"
+}
+
+# run_asan_root_tier [BUILD]: the subset above, sanitized, inside the guard.
+# Every name must still match a test: a renamed test must not silently
+# shrink the subset.
+run_asan_root_tier() {
+  local build=${1:-$TSB_ASAN_BUILD} pattern listed
+  listed=$("$build/bin/integration_tests" --gtest_list_tests | awk '/^[^ ]/ { s = $1 } /^  / { print s $1 }')
+  for pattern in "${TSB_ASAN_INTEGRATION_TESTS[@]}" "${TSB_ASAN_INTEGRATION_EXCLUDED[@]}"; do
+    if ! glob_matches_a_line "$pattern" <<<"$listed"; then
+      log "the sanitizer subset names '$pattern', which matches no integration test (renamed? update scripts/lib.sh)"
+      return 1
+    fi
+  done
+  local filter
+  filter=$(IFS=:; echo "${TSB_ASAN_INTEGRATION_TESTS[*]}")-$(IFS=:; echo "${TSB_ASAN_INTEGRATION_EXCLUDED[*]}")
+  log "left out under the sanitizers (memory measurements, descriptor exhaustion): ${TSB_ASAN_INTEGRATION_EXCLUDED[*]}"
+  TSB_LEAK_TEST_RUNS=50 guarded "$build" "$build/bin/integration_tests" --gtest_brief=1 --gtest_filter="$filter"
+}
+
+# run_fuzz_tier [BUILD]: every fuzz target for TSB_FUZZ_SECONDS (default 30)
+# each; tests/fuzz/run-fuzz.sh says where a crash's reproducer is.
+run_fuzz_tier() {
+  local build=${1:-$TSB_FUZZ_BUILD}
+  "$TSB_ROOT/tests/fuzz/run-fuzz.sh" --build "$build" --all
 }
 
 setup_all() {

@@ -1,9 +1,13 @@
 // toolsandbox policy: check, explain, fingerprint, lint.
 //
 //   check FILE...          load each policy as the daemon would; one summary
-//                          line per file, or the loader's message. Exit 0 when
-//                          every file loads, 1 otherwise.
-//   fingerprint FILE...    "sha256:<hex>  FILE" per file (exit as check).
+//                          line per file, or the loader's message. An
+//                          organizations file is loaded with its own loader
+//                          and every policy it names must be among the
+//                          policies checked (see check_organizations below).
+//                          Exit 0 when every file loads, 1 otherwise.
+//   fingerprint FILE...    "sha256:<hex>  FILE" per file (exit as check);
+//                          organizations files are skipped with a note.
 //   explain NAME|FILE      the review page (daemon/core/policy_explain.h).
 //       --compare PROFILE  instead: the syscall-by-syscall differences with an
 //                          OCI/Moby profile (names this libseccomp does not
@@ -11,6 +15,7 @@
 //       --no-host          leave out the "[host]" lines about this machine.
 //   lint FILE...           warnings for risky grants (daemon/core/policy_lint.h).
 //                          Exit 0 none, 1 warnings, 2 a file does not load.
+//                          Organizations files are skipped with a note.
 //       --notes            also print the notes (grants from dangerous groups
 //                          that are inert in a toolsandboxd sandbox).
 //
@@ -19,13 +24,21 @@
 // exists) and --bind-allow PATH (repeatable, added to that allow-list).
 // Output goes to stdout, errors to stderr; both are stable (sorted, no
 // timestamps, paths as given) so they can be diffed and kept in review.
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <set>
 
 #include "daemon/cli/cli.h"
 #include "daemon/core/config.h"
+#include "daemon/core/embedded.h"
 #include "daemon/core/policy.h"
 #include "daemon/core/policy_explain.h"
 #include "daemon/core/policy_lint.h"
+#include "daemon/core/registry.h"
+#include "isolate/jsonc.h"
 
 namespace tsb::cli {
 
@@ -96,22 +109,206 @@ Result<core::PolicyContext> context_from(const PolicyArgs& a) {
   return ctx;
 }
 
-int cmd_check(const std::string& sub, const PolicyArgs& a, const core::PolicyContext& ctx) {
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// resolve_policy's rule (run.cc): anything with a '/' or ending in ".json"
+// is a file, the rest a NAME.
+bool is_policy_file_ref(const std::string& ref) {
+  return ref.find('/') != std::string::npos || (ref.size() > 5 && ends_with(ref, ".json"));
+}
+
+// The name the daemon would know the policy by: the file's stem, or the NAME.
+std::string policy_name_of(const std::string& ref) {
+  if (!is_policy_file_ref(ref)) return ref;
+  std::string stem = ref.substr(ref.rfind('/') == std::string::npos ? 0 : ref.rfind('/') + 1);
+  if (ends_with(stem, ".json")) stem.resize(stem.size() - 5);
+  return stem;
+}
+
+// Where an operand naming an organizations file points: the file, and the
+// directory its neighbouring policies live in ("" for the embedded set).
+struct OrgsRef {
+  std::string path;
+  std::string policies_dir;
+};
+
+// Whether an operand is an organizations file rather than a policy:
+//   - the NAME "organizations" (the installed file, else the embedded one),
+//     or a file named organizations.json, which the daemon never loads as a
+//     policy either (daemon/core/registry.cc, load_policy_set);
+//   - or a file whose top level has "organizations" or "default", keys only
+//     an organizations file has (policies/schema/organizations.schema.json).
+// A file that cannot be read or parsed is not sniffed: the policy loader
+// then gives its message.
+std::optional<OrgsRef> organizations_operand(const std::string& ref) {
+  if (ref == "organizations") {
+    const std::string dir = std::string(TSB_SYSCONFDIR) + "/policies";
+    struct stat st{};
+    if (::stat((dir + "/organizations.json").c_str(), &st) == 0) return OrgsRef{dir + "/organizations.json", dir};
+    return OrgsRef{"embedded:organizations.json", ""};
+  }
+  if (!is_policy_file_ref(ref)) return std::nullopt;
+  const auto slash = ref.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : ref.substr(0, slash);
+  const std::string base = slash == std::string::npos ? ref : ref.substr(slash + 1);
+  if (base == "organizations.json") return OrgsRef{ref, dir};
+  auto text = core::read_policy_text(ref);
+  if (!text.ok()) return std::nullopt;
+  auto doc = parse_jsonc(*text, ref);
+  if (!doc.ok() || !doc->value.is_object()) return std::nullopt;
+  if (doc->value.contains("organizations") || doc->value.contains("default")) return OrgsRef{ref, dir};
+  return std::nullopt;
+}
+
+// The policy names a daemon would load from `dir`: every *.json but
+// organizations.json (load_policy_set), or the embedded policies.
+std::set<std::string> neighbour_policies(const std::string& dir) {
+  std::set<std::string> names;
+  if (dir.empty()) {
+    for (auto f : core::embedded_files()) {
+      std::string n(f);
+      if (n.find('/') == std::string::npos && ends_with(n, ".json") && n != "organizations.json")
+        names.insert(n.substr(0, n.size() - 5));
+    }
+    return names;
+  }
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n.size() > 5 && ends_with(n, ".json") && n != "organizations.json" && n[0] != '.')
+        names.insert(n.substr(0, n.size() - 5));
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
+std::string joined(const std::set<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "none" : out;
+}
+
+// What `check` found for one operand: its line, and whether it is an error.
+struct CheckLine {
+  std::string text;
+  bool error = false;
+};
+
+// An organizations file: loaded as the daemon loads it, then every policy an
+// entry names (its "policy" and its "allowed_policies") must be one the
+// daemon would have. Which set that is depends on the command: the policies
+// checked by the same command when it checks any (`policy check
+// policies/*.json` checks a policies directory as a daemon would load it),
+// else the policies next to the organizations file (for the embedded one,
+// the embedded policies). One line: the summary, or every problem found.
+std::vector<CheckLine> check_organizations(const std::string& ref, const OrgsRef& orgs_ref,
+                                           const std::set<std::string>& loaded, const std::set<std::string>& failed,
+                                           bool policies_checked) {
+  auto orgs = core::load_organizations(orgs_ref.path);
+  if (!orgs.ok()) {
+    // Named like the policy loader's messages ("policy: ..."); a read error
+    // already is.
+    const std::string& m = orgs.error().message;
+    return {{m.rfind("organizations: ", 0) == 0 ? m : "organizations: " + m, true}};
+  }
+  const std::set<std::string> neighbours = policies_checked ? std::set<std::string>{} : neighbour_policies(orgs_ref.policies_dir);
+  const std::set<std::string>& known = policies_checked ? loaded : neighbours;
+
+  std::vector<CheckLine> problems;
+  std::set<std::string> named;
+  std::size_t privileged = orgs->fallback.privileged ? 1 : 0;
+  const auto check_entry = [&](const core::OrgEntry& e, const std::string& who) {
+    for (const auto& n : e.allowed_policies) {
+      named.insert(n);
+      if (known.count(n)) continue;
+      std::string why;
+      if (policies_checked && failed.count(n)) why = "which does not load (its message is above)";
+      else if (policies_checked) why = "which is not among the policies checked (" + joined(loaded) + ")";
+      else if (orgs_ref.policies_dir.empty()) why = "which is not among the embedded policies (" + joined(neighbours) + ")";
+      else why = "which is not next to it (no " + n + ".json in " + orgs_ref.policies_dir + ")";
+      problems.push_back({ref + ": " + who + " names policy " + quoted_for_message(n) + ", " + why, true});
+    }
+  };
+  check_entry(orgs->fallback, "the default entry");
+  for (const auto& [id, e] : orgs->orgs) {
+    privileged += e.privileged ? 1 : 0;
+    check_entry(e, "organization " + quoted_for_message(id));
+  }
+  if (!problems.empty()) return problems;
+  std::string line = ref + ": ok: organizations, " + std::to_string(orgs->orgs.size()) + " listed, " +
+                     std::to_string(privileged) + " privileged entr" + (privileged == 1 ? "y" : "ies") +
+                     ", default entry policy '" + orgs->fallback.policy + "'" +
+                     (orgs->fallback.privileged ? " (privileged)" : "") + ", policies named: " + joined(named);
+  return {{line, false}};
+}
+
+int cmd_check(const PolicyArgs& a, const core::PolicyContext& ctx) {
+  // Policies first, so that the organizations files can be checked against
+  // them; then every line in the order of the operands.
+  std::vector<std::optional<OrgsRef>> kinds;
+  std::vector<std::vector<CheckLine>> lines(a.operands.size());
+  std::set<std::string> loaded, failed;
+  bool policies_checked = false;
+  for (std::size_t i = 0; i < a.operands.size(); ++i) {
+    const std::string& ref = a.operands[i];
+    kinds.push_back(organizations_operand(ref));
+    if (kinds.back()) continue;
+    policies_checked = true;
+    auto p = resolve_policy(ref, ctx);
+    if (!p.ok()) {
+      lines[i] = {{p.error().message, true}};
+      failed.insert(policy_name_of(ref));
+      continue;
+    }
+    loaded.insert(p->name);
+    lines[i] = {{core::check_summary(ref, *p), false}};
+  }
+  for (std::size_t i = 0; i < a.operands.size(); ++i)
+    if (kinds[i]) lines[i] = check_organizations(a.operands[i], *kinds[i], loaded, failed, policies_checked);
+  int rc = 0;
+  for (const auto& ls : lines) {
+    for (const auto& l : ls) {
+      std::fprintf(l.error ? stderr : stdout, "%s\n", l.text.c_str());
+      if (l.error) rc = 1;
+    }
+  }
+  return rc;
+}
+
+void skipped_organizations(const std::string& sub, const std::string& ref) {
+  std::fprintf(stderr, "%s: skipped: an organizations file, not a policy (policy %s applies to policies; policy check checks it)\n",
+               ref.c_str(), sub.c_str());
+}
+
+int cmd_fingerprint(const PolicyArgs& a, const core::PolicyContext& ctx) {
   int rc = 0;
   for (const auto& ref : a.operands) {
+    if (organizations_operand(ref)) {
+      skipped_organizations("fingerprint", ref);
+      continue;
+    }
     auto p = resolve_policy(ref, ctx);
     if (!p.ok()) {
       std::fprintf(stderr, "%s\n", p.error().message.c_str());
       rc = 1;
       continue;
     }
-    if (sub == "fingerprint") std::printf("%s  %s\n", p->fingerprint.c_str(), ref.c_str());
-    else std::printf("%s\n", core::check_summary(ref, *p).c_str());
+    std::printf("%s  %s\n", p->fingerprint.c_str(), ref.c_str());
   }
   return rc;
 }
 
 int cmd_explain(const PolicyArgs& a, const core::PolicyContext& ctx) {
+  if (organizations_operand(a.operands[0])) {
+    std::fprintf(stderr,
+                 "%s: an organizations file, not a policy: explain describes one policy (policy check checks an "
+                 "organizations file and the policies it names)\n",
+                 a.operands[0].c_str());
+    return 1;
+  }
   auto p = resolve_policy(a.operands[0], ctx);
   if (!p.ok()) {
     std::fprintf(stderr, "%s\n", p.error().message.c_str());
@@ -140,6 +337,10 @@ int cmd_explain(const PolicyArgs& a, const core::PolicyContext& ctx) {
 int cmd_lint(const PolicyArgs& a, const core::PolicyContext& ctx) {
   int rc = 0;
   for (const auto& file : a.operands) {
+    if (organizations_operand(file)) {
+      skipped_organizations("lint", file);
+      continue;
+    }
     const core::LintReport report = core::lint_policy_file(file, ctx);
     for (const auto& f : report.findings) {
       if (f.severity == core::LintSeverity::Note && !a.notes) continue;
@@ -184,7 +385,8 @@ int cmd_policy(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s\n", ctx.error().message.c_str());
     return sub == "lint" ? 2 : 1;
   }
-  if (sub == "check" || sub == "fingerprint") return cmd_check(sub, a, *ctx);
+  if (sub == "check") return cmd_check(a, *ctx);
+  if (sub == "fingerprint") return cmd_fingerprint(a, *ctx);
   if (sub == "explain") return cmd_explain(a, *ctx);
   return cmd_lint(a, *ctx);
 }

@@ -104,6 +104,27 @@ mkdir "$TMP/out"
 rc=$?
 expect "--rw directory under /tmp is writable and shared with the host" \
   '[[ $rc == 0 && $(cat "$TMP/out/file" 2>/dev/null) == from-inside && ! -e $TMP/beside ]]' "rc=$rc"
+# --ro: a checkout or build tree under /tmp stays visible at its own path,
+# read-only, and its programs run; a --rw directory inside it is writable.
+mkdir -p "$TMP/tree/bin" "$TMP/tree/out"
+printf '#!/bin/sh\necho ran-from-tree\n' >"$TMP/tree/bin/prog"
+chmod 0755 "$TMP/tree/bin/prog"
+out=$("$GUARD" --ro "$TMP/tree" --rw "$TMP/tree/out" -- sh -c "
+  $TMP/tree/bin/prog
+  if echo x >$TMP/tree/new 2>/dev/null; then echo tree=writable; else echo tree=ro; fi
+  echo inside >$TMP/tree/out/file && echo out=rw
+  if echo x >/tmp/beside 2>/dev/null; then echo tmp=writable; fi
+  echo ro_dirs=\$TSB_GUARD_RO_DIRS" 2>&1)
+expect "--ro directory under /tmp is visible read-only and its programs run" \
+  '[[ $out == *ran-from-tree*tree=ro* && ! -e $TMP/tree/new && $out == *"ro_dirs=$TMP/tree"* ]]' "$out"
+expect "--rw directory inside a --ro one is writable, the rest of /tmp is still fresh" \
+  '[[ $out == *out=rw*tmp=writable* && $(cat "$TMP/tree/out/file" 2>/dev/null) == inside ]]' "$out"
+RUNDIR=$(mktemp -d /run/tsb-guard-selftest.XXXXXX)
+echo here >"$RUNDIR/file"
+out=$("$GUARD" --ro "$RUNDIR" -- sh -c "cat $RUNDIR/file" 2>&1)
+expect "--ro directory under /run is visible" '[[ $out == here ]]' "$out"
+rm -rf -- "$RUNDIR"
+
 VARTMP=$(mktemp -d /var/tmp/tsb-guard-selftest.XXXXXX)
 mkdir "$VARTMP/out"
 out=$("$GUARD" --rw "$VARTMP/out" -- sh -c "

@@ -8,7 +8,14 @@
 //   golden/explain-*.txt                `policy explain` of the shipped
 //                                       policies, without "[host]" lines;
 //   golden/compare-default-moby.txt     `policy explain default --compare`
-//                                       against Moby's default profile.
+//                                       against Moby's default profile;
+//   check/NAME.cmd + check/NAME.expected  a `toolsandbox policy` command line
+//                                       (the verb and its operands, "*.json"
+//                                       expanded as a shell would) run by the
+//                                       built binary in a copy of check/, or
+//                                       of policies/ when it starts with
+//                                       "@shipped"; its exit status, stdout
+//                                       and stderr.
 //
 // Each corpus is copied into a fresh directory owned by root with modes 0644
 // and 0755 (whatever the checkout's owner and umask), and the loader runs
@@ -20,7 +27,9 @@
 //   TSB_UPDATE_GOLDEN=1 build/bin/unit_tests --gtest_filter='*PolicyGolden*'
 // and review the diff like code: every line of it is behaviour.
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -316,6 +325,130 @@ TEST(PolicyGoldenMoby, LoadsCompilesAndCompares) {
   // Every name Moby's profile lost is on the page.
   for (const auto& s : moby->skipped_syscalls) EXPECT_NE(page.find(s), std::string::npos) << s;
 }
+
+// ---------------------------------------------------------------------------
+// The command line: `toolsandbox policy ...` as users run it, organizations
+// files among the operands included.
+
+std::vector<std::string> cases_with(const std::string& dir, const std::string& ext) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file() && e.path().extension() == ext) names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<std::string> words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// A word with '*' becomes the matching names in `dir`, sorted bytewise, as
+// bash expands it under LC_ALL=C.
+std::vector<std::string> expand_globs(const std::vector<std::string>& args, const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& a : args) {
+    if (a.find('*') == std::string::npos) {
+      out.push_back(a);
+      continue;
+    }
+    std::vector<std::string> matches;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_regular_file() && ::fnmatch(a.c_str(), n.c_str(), FNM_PERIOD) == 0) matches.push_back(n);
+    }
+    std::sort(matches.begin(), matches.end());
+    out.insert(out.end(), matches.begin(), matches.end());
+  }
+  return out;
+}
+
+// An empty private directory, removed afterwards.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    char tmpl[] = "/tmp/tsb-policy-cmd-XXXXXX";
+    if (const char* d = ::mkdtemp(tmpl)) dir_ = d;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+struct CommandOutput {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs `argv` in `cwd`, its output in files under `scratch`.
+CommandOutput run_in(const std::string& cwd, const std::string& scratch, const std::vector<std::string>& argv) {
+  const std::string out_path = scratch + "/stdout", err_path = scratch + "/stderr";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0 || ::chdir(cwd.c_str()) != 0) ::_exit(126);
+    std::vector<char*> av;
+    for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+    av.push_back(nullptr);
+    ::execv(av[0], av.data());
+    ::_exit(127);
+  }
+  CommandOutput r;
+  int ws = 0;
+  if (pid > 0 && ::waitpid(pid, &ws, 0) == pid) r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+  r.out = read_file(out_path);
+  r.err = read_file(err_path);
+  return r;
+}
+
+TEST(PolicyGoldenCheckCorpus, EveryCommandHasItsExpectation) {
+  const auto names = cases_with(kCorpus + "/check", ".cmd");
+  EXPECT_GE(names.size(), 10u);
+  for (const auto& n : names) EXPECT_TRUE(fs::exists(kCorpus + "/check/" + n + ".expected")) << n;
+  for (const auto& n : cases_with(kCorpus + "/check", ".expected"))
+    EXPECT_TRUE(fs::exists(kCorpus + "/check/" + n + ".cmd")) << n;
+}
+
+class PolicyGoldenCommand : public testing::TestWithParam<std::string> {};
+
+TEST_P(PolicyGoldenCommand, PrintsTheExpectedOutput) {
+  const std::string& name = GetParam();
+  std::vector<std::string> args = words(read_file(kCorpus + "/check/" + name + ".cmd"));
+  ASSERT_FALSE(args.empty()) << name << ".cmd is empty";
+  std::string source = kCorpus + "/check";
+  if (args[0] == "@shipped") {
+    source = kShipped;
+    args.erase(args.begin());
+  }
+  CorpusCopy copy(source);
+  ScratchDir scratch;
+  ASSERT_FALSE(copy.dir().empty());
+  ASSERT_FALSE(scratch.dir().empty());
+  args = expand_globs(args, copy.dir());
+  // No daemon configuration of this machine: an empty one, outside the
+  // directory the command looks at.
+  const std::string config = scratch.dir() + "/toolsandboxd.json";
+  write_file(config, "{\"version\": 1}\n");
+  std::vector<std::string> argv = {TSB_BIN_DIR "/toolsandbox", "policy"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--config", config});
+  const CommandOutput r = run_in(copy.dir(), scratch.dir(), argv);
+  std::string shown = "$ toolsandbox policy";
+  for (const auto& a : args) shown += " " + a;
+  expect_golden(kCorpus + "/check/" + name + ".expected",
+                shown + "\nexit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err);
+}
+
+INSTANTIATE_TEST_SUITE_P(Corpus, PolicyGoldenCommand, testing::ValuesIn(cases_with(kCorpus + "/check", ".cmd")), test_name);
 
 }  // namespace
 }  // namespace tsb::core

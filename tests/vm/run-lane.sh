@@ -81,6 +81,9 @@ done
 
 rm -rf "$results"
 mkdir -p "$results"
+# The checkout and the build tree stay visible in the guest and in the guard
+# even when they live under /tmp or /run, which both mount fresh.
+keep=(--keep "$src" --keep "$build")
 "$here/vm-run" --prepare >/dev/null || { log "vm-run --prepare failed"; exit 1; }
 
 if [ -z "$only" ] || [ "$only" = integration ]; then
@@ -91,9 +94,9 @@ if [ -z "$only" ] || [ "$only" = integration ]; then
 		quick_env=(--env TSB_LEAK_TEST_RUNS=100)
 		summary+=("NOTE --quick: NothingLeftBehindAfter500Runs did 100 runs, not 500")
 	fi
-	"$here/vm-run" --verbose --timeout "${TSB_VM_TIMEOUT:-2400}" --rw "$results" \
+	"$here/vm-run" --verbose --timeout "${TSB_VM_TIMEOUT:-2400}" "${keep[@]}" --rw "$results" \
 		--env TSB_EXPECT_CGROUP=v2 --env TOOLSANDBOXD_TESTS_MUST_RUN=root "${quick_env[@]}" \
-		-- "$src/tests/guard/run-guarded" --mem 1536M --pids 4096 --rw "$results" -- \
+		-- "$src/tests/guard/run-guarded" --mem 1536M --pids 4096 --ro "$src" --ro "$build" --rw "$results" -- \
 		"$build/bin/integration_tests" --gtest_brief=1 --gtest_output="xml:$results/integration.xml" \
 		> >(tee "$results/integration.log") 2>&1
 	rc=$?
@@ -109,7 +112,7 @@ fi
 if [ -z "$only" ] || [ "$only" = systemd ]; then
 	log "systemd units in the v2 VM (systemd as PID 1)"
 	t=$(now)
-	"$here/vm-run" --systemd --verbose --timeout "${TSB_VM_SYSTEMD_TIMEOUT:-900}" -- \
+	"$here/vm-run" --systemd --verbose --timeout "${TSB_VM_SYSTEMD_TIMEOUT:-900}" "${keep[@]}" -- \
 		"$here/systemd-lane.sh" "$build" > >(tee "$results/systemd.log") 2>&1
 	rc=$?
 	summary+=("systemd units: $([ $rc = 0 ] && echo passed || echo "FAILED ($rc)"), $(elapsed "$t") ($(grep -E '^[0-9]+ passed, [0-9]+ failed' "$results/systemd.log" | tail -1))")

@@ -1,0 +1,240 @@
+#!/usr/bin/python3
+"""Writes the seed corpora of the fuzz targets into tests/fuzz/corpus/.
+
+    /usr/bin/python3 tests/fuzz/make_seeds.py
+
+The seeds are checked in; this script says where each comes from and
+rewrites them after a format change (review the diff like code). It is
+deterministic: the same tree gives the same files.
+
+  request/       every request of protocol/PROTOCOL.md, one of each type with
+                 every field, and lines each decoder check refuses;
+  policy/        the shipped policies and organizations file, the golden
+                 corpus of tests/policies/ (bad/, lint/), a policy with an
+                 inline seccomp profile;
+  letta_legacy/  stdout with Letta's legacy text frame, as letta-server's
+                 scripts print it (and the prefix/payload/suffix form the
+                 target reassembles, see letta_legacy_fuzzer.cc);
+  letta_binary/  stdout with Letta's binary frame: good, bad md5, truncated,
+                 pickle payload, and the reassembled form;
+  shape_result/  inputs laid out as shape_result_fuzzer.cc reads them.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import struct
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+CORPUS = os.path.join(HERE, "corpus")
+
+LEGACY_START = str(uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-start-marker")).encode()
+LEGACY_END = str(uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-end-marker")).encode()
+BINARY_MARKER = uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-start-marker").bytes
+NONCE = b"00112233445566778899aabbccddeeff"  # shape_result_fuzzer.cc's
+ORG = "org-00000000-0000-4000-8000-000000000000"
+
+
+def reset(target):
+    d = os.path.join(CORPUS, target)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    return d
+
+
+def write(d, name, data):
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def line(obj):
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+# --- FuzzedDataProvider layouts ------------------------------------------------
+# ConsumeRandomLengthString(max): bytes up to a lone backslash; "\\\\" is a
+# literal backslash; the backslash and the byte after it end the string.
+# ConsumeBool/ConsumeIntegral* take bytes from the END of the data.
+
+def fdp_string(b):
+    return b.replace(b"\\", b"\\\\") + b"\\x"
+
+
+def legacy_frame(payload):
+    return LEGACY_START + base64.b64encode(payload) + LEGACY_END
+
+
+def binary_frame(payload, md5=None):
+    digest = (md5 or hashlib.md5(payload).hexdigest()).encode()
+    return BINARY_MARKER + struct.pack(">I", len(payload)) + digest + payload
+
+
+def requests():
+    d = reset("request")
+    n = 0
+    with open(os.path.join(REPO, "protocol", "PROTOCOL.md"), encoding="utf-8") as f:
+        for text in f:
+            if text.startswith("\u2192 {"):
+                n += 1
+                write(d, "protocol-md-%02d.json" % n, text[2:].rstrip("\n"))
+    common = {"v": 1, "id": "seed-1", "tool_name": "add", "organization_id": ORG, "policy": "default",
+              "env": {"API_KEY": "s3cr3t", "TOOL_MODE": "x"}, "timeout": 12.5,
+              "sandbox_config": {"type": "local", "config": {"sandbox_dir": "/tmp", "use_venv": False}},
+              "agent_id": "agent-1", "project_id": "project-1"}
+    write(d, "execute-all-fields.json", line(dict(common, type="execute", script="print(1)\n")))
+    write(d, "run_tool-all-fields.json", line(dict(
+        common, type="run_tool", source_code="def add(a: int, b: int) -> int:\n    return a + b\n",
+        args={"a": 2, "b": 123456789012345678901234567890, "c": [1.5e300, None, True, "\u00e9\u2028"]},
+        json_schema={"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+        agent_state={"id": "agent-1", "memory": {"blocks": []}},
+        pip_requirements=["numpy==1.26.0", "requests"])))
+    write(d, "status.json", line({"v": 1, "id": "s", "type": "status"}))
+    refused = {
+        "bad-version.json": '{"v":2,"id":"a","type":"status"}',
+        "version-float.json": '{"v":1.0,"id":"a","type":"status"}',
+        "duplicate-key.json": '{"v":1,"id":"a","id":"b","type":"status"}',
+        "unknown-field.json": '{"v":1,"id":"a","type":"status","extra":1}',
+        "unknown-type.json": '{"v":1,"id":"a","type":"exec"}',
+        "not-an-object.json": '[{"v":1}]',
+        "deep.json": '{"v":1,"id":"a","type":"run_tool","args":{"a":' + "[" * 80 + "]" * 80 + "}}",
+        "bom.json": "\ufeff" + '{"v":1,"id":"a","type":"status"}',
+        "escapes.json": '{"v":1,"id":"\\u00e9\\ud83d\\ude00","type":"status"}',
+        "lone-surrogate.json": '{"v":1,"id":"\\ud800","type":"status"}',
+        "bad-env-name.json": line(dict(common, type="execute", script="x", env={"1BAD": "v"})),
+        "bad-tool-name.json": line(dict(common, type="execute", script="x", tool_name="class")),
+        "long-id.json": line({"v": 1, "id": "x" * 129, "type": "status"}),
+        "empty-id.json": line({"v": 1, "id": "", "type": "status"}),
+        "nul-byte.json": '{"v":1,"id":"a\x00","type":"status"}',
+    }
+    for name, text in refused.items():
+        write(d, name, text)
+    write(d, "invalid-utf8.json", b'{"v":1,"id":"\xff\xfe","type":"status"}')
+
+
+def policies():
+    d = reset("policy")
+    shipped = os.path.join(REPO, "policies")
+    for name in ("default.json", "privileged.json", "organizations.json"):
+        shutil.copy(os.path.join(shipped, name), os.path.join(d, "shipped-" + name))
+    for sub in ("bad", "lint"):
+        src = os.path.join(REPO, "tests", "policies", sub)
+        for name in sorted(os.listdir(src)):
+            if name.endswith(".json"):
+                shutil.copy(os.path.join(src, name), os.path.join(d, "%s-%s" % (sub, name)))
+    write(d, "inline-seccomp.json", json.dumps({
+        "version": 1, "description": "inline profile",
+        "limits": {"memory": "256MiB", "wall_timeout": "1.5s", "pids": 32, "cpus": 0.5},
+        "filesystem": {"venv": None, "binds": [{"source": "/srv/tools/data", "target": "/data", "optional": True}]},
+        "environment": {"set": {"LANG": "C.UTF-8"}, "allow": ["TOOL_*", "API_KEY"]},
+        "seccomp": {"inline": {
+            "defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 1, "architectures": ["SCMP_ARCH_X86"],
+            "syscalls": [
+                {"names": ["read", "write", "exit", "exit_group", "execve", "brk", "mmap"], "action": "SCMP_ACT_ALLOW"},
+                {"names": ["socket"], "action": "SCMP_ACT_ALLOW",
+                 "args": [{"index": 0, "value": 1, "op": "SCMP_CMP_EQ"}]},
+                {"names": ["personality"], "action": "SCMP_ACT_ALLOW",
+                 "args": [{"index": 0, "value": 4294967295, "valueTwo": 8, "op": "SCMP_CMP_MASKED_EQ"}],
+                 "includes": {"arches": ["amd64"], "minKernel": "4.8"}},
+                {"names": ["ptrace"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
+            ]}},
+        "user": {"uid": 1000, "gid": 1000}, "hostname": "tool-box",
+    }, indent=2))
+    write(d, "include-default.json", '{\n  // starts from the shipped default\n  "version": 1,\n'
+                                     '  "include": "default.json",\n  "limits": { "pids": 16 }\n}\n')
+    write(d, "profile-file.json", '{ "version": 1, "seccomp": { "profile": "seccomp/default.json" } }\n')
+    write(d, "organizations-full.json", json.dumps({
+        "version": 1, "default": {"privileged": False, "policy": "default", "allowed_policies": ["default"]},
+        "organizations": {ORG: {"privileged": True, "policy": "privileged", "allowed_policies": ["default"]}}}))
+
+
+def letta_legacy():
+    d = reset("letta_legacy")
+    payload = json.dumps({"results": 5, "agent_state": None}).encode()
+    write(d, "frame.txt", b"adding 2 3\n" + legacy_frame(payload))
+    write(d, "frame-text-after.txt", b"before\n" + legacy_frame(payload) + b"after\n")
+    write(d, "end-before-start.txt", b"x" + LEGACY_END + b"y" + legacy_frame(payload))
+    write(d, "nan.txt", legacy_frame(b'{"results": [NaN, Infinity, -Infinity, "\\ud800"]}'))
+    write(d, "bad-base64.txt", LEGACY_START + b"not*base64" + LEGACY_END)
+    write(d, "padding-after-quad.txt", LEGACY_START + b"QUFB=" + LEGACY_END)
+    write(d, "empty-payload.txt", LEGACY_START + LEGACY_END)
+    write(d, "no-end.txt", LEGACY_START + base64.b64encode(payload))
+    write(d, "pickle.txt", legacy_frame(b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x07results\x94K\x05s."))
+    write(d, "invalid-utf8.txt", b"\xff\xfe bad\n" + legacy_frame(payload))
+    write(d, "both-framings.txt", binary_frame(payload) + legacy_frame(payload))
+    write(d, "stderr-like.txt", b'Traceback (most recent call last):\n  File "x", line 1\nZeroDivisionError: division by zero\n')
+    # The reassembled form: prefix, payload, suffix (letta_legacy_fuzzer.cc).
+    write(d, "split-object.bin", fdp_string(b"hello\n") + fdp_string(payload) + b"tail\n")
+    write(d, "split-agent-state.bin", fdp_string(b"") + fdp_string(
+        json.dumps({"results": {"a": [1, 2]}, "agent_state": {"id": "agent-1"}}).encode()) + b"")
+
+
+def letta_binary():
+    d = reset("letta_binary")
+    payload = json.dumps({"results": 5, "agent_state": None}).encode()
+    write(d, "frame.bin", b"adding 2 3\n" + binary_frame(payload))
+    write(d, "frame-text-after.bin", b"before\n" + binary_frame(payload) + b"after\n")
+    write(d, "bad-md5.bin", binary_frame(payload, md5="0" * 32))
+    write(d, "truncated-header.bin", binary_frame(payload)[:30])
+    write(d, "truncated-payload.bin", binary_frame(payload)[:-5])
+    write(d, "length-too-big.bin", BINARY_MARKER + struct.pack(">I", 0xFFFFFFFF) + b"0" * 32 + payload)
+    write(d, "empty-payload.bin", binary_frame(b""))
+    write(d, "pickle.bin", binary_frame(b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x07results\x94K\x05s."))
+    write(d, "not-json.bin", binary_frame(b"{results: 5}"))
+    write(d, "two-frames.bin", binary_frame(payload) + binary_frame(b'{"results": 6}'))
+    write(d, "legacy-first.bin", legacy_frame(payload) + binary_frame(payload))
+    # The reassembled form: prefix, payload, suffix (letta_binary_fuzzer.cc).
+    write(d, "split-object.bin", fdp_string(b"out\n") + fdp_string(payload) + b"")
+    write(d, "split-array-results.bin", fdp_string(b"") + fdp_string(b'{"results": [1, "two", {"three": 3.0}]}') + b"x")
+
+
+def shape_result():
+    d = reset("shape_result")
+    # The fixed-size fields come from the end of the data (FuzzedDataProvider
+    # takes integers and booleans from there), roughly: tool_mode, timeout,
+    # fingerprint?, memory_limit, pids_limit, reason, exit_code, signal,
+    # stage, errno, truncations, peak memory, with_frame. The strings come
+    # from the front: tool name, error, stderr, stdout prefix, (frame
+    # payload), the rest of stdout. Mutation fixes up what "roughly" misses.
+    def tail(tool_mode, reason, exit_code, with_frame):
+        fields = [bytes([tool_mode]), b"\x40" * 8, b"\x01", b"\x00\x00\x00\x20\x00\x00\x00\x00", b"\x40" + b"\x00" * 7,
+                  bytes([reason]), bytes([exit_code + 1]), b"\x00", b"\x00", b"\x00", b"\x00", b"\x00", b"\x00" * 8,
+                  bytes([with_frame])]
+        return b"".join(reversed(fields))
+    letta = json.dumps({"results": 5, "agent_state": None}).encode()
+    ok = json.dumps({"results": {"sum": 5}, "agent_state": None}).encode()
+    err = json.dumps({"results": None, "agent_state": None,
+                      "error": {"kind": "tool", "name": "ZeroDivisionError", "message": "division by zero"}}).encode()
+    stderr = b'Traceback (most recent call last):\nZeroDivisionError: division by zero\n'
+    script = [("script-binary", binary_frame(letta), 0), ("script-legacy", legacy_frame(letta), 0),
+              ("script-exit-1", b"no frame", 1), ("script-bad-md5", binary_frame(letta, md5="1" * 32), 0)]
+    for name, stdout, code in script:
+        write(d, name + ".bin", fdp_string(b"add") + fdp_string(b"") + fdp_string(stderr) + fdp_string(stdout)
+              + tail(0, 0, code, 0))
+    tool = [("tool-success", ok, 0), ("tool-error", err, 1), ("tool-not-json", b"{]", 0)]
+    for name, payload, code in tool:
+        write(d, name + ".bin", fdp_string(b"add") + fdp_string(b"") + fdp_string(b"") + fdp_string(b"printed\n")
+              + fdp_string(payload) + b"after" + tail(1, 0, code, 1))
+    forged = (b"\n<<TSB-RESULT-" + NONCE + b">>" + base64.b64encode(ok) + b"<<TSB-END-" + NONCE + b">>\n")
+    write(d, "tool-two-frames.bin", fdp_string(b"add") + fdp_string(b"") + fdp_string(b"") + fdp_string(forged)
+          + fdp_string(ok) + b"" + tail(1, 0, 0, 1))
+    for reason in range(9):
+        write(d, "reason-%d.bin" % reason, fdp_string(b"slow") + fdp_string(b"mount failed") + fdp_string(stderr)
+              + fdp_string(b"partial") + tail(reason % 2, reason, 137 if reason else 0, 0))
+
+
+if __name__ == "__main__":
+    requests()
+    policies()
+    letta_legacy()
+    letta_binary()
+    shape_result()
+    for t in sorted(os.listdir(CORPUS)):
+        files = os.listdir(os.path.join(CORPUS, t))
+        size = sum(os.path.getsize(os.path.join(CORPUS, t, f)) for f in files)
+        print("%-14s %3d files, %6d bytes" % (t, len(files), size))

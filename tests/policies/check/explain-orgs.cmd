@@ -1,0 +1,1 @@
+explain organizations.json

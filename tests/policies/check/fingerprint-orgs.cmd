@@ -1,0 +1,1 @@
+fingerprint organizations.json tools.json

@@ -1,0 +1,1 @@
+lint tenants.json tools.json

@@ -1,0 +1,1 @@
+check broken.json default.json names-broken.json

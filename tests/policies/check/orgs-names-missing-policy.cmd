@@ -1,0 +1,1 @@
+check names-gpu.json

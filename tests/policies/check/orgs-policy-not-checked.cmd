@@ -1,0 +1,1 @@
+check default.json organizations.json

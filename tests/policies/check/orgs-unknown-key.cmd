@@ -1,0 +1,1 @@
+check unknown-key.json

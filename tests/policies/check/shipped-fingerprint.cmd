@@ -1,0 +1,1 @@
+@shipped fingerprint *.json
