@@ -468,6 +468,13 @@ std::chrono::nanoseconds CgroupLeaf::cpu_usage() const {
   return std::chrono::nanoseconds(t.ok() ? parse_u64(*t) : 0);
 }
 
+bool CgroupLeaf::socket_limit_reached() const {
+  if (owner_->mode_ == CgroupMode::V2 || !owner_->has_kmem_tcp_) return false;
+  auto limit = read_text_file(file("memory", "memory.kmem.tcp.limit_in_bytes"));
+  auto peak = read_text_file(file("memory", "memory.kmem.tcp.max_usage_in_bytes"));
+  return limit.ok() && peak.ok() && parse_u64(*peak) >= parse_u64(*limit);
+}
+
 CgroupStats CgroupLeaf::stats() const {
   CgroupStats s;
   s.cpu = cpu_usage();

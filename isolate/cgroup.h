@@ -115,6 +115,12 @@ class CgroupLeaf {
   bool empty() const;
   CgroupStats stats() const;
   std::chrono::nanoseconds cpu_usage() const;
+  // v1 with socket accounting: whether the run's socket buffers have reached
+  // memory.kmem.tcp.limit_in_bytes (its high watermark, max_usage_in_bytes,
+  // at the limit; the kernel does not count failures of that counter in
+  // failcnt on every version). Always false on v2, which charges socket
+  // memory to memory.max (an OOM kill there).
+  bool socket_limit_reached() const;
   // One non-blocking attempt: kill what is left, remove the directories.
   // False when the kernel still counts exiting processes in it (EBUSY).
   Result<bool> try_remove();

@@ -285,6 +285,11 @@ Result<bool> Sandbox::try_remove_cgroup() {
   return *done;
 }
 
+bool Sandbox::socket_memory_is_limited() const noexcept {
+  return core_ && core_->cgroups->mode() == CgroupMode::V1 && core_->cgroups->has_tcp_memory_limit() &&
+         limits_.memory_bytes > 0;
+}
+
 std::size_t Sandbox::collect_retired() { return core_ ? core_->collect() : 0; }
 
 // ----------------------------------------------------------------- Engine

@@ -71,8 +71,11 @@ struct EngineCore;  // shared by the engine and its sandboxes (engine.cc)
 class Engine;
 
 // One live sandbox, from clone3 until it is reaped. Owns every resource of
-// the run; the destructor kills the whole tree, reaps it, removes the cgroup
-// leaf and frees the uid slot (commit-on-success: nothing leaks on any path).
+// the run (commit-on-success: nothing leaks on any path). The destructor
+// never blocks: it kills the whole tree and hands what is not yet gone (an
+// unreaped init, a busy cgroup leaf, with the uid-slot lease, which is held
+// until then) to the engine's retired list, collected later by
+// Engine::collect_retired.
 class Sandbox {
  public:
   ~Sandbox();
@@ -86,6 +89,9 @@ class Sandbox {
   const Limits& limits() const noexcept { return limits_; }
   std::chrono::steady_clock::time_point started() const noexcept { return started_; }
   CgroupLeaf& cgroup() noexcept { return *leaf_; }
+  // cgroup v1 with memory.kmem.tcp: the run's socket buffers are limited
+  // apart from its memory (supervise() ends the run when they hit it).
+  bool socket_memory_is_limited() const noexcept;
 
   // The parent's ends of the pipes; the supervisor takes them over.
   UniqueFd take_stdin() noexcept { return std::move(stdin_w_); }

@@ -32,9 +32,10 @@ struct RunState {
   asio::steady_timer readers_done;  // cancelled when the last reader hits EOF
   asio::steady_timer wall;
   asio::steady_timer cpu;
+  asio::steady_timer sockets;
 
   RunState(std::shared_ptr<Sandbox> s, const asio::any_io_executor& ex)
-      : sb(std::move(s)), readers_done(ex, steady_clock::time_point::max()), wall(ex), cpu(ex) {}
+      : sb(std::move(s)), readers_done(ex, steady_clock::time_point::max()), wall(ex), cpu(ex), sockets(ex) {}
 
   void kill_for(bool Observations::*flag) {
     if (!(obs.*flag)) obs.*flag = true;
@@ -104,6 +105,27 @@ asio::awaitable<void> cpu_watchdog(std::shared_ptr<RunState> st) {
   }
 }
 
+// cgroup v1 charges socket buffers to memory.kmem.tcp, not to the run's
+// memory limit: at memory.kmem.tcp.limit_in_bytes (set to that limit) the
+// kernel refuses them more memory, so sends stall instead of the run being
+// OOM-killed as on v2. Such a run ends as memory_limit like on v2 (classify
+// reads the high watermark at the end, whatever happened meanwhile), and one
+// that keeps going is killed here. v1 has no notification for that counter
+// (memory thresholds cover memory.usage_in_bytes only), so it is read every
+// 100 ms.
+asio::awaitable<void> socket_watchdog(std::shared_ptr<RunState> st) {
+  for (;;) {
+    st->sockets.expires_after(std::chrono::milliseconds(100));
+    asio::error_code ec;
+    co_await st->sockets.async_wait(asio::redirect_error(use_awaitable, ec));
+    if (ec || st->finished) co_return;  // cancelled: the run ended
+    if (st->sb->cgroup().socket_limit_reached()) {
+      st->sb->kill();
+      co_return;
+    }
+  }
+}
+
 void read_reports(int fd, Observations& o) {
   Report r;
   for (;;) {
@@ -154,6 +176,10 @@ void classify(const Observations& o, RunResult& r) {
   else if (o.output_exceeded) r.reason = EndReason::OutputLimit;
   // Limits the kernel enforced.
   else if (o.oom_kills > 0) r.reason = EndReason::MemoryLimit;
+  else if (o.socket_limit_reached) {
+    r.reason = EndReason::MemoryLimit;
+    r.error = "socket buffers reached the run's memory limit (cgroup v1: memory.kmem.tcp.limit_in_bytes)";
+  }
   else if (o.have_tool_status && WIFSIGNALED(o.tool_status) &&
            (WTERMSIG(o.tool_status) == SIGXCPU))
     r.reason = EndReason::CpuLimit;
@@ -190,6 +216,7 @@ asio::awaitable<RunResult> supervise(std::shared_ptr<Sandbox> sandbox, std::stri
   st->wall.expires_at(sandbox->started() + lim.wall_timeout);
   asio::co_spawn(ex, wall_watchdog(st), asio::detached);
   if (lim.cpu_time.count() > 0) asio::co_spawn(ex, cpu_watchdog(st), asio::detached);
+  if (sandbox->socket_memory_is_limited()) asio::co_spawn(ex, socket_watchdog(st), asio::detached);
 
   // pid 1 exiting is the end of the run: the kernel has then killed every
   // other process of the pid namespace. The Sandbox's own pidfd is watched
@@ -207,6 +234,7 @@ asio::awaitable<RunResult> supervise(std::shared_ptr<Sandbox> sandbox, std::stri
   st->finished = true;
   st->wall.cancel();
   st->cpu.cancel();
+  st->sockets.cancel();
   (void)sandbox->reap();
 
   // Every writer is gone, so both pipes reach EOF promptly. Bounded anyway:
@@ -221,6 +249,7 @@ asio::awaitable<RunResult> supervise(std::shared_ptr<Sandbox> sandbox, std::stri
   CgroupStats cs = sandbox->cgroup().stats();
   st->obs.oom_kills = cs.oom_kills;
   st->obs.pids_max_hits = cs.pids_max_hits;
+  st->obs.socket_limit_reached = sandbox->cgroup().socket_limit_reached();
   st->obs.cancelled = sandbox->cancelled();
   r.cpu = cs.cpu;
   r.peak_memory_bytes = cs.peak_memory_bytes;

@@ -34,6 +34,7 @@ struct Observations {
   int backstop_s = 0;
   std::uint64_t oom_kills = 0;
   std::uint64_t pids_max_hits = 0;
+  bool socket_limit_reached = false;  // v1: socket buffers reached the run's memory limit
 };
 void classify(const Observations& o, RunResult& r);
 

@@ -541,7 +541,7 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
                                ? "this kernel has vm.memfd_noexec: memfd execution is refused"
                                : "this kernel has no vm.memfd_noexec: memfd execution is NOT refused")
         << "\n";
-  out << "  socket  socket buffers count toward the run's memory (v2: memory.max; v1: memory.kmem.tcp.limit_in_bytes)\n";
+  out << "  socket  socket buffers count toward the run's memory (v2: memory.max; v1: memory.kmem.tcp.limit_in_bytes); at it the run ends as memory_limit\n";
   out << "  oom     oom_score_adj 1000 (engine.sandbox_oom_score_adj): under memory pressure runs die first\n";
   out << "  death   a run ends within a second of the daemon's death (death signal; init watches the daemon's\n"
          "          pipe), and init ends it itself 5 s (or 10 %) after the wall timeout if the daemon does not\n";

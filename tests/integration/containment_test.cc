@@ -161,45 +161,61 @@ except OSError as e:
 // every service of the host shares).
 TEST_F(EngineTest, SocketBuffersAreChargedToTheRun) {
   ASSERT_TRUE(engine_->features().tcp_memory_limit) << "no way to charge socket memory on this host";
+  // Queues `target` bytes in loopback TCP connections nobody reads, then
+  // exits, or with "hold" sleeps, keeping them queued.
   const char* script = R"PY(
-import socket, sys, errno
-limit = int(sys.argv[1])
+import socket, sys, errno, time
+target, hold = int(sys.argv[1]), sys.argv[2] == "hold"
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(256)
 conns, queued, chunk = [], 0, b"x" * 65536
 try:
-    for i in range(200):
+    for i in range(400):
         c = socket.create_connection(srv.getsockname())
         a, _ = srv.accept()
         c.setblocking(False)
         conns.append((c, a))
-        while True:
+        while queued < target:
             try:
-                queued += c.send(chunk)
+                queued += c.send(chunk[:target - queued])
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as e:
                 if e.errno in (errno.ENOBUFS, errno.ENOMEM): break
                 raise
-        if queued > 4 * limit: break
+        if queued >= target: break
 except OSError as e:
     print("stopped", e.errno, file=sys.stderr)
-print(queued)
+print(queued, flush=True)
+if hold: time.sleep(30)
 )PY";
   const std::uint64_t limit = 48ull << 20;
-  auto s = spec({"/venv/bin/python3", "-c", script, std::to_string(limit)});
+  auto s = spec({"/venv/bin/python3", "-c", script, "0", "exit"});
   s.limits.memory_bytes = limit;
   s.limits.open_files = 1024;
   s.limits.pids = 64;
   s.limits.wall_timeout = std::chrono::seconds(40);
-  auto r = run(s);
-  if (r.reason == EndReason::MemoryLimit) return;  // v2: sockets pushed the run over memory.max
-  ASSERT_EQ(r.reason, EndReason::Exited) << describe(r);
-  // Under the limit the kernel refuses more (sends block or fail), save a
-  // minimum it always grants each socket: allow half the limit for that.
-  // Uncharged, the tool queues the 4x it aims for.
-  std::uint64_t queued = std::stoull(r.stdout_data);
-  EXPECT_LE(queued, limit + limit / 2) << "queued " << (queued >> 20) << " MiB in loopback TCP under a "
-                                       << (limit >> 20) << " MiB limit; " << r.stderr_data;
+  auto with = [&](std::uint64_t target, const char* mode) {
+    s.argv[3] = std::to_string(target);
+    s.argv[4] = mode;
+    return run(s);
+  };
+  // A tool that uses sockets within its limit is left alone.
+  auto small = with(4ull << 20, "exit");
+  ASSERT_EQ(small.reason, EndReason::Exited) << describe(small);
+  EXPECT_EQ(small.stdout_data, std::to_string(4ull << 20) + "\n");
+  // Beyond it: v2 charges the buffers to memory.max, an OOM kill; v1 refuses
+  // them memory at memory.kmem.tcp.limit_in_bytes and the engine ends the
+  // run. Uncharged, the tool queues the 4x it aims for and exits 0.
+  auto r = with(4 * limit, "exit");
+  ASSERT_EQ(r.reason, EndReason::MemoryLimit)
+      << describe(r) << "; queued " << r.stdout_data << " bytes in loopback TCP under a " << (limit >> 20)
+      << " MiB limit";
+  if (engine_->cgroups().mode() == tsb::isolate::CgroupMode::V1)
+    EXPECT_NE(r.error.find("socket buffers"), std::string::npos) << describe(r);
+  // One that keeps them queued and waits is ended then, not at its timeout.
+  auto held = with(4 * limit, "hold");
+  ASSERT_EQ(held.reason, EndReason::MemoryLimit) << describe(held);
+  EXPECT_LT(held.wall, std::chrono::seconds(10)) << describe(held);
 }
 
 // Under memory pressure the kernel takes a run, not the daemon or anything

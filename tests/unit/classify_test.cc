@@ -66,6 +66,18 @@ TEST(Classify, EngineDecisionsBeforeKernelCounters) {
   EXPECT_EQ(classify_obs(o).reason, EndReason::Cancelled);
 }
 
+TEST(Classify, SocketBuffersAtTheLimitAreAMemoryLimit) {
+  Observations o;
+  o.socket_limit_reached = true;
+  o.have_tool_status = true;
+  o.tool_status = killed(SIGKILL);
+  auto r = classify_obs(o);
+  EXPECT_EQ(r.reason, EndReason::MemoryLimit);
+  EXPECT_NE(r.error.find("socket buffers"), std::string::npos);
+  o.timed_out = true;  // decided earlier: it wins
+  EXPECT_EQ(classify_obs(o).reason, EndReason::Timeout);
+}
+
 TEST(Classify, PidsLimitOnlyWhenTheToolFailed) {
   Observations o;
   o.pids_max_hits = 5;
