@@ -58,6 +58,7 @@ struct RlimitStep {
 struct ChildPlan {
   // Descriptors inherited through clone3; all O_CLOEXEC in the parent.
   int sync_fd;          // read end: the parent writes kSyncMaps then kSyncCgroup
+  int sync_w_fd;        // the parent's write end, inherited: closed first, so EOF means the engine is gone
   int report_fd;        // write end of the report pipe
   int stdin_fd;         // the tool's 0, 1, 2
   int stdout_fd;

@@ -203,6 +203,11 @@ int child_clear_caps() noexcept {
 int child_arm_death_signal() noexcept { return ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0); }
 
 [[noreturn]] void child_sandbox_main(const ChildPlan& plan) noexcept {
+  // Our copy of the sync pipe's write end goes first: with it, a read of
+  // the sync pipe could never see EOF, and a child whose engine died before
+  // its death signal was armed (or while the id switch had cleared it)
+  // would wait there forever instead of ending.
+  ::close(plan.sync_w_fd);
   // The engine blocked every signal around clone3 and had its handlers
   // cleared in the child (CLONE_CLEAR_SIGHAND), so no handler of its event
   // loop can run here. A session of our own, while signals are still
@@ -296,12 +301,16 @@ int child_arm_death_signal() noexcept { return ::prctl(PR_SET_PDEATHSIG, SIGKILL
   }
   ::close(ready[0]);
   // From here a failure must stop the tool too: a byte on `ready` makes it
-  // exit before it runs anything (EOF alone would let it go on).
-  const int ready_w = ready[1];
-  auto fail = [ready_w](int report, Stage st) {
-    int saved = errno;
+  // exit before it runs anything (EOF alone would let it go on). The report
+  // goes first: a tool that has exited already makes the write to `ready`
+  // fail (SIGPIPE, default by now), and the report must not be lost.
+  // `ready_w` follows the write end to where step 13 places it.
+  int ready_w = ready[1];
+  auto fail = [&ready_w](int report, Stage st) {
+    Report r{kReportMagic, Report::kSetupError, static_cast<int>(st), errno};
+    (void)child::write_all(report, &r, sizeof r);
     (void)child::write_all(ready_w, "X", 1);
-    child_fail(report, st, saved, 1);
+    ::_exit(1);
   };
 
   // 13. pid 1 keeps no end of the tool's pipes (EOF must mean the tool and
@@ -323,11 +332,14 @@ int child_arm_death_signal() noexcept { return ::prctl(PR_SET_PDEATHSIG, SIGKILL
     high[i] = ::fcntl(sources[i], F_DUPFD_CLOEXEC, 10);
     if (high[i] < 0) fail(plan.report_fd, Stage::Fds);
   }
+  ready_w = high[4];  // the dup3s below may reuse its old number
   if (::dup3(high[0], 3, 0) < 0) fail(plan.report_fd, Stage::Fds);
   // From here on failures go to fd 3 (plan.report_fd is closed below), and
   // `ready` is fd 7 once placed.
-  for (int i = 1; i < kPlaced; ++i)
+  for (int i = 1; i < kPlaced; ++i) {
     if (::dup3(high[i], 3 + i, i == 2 ? O_CLOEXEC : 0) < 0) fail(3, Stage::Fds);
+    if (i == 4) ready_w = 7;
+  }
   if (::close_range(3 + kPlaced, ~0U, 0) != 0) fail(3, Stage::Fds);
 
   // 14. pid 1 keeps uid 0 of the namespace (so the tool, another uid, can

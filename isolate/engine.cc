@@ -227,7 +227,9 @@ Sandbox::~Sandbox() {
         si.si_pid != 0)
       reaped_ = true;
   }
-  if (reaped_ && leaf_) {
+  // A sandbox whose spawn failed before clone3 has no process: its leaf can
+  // go at once.
+  if ((reaped_ || !pidfd_) && leaf_) {
     auto done = leaf_->try_remove();
     if (!done.ok() || *done) leaf_.reset();
   }
@@ -581,6 +583,7 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   auto mounts = prepare_mounts(storage, plan, mctx);
   if (!mounts.ok()) return std::move(mounts).error().wrap("preparing the sandbox's mounts");
   plan.sync_fd = sync->r.get();
+  plan.sync_w_fd = sync->w.get();
   plan.report_fd = rep->w.get();
   plan.stdin_fd = in->r.get();
   plan.stdout_fd = out->w.get();

@@ -21,9 +21,10 @@ int sys_fsmount(int fd, unsigned attrs) { return static_cast<int>(::syscall(SYS_
 int sys_open_tree(const char* path, unsigned flags) {
   return static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, path, flags));
 }
-int sys_mount_setattr(int fd, std::uint64_t set, bool recursive) {
+int sys_mount_setattr(int fd, std::uint64_t set, bool recursive, std::uint64_t propagation = 0) {
   struct mount_attr attr {};
   attr.attr_set = set;
+  attr.propagation = propagation;
   return static_cast<int>(::syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr,
                                     sizeof attr));
 }
@@ -135,7 +136,12 @@ Result<UniqueFd> make_view(const MountRequest& r, const MountContext& ctx, int* 
     *deferred = errno;
     return UniqueFd();
   }
-  if (sys_mount_setattr(t.get(), r.attrs, true) != 0)
+  // The clone is in the peer group of the host's mount at that path (when
+  // that one is shared): made private, so that nothing mounted on or below
+  // it inside the sandbox (a nested bind) propagates back to the host, and
+  // no host mount event reaches the sandbox. The child's MS_REC|MS_PRIVATE
+  // on its tree does not reach mounts attached after it.
+  if (sys_mount_setattr(t.get(), r.attrs, true, MS_PRIVATE) != 0)
     return Error::from_errno("mount_setattr on the bind of '" + r.host_path + "'");
   return t;
 }

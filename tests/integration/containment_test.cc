@@ -3,6 +3,7 @@
 // socket memory, the OOM score. And the child path's own races.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -109,6 +110,41 @@ TEST_F(EngineTest, MountinfoShowsNothingOfTheHost) {
 // The host kernel's command line (boot parameters, and here the machine's
 // own infrastructure) is masked; the boot id is random per run, so two runs
 // of the same tenant, or of two tenants, cannot be linked through it.
+// A bind is a clone of the host's mount at its source. When that mount is
+// shared, the clone must not stay in its peer group: a bind nested inside
+// it (here a read-only directory below a writable one) would otherwise
+// appear on the host, one more after every run, and host mount events
+// would reach the sandbox.
+TEST_F(EngineTest, NestedBindInsideABindStaysInTheSandbox) {
+  const std::string outer = "/run/tsb-test-shared-bind", inner = "/run/tsb-test-nested-bind";
+  ::umount2((outer + "/sub").c_str(), MNT_DETACH);
+  ::umount2(outer.c_str(), MNT_DETACH);
+  ::mkdir(outer.c_str(), 0755);
+  ::mkdir(inner.c_str(), 0755);
+  ASSERT_EQ(::mount("tsb-test", outer.c_str(), "tmpfs", 0, "mode=0755"), 0) << std::strerror(errno);
+  ASSERT_EQ(::mount(nullptr, outer.c_str(), nullptr, MS_SHARED, nullptr), 0) << std::strerror(errno);
+  ::mkdir((outer + "/sub").c_str(), 0755);
+  auto mounts_below = [&] {
+    std::ifstream in("/proc/self/mountinfo");
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) n += line.find(" " + outer + "/") != std::string::npos;
+    return n;
+  };
+  auto s = spec({"/bin/true"});
+  s.binds.push_back({outer, "/data", true, false});
+  s.binds.push_back({inner, "/data/sub", false, false});
+  for (int i = 0; i < 3; ++i) {
+    auto r = run(s);
+    EXPECT_EQ(r.reason, EndReason::Exited) << describe(r);
+  }
+  EXPECT_EQ(mounts_below(), 0) << "mounts made inside sandboxes appeared below " << outer << " on the host";
+  ::umount2((outer + "/sub").c_str(), MNT_DETACH);
+  ::umount2(outer.c_str(), MNT_DETACH);
+  ::rmdir(outer.c_str());
+  ::rmdir(inner.c_str());
+}
+
 TEST_F(EngineTest, CmdlineIsMaskedAndBootIdIsPerRun) {
   auto c = probe1({"readfile", "/proc/cmdline", "4096"});
   if (c["ok"].get<bool>()) EXPECT_EQ(c["bytes"], 0) << c.dump();
