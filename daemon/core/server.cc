@@ -136,7 +136,9 @@ bool file_is_root_owned_readonly(const std::string& p) {
 
 bool BudgetHold::try_take(std::size_t n) {
   std::size_t more = charged_for(bytes_ + n) - charged_for(bytes_);
-  if (more > budget_.limit || budget_.charged > budget_.limit - more) return false;
+  // Within the connection's own allowance nothing is charged: always fits,
+  // even when answers have pushed the budget past its limit.
+  if (more != 0 && (more > budget_.limit || budget_.charged > budget_.limit - more)) return false;
   take(n);
   return true;
 }
@@ -333,6 +335,7 @@ Status Server::open_listener() {
 void Server::start() {
   asio::co_spawn(io_, accept_loop(), asio::detached);
   asio::co_spawn(io_, signal_loop(), asio::detached);
+  asio::co_spawn(io_, collect_loop(), asio::detached);
   if (runner_path_.empty())
     spdlog::warn("the tool runner was not found (set \"runner\" in the configuration): run_tool requests will fail");
   sd_notify(0, "READY=1\nSTATUS=accepting requests");
@@ -382,7 +385,10 @@ asio::awaitable<void> Server::accept_loop() {
     Peer peer = peer_of(sock.native_handle());
     if (!cfg_.allowed_gids.empty()) peer.groups = peer_groups(sock.native_handle(), peer.pid);
     if (!peer_allowed(peer)) {
-      spdlog::warn("refused peer uid={} gid={} pid={}", peer.uid, peer.gid, peer.pid);
+      std::uint64_t left_out = 0;
+      if (unauthorized_log_.admit(&left_out))
+        spdlog::warn("refused peer uid={} gid={} pid={}: not allowed ({} similar messages left out)", peer.uid,
+                     peer.gid, peer.pid, left_out);
       refuse_now(sock, protocol::encode_error("", ErrorCode::Unauthorized,
                                               "uid " + std::to_string(peer.uid) + " is not allowed to use this daemon"));
       continue;
@@ -418,7 +424,7 @@ asio::awaitable<bool> Server::write_line(socket_t& sock, const std::string& line
   if (res.index() == 1) {
     ++write_timeouts_;
     std::uint64_t left_out = 0;
-    if (refusal_log_.admit(&left_out))
+    if (write_timeout_log_.admit(&left_out))
       spdlog::warn("dropped an answer of {} bytes: the client did not read it within {} (write_timeout); closing "
                    "({} similar messages left out)",
                    line.size(), format_duration(cfg_.write_timeout), left_out);
@@ -457,7 +463,7 @@ asio::awaitable<std::optional<std::size_t>> Server::read_line(socket_t& sock, Li
     if (!took) {
       ++refused_budget_;
       std::uint64_t left_out = 0;
-      if (refusal_log_.admit(&left_out))
+      if (budget_log_.admit(&left_out))
         spdlog::warn("refused a request: {} bytes buffered for all connections, max_buffered_bytes is {} ({} similar "
                      "messages left out)",
                      budget_.held, budget_.limit, left_out);
@@ -494,9 +500,14 @@ asio::awaitable<std::optional<std::size_t>> Server::read_line(socket_t& sock, Li
 
 asio::awaitable<void> Server::serve(socket_t sock, Peer peer) {
   struct Open {
-    unsigned& n;
-    ~Open() { --n; }
-  } open{connections_open_};
+    Server* s;
+    socket_t* sock;
+    ~Open() {
+      --s->connections_open_;
+      s->open_sockets_.erase(sock);
+    }
+  } open{this, &sock};
+  open_sockets_.insert(&sock);
   // Everything this connection holds is charged to the budget, until it
   // ends: the line being read, the request being handled (its decoded form
   // and the sandbox's stdin are about the size of the line), the answer
@@ -560,6 +571,14 @@ asio::awaitable<std::string> Server::dispatch(const protocol::Request& req, cons
 
 asio::awaitable<Server::Slot> Server::acquire_slot(socket_t& sock) {
   if (shutting_down_) co_return Slot::ShuttingDown;
+  // Answers waiting for clients that do not read them fill the budget (they
+  // are never refused: their run happened). No new run starts meanwhile, so
+  // what is held stays below the budget plus one answer per slot and queue
+  // place; the client is told why.
+  if (budget_.charged >= budget_.limit) {
+    ++rejected_busy_;
+    co_return Slot::BudgetFull;
+  }
   if (peer_hung_up(sock.native_handle())) {
     ++abandoned_in_queue_;
     co_return Slot::ClientGone;
@@ -711,6 +730,10 @@ asio::awaitable<std::string> Server::run_local(const protocol::Request& req, con
     co_return protocol::encode_error(req.id, ErrorCode::Busy,
                                      "too many runs in flight (" + std::to_string(in_flight_) + " running, " +
                                          std::to_string(waiters_.size()) + " queued); retry later");
+  if (slot == Slot::BudgetFull)
+    co_return protocol::encode_error(req.id, ErrorCode::Busy,
+                                     "answers not yet read by their clients fill max_buffered_bytes (" +
+                                         format_size(budget_.limit) + "); retry later");
   if (slot == Slot::ShuttingDown) co_return protocol::encode_error(req.id, ErrorCode::Unavailable, "the daemon is shutting down");
 
   struct SlotGuard {
@@ -868,6 +891,15 @@ void Server::reload() {
   sd_notify(0, "READY=1");
 }
 
+asio::awaitable<void> Server::collect_loop() {
+  while (!shutting_down_) {
+    collect_timer_.expires_after(std::chrono::seconds(1));
+    auto [ec] = co_await collect_timer_.async_wait(tuple_awaitable);
+    if (ec || shutting_down_) co_return;
+    (void)engine_->collect_retired();
+  }
+}
+
 asio::awaitable<void> Server::signal_loop() {
   for (;;) {
     auto [ec, sig] = co_await signals_.async_wait(tuple_awaitable);
@@ -906,9 +938,20 @@ asio::awaitable<void> Server::shutdown_sequence() {
       co_await t.async_wait(tuple_awaitable);
     }
   }
-  // Let the last responses go out, then stop.
+  // Let the last responses go out, then close every connection (idle
+  // clients wait in a read; a client that does not read, in a write) and
+  // wait for their handlers to end: they hold budget and counters of this
+  // Server, which must not outlive it in the event loop's queue.
   t.expires_after(std::chrono::milliseconds(100));
   co_await t.async_wait(tuple_awaitable);
+  collect_timer_.cancel();
+  for (socket_t* s : std::vector<socket_t*>(open_sockets_.begin(), open_sockets_.end())) s->close(ec);
+  for (int i = 0; i < 100 && connections_open_ > 0; ++i) {
+    t.expires_after(std::chrono::milliseconds(20));
+    co_await t.async_wait(tuple_awaitable);
+  }
+  if (connections_open_ > 0) spdlog::warn("{} connection handlers still open at exit", connections_open_);
+  (void)engine_->drain_retired(std::chrono::seconds(2));
   io_.stop();
 }
 

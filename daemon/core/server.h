@@ -111,6 +111,7 @@ class Server {
   asio::awaitable<std::string> dispatch(const protocol::Request& req, const Peer& peer, socket_t& sock);
   asio::awaitable<std::string> run_local(const protocol::Request& req, const Peer& peer, socket_t& sock);
   asio::awaitable<void> signal_loop();
+  asio::awaitable<void> collect_loop();
   asio::awaitable<void> shutdown_sequence();
   bool peer_allowed(const Peer& p) const;
   void reload();
@@ -121,7 +122,7 @@ class Server {
   // A request waiting in the queue watches its connection: if the client
   // goes away (a full close, not a half-close) it leaves the queue and never
   // starts.
-  enum class Slot { Granted, Busy, ShuttingDown, ClientGone };
+  enum class Slot { Granted, Busy, BudgetFull, ShuttingDown, ClientGone };
   asio::awaitable<Slot> acquire_slot(socket_t& sock);
   void release_slot();
   // Hands free slots to the oldest waiters (after a run ends or a reload
@@ -165,7 +166,19 @@ class Server {
   std::uint64_t accept_errors_ = 0;
   BufferBudget budget_;
   LogThrottle accept_log_{std::chrono::seconds(5)};
-  LogThrottle refusal_log_{std::chrono::seconds(5)};
+  // One throttle per kind of event, so that a flood of one cannot hide
+  // the others: at most one line per 5 s each, with the count left out.
+  LogThrottle refusal_log_{std::chrono::seconds(5)};       // over max_connections
+  LogThrottle unauthorized_log_{std::chrono::seconds(5)};  // peers not allowed
+  LogThrottle write_timeout_log_{std::chrono::seconds(5)};
+  LogThrottle budget_log_{std::chrono::seconds(5)};        // over max_buffered_bytes
+  // Open connections, closed at shutdown before the event loop stops (their
+  // coroutines hold budget and counters of this object).
+  std::set<socket_t*> open_sockets_;
+  // Leftovers of ended runs (an init not yet reaped, a cgroup leaf still
+  // busy) are collected by the engine at each spawn and each run's end; on
+  // an idle daemon, by this timer, once a second.
+  asio::steady_timer collect_timer_{io_};
   std::unique_ptr<E2BBackend> e2b_;  // when an E2B API key file is configured (docs/E2B.md)
 };
 

@@ -364,6 +364,43 @@ TEST_F(EngineTest, DaemonLimitsUnreadAnswersAreDroppedAfterWriteTimeout) {
   EXPECT_NE(d.log_text().find("write_timeout"), std::string::npos);
 }
 
+// Answers are never refused (their run happened), so clients that send runs
+// with big answers and never read them could hold any amount. Once answers
+// fill the budget no new run starts (busy, saying why), while small
+// requests such as status are still served from each connection's own
+// allowance; when the answers go, runs start again.
+TEST_F(EngineTest, DaemonLimitsUnreadAnswersOverTheBudgetStopNewRuns) {
+  TestDaemon d(json{{"max_frame_bytes", "1MiB"}, {"max_buffered_bytes", "16MiB"}, {"write_timeout", "120s"},
+                    {"request_timeout", "120s"}});
+  ASSERT_TRUE(d.alive());
+  // About 12 MiB of answer each: two streams just under their 1 MiB caps,
+  // of a byte JSON writes as \u0001.
+  std::string script =
+      "import sys\n"
+      "n = (1 << 20) - 4096\n"
+      "sys.stdout.write('\\x01' * n)\n"
+      "sys.stderr.write('\\x01' * n)\n";
+  std::vector<int> unread;
+  for (int i = 0; i < 2; ++i) {
+    int fd = d.connect();
+    ASSERT_GE(fd, 0);
+    TestDaemon::send_all(fd, tsb::testing::execute_request(script).dump() + "\n");
+    unread.push_back(fd);
+  }
+  json st = status_until(d, [](const json& s) { return counter(s, "buffered_bytes") >= 16 * kMiB; }, 60s);
+  ASSERT_GE(counter(st, "buffered_bytes"), 16 * kMiB) << "status not served, or answers not held: " << st.dump();
+  auto refused = d.request(tsb::testing::execute_request("print(1)\n"));
+  ASSERT_TRUE(refused.is_object()) << d.log_text();
+  EXPECT_FALSE(refused.value("ok", true)) << refused.dump();
+  EXPECT_EQ(refused["error"].value("code", ""), "busy") << refused.dump();
+  EXPECT_NE(refused["error"].value("message", "").find("not yet read"), std::string::npos) << refused.dump();
+  for (int fd : unread) ::close(fd);
+  st = status_until(d, [](const json& s) { return counter(s, "buffered_bytes") < 16 * kMiB; }, 60s);
+  auto r = d.request(tsb::testing::execute_request("print(1)\n"));
+  ASSERT_TRUE(r.is_object()) << d.log_text();
+  EXPECT_TRUE(r.value("ok", false)) << r.dump();
+}
+
 // (d) Out of descriptors: accept() fails with EMFILE. The daemon pauses
 // instead of spinning, logs a bounded number of lines, turns a run it
 // cannot set up into a clear run error, and serves again once descriptors
