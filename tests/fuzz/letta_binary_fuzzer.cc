@@ -22,13 +22,7 @@
 namespace p = tsb::protocol;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const std::string_view raw(reinterpret_cast<const char*>(data), size);
-  tsb::fuzz::check_parsed(p::parse_letta_stdout(raw));
-
-  FuzzedDataProvider fdp(data, size);
-  const std::string prefix = fdp.ConsumeRandomLengthString(4096);
-  const std::string payload = fdp.ConsumeRandomLengthString(1 << 16);
-  const std::string suffix = fdp.ConsumeRemainingBytesAsString();
+  const auto [prefix, payload, suffix] = tsb::fuzz::parse_whole_then_split(data, size);
 
   std::string text = prefix;
   text += p::kBinaryMarker;

@@ -2,6 +2,10 @@
 // whether a payload is one Letta's json.loads would accept for sure.
 #pragma once
 
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -16,6 +20,22 @@ inline void check_parsed(const protocol::ParsedOutput& out) {
   if (out.corrupted) TSB_FUZZ_CHECK(!out.error_name.empty(), "a corrupted frame without an exception name");
   (void)out.results.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   (void)out.agent_state.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// One input, used twice: first as a whole stdout, then split into the text
+// before a frame, the frame's payload and the text after it, from which the
+// target builds a frame of its own framing.
+struct FrameParts {
+  std::string prefix, payload, suffix;
+};
+inline FrameParts parse_whole_then_split(const std::uint8_t* data, std::size_t size) {
+  check_parsed(protocol::parse_letta_stdout(std::string_view(reinterpret_cast<const char*>(data), size)));
+  FuzzedDataProvider fdp(data, size);
+  FrameParts parts;
+  parts.prefix = fdp.ConsumeRandomLengthString(4096);
+  parts.payload = fdp.ConsumeRandomLengthString(1 << 16);
+  parts.suffix = fdp.ConsumeRemainingBytesAsString();
+  return parts;
 }
 
 // A payload that Letta decodes into a result without raising: a JSON object
