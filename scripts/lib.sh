@@ -12,7 +12,8 @@ TSB_FUZZ_BUILD="${TSB_FUZZ_BUILD:-$TSB_BUILD-fuzz}"
 
 # Debian 12 packages. Build: compiler, cmake, libraries. Run: python3 and
 # venv for the default venv. Tests and benchmarks: bubblewrap (reference),
-# util-linux (outer guard), qemu/busybox/kmod (cgroup v2 VM lane), strace.
+# util-linux (outer guard), qemu/busybox/kmod (cgroup v2 VM lane), strace,
+# stress-ng (the CPU load of scripts/soak.sh).
 # Fuzzing: clang-14 with its runtimes (libclang-rt-14-dev holds libFuzzer
 # and clang's sanitizer runtimes; clang-14 only recommends it) and llvm-14
 # for llvm-symbolizer (symbolised stacks in sanitizer reports). gcc's own
@@ -25,6 +26,7 @@ TSB_PACKAGES=(
   bubblewrap util-linux procps iproute2
   qemu-system-x86 busybox-static kmod
   clang-14 libclang-rt-14-dev llvm-14
+  stress-ng
 )
 
 # Sanitizer findings abort with a report and a non-zero status. halt_on_error
@@ -123,10 +125,12 @@ root_tier_filter() {
 }
 
 # run_root_tier BUILD: the root integration tests, inside the outer guard.
+# Further arguments go to integration_tests (a later --gtest_filter wins).
 run_root_tier() {
   local build=${1:-$TSB_BUILD} filter
+  (($#)) && shift
   filter=$(root_tier_filter)
-  guarded "$build" "$build/bin/integration_tests" --gtest_brief=1 --gtest_filter="$filter"
+  guarded "$build" "$build/bin/integration_tests" --gtest_brief=1 --gtest_filter="$filter" "$@"
 }
 
 # The integration tests the sanitizer tier runs: the engine's parent side
