@@ -59,6 +59,15 @@ std::size_t count_of(const std::string& hay, const std::string& needle) {
   return n;
 }
 
+// A script whose answer is about 12 MiB: stdout and stderr each just under
+// the default policy's 1 MiB caps, of a byte JSON writes as \u0001 (6 bytes).
+std::string big_answer_script() {
+  return "import sys\n"
+         "n = (1 << 20) - 4096\n"
+         "sys.stdout.write('\\x01' * n)\n"
+         "sys.stderr.write('\\x01' * n)\n";
+}
+
 json status_request() { return {{"v", 1}, {"id", "s"}, {"type", "status"}}; }
 
 // Polls the daemon's status until pred holds; the last status either way.
@@ -328,13 +337,7 @@ TEST_F(EngineTest, DaemonLimitsMaximalRunToolRequestPeakMemory) {
 TEST_F(EngineTest, DaemonLimitsUnreadAnswersAreDroppedAfterWriteTimeout) {
   TestDaemon d(json{{"write_timeout", "2s"}, {"request_timeout", "60s"}});
   ASSERT_TRUE(d.alive());
-  // Just under the default policy's 1 MiB caps, of a byte JSON writes as
-  // \u0001: about 6 MiB of answer for each stream.
-  std::string script =
-      "import sys\n"
-      "n = (1 << 20) - 4096\n"
-      "sys.stdout.write('\\x01' * n)\n"
-      "sys.stderr.write('\\x01' * n)\n";
+  const std::string script = big_answer_script();
   std::size_t rss_before = proc_status_bytes(d.pid(), "VmRSS");
   constexpr int kClients = 8;
   std::vector<int> fds;
@@ -373,13 +376,7 @@ TEST_F(EngineTest, DaemonLimitsUnreadAnswersOverTheBudgetStopNewRuns) {
   TestDaemon d(json{{"max_frame_bytes", "1MiB"}, {"max_buffered_bytes", "16MiB"}, {"write_timeout", "120s"},
                     {"request_timeout", "120s"}});
   ASSERT_TRUE(d.alive());
-  // About 12 MiB of answer each: two streams just under their 1 MiB caps,
-  // of a byte JSON writes as \u0001.
-  std::string script =
-      "import sys\n"
-      "n = (1 << 20) - 4096\n"
-      "sys.stdout.write('\\x01' * n)\n"
-      "sys.stderr.write('\\x01' * n)\n";
+  const std::string script = big_answer_script();
   std::vector<int> unread;
   for (int i = 0; i < 2; ++i) {
     int fd = d.connect();
