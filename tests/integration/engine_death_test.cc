@@ -175,6 +175,30 @@ void spawn_survivors(const EngineConfig& cfg, int n, int ready_fd, const tsb::is
   for (;;) ::pause();
 }
 
+// Starts a new engine as pid 2 of a fresh pid namespace (like the dead
+// one), and returns "pid N" and its start-up notes, tab-separated, or
+// "error ...".
+std::string restart_engine_as_pid2(const EngineConfig& cfg) {
+  int q[2];
+  if (::pipe2(q, O_CLOEXEC) != 0) return "error pipe2";
+  pid_t engine_pid = -1;
+  pid_t ns = run_as_pid2(
+      [&] {
+        auto e = Engine::create(cfg);
+        std::string m = e.ok() ? "pid " + std::to_string(::getpid()) : "error " + e.error().message;
+        if (e.ok())
+          for (const auto& n : (*e)->startup_notes()) m += "\t" + n;
+        m += "\n";
+        (void)!::write(q[1], m.data(), m.size());
+      },
+      &engine_pid);
+  ::close(q[1]);
+  std::string notes = read_line(q[0], 30s);
+  ::close(q[0]);
+  end_namespace(ns);
+  return notes;
+}
+
 std::vector<pid_t> survivors() { return host_pids_with_uid_in(kUidBase, kUidBase + kSlots * 65536u); }
 
 }  // namespace
@@ -207,23 +231,7 @@ TEST_F(EngineDeathTest, SandboxesDieWithTheirEngineAndTheNextEngineReclaimsTheir
   // The leaves are still there (nobody removed them); the next engine, with
   // the same pid in a namespace like the dead one's, removes them.
   ASSERT_FALSE(leaves_of(cfg).empty());
-  int q[2];
-  ASSERT_EQ(::pipe2(q, O_CLOEXEC), 0);
-  pid_t second_pid = -1;
-  pid_t ns2 = run_as_pid2(
-      [&] {
-        auto e = Engine::create(cfg);
-        std::string m = e.ok() ? "pid " + std::to_string(::getpid()) : "error " + e.error().message;
-        if (e.ok())
-          for (const auto& n : (*e)->startup_notes()) m += "\t" + n;
-        m += "\n";
-        (void)!::write(q[1], m.data(), m.size());
-      },
-      &second_pid);
-  ::close(q[1]);
-  std::string notes = read_line(q[0], 30s);
-  ::close(q[0]);
-  end_namespace(ns2);
+  std::string notes = restart_engine_as_pid2(cfg);
   EXPECT_EQ(notes.rfind("pid 2", 0), 0u) << "the new engine was not pid 2 like the dead one: " << notes;
   EXPECT_NE(notes.find("reclaimed 3 cgroup leaves"), std::string::npos) << notes;
   EXPECT_TRUE(leaves_of(cfg).empty()) << "leaves left after the restart";
@@ -249,23 +257,7 @@ TEST_F(EngineDeathTest, ReclaimWithoutTheDeadEnginesLockFileAndWithItsPid) {
   end_namespace(ns_init);
   std::filesystem::remove_all(cfg.state_dir + "/engines");
   ASSERT_FALSE(leaves_of(cfg).empty());
-  int q[2];
-  ASSERT_EQ(::pipe2(q, O_CLOEXEC), 0);
-  pid_t second = -1;
-  pid_t ns2 = run_as_pid2(
-      [&] {
-        auto e = Engine::create(cfg);
-        std::string m = e.ok() ? "ok" : "error " + e.error().message;
-        if (e.ok())
-          for (const auto& n : (*e)->startup_notes()) m += "\t" + n;
-        m += "\n";
-        (void)!::write(q[1], m.data(), m.size());
-      },
-      &second);
-  ::close(q[1]);
-  std::string notes = read_line(q[0], 30s);
-  ::close(q[0]);
-  end_namespace(ns2);
+  std::string notes = restart_engine_as_pid2(cfg);
   EXPECT_NE(notes.find("reclaimed 1 cgroup leaves"), std::string::npos) << notes;
   EXPECT_TRUE(leaves_of(cfg).empty());
 }
