@@ -23,7 +23,12 @@ bool json_nesting_within(std::string_view text, int max_depth) {
 }
 
 nlohmann::json parse_json_bounded(std::string_view text) {
-  if (!json_nesting_within(text)) return nlohmann::json(nlohmann::json::value_t::discarded);
+  // nlohmann's lexer takes a NUL byte for the end of the input, so
+  // "{}\0anything" would parse as {}. JSON has no raw NUL anywhere (inside a
+  // string it is a control character that must be escaped), and Python's
+  // json.loads refuses it, so it is refused here before nlohmann sees it.
+  if (text.find('\0') != std::string_view::npos || !json_nesting_within(text))
+    return nlohmann::json(nlohmann::json::value_t::discarded);
   return nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
 }
 

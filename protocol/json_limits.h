@@ -19,7 +19,9 @@ inline constexpr int kMaxJsonNesting = 512;
 bool json_nesting_within(std::string_view text, int max_depth = kMaxJsonNesting);
 
 // json::parse without exceptions that also refuses documents nested deeper
-// than kMaxJsonNesting: both come back as a discarded value.
+// than kMaxJsonNesting and documents holding a NUL byte (which nlohmann
+// would take for the end of the input): all come back as a discarded value.
+// Every JSON text from a client, a tool or a remote service goes through it.
 nlohmann::json parse_json_bounded(std::string_view text);
 
 }  // namespace tsb::protocol

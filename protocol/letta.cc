@@ -147,10 +147,10 @@ void decode_json_payload(std::string_view text, std::string_view raw, ParsedOutp
     r.error_message = "maximum recursion depth exceeded while decoding a JSON object from a unicode string";
     return;
   }
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = parse_json_bounded(text);
   if (j.is_discarded()) {
     if (auto rewritten = rewrite_python_json_extensions(text)) {
-      j = nlohmann::json::parse(*rewritten, nullptr, false);
+      j = parse_json_bounded(*rewritten);
       if (!j.is_discarded()) r.payload_lossy = true;
     }
   }
@@ -594,7 +594,7 @@ Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_by
   auto decoded = b64decode_validate(stdout_bytes.substr(body, end - body));
   if (!decoded.ok()) return std::move(decoded).error().wrap("runner result frame: base64");
   if (!json_nesting_within(*decoded)) return bad_frame("payload is nested too deeply");
-  nlohmann::json payload = nlohmann::json::parse(*decoded, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json payload = parse_json_bounded(*decoded);
   if (payload.is_discarded()) return bad_frame("payload is not JSON");
   if (!payload.is_object()) return bad_frame("payload is not an object");
   for (auto it = payload.begin(); it != payload.end(); ++it) {

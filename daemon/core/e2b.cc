@@ -21,6 +21,7 @@
 #include "daemon/core/units.h"
 #include "isolate/hash.h"
 #include "isolate/jsonc.h"
+#include "protocol/json_limits.h"
 #include "protocol/letta.h"
 #include "protocol/pyjson.h"
 
@@ -188,7 +189,7 @@ std::string with_blob(std::string_view cell, std::string_view blob) {
 // Error bodies from E2B: {"code", "message"} (control plane and envd), or
 // text. Only the message, bounded.
 std::string body_message(const std::string& body) {
-  json j = json::parse(body, nullptr, false);
+  json j = protocol::parse_json_bounded(body);
   std::string m;
   if (j.is_object() && j.contains("message") && j["message"].is_string()) m = j["message"].get<std::string>();
   else if (j.is_string()) m = j.get<std::string>();
@@ -685,7 +686,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx& 
       fail.kill = false;
       co_return nullptr;
     }
-    json arr = json::parse(r.body, nullptr, false);
+    json arr = protocol::parse_json_bounded(r.body);
     if (!arr.is_array()) {
       fail.set = true;
       fail.detail = "bad_response";
@@ -727,7 +728,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx& 
       fail.kill = false;
       co_return nullptr;
     }
-    json j = json::parse(r.body, nullptr, false);
+    json j = protocol::parse_json_bounded(r.body);
     if (!j.is_object()) continue;
     auto sb = std::make_shared<Sandbox>();
     sb->id = id;
@@ -765,7 +766,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::create(RunCtx&
   auto r = co_await http_.request(control_request(ctx, "POST", "/sandboxes", body.dump()));
   --creates_in_flight_;
   {
-    json j = json::parse(r.body, nullptr, false);
+    json j = protocol::parse_json_bounded(r.body);
     if (j.is_object() && j.contains("sandboxID") && j["sandboxID"].is_string())
       created_ids_.insert(j["sandboxID"].get<std::string>());
   }
@@ -774,7 +775,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::create(RunCtx&
     fail.kill = false;
     co_return nullptr;
   }
-  json j = json::parse(r.body, nullptr, false);
+  json j = protocol::parse_json_bounded(r.body);
   std::string id = j.is_object() ? j.value("sandboxID", "") : "";
   auto bad = [&](std::string why) {
     fail.set = true;
@@ -918,7 +919,7 @@ asio::awaitable<bool> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const st
         return false;
       }
       if (st.buf.size() < 5 + static_cast<std::size_t>(len)) break;
-      json m = json::parse(st.buf.substr(5, len), nullptr, false);
+      json m = protocol::parse_json_bounded(st.buf.substr(5, len));
       st.buf.erase(0, 5 + static_cast<std::size_t>(len));
       if (!m.is_object()) {
         st.bad = true;
@@ -1014,7 +1015,7 @@ asio::awaitable<bool> E2BBackend::new_context(RunCtx& ctx, Sandbox& sb, std::str
     fail = fail_from_http(ctx, res, "creating a kernel context", true);
     co_return false;
   }
-  json j = json::parse(res.body, nullptr, false);
+  json j = protocol::parse_json_bounded(res.body);
   context_id = j.is_object() ? j.value("id", "") : "";
   if (!valid_sandbox_id(context_id)) {
     fail.set = true;
@@ -1052,7 +1053,7 @@ asio::awaitable<bool> E2BBackend::execute(RunCtx& ctx, Sandbox& sb, const std::s
 
   auto on_line = [&](std::string_view line) -> bool {
     if (ex.ended || line.empty()) return true;
-    json m = json::parse(line, nullptr, false);
+    json m = protocol::parse_json_bounded(line);
     if (!m.is_object()) {
       ex.bad_line = true;
       ex.bad_text = lp::utf8_decode_replace(line.substr(0, 120)).text;
@@ -1146,7 +1147,7 @@ void shape_script(const std::string& tool, const std::optional<json>& main_resul
     record["framing"] = "e2b-result";
     std::string text = main_result->value("text", "");
     auto raw = lp::b64decode_validate(text);
-    json payload = raw.ok() ? json::parse(*raw, nullptr, false) : json(json::value_t::discarded);
+    json payload = raw.ok() ? protocol::parse_json_bounded(*raw) : json(json::value_t::discarded);
     if (payload.is_object()) {
       have = true;
       results = payload.contains("results") ? payload["results"] : json();

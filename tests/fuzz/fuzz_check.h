@@ -26,8 +26,10 @@ namespace tsb::fuzz {
 // Whether `text` is one JSON value as nlohmann reads it. Numbers beyond a
 // double (1e400) are valid JSON that nlohmann refuses with out_of_range 406;
 // they count as valid here, since the code under test may keep numbers as
-// the text that was sent.
+// the text that was sent. nlohmann takes a NUL byte for the end of its input
+// ("{}\0junk" parses as {}); JSON has no raw NUL, so such text is not JSON.
 inline bool is_json(std::string_view text) {
+  if (text.find('\0') != std::string_view::npos) return false;
   try {
     (void)nlohmann::json::parse(text);
     return true;

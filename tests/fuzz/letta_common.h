@@ -39,11 +39,12 @@ inline FrameParts parse_whole_then_split(const std::uint8_t* data, std::size_t s
 }
 
 // A payload that Letta decodes into a result without raising: a JSON object
-// (nlohmann accepts it, and it has no UTF-8 byte order mark, which Python's
-// json.loads refuses on bytes), not nested deep enough to reach Python's
+// (nlohmann accepts it, it holds no NUL byte, which nlohmann takes for the
+// end of its input and json.loads refuses, and it has no UTF-8 byte order
+// mark, which Python's json.loads refuses on bytes), not nested deep enough to reach Python's
 // recursion limit, without the agent_state that Letta would validate.
 inline bool letta_accepts_payload(std::string_view payload) {
-  if (payload.empty() || payload.rfind("\xef\xbb\xbf", 0) == 0 || opening_brackets(payload) > 100) return false;
+  if (payload.empty() || payload.find('\0') != std::string_view::npos || payload.rfind("\xef\xbb\xbf", 0) == 0 || opening_brackets(payload) > 100) return false;
   try {
     const auto v = nlohmann::json::parse(payload);
     return v.is_object() && !v.contains("agent_state");

@@ -172,6 +172,7 @@ def letta_legacy():
     write(d, "split-object.bin", fdp_string(b"hello\n") + fdp_string(payload) + b"tail\n")
     write(d, "split-agent-state.bin", fdp_string(b"") + fdp_string(
         json.dumps({"results": {"a": [1, 2]}, "agent_state": {"id": "agent-1"}}).encode()) + b"")
+    write(d, "split-nul-after-object.bin", fdp_string(b"") + fdp_string(b'{"results": 1}\x00junk') + b"")
 
 
 def letta_binary():
@@ -191,6 +192,8 @@ def letta_binary():
     # The reassembled form: prefix, payload, suffix (letta_binary_fuzzer.cc).
     write(d, "split-object.bin", fdp_string(b"out\n") + fdp_string(payload) + b"")
     write(d, "split-array-results.bin", fdp_string(b"") + fdp_string(b'{"results": [1, "two", {"three": 3.0}]}') + b"x")
+    # nlohmann takes a NUL for the end of its input; json.loads refuses it.
+    write(d, "split-nul-after-object.bin", fdp_string(b"out\n") + fdp_string(b'{"results": 1}\x00junk') + b"")
 
 
 def shape_result():

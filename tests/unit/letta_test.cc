@@ -596,6 +596,10 @@ TEST(LettaFramingVsCPython, SameOutcomeAsLettaParsers) {
       "",
       "not json",
       "\x80\x04\x95",
+      // nlohmann takes a NUL for the end of its input; json.loads does not.
+      std::string(R"({"results": 1})") + '\0' + "trailing",
+      std::string(R"({"results": 1})") + '\0',
+      '\0' + std::string(R"({"results": 1})"),
   };
   std::vector<std::pair<std::string, std::string>> cases;  // (kind, stdout)
   for (const auto& p : payloads) {
@@ -894,6 +898,17 @@ TEST(NonceFrame, NewlinesBelongToTheFrame) {
   auto c = extract_nonce_frame(frame_of(p), kNonce);
   ASSERT_TRUE(c.ok() && c->has_value());
   EXPECT_EQ((*c)->stdout_text, "");
+}
+
+TEST(NonceFrame, PayloadWithANulIsRefused) {
+  // nlohmann would stop at the NUL and accept the object before it.
+  const std::string payload = std::string(R"({"results": 1, "agent_state": null})") + '\0' + "x";
+  std::string frame = "\n" + std::string(kNonceFrameStart) + std::string(kNonce) + std::string(kNonceFrameClose) +
+                      b64encode(payload) + std::string(kNonceFrameEnd) + std::string(kNonce) +
+                      std::string(kNonceFrameClose) + "\n";
+  auto r = extract_nonce_frame(frame, kNonce);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("not JSON"), std::string::npos) << r.error().message;
 }
 
 TEST(NonceFrame, ErrorPayload) {
