@@ -1204,32 +1204,25 @@ json base_record() {
 
 }  // namespace
 
-asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Peer& peer,
-                                          asio::local::stream_protocol::socket& sock, const Placement& placement,
-                                          const std::string& runner_path) {
-  const bool tool_mode = std::holds_alternative<protocol::RunToolRequest>(req.body);
-  const protocol::CommonRunFields& c =
-      tool_mode ? std::get<protocol::RunToolRequest>(req.body).common : std::get<protocol::ExecuteRequest>(req.body).common;
-  const Policy& pol = *placement.policy;
-  auto refuse = [&](ErrorCode code, const std::string& msg) { return E2BReply{protocol::encode_error(req.id, code, msg), ""}; };
+asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
+  const protocol::Request& req = *p.request;
+  const bool tool_mode = p.tool_mode;
+  const protocol::CommonRunFields& c = *p.common;
+  const Policy& pol = p.policy();
+  BackendRun out;
+  auto refuse = [&](ErrorCode code, const std::string& msg) {
+    out.refused = Refusal{code, msg};
+    return std::move(out);
+  };
 
   if (stopping_) co_return refuse(ErrorCode::Unavailable, "the daemon is shutting down");
   if (api_key_.empty()) co_return refuse(ErrorCode::Unavailable, "E2B is configured but its API key is not loaded");
 
-  // Everything is checked before any call to E2B.
-  std::optional<std::string> fingerprint;
-  if (c.sandbox_config) {
-    auto fp = lp::sandbox_config_fingerprint(c.sandbox_config->type, c.organization_id, c.sandbox_config->config);
-    if (!fp.ok()) co_return refuse(ErrorCode::BadRequest, "sandbox_config: " + fp.error().message);
-    fingerprint = *fp;
-  }
-  std::map<std::string, std::string> env = c.env;
-  if (c.agent_id) env["LETTA_AGENT_ID"] = *c.agent_id;
-  if (c.project_id) env["LETTA_PROJECT_ID"] = *c.project_id;
-  // The policy decides which names a request may set, as for local runs.
-  // Its fixed values describe the local sandbox's file system and are not
-  // sent; the tool gets a minimal base plus these (docs/E2B.md).
-  if (auto envv = build_environment(pol, env); !envv.ok()) co_return refuse(ErrorCode::PolicyDenied, envv.error().message);
+  // Everything is checked before any call to E2B. The policy decided which
+  // environment names the request may set (prepare_run); its fixed values
+  // describe the local sandbox's file system and are not sent: the tool
+  // gets a minimal base plus the request's (docs/E2B.md).
+  const std::map<std::string, std::string>& env = p.env;
 
   std::vector<std::string> reqs;
   auto add_req = [&](const std::string& s) {
@@ -1267,8 +1260,7 @@ asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Pe
 
   std::string runner_src;
   if (tool_mode) {
-    if (runner_path.empty()) co_return refuse(ErrorCode::Internal, "the tool runner is not installed on this host");
-    std::ifstream in(runner_path, std::ios::binary);
+    std::ifstream in(p.runner_path, std::ios::binary);
     std::stringstream ss;
     ss << in.rdbuf();
     if (!in.good() && !in.eof()) co_return refuse(ErrorCode::Internal, "the tool runner cannot be read");
@@ -1277,8 +1269,8 @@ asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Pe
   }
 
   std::string config_state;
-  if (fingerprint) {
-    config_state = *fingerprint;
+  if (p.fingerprint) {
+    config_state = *p.fingerprint;
   } else {
     auto fp = lp::sandbox_config_fingerprint("e2b", c.organization_id, json::object());
     if (!fp.ok()) co_return refuse(ErrorCode::BadRequest, "organization_id: " + fp.error().message);
@@ -1288,16 +1280,12 @@ asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Pe
   RunCtx ctx;
   ctx.tool_name = c.tool_name;
   ctx.t0 = Clock::now();
-  ctx.timeout = pol.limits.wall_timeout;
-  if (c.timeout_s) {
-    auto want = std::chrono::milliseconds(static_cast<long long>(*c.timeout_s * 1000.0 + 0.5));
-    if (want < ctx.timeout) ctx.timeout = std::max(want, std::chrono::milliseconds(1));
-  }
-  ctx.timeout_s = c.timeout_s && std::chrono::milliseconds(static_cast<long long>(*c.timeout_s * 1000.0 + 0.5)) <= pol.limits.wall_timeout
-                      ? *c.timeout_s
-                      : pol.limits.wall_timeout.count() / 1000.0;
+  ctx.timeout = p.timeout;
+  ctx.timeout_s = p.shape.timeout_s;
   ctx.deadline = ctx.t0 + ctx.timeout;
-  ctx.cancel = std::make_shared<http::CancelSignal>();
+  // The pipeline requests it when the client goes away; the daemon's
+  // shutdown, through running_.
+  ctx.cancel = p.cancel;
   ctx.internet = pol.network != isolate::NetworkMode::None;
   const std::string network = ctx.internet ? "host" : "none";
   ctx.metadata = {{"config_state", config_state}, {"tsb_network", network}};
@@ -1319,48 +1307,18 @@ asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Pe
     }
   } in_flight_guard{this, ctx.cancel};
 
-  // A client that goes away mid-run gets its run cancelled (and its
-  // sandbox killed): watch the socket for EOF while the run goes on.
-  auto watching = std::make_shared<bool>(true);
-  asio::co_spawn(io_, [&sock, cancel = ctx.cancel, watching]() -> asio::awaitable<void> {
-    while (*watching) {
-      auto [ec] = co_await sock.async_wait(asio::local::stream_protocol::socket::wait_read, tuple_awaitable);
-      if (ec || !*watching) co_return;
-      // As for local runs: POLLHUP means the peer closed its end entirely;
-      // a half-close (shutdown(SHUT_WR) after the request) shows as
-      // POLLRDHUP only, and that client still waits for its answer.
-      pollfd pfd{sock.native_handle(), POLLIN | POLLRDHUP, 0};
-      if (::poll(&pfd, 1, 0) < 0) co_return;
-      if (pfd.revents & (POLLHUP | POLLERR)) cancel->request();
-      co_return;  // half-closed, or a pipelined request: handled after this one
-    }
-  }, asio::detached);
-  auto stop_watching = [&] {
-    *watching = false;
-    asio::error_code ignored;
-    sock.cancel(ignored);
-  };
-
   const std::string run_id = random_hex(8);
-  ShapeContext shape;
-  shape.tool_name = c.tool_name;
-  shape.timeout_s = ctx.timeout_s;
-  shape.fingerprint = fingerprint;
-  shape.tool_mode = tool_mode;
 
   Fail fail;
   bool busy = false;
   auto sb = co_await acquire(ctx, fail, busy);
   if (busy) {
-    stop_watching();
     ++counters_["busy"];
     co_return refuse(ErrorCode::Busy, "all " + std::to_string(cfg_.max_sandboxes) +
                                           " E2B sandboxes of this daemon are in use; retry later");
   }
 
   const std::string sandbox_id = sb ? sb->id : "";
-  json result;
-  json record = base_record();
   std::string out_text, err_text;  // what the tool printed, for failures
   bool ok = sb != nullptr;
   if (ok) {
@@ -1369,12 +1327,11 @@ asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Pe
       if (!(ok = co_await pip_install(ctx, *sb, r, fail))) break;
     }
   }
+  out.run.run_id = run_id;
   if (ok && tool_mode) {
-    const auto& t = std::get<protocol::RunToolRequest>(req.body);
-    shape.nonce = random_hex(16);
     const std::string beat = "<<TSB-HB-" + random_hex(8) + ">>";
     json spec = {{"runner", runner_src},
-                 {"request", runner_request_text(t, shape.nonce)},
+                 {"request", std::move(p.runner_request)},
                  {"env", env},
                  {"timeout", ctx.timeout_s},
                  {"heartbeat", kHeartbeatSeconds},
@@ -1408,20 +1365,15 @@ asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Pe
       }
     }
     if (ok) {
-      isolate::RunResult run;
-      run.run_id = run_id;
-      run.reason = rc < 0 ? isolate::EndReason::Signaled : isolate::EndReason::Exited;
-      run.exit_code = rc < 0 ? -1 : rc;
-      run.signal = rc < 0 ? -rc : 0;
-      run.stdout_data = out_text;
-      run.stderr_data = err_text;
-      run.stdout_total_bytes = out_text.size();
-      run.stderr_total_bytes = err_text.size();
-      run.wall = Clock::now() - ctx.t0;
-      auto shaped = shape_tool_result(shape, run);
-      result = shaped.result;
-      record = run_record_json(run);
-      for (auto it = shaped.extra.begin(); it != shaped.extra.end(); ++it) record[it.key()] = it.value();
+      // The pipeline shapes it as it shapes a local run.
+      out.run.reason = rc < 0 ? isolate::EndReason::Signaled : isolate::EndReason::Exited;
+      out.run.exit_code = rc < 0 ? -1 : rc;
+      out.run.signal = rc < 0 ? -rc : 0;
+      out.run.stdout_data = out_text;
+      out.run.stderr_data = err_text;
+      out.run.stdout_total_bytes = out_text.size();
+      out.run.stderr_total_bytes = err_text.size();
+      out.run.wall = Clock::now() - ctx.t0;
     }
   } else if (ok) {
     const std::string& script = std::get<protocol::ExecuteRequest>(req.body).script;
@@ -1443,18 +1395,23 @@ asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Pe
     out_text = join(ex.out);
     err_text = join(ex.err);
     if (ok) {
-      result = {{"status", "error"},
-                {"func_return", nullptr},
-                {"agent_state", nullptr},
-                {"stdout", json::array()},
-                {"stderr", json::array()},
-                {"sandbox_config_fingerprint", fingerprint ? json(*fingerprint) : json()}};
+      json result = {{"status", "error"},
+                     {"func_return", nullptr},
+                     {"agent_state", nullptr},
+                     {"stdout", json::array()},
+                     {"stderr", json::array()},
+                     {"sandbox_config_fingerprint", p.fingerprint ? json(*p.fingerprint) : json()}};
+      json record = base_record();
       shape_script(c.tool_name, ex.main_result, ex.out, ex.err, ex.error, result, record);
-      record["end_reason"] = "exited";
-      record["exit_code"] = ex.error ? 1 : 0;
-      record["stdout_bytes"] = ex.out_bytes;
-      record["stderr_bytes"] = ex.err_bytes;
-      if (ex.display_results) record["display_results"] = ex.display_results;
+      out.run.reason = isolate::EndReason::Exited;
+      out.run.stdout_total_bytes = ex.out_bytes;
+      out.run.stderr_total_bytes = ex.err_bytes;
+      out.result = std::move(result);
+      out.record = std::move(record);
+      out.record["exit_code"] = ex.error ? 1 : 0;
+      out.record["stdout_bytes"] = ex.out_bytes;
+      out.record["stderr_bytes"] = ex.err_bytes;
+      if (ex.display_results) out.record["display_results"] = ex.display_results;
       // The kernel (and the variables the script left in it) goes away; if
       // that fails, the whole sandbox does.
       if (!co_await delete_context(ctx, *sb, context_id)) {
@@ -1466,21 +1423,20 @@ asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Pe
     }
   }
 
-  std::string end_reason;
   if (!ok) {
     if (!fail.set) {
       fail.set = true;
       fail.detail = "internal";
       fail.message = "the run failed for an unknown reason";
     }
-    isolate::RunResult run;
-    run.run_id = run_id;
+    isolate::RunResult& run = out.run;
     run.stdout_data = out_text;
     run.stderr_data = err_text;
     run.stdout_total_bytes = out_text.size();
     run.stderr_total_bytes = err_text.size();
     run.wall = Clock::now() - ctx.t0;
     if (fail.end_reason == "timeout" || fail.end_reason == "cancelled" || fail.end_reason == "output_limit") {
+      // Shaped by the pipeline, as a local run that ended so.
       run.reason = fail.end_reason == "timeout"     ? isolate::EndReason::Timeout
                    : fail.end_reason == "cancelled" ? isolate::EndReason::Cancelled
                                                     : isolate::EndReason::OutputLimit;
@@ -1488,64 +1444,47 @@ asio::awaitable<E2BReply> E2BBackend::run(const protocol::Request& req, const Pe
         run.stdout_truncated = out_text.size() >= ctx.stdout_cap;
         run.stderr_truncated = err_text.size() >= ctx.stderr_cap;
       }
-      auto shaped = shape_tool_result(shape, run);
-      result = shaped.result;
-      record = run_record_json(run);
-      record["error"] = fail.message;
+      out.record["error"] = fail.message;
     } else {
       // backend_error / setup_failed: Letta's manager would report the
       // exception the E2B SDK raised (letta-sandbox.md §3, "Exceptions").
       run.reason = isolate::EndReason::Exited;
-      record = run_record_json(run);
-      record["end_reason"] = fail.end_reason;
-      record["exit_code"] = nullptr;
-      record["detail"] = fail.detail;
-      record["error"] = fail.message;
+      out.end_reason = fail.end_reason;
+      out.record["exit_code"] = nullptr;
+      out.record["detail"] = fail.detail;
+      out.record["error"] = fail.message;
       if (fail.end_reason == "setup_failed") {
-        record["setup_stage"] = "pip-install";
-        record["setup_errno"] = 0;
+        out.record["setup_stage"] = "pip-install";
+        out.record["setup_errno"] = 0;
       }
       json errs = as_list(lp::utf8_decode_replace(err_text).text);
       errs.push_back(fail.exc_name + ": " + fail.message);
-      result = {{"status", "error"},
-                {"func_return", lp::friendly_error_msg(c.tool_name, fail.exc_name, fail.message)},
-                {"agent_state", nullptr},
-                {"stdout", as_list(lp::utf8_decode_replace(out_text).text)},
-                {"stderr", errs},
-                {"sandbox_config_fingerprint", fingerprint ? json(*fingerprint) : json()}};
+      out.result = json{{"status", "error"},
+                        {"func_return", lp::friendly_error_msg(c.tool_name, fail.exc_name, fail.message)},
+                        {"agent_state", nullptr},
+                        {"stdout", as_list(lp::utf8_decode_replace(out_text).text)},
+                        {"stderr", errs},
+                        {"sandbox_config_fingerprint", p.fingerprint ? json(*p.fingerprint) : json()}};
     }
-    end_reason = fail.end_reason;
     spdlog::warn("e2b: run {} ({}): {}{}: {}", run_id, q(c.tool_name), fail.end_reason,
                  fail.detail.empty() ? "" : "/" + fail.detail, redact(fail.message));
-  } else {
-    end_reason = record.value("end_reason", "exited");
   }
-  stop_watching();
 
   if (sb) {
     if (!ok && fail.kill) release(sb, true, "the run ended with " + fail.end_reason + (fail.detail.empty() ? "" : "/" + fail.detail));
     else release(sb, false, "");
   }
 
-  record["run_id"] = run_id;
-  record["wall_ms"] = std::chrono::duration<double, std::milli>(Clock::now() - ctx.t0).count();
-  record["policy"] = pol.name;
-  record["policy_fingerprint"] = pol.fingerprint;
-  record["backend"] = "e2b";
-  record["sandbox_id"] = sandbox_id.empty() ? json() : json(sandbox_id);
-  record["sandbox_reused"] = ctx.reused || ctx.adopted;
-  if (!ctx.installed_now.empty()) record["pip_installed"] = ctx.installed_now;
-  result["record"] = record;
-  ++counters_[end_reason];
-
-  spdlog::info(
-      "audit run_id={} request_id={} peer_uid={} peer_pid={} org={} tool={} mode={} policy={} policy_fingerprint={} "
-      "backend=e2b sandbox_id={} reused={} duration_ms={:.1f} end_reason={} detail={} status={} stdout_bytes={} stderr_bytes={}",
-      run_id, q(req.id), peer.uid, peer.pid, q(c.organization_id), q(c.tool_name), tool_mode ? "run_tool" : "execute",
-      q(pol.name), pol.fingerprint, sandbox_id.empty() ? "-" : sandbox_id, ctx.reused || ctx.adopted ? "yes" : "no",
-      record["wall_ms"].get<double>(), end_reason, fail.detail.empty() ? "-" : fail.detail,
-      result.value("status", "error"), out_text.size(), err_text.size());
-  co_return E2BReply{protocol::encode_ok(req.id, "result", result), end_reason};
+  out.record["run_id"] = run_id;
+  out.record["wall_ms"] = std::chrono::duration<double, std::milli>(Clock::now() - ctx.t0).count();
+  out.record["sandbox_id"] = sandbox_id.empty() ? json() : json(sandbox_id);
+  out.record["sandbox_reused"] = ctx.reused || ctx.adopted;
+  if (!ctx.installed_now.empty()) out.record["pip_installed"] = ctx.installed_now;
+  ++counters_[out.end_reason.empty() ? std::string(isolate::to_string(out.run.reason)) : out.end_reason];
+  out.audit = " sandbox_id=" + (sandbox_id.empty() ? std::string("-") : sandbox_id) +
+              " reused=" + (ctx.reused || ctx.adopted ? "yes" : "no") +
+              " detail=" + (fail.detail.empty() || ok ? std::string("-") : fail.detail);
+  co_return out;
 }
 
 asio::awaitable<void> E2BBackend::shutdown(std::chrono::milliseconds grace) {

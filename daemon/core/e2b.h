@@ -18,7 +18,6 @@
 
 #include <asio/awaitable.hpp>
 #include <asio/io_context.hpp>
-#include <asio/local/stream_protocol.hpp>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -32,7 +31,7 @@
 #include "daemon/core/config.h"
 #include "daemon/core/http.h"
 #include "daemon/core/registry.h"
-#include "daemon/core/server.h"
+#include "daemon/core/pipeline.h"
 #include "protocol/messages.h"
 
 namespace tsb::core {
@@ -80,15 +79,10 @@ std::string e2b_tool_cell(std::string_view blob_base64);
 // The backend
 // ---------------------------------------------------------------------------
 
-struct E2BReply {
-  std::string line;        // the response line for the client
-  std::string end_reason;  // for the daemon's totals ("" when no run happened)
-};
-
-class E2BBackend {
+class E2BBackend final : public RunBackend {
  public:
   E2BBackend(asio::io_context& io, E2BConfig cfg);
-  ~E2BBackend();
+  ~E2BBackend() override;
   E2BBackend(const E2BBackend&) = delete;
   E2BBackend& operator=(const E2BBackend&) = delete;
 
@@ -97,11 +91,10 @@ class E2BBackend {
   // On reload: reads the new key first; on failure nothing changes.
   Status reconfigure(const E2BConfig& cfg);
 
-  // One execute or run_tool request placed on E2B. The socket is watched
-  // for the client going away, which cancels the run.
-  asio::awaitable<E2BReply> run(const protocol::Request& req, const Peer& peer,
-                                asio::local::stream_protocol::socket& sock, const Placement& placement,
-                                const std::string& runner_path);
+  std::string_view name() const noexcept override { return "e2b"; }
+  // One execute or run_tool request placed on E2B (prepared by the
+  // pipeline). The run's cancel signal ends it and kills its sandbox.
+  asio::awaitable<BackendRun> run(PreparedRun& p) override;
 
   // Stop taking runs, let in-flight ones finish within `grace`, cancel the
   // rest (their sandboxes are killed), and wait briefly for pending kills.

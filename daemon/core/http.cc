@@ -15,27 +15,6 @@ namespace tsb::core::http {
 
 using Clock = std::chrono::steady_clock;
 
-// ---------------------------------------------------------------------------
-// CancelSignal
-// ---------------------------------------------------------------------------
-
-void CancelSignal::request() {
-  if (requested_) return;
-  requested_ = true;
-  // A hook may remove itself (or others) while running: iterate a copy.
-  auto hooks = hooks_;
-  for (auto& [id, fn] : hooks)
-    if (fn) fn();
-}
-
-int CancelSignal::add_hook(std::function<void()> fn) {
-  int id = next_++;
-  hooks_[id] = std::move(fn);
-  return id;
-}
-
-void CancelSignal::remove_hook(int id) { hooks_.erase(id); }
-
 const char* to_string(Failure f) noexcept {
   switch (f) {
     case Failure::None: return "none";

@@ -23,22 +23,13 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/core/cancel.h"
+
 namespace tsb::core::http {
 
-// A cancellation a run hands to its transfers: request() wakes every
+// A run's cancellation (daemon/core/cancel.h): request() wakes every
 // transfer waiting on it, which then aborts with Failure::Cancelled.
-class CancelSignal {
- public:
-  bool requested() const noexcept { return requested_; }
-  void request();
-  int add_hook(std::function<void()> fn);
-  void remove_hook(int id);
-
- private:
-  bool requested_ = false;
-  int next_ = 0;
-  std::map<int, std::function<void()>> hooks_;
-};
+using CancelSignal = core::CancelSignal;
 
 struct Request {
   std::string method = "GET";  // GET, POST, DELETE, ...

@@ -233,7 +233,7 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
     : io_(io),
       config_path_(std::move(config_path)),
       cfg_(std::move(cfg)),
-      engine_(std::move(engine)),
+      local_(std::make_unique<LocalBackend>(io, std::move(engine), cfg_.max_concurrent_runs, cfg_.max_queued_runs)),
       policies_(std::move(policies)),
       signals_(io, SIGTERM, SIGINT, SIGHUP) {
   runner_path_ = find_runner(cfg_.runner_path);
@@ -566,58 +566,7 @@ asio::awaitable<void> Server::serve(socket_t sock, Peer peer) {
 
 asio::awaitable<std::string> Server::dispatch(const protocol::Request& req, const Peer& peer, socket_t& sock) {
   if (std::holds_alternative<protocol::StatusRequest>(req.body)) co_return protocol::encode_ok(req.id, "status", status_json());
-  co_return co_await run_local(req, peer, sock);
-}
-
-asio::awaitable<Server::Slot> Server::acquire_slot(socket_t& sock) {
-  if (shutting_down_) co_return Slot::ShuttingDown;
-  // Answers waiting for clients that do not read them fill the budget (they
-  // are never refused: their run happened). No new run starts meanwhile, so
-  // what is held stays below the budget plus one answer per slot and queue
-  // place; the client is told why.
-  if (budget_.charged >= budget_.limit) {
-    ++rejected_busy_;
-    co_return Slot::BudgetFull;
-  }
-  if (peer_hung_up(sock.native_handle())) {
-    ++abandoned_in_queue_;
-    co_return Slot::ClientGone;
-  }
-  if (in_flight_ < cfg_.max_concurrent_runs && waiters_.empty()) {
-    ++in_flight_;
-    co_return Slot::Granted;
-  }
-  if (waiters_.size() >= cfg_.max_queued_runs) {
-    ++rejected_busy_;
-    co_return Slot::Busy;
-  }
-  auto w = std::make_shared<Waiter>(io_);
-  waiters_.push_back(w);
-  // The timer is cancelled by grant_waiting (a slot) or by shutdown (none);
-  // meanwhile the connection is watched for the client going away.
-  auto res = co_await (w->timer.async_wait(tuple_awaitable) || wait_for_hangup(sock));
-  const bool gone = res.index() == 1 && std::get<1>(res);
-  if (!w->granted) {
-    // Not granted: still queued when the client left (remove it), or
-    // woken by shutdown (which already emptied the queue).
-    auto it = std::find(waiters_.begin(), waiters_.end(), w);
-    if (it != waiters_.end()) waiters_.erase(it);
-    if (gone) {
-      ++abandoned_in_queue_;
-      co_return Slot::ClientGone;
-    }
-    co_return Slot::ShuttingDown;
-  }
-  if (gone || peer_hung_up(sock.native_handle())) {
-    release_slot();  // the slot it was handed passes on
-    ++abandoned_in_queue_;
-    co_return Slot::ClientGone;
-  }
-  if (shutting_down_) {
-    release_slot();  // the slot it was handed goes back: nothing new starts
-    co_return Slot::ShuttingDown;
-  }
-  co_return Slot::Granted;
+  co_return co_await run_request(req, peer, sock);
 }
 
 asio::awaitable<bool> Server::wait_for_hangup(socket_t& sock) {
@@ -635,170 +584,65 @@ asio::awaitable<bool> Server::wait_for_hangup(socket_t& sock) {
   }
 }
 
-void Server::release_slot() {
-  --in_flight_;
-  grant_waiting();
-}
-
-void Server::grant_waiting() {
-  // Oldest first. After a reload lowered max_concurrent_runs, nothing is
-  // handed on until the runs in flight are below the new limit.
-  while (!shutting_down_ && in_flight_ < cfg_.max_concurrent_runs && !waiters_.empty()) {
-    auto w = waiters_.front();
-    waiters_.pop_front();
-    ++in_flight_;
-    w->granted = true;
-    w->timer.cancel();
-  }
-}
-
-asio::awaitable<std::string> Server::run_local(const protocol::Request& req, const Peer& peer, socket_t& sock) {
-  const bool tool_mode = std::holds_alternative<protocol::RunToolRequest>(req.body);
-  const protocol::CommonRunFields& c =
-      tool_mode ? std::get<protocol::RunToolRequest>(req.body).common : std::get<protocol::ExecuteRequest>(req.body).common;
-
-  auto policies = policies_;  // this run keeps the set it started with, across reloads
-  auto placement = place_run(*policies, c.organization_id, c.policy, cfg_.e2b.enabled);
-  if (!placement.ok()) co_return protocol::encode_error(req.id, ErrorCode::PolicyDenied, placement.error().message);
-  const Policy& pol = *placement->policy;
-  if (placement->backend == Backend::E2B) {
-    if (!e2b_ || !cfg_.e2b.enabled)
-      co_return protocol::encode_error(req.id, ErrorCode::Unavailable,
-                                       "organization " + q(c.organization_id) + " runs on E2B, which is not configured in this daemon");
-    // E2B runs take no local run slot; E2BConfig.max_sandboxes bounds them.
-    auto reply = co_await e2b_->run(req, peer, sock, *placement, runner_path_);
-    if (!reply.end_reason.empty()) ++totals_[reply.end_reason];
-    co_return reply.line;
-  }
-
-  std::optional<std::string> fingerprint;
-  if (c.sandbox_config) {
-    auto fp = protocol::sandbox_config_fingerprint(c.sandbox_config->type, c.organization_id, c.sandbox_config->config);
-    if (!fp.ok()) co_return protocol::encode_error(req.id, ErrorCode::BadRequest, "sandbox_config: " + fp.error().message);
-    fingerprint = *fp;
-  }
-
-  // The tool's environment: the policy's fixed values plus the request's,
-  // for names the policy allows. Never the daemon's own environment.
-  std::map<std::string, std::string> env = c.env;
-  if (c.agent_id) env["LETTA_AGENT_ID"] = *c.agent_id;
-  if (c.project_id) env["LETTA_PROJECT_ID"] = *c.project_id;
-  auto envv = build_environment(pol, env);
-  if (!envv.ok()) co_return protocol::encode_error(req.id, ErrorCode::PolicyDenied, envv.error().message);
-
-  isolate::RunSpec spec = run_spec_from(pol);
-  spec.env = std::move(envv).value();
-  spec.label = c.tool_name;
-  if (c.timeout_s) {
-    auto want = std::chrono::milliseconds(static_cast<long long>(*c.timeout_s * 1000.0 + 0.5));
-    if (want < spec.limits.wall_timeout) spec.limits.wall_timeout = std::max(want, std::chrono::milliseconds(1));
-  }
-  ShapeContext shape;
-  shape.tool_name = c.tool_name;
-  shape.timeout_s = c.timeout_s && std::chrono::milliseconds(static_cast<long long>(*c.timeout_s * 1000.0 + 0.5)) <= pol.limits.wall_timeout
-                        ? *c.timeout_s
-                        : pol.limits.wall_timeout.count() / 1000.0;
-  shape.fingerprint = fingerprint;
-  shape.tool_mode = tool_mode;
-  shape.memory_limit = spec.limits.memory_bytes;
-  shape.pids_limit = spec.limits.pids;
-
-  std::string stdin_data;
-  if (tool_mode) {
-    if (runner_path_.empty())
-      co_return protocol::encode_error(req.id, ErrorCode::Internal, "the tool runner is not installed on this host");
-    const auto& t = std::get<protocol::RunToolRequest>(req.body);
-    shape.nonce = random_hex(16);
-    stdin_data = runner_request_text(t, shape.nonce);
-    spec.binds.push_back({runner_path_, kRunnerSandboxPath, false, false});
-    spec.argv = {pol.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", kRunnerSandboxPath};
-  } else {
-    // The script arrives on stdin, so no size limit of argv applies and it
-    // never touches a file system.
-    stdin_data = std::get<protocol::ExecuteRequest>(req.body).script;
-    spec.argv = {pol.interpreter, "-"};
-  }
-
-  Slot slot = co_await acquire_slot(sock);
-  if (slot == Slot::ClientGone) {
-    // Never started: no sandbox, no run record, no audit line of a run.
-    spdlog::info("request {} of peer uid={} pid={} (org={} tool={}) dropped before it ran: the client disconnected",
-                 q(req.id), peer.uid, peer.pid, q(c.organization_id), q(c.tool_name));
-    co_return protocol::encode_error(req.id, ErrorCode::Unavailable, "the client disconnected before the run started");
-  }
-  if (slot == Slot::Busy)
-    co_return protocol::encode_error(req.id, ErrorCode::Busy,
-                                     "too many runs in flight (" + std::to_string(in_flight_) + " running, " +
-                                         std::to_string(waiters_.size()) + " queued); retry later");
-  if (slot == Slot::BudgetFull)
+asio::awaitable<std::string> Server::run_request(const protocol::Request& req, const Peer& peer, socket_t& sock) {
+  // Admission: nothing new starts while the daemon stops, or while answers
+  // waiting for clients that do not read them fill the budget (they are
+  // never refused: their run happened). Meanwhile what is held stays below
+  // the budget plus one answer per run in flight; the client is told why.
+  if (shutting_down_) co_return protocol::encode_error(req.id, ErrorCode::Unavailable, "the daemon is shutting down");
+  if (budget_.charged >= budget_.limit) {
+    ++rejected_busy_;
     co_return protocol::encode_error(req.id, ErrorCode::Busy,
                                      "answers not yet read by their clients fill max_buffered_bytes (" +
                                          format_size(budget_.limit) + "); retry later");
-  if (slot == Slot::ShuttingDown) co_return protocol::encode_error(req.id, ErrorCode::Unavailable, "the daemon is shutting down");
-
-  struct SlotGuard {
-    Server* s;
-    ~SlotGuard() { s->release_slot(); }
-  } guard{this};
-
-  auto t0 = std::chrono::steady_clock::now();
-  isolate::RunResult run;
-  auto spawned = engine_->spawn(spec);
-  if (!spawned.ok()) {
-    run = isolate::setup_failure_result(spawned.error());
-    spdlog::error("spawn failed: {}", spawned.error().message);
-  } else {
-    std::shared_ptr<isolate::Sandbox> sb(std::move(spawned).value());
-    live_.insert(sb);
-    // A client that goes away mid-run gets its run killed: watch the
-    // socket for EOF while the run goes on.
-    auto watching = std::make_shared<bool>(true);
-    asio::co_spawn(io_, [&sock, sb, watching]() -> asio::awaitable<void> {
-      while (*watching) {
-        auto [ec] = co_await sock.async_wait(socket_t::wait_read, tuple_awaitable);
-        if (ec || !*watching) co_return;
-        // POLLHUP: the peer closed its end entirely. A half-close
-        // (shutdown(SHUT_WR) after sending the request) shows as POLLRDHUP
-        // only: that client still waits for its answer.
-        pollfd pfd{sock.native_handle(), POLLIN | POLLRDHUP, 0};
-        if (::poll(&pfd, 1, 0) < 0) co_return;
-        if (pfd.revents & (POLLHUP | POLLERR)) {
-          sb->cancel();
-          co_return;
-        }
-        co_return;  // half-closed, or a pipelined request: handled after this one
-      }
-    }, asio::detached);
-    run = co_await isolate::supervise(sb, std::move(stdin_data));
-    *watching = false;
-    asio::error_code ignored;
-    sock.cancel(ignored);
-    live_.erase(sb);
   }
-  auto shaped = shape_tool_result(shape, run);
-  json record = run_record_json(run);
-  record["policy"] = pol.name;
-  record["policy_fingerprint"] = pol.fingerprint;
-  record["backend"] = "local";
-  // Local runs use the policy's read-only venv: nothing is installed per run
-  // (a shared, writable venv is how Letta's local sandbox gets poisoned).
-  if (tool_mode && !std::get<protocol::RunToolRequest>(req.body).pip_requirements.empty())
-    record["pip_requirements_ignored"] = true;
-  for (auto it = shaped.extra.begin(); it != shaped.extra.end(); ++it) record[it.key()] = it.value();
-  json result = shaped.result;
-  result["record"] = record;
-  ++totals_[std::string(isolate::to_string(run.reason))];
 
-  auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  // One audit line per run. Client strings are quoted with every control
-  // character escaped; env values and agent_state never appear.
-  spdlog::info(
-      "audit run_id={} request_id={} peer_uid={} peer_pid={} org={} tool={} mode={} policy={} policy_fingerprint={} "
-      "backend=local duration_ms={:.1f} end_reason={} exit_code={} status={} stdout_bytes={} stderr_bytes={}",
-      run.run_id.empty() ? "-" : run.run_id, q(req.id), peer.uid, peer.pid, q(c.organization_id), q(c.tool_name),
-      tool_mode ? "run_tool" : "execute", q(pol.name), pol.fingerprint, ms, isolate::to_string(run.reason),
-      run.exit_code, result["status"].get<std::string>(), run.stdout_total_bytes, run.stderr_total_bytes);
-  co_return protocol::encode_ok(req.id, "result", result);
+  PreparedRun p;
+  const int fd = sock.native_handle();
+  p.client_gone = [fd] { return peer_hung_up(fd); };
+  if (auto refused = prepare_run(req, peer, policies_, cfg_.e2b.enabled, runner_path_, p))
+    co_return protocol::encode_error(req.id, refused->code, refused->message);
+  RunBackend* backend = local_.get();
+  if (p.placement.backend == Backend::E2B) {
+    if (!e2b_ || !cfg_.e2b.enabled)
+      co_return protocol::encode_error(req.id, ErrorCode::Unavailable,
+                                       "organization " + q(p.common->organization_id) +
+                                           " runs on E2B, which is not configured in this daemon");
+    backend = e2b_.get();  // E2B runs take no local run slot; E2BConfig.max_sandboxes bounds them
+  }
+
+  // The backend runs while the connection is watched: a client that goes
+  // away (a full close; a half-close still waits for its answer) cancels
+  // the run, queued or running.
+  const auto t0 = std::chrono::steady_clock::now();
+  BackendRun out;
+  bool done = false;
+  asio::steady_timer stop(io_, std::chrono::steady_clock::time_point::max());
+  auto run_it = [&]() -> asio::awaitable<void> {
+    out = co_await backend->run(p);
+    done = true;
+    stop.cancel();
+  };
+  auto watch = [&]() -> asio::awaitable<void> {
+    // A backend that answers without waiting (busy, a refusal) is done
+    // before this starts: the timer would then never be cancelled.
+    if (done) co_return;
+    auto r = co_await (stop.async_wait(tuple_awaitable) || wait_for_hangup(sock));
+    if (r.index() == 1 && std::get<1>(r)) {
+      p.cancel->request();
+      if (!done) co_await stop.async_wait(tuple_awaitable);
+    }
+  };
+  co_await (run_it() && watch());
+
+  if (out.refused) {
+    if (out.refused->code == ErrorCode::Busy) ++rejected_busy_;
+    co_return protocol::encode_error(req.id, out.refused->code, out.refused->message);
+  }
+  std::string ended;
+  std::string line = finish_run(p, backend->name(), out, std::chrono::steady_clock::now() - t0, &ended);
+  ++totals_[ended];
+  co_return line;
 }
 
 json Server::status_json() const {
@@ -806,18 +650,10 @@ json Server::status_json() const {
   for (const auto& [k, v] : totals_) totals[k] = v;
   json pols = json::object();
   for (const auto& [name, p] : policies_->policies) pols[name] = p->fingerprint;
-  const isolate::EngineFeatures& f = engine_->features();
-  json engine = {{"instance", engine_->instance()},
-                 {"features",
-                  {{"memfd_noexec", f.memfd_noexec},
-                   {"overlay_views", f.overlay_views},
-                   {"tcp_memory_limit", f.tcp_memory_limit},
-                   {"oom_score_floor", f.oom_score_floor}}},
-                 {"notes", engine_->startup_notes()}};
   return {{"version", TSB_VERSION},
           {"uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count()},
-          {"runs_in_flight", in_flight_},
-          {"runs_queued", waiters_.size()},
+          {"runs_in_flight", local_->in_flight()},
+          {"runs_queued", local_->queued()},
           {"max_concurrent_runs", cfg_.max_concurrent_runs},
           {"max_queued_runs", cfg_.max_queued_runs},
           {"totals", totals},
@@ -830,10 +666,10 @@ json Server::status_json() const {
           {"buffered_bytes", budget_.held},
           {"max_buffered_bytes", cfg_.max_buffered_bytes},
           {"write_timeouts", write_timeouts_},
-          {"abandoned_in_queue", abandoned_in_queue_},
+          {"abandoned_in_queue", local_->abandoned_in_queue()},
           {"accept_errors", accept_errors_},
-          {"cgroup_mode", isolate::to_string(engine_->cgroups().mode())},
-          {"engine", engine},
+          {"cgroup_mode", isolate::to_string(local_->engine().cgroups().mode())},
+          {"engine", local_->engine_status()},
           {"policies", pols},
           {"e2b_configured", cfg_.e2b.enabled},
           {"e2b", e2b_ ? e2b_->status_json() : json()},
@@ -885,7 +721,7 @@ void Server::reload() {
   // new ones. A larger max_concurrent_runs starts queued runs now; a
   // smaller one lets the runs in flight finish.
   budget_.limit = cfg_.max_buffered_bytes;
-  grant_waiting();
+  local_->set_limits(cfg_.max_concurrent_runs, cfg_.max_queued_runs);
   for (const auto& [name, p] : policies_->policies) spdlog::info("policy {} {}", q(name), p->fingerprint);
   spdlog::info("reloaded configuration and {} policies", policies_->policies.size());
   sd_notify(0, "READY=1");
@@ -896,7 +732,7 @@ asio::awaitable<void> Server::collect_loop() {
     collect_timer_.expires_after(std::chrono::seconds(1));
     auto [ec] = co_await collect_timer_.async_wait(tuple_awaitable);
     if (ec || shutting_down_) co_return;
-    (void)engine_->collect_retired();
+    (void)local_->engine().collect_retired();
   }
 }
 
@@ -920,24 +756,12 @@ asio::awaitable<void> Server::shutdown_sequence() {
   asio::error_code ec;
   if (acceptor_) acceptor_->close(ec);
   // Queued requests will not start.
-  for (auto& w : waiters_) w->timer.cancel();  // not granted: they answer `unavailable`
-  waiters_.clear();
+  local_->stop_taking_runs();
   // In-flight runs may finish within the grace period, then are killed.
   auto deadline = std::chrono::steady_clock::now() + cfg_.shutdown_grace;
   if (e2b_) co_await e2b_->shutdown(cfg_.shutdown_grace);
+  co_await local_->finish_runs(deadline);
   asio::steady_timer t(io_);
-  while (!live_.empty() && std::chrono::steady_clock::now() < deadline) {
-    t.expires_after(std::chrono::milliseconds(50));
-    co_await t.async_wait(tuple_awaitable);
-  }
-  if (!live_.empty()) {
-    spdlog::warn("grace period over: killing {} runs", live_.size());
-    for (auto& sb : live_) sb->cancel();
-    while (!live_.empty()) {
-      t.expires_after(std::chrono::milliseconds(20));
-      co_await t.async_wait(tuple_awaitable);
-    }
-  }
   // Let the last responses go out, then close every connection (idle
   // clients wait in a read; a client that does not read, in a write) and
   // wait for their handlers to end: they hold budget and counters of this
@@ -951,7 +775,7 @@ asio::awaitable<void> Server::shutdown_sequence() {
     co_await t.async_wait(tuple_awaitable);
   }
   if (connections_open_ > 0) spdlog::warn("{} connection handlers still open at exit", connections_open_);
-  (void)engine_->drain_retired(std::chrono::seconds(2));
+  (void)local_->engine().drain_retired(std::chrono::seconds(2));
   io_.stop();
 }
 

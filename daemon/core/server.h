@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "daemon/core/config.h"
+#include "daemon/core/local_backend.h"
+#include "daemon/core/pipeline.h"
 #include "daemon/core/registry.h"
 #include "isolate/engine.h"
 #include "protocol/messages.h"
@@ -27,13 +29,6 @@
 namespace tsb::core {
 
 class E2BBackend;
-
-struct Peer {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  std::vector<gid_t> groups;  // supplementary groups at connect() (SO_PEERGROUPS)
-};
 
 // Bytes held by all connections (request lines being read, requests being
 // handled, answers being written) against max_buffered_bytes. Each
@@ -109,7 +104,9 @@ class Server {
   // or the connection failed: the caller then closes.
   asio::awaitable<bool> write_line(socket_t& sock, const std::string& line);
   asio::awaitable<std::string> dispatch(const protocol::Request& req, const Peer& peer, socket_t& sock);
-  asio::awaitable<std::string> run_local(const protocol::Request& req, const Peer& peer, socket_t& sock);
+  // execute / run_tool: admission, the pipeline (daemon/core/pipeline.h)
+  // on the backend the placement names, the client watched meanwhile.
+  asio::awaitable<std::string> run_request(const protocol::Request& req, const Peer& peer, socket_t& sock);
   asio::awaitable<void> signal_loop();
   asio::awaitable<void> collect_loop();
   asio::awaitable<void> shutdown_sequence();
@@ -117,17 +114,6 @@ class Server {
   void reload();
   nlohmann::json status_json() const;
 
-  // Concurrency: at most max_concurrent_runs run, at most max_queued_runs
-  // wait; beyond that a request is answered `busy` at once.
-  // A request waiting in the queue watches its connection: if the client
-  // goes away (a full close, not a half-close) it leaves the queue and never
-  // starts.
-  enum class Slot { Granted, Busy, BudgetFull, ShuttingDown, ClientGone };
-  asio::awaitable<Slot> acquire_slot(socket_t& sock);
-  void release_slot();
-  // Hands free slots to the oldest waiters (after a run ends or a reload
-  // raised max_concurrent_runs).
-  void grant_waiting();
   // Completes only when the peer has closed its end entirely (true), or
   // when cancelled (false).
   asio::awaitable<bool> wait_for_hangup(socket_t& sock);
@@ -135,7 +121,7 @@ class Server {
   asio::io_context& io_;
   std::string config_path_;
   DaemonConfig cfg_;
-  std::unique_ptr<isolate::Engine> engine_;
+  std::unique_ptr<LocalBackend> local_;
   std::shared_ptr<const PolicySet> policies_;
   std::string runner_path_;
   std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;
@@ -144,14 +130,6 @@ class Server {
   dev_t socket_dev_ = 0;  // the socket file we created, removed at exit only if still ours
   ino_t socket_ino_ = 0;
 
-  unsigned in_flight_ = 0;
-  struct Waiter {
-    asio::steady_timer timer;
-    bool granted = false;  // release_slot passed its slot to this waiter
-    explicit Waiter(asio::io_context& io) : timer(io, std::chrono::steady_clock::time_point::max()) {}
-  };
-  std::deque<std::shared_ptr<Waiter>> waiters_;
-  std::set<std::shared_ptr<isolate::Sandbox>> live_;
   bool shutting_down_ = false;
   int exit_code_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
@@ -162,7 +140,6 @@ class Server {
   std::uint64_t refused_connections_ = 0;  // over max_connections
   std::uint64_t refused_budget_ = 0;       // over max_buffered_bytes
   std::uint64_t write_timeouts_ = 0;
-  std::uint64_t abandoned_in_queue_ = 0;   // queued requests whose client left
   std::uint64_t accept_errors_ = 0;
   BufferBudget budget_;
   LogThrottle accept_log_{std::chrono::seconds(5)};
@@ -184,6 +161,5 @@ class Server {
 
 // Where the trusted tool runner lives on the host ("" when not found).
 std::string find_runner(const std::string& configured);
-inline constexpr const char* kRunnerSandboxPath = "/opt/toolsandbox/runner/toolsandbox_runner.py";
 
 }  // namespace tsb::core

@@ -1,0 +1,189 @@
+#include "daemon/core/local_backend.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include "isolate/jsonc.h"
+#include "isolate/supervise.h"
+
+namespace tsb::core {
+namespace {
+
+using protocol::ErrorCode;
+constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+
+std::string q(std::string_view s) { return quoted_for_message(s); }
+
+}  // namespace
+
+LocalBackend::LocalBackend(asio::io_context& io, std::unique_ptr<isolate::Engine> engine, unsigned max_concurrent,
+                           unsigned max_queued)
+    : io_(io), engine_(std::move(engine)), max_concurrent_(max_concurrent), max_queued_(max_queued) {}
+
+LocalBackend::~LocalBackend() = default;
+
+void LocalBackend::set_limits(unsigned max_concurrent, unsigned max_queued) {
+  max_concurrent_ = max_concurrent;
+  max_queued_ = max_queued;
+  grant_waiting();
+}
+
+void LocalBackend::stop_taking_runs() {
+  stopping_ = true;
+  for (auto& w : waiters_) w->timer.cancel();  // not granted: they answer `unavailable`
+  waiters_.clear();
+}
+
+asio::awaitable<void> LocalBackend::finish_runs(std::chrono::steady_clock::time_point deadline) {
+  asio::steady_timer t(io_);
+  while (!live_.empty() && std::chrono::steady_clock::now() < deadline) {
+    t.expires_after(std::chrono::milliseconds(50));
+    co_await t.async_wait(tuple_awaitable);
+  }
+  if (live_.empty()) co_return;
+  spdlog::warn("grace period over: killing {} runs", live_.size());
+  for (auto& sb : live_) sb->cancel();
+  while (!live_.empty()) {
+    t.expires_after(std::chrono::milliseconds(20));
+    co_await t.async_wait(tuple_awaitable);
+  }
+}
+
+nlohmann::json LocalBackend::engine_status() const {
+  const isolate::EngineFeatures& f = engine_->features();
+  return {{"instance", engine_->instance()},
+          {"features",
+           {{"memfd_noexec", f.memfd_noexec},
+            {"overlay_views", f.overlay_views},
+            {"tcp_memory_limit", f.tcp_memory_limit},
+            {"oom_score_floor", f.oom_score_floor}}},
+          {"notes", engine_->startup_notes()}};
+}
+
+asio::awaitable<LocalBackend::Slot> LocalBackend::acquire_slot(const PreparedRun& p) {
+  if (stopping_) co_return Slot::ShuttingDown;
+  if (p.cancel->requested() || p.client_gone()) {
+    ++abandoned_in_queue_;
+    co_return Slot::ClientGone;
+  }
+  if (in_flight_ < max_concurrent_ && waiters_.empty()) {
+    ++in_flight_;
+    co_return Slot::Granted;
+  }
+  if (waiters_.size() >= max_queued_) co_return Slot::Busy;
+  auto w = std::make_shared<Waiter>(io_);
+  waiters_.push_back(w);
+  // The timer is cancelled by grant_waiting (a slot), by shutdown (none) or
+  // by the run's cancel signal (the client went away).
+  {
+    CancelHook hook(*p.cancel, [w] { w->timer.cancel(); });
+    co_await w->timer.async_wait(tuple_awaitable);
+  }
+  const bool gone = p.cancel->requested() || p.client_gone();
+  if (!w->granted) {
+    // Not granted: still queued when the client left (remove it), or
+    // woken by shutdown (which already emptied the queue).
+    auto it = std::find(waiters_.begin(), waiters_.end(), w);
+    if (it != waiters_.end()) waiters_.erase(it);
+    if (gone) {
+      ++abandoned_in_queue_;
+      co_return Slot::ClientGone;
+    }
+    co_return Slot::ShuttingDown;
+  }
+  if (gone) {
+    release_slot();  // the slot it was handed passes on
+    ++abandoned_in_queue_;
+    co_return Slot::ClientGone;
+  }
+  if (stopping_) {
+    release_slot();  // the slot it was handed goes back: nothing new starts
+    co_return Slot::ShuttingDown;
+  }
+  co_return Slot::Granted;
+}
+
+void LocalBackend::release_slot() {
+  --in_flight_;
+  grant_waiting();
+}
+
+void LocalBackend::grant_waiting() {
+  // Oldest first. After a reload lowered max_concurrent_runs, nothing is
+  // handed on until the runs in flight are below the new limit.
+  while (!stopping_ && in_flight_ < max_concurrent_ && !waiters_.empty()) {
+    auto w = waiters_.front();
+    waiters_.pop_front();
+    ++in_flight_;
+    w->granted = true;
+    w->timer.cancel();
+  }
+}
+
+asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
+  BackendRun out;
+  const Policy& pol = p.policy();
+  const protocol::CommonRunFields& c = *p.common;
+
+  isolate::RunSpec spec = run_spec_from(pol);
+  spec.env = p.sandbox_env;
+  spec.label = c.tool_name;
+  spec.limits.wall_timeout = p.timeout;
+  std::string stdin_data;
+  if (p.tool_mode) {
+    stdin_data = std::move(p.runner_request);
+    spec.binds.push_back({p.runner_path, kRunnerSandboxPath, false, false});
+    spec.argv = {pol.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", kRunnerSandboxPath};
+  } else {
+    // The script arrives on stdin, so no size limit of argv applies and it
+    // never touches a file system.
+    stdin_data = std::get<protocol::ExecuteRequest>(p.request->body).script;
+    spec.argv = {pol.interpreter, "-"};
+  }
+
+  switch (co_await acquire_slot(p)) {
+    case Slot::Granted: break;
+    case Slot::ClientGone:
+      // Never started: no sandbox, no run record, no audit line of a run.
+      spdlog::info("request {} of peer uid={} pid={} (org={} tool={}) dropped before it ran: the client disconnected",
+                   q(p.request->id), p.peer.uid, p.peer.pid, q(c.organization_id), q(c.tool_name));
+      out.refused = Refusal{ErrorCode::Unavailable, "the client disconnected before the run started"};
+      co_return out;
+    case Slot::Busy:
+      out.refused = Refusal{ErrorCode::Busy, "too many runs in flight (" + std::to_string(in_flight_) + " running, " +
+                                                 std::to_string(waiters_.size()) + " queued); retry later"};
+      co_return out;
+    case Slot::ShuttingDown:
+      out.refused = Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
+      co_return out;
+  }
+  struct SlotGuard {
+    LocalBackend* b;
+    ~SlotGuard() { b->release_slot(); }
+  } guard{this};
+
+  auto spawned = engine_->spawn(spec);
+  if (!spawned.ok()) {
+    out.run = isolate::setup_failure_result(spawned.error());
+    spdlog::error("spawn failed: {}", spawned.error().message);
+  } else {
+    std::shared_ptr<isolate::Sandbox> sb(std::move(spawned).value());
+    live_.insert(sb);
+    {
+      // A client that goes away mid-run gets its run killed.
+      CancelHook hook(*p.cancel, [sb] { sb->cancel(); });
+      out.run = co_await isolate::supervise(sb, std::move(stdin_data));
+    }
+    live_.erase(sb);
+  }
+  // Local runs use the policy's read-only venv: nothing is installed per run
+  // (a shared, writable venv is how Letta's local sandbox gets poisoned).
+  if (p.tool_mode && !std::get<protocol::RunToolRequest>(p.request->body).pip_requirements.empty())
+    out.record["pip_requirements_ignored"] = true;
+  co_return out;
+}
+
+}  // namespace tsb::core

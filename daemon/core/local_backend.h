@@ -1,0 +1,80 @@
+// The local backend: runs a prepared request in a sandbox of this host's
+// engine (isolate/engine.h), under the daemon's run slots.
+//
+// Run slots: at most max_concurrent_runs run, at most max_queued_runs wait;
+// beyond that a request is answered `busy` at once. A request waiting in the
+// queue leaves it, and never starts, when its client goes away (the run's
+// cancel signal); one that holds a slot has its sandbox killed.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <set>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/core/pipeline.h"
+#include "isolate/engine.h"
+
+namespace tsb::core {
+
+// Where the trusted tool runner appears inside a sandbox (bound read-only).
+inline constexpr const char* kRunnerSandboxPath = "/opt/toolsandbox/runner/toolsandbox_runner.py";
+
+class LocalBackend final : public RunBackend {
+ public:
+  LocalBackend(asio::io_context& io, std::unique_ptr<isolate::Engine> engine, unsigned max_concurrent,
+               unsigned max_queued);
+  ~LocalBackend() override;
+
+  std::string_view name() const noexcept override { return "local"; }
+  asio::awaitable<BackendRun> run(PreparedRun& p) override;
+
+  // A reload: a larger max_concurrent starts queued runs now; a smaller one
+  // lets the runs in flight finish.
+  void set_limits(unsigned max_concurrent, unsigned max_queued);
+  // Shutdown, first step: nothing new starts and queued requests are told
+  // the daemon is shutting down.
+  void stop_taking_runs();
+  // Then: the runs in flight may finish until `deadline`; the rest are
+  // killed, and this returns once every run has ended.
+  asio::awaitable<void> finish_runs(std::chrono::steady_clock::time_point deadline);
+
+  isolate::Engine& engine() noexcept { return *engine_; }
+  unsigned in_flight() const noexcept { return in_flight_; }
+  std::size_t queued() const noexcept { return waiters_.size(); }
+  std::uint64_t abandoned_in_queue() const noexcept { return abandoned_in_queue_; }
+  // The engine's part of `status`.
+  nlohmann::json engine_status() const;
+
+ private:
+  enum class Slot { Granted, Busy, ShuttingDown, ClientGone };
+  asio::awaitable<Slot> acquire_slot(const PreparedRun& p);
+  void release_slot();
+  // Hands free slots to the oldest waiters.
+  void grant_waiting();
+
+  struct Waiter {
+    asio::steady_timer timer;
+    bool granted = false;  // release_slot passed its slot to this waiter
+    explicit Waiter(asio::io_context& io) : timer(io, std::chrono::steady_clock::time_point::max()) {}
+  };
+
+  asio::io_context& io_;
+  std::unique_ptr<isolate::Engine> engine_;
+  unsigned max_concurrent_;
+  unsigned max_queued_;
+  bool stopping_ = false;
+  unsigned in_flight_ = 0;
+  std::deque<std::shared_ptr<Waiter>> waiters_;
+  std::set<std::shared_ptr<isolate::Sandbox>> live_;
+  std::uint64_t abandoned_in_queue_ = 0;
+};
+
+}  // namespace tsb::core

@@ -1,0 +1,117 @@
+#include "daemon/core/pipeline.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "daemon/core/result_json.h"
+#include "daemon/core/units.h"
+#include "isolate/hash.h"
+#include "isolate/jsonc.h"
+#include "protocol/letta.h"
+
+namespace tsb::core {
+namespace {
+
+using nlohmann::json;
+using protocol::ErrorCode;
+
+std::string q(std::string_view s) { return quoted_for_message(s); }
+
+std::chrono::milliseconds seconds_to_ms(double s) {
+  return std::chrono::milliseconds(static_cast<long long>(s * 1000.0 + 0.5));
+}
+
+}  // namespace
+
+std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& peer,
+                                   std::shared_ptr<const PolicySet> policies, bool e2b_configured,
+                                   const std::string& runner_path, PreparedRun& out) {
+  out.request = &req;
+  out.tool_mode = std::holds_alternative<protocol::RunToolRequest>(req.body);
+  out.common = out.tool_mode ? &std::get<protocol::RunToolRequest>(req.body).common
+                             : &std::get<protocol::ExecuteRequest>(req.body).common;
+  const protocol::CommonRunFields& c = *out.common;
+  out.peer = peer;
+  out.policies = std::move(policies);
+
+  auto placement = place_run(*out.policies, c.organization_id, c.policy, e2b_configured);
+  if (!placement.ok()) return Refusal{ErrorCode::PolicyDenied, placement.error().message};
+  out.placement = std::move(placement).value();
+  const Policy& pol = out.policy();
+
+  if (c.sandbox_config) {
+    auto fp = protocol::sandbox_config_fingerprint(c.sandbox_config->type, c.organization_id, c.sandbox_config->config);
+    if (!fp.ok()) return Refusal{ErrorCode::BadRequest, "sandbox_config: " + fp.error().message};
+    out.fingerprint = *fp;
+  }
+
+  // The tool's environment: the policy's fixed values plus the request's,
+  // for names the policy allows. Never the daemon's own environment.
+  out.env = c.env;
+  if (c.agent_id) out.env["LETTA_AGENT_ID"] = *c.agent_id;
+  if (c.project_id) out.env["LETTA_PROJECT_ID"] = *c.project_id;
+  auto envv = build_environment(pol, out.env);
+  if (!envv.ok()) return Refusal{ErrorCode::PolicyDenied, envv.error().message};
+  out.sandbox_env = std::move(envv).value();
+
+  // A request may lower the policy's wall-clock limit, never raise it.
+  out.timeout = pol.limits.wall_timeout;
+  const bool lowered = c.timeout_s && seconds_to_ms(*c.timeout_s) <= pol.limits.wall_timeout;
+  if (c.timeout_s && seconds_to_ms(*c.timeout_s) < out.timeout)
+    out.timeout = std::max(seconds_to_ms(*c.timeout_s), std::chrono::milliseconds(1));
+
+  out.shape.tool_name = c.tool_name;
+  out.shape.timeout_s = lowered ? *c.timeout_s : pol.limits.wall_timeout.count() / 1000.0;
+  out.shape.fingerprint = out.fingerprint;
+  out.shape.tool_mode = out.tool_mode;
+  out.shape.memory_limit = pol.limits.memory_bytes;
+  out.shape.pids_limit = pol.limits.pids;
+
+  out.runner_path = runner_path;
+  if (out.tool_mode) {
+    if (runner_path.empty()) return Refusal{ErrorCode::Internal, "the tool runner is not installed on this host"};
+    out.shape.nonce = random_hex(16);
+    out.runner_request = runner_request_text(std::get<protocol::RunToolRequest>(req.body), out.shape.nonce);
+  }
+  if (!out.cancel) out.cancel = std::make_shared<CancelSignal>();
+  if (!out.client_gone) out.client_gone = [] { return false; };
+  return std::nullopt;
+}
+
+std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRun& out,
+                       std::chrono::steady_clock::duration took, std::string* ended) {
+  const protocol::CommonRunFields& c = *p.common;
+  const Policy& pol = p.policy();
+  json result, record = run_record_json(out.run);
+  if (out.result) {
+    result = std::move(*out.result);
+  } else {
+    auto shaped = shape_tool_result(p.shape, out.run);
+    result = std::move(shaped.result);
+    for (auto it = shaped.extra.begin(); it != shaped.extra.end(); ++it) record[it.key()] = it.value();
+  }
+  for (auto it = out.record.begin(); it != out.record.end(); ++it) record[it.key()] = it.value();
+  const std::string end_reason = out.end_reason.empty() ? std::string(isolate::to_string(out.run.reason)) : out.end_reason;
+  record["end_reason"] = end_reason;
+  record["policy"] = pol.name;
+  record["policy_fingerprint"] = pol.fingerprint;
+  record["backend"] = std::string(backend);
+  result["record"] = record;
+  if (ended) *ended = end_reason;
+
+  const auto ms = std::chrono::duration<double, std::milli>(took).count();
+  const json& exit_code = record["exit_code"];
+  // One audit line per run. Client strings are quoted with every control
+  // character escaped; env values and agent_state never appear.
+  spdlog::info(
+      "audit run_id={} request_id={} peer_uid={} peer_pid={} org={} tool={} mode={} policy={} policy_fingerprint={} "
+      "backend={}{} duration_ms={:.1f} end_reason={} exit_code={} status={} stdout_bytes={} stderr_bytes={}",
+      out.run.run_id.empty() ? "-" : out.run.run_id, q(p.request->id), p.peer.uid, p.peer.pid, q(c.organization_id),
+      q(c.tool_name), p.tool_mode ? "run_tool" : "execute", q(pol.name), pol.fingerprint, backend, out.audit, ms,
+      end_reason, exit_code.is_number_integer() ? std::to_string(exit_code.get<int>()) : "-",
+      result.value("status", "error"), out.run.stdout_total_bytes, out.run.stderr_total_bytes);
+  return protocol::encode_ok(p.request->id, "result", result);
+}
+
+}  // namespace tsb::core

@@ -1,0 +1,125 @@
+// The run pipeline: every execute and run_tool request goes through it,
+// whichever backend runs it.
+//
+//   prepare_run   once per request: placement (organization, policy,
+//                 backend), the sandbox-config fingerprint, the tool's
+//                 environment checked against the policy, the effective
+//                 timeout, the runner's request and nonce (tool mode).
+//   RunBackend::run  the backend's own work (a local sandbox, an E2B cell, ...).
+//                 It stops the run when PreparedRun::cancel is requested
+//                 (the client went away, the daemon stops).
+//   finish_run    once per run: the ToolExecutionResult (Letta's shaping),
+//                 the run record, the daemon's totals and the audit line.
+//
+// The server (daemon/core/server.cc) owns the connection: it admits the
+// request, watches the socket for the client going away while the backend
+// runs, and writes the answer.
+#pragma once
+
+#include <sys/types.h>
+
+#include <asio/awaitable.hpp>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/core/cancel.h"
+#include "daemon/core/letta_result.h"
+#include "daemon/core/registry.h"
+#include "isolate/spec.h"
+#include "protocol/messages.h"
+
+namespace tsb::core {
+
+struct Peer {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary groups at connect() (SO_PEERGROUPS)
+};
+
+// A request answered with an error line instead of a result: no run.
+struct Refusal {
+  protocol::ErrorCode code = protocol::ErrorCode::Internal;
+  std::string message;
+};
+
+struct PreparedRun {
+  // The request (it outlives the run) and its fields common to both modes.
+  const protocol::Request* request = nullptr;
+  const protocol::CommonRunFields* common = nullptr;
+  bool tool_mode = false;
+  Peer peer;
+  // The policy set the run started with: a reload does not change it.
+  std::shared_ptr<const PolicySet> policies;
+  Placement placement;
+  const Policy& policy() const noexcept { return *placement.policy; }
+  // Letta's SandboxConfig.fingerprint() of the request's sandbox_config.
+  std::optional<std::string> fingerprint;
+  // The request's environment plus LETTA_AGENT_ID / LETTA_PROJECT_ID, every
+  // name allowed by the policy; and the whole environment of a local
+  // sandbox: the policy's fixed values, then these.
+  std::map<std::string, std::string> env;
+  std::vector<std::string> sandbox_env;
+  // The wall-clock limit: the policy's, or the request's when lower.
+  std::chrono::milliseconds timeout{60'000};
+  // Tool name, timeout for messages, fingerprint, mode, nonce, limits.
+  ShapeContext shape;
+  // Tool mode: the trusted runner on the host, and what it reads on stdin.
+  std::string runner_path;
+  std::string runner_request;
+  // Requested when the client goes away or the daemon stops.
+  std::shared_ptr<CancelSignal> cancel;
+  // Whether the client has closed its end entirely, looked at now (the
+  // watch behind `cancel` sees it only on its next turn of the loop).
+  std::function<bool()> client_gone;
+};
+
+// Everything before a backend is chosen: a refusal when the request cannot
+// run (policy, environment, sandbox_config, runner missing).
+std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& peer,
+                                   std::shared_ptr<const PolicySet> policies, bool e2b_configured,
+                                   const std::string& runner_path, PreparedRun& out);
+
+// What a backend gives back.
+struct BackendRun {
+  // The backend did not run the request (busy, unavailable, a check of its
+  // own): the client gets this error and nothing else below is read.
+  std::optional<Refusal> refused;
+  // What happened, as the engine reports it (a remote backend fills in
+  // what it knows).
+  isolate::RunResult run;
+  // A ToolExecutionResult the backend shaped itself; without one, the
+  // pipeline shapes `run` (shape_tool_result).
+  std::optional<nlohmann::json> result;
+  // Run-record fields the backend adds or overrides.
+  nlohmann::json record = nlohmann::json::object();
+  // For the record, the totals and the audit line when the backend ended
+  // the run for a reason the engine has no name for ("" = run.reason).
+  std::string end_reason;
+  // Backend fields of the audit line, " key=value" each.
+  std::string audit;
+};
+
+class RunBackend {
+ public:
+  virtual ~RunBackend() = default;
+  virtual std::string_view name() const noexcept = 0;
+  // May move what it feeds the run out of `run` (runner_request).
+  virtual asio::awaitable<BackendRun> run(PreparedRun& run) = 0;
+};
+
+// The answer: shapes the result (unless the backend did), completes the
+// run record, writes the audit line and returns the response line. `ended`
+// is the end reason, for the daemon's totals.
+std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRun& out,
+                       std::chrono::steady_clock::duration took, std::string* ended);
+
+}  // namespace tsb::core

@@ -1,0 +1,179 @@
+// The run pipeline's pure parts (daemon/core/pipeline.h): what prepare_run
+// decides for every backend, and what finish_run makes of a backend's run.
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "daemon/core/pipeline.h"
+#include "daemon/core/policy.h"
+
+namespace tsb::core {
+namespace {
+
+using nlohmann::json;
+using protocol::ErrorCode;
+
+class Pipeline : public testing::Test {
+ protected:
+  void SetUp() override {
+    PolicyContext ctx;
+    ctx.compile = false;
+    auto p = load_named_policy("default", "", ctx);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    Policy pol = std::move(p).value();
+    pol.limits.wall_timeout = std::chrono::seconds(60);
+    pol.env_allow = {"API_KEY", "LETTA_*"};
+    auto set = std::make_shared<PolicySet>();
+    set->policies["default"] = std::make_shared<const Policy>(pol);
+    Policy remote = pol;
+    remote.name = "remote";
+    remote.backend = Backend::E2B;
+    set->policies["remote"] = std::make_shared<const Policy>(remote);
+    set->orgs.fallback = OrgEntry{false, "default", {"default", "remote"}};
+    set_ = set;
+  }
+
+  protocol::Request request(const json& j) {
+    std::string id;
+    auto r = protocol::decode_request(j.dump(), &id);
+    EXPECT_TRUE(std::holds_alternative<protocol::Request>(r)) << j.dump();
+    return std::get<protocol::Request>(std::move(r));
+  }
+  json execute(json extra = json::object()) {
+    json j = {{"v", 1}, {"id", "r1"}, {"type", "execute"}, {"tool_name", "t"}, {"organization_id", "org-1"},
+              {"script", "print(1)"}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
+    return j;
+  }
+  json run_tool(json extra = json::object()) {
+    json j = {{"v", 1},  {"id", "r2"}, {"type", "run_tool"}, {"tool_name", "add"}, {"organization_id", "org-1"},
+              {"source_code", "def add(a, b):\n    return a + b\n"}, {"args", {{"a", 1}, {"b", 2}}}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
+    return j;
+  }
+
+  std::shared_ptr<const PolicySet> set_;
+};
+
+TEST_F(Pipeline, PreparesTimeoutEnvironmentAndShape) {
+  auto req = request(execute({{"timeout", 2.5}, {"env", {{"API_KEY", "k"}}}, {"agent_id", "agent-7"}}));
+  PreparedRun p;
+  auto refused = prepare_run(req, Peer{}, set_, false, "", p);
+  ASSERT_FALSE(refused) << refused->message;
+  EXPECT_FALSE(p.tool_mode);
+  EXPECT_EQ(p.placement.backend, Backend::Local);
+  EXPECT_EQ(p.timeout, std::chrono::milliseconds(2500));
+  EXPECT_DOUBLE_EQ(p.shape.timeout_s, 2.5);
+  EXPECT_EQ(p.env.at("API_KEY"), "k");
+  EXPECT_EQ(p.env.at("LETTA_AGENT_ID"), "agent-7");
+  EXPECT_NE(std::find(p.sandbox_env.begin(), p.sandbox_env.end(), "API_KEY=k"), p.sandbox_env.end());
+  ASSERT_TRUE(p.cancel);
+  EXPECT_FALSE(p.cancel->requested());
+  EXPECT_TRUE(p.runner_request.empty());
+}
+
+TEST_F(Pipeline, ARequestNeverRaisesThePolicysTimeout) {
+  auto req = request(execute({{"timeout", 180}}));
+  PreparedRun p;
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "", p));
+  EXPECT_EQ(p.timeout, std::chrono::seconds(60));
+  EXPECT_DOUBLE_EQ(p.shape.timeout_s, 60.0);  // what the messages say
+}
+
+TEST_F(Pipeline, RefusalsComeBeforeAnyBackend) {
+  struct Case {
+    json req;
+    ErrorCode code;
+    const char* says;
+  };
+  const Case cases[] = {
+      {execute({{"env", {{"NOT_ALLOWED", "x"}}}}), ErrorCode::PolicyDenied, "NOT_ALLOWED"},
+      {execute({{"policy", "ghost"}}), ErrorCode::PolicyDenied, "ghost"},
+      {run_tool(), ErrorCode::Internal, "runner is not installed"},  // no runner path given
+  };
+  for (const auto& c : cases) {
+    auto req = request(c.req);
+    PreparedRun p;
+    auto refused = prepare_run(req, Peer{}, set_, false, "", p);
+    ASSERT_TRUE(refused) << c.req.dump();
+    EXPECT_EQ(refused->code, c.code) << c.req.dump();
+    EXPECT_NE(refused->message.find(c.says), std::string::npos) << refused->message;
+  }
+}
+
+TEST_F(Pipeline, ToolModeGetsAFreshNonceAndTheRunnersRequest) {
+  auto req = request(run_tool());
+  PreparedRun a, b;
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "/runner.py", a));
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "/runner.py", b));
+  EXPECT_TRUE(a.tool_mode);
+  EXPECT_EQ(a.shape.nonce.size(), 32u);
+  EXPECT_NE(a.shape.nonce, b.shape.nonce);
+  EXPECT_NE(a.runner_request.find(a.shape.nonce), std::string::npos);
+  EXPECT_EQ(a.runner_path, "/runner.py");
+}
+
+TEST_F(Pipeline, PlacementNamesTheBackend) {
+  auto req = request(execute({{"policy", "remote"}}));
+  PreparedRun p;
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, true, "", p));
+  EXPECT_EQ(p.placement.backend, Backend::E2B);
+  EXPECT_EQ(p.policy().name, "remote");
+}
+
+TEST_F(Pipeline, FinishShapesRecordsAndKeepsBackendFields) {
+  auto req = request(execute());
+  PreparedRun p;
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "", p));
+  BackendRun out;
+  out.run.run_id = "abc";
+  out.run.reason = isolate::EndReason::Exited;
+  out.run.exit_code = 0;
+  out.run.stdout_data = "hello\n";
+  out.run.stdout_total_bytes = 6;
+  out.record["sandbox_id"] = "sb-1";
+  std::string ended;
+  const std::string line = finish_run(p, "local", out, std::chrono::milliseconds(5), &ended);
+  EXPECT_EQ(ended, "exited");
+  json j = json::parse(line);
+  ASSERT_TRUE(j["ok"].get<bool>()) << line;
+  const json& r = j["result"];
+  EXPECT_EQ(r["status"], "success");
+  EXPECT_EQ(r["stdout"], json::array({"hello\n"}));
+  EXPECT_EQ(r["record"]["run_id"], "abc");
+  EXPECT_EQ(r["record"]["backend"], "local");
+  EXPECT_EQ(r["record"]["policy"], "default");
+  EXPECT_EQ(r["record"]["sandbox_id"], "sb-1");
+}
+
+TEST_F(Pipeline, FinishTakesTheBackendsOwnResultAndEndReason) {
+  auto req = request(execute());
+  PreparedRun p;
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "", p));
+  BackendRun out;
+  out.run.reason = isolate::EndReason::Exited;
+  out.result = json{{"status", "error"}, {"func_return", "x"}, {"stdout", json::array()}, {"stderr", json::array()}};
+  out.end_reason = "backend_error";
+  std::string ended;
+  json j = json::parse(finish_run(p, "e2b", out, {}, &ended));
+  EXPECT_EQ(ended, "backend_error");
+  EXPECT_EQ(j["result"]["func_return"], "x");
+  EXPECT_EQ(j["result"]["record"]["end_reason"], "backend_error");
+  EXPECT_EQ(j["result"]["record"]["backend"], "e2b");
+}
+
+TEST(CancelSignal, HooksRunOnceAndLateHooksRunAtOnce) {
+  CancelSignal s;
+  int a = 0, b = 0;
+  {
+    CancelHook h(s, [&] { ++a; });
+    s.request();
+    s.request();
+  }
+  EXPECT_EQ(a, 1);
+  CancelHook late(s, [&] { ++b; });
+  EXPECT_EQ(b, 1);
+}
+
+}  // namespace
+}  // namespace tsb::core
