@@ -78,22 +78,6 @@ std::vector<pid_t> list_pids(const std::string& procs_file) {
 
 const char* to_string(CgroupMode m) noexcept { return m == CgroupMode::V2 ? "v2" : "v1"; }
 
-Result<std::string> read_text_file(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return Error::from_errno("open '" + path + "'");
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error::from_errno("read '" + path + "'");
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  return out;
-}
 
 Status write_text_file(const std::string& path, std::string_view data) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));

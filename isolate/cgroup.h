@@ -4,6 +4,8 @@
 // below it that is created, limited, measured, killed and removed here.
 #pragma once
 
+#include "isolate/base/file.h"
+
 #include <sys/types.h>
 
 #include <chrono>
@@ -14,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "isolate/result.h"
-#include "isolate/unique_fd.h"
+#include "isolate/base/result.h"
+#include "isolate/base/unique_fd.h"
 
 namespace tsb::isolate {
 
@@ -143,8 +145,9 @@ class CgroupLeaf {
   bool destroyed_ = false;
 };
 
-// Small helpers shared with tests.
-Result<std::string> read_text_file(const std::string& path);
+// Small helpers shared with tests. A kernel file (/proc, cgroupfs) is read
+// with the base's reader, up to 16 MiB (a host's mountinfo can be large).
+inline Result<std::string> read_text_file(const std::string& path) { return read_file(path, {.max_bytes = 16u << 20}); }
 Status write_text_file(const std::string& path, std::string_view data);
 
 }  // namespace tsb::isolate

@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "isolate/cgroup.h"
-#include "isolate/result.h"
+#include "isolate/base/result.h"
 #include "isolate/seccomp.h"
 #include "isolate/spec.h"
-#include "isolate/unique_fd.h"
+#include "isolate/base/unique_fd.h"
 
 namespace tsb::isolate {
 

@@ -1,4 +1,5 @@
 #include "isolate/jsonc.h"
+#include "isolate/base/quote.h"
 
 #include <cerrno>
 #include <charconv>
@@ -14,47 +15,10 @@
 namespace tsb {
 namespace {
 
-// Decodes one UTF-8 sequence at s[i]. Returns its length (1-4) and the code
-// point, or 0 when the bytes are not well-formed UTF-8 (RFC 3629: no overlong
-// forms, no surrogates, nothing above U+10FFFF).
-std::size_t decode_utf8(std::string_view s, std::size_t i, char32_t& cp) {
-  const auto b = [&](std::size_t k) -> unsigned { return static_cast<unsigned char>(s[i + k]); };
-  const auto cont = [&](std::size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) {
-    return i + k < s.size() && b(k) >= lo && b(k) <= hi;
-  };
-  const unsigned c = b(0);
-  if (c < 0x80) {
-    cp = c;
-    return 1;
-  }
-  if (c >= 0xC2 && c <= 0xDF && cont(1)) {
-    cp = ((c & 0x1F) << 6) | (b(1) & 0x3F);
-    return 2;
-  }
-  if (c >= 0xE0 && c <= 0xEF) {
-    const unsigned lo = c == 0xE0 ? 0xA0 : 0x80;
-    const unsigned hi = c == 0xED ? 0x9F : 0xBF;
-    if (!cont(1, lo, hi) || !cont(2)) return 0;
-    cp = ((c & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
-    return 3;
-  }
-  if (c >= 0xF0 && c <= 0xF4) {
-    const unsigned lo = c == 0xF0 ? 0x90 : 0x80;
-    const unsigned hi = c == 0xF4 ? 0x8F : 0xBF;
-    if (!cont(1, lo, hi) || !cont(2) || !cont(3)) return 0;
-    cp = ((c & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
-    return 4;
-  }
-  return 0;
-}
 
 // Characters that make text display differently from how it parses
 // ("Trojan Source", CVE-2021-42574): an auditor reading a policy in an editor
 // must see what the parser sees, so these are refused even in comments.
-bool is_bidi_control(char32_t cp) {
-  return cp == 0x061C || cp == 0x200E || cp == 0x200F || (cp >= 0x202A && cp <= 0x202E) ||
-         (cp >= 0x2066 && cp <= 0x2069);
-}
 
 std::string hex_cp(char32_t cp) {
   char buf[16];
@@ -456,40 +420,6 @@ std::string json_pointer_append(std::string_view pointer, std::size_t index) {
   s += '/';
   s += std::to_string(index);
   return s;
-}
-
-std::string quoted_for_message(std::string_view s) {
-  std::string q;
-  q.reserve(s.size() + 2);
-  q += '"';
-  char buf[16];
-  for (std::size_t i = 0; i < s.size();) {
-    char32_t cp = 0;
-    const std::size_t n = decode_utf8(s, i, cp);
-    if (n == 0) {
-      std::snprintf(buf, sizeof buf, "\\x%02X", static_cast<unsigned>(static_cast<unsigned char>(s[i])));
-      q += buf;
-      ++i;
-      continue;
-    }
-    switch (cp) {
-      case '"': q += "\\\""; break;
-      case '\\': q += "\\\\"; break;
-      case '\n': q += "\\n"; break;
-      case '\r': q += "\\r"; break;
-      case '\t': q += "\\t"; break;
-      default:
-        if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || is_bidi_control(cp) || cp == 0x2028 || cp == 0x2029) {
-          std::snprintf(buf, sizeof buf, "\\u%04X", static_cast<unsigned>(cp));
-          q += buf;
-        } else {
-          q.append(s.substr(i, n));
-        }
-    }
-    i += n;
-  }
-  q += '"';
-  return q;
 }
 
 std::string LocatedJson::where(const std::string& pointer) const {

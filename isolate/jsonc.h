@@ -15,13 +15,15 @@
 // multi-byte character is one column.
 #pragma once
 
+#include "isolate/base/quote.h"  // quoted_for_message, for every user of located errors
+
 #include <map>
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
-#include "isolate/result.h"
+#include "isolate/base/result.h"
 
 namespace tsb {
 
@@ -54,9 +56,5 @@ Result<LocatedJson> parse_jsonc(std::string_view text, std::string_view source);
 std::string json_pointer_append(std::string_view pointer, std::string_view token);
 std::string json_pointer_append(std::string_view pointer, std::size_t index);
 
-// A string as a double-quoted literal safe to put in a message or a log line:
-// quotes, backslashes, control characters and DEL are escaped, so a hostile
-// policy file cannot forge lines or terminal sequences in diagnostics.
-std::string quoted_for_message(std::string_view s);
 
 }  // namespace tsb

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "isolate/plan.h"
-#include "isolate/result.h"
-#include "isolate/unique_fd.h"
+#include "isolate/base/result.h"
+#include "isolate/base/unique_fd.h"
 
 namespace tsb::isolate {
 

@@ -11,8 +11,9 @@
 #include <climits>
 #include <optional>
 
-#include "isolate/hash.h"
-#include "isolate/unique_fd.h"
+#include "isolate/base/file.h"
+#include "isolate/base/hash.h"
+#include "isolate/base/unique_fd.h"
 
 namespace tsb::isolate {
 namespace {
@@ -50,25 +51,6 @@ constexpr const char* kDevices[] = {"null", "zero", "full", "random", "urandom"}
 
 constexpr std::uint64_t kRO = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
 constexpr std::uint64_t kRW = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-
-// Reads a small host file whole; nullopt when it cannot be read or is
-// larger than `max`.
-std::optional<std::string> read_small_file(const std::string& path, std::uint64_t max) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
-  if (!fd) return std::nullopt;
-  std::string out;
-  char buf[16384];
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return std::nullopt;
-    }
-    if (n == 0) return out;
-    if (out.size() + static_cast<std::size_t>(n) > max) return std::nullopt;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-}
 
 struct Builder {
   const PlanInputs& in;
@@ -152,7 +134,7 @@ struct Builder {
     }
     const bool dir = S_ISDIR(sb.st_mode);
     if (!dir && !writable && S_ISREG(sb.st_mode) && static_cast<std::uint64_t>(sb.st_size) <= kMaxCopiedFileBytes) {
-      if (auto data = read_small_file(src, kMaxCopiedFileBytes)) {
+      if (auto data = read_file(src, {.max_bytes = kMaxCopiedFileBytes, .regular_only = true}); data.ok()) {
         // Read-only like the bind it replaces; its exec bits are kept.
         write_file(sandbox_path, std::move(*data), static_cast<unsigned>(sb.st_mode & 0555), stage);
         return;

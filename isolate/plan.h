@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "isolate/child.h"
-#include "isolate/result.h"
+#include "isolate/base/result.h"
 #include "isolate/spec.h"
 
 namespace tsb::isolate {

@@ -18,9 +18,9 @@
 #include <utility>
 #include <vector>
 
-#include "isolate/hash.h"
+#include "isolate/base/hash.h"
 #include "isolate/jsonc.h"
-#include "isolate/unique_fd.h"
+#include "isolate/base/unique_fd.h"
 
 namespace tsb::isolate {
 namespace {

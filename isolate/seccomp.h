@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "isolate/result.h"
+#include "isolate/base/result.h"
 
 namespace tsb::isolate {
 

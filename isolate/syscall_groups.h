@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "isolate/result.h"
+#include "isolate/base/result.h"
 
 namespace tsb::isolate {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "isolate/hash.h"
+#include "isolate/base/hash.h"
 #include "protocol/pyjson.h"
 
 namespace tsb::protocol {

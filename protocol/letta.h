@@ -12,7 +12,7 @@
 #include <string_view>
 #include <utility>
 
-#include "isolate/result.h"
+#include "isolate/base/result.h"
 
 namespace tsb::protocol {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "isolate/result.h"
+#include "isolate/base/result.h"
 
 namespace tsb::protocol {
 

@@ -13,9 +13,9 @@
 
 #include "daemon/cli/cli.h"
 #include "daemon/core/result_json.h"
-#include "isolate/hash.h"
-#include "isolate/result.h"
-#include "isolate/unique_fd.h"
+#include "isolate/base/hash.h"
+#include "isolate/base/result.h"
+#include "isolate/base/unique_fd.h"
 
 namespace tsb::cli {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "isolate/engine.h"
-#include "isolate/result.h"
+#include "isolate/base/result.h"
 
 namespace tsb::core {
 

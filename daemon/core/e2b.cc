@@ -13,13 +13,12 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
-#include <fstream>
-#include <sstream>
 
 #include "daemon/core/letta_result.h"
 #include "daemon/core/result_json.h"
 #include "daemon/core/units.h"
-#include "isolate/hash.h"
+#include "isolate/base/file.h"
+#include "isolate/base/hash.h"
 #include "isolate/jsonc.h"
 #include "protocol/json_limits.h"
 #include "protocol/letta.h"
@@ -370,45 +369,30 @@ std::string e2b_sandbox_base_url(const E2BConfig& cfg, std::string_view id, int 
 
 Result<std::string> read_e2b_api_key(const std::string& path) {
   if (path.empty() || path[0] != '/') return Error::invalid("api_key_file must be an absolute path");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return Error::from_errno("open '" + path + "'");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) return Error::from_errno("fstat '" + path + "'");
-  if (!S_ISREG(st.st_mode)) return Error::invalid("'" + path + "' is not a regular file");
-  bool credential = false;
-  if (const char* cd = std::getenv("CREDENTIALS_DIRECTORY"); cd && cd[0] == '/') {
-    std::string dir(cd);
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    credential = path.size() > dir.size() + 1 && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/';
-  }
-  if (!credential) {
-    if (st.st_uid != 0) return Error::invalid("'" + path + "' must be owned by root", EPERM);
+  // Under $CREDENTIALS_DIRECTORY (systemd's LoadCredential=) systemd
+  // protects the file; anywhere else it must be root's alone.
+  ReadRules rules{.max_bytes = 8192, .regular_only = true, .no_follow = true};
+  rules.check = [](const std::string& p, const struct stat& st) -> Status {
+    bool credential = false;
+    if (const char* cd = std::getenv("CREDENTIALS_DIRECTORY"); cd && cd[0] == '/') {
+      std::string dir(cd);
+      while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+      credential = p.size() > dir.size() + 1 && p.compare(0, dir.size(), dir) == 0 && p[dir.size()] == '/';
+    }
+    if (credential) return {};
+    if (st.st_uid != 0) return Error::invalid("'" + p + "' must be owned by root", EPERM);
     if (st.st_mode & 077)
-      return Error::invalid("'" + path + "' must not be accessible by group or others (mode " +
-                                [&] {
-                                  char b[8];
-                                  std::snprintf(b, sizeof b, "%04o", st.st_mode & 07777);
-                                  return std::string(b);
-                                }() +
+      return Error::invalid("'" + p + "' must not be accessible by group or others (mode " + mode_string(st.st_mode) +
                                 "); chmod 0600 it, or pass it with systemd's LoadCredential=",
                             EPERM);
+    return {};
+  };
+  auto read = read_file(path, rules);
+  if (!read.ok()) {
+    if (read.error().code == EFBIG) return Error::invalid("'" + path + "' is too large to hold an API key");
+    return std::move(read).error();
   }
-  std::string text;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error::from_errno("read '" + path + "'");
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<std::size_t>(n));
-    if (text.size() > 8192) return Error::invalid("'" + path + "' is too large to hold an API key");
-  }
+  const std::string& text = *read;
   std::string key = trim_ws(text);
   if (key.empty()) return Error::invalid("'" + path + "' is empty");
   if (!valid_token(key)) return Error::invalid("'" + path + "' must hold one API key: printable ASCII, no spaces");
@@ -1260,12 +1244,9 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
 
   std::string runner_src;
   if (tool_mode) {
-    std::ifstream in(p.runner_path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (!in.good() && !in.eof()) co_return refuse(ErrorCode::Internal, "the tool runner cannot be read");
-    runner_src = ss.str();
-    if (runner_src.empty()) co_return refuse(ErrorCode::Internal, "the tool runner cannot be read");
+    auto src = read_file(p.runner_path, {.max_bytes = 1u << 20, .regular_only = true});
+    if (!src.ok() || src->empty()) co_return refuse(ErrorCode::Internal, "the tool runner cannot be read");
+    runner_src = std::move(src).value();
   }
 
   std::string config_state;

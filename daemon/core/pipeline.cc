@@ -6,7 +6,7 @@
 
 #include "daemon/core/result_json.h"
 #include "daemon/core/units.h"
-#include "isolate/hash.h"
+#include "isolate/base/hash.h"
 #include "isolate/jsonc.h"
 #include "protocol/letta.h"
 

@@ -1,5 +1,7 @@
 #include "daemon/core/policy.h"
 
+#include "isolate/base/file.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,10 +15,10 @@
 
 #include "daemon/core/embedded.h"
 #include "daemon/core/units.h"
-#include "isolate/hash.h"
+#include "isolate/base/hash.h"
 #include "isolate/jsonc.h"
 #include "isolate/plan.h"
-#include "isolate/unique_fd.h"
+#include "isolate/base/unique_fd.h"
 
 namespace tsb::core {
 namespace {
@@ -550,39 +552,19 @@ Result<std::string> read_policy_text(const std::string& path) {
     if (!text) return Error::invalid("no embedded file '" + path.substr(std::strlen(kEmbedded)) + "'", ENOENT);
     return std::string(*text);
   }
-  // O_NONBLOCK: a FIFO planted at the path must not block the daemon; it is
-  // refused below as not a regular file. Every check is made on the opened
-  // descriptor, so the file checked is the file read.
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
-  if (!fd) return Error::from_errno("open '" + path + "'");
-  struct stat st{};
-  if (::fstat(fd.get(), &st) != 0) return Error::from_errno("fstat '" + path + "'");
-  if (!S_ISREG(st.st_mode)) return Error::invalid("'" + path + "' is not a regular file");
   // A policy is only as strong as the weakest hand that can edit it: when
   // the daemon runs as root, a file someone else owns or may write would let
   // that someone rewrite every sandbox's rules. Without root the daemon has
   // nothing to protect that its own user could not change anyway.
-  if (::geteuid() == 0 && (st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0)) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return Error::invalid("refusing '" + path + "': owned by uid " + std::to_string(st.st_uid) + " with mode " + mode +
-                              "; a policy file must be owned by root and writable by no one else",
-                          EPERM);
-  }
-  if (st.st_size > (4 << 20)) return Error::invalid("'" + path + "' is larger than 4 MiB", EFBIG);
-  std::string text;
-  char buf[16384];
-  while (true) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error::from_errno("read '" + path + "'");
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<std::size_t>(n));
-    if (text.size() > (4u << 20)) return Error::invalid("'" + path + "' is larger than 4 MiB", EFBIG);
-  }
-  return text;
+  ReadRules rules{.max_bytes = 4u << 20, .regular_only = true};
+  rules.check = [](const std::string& p, const struct stat& st) -> Status {
+    if (::geteuid() == 0 && (st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0))
+      return Error::invalid("refusing '" + p + "': owned by uid " + std::to_string(st.st_uid) + " with mode " +
+                                mode_string(st.st_mode) + "; a policy file must be owned by root and writable by no one else",
+                            EPERM);
+    return {};
+  };
+  return read_file(path, rules);
 }
 
 Result<Policy> load_policy(const std::string& path, const PolicyContext& ctx) {

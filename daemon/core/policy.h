@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "isolate/result.h"
+#include "isolate/base/result.h"
 #include "isolate/seccomp.h"
 #include "isolate/spec.h"
 

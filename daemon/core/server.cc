@@ -25,7 +25,7 @@
 #include "daemon/core/letta_result.h"
 #include "daemon/core/result_json.h"
 #include "daemon/core/units.h"
-#include "isolate/hash.h"
+#include "isolate/base/hash.h"
 #include "isolate/jsonc.h"
 #include "isolate/supervise.h"
 #include "protocol/letta.h"

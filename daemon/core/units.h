@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "isolate/result.h"
+#include "isolate/base/result.h"
 
 namespace tsb::core {
 

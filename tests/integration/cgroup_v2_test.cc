@@ -28,7 +28,7 @@
 #include <thread>
 
 #include "isolate/cgroup.h"
-#include "isolate/hash.h"
+#include "isolate/base/hash.h"
 #include "tests/integration/harness.h"
 
 using namespace tsb::testing;

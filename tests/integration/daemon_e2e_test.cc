@@ -12,7 +12,7 @@
 #include <fstream>
 #include <thread>
 
-#include "isolate/hash.h"
+#include "isolate/base/hash.h"
 #include "protocol/letta.h"
 #include "tests/integration/harness.h"
 

@@ -19,7 +19,7 @@
 #include <sstream>
 #include <thread>
 
-#include "isolate/hash.h"
+#include "isolate/base/hash.h"
 #include "tests/integration/harness.h"
 
 using nlohmann::json;

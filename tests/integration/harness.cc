@@ -16,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-#include "isolate/hash.h"
+#include "isolate/base/hash.h"
 
 namespace tsb::testing {
 

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "isolate/hash.h"
+#include "isolate/base/hash.h"
 #include "protocol/pyjson.h"
 
 #include "tests/unit/python_reference.h"

@@ -37,7 +37,7 @@
 
 #include "daemon/core/letta_result.h"
 #include "daemon/core/result_json.h"
-#include "isolate/hash.h"
+#include "isolate/base/hash.h"
 #include "isolate/spec.h"
 #include "protocol/letta.h"
 #include "protocol/messages.h"

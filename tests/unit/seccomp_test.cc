@@ -35,7 +35,7 @@
 
 #include "isolate/jsonc.h"
 #include "isolate/syscall_groups.h"
-#include "isolate/unique_fd.h"
+#include "isolate/base/unique_fd.h"
 
 namespace tsb::isolate {
 namespace {

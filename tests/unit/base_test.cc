@@ -1,0 +1,123 @@
+// The header-only base (isolate/base/): the trusted-file reader, quoting
+// for messages, digests.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "isolate/base/file.h"
+#include "isolate/base/hash.h"
+#include "isolate/base/quote.h"
+
+namespace tsb {
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    char t[] = "/tmp/tsb-base-XXXXXX";
+    dir_ = ::mkdtemp(t);
+  }
+  ~TempDir() { std::system(("rm -rf '" + dir_ + "'").c_str()); }
+  std::string file(const std::string& name, const std::string& content) const {
+    std::ofstream(dir_ + "/" + name, std::ios::binary) << content;
+    return dir_ + "/" + name;
+  }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+TEST(ReadFile, ReadsWholeAndBounded) {
+  TempDir t;
+  const std::string p = t.file("a", std::string(5000, 'x'));
+  auto r = read_file(p);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->size(), 5000u);
+  auto small = read_file(p, {.max_bytes = 4999});
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.error().code, EFBIG);
+  EXPECT_EQ(small.error().message, "'" + p + "' is larger than 4999 bytes");
+  EXPECT_TRUE(read_file(p, {.max_bytes = 5000}).ok());
+}
+
+TEST(ReadFile, KernelFilesThatReportNoSizeAreBoundedWhileReading) {
+  // /proc files have st_size 0: the bound applies to what is read.
+  auto r = read_file("/proc/self/mountinfo", {.max_bytes = 10});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, EFBIG);
+  EXPECT_TRUE(read_file("/proc/self/mountinfo", {.max_bytes = 16u << 20}).ok());
+}
+
+TEST(ReadFile, AFifoIsRefusedWithoutBlocking) {
+  TempDir t;
+  const std::string fifo = t.dir() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto r = read_file(fifo, {.regular_only = true});  // would block forever without O_NONBLOCK
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, "'" + fifo + "' is not a regular file");
+  EXPECT_FALSE(read_file(t.dir(), {.regular_only = true}).ok());  // a directory
+}
+
+TEST(ReadFile, NoFollowRefusesASymlink) {
+  TempDir t;
+  const std::string target = t.file("target", "secret");
+  const std::string link = t.dir() + "/link";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  EXPECT_TRUE(read_file(link).ok());
+  auto r = read_file(link, {.no_follow = true});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ELOOP);
+}
+
+TEST(ReadFile, TheCheckSeesTheOpenedFileAndCanRefuseIt) {
+  TempDir t;
+  const std::string p = t.file("m", "x");
+  ASSERT_EQ(::chmod(p.c_str(), 0640), 0);
+  ReadRules rules;
+  mode_t seen = 0;
+  rules.check = [&](const std::string&, const struct stat& st) -> Status {
+    seen = st.st_mode & 07777;
+    if (st.st_mode & 077) return Error::invalid("mode " + mode_string(st.st_mode), EPERM);
+    return {};
+  };
+  auto r = read_file(p, rules);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(seen, 0640u);
+  EXPECT_EQ(r.error().message, "mode 0640");
+  ASSERT_EQ(::chmod(p.c_str(), 0600), 0);
+  EXPECT_TRUE(read_file(p, rules).ok());
+}
+
+TEST(ReadFile, AMissingFileNamesThePathAndErrno) {
+  auto r = read_file("/nonexistent/x");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ENOENT);
+  EXPECT_EQ(r.error().message, "open '/nonexistent/x': No such file or directory");
+}
+
+TEST(Quote, EscapesWhatCouldForgeALine) {
+  EXPECT_EQ(quoted_for_message("a\"b\\c\n\r\t"), R"("a\"b\\c\n\r\t")");
+  EXPECT_EQ(quoted_for_message("\x1b[31m"), R"("\u001B[31m")");
+  EXPECT_EQ(quoted_for_message("\xff"), R"("\xFF")");
+  EXPECT_EQ(quoted_for_message("\xe2\x80\xae"), R"("\u202E")");  // RIGHT-TO-LEFT OVERRIDE
+  EXPECT_EQ(quoted_for_message("\xe2\x80\xa8"), R"("\u2028")");  // LINE SEPARATOR
+  EXPECT_EQ(quoted_for_message("h\xc3\xa9"), "\"h\xc3\xa9\"");
+}
+
+TEST(Hash, KnownDigestsAndNonces) {
+  EXPECT_EQ(md5_hex(""), "d41d8cd98f00b204e9800998ecf8427e");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_raw("abc").size(), 32u);
+  const std::string a = random_hex(16), b = random_hex(16);
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tsb
