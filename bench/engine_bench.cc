@@ -25,7 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/core/policy.h"
+#include "daemon/policy/policy.h"
+#include "daemon/policy/seccomp_profile.h"
 #include "isolate/engine.h"
 
 extern char** environ;
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
   tsb::isolate::EngineConfig cfg;
   cfg.cgroup_parent = "/toolsandbox-bench";
   cfg.state_dir = "/run/toolsandbox-bench";
-  auto engine = tsb::isolate::Engine::create(cfg);
+  auto engine = tsb::policy::create_engine(cfg);
   if (!engine.ok()) {
     std::fprintf(stderr, "engine: %s\n", engine.error().message.c_str());
     return 1;
@@ -90,7 +91,7 @@ int main(int argc, char** argv) {
   tsb::isolate::EngineConfig bind_cfg = cfg;
   bind_cfg.hide_host_paths = false;
   bind_cfg.uid_base = cfg.uid_base + cfg.uid_slots * 65536u;
-  auto bind_engine = tsb::isolate::Engine::create(bind_cfg);
+  auto bind_engine = tsb::policy::create_engine(bind_cfg);
   if (!bind_engine.ok()) {
     std::fprintf(stderr, "engine (binds): %s\n", bind_engine.error().message.c_str());
     return 1;

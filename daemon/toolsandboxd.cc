@@ -16,9 +16,10 @@
 #include <string>
 
 #include "daemon/core/config.h"
+#include "daemon/policy/seccomp_profile.h"
 #include "daemon/core/registry.h"
 #include "daemon/core/server.h"
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 
 namespace {
 
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
   if (check_only) return 0;
   raise_open_files_limit();
 
-  auto engine = tsb::isolate::Engine::create(cfg->engine);
+  auto engine = tsb::policy::create_engine(cfg->engine);
   if (!engine.ok()) {
     spdlog::critical("engine: {}", engine.error().message);
     return 1;

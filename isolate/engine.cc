@@ -296,7 +296,7 @@ std::size_t Sandbox::collect_retired() { return core_ ? core_->collect() : 0; }
 
 // ----------------------------------------------------------------- Engine
 
-Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
+Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_ptr<const SeccompProgram> init_filter) {
   std::unique_ptr<Engine> e(new Engine());
   if (::geteuid() != 0)
     return Error::invalid("toolsandbox needs root: it creates namespaces, cgroups and id maps", EPERM);
@@ -395,10 +395,11 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
   if (!init.ok()) return std::move(init).error();
   e->init_exe_ = std::move(init).value();
 
-  auto filter = compile_init_filter();
-  if (!filter.ok()) return std::move(filter).error().wrap("compiling the init filter");
-  auto memfd = sealed_memfd("toolsandbox-init-filter", (*filter)->insns.data(),
-                            (*filter)->insns.size() * sizeof(sock_filter));
+  // Compiled by the caller (daemon/policy/seccomp_profile.h,
+  // compile_init_filter): the engine loads programs, it never reads rules.
+  if (!init_filter || init_filter->insns.empty()) return Error::invalid("the sandbox init's seccomp program is missing");
+  auto memfd = sealed_memfd("toolsandbox-init-filter", init_filter->insns.data(),
+                            init_filter->insns.size() * sizeof(sock_filter));
   if (!memfd.ok()) return std::move(memfd).error();
   e->init_filter_ = std::move(memfd).value();
 

@@ -1,7 +1,7 @@
 // The engine: builds one sandbox per run and hands it to the supervisor.
 //
 //   Engine::create   once per process: checks privileges, detects cgroups,
-//                    compiles the init filter, finds toolsandbox-init.
+//                    seals the init's filter, finds toolsandbox-init.
 //   Engine::spawn    per run: cgroup leaf, pipes, clone3, id maps, sync.
 //   supervise()      per run (isolate/supervise.h): I/O, limits, result.
 //   Engine::run      blocking spawn + supervise, for the command line.
@@ -144,7 +144,9 @@ class Sandbox {
 
 class Engine {
  public:
-  static Result<std::unique_ptr<Engine>> create(EngineConfig config);
+  // `init_filter`: the seccomp program toolsandbox-init loads on itself
+  // (policy::compile_init_filter), required.
+  static Result<std::unique_ptr<Engine>> create(EngineConfig config, std::shared_ptr<const SeccompProgram> init_filter);
   ~Engine();
 
   // Build the sandbox and start the tool. Returns once the child is in its

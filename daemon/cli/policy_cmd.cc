@@ -8,12 +8,12 @@
 //                          Exit 0 when every file loads, 1 otherwise.
 //   fingerprint FILE...    "sha256:<hex>  FILE" per file (exit as check);
 //                          organizations files are skipped with a note.
-//   explain NAME|FILE      the review page (daemon/core/policy_explain.h).
+//   explain NAME|FILE      the review page (daemon/policy/policy_explain.h).
 //       --compare PROFILE  instead: the syscall-by-syscall differences with an
 //                          OCI/Moby profile (names this libseccomp does not
 //                          know are dropped from its allow rules and listed).
 //       --no-host          leave out the "[host]" lines about this machine.
-//   lint FILE...           warnings for risky grants (daemon/core/policy_lint.h).
+//   lint FILE...           warnings for risky grants (daemon/policy/policy_lint.h).
 //                          Exit 0 none, 1 warnings, 2 a file does not load.
 //                          Organizations files are skipped with a note.
 //       --notes            also print the notes (grants from dangerous groups
@@ -33,12 +33,12 @@
 
 #include "daemon/cli/cli.h"
 #include "daemon/core/config.h"
-#include "daemon/core/embedded.h"
-#include "daemon/core/policy.h"
-#include "daemon/core/policy_explain.h"
-#include "daemon/core/policy_lint.h"
+#include "daemon/policy/embedded.h"
+#include "daemon/policy/policy.h"
+#include "daemon/policy/policy_explain.h"
+#include "daemon/policy/policy_lint.h"
 #include "daemon/core/registry.h"
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 
 namespace tsb::cli {
 
@@ -323,9 +323,9 @@ int cmd_explain(const PolicyArgs& a, const core::PolicyContext& ctx) {
   // Third-party profiles list syscalls newer than this libseccomp; dropping
   // those from allow rules only makes that profile stricter, and the page
   // lists every name dropped.
-  isolate::SeccompParseOptions lenient;
-  lenient.unresolvable_syscalls = isolate::SeccompParseOptions::UnresolvableSyscalls::SkipInAllowRules;
-  auto other = isolate::load_seccomp_profile_file(*a.compare, lenient);
+  policy::SeccompParseOptions lenient;
+  lenient.unresolvable_syscalls = policy::SeccompParseOptions::UnresolvableSyscalls::SkipInAllowRules;
+  auto other = policy::load_seccomp_profile_file(*a.compare, lenient);
   if (!other.ok()) {
     std::fprintf(stderr, "%s\n", other.error().wrap("--compare").message.c_str());
     return 1;

@@ -10,11 +10,12 @@
 #include <sstream>
 
 #include "daemon/cli/cli.h"
-#include "daemon/core/policy.h"
+#include "daemon/policy/seccomp_profile.h"
+#include "daemon/policy/policy.h"
 #include "daemon/core/result_json.h"
-#include "daemon/core/units.h"
+#include "daemon/policy/units.h"
 #include "isolate/engine.h"
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 
 namespace tsb::cli {
 namespace {
@@ -152,7 +153,7 @@ int cmd_run(const std::vector<std::string>& args) {
     spec.stdin_data = std::move(data);
   }
 
-  auto engine = isolate::Engine::create(cfg);
+  auto engine = policy::create_engine(cfg);
   if (!engine.ok()) {
     std::fprintf(stderr, "toolsandbox run: %s\n", engine.error().message.c_str());
     return kExitSetup;

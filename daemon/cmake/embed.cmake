@@ -1,6 +1,6 @@
 # Generates a C++ source that embeds files as string literals.
 # Usage: cmake -DOUT=file.cc -DBASE=dir -DFILES="a;b" -P embed.cmake
-set(body "// Generated from policies/ by daemon/cmake/embed.cmake. Do not edit.\n#include \"daemon/core/embedded.h\"\n\nnamespace tsb::core {\nnamespace {\nstruct Entry { std::string_view path; std::string_view text; };\n")
+set(body "// Generated from policies/ by daemon/cmake/embed.cmake. Do not edit.\n#include \"daemon/policy/embedded.h\"\n\nnamespace tsb::core {\nnamespace {\nstruct Entry { std::string_view path; std::string_view text; };\n")
 set(entries "")
 set(i 0)
 foreach(f IN LISTS FILES)

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <set>
 
-#include "daemon/core/policy.h"
-#include "daemon/core/units.h"
-#include "isolate/jsonc.h"
+#include "daemon/policy/policy.h"
+#include "daemon/policy/units.h"
+#include "daemon/policy/jsonc.h"
 
 namespace tsb::core {
 namespace {

@@ -16,10 +16,10 @@
 
 #include "daemon/core/letta_result.h"
 #include "daemon/core/result_json.h"
-#include "daemon/core/units.h"
+#include "daemon/policy/units.h"
 #include "isolate/base/file.h"
 #include "isolate/base/hash.h"
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 #include "protocol/json_limits.h"
 #include "protocol/letta.h"
 #include "protocol/pyjson.h"

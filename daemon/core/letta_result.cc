@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "daemon/core/units.h"
+#include "daemon/policy/units.h"
 #include "protocol/json_scan.h"
 #include "protocol/letta.h"
 

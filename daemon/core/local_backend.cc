@@ -6,7 +6,7 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/use_awaitable.hpp>
 
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 #include "isolate/supervise.h"
 
 namespace tsb::core {

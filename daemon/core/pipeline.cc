@@ -5,9 +5,9 @@
 #include <algorithm>
 
 #include "daemon/core/result_json.h"
-#include "daemon/core/units.h"
+#include "daemon/policy/units.h"
 #include "isolate/base/hash.h"
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 #include "protocol/letta.h"
 
 namespace tsb::core {

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 
 namespace tsb::core {
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "daemon/core/config.h"
-#include "daemon/core/policy.h"
+#include "daemon/policy/policy.h"
 
 namespace tsb::core {
 

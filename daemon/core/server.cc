@@ -24,9 +24,9 @@
 #include "daemon/core/e2b.h"
 #include "daemon/core/letta_result.h"
 #include "daemon/core/result_json.h"
-#include "daemon/core/units.h"
+#include "daemon/policy/units.h"
 #include "isolate/base/hash.h"
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 #include "isolate/supervise.h"
 #include "protocol/letta.h"
 

@@ -1,4 +1,4 @@
-// The policy loader (daemon/core/policy.h) and the organizations loader
+// The policy loader (daemon/policy/policy.h) and the organizations loader
 // (daemon/core/registry.h), fed one file each.
 //
 // Both loaders take a path, not a buffer (they check the opened file's owner
@@ -22,10 +22,10 @@
 #include <filesystem>
 #include <string>
 
-#include "daemon/core/embedded.h"
-#include "daemon/core/policy.h"
-#include "daemon/core/policy_explain.h"
-#include "daemon/core/policy_lint.h"
+#include "daemon/policy/embedded.h"
+#include "daemon/policy/policy.h"
+#include "daemon/policy/policy_explain.h"
+#include "daemon/policy/policy_lint.h"
 #include "daemon/core/registry.h"
 #include "tests/fuzz/fuzz_check.h"
 

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "isolate/cgroup.h"
+#include "daemon/policy/seccomp_profile.h"
 #include "isolate/engine.h"
 #include "tests/integration/harness.h"
 
@@ -138,7 +139,7 @@ void end_namespace(pid_t init) {
 // and a double-forked, session-leading grandchild that ignores SIGTERM and
 // SIGHUP), report readiness on `ready_fd`, then wait to be killed.
 void spawn_survivors(const EngineConfig& cfg, int n, int ready_fd, const tsb::isolate::RunSpec& base) {
-  auto e = Engine::create(cfg);
+  auto e = tsb::policy::create_engine(cfg);
   if (!e.ok()) {
     std::string m = "error " + e.error().message + "\n";
     (void)!::write(ready_fd, m.data(), m.size());
@@ -184,7 +185,7 @@ std::string restart_engine_as_pid2(const EngineConfig& cfg) {
   pid_t engine_pid = -1;
   pid_t ns = run_as_pid2(
       [&] {
-        auto e = Engine::create(cfg);
+        auto e = tsb::policy::create_engine(cfg);
         std::string m = e.ok() ? "pid " + std::to_string(::getpid()) : "error " + e.error().message;
         if (e.ok())
           for (const auto& n : (*e)->startup_notes()) m += "\t" + n;
@@ -295,7 +296,7 @@ TEST_F(EngineDeathTest, UidSlotIsNotLeasedWhileItsLastInitExists) {
     ASSERT_EQ(::pwrite(fd, &rec, sizeof rec, 0), static_cast<ssize_t>(sizeof rec));
     ::close(fd);
   }
-  auto e = Engine::create(cfg);
+  auto e = tsb::policy::create_engine(cfg);
   ASSERT_TRUE(e.ok()) << e.error().message;
   auto s = spec({"/bin/true"});
   auto r = (*e)->run(s);

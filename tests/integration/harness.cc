@@ -1,4 +1,5 @@
 #include "tests/integration/harness.h"
+#include "daemon/policy/seccomp_profile.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -45,7 +46,7 @@ void EngineTest::SetUpTestSuite() {
   cfg.cgroup_parent = parent ? parent : "/toolsandbox-test";
   cfg.state_dir = "/run/toolsandbox-test";
   cfg.init_path = std::string(TSB_BIN_DIR) + "/toolsandbox-init";
-  auto e = isolate::Engine::create(cfg);
+  auto e = policy::create_engine(cfg);
   if (!e.ok()) {
     skip_reason_ = "cannot create the engine: " + e.error().message;
     return;

@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "daemon/core/policy.h"
+#include "daemon/policy/policy.h"
 #include "isolate/engine.h"
 
 namespace tsb::testing {

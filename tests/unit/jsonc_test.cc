@@ -1,6 +1,6 @@
 // The strict JSON-with-comments parser behind every policy file: what it
 // accepts, exact diagnostics for each class of error, and source locations.
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 
 #include <gtest/gtest.h>
 

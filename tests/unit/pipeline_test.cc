@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "daemon/core/pipeline.h"
-#include "daemon/core/policy.h"
+#include "daemon/policy/policy.h"
 
 namespace tsb::core {
 namespace {

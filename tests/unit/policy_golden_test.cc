@@ -42,11 +42,11 @@
 #include <string>
 #include <vector>
 
-#include "daemon/core/policy.h"
-#include "daemon/core/policy_explain.h"
-#include "daemon/core/policy_lint.h"
+#include "daemon/policy/policy.h"
+#include "daemon/policy/policy_explain.h"
+#include "daemon/policy/policy_lint.h"
 #include "daemon/core/registry.h"
-#include "isolate/seccomp.h"
+#include "daemon/policy/seccomp_profile.h"
 
 namespace tsb::core {
 namespace {
@@ -283,7 +283,7 @@ std::string without_host_lines(const std::string& page) {
 class PolicyGoldenExplain : public testing::TestWithParam<std::string> {};
 
 TEST_P(PolicyGoldenExplain, MatchesTheSnapshot) {
-  if (isolate::seccomp_native_arch() != "SCMP_ARCH_X86_64") GTEST_SKIP() << "the snapshots are for x86_64";
+  if (policy::seccomp_native_arch() != "SCMP_ARCH_X86_64") GTEST_SKIP() << "the snapshots are for x86_64";
   PolicyContext ctx;
   auto p = load_named_policy(GetParam(), "", ctx);
   ASSERT_TRUE(p.ok()) << p.error().message;
@@ -307,14 +307,14 @@ TEST(PolicyGoldenMoby, LoadsCompilesAndCompares) {
     GTEST_SKIP() << "\n\n    *** SKIPPED: the Moby reference profile is missing at " << kMobyProfile
                  << "\n    *** (expected in the shared reference folder next to the repository)\n";
   }
-  if (isolate::seccomp_native_arch() != "SCMP_ARCH_X86_64") GTEST_SKIP() << "the snapshot is for x86_64";
-  isolate::SeccompParseOptions lenient;
-  lenient.unresolvable_syscalls = isolate::SeccompParseOptions::UnresolvableSyscalls::SkipInAllowRules;
+  if (policy::seccomp_native_arch() != "SCMP_ARCH_X86_64") GTEST_SKIP() << "the snapshot is for x86_64";
+  policy::SeccompParseOptions lenient;
+  lenient.unresolvable_syscalls = policy::SeccompParseOptions::UnresolvableSyscalls::SkipInAllowRules;
   lenient.kernel_release = "6.1.0";  // Moby's minKernel entries, fixed for the snapshot
-  auto moby = isolate::parse_seccomp_profile(text, "moby-default-seccomp.json", lenient);
+  auto moby = policy::parse_seccomp_profile(text, "moby-default-seccomp.json", lenient);
   ASSERT_TRUE(moby.ok()) << moby.error().message;
   EXPECT_FALSE(moby->skipped_syscalls.empty());
-  auto prog = isolate::compile_seccomp(*moby);
+  auto prog = policy::compile_seccomp(*moby);
   ASSERT_TRUE(prog.ok()) << prog.error().message;
 
   PolicyContext ctx;

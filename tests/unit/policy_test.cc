@@ -20,14 +20,14 @@
 #include <string>
 #include <vector>
 
-#include "daemon/core/policy.h"
-#include "daemon/core/policy_explain.h"
-#include "daemon/core/policy_lint.h"
+#include "daemon/policy/policy.h"
+#include "daemon/policy/policy_explain.h"
+#include "daemon/policy/policy_lint.h"
 #include "daemon/core/registry.h"
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 #include "isolate/plan.h"
-#include "isolate/seccomp.h"
-#include "isolate/syscall_groups.h"
+#include "daemon/policy/seccomp_profile.h"
+#include "daemon/policy/syscall_groups.h"
 
 namespace tsb::core {
 namespace {
@@ -275,7 +275,7 @@ TEST(PolicyInclude, IncludedProfileResolvesFromTheIncludedFilesDirectory) {
   auto r = load_policy(p, no_binds());
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->seccomp_source, t.path() + "/base/strict.json");
-  EXPECT_EQ(r->seccomp_profile->default_action, isolate::SeccompAction::Errno);
+  EXPECT_EQ(r->seccomp_profile->default_action, policy::SeccompAction::Errno);
 }
 
 TEST(PolicyInclude, ErrorsInAnIncludedInlineProfilePointAtTheIncludedFile) {
@@ -415,7 +415,7 @@ TEST(Organizations, StrictWithPositions) {
 // The explain model.
 
 std::vector<SyscallRuleView> rules_from(const std::string& syscalls_json) {
-  auto prof = isolate::parse_seccomp_profile(
+  auto prof = policy::parse_seccomp_profile(
       R"({"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [)" + syscalls_json + "]}", "t.json");
   EXPECT_TRUE(prof.ok()) << prof.error().message;
   if (!prof.ok()) return {};
@@ -473,12 +473,12 @@ TEST(PolicyExplainModel, ErrnoNamesAndEffects) {
   EXPECT_EQ(errno_label(1), "EPERM (1)");
   EXPECT_EQ(errno_label(38), "ENOSYS (38)");
   EXPECT_EQ(errno_label(0), "errno 0 (reports success without running)");
-  EXPECT_EQ(action_effect(isolate::SeccompAction::KillProcess, 0), "kills the process");
-  EXPECT_EQ(action_effect(isolate::SeccompAction::Log, 0), "allowed, logged");
+  EXPECT_EQ(action_effect(policy::SeccompAction::KillProcess, 0), "kills the process");
+  EXPECT_EQ(action_effect(policy::SeccompAction::Log, 0), "allowed, logged");
 }
 
 TEST(PolicyExplainModel, SyscallFates) {
-  auto prof = isolate::parse_seccomp_profile(
+  auto prof = policy::parse_seccomp_profile(
       R"({"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"},
           {"names": ["ptrace"], "action": "SCMP_ACT_ERRNO"},)" +
           eq("socket", 0, 1) + "," + eq("kill", 1, 9, "SCMP_ACT_ERRNO") + "]}",
@@ -630,7 +630,7 @@ TEST(PolicyExplainPage, EachAllowedSyscallOnceUnderItsFirstGroup) {
     else if (in_allowed && l.size() > 6 && l.compare(0, 6, "      ") == 0 && l[6] != ' ') {
       const std::string name = l.substr(6, l.find(':') == std::string::npos ? std::string::npos : l.find(':') - 6);
       ++seen[name];
-      const auto groups = isolate::syscall_groups_of(name);
+      const auto groups = policy::syscall_groups_of(name);
       EXPECT_EQ(group, groups.empty() ? std::string("(in no group)") : std::string(groups.front())) << name;
     }
   }
@@ -648,7 +648,7 @@ TEST(PolicyExplainCompare, EachKindOfDifferenceIsReportedAndCounted) {
                                                        eq("socket", 0, 1) + "," + eq("socket", 0, 2)));
   auto mine = load_policy(p, no_binds());
   ASSERT_TRUE(mine.ok()) << mine.error().message;
-  auto other = isolate::parse_seccomp_profile(R"({"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38, "syscalls": [)" +
+  auto other = policy::parse_seccomp_profile(R"({"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38, "syscalls": [)" +
                                                   std::string(kEngineAllow) + R"(,
       {"names": ["mount"], "action": "SCMP_ACT_ALLOW"},)" + eq("socket", 0, 1) + "]}",
                                               "other.json");
@@ -794,7 +794,7 @@ TEST(PolicySchema, DeclaresDraft202012AndTheLoadersKeys) {
   EXPECT_EQ(keys_of(defs["environment"]), loader_keys(R"({"version": 1, "environment": {"zz_unknown": 1}})"));
   EXPECT_EQ(keys_of(defs["seccomp"]), loader_keys(R"({"version": 1, "seccomp": {"zz_unknown": 1}})"));
   EXPECT_EQ(keys_of(s["properties"]["user"]), loader_keys(R"({"version": 1, "user": {"zz_unknown": 1}})"));
-  // The embedded OCI profile schema names what isolate/seccomp.cc accepts.
+  // The embedded OCI profile schema names what daemon/policy/seccomp_profile.cc accepts.
   EXPECT_EQ(keys_of(defs["seccompProfile"]),
             (std::set<std::string>{"defaultAction", "defaultErrnoRet", "architectures", "archMap", "syscalls", "flags",
                                    "listenerPath", "listenerMetadata"}));

@@ -1,7 +1,7 @@
 // Seccomp profiles: strict parsing with file:line:col diagnostics, the
 // includes/excludes semantics, compilation, and the behaviour of the shipped
 // default profile and the init filter seen from inside a filtered process.
-#include "isolate/seccomp.h"
+#include "daemon/policy/seccomp_profile.h"
 
 #include <fcntl.h>
 #include <linux/seccomp.h>
@@ -33,11 +33,11 @@
 #include <string>
 #include <vector>
 
-#include "isolate/jsonc.h"
-#include "isolate/syscall_groups.h"
+#include "daemon/policy/jsonc.h"
+#include "daemon/policy/syscall_groups.h"
 #include "isolate/base/unique_fd.h"
 
-namespace tsb::isolate {
+namespace tsb::policy {
 namespace {
 
 const std::string kDefaultProfile = TSB_SOURCE_DIR "/policies/seccomp/default.json";
@@ -1164,4 +1164,4 @@ TEST(SyscallGroups, DefaultProfileAllowsNothingFromDangerousGroups) {
 }
 
 }  // namespace
-}  // namespace tsb::isolate
+}  // namespace tsb::policy

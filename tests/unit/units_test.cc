@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "daemon/core/units.h"
+#include "daemon/policy/units.h"
 
 using tsb::core::format_duration;
 using tsb::core::format_size;

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "isolate/base/result.h"
-#include "isolate/seccomp.h"
+#include "daemon/policy/seccomp_profile.h"
 #include "isolate/spec.h"
 
 namespace tsb::core {
@@ -34,7 +34,7 @@ struct Policy {
   std::map<std::string, std::string> env_set;  // fixed values, always present
   std::vector<std::string> env_allow;          // names (or PREFIX_*) a request may set
   std::string seccomp_source;                  // profile path, or "<inline>"
-  std::shared_ptr<const isolate::SeccompProfile> seccomp_profile;
+  std::shared_ptr<const policy::SeccompProfile> seccomp_profile;
   std::shared_ptr<const isolate::SeccompProgram> seccomp;  // compiled once, here
   std::uint32_t uid = 1000;
   std::uint32_t gid = 1000;
@@ -56,7 +56,7 @@ struct PolicyContext {
 
 // Reads files from disk, or from the set embedded in the binary when the
 // path starts with "embedded:" (policies/ of the source tree, see
-// daemon/core/embedded.h).
+// daemon/policy/embedded.h).
 Result<std::string> read_policy_text(const std::string& path);
 
 Result<Policy> load_policy(const std::string& path, const PolicyContext& ctx);

@@ -1,4 +1,4 @@
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 #include "isolate/base/quote.h"
 
 #include <cerrno>

@@ -1,4 +1,4 @@
-#include "daemon/core/policy_lint.h"
+#include "daemon/policy/policy_lint.h"
 
 #include <seccomp.h>
 
@@ -8,18 +8,18 @@
 #include <set>
 #include <tuple>
 
-#include "daemon/core/policy_explain.h"
-#include "daemon/core/units.h"
-#include "isolate/jsonc.h"
-#include "isolate/syscall_groups.h"
+#include "daemon/policy/policy_explain.h"
+#include "daemon/policy/units.h"
+#include "daemon/policy/jsonc.h"
+#include "daemon/policy/syscall_groups.h"
 
 namespace tsb::core {
 namespace {
 
-using isolate::SeccompAction;
+using policy::SeccompAction;
 
 // Syscalls that are dangerous in a tool's filter although their group in
-// isolate/syscall_groups.cc is not marked dangerous (or they have none).
+// daemon/policy/syscall_groups.cc is not marked dangerous (or they have none).
 struct DangerousSyscall {
   std::string_view name;
   std::string_view reason;
@@ -102,10 +102,10 @@ std::string q(std::string_view s) { return quoted_for_message(s); }
 // The dangerous group that says most about `syscall`: one that lists it
 // directly (@reboot for kexec_load), else one that includes it through a
 // reference (@privileged for chown, via @chown).
-const isolate::SyscallGroup* dangerous_group_of(std::string_view syscall) {
-  const isolate::SyscallGroup* via_reference = nullptr;
-  for (const auto name : isolate::syscall_groups_of(syscall)) {
-    const isolate::SyscallGroup* g = isolate::find_syscall_group(name);
+const policy::SyscallGroup* dangerous_group_of(std::string_view syscall) {
+  const policy::SyscallGroup* via_reference = nullptr;
+  for (const auto name : policy::syscall_groups_of(syscall)) {
+    const policy::SyscallGroup* g = policy::find_syscall_group(name);
     if (g == nullptr || !g->dangerous) continue;
     if (std::find(g->members.begin(), g->members.end(), syscall) != g->members.end()) return g;
     if (via_reference == nullptr) via_reference = g;
@@ -121,7 +121,7 @@ std::optional<std::string> dangerous_syscall_reason(std::string_view syscall, bo
     if (conditional && d.fine_with_conditions) return std::nullopt;
     return std::string(d.reason);
   }
-  if (const isolate::SyscallGroup* g = dangerous_group_of(syscall))
+  if (const policy::SyscallGroup* g = dangerous_group_of(syscall))
     return std::string(g->help) + " (" + std::string(g->name) + ")";
   return std::nullopt;
 }
@@ -185,7 +185,7 @@ std::vector<PolicyRisk> assess_policy(const Policy& p) {
   if (l.pids > kPidsWarn)
     policy_key("/limits/pids", "pids " + std::to_string(l.pids) + " is above " + std::to_string(kPidsWarn));
 
-  const isolate::SeccompProfile* prof = p.seccomp_profile.get();
+  const policy::SeccompProfile* prof = p.seccomp_profile.get();
   if (prof == nullptr) {
     policy_key("/seccomp", "no seccomp profile is loaded");
     return risks;
@@ -246,9 +246,9 @@ std::vector<PolicyRisk> assess_policy(const Policy& p) {
     const auto passes = [&](const std::string& name) {
       return !view.syscalls.count(name) && seccomp_syscall_resolve_name_arch(native, name.c_str()) >= 0;
     };
-    for (const auto& g : isolate::syscall_groups()) {
+    for (const auto& g : policy::syscall_groups()) {
       if (!g.dangerous) continue;
-      auto members = isolate::expand_syscall_group(g.name);
+      auto members = policy::expand_syscall_group(g.name);
       if (!members.ok()) continue;
       std::string names;
       for (const auto& m : *members)
@@ -279,7 +279,7 @@ std::vector<PolicyRisk> assess_policy(const Policy& p) {
       }
     }
     if (auto inert = inert_syscall_reason(name)) {
-      const isolate::SyscallGroup* g = dangerous_group_of(name);
+      const policy::SyscallGroup* g = dangerous_group_of(name);
       const std::string group = g != nullptr ? std::string(g->name) : std::string("?");
       entry(*rule, name, what + " (" + group + ", inert here): " + std::string(*inert), LintSeverity::Note);
       continue;

@@ -1,4 +1,4 @@
-#include "daemon/core/policy_explain.h"
+#include "daemon/policy/policy_explain.h"
 
 #include <seccomp.h>
 #include <sys/socket.h>
@@ -12,17 +12,17 @@
 #include <optional>
 #include <sstream>
 
-#include "daemon/core/policy_lint.h"
-#include "daemon/core/units.h"
+#include "daemon/policy/policy_lint.h"
+#include "daemon/policy/units.h"
 #include "isolate/engine.h"
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 #include "isolate/plan.h"
-#include "isolate/syscall_groups.h"
+#include "daemon/policy/syscall_groups.h"
 
 namespace tsb::core {
 namespace {
 
-using isolate::SeccompAction;
+using policy::SeccompAction;
 
 // ---------------------------------------------------------------------------
 // Names for syscall arguments and their values, so conditions read as the
@@ -174,7 +174,7 @@ std::optional<std::string> flag_names(std::string_view syscall, unsigned index, 
   return out;
 }
 
-std::string describe_arg(std::string_view syscall, const isolate::SeccompArg& a) {
+std::string describe_arg(std::string_view syscall, const policy::SeccompArg& a) {
   const std::string who = arg_label(syscall, a.index);
   const std::string& op = a.op;
   if (op == "SCMP_CMP_EQ") return who + " is " + value_text(syscall, a.index, a.value);
@@ -296,7 +296,7 @@ bool action_runs_syscall(SeccompAction action) noexcept {
   return action == SeccompAction::Allow || action == SeccompAction::Log;
 }
 
-ProfileView view_profile(const isolate::SeccompProfile& profile) {
+ProfileView view_profile(const policy::SeccompProfile& profile) {
   ProfileView v;
   v.default_action = profile.default_action;
   v.default_data = profile.default_errno;
@@ -367,7 +367,7 @@ std::vector<std::string> describe_conditions(std::string_view syscall, const std
       (a.value_two != 0 ? bits_set : bits_clear)[a.index].push_back(a.value);
       continue;
     }
-    std::vector<isolate::SeccompArg> args = r.args;
+    std::vector<policy::SeccompArg> args = r.args;
     std::sort(args.begin(), args.end(), [](const auto& a, const auto& b) { return a.index < b.index; });
     std::string clause;
     for (const auto& a : args) clause += (clause.empty() ? "" : " and ") + describe_arg(syscall, a);
@@ -617,14 +617,14 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
   }
 
   out << "\nSeccomp\n";
-  const isolate::SeccompProfile* prof = p.seccomp_profile.get();
+  const policy::SeccompProfile* prof = p.seccomp_profile.get();
   if (prof == nullptr) {
     out << "  (no profile loaded)\n";
   } else {
     const ProfileView view = view_profile(*prof);
     const bool default_runs = action_runs_syscall(view.default_action);
     kv("profile", p.seccomp_source);
-    out << line(default_runs, " " + pad("default", 15) + isolate::seccomp_action_name(view.default_action, view.default_data) +
+    out << line(default_runs, " " + pad("default", 15) + policy::seccomp_action_name(view.default_action, view.default_data) +
                                   ": every syscall not listed below " +
                                   (default_runs ? "is ALLOWED (a deny-list)" : "gets " + action_effect(view.default_action, view.default_data)));
     std::string arches;
@@ -639,7 +639,7 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
       if (fate == SyscallFate::Refused) continue;
       ++n_allowed;
       if (fate == SyscallFate::AllowedSometimes) ++n_some;
-      const auto groups = isolate::syscall_groups_of(name);
+      const auto groups = policy::syscall_groups_of(name);
       by_group[groups.empty() ? std::string() : std::string(groups.front())].push_back(name);
     }
     out << "  allowed: " << n_allowed << " syscalls (" << n_some << " only for some arguments)"
@@ -671,7 +671,7 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
       const std::string indent(6 + name.size() + 2 + (logged ? 9 : 0) + lead.size() - 3, ' ');
       for (std::size_t i = 1; i < clauses.size(); ++i) out << indent << "or " << clauses[i] << "\n";
     };
-    for (const auto& g : isolate::syscall_groups()) {
+    for (const auto& g : policy::syscall_groups()) {
       auto it = by_group.find(std::string(g.name));
       if (it == by_group.end()) continue;
       out << "    " << g.name << ": " << g.help << "\n";
@@ -809,9 +809,9 @@ bool runs(const Verdict& v) { return v.fate != SyscallFate::Refused; }
 
 }  // namespace
 
-std::string compare_profiles(const Policy& p, const isolate::SeccompProfile& other, const std::string& other_label) {
+std::string compare_profiles(const Policy& p, const policy::SeccompProfile& other, const std::string& other_label) {
   std::ostringstream out;
-  const isolate::SeccompProfile* mine = p.seccomp_profile.get();
+  const policy::SeccompProfile* mine = p.seccomp_profile.get();
   out << "Policy " << p.name << " compared with " << other_label << "\n";
   out << "  policy fingerprint  " << p.fingerprint << "\n";
   if (mine == nullptr) {
@@ -819,15 +819,15 @@ std::string compare_profiles(const Policy& p, const isolate::SeccompProfile& oth
     return out.str();
   }
   const ProfileView here = view_profile(*mine), there = view_profile(other);
-  const auto arches = [](const isolate::SeccompProfile& prof) {
+  const auto arches = [](const policy::SeccompProfile& prof) {
     std::string s;
     for (const auto& a : prof.architectures) s += (s.empty() ? "" : ", ") + a;
     return s;
   };
   out << "  here                " << p.seccomp_source << ": default "
-      << isolate::seccomp_action_name(here.default_action, here.default_data) << "; " << arches(*mine) << "\n";
+      << policy::seccomp_action_name(here.default_action, here.default_data) << "; " << arches(*mine) << "\n";
   out << "  there               " << other_label << ": default "
-      << isolate::seccomp_action_name(there.default_action, there.default_data) << "; " << arches(other) << "\n";
+      << policy::seccomp_action_name(there.default_action, there.default_data) << "; " << arches(other) << "\n";
   if (!other.skipped_syscalls.empty()) {
     out << "  skipped from there: names this libseccomp does not know, dropped from allow rules (only stricter):\n";
     std::vector<std::string> skipped = other.skipped_syscalls;
@@ -852,7 +852,7 @@ std::string compare_profiles(const Policy& p, const isolate::SeccompProfile& oth
     // lists only the native architecture, that ABI kills the process.
     std::string foreign;
     if (seccomp_syscall_resolve_name_arch(native, name.c_str()) < 0)
-      foreign = " [not a " + isolate::seccomp_native_arch() + " syscall" +
+      foreign = " [not a " + policy::seccomp_native_arch() + " syscall" +
                 (mine->architectures.size() == 1 ? "; here every other ABI kills the process]" : "]");
     if (runs(h) && !runs(t)) {
       ++allowed_here;

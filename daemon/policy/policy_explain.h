@@ -6,9 +6,9 @@
 // that start with "[host]", so they can be left out (ExplainOptions) or
 // filtered from a snapshot. Lines that start with "!" are dangerous grants;
 // every one of them is listed again under "Dangerous grants", which says the
-// same as `policy lint` (daemon/core/policy_lint.h).
+// same as `policy lint` (daemon/policy/policy_lint.h).
 //
-// The syscall vocabulary is isolate/syscall_groups.h; the /proc masks and
+// The syscall vocabulary is daemon/policy/syscall_groups.h; the /proc masks and
 // their reasons come from isolate::proc_masks(); the file-system rows are
 // checked against isolate::build_plan() by tests/unit/policy_test.cc, so the
 // page cannot drift from what the engine builds.
@@ -19,8 +19,8 @@
 #include <string_view>
 #include <vector>
 
-#include "daemon/core/policy.h"
-#include "isolate/seccomp.h"
+#include "daemon/policy/policy.h"
+#include "daemon/policy/seccomp_profile.h"
 
 namespace tsb::core {
 
@@ -30,25 +30,25 @@ namespace tsb::core {
 // One rule's effect on one syscall: `action` when every comparison in
 // `args` holds (always, when `args` is empty).
 struct SyscallRuleView {
-  isolate::SeccompAction action = isolate::SeccompAction::Allow;
+  policy::SeccompAction action = policy::SeccompAction::Allow;
   int data = 0;  // errno for Errno, the tracer's datum for Trace
-  std::vector<isolate::SeccompArg> args;
+  std::vector<policy::SeccompArg> args;
   std::string where;    // "file:line:col" of the syscalls entry
   std::string pointer;  // JSON pointer of the entry in its profile ("/syscalls/3")
 };
 
 struct ProfileView {
-  isolate::SeccompAction default_action = isolate::SeccompAction::Errno;
+  policy::SeccompAction default_action = policy::SeccompAction::Errno;
   int default_data = 0;
   // Every syscall the profile names (entries that apply to this machine),
   // with its rules in file order.
   std::map<std::string, std::vector<SyscallRuleView>> syscalls;
 };
 
-ProfileView view_profile(const isolate::SeccompProfile& profile);
+ProfileView view_profile(const policy::SeccompProfile& profile);
 
 // Allow and Log let the call run (Log only adds an audit record).
-bool action_runs_syscall(isolate::SeccompAction action) noexcept;
+bool action_runs_syscall(policy::SeccompAction action) noexcept;
 
 // How a named syscall fares: always allowed, allowed for some arguments
 // (an allowing rule with comparisons), or never allowed.
@@ -59,7 +59,7 @@ SyscallFate syscall_fate(const ProfileView& view, const std::string& name);
 std::string errno_label(int err);
 // What the caller of a syscall observes under an action: "allowed",
 // "allowed, logged", "EPERM (1)", "kills the process", ...
-std::string action_effect(isolate::SeccompAction action, int data);
+std::string action_effect(policy::SeccompAction action, int data);
 
 // The comparisons of `rules` (all for `syscall`) in readable form, one
 // clause per alternative: rules are ORed, the comparisons of a rule ANDed.
@@ -97,7 +97,7 @@ std::vector<MountRow> mount_rows(const Policy& policy);
 // `toolsandbox policy explain NAME --compare PROFILE`: the differences
 // between the policy's profile and `other`, syscall by syscall, sorted by
 // name, ending with a count line. `other_label` names it in the page.
-std::string compare_profiles(const Policy& policy, const isolate::SeccompProfile& other, const std::string& other_label);
+std::string compare_profiles(const Policy& policy, const policy::SeccompProfile& other, const std::string& other_label);
 
 // The one line `policy check` prints for a policy that loads.
 std::string check_summary(const std::string& argument, const Policy& policy);

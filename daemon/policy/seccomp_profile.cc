@@ -1,4 +1,4 @@
-#include "isolate/seccomp.h"
+#include "daemon/policy/seccomp_profile.h"
 
 #include <fcntl.h>
 #include <seccomp.h>
@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "isolate/base/hash.h"
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 #include "isolate/base/unique_fd.h"
 
-namespace tsb::isolate {
+namespace tsb::policy {
 namespace {
 
 using nlohmann::json;
@@ -976,4 +976,10 @@ Result<std::shared_ptr<const SeccompProgram>> compile_init_filter() {
   return compile_seccomp(profile);
 }
 
-}  // namespace tsb::isolate
+Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig config) {
+  auto filter = compile_init_filter();
+  if (!filter.ok()) return std::move(filter).error().wrap("compiling the init filter");
+  return isolate::Engine::create(std::move(config), std::move(filter).value());
+}
+
+}  // namespace tsb::policy

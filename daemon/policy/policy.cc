@@ -1,4 +1,4 @@
-#include "daemon/core/policy.h"
+#include "daemon/policy/policy.h"
 
 #include "isolate/base/file.h"
 
@@ -13,10 +13,10 @@
 #include <optional>
 #include <set>
 
-#include "daemon/core/embedded.h"
-#include "daemon/core/units.h"
+#include "daemon/policy/embedded.h"
+#include "daemon/policy/units.h"
 #include "isolate/base/hash.h"
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 #include "isolate/plan.h"
 #include "isolate/base/unique_fd.h"
 
@@ -186,7 +186,7 @@ struct SourceFile {
 };
 
 // Byte offset of a 1-based line:col (columns count code points, as in
-// isolate/jsonc.h), or npos.
+// daemon/policy/jsonc.h), or npos.
 std::size_t offset_of(std::string_view text, JsonLocation at) {
   int line = 1, col = 1;
   for (std::size_t i = 0; i < text.size(); ++i) {
@@ -255,12 +255,12 @@ std::string value_text_in_place(std::string_view text, const LocatedJson& doc, c
 // used by the engine and may be refused.
 constexpr const char* kEngineSyscalls[] = {"execve", "exit", "exit_group", "read", "write"};
 
-Status check_engine_syscalls(const isolate::SeccompProfile& prof, const std::string& default_at) {
-  using isolate::SeccompAction;
+Status check_engine_syscalls(const policy::SeccompProfile& prof, const std::string& default_at) {
+  using policy::SeccompAction;
   const auto allows = [](SeccompAction a) { return a == SeccompAction::Allow || a == SeccompAction::Log; };
   for (const char* name : kEngineSyscalls) {
-    const isolate::SeccompRule* unconditional = nullptr;
-    const isolate::SeccompRule* conditional = nullptr;
+    const policy::SeccompRule* unconditional = nullptr;
+    const policy::SeccompRule* conditional = nullptr;
     for (const auto& rule : prof.rules) {
       if (std::find(rule.names.begin(), rule.names.end(), name) == rule.names.end()) continue;
       if (rule.args.empty()) unconditional = &rule;
@@ -272,7 +272,7 @@ Status check_engine_syscalls(const isolate::SeccompProfile& prof, const std::str
       if (allows(unconditional->action)) continue;
       where = unconditional->where;
       why = "refuses \"" + std::string(name) + "\" (" +
-            isolate::seccomp_action_name(unconditional->action, unconditional->errno_ret) + ")";
+            policy::seccomp_action_name(unconditional->action, unconditional->errno_ret) + ")";
     } else if (conditional) {
       where = conditional->where;
       why = "allows \"" + std::string(name) + "\" only for some arguments";
@@ -280,7 +280,7 @@ Status check_engine_syscalls(const isolate::SeccompProfile& prof, const std::str
       continue;
     } else {
       why = "refuses \"" + std::string(name) + "\" by its default action (" +
-            isolate::seccomp_action_name(prof.default_action, prof.default_errno) + ")";
+            policy::seccomp_action_name(prof.default_action, prof.default_errno) + ")";
     }
     return Error::invalid(where + ": the profile " + why +
                           "; toolsandboxd needs execve, exit, exit_group, read and write allowed for every "
@@ -439,15 +439,15 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
         where_profile = sc.where("inline");
       }
     }
-    Result<isolate::SeccompProfile> prof = Error::invalid("unset");
+    Result<policy::SeccompProfile> prof = Error::invalid("unset");
     std::string default_action_at;  // where the profile's defaultAction is written
     if (inline_profile) {
       p.seccomp_source = seccomp_file.path + "#/seccomp/inline";
       // Parsed from the policy file's own text, so every diagnostic and rule
       // position points at the line the author wrote.
       std::string text = value_text_in_place(seccomp_file.text, sdoc, "/seccomp/inline");
-      prof = text.empty() ? isolate::parse_seccomp_profile(inline_profile->dump(), p.seccomp_source)
-                          : isolate::parse_seccomp_profile(text, seccomp_file.path);
+      prof = text.empty() ? policy::parse_seccomp_profile(inline_profile->dump(), p.seccomp_source)
+                          : policy::parse_seccomp_profile(text, seccomp_file.path);
       seccomp_canon = json{{"inline", *inline_profile}};
       default_action_at = sdoc.where("/seccomp/inline/defaultAction");
     } else {
@@ -463,7 +463,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
       }
       if (!text.ok()) return Error::invalid(where_profile + ": seccomp profile: " + text.error().message, text.error().code);
       p.seccomp_source = full;
-      prof = isolate::parse_seccomp_profile(*text, full);
+      prof = policy::parse_seccomp_profile(*text, full);
       if (prof.ok()) {
         auto located = parse_jsonc(*text, full);
         seccomp_canon = json{{"profile", located.ok() ? located->value : json()}};
@@ -473,9 +473,9 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
     if (!prof.ok()) return std::move(prof).error().wrap("policy " + path + ": seccomp");
     TSB_TRY(check_engine_syscalls(*prof, default_action_at.empty() ? where_profile : default_action_at),
             "policy " + path + ": seccomp");
-    p.seccomp_profile = std::make_shared<isolate::SeccompProfile>(std::move(prof).value());
+    p.seccomp_profile = std::make_shared<policy::SeccompProfile>(std::move(prof).value());
     if (ctx.compile) {
-      auto prog = isolate::compile_seccomp(*p.seccomp_profile);
+      auto prog = policy::compile_seccomp(*p.seccomp_profile);
       if (!prog.ok()) return std::move(prog).error().wrap("policy " + path + ": compiling seccomp");
       p.seccomp = std::move(prog).value();
     }

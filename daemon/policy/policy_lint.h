@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "daemon/core/policy.h"
+#include "daemon/policy/policy.h"
 
 namespace tsb::core {
 

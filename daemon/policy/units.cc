@@ -1,4 +1,4 @@
-#include "daemon/core/units.h"
+#include "daemon/policy/units.h"
 
 #include <charconv>
 #include <cmath>

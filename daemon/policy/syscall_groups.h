@@ -17,7 +17,7 @@
 
 #include "isolate/base/result.h"
 
-namespace tsb::isolate {
+namespace tsb::policy {
 
 struct SyscallGroup {
   std::string_view name;   // "@basic-io"
@@ -45,4 +45,4 @@ Result<std::vector<std::string>> expand_syscall_group(std::string_view name);
 // in table order.
 std::vector<std::string_view> syscall_groups_of(std::string_view syscall);
 
-}  // namespace tsb::isolate
+}  // namespace tsb::policy

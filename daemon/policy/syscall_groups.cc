@@ -1,11 +1,11 @@
-#include "isolate/syscall_groups.h"
+#include "daemon/policy/syscall_groups.h"
 
 #include <algorithm>
 #include <set>
 
-#include "isolate/jsonc.h"
+#include "daemon/policy/jsonc.h"
 
-namespace tsb::isolate {
+namespace tsb::policy {
 namespace {
 
 using sv = std::string_view;
@@ -289,4 +289,4 @@ std::vector<std::string_view> syscall_groups_of(std::string_view syscall) {
   return groups;
 }
 
-}  // namespace tsb::isolate
+}  // namespace tsb::policy
