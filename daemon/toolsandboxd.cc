@@ -1,11 +1,12 @@
 // toolsandboxd: the daemon.
 //
-//   toolsandboxd [--config FILE] [--check]
+//   toolsandboxd [--config FILE] [--check] [--version]
 //
 // Without --config it reads /etc/toolsandboxd/toolsandboxd.json if present,
 // else runs on its embedded defaults (policies compiled into the binary).
 // SIGHUP re-reads the same file; a file that is missing or unreadable then
 // keeps the set in force.
+#include <getopt.h>
 #include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -48,20 +49,39 @@ void raise_open_files_limit() {
 int main(int argc, char** argv) {
   std::string config_path = std::string(TSB_SYSCONFDIR) + "/toolsandboxd.json";
   bool explicit_config = false, check_only = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--config" && i + 1 < argc) {
-      config_path = argv[++i];
-      explicit_config = true;
-    } else if (a == "--check") {
-      check_only = true;
-    } else if (a == "--version") {
-      std::printf("toolsandboxd %s\n", TSB_VERSION);
-      return 0;
-    } else {
-      std::fprintf(stderr, "usage: toolsandboxd [--config FILE] [--check]\n");
-      return 2;
+  static const option kOptions[] = {
+      {"config", required_argument, nullptr, 'c'},
+      {"check", no_argument, nullptr, 'k'},
+      {"version", no_argument, nullptr, 'V'},
+      {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0},
+  };
+  constexpr const char* kUsage = "usage: toolsandboxd [--config FILE] [--check] [--version]\n";
+  opterr = 0;  // our own messages: one line, then the usage
+  for (int c; (c = ::getopt_long(argc, argv, "", kOptions, nullptr)) != -1;) {
+    switch (c) {
+      case 'c':
+        config_path = optarg;
+        explicit_config = true;
+        break;
+      case 'k': check_only = true; break;
+      case 'V': std::printf("toolsandboxd %s\n", TSB_VERSION); return 0;
+      case 'h': std::fputs(kUsage, stdout); return 0;
+      default:
+        if (optopt != 0 && std::strchr(argv[optind - 1], '=') != nullptr)
+          std::fprintf(stderr, "toolsandboxd: option '%s' takes no value\n", argv[optind - 1]);
+        else if (optopt != 0)
+          std::fprintf(stderr, "toolsandboxd: option '%s' needs a value\n", argv[optind - 1]);
+        else
+          std::fprintf(stderr, "toolsandboxd: unknown option '%s'\n", argv[optind - 1]);
+        std::fputs(kUsage, stderr);
+        return 2;
     }
+  }
+  if (optind < argc) {
+    std::fprintf(stderr, "toolsandboxd: unexpected argument '%s'\n", argv[optind]);
+    std::fputs(kUsage, stderr);
+    return 2;
   }
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
   // Memory a big request used must go back to the kernel when it is freed.
