@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "daemon/core/result_json.h"
 #include "daemon/policy/units.h"
@@ -18,9 +19,8 @@ using protocol::ErrorCode;
 
 std::string q(std::string_view s) { return quoted_for_message(s); }
 
-std::chrono::milliseconds seconds_to_ms(double s) {
-  return std::chrono::milliseconds(static_cast<long long>(s * 1000.0 + 0.5));
-}
+// The decoder accepts only finite, positive timeouts of at most a day.
+std::chrono::milliseconds seconds_to_ms(double s) { return std::chrono::milliseconds(std::llround(s * 1000.0)); }
 
 }  // namespace
 
