@@ -6,12 +6,12 @@
 
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <regex>
 #include <sstream>
 
 #include "daemon/cli/cli.h"
+#include "isolate/base/file.h"
 #include "daemon/core/result_json.h"
 #include "isolate/base/hash.h"
 #include "isolate/base/result.h"
@@ -62,10 +62,9 @@ Result<json> roundtrip(const std::string& socket_path, const json& request) {
   return j;
 }
 
-Result<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error::from_errno("open '" + path + "'");
-  return std::string(std::istreambuf_iterator<char>(in), {});
+// A script or an agent_state file: no bigger than a request may be.
+Result<std::string> read_input_file(const std::string& path) {
+  return tsb::read_file(path, {.max_bytes = 64u << 20, .regular_only = true});
 }
 
 int usage(const char* verb, const std::string& msg) {
@@ -152,7 +151,7 @@ int cmd_client(const std::string& verb, const std::vector<std::string>& args) {
     req["type"] = "status";
   } else {
     if (file.empty()) return usage(v, verb == "exec" ? "need a SCRIPT.py" : "need a TOOL.py");
-    auto src = read_file(file);
+    auto src = read_input_file(file);
     if (!src.ok()) return usage(v, src.error().message);
     if (tool_name.empty()) tool_name = verb == "call" ? last_function(*src) : "script";
     if (tool_name.empty()) return usage(v, "no function found in '" + file + "' (use --function NAME)");
@@ -171,7 +170,7 @@ int cmd_client(const std::string& verb, const std::vector<std::string>& args) {
       if (a.is_discarded() || !a.is_object()) return usage(v, "--args must be a JSON object");
       req["args"] = a;
       if (!agent_state_file.empty()) {
-        auto s = read_file(agent_state_file);
+        auto s = read_input_file(agent_state_file);
         if (!s.ok()) return usage(v, s.error().message);
         json st = json::parse(*s, nullptr, false);
         if (st.is_discarded() || !st.is_object()) return usage(v, "--agent-state must hold a JSON object");

@@ -19,9 +19,10 @@
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 #include <cstdlib>
-#include <fstream>
+#include <sstream>
 
 #include "daemon/core/e2b.h"
+#include "isolate/base/file.h"
 #include "daemon/core/letta_result.h"
 #include "daemon/core/result_json.h"
 #include "daemon/policy/units.h"
@@ -50,7 +51,9 @@ std::string q(std::string_view s) { return quoted_for_message(s); }
 // or exited and had its pid reused.
 std::vector<gid_t> peer_groups_from_proc(pid_t pid) {
   std::vector<gid_t> out;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  auto text = read_file("/proc/" + std::to_string(pid) + "/status", {.max_bytes = 1u << 20});
+  if (!text.ok()) return out;
+  std::istringstream in(*text);
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("Groups:", 0) != 0) continue;

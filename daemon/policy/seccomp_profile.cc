@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "isolate/base/file.h"
 #include "isolate/base/hash.h"
 #include "daemon/policy/jsonc.h"
 #include "isolate/base/unique_fd.h"
@@ -29,7 +30,7 @@ using nlohmann::json;
 
 // Profiles are small (Moby's is about 20 KiB); a bigger file is a mistake or
 // an attempt to make the daemon allocate.
-constexpr off_t kMaxProfileBytes = 4 << 20;
+constexpr std::size_t kMaxProfileBytes = 4u << 20;
 // Largest errno a filter may return: the kernel treats -1..-4095 as errors
 // (MAX_ERRNO), anything else would read as a successful return value.
 constexpr std::uint64_t kMaxErrno = 4095;
@@ -900,35 +901,9 @@ Result<SeccompProfile> parse_seccomp_profile(std::string_view text, std::string_
 }
 
 Result<SeccompProfile> load_seccomp_profile_file(const std::string& path, const SeccompParseOptions& options) {
-  // O_NONBLOCK: opening a FIFO planted at the path must not block the daemon;
-  // it is refused below as not a regular file.
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
-  if (!fd) return Error::from_errno("open " + quoted_for_message(path));
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Error::from_errno("fstat " + quoted_for_message(path));
-  if (!S_ISREG(st.st_mode)) return Error::invalid(quoted_for_message(path) + " is not a regular file");
-  if (st.st_size > kMaxProfileBytes) {
-    return Error::invalid(quoted_for_message(path) + " is larger than " + std::to_string(kMaxProfileBytes) +
-                              " bytes",
-                          EFBIG);
-  }
-  std::string text;
-  char buf[16384];
-  while (true) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error::from_errno("read " + quoted_for_message(path));
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<std::size_t>(n));
-    if (text.size() > static_cast<std::size_t>(kMaxProfileBytes)) {
-      return Error::invalid(quoted_for_message(path) + " grew past " + std::to_string(kMaxProfileBytes) +
-                                " bytes while being read",
-                            EFBIG);
-    }
-  }
-  return parse_seccomp_profile(text, path, options);
+  auto text = read_file(path, {.max_bytes = kMaxProfileBytes, .regular_only = true});
+  if (!text.ok()) return std::move(text).error();
+  return parse_seccomp_profile(*text, path, options);
 }
 
 Result<SeccompProfile> load_seccomp_profile_file(const std::string& path) {

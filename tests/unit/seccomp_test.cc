@@ -446,10 +446,10 @@ TEST(SeccompParseError, FileErrors) {
   auto missing = load_seccomp_profile_file("/nonexistent/profile.json");
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.error().code, ENOENT);
-  EXPECT_EQ(missing.error().message, "open \"/nonexistent/profile.json\": No such file or directory");
+  EXPECT_EQ(missing.error().message, "open '/nonexistent/profile.json': No such file or directory");
   auto dir = load_seccomp_profile_file("/");
   ASSERT_FALSE(dir.ok());
-  EXPECT_EQ(dir.error().message, "\"/\" is not a regular file");
+  EXPECT_EQ(dir.error().message, "'/' is not a regular file");
 }
 
 // ---------------------------------------------------------------------------
