@@ -639,7 +639,8 @@ asio::awaitable<std::string> Server::run_request(const protocol::Request& req, c
   co_await (run_it() && watch());
 
   if (out.refused) {
-    if (out.refused->code == ErrorCode::Busy) ++rejected_busy_;
+    // E2B's own busy answers (all its sandboxes in use) are in e2b.counters.
+    if (out.refused->code == ErrorCode::Busy && backend == local_.get()) ++rejected_busy_;
     co_return protocol::encode_error(req.id, out.refused->code, out.refused->message);
   }
   std::string ended;
