@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <vector>
 
 namespace tsb::core {
 
@@ -15,10 +16,15 @@ class CancelSignal {
   void request() {
     if (requested_) return;
     requested_ = true;
-    // A hook may remove itself (or others) while running: iterate a copy.
-    auto hooks = hooks_;
-    for (auto& [id, fn] : hooks)
-      if (fn) fn();
+    // A hook may remove itself (or others) while running: iterate over the
+    // ids, and call only hooks that are still registered.
+    std::vector<int> ids;
+    for (const auto& [id, fn] : hooks_) ids.push_back(id);
+    for (int id : ids)
+      if (auto it = hooks_.find(id); it != hooks_.end() && it->second) {
+        auto fn = it->second;  // a hook that removes itself stays alive while it runs
+        fn();
+      }
   }
   // The hook runs at request(), or at once when it was already requested.
   int add_hook(std::function<void()> fn) {

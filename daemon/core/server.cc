@@ -622,9 +622,16 @@ asio::awaitable<std::string> Server::run_request(const protocol::Request& req, c
   bool done = false;
   asio::steady_timer stop(io_, std::chrono::steady_clock::time_point::max());
   auto run_it = [&]() -> asio::awaitable<void> {
+    // However the backend ends (an exception too), the watch is released.
+    struct Release {
+      bool& done;
+      asio::steady_timer& stop;
+      ~Release() {
+        done = true;
+        stop.cancel();
+      }
+    } release{done, stop};
     out = co_await backend->run(p);
-    done = true;
-    stop.cancel();
   };
   auto watch = [&]() -> asio::awaitable<void> {
     // A backend that answers without waiting (busy, a refusal) is done

@@ -39,10 +39,11 @@ inline std::string mode_string(mode_t mode) {
 }
 
 inline Result<std::string> read_file(const std::string& path, const ReadRules& rules = {}) {
-  // O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused
-  // below when only regular files are allowed). Regular files ignore it.
-  const int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | (rules.regular_only ? O_NONBLOCK : 0) |
-                    (rules.no_follow ? O_NOFOLLOW : 0);
+  // O_NONBLOCK: opening a FIFO does not wait for a writer, and reading one
+  // that has a writer fails with EAGAIN instead of waiting (a FIFO is
+  // refused outright when only regular files are allowed). Regular files,
+  // /proc and cgroup files ignore it.
+  const int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (rules.no_follow ? O_NOFOLLOW : 0);
   UniqueFd fd(::open(path.c_str(), flags));
   if (!fd) return Error::from_errno("open '" + path + "'");
   struct stat st{};

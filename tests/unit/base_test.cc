@@ -1,6 +1,7 @@
 // The header-only base (isolate/base/): the trusted-file reader, quoting
 // for messages, digests.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,6 +62,23 @@ TEST(ReadFile, AFifoIsRefusedWithoutBlocking) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().message, "'" + fifo + "' is not a regular file");
   EXPECT_FALSE(read_file(t.dir(), {.regular_only = true}).ok());  // a directory
+}
+
+TEST(ReadFile, AFifoNeverBlocksEvenWhenAllowed) {
+  TempDir t;
+  const std::string fifo = t.dir() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ::alarm(10);  // a read that blocks ends the test with SIGALRM instead of hanging it
+  auto no_writer = read_file(fifo);
+  ASSERT_TRUE(no_writer.ok()) << no_writer.error().message;  // EOF at once
+  EXPECT_TRUE(no_writer->empty());
+  const int w = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);  // a writer that never writes
+  ASSERT_GE(w, 0);
+  auto idle_writer = read_file(fifo);
+  ::close(w);
+  ::alarm(0);
+  ASSERT_FALSE(idle_writer.ok());
+  EXPECT_EQ(idle_writer.error().code, EAGAIN);
 }
 
 TEST(ReadFile, NoFollowRefusesASymlink) {

@@ -175,5 +175,15 @@ TEST(CancelSignal, HooksRunOnceAndLateHooksRunAtOnce) {
   EXPECT_EQ(b, 1);
 }
 
+TEST(CancelSignal, AHookRemovedByAnEarlierOneDoesNotRun) {
+  CancelSignal s;
+  int second = 0;
+  int id2 = -1;
+  s.add_hook([&] { s.remove_hook(id2); });
+  id2 = s.add_hook([&] { ++second; });
+  s.request();
+  EXPECT_EQ(second, 0);
+}
+
 }  // namespace
 }  // namespace tsb::core
