@@ -196,6 +196,26 @@ TEST_F(EngineTest, DaemonBusyBeyondTheLimit) {
   ::close(hold);
 }
 
+// A half-closed client still waits for its answer; when it then closes the
+// connection entirely, its run is killed like any other client's.
+TEST_F(EngineTest, DaemonHalfClosedClientThatLeavesLaterCancelsItsRun) {
+  Daemon d;
+  int fd = d.connect();
+  Daemon::send_all(fd, run_tool("import time\ndef nap():\n    time.sleep(60)\n", "nap", json::object()).dump() + "\n");
+  ASSERT_EQ(::shutdown(fd, SHUT_WR), 0);
+  std::this_thread::sleep_for(1000ms);
+  json st = d.request({{"v", 1}, {"id", "s"}, {"type", "status"}});
+  EXPECT_EQ(st["status"]["runs_in_flight"], 1) << "a half-close is not going away: " << st.dump();
+  ::close(fd);
+  for (int i = 0; i < 50; ++i) {
+    st = d.request({{"v", 1}, {"id", "s"}, {"type", "status"}});
+    if (st["status"]["runs_in_flight"] == 0) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(st["status"]["runs_in_flight"], 0) << st.dump();
+  EXPECT_EQ(st["status"]["totals"].value("cancelled", 0), 1) << st.dump();
+}
+
 TEST_F(EngineTest, DaemonClientDisconnectKillsTheRun) {
   Daemon d;
   int fd = d.connect();
