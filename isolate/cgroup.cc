@@ -127,7 +127,7 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
       while (std::getline(opts, opt, ',')) {
         for (const char* c : kV1Controllers) {
           if (opt == c && std::none_of(v1.begin(), v1.end(), [&](const Hierarchy& h) { return h.controller == c; }))
-            v1.push_back({c, mnt});
+            v1.push_back({c, mnt, ""});  // base: set once the parent is known
         }
       }
     }

@@ -20,7 +20,7 @@ struct Walker {
   const LocatedJson& doc;
   const json& v;
   std::string ptr;
-  std::set<std::string> seen;
+  std::set<std::string> seen = {};
 
   const json* get(const char* k) {
     seen.insert(k);

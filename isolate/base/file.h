@@ -28,7 +28,7 @@ struct ReadRules {
   // Refuse a symbolic link at the last component.
   bool no_follow = false;
   // Further checks on the opened file (owner, mode); an error refuses it.
-  std::function<Status(const std::string& path, const struct stat&)> check;
+  std::function<Status(const std::string& path, const struct stat&)> check = nullptr;
 };
 
 // "0600": a file's permission bits for messages.

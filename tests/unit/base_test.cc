@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -22,7 +23,7 @@ class TempDir {
     char t[] = "/tmp/tsb-base-XXXXXX";
     dir_ = ::mkdtemp(t);
   }
-  ~TempDir() { std::system(("rm -rf '" + dir_ + "'").c_str()); }
+  ~TempDir() { std::filesystem::remove_all(dir_); }
   std::string file(const std::string& name, const std::string& content) const {
     std::ofstream(dir_ + "/" + name, std::ios::binary) << content;
     return dir_ + "/" + name;
