@@ -1279,14 +1279,11 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
 
   ++in_flight_;
   running_.insert(ctx.cancel);
-  struct InFlight {
-    E2BBackend* b;
-    std::shared_ptr<http::CancelSignal> s;
-    ~InFlight() {
-      --b->in_flight_;
-      b->running_.erase(s);
-    }
-  } in_flight_guard{this, ctx.cancel};
+  // Held until the pipeline has recorded the run, as a local run's slot.
+  out.held = std::shared_ptr<void>(nullptr, [this, s = ctx.cancel](void*) {
+    --in_flight_;
+    running_.erase(s);
+  });
 
   const std::string run_id = random_hex(8);
 

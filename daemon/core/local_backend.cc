@@ -160,10 +160,9 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
       out.refused = Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
       co_return out;
   }
-  struct SlotGuard {
-    LocalBackend* b;
-    ~SlotGuard() { b->release_slot(); }
-  } guard{this};
+  // The slot goes back once the pipeline has recorded the run (or when
+  // `out` is dropped on any other path).
+  out.held = std::shared_ptr<void>(nullptr, [this](void*) { release_slot(); });
 
   auto spawned = engine_->spawn(spec);
   if (!spawned.ok()) {

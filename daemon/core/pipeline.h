@@ -106,6 +106,10 @@ struct BackendRun {
   std::string end_reason;
   // Backend fields of the audit line, " key=value" each.
   std::string audit;
+  // What the backend keeps until the run is recorded (a local run slot): a
+  // `status` never shows a run that is out of its slot but not yet in the
+  // totals.
+  std::shared_ptr<void> held;
 };
 
 class RunBackend {

@@ -653,6 +653,7 @@ asio::awaitable<std::string> Server::run_request(const protocol::Request& req, c
   std::string ended;
   std::string line = finish_run(p, backend->name(), out, std::chrono::steady_clock::now() - t0, &ended);
   ++totals_[ended];
+  out.held.reset();  // a local run's slot: only now, so that status counts the run before it frees it
   co_return line;
 }
 
