@@ -196,6 +196,17 @@ TEST_F(EngineTest, DaemonBusyBeyondTheLimit) {
   ::close(hold);
 }
 
+// The daemon's status once no run holds a slot, or after 5 s.
+json status_once_no_run_in_flight(Daemon& d) {
+  json st;
+  for (int i = 0; i < 50; ++i) {
+    st = d.request({{"v", 1}, {"id", "s"}, {"type", "status"}});
+    if (st["status"]["runs_in_flight"] == 0) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  return st;
+}
+
 // A half-closed client still waits for its answer; when it then closes the
 // connection entirely, its run is killed like any other client's.
 TEST_F(EngineTest, DaemonHalfClosedClientThatLeavesLaterCancelsItsRun) {
@@ -207,11 +218,7 @@ TEST_F(EngineTest, DaemonHalfClosedClientThatLeavesLaterCancelsItsRun) {
   json st = d.request({{"v", 1}, {"id", "s"}, {"type", "status"}});
   EXPECT_EQ(st["status"]["runs_in_flight"], 1) << "a half-close is not going away: " << st.dump();
   ::close(fd);
-  for (int i = 0; i < 50; ++i) {
-    st = d.request({{"v", 1}, {"id", "s"}, {"type", "status"}});
-    if (st["status"]["runs_in_flight"] == 0) break;
-    std::this_thread::sleep_for(100ms);
-  }
+  st = status_once_no_run_in_flight(d);
   EXPECT_EQ(st["status"]["runs_in_flight"], 0) << st.dump();
   EXPECT_EQ(st["status"]["totals"].value("cancelled", 0), 1) << st.dump();
 }
@@ -222,12 +229,7 @@ TEST_F(EngineTest, DaemonClientDisconnectKillsTheRun) {
   Daemon::send_all(fd, run_tool("import time\ndef nap():\n    time.sleep(60)\n", "nap", json::object()).dump() + "\n");
   std::this_thread::sleep_for(700ms);
   ::close(fd);
-  json st;
-  for (int i = 0; i < 50; ++i) {
-    st = d.request({{"v", 1}, {"id", "s"}, {"type", "status"}});
-    if (st["status"]["runs_in_flight"] == 0) break;
-    std::this_thread::sleep_for(100ms);
-  }
+  json st = status_once_no_run_in_flight(d);
   EXPECT_EQ(st["status"]["runs_in_flight"], 0) << st.dump();
   EXPECT_EQ(st["status"]["totals"].value("cancelled", 0), 1) << st.dump();
 }
