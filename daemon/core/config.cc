@@ -152,6 +152,8 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) 
   TRY_SET(c.policies_dir, w.string("policies_dir", "", true));
   TRY_SET(c.organizations_file, w.string("organizations", "", true));
   TRY_SET(c.runner_path, w.string("runner", "", true));
+  TRY_SET(c.front_end_user, w.string("front_end_user", c.front_end_user));
+  if (c.front_end_user.empty()) return Error::invalid(w.where("front_end_user") + ": must name a user");
   if (const json* b = w.get("bind_allowlist")) {
     if (!b->is_array()) return Error::invalid(w.where("bind_allowlist") + ": must be an array of absolute host paths");
     for (const auto& e : *b) {

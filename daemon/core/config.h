@@ -50,6 +50,7 @@ struct DaemonConfig {
   std::string organizations_file;       // "" = embedded organizations.json
   std::vector<std::string> bind_allowlist;
   std::string runner_path;              // "" = found next to the binary / in the data dir
+  std::string front_end_user = "toolsandboxd";  // the unprivileged front end's user (never uid 0)
   isolate::EngineConfig engine;
   E2BConfig e2b;
 };

@@ -367,7 +367,7 @@ std::string e2b_sandbox_base_url(const E2BConfig& cfg, std::string_view id, int 
   return "https://" + std::to_string(port) + "-" + std::string(id) + "." + domain;
 }
 
-Result<std::string> read_e2b_api_key(const std::string& path) {
+Result<std::string> read_e2b_api_key(const std::string& path, int fd) {
   if (path.empty() || path[0] != '/') return Error::invalid("api_key_file must be an absolute path");
   // Under $CREDENTIALS_DIRECTORY (systemd's LoadCredential=) systemd
   // protects the file; anywhere else it must be root's alone.
@@ -387,7 +387,7 @@ Result<std::string> read_e2b_api_key(const std::string& path) {
                             EPERM);
     return {};
   };
-  auto read = read_file(path, rules);
+  auto read = fd >= 0 ? read_opened_file(fd, path, rules) : read_file(path, rules);
   if (!read.ok()) {
     if (read.error().code == EFBIG) return Error::invalid("'" + path + "' is too large to hold an API key");
     return std::move(read).error();
@@ -463,8 +463,8 @@ E2BBackend::E2BBackend(asio::io_context& io, E2BConfig cfg) : io_(io), cfg_(std:
 
 E2BBackend::~E2BBackend() = default;
 
-Status E2BBackend::load_key() {
-  auto k = read_e2b_api_key(cfg_.api_key_file);
+Status E2BBackend::load_key(UniqueFd key) {
+  auto k = read_e2b_api_key(cfg_.api_key_file, key.get());
   if (!k.ok()) return std::move(k).error().wrap("e2b api key");
   api_key_ = std::move(k).value();
   spdlog::info("e2b: API key loaded from {} (api {}, template {}, max_sandboxes {})", cfg_.api_key_file, cfg_.api_url,
@@ -472,8 +472,8 @@ Status E2BBackend::load_key() {
   return {};
 }
 
-Status E2BBackend::reconfigure(const E2BConfig& cfg) {
-  auto k = read_e2b_api_key(cfg.api_key_file);
+Status E2BBackend::reconfigure(const E2BConfig& cfg, UniqueFd key) {
+  auto k = read_e2b_api_key(cfg.api_key_file, key.get());
   if (!k.ok()) return std::move(k).error().wrap("e2b api key");
   const bool moved = cfg.api_url != cfg_.api_url || cfg.sandbox_url != cfg_.sandbox_url ||
                      cfg.domain != cfg_.domain || cfg.template_id != cfg_.template_id || k.value() != api_key_;

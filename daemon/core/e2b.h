@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/core/config.h"
+#include "isolate/base/unique_fd.h"
 #include "daemon/core/http.h"
 #include "daemon/core/registry.h"
 #include "daemon/core/pipeline.h"
@@ -69,7 +70,8 @@ std::string e2b_sandbox_base_url(const E2BConfig& cfg, std::string_view sandbox_
 // with no group or other permission bits, except under $CREDENTIALS_DIRECTORY
 // (systemd's LoadCredential=), which systemd protects itself. The key must be
 // one token of printable ASCII. Messages never contain the file's content.
-Result<std::string> read_e2b_api_key(const std::string& path);
+// `fd`: the file already opened (by the spawner, which may read it), else -1.
+Result<std::string> read_e2b_api_key(const std::string& path, int fd = -1);
 
 // The fixed program run as the cell in tool mode; "@BLOB@" stands for the
 // base64 literal. Exposed for tests.
@@ -87,9 +89,9 @@ class E2BBackend final : public RunBackend {
   E2BBackend& operator=(const E2BBackend&) = delete;
 
   // Reads the API key (start-up). An error means the daemon must not start.
-  Status load_key();
+  Status load_key(UniqueFd key = {});
   // On reload: reads the new key first; on failure nothing changes.
-  Status reconfigure(const E2BConfig& cfg);
+  Status reconfigure(const E2BConfig& cfg, UniqueFd key = {});
 
   std::string_view name() const noexcept override { return "e2b"; }
   // One execute or run_tool request placed on E2B (prepared by the

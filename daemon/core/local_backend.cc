@@ -7,7 +7,6 @@
 #include <asio/use_awaitable.hpp>
 
 #include "daemon/policy/jsonc.h"
-#include "isolate/supervise.h"
 
 namespace tsb::core {
 namespace {
@@ -19,9 +18,8 @@ std::string q(std::string_view s) { return quoted_for_message(s); }
 
 }  // namespace
 
-LocalBackend::LocalBackend(asio::io_context& io, std::unique_ptr<isolate::Engine> engine, unsigned max_concurrent,
-                           unsigned max_queued)
-    : io_(io), engine_(std::move(engine)), max_concurrent_(max_concurrent), max_queued_(max_queued) {}
+LocalBackend::LocalBackend(asio::io_context& io, SpawnerLink& link, unsigned max_concurrent, unsigned max_queued)
+    : io_(io), link_(link), max_concurrent_(max_concurrent), max_queued_(max_queued) {}
 
 LocalBackend::~LocalBackend() = default;
 
@@ -45,7 +43,7 @@ asio::awaitable<void> LocalBackend::finish_runs(std::chrono::steady_clock::time_
   }
   if (live_.empty()) co_return;
   spdlog::warn("grace period over: killing {} runs", live_.size());
-  for (auto& sb : live_) sb->cancel();
+  for (auto& c : std::set<std::shared_ptr<CancelSignal>>(live_)) c->request();
   while (!live_.empty()) {
     t.expires_after(std::chrono::milliseconds(20));
     co_await t.async_wait(tuple_awaitable);
@@ -53,14 +51,15 @@ asio::awaitable<void> LocalBackend::finish_runs(std::chrono::steady_clock::time_
 }
 
 nlohmann::json LocalBackend::engine_status() const {
-  const isolate::EngineFeatures& f = engine_->features();
-  return {{"instance", engine_->instance()},
+  const spawn::Hello& h = link_.hello();
+  const isolate::EngineFeatures& f = h.features;
+  return {{"instance", h.instance},
           {"features",
            {{"memfd_noexec", f.memfd_noexec},
             {"overlay_views", f.overlay_views},
             {"tcp_memory_limit", f.tcp_memory_limit},
             {"oom_score_floor", f.oom_score_floor}}},
-          {"notes", engine_->startup_notes()}};
+          {"notes", h.notes}};
 }
 
 asio::awaitable<LocalBackend::Slot> LocalBackend::acquire_slot(const PreparedRun& p) {
@@ -128,20 +127,21 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   const Policy& pol = p.policy();
   const protocol::CommonRunFields& c = *p.common;
 
-  isolate::RunSpec spec = run_spec_from(pol);
-  spec.env = p.sandbox_env;
-  spec.label = c.tool_name;
-  spec.limits.wall_timeout = p.timeout;
+  spawn::RunOrder order;
+  order.policy = pol.name;
+  order.fingerprint = pol.fingerprint;
+  order.env = p.env;
+  order.timeout = p.timeout;
+  order.label = c.tool_name;
   std::string stdin_data;
   if (p.tool_mode) {
+    order.mode = spawn::RunMode::Tool;
     stdin_data = std::move(p.runner_request);
-    spec.binds.push_back({p.runner_path, kRunnerSandboxPath, false, false});
-    spec.argv = {pol.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", kRunnerSandboxPath};
   } else {
     // The script arrives on stdin, so no size limit of argv applies and it
     // never touches a file system.
+    order.mode = spawn::RunMode::Script;
     stdin_data = std::get<protocol::ExecuteRequest>(p.request->body).script;
-    spec.argv = {pol.interpreter, "-"};
   }
 
   switch (co_await acquire_slot(p)) {
@@ -164,20 +164,26 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   // `out` is dropped on any other path).
   out.held = std::shared_ptr<void>(nullptr, [this](void*) { release_slot(); });
 
-  auto spawned = engine_->spawn(spec);
-  if (!spawned.ok()) {
-    out.run = isolate::setup_failure_result(spawned.error());
-    spdlog::error("spawn failed: {}", spawned.error().message);
-  } else {
-    std::shared_ptr<isolate::Sandbox> sb(std::move(spawned).value());
-    live_.insert(sb);
-    {
-      // A client that goes away mid-run gets its run killed.
-      CancelHook hook(*p.cancel, [sb] { sb->cancel(); });
-      out.run = co_await isolate::supervise(sb, std::move(stdin_data));
-    }
-    live_.erase(sb);
+  live_.insert(p.cancel);
+  LinkRun ran = co_await link_.run(std::move(order), std::move(stdin_data), pol.limits.stdout_bytes,
+                                   pol.limits.stderr_bytes, *p.cancel);
+  live_.erase(p.cancel);
+  if (ran.refused) {
+    // The spawner checks every order against its own copy of the policy:
+    // a refusal here is a reload between placement and start (the policy
+    // is gone), its own run limit, or its stopping.
+    using spawn::RefuseCode;
+    const RefuseCode rc = ran.refused->code;
+    ErrorCode code = rc == RefuseCode::Busy ? ErrorCode::Busy
+                     : rc == RefuseCode::Unavailable || rc == RefuseCode::UnknownPolicy ? ErrorCode::Unavailable
+                     : rc == RefuseCode::OutOfBounds ? ErrorCode::PolicyDenied
+                                                     : ErrorCode::Internal;
+    out.refused = Refusal{code, ran.refused->message};
+    co_return out;
   }
+  out.run = std::move(ran.result);
+  if (out.run.reason == isolate::EndReason::SetupFailed && !out.run.error.empty())
+    spdlog::error("run {}: {}", out.run.run_id.empty() ? "-" : out.run.run_id, out.run.error);
   // Local runs use the policy's read-only venv: nothing is installed per run
   // (a shared, writable venv is how Letta's local sandbox gets poisoned).
   if (p.tool_mode && !std::get<protocol::RunToolRequest>(p.request->body).pip_requirements.empty())

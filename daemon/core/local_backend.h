@@ -1,5 +1,6 @@
-// The local backend: runs a prepared request in a sandbox of this host's
-// engine (isolate/engine.h), under the daemon's run slots.
+// The local backend: runs a prepared request in a sandbox of this host,
+// built by the root spawner (daemon/core/spawner_link.h), under the front
+// end's run slots.
 //
 // Run slots: at most max_concurrent_runs run, at most max_queued_runs wait;
 // beyond that a request is answered `busy` at once. A request waiting in the
@@ -20,17 +21,16 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/core/pipeline.h"
-#include "isolate/engine.h"
+#include "daemon/spawner/compiled.h"
+#include "daemon/core/spawner_link.h"
 
 namespace tsb::core {
 
-// Where the trusted tool runner appears inside a sandbox (bound read-only).
-inline constexpr const char* kRunnerSandboxPath = "/opt/toolsandbox/runner/toolsandbox_runner.py";
+using spawn::kRunnerSandboxPath;
 
 class LocalBackend final : public RunBackend {
  public:
-  LocalBackend(asio::io_context& io, std::unique_ptr<isolate::Engine> engine, unsigned max_concurrent,
-               unsigned max_queued);
+  LocalBackend(asio::io_context& io, SpawnerLink& link, unsigned max_concurrent, unsigned max_queued);
   ~LocalBackend() override;
 
   std::string_view name() const noexcept override { return "local"; }
@@ -46,7 +46,6 @@ class LocalBackend final : public RunBackend {
   // killed, and this returns once every run has ended.
   asio::awaitable<void> finish_runs(std::chrono::steady_clock::time_point deadline);
 
-  isolate::Engine& engine() noexcept { return *engine_; }
   unsigned in_flight() const noexcept { return in_flight_; }
   std::size_t queued() const noexcept { return waiters_.size(); }
   std::uint64_t abandoned_in_queue() const noexcept { return abandoned_in_queue_; }
@@ -67,13 +66,14 @@ class LocalBackend final : public RunBackend {
   };
 
   asio::io_context& io_;
-  std::unique_ptr<isolate::Engine> engine_;
+  SpawnerLink& link_;
   unsigned max_concurrent_;
   unsigned max_queued_;
   bool stopping_ = false;
   unsigned in_flight_ = 0;
   std::deque<std::shared_ptr<Waiter>> waiters_;
-  std::set<std::shared_ptr<isolate::Sandbox>> live_;
+  // The cancel signals of the runs in flight (shutdown cancels what is left).
+  std::set<std::shared_ptr<CancelSignal>> live_;
   std::uint64_t abandoned_in_queue_ = 0;
 };
 

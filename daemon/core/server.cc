@@ -231,117 +231,47 @@ std::string find_runner(const std::string& configured) {
   return "";
 }
 
-Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, std::unique_ptr<isolate::Engine> engine,
+Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, std::unique_ptr<SpawnerLink> link,
                std::shared_ptr<const PolicySet> policies)
     : io_(io),
       config_path_(std::move(config_path)),
       cfg_(std::move(cfg)),
-      local_(std::make_unique<LocalBackend>(io, std::move(engine), cfg_.max_concurrent_runs, cfg_.max_queued_runs)),
+      link_(std::move(link)),
+      local_(std::make_unique<LocalBackend>(io, *link_, cfg_.max_concurrent_runs, cfg_.max_queued_runs)),
       policies_(std::move(policies)),
-      signals_(io, SIGTERM, SIGINT, SIGHUP) {
+      signals_(io, SIGTERM, SIGINT) {
   runner_path_ = find_runner(cfg_.runner_path);
   if (cfg_.e2b.enabled) e2b_ = std::make_unique<E2BBackend>(io_, cfg_.e2b);
   budget_.limit = cfg_.max_buffered_bytes;
+  link_->on_reload = [this](UniqueFd key) { reload(std::move(key)); };
 }
 
-Server::~Server() {
-  // Only the socket we created: a daemon started since may own the path now.
-  struct stat st{};
-  if (owns_socket_file_ && ::lstat(cfg_.socket_path.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
-      st.st_ino == socket_ino_)
-    ::unlink(cfg_.socket_path.c_str());
-}
+Server::~Server() = default;
 
-Status Server::open_listener() {
-  // The E2B API key is read before anything listens: a key file others can
-  // read stops the daemon here.
+Status Server::open_listener(int listen_fd, UniqueFd e2b_key) {
+  // The E2B API key is read before anything is served: a key file others
+  // can read stops the daemon here. The spawner opened it (as root); this
+  // process reads and checks it.
   if (e2b_)
-    if (auto st = e2b_->load_key(); !st.ok()) return st;
-  int n = sd_listen_fds(1);
-  if (n > 1) return Error::invalid("systemd passed " + std::to_string(n) + " sockets; toolsandboxd takes exactly one");
-  if (n == 1) {
-    if (sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_STREAM, 1, nullptr, 0) <= 0)
-      return Error::invalid("the socket systemd passed is not a listening Unix stream socket");
-    acceptor_ = std::make_unique<asio::local::stream_protocol::acceptor>(io_);
-    asio::error_code ec;
-    acceptor_->assign(asio::local::stream_protocol(), SD_LISTEN_FDS_START, ec);
-    if (ec) return Error::invalid("adopting the systemd socket: " + ec.message());
-    spdlog::info("listening on the socket passed by systemd");
-    return {};
-  }
-  const std::string& path = cfg_.socket_path;
-  std::string dir = path.substr(0, path.rfind('/'));
-  if (!dir.empty() && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    return Error::from_errno("mkdir '" + dir + "'");
-  // The socket is bound under a temporary name in the same directory, given
-  // its owner and mode, put in the listening state, and only then renamed
-  // into place (rename(2) is atomic). A client that finds the path can
-  // connect at once: no ECONNREFUSED between bind() and listen(), and the
-  // path never names a socket with other permissions than configured.
-  const std::string tmp = dir + "/.tsbd." + std::to_string(::getpid());
-  for (const std::string* p : {&path, &tmp})
-    if (p->size() >= sizeof(sockaddr_un::sun_path))
-      return Error::invalid("socket path '" + *p + "' is longer than a Unix socket address allows (" +
-                                std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes)",
-                            ENAMETOOLONG);
-  // A stale socket file from a crashed instance is replaced by the rename
-  // below, but only if nothing answers on it (a second daemon must not
-  // steal the first's path).
-  struct stat st{};
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) return Error::invalid("'" + path + "' exists and is not a socket", EEXIST);
-    asio::local::stream_protocol::socket probe(io_);
-    asio::error_code ec;
-    probe.connect(asio::local::stream_protocol::endpoint(path), ec);
-    if (!ec) return Error::invalid("another toolsandboxd is listening on '" + path + "'", EADDRINUSE);
-  }
-  // Our pid in the name: a file there is left by an earlier process with
-  // this pid, which is gone.
-  ::unlink(tmp.c_str());
-  struct RemoveTmp {
-    const std::string& p;
-    bool armed = true;
-    ~RemoveTmp() {
-      if (armed) ::unlink(p.c_str());
-    }
-  } remove_tmp{tmp};
+    if (auto st = e2b_->load_key(std::move(e2b_key)); !st.ok()) return st;
+  if (sd_is_socket_unix(listen_fd, SOCK_STREAM, 1, nullptr, 0) <= 0)
+    return Error::invalid("descriptor " + std::to_string(listen_fd) + " is not a listening Unix stream socket");
   acceptor_ = std::make_unique<asio::local::stream_protocol::acceptor>(io_);
   asio::error_code ec;
-  acceptor_->open(asio::local::stream_protocol(), ec);
-  // Created with no access for anyone but root, then opened up to the
-  // configured mode and group: never briefly world-connectable.
-  mode_t old = ::umask(0177);
-  if (!ec) acceptor_->bind(asio::local::stream_protocol::endpoint(tmp), ec);
-  ::umask(old);
-  if (ec) return Error::invalid("binding '" + tmp + "': " + ec.message(), ec.value());
-  gid_t gid = 0;
-  if (!cfg_.socket_group.empty()) {
-    group* g = ::getgrnam(cfg_.socket_group.c_str());
-    if (!g) return Error::invalid("socket group " + q(cfg_.socket_group) + " does not exist");
-    gid = g->gr_gid;
-  }
-  if (::chown(tmp.c_str(), 0, gid) != 0) return Error::from_errno("chown socket '" + tmp + "'");
-  if (::chmod(tmp.c_str(), cfg_.socket_mode) != 0) return Error::from_errno("chmod socket '" + tmp + "'");
-  acceptor_->listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return Error::invalid("listen: " + ec.message(), ec.value());
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Error::from_errno("rename '" + tmp + "' to '" + path + "'");
-  remove_tmp.armed = false;
-  if (::lstat(path.c_str(), &st) == 0) {
-    owns_socket_file_ = true;
-    socket_dev_ = st.st_dev;
-    socket_ino_ = st.st_ino;
-  }
-  spdlog::info("listening on {} (mode {:o}, group {})", path, cfg_.socket_mode, gid);
+  acceptor_->assign(asio::local::stream_protocol(), listen_fd, ec);
+  if (ec) return Error::invalid("adopting the listening socket: " + ec.message());
   return {};
 }
+
+void Server::notify(const char* text) { link_->notify(text); }
 
 void Server::start() {
   asio::co_spawn(io_, accept_loop(), asio::detached);
   asio::co_spawn(io_, signal_loop(), asio::detached);
-  asio::co_spawn(io_, collect_loop(), asio::detached);
+  link_->start();
   if (runner_path_.empty())
     spdlog::warn("the tool runner was not found (set \"runner\" in the configuration): run_tool requests will fail");
-  sd_notify(0, "READY=1\nSTATUS=accepting requests");
+  notify("READY=1\nSTATUS=accepting requests");
 }
 
 bool Server::peer_allowed(const Peer& p) const {
@@ -680,7 +610,7 @@ json Server::status_json() const {
           {"write_timeouts", write_timeouts_},
           {"abandoned_in_queue", local_->abandoned_in_queue()},
           {"accept_errors", accept_errors_},
-          {"cgroup_mode", isolate::to_string(local_->engine().cgroups().mode())},
+          {"cgroup_mode", link_->hello().cgroup_mode},
           {"engine", local_->engine_status()},
           {"policies", pols},
           {"e2b_configured", cfg_.e2b.enabled},
@@ -688,8 +618,8 @@ json Server::status_json() const {
           {"shutting_down", shutting_down_}};
 }
 
-void Server::reload() {
-  sd_notify(0, "RELOADING=1");
+void Server::reload(UniqueFd e2b_key) {
+  notify("RELOADING=1");
   // A reload never falls back to the embedded defaults: a configuration
   // file that is missing or unreadable keeps the set in force (the embedded
   // defaults would replace the allowed peers, limits and policies). Only a
@@ -699,25 +629,25 @@ void Server::reload() {
   if (!cfg.ok()) {
     if (cfg.error().code == ENOENT && cfg_.source == DaemonConfig{}.source) {
       spdlog::info("reload: no configuration file at '{}': still on the embedded defaults", config_path_);
-      sd_notify(0, "READY=1");
+      notify("READY=1");
       return;
     }
     spdlog::error("reload: keeping the current configuration and policies: {}", cfg.error().message);
-    sd_notify(0, "READY=1");
+    notify("READY=1");
     return;
   }
   auto set = load_policy_set(*cfg);
   if (!set.ok()) {
     spdlog::error("reload: keeping the current configuration and policies: {}", set.error().message);
-    sd_notify(0, "READY=1");
+    notify("READY=1");
     return;
   }
   // The E2B key is re-read (and its file checked) before anything changes.
   if (cfg->e2b.enabled) {
     if (!e2b_) e2b_ = std::make_unique<E2BBackend>(io_, cfg->e2b);
-    if (auto st = e2b_->reconfigure(cfg->e2b); !st.ok()) {
+    if (auto st = e2b_->reconfigure(cfg->e2b, std::move(e2b_key)); !st.ok()) {
       spdlog::error("reload: keeping the current configuration and policies: {}", st.error().message);
-      sd_notify(0, "READY=1");
+      notify("READY=1");
       return;
     }
   }
@@ -736,26 +666,13 @@ void Server::reload() {
   local_->set_limits(cfg_.max_concurrent_runs, cfg_.max_queued_runs);
   for (const auto& [name, p] : policies_->policies) spdlog::info("policy {} {}", q(name), p->fingerprint);
   spdlog::info("reloaded configuration and {} policies", policies_->policies.size());
-  sd_notify(0, "READY=1");
-}
-
-asio::awaitable<void> Server::collect_loop() {
-  while (!shutting_down_) {
-    collect_timer_.expires_after(std::chrono::seconds(1));
-    auto [ec] = co_await collect_timer_.async_wait(tuple_awaitable);
-    if (ec || shutting_down_) co_return;
-    (void)local_->engine().collect_retired();
-  }
+  notify("READY=1");
 }
 
 asio::awaitable<void> Server::signal_loop() {
   for (;;) {
     auto [ec, sig] = co_await signals_.async_wait(tuple_awaitable);
     if (ec) co_return;
-    if (sig == SIGHUP) {
-      reload();
-      continue;
-    }
     spdlog::info("signal {}: stopping", sig);
     co_await shutdown_sequence();
     co_return;
@@ -763,7 +680,7 @@ asio::awaitable<void> Server::signal_loop() {
 }
 
 asio::awaitable<void> Server::shutdown_sequence() {
-  sd_notify(0, "STOPPING=1");
+  notify("STOPPING=1");
   shutting_down_ = true;
   asio::error_code ec;
   if (acceptor_) acceptor_->close(ec);
@@ -780,14 +697,12 @@ asio::awaitable<void> Server::shutdown_sequence() {
   // Server, which must not outlive it in the event loop's queue.
   t.expires_after(std::chrono::milliseconds(100));
   co_await t.async_wait(tuple_awaitable);
-  collect_timer_.cancel();
   for (socket_t* s : std::vector<socket_t*>(open_sockets_.begin(), open_sockets_.end())) s->close(ec);
   for (int i = 0; i < 100 && connections_open_ > 0; ++i) {
     t.expires_after(std::chrono::milliseconds(20));
     co_await t.async_wait(tuple_awaitable);
   }
   if (connections_open_ > 0) spdlog::warn("{} connection handlers still open at exit", connections_open_);
-  (void)local_->engine().drain_retired(std::chrono::seconds(2));
   io_.stop();
 }
 

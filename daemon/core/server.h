@@ -1,6 +1,7 @@
-// toolsandboxd's server: a Unix stream socket, protocol v1, one coroutine
-// per connection on a single-threaded io_context. Children are watched
-// through pidfds (isolate/supervise.h); there is no SIGCHLD handler.
+// toolsandboxd's server, in the unprivileged front end: the listening Unix
+// stream socket the spawner hands over, protocol v1, one coroutine per
+// connection on a single-threaded io_context. Local runs go to the root
+// spawner (daemon/core/spawner_link.h).
 #pragma once
 
 #include <sys/types.h>
@@ -23,7 +24,7 @@
 #include "daemon/core/local_backend.h"
 #include "daemon/core/pipeline.h"
 #include "daemon/core/registry.h"
-#include "isolate/engine.h"
+#include "daemon/core/spawner_link.h"
 #include "protocol/messages.h"
 
 namespace tsb::core {
@@ -77,12 +78,13 @@ class LogThrottle {
 
 class Server {
  public:
-  Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, std::unique_ptr<isolate::Engine> engine,
+  Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, std::unique_ptr<SpawnerLink> link,
          std::shared_ptr<const PolicySet> policies);
   ~Server();
 
-  // Adopt the socket systemd passed (socket activation) or bind our own.
-  Status open_listener();
+  // Adopt the listening socket the spawner passed (its own, or systemd's),
+  // and read the E2B API key from the descriptor it opened.
+  Status open_listener(int listen_fd, UniqueFd e2b_key);
   // Start accepting and handling signals. Returns immediately.
   void start();
   // Exit status for main() once io.run() returns.
@@ -108,10 +110,12 @@ class Server {
   // on the backend the placement names, the client watched meanwhile.
   asio::awaitable<std::string> run_request(const protocol::Request& req, const Peer& peer, socket_t& sock);
   asio::awaitable<void> signal_loop();
-  asio::awaitable<void> collect_loop();
   asio::awaitable<void> shutdown_sequence();
   bool peer_allowed(const Peer& p) const;
-  void reload();
+  // The spawner reloaded (SIGHUP goes to it): this side's configuration,
+  // policies and E2B key (its new file's descriptor) follow.
+  void reload(UniqueFd e2b_key);
+  void notify(const char* text);
   nlohmann::json status_json() const;
 
   // Completes only when the peer has closed its end entirely (true), or
@@ -121,14 +125,12 @@ class Server {
   asio::io_context& io_;
   std::string config_path_;
   DaemonConfig cfg_;
+  std::unique_ptr<SpawnerLink> link_;
   std::unique_ptr<LocalBackend> local_;
   std::shared_ptr<const PolicySet> policies_;
   std::string runner_path_;
   std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;
   asio::signal_set signals_;
-  bool owns_socket_file_ = false;
-  dev_t socket_dev_ = 0;  // the socket file we created, removed at exit only if still ours
-  ino_t socket_ino_ = 0;
 
   bool shutting_down_ = false;
   int exit_code_ = 0;
@@ -152,10 +154,6 @@ class Server {
   // Open connections, closed at shutdown before the event loop stops (their
   // coroutines hold budget and counters of this object).
   std::set<socket_t*> open_sockets_;
-  // Leftovers of ended runs (an init not yet reaped, a cgroup leaf still
-  // busy) are collected by the engine at each spawn and each run's end; on
-  // an idle daemon, by this timer, once a second.
-  asio::steady_timer collect_timer_{io_};
   std::unique_ptr<E2BBackend> e2b_;  // when an E2B API key file is configured (docs/E2B.md)
 };
 

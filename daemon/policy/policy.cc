@@ -1,5 +1,7 @@
 #include "daemon/policy/policy.h"
 
+#include "daemon/spawner/compiled.h"
+
 #include "isolate/base/file.h"
 
 #include <fcntl.h>
@@ -164,11 +166,7 @@ json limits_json(const isolate::Limits& l) {
               {"open_files", l.open_files}};
 }
 
-bool valid_env_name(std::string_view n) {
-  if (n.empty() || n.size() > 256) return false;
-  if (!(std::isalpha(static_cast<unsigned char>(n[0])) || n[0] == '_')) return false;
-  return std::all_of(n.begin(), n.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
-}
+using spawn::valid_env_name;
 
 // "default" for "/etc/toolsandboxd/policies/default.json" or "embedded:default.json".
 std::string policy_stem(const std::string& path) {
@@ -535,16 +533,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
 
 const char* to_string(Backend b) noexcept { return b == Backend::E2B ? "e2b" : "local"; }
 
-bool Policy::env_name_allowed(std::string_view n) const {
-  for (const auto& a : env_allow) {
-    if (!a.empty() && a.back() == '*') {
-      if (n.size() >= a.size() - 1 && n.compare(0, a.size() - 1, a, 0, a.size() - 1) == 0) return true;
-    } else if (n == a) {
-      return true;
-    }
-  }
-  return false;
-}
+bool Policy::env_name_allowed(std::string_view n) const { return spawn::env_name_allowed(env_allow, n); }
 
 Result<std::string> read_policy_text(const std::string& path) {
   if (is_embedded(path)) {
@@ -625,18 +614,7 @@ Result<Policy> load_named_policy(const std::string& name, const std::string& dir
 }
 
 Result<std::vector<std::string>> build_environment(const Policy& p, const std::map<std::string, std::string>& req) {
-  std::vector<std::string> env;
-  for (const auto& [k, v] : req) {
-    if (!valid_env_name(k)) return Error::invalid("environment: not a valid variable name: " + quoted_for_message(k));
-    if (p.env_set.count(k))
-      return Error::invalid("environment: " + quoted_for_message(k) + " is fixed by policy '" + p.name + "'", EPERM);
-    if (!p.env_name_allowed(k))
-      return Error::invalid("environment: policy '" + p.name + "' does not allow setting " + quoted_for_message(k), EPERM);
-    if (v.find('\0') != std::string::npos) return Error::invalid("environment: a value contains a NUL byte");
-  }
-  for (const auto& [k, v] : p.env_set) env.push_back(k + "=" + v);
-  for (const auto& [k, v] : req) env.push_back(k + "=" + v);
-  return env;
+  return spawn::build_environment(p.name, p.env_set, p.env_allow, req);
 }
 
 isolate::RunSpec run_spec_from(const Policy& p) {

@@ -38,17 +38,13 @@ inline std::string mode_string(mode_t mode) {
   return b;
 }
 
-inline Result<std::string> read_file(const std::string& path, const ReadRules& rules = {}) {
-  // O_NONBLOCK: opening a FIFO does not wait for a writer, and reading one
-  // that has a writer fails with EAGAIN instead of waiting (a FIFO is
-  // refused outright when only regular files are allowed). Regular files,
-  // /proc and cgroup files ignore it.
-  const int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (rules.no_follow ? O_NOFOLLOW : 0);
-  UniqueFd fd(::open(path.c_str(), flags));
-  if (!fd) return Error::from_errno("open '" + path + "'");
+// The same rules for a descriptor opened elsewhere (by another process,
+// passed over a socket); `path` names it in messages and for `check`. Reads
+// from the descriptor's current offset.
+inline Result<std::string> read_opened_file(int fd, const std::string& path, const ReadRules& rules = {}) {
   struct stat st{};
   if (rules.regular_only || rules.check) {
-    if (::fstat(fd.get(), &st) != 0) return Error::from_errno("fstat '" + path + "'");
+    if (::fstat(fd, &st) != 0) return Error::from_errno("fstat '" + path + "'");
     if (rules.regular_only && !S_ISREG(st.st_mode)) return Error::invalid("'" + path + "' is not a regular file");
     if (rules.check)
       if (auto ok = rules.check(path, st); !ok.ok()) return std::move(ok).error();
@@ -60,7 +56,7 @@ inline Result<std::string> read_file(const std::string& path, const ReadRules& r
   std::string out;
   char buf[16384];
   for (;;) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
       return Error::from_errno("read '" + path + "'");
@@ -69,6 +65,17 @@ inline Result<std::string> read_file(const std::string& path, const ReadRules& r
     if (out.size() + static_cast<std::size_t>(n) > rules.max_bytes) return too_large();
     out.append(buf, static_cast<std::size_t>(n));
   }
+}
+
+inline Result<std::string> read_file(const std::string& path, const ReadRules& rules = {}) {
+  // O_NONBLOCK: opening a FIFO does not wait for a writer, and reading one
+  // that has a writer fails with EAGAIN instead of waiting (a FIFO is
+  // refused outright when only regular files are allowed). Regular files,
+  // /proc and cgroup files ignore it.
+  const int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (rules.no_follow ? O_NOFOLLOW : 0);
+  UniqueFd fd(::open(path.c_str(), flags));
+  if (!fd) return Error::from_errno("open '" + path + "'");
+  return read_opened_file(fd.get(), path, rules);
 }
 
 }  // namespace tsb

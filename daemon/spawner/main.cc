@@ -1,38 +1,33 @@
-// toolsandboxd: the daemon.
+// toolsandboxd: the root spawner, the process systemd starts.
 //
 //   toolsandboxd [--config FILE] [--check] [--version]
 //
-// Without --config it reads /etc/toolsandboxd/toolsandboxd.json if present,
-// else runs on its embedded defaults (policies compiled into the binary).
-// SIGHUP re-reads the same file; a file that is missing or unreadable then
-// keeps the set in force.
+// Loads the configuration and policies through the compile helper, creates
+// the engine and the listening socket, and runs the unprivileged front end
+// (toolsandboxd-frontend) that serves clients. Without --config it reads
+// /etc/toolsandboxd/toolsandboxd.json if present, else the embedded
+// defaults. SIGHUP reloads; SIGTERM and SIGINT stop after in-flight runs
+// (shutdown_grace). docs/ARCHITECTURE.md, "Privilege separation".
 #include <getopt.h>
-#include <malloc.h>
+#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
-#include <asio/io_context.hpp>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
-#include "daemon/core/config.h"
-#include "daemon/policy/seccomp_profile.h"
-#include "daemon/core/registry.h"
-#include "daemon/core/server.h"
-#include "daemon/policy/jsonc.h"
+#include "daemon/spawner/spawner.h"
+#include "isolate/base/quote.h"
 
 namespace {
 
-// Every connection and every run takes descriptors (a run: pipes, a pidfd,
-// cgroup files). The soft limit a shell gives (1024) is far below what
-// max_connections allows; the hard limit is what the operator granted.
+// Every run takes descriptors (pipes, a pidfd, cgroup files); the hard limit
+// is what the operator granted (LimitNOFILE=), and the front end inherits it.
 void raise_open_files_limit() {
   rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
-    spdlog::warn("getrlimit RLIMIT_NOFILE: {}", std::strerror(errno));
-    return;
-  }
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
   if (rl.rlim_cur < rl.rlim_max) {
     rlim_t was = rl.rlim_cur;
     rl.rlim_cur = rl.rlim_max;
@@ -44,10 +39,24 @@ void raise_open_files_limit() {
   spdlog::info("open files limit: {}", rl.rlim_cur);
 }
 
+// toolsandboxd-frontend: next to this program (a build tree), else in libexec.
+std::string find_front_end() {
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    std::string dir(self, static_cast<std::size_t>(n));
+    dir.resize(dir.rfind('/'));
+    std::string cand = dir + "/toolsandboxd-frontend";
+    if (::access(cand.c_str(), X_OK) == 0) return cand;
+  }
+  return std::string(TSB_LIBEXECDIR) + "/toolsandboxd-frontend";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config_path = std::string(TSB_SYSCONFDIR) + "/toolsandboxd.json";
+  tsb::spawn::SpawnerOptions opts;
+  opts.config_path = std::string(TSB_SYSCONFDIR) + "/toolsandboxd.json";
   bool explicit_config = false, check_only = false;
   static const option kOptions[] = {
       {"config", required_argument, nullptr, 'c'},
@@ -61,7 +70,7 @@ int main(int argc, char** argv) {
   for (int c; (c = ::getopt_long(argc, argv, "", kOptions, nullptr)) != -1;) {
     switch (c) {
       case 'c':
-        config_path = optarg;
+        opts.config_path = optarg;
         explicit_config = true;
         break;
       case 'k': check_only = true; break;
@@ -83,51 +92,38 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return 2;
   }
+  // Logs go to stderr (the journal under systemd): the compile helper's
+  // stdout carries the compiled set.
+  spdlog::set_default_logger(spdlog::stderr_logger_st("toolsandboxd"));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
-  // Memory a big request used must go back to the kernel when it is freed.
-  // glibc's default raises its mmap threshold after the first large block is
-  // freed (up to 32 MiB), after which request-sized buffers come from the
-  // heap and stay resident. A fixed threshold keeps every block of 128 KiB
-  // or more in its own mapping (returned by free, grown by mremap) and also
-  // fixes the heap's trim threshold at its default.
-  ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-  auto cfg = tsb::core::load_daemon_config(config_path, !explicit_config);
-  if (!cfg.ok()) {
-    spdlog::critical("{}", cfg.error().message);
+  opts.front_end = find_front_end();
+  if (::access(opts.front_end.c_str(), X_OK) != 0) {
+    spdlog::critical("the front end {} is missing: {}", tsb::quoted_for_message(opts.front_end), std::strerror(errno));
     return 1;
   }
-  auto set = tsb::core::load_policy_set(*cfg);
+  // The helper's own messages (the configuration, each policy) go to stderr.
+  auto set = tsb::spawn::compile_policies(opts, !explicit_config, check_only);
   if (!set.ok()) {
     spdlog::critical("{}", set.error().message);
     return 1;
   }
-  if (cfg->source == tsb::core::DaemonConfig{}.source)
-    spdlog::info("configuration: {} (no file at '{}'; SIGHUP loads it once it exists)", cfg->source, config_path);
-  else
-    spdlog::info("configuration: {}", cfg->source);
-  for (const auto& [name, p] : (*set)->policies)
-    spdlog::info("policy {} {} ({})", tsb::quoted_for_message(name), p->fingerprint, p->source);
   if (check_only) return 0;
+  if (::geteuid() != 0) {
+    spdlog::critical("toolsandboxd must run as root (it creates namespaces, cgroups and id maps)");
+    return 1;
+  }
   raise_open_files_limit();
-
-  auto engine = tsb::policy::create_engine(cfg->engine);
+  auto engine = tsb::isolate::Engine::create(set->engine, set->init_filter);
   if (!engine.ok()) {
     spdlog::critical("engine: {}", engine.error().message);
     return 1;
   }
   spdlog::info("engine: {}", (*engine)->cgroups().describe());
-  // What the engine found at start-up: leaves of dead engines it reclaimed,
-  // kernel features it lacks.
   for (const auto& note : (*engine)->startup_notes()) spdlog::warn("engine: {}", note);
-
-  asio::io_context io(1);
-  tsb::core::Server server(io, config_path, *cfg, std::move(engine).value(), std::move(set).value());
-  if (auto st = server.open_listener(); !st.ok()) {
+  tsb::spawn::Spawner spawner(opts, std::move(set).value(), std::move(engine).value());
+  if (auto st = spawner.open_listener(); !st.ok()) {
     spdlog::critical("{}", st.error().message);
     return 1;
   }
-  server.start();
-  io.run();
-  spdlog::info("stopped");
-  return server.exit_code();
+  return spawner.run();
 }

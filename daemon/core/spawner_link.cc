@@ -1,0 +1,262 @@
+#include "daemon/core/spawner_link.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <cstdlib>
+
+namespace tsb::core {
+namespace {
+
+using stream = asio::posix::stream_descriptor;
+constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+
+}  // namespace
+
+// One run in flight: what the spawner said so far, and the run's own
+// coroutines (stdin writer, two readers). `wake` is cancelled whenever any
+// of it changes; the run's coroutine checks and waits again.
+struct SpawnerLink::Pending {
+  explicit Pending(asio::io_context& io) : wake(io, std::chrono::steady_clock::time_point::max()) {}
+  asio::steady_timer wake;
+  bool answered = false;  // Started, Refused or Ended (a spawn that failed) came
+  bool ended = false;
+  std::optional<spawn::Refused> refused;
+  std::vector<UniqueFd> fds;  // stdin, stdout, stderr
+  isolate::RunResult result;
+  int readers = 0;
+  bool kill_sent = false;
+  bool no_stdio = false;  // Started came without its descriptors
+  void poke() { wake.cancel(); }
+};
+
+SpawnerLink::SpawnerLink(asio::io_context& io, UniqueFd control) : io_(io), control_(std::move(control)), sd_(io) {}
+
+SpawnerLink::~SpawnerLink() = default;
+
+Status SpawnerLink::handshake() {
+  std::vector<UniqueFd> fds;
+  auto m = spawn::receive_message(control_.get(), &fds);
+  if (!m.ok()) return std::move(m).error().wrap("the spawner's hello");
+  if (m->empty()) return Error::invalid("the spawner closed its socket before its hello", EPIPE);
+  auto h = spawn::decode_hello(*m);
+  if (!h.ok()) return std::move(h).error();
+  hello_ = std::move(h).value();
+  return {};
+}
+
+void SpawnerLink::start() {
+  sd_.assign(control_.release());
+  asio::co_spawn(io_, receive_loop(), asio::detached);
+}
+
+Status SpawnerLink::send(const std::string& msg) {
+  // The spawner reads its socket on every turn of its loop: a blocking send
+  // waits for nothing in practice. EMSGSIZE: larger than the socket's
+  // buffer allows (a huge environment); any other failure means the spawner
+  // is gone, which the receive loop handles.
+  auto st = spawn::send_message(sd_.native_handle(), msg);
+  if (!st.ok() && st.error().code != EMSGSIZE) spdlog::error("spawner socket: {}", st.error().message);
+  return st;
+}
+
+void SpawnerLink::notify(std::string_view text) {
+  if (sd_.is_open()) (void)send(spawn::encode_notify(text));
+}
+
+asio::awaitable<void> SpawnerLink::receive_loop() {
+  for (;;) {
+    auto [ec] = co_await sd_.async_wait(stream::wait_read, tuple_awaitable);
+    if (ec) break;
+    std::vector<UniqueFd> fds;
+    auto m = spawn::receive_message(sd_.native_handle(), &fds, MSG_DONTWAIT);
+    if (!m.ok()) {
+      if (m.error().code == EAGAIN) continue;
+      spdlog::critical("spawner socket: {}", m.error().message);
+      break;
+    }
+    if (m->empty()) break;
+    switch (spawn::message_type(*m)) {
+      case spawn::Msg::Started: {
+        auto s = spawn::decode_started(*m);
+        auto it = s.ok() ? pending_.find(s->id) : pending_.end();
+        if (it == pending_.end()) {
+          spdlog::error("spawner: an unexpected or malformed Started message");
+          break;
+        }
+        if (fds.size() != 3) {
+          // Out of descriptors here: the run cannot be fed or read. It is
+          // ended, and its result says why.
+          spdlog::error("run {}: its pipes could not be received (out of descriptors?): ending it", s->run_id);
+          it->second->no_stdio = true;
+          it->second->kill_sent = true;
+          (void)send(spawn::encode(spawn::Kill{s->id, spawn::KillWhy::Cancel}));
+          fds.clear();
+        }
+        it->second->answered = true;
+        it->second->result.run_id = s->run_id;
+        it->second->result.host_uid = s->host_uid;
+        it->second->fds = std::move(fds);
+        it->second->poke();
+        break;
+      }
+      case spawn::Msg::Refused: {
+        auto r = spawn::decode_refused(*m);
+        auto it = r.ok() ? pending_.find(r->id) : pending_.end();
+        if (it == pending_.end()) {
+          spdlog::error("spawner refused a message: {}", r.ok() ? r->message : r.error().message);
+          break;
+        }
+        it->second->answered = true;
+        it->second->refused = std::move(r).value();
+        it->second->poke();
+        break;
+      }
+      case spawn::Msg::Ended: {
+        auto e = spawn::decode_ended(*m);
+        auto it = e.ok() ? pending_.find(e->id) : pending_.end();
+        if (it == pending_.end()) {
+          spdlog::error("spawner: an unexpected or malformed Ended message");
+          break;
+        }
+        it->second->answered = true;
+        it->second->ended = true;
+        it->second->result = std::move(e->result);
+        it->second->poke();
+        break;
+      }
+      case spawn::Msg::Reload:
+        if (on_reload) on_reload(fds.empty() ? UniqueFd() : std::move(fds[0]));
+        break;
+      default: spdlog::error("spawner: unknown message type {}", static_cast<int>(spawn::message_type(*m)));
+    }
+  }
+  // The spawner is gone: it was root and held every run; nothing here can
+  // go on. Its death already ends every sandbox (their init watches it).
+  spdlog::critical("the spawner went away: the front end ends");
+  spdlog::shutdown();
+  std::_Exit(1);
+}
+
+asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
+                                          std::uint64_t stderr_cap, CancelSignal& cancel) {
+  auto p = std::make_shared<Pending>(io_);
+  const std::uint64_t id = order.id = ++next_id_;
+  pending_.emplace(id, p);
+  struct Forget {
+    SpawnerLink& l;
+    std::uint64_t id;
+    ~Forget() { l.pending_.erase(id); }
+  } forget{*this, id};
+  if (auto st = send(spawn::encode(order)); !st.ok()) {
+    LinkRun out;
+    out.refused = spawn::Refused{id, st.error().code == EMSGSIZE ? spawn::RefuseCode::OutOfBounds : spawn::RefuseCode::Unavailable,
+                                 st.error().code == EMSGSIZE
+                                     ? "the run's environment is too large to hand to the sandbox spawner"
+                                     : "the sandbox spawner is not reachable: " + st.error().message};
+    co_return out;
+  }
+  auto kill = [this, p, id](spawn::KillWhy why) {
+    if (p->kill_sent || p->ended) return;
+    // A cancel after an output-limit kill changes nothing: one is enough.
+    p->kill_sent = true;
+    (void)send(spawn::encode(spawn::Kill{id, why}));
+  };
+  CancelHook hook(cancel, [kill] { kill(spawn::KillWhy::Cancel); });
+
+  while (!p->answered) co_await p->wake.async_wait(tuple_awaitable);
+  LinkRun out;
+  if (p->refused) {
+    out.refused = std::move(p->refused);
+    co_return out;
+  }
+  isolate::RunResult& r = p->result;
+  if (!p->fds.empty()) {
+    // stdin: written, then closed (EOF). EPIPE when the tool never reads it
+    // is fine (SIGPIPE is ignored).
+    asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, std::string data) -> asio::awaitable<void> {
+      stream sd(io, fd.release());
+      if (!data.empty()) co_await asio::async_write(sd, asio::buffer(data), tuple_awaitable);
+    }(io_, std::move(p->fds[0]), std::move(stdin_data)), asio::detached);
+    // stdout, stderr: kept up to the cap; past it the run is ended and the
+    // rest is read and dropped, so this process's memory stays flat.
+    struct Sink {
+      std::string* data;
+      bool* truncated;
+      std::uint64_t* total;
+      std::uint64_t cap;
+    };
+    const Sink sinks[2] = {{&r.stdout_data, &r.stdout_truncated, &r.stdout_total_bytes, stdout_cap},
+                           {&r.stderr_data, &r.stderr_truncated, &r.stderr_total_bytes, stderr_cap}};
+    // The readers write into their own buffers (the Ended message replaces
+    // the result), merged at the end; they hold them, so a reader that
+    // outlives this run (a pipe still open after 5 s) writes into nothing freed.
+    struct Output {
+      std::array<std::string, 2> data;
+      std::array<bool, 2> truncated{};
+      std::array<std::uint64_t, 2> total{};
+    };
+    auto output = std::make_shared<Output>();
+    p->readers = 2;
+    for (int i = 0; i < 2; ++i) {
+      asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, std::shared_ptr<Pending> p, std::shared_ptr<Output> o,
+                             int i, std::uint64_t cap, std::function<void()> over) -> asio::awaitable<void> {
+        stream sd(io, fd.release());
+        std::array<char, 65536> buf;
+        for (;;) {
+          auto [ec, n] = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
+          if (ec) break;  // EOF or error: this stream is over
+          o->total[i] += n;
+          std::string& sink = o->data[i];
+          if (sink.size() < cap) {
+            std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(n, cap - sink.size()));
+            sink.append(buf.data(), take);
+            if (take < n) o->truncated[i] = true;
+          } else {
+            o->truncated[i] = true;
+          }
+          if (o->truncated[i]) over();
+        }
+        --p->readers;
+        p->poke();
+      }(io_, std::move(p->fds[1 + i]), p, output, i, sinks[i].cap, [kill] { kill(spawn::KillWhy::OutputLimit); }),
+                     asio::detached);
+    }
+    p->fds.clear();
+    while (!p->ended) co_await p->wake.async_wait(tuple_awaitable);
+    // Every writer is gone once pid 1 has exited: the pipes reach EOF at
+    // once. Bounded anyway (a pipe held open by something that escaped).
+    if (p->readers > 0) {
+      p->wake.expires_after(std::chrono::seconds(5));
+      while (p->readers > 0) {
+        auto [ec] = co_await p->wake.async_wait(tuple_awaitable);
+        if (!ec) break;  // the 5 s ran out
+      }
+    }
+    for (int i = 0; i < 2; ++i) {
+      *sinks[i].data = std::move(output->data[i]);
+      *sinks[i].truncated = output->truncated[i];
+      *sinks[i].total = output->total[i];
+    }
+  } else {
+    // Ended without Started (the spawn failed; nothing ran), or Started
+    // without its pipes (ended at once).
+    while (!p->ended) co_await p->wake.async_wait(tuple_awaitable);
+    if (p->no_stdio) {
+      r.reason = isolate::EndReason::SetupFailed;
+      r.exit_code = -1;
+      r.error = "the daemon could not take the run's pipes (out of file descriptors)";
+    }
+  }
+  out.result = std::move(r);
+  co_return out;
+}
+
+}  // namespace tsb::core

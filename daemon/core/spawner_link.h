@@ -1,0 +1,67 @@
+// The front end's side of the spawner socket (daemon/spawner/spawner.h):
+// run orders out; Started (with the run's stdio), Refused and Ended back.
+//
+// A local run, seen from here: send the order; on Started, write the
+// request to the run's stdin and read its stdout and stderr under the
+// policy's caps (past a cap, ask the spawner to end the run as
+// output_limit); on the run's cancel signal, ask it to kill the run; return
+// once the spawner's Ended has arrived and both pipes are drained.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/steady_timer.hpp>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "daemon/core/cancel.h"
+#include "daemon/spawner/compiled.h"
+#include "isolate/base/result.h"
+#include "isolate/base/unique_fd.h"
+#include "isolate/spec.h"
+
+namespace tsb::core {
+
+struct LinkRun {
+  std::optional<spawn::Refused> refused;  // the spawner did not run it
+  isolate::RunResult result;              // otherwise: what happened, output included
+};
+
+class SpawnerLink {
+ public:
+  SpawnerLink(asio::io_context& io, UniqueFd control);
+  ~SpawnerLink();
+
+  // Blocking, once at start: the spawner's Hello.
+  Status handshake();
+  const spawn::Hello& hello() const noexcept { return hello_; }
+  // Starts reading the spawner's messages.
+  void start();
+
+  asio::awaitable<LinkRun> run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
+                               std::uint64_t stderr_cap, CancelSignal& cancel);
+  // READY=1, RELOADING=1, STOPPING=1, STATUS=...: passed on to systemd by
+  // the spawner (the only process systemd listens to).
+  void notify(std::string_view text);
+
+  // The spawner's reload: the new E2B key file's descriptor, if any.
+  std::function<void(UniqueFd key)> on_reload;
+
+ private:
+  struct Pending;
+  asio::awaitable<void> receive_loop();
+  Status send(const std::string& msg);
+
+  asio::io_context& io_;
+  UniqueFd control_;
+  asio::posix::stream_descriptor sd_;
+  spawn::Hello hello_;
+  std::uint64_t next_id_ = 0;
+  std::map<std::uint64_t, std::shared_ptr<Pending>> pending_;
+};
+
+}  // namespace tsb::core

@@ -1,0 +1,226 @@
+// toolsandboxd-frontend: the unprivileged side of toolsandboxd, started by
+// the root spawner (daemon/spawner/), never by hand.
+//
+//   --serve --config FILE [--config-optional] --listen-fd N --control-fd N
+//           [--e2b-key-fd N]
+//       the front end: the listening socket, peers, the protocol, Letta
+//       shaping, E2B, audit and counters. Refuses to run with uid 0, any
+//       capability, or without no_new_privs; loads its own seccomp filter.
+//   --compile --config FILE [--config-optional]
+//       the compile helper: loads the configuration and policies and writes
+//       the compiled set the spawner reads (daemon/spawner/compiled.h) to
+//       stdout.
+//   --check --config FILE [--config-optional]
+//       loads and reports, writes nothing (toolsandboxd --check).
+#include <getopt.h>
+#include <malloc.h>
+#include <pwd.h>
+#include <grp.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <asio/io_context.hpp>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "daemon/core/config.h"
+#include "daemon/core/registry.h"
+#include "daemon/core/server.h"
+#include "daemon/core/spawner_link.h"
+#include "daemon/frontend/confine.h"
+#include "daemon/policy/seccomp_profile.h"
+#include "isolate/base/quote.h"
+#include "daemon/spawner/compiled.h"
+
+namespace {
+
+using tsb::quoted_for_message;
+
+enum class Mode { None, Serve, Compile, Check };
+
+struct Args {
+  Mode mode = Mode::None;
+  std::string config;
+  bool config_optional = false;
+  int listen_fd = -1, control_fd = -1, e2b_key_fd = -1;
+};
+
+bool parse_fd(const char* s, int* out) {
+  char* end = nullptr;
+  long v = std::strtol(s, &end, 10);
+  if (!*s || *end || v < 3 || v > 1024) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg, const tsb::core::PolicySet& set) {
+  using tsb::Error;
+  tsb::spawn::CompiledSet out;
+  out.engine = cfg.engine;
+  auto init = tsb::policy::compile_init_filter();
+  if (!init.ok()) return std::move(init).error().wrap("compiling the init filter");
+  out.init_filter = std::move(init).value();
+  out.socket_path = cfg.socket_path;
+  out.socket_mode = cfg.socket_mode;
+  if (!cfg.socket_group.empty()) {
+    group* g = ::getgrnam(cfg.socket_group.c_str());
+    if (!g) return Error::invalid("socket group " + quoted_for_message(cfg.socket_group) + " does not exist");
+    out.socket_gid = g->gr_gid;
+  }
+  passwd* pw = ::getpwnam(cfg.front_end_user.c_str());
+  if (!pw)
+    return Error::invalid("front_end_user: no user " + quoted_for_message(cfg.front_end_user) +
+                          " (systemd-sysusers creates it from toolsandboxd.sysusers; or useradd --system " +
+                          cfg.front_end_user + ")");
+  if (pw->pw_uid == 0) return Error::invalid("front_end_user: " + quoted_for_message(cfg.front_end_user) + " is uid 0");
+  out.front_end_user = cfg.front_end_user;
+  out.front_end_uid = pw->pw_uid;
+  out.front_end_gid = pw->pw_gid;
+  out.e2b_key_file = cfg.e2b.enabled ? cfg.e2b.api_key_file : "";
+  out.runner_path = tsb::core::find_runner(cfg.runner_path);
+  out.max_concurrent_runs = cfg.max_concurrent_runs;
+  out.shutdown_grace = cfg.shutdown_grace;
+  for (const auto& [name, p] : set.policies) {
+    tsb::spawn::SpawnPolicy s;
+    s.name = name;
+    s.fingerprint = p->fingerprint;
+    s.local = p->backend == tsb::core::Backend::Local;
+    s.limits = p->limits;
+    s.venv = p->venv;
+    s.workdir = p->workdir;
+    s.binds = p->binds;
+    s.network = p->network;
+    s.env_set = p->env_set;
+    s.env_allow = p->env_allow;
+    s.seccomp = p->seccomp;
+    if (!s.seccomp) return Error::invalid("policy " + quoted_for_message(name) + " has no compiled seccomp program");
+    s.uid = p->uid;
+    s.gid = p->gid;
+    s.interpreter = p->interpreter;
+    s.hostname = p->hostname;
+    out.policies.push_back(std::move(s));
+  }
+  return out;
+}
+
+int write_all(int fd, const std::string& b) {
+  std::size_t off = 0;
+  while (off < b.size()) {
+    ssize_t n = ::write(fd, b.data() + off, b.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    off += static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  static const option kOptions[] = {
+      {"serve", no_argument, nullptr, 's'},       {"compile", no_argument, nullptr, 'C'},
+      {"check", no_argument, nullptr, 'k'},       {"config", required_argument, nullptr, 'c'},
+      {"config-optional", no_argument, nullptr, 'o'}, {"listen-fd", required_argument, nullptr, 'l'},
+      {"control-fd", required_argument, nullptr, 'f'}, {"e2b-key-fd", required_argument, nullptr, 'e'},
+      {nullptr, 0, nullptr, 0},
+  };
+  constexpr const char* kUsage =
+      "usage: toolsandboxd-frontend --serve|--compile|--check --config FILE [--config-optional]\n"
+      "       [--listen-fd N --control-fd N [--e2b-key-fd N]]\n"
+      "(started by toolsandboxd; not meant to be run by hand)\n";
+  opterr = 0;
+  for (int c; (c = ::getopt_long(argc, argv, "", kOptions, nullptr)) != -1;) {
+    switch (c) {
+      case 's': a.mode = Mode::Serve; break;
+      case 'C': a.mode = Mode::Compile; break;
+      case 'k': a.mode = Mode::Check; break;
+      case 'c': a.config = optarg; break;
+      case 'o': a.config_optional = true; break;
+      case 'l':
+      case 'f':
+      case 'e':
+        if (!parse_fd(optarg, c == 'l' ? &a.listen_fd : c == 'f' ? &a.control_fd : &a.e2b_key_fd)) {
+          std::fprintf(stderr, "toolsandboxd-frontend: '%s' is not a descriptor number\n", optarg);
+          return 2;
+        }
+        break;
+      default:
+        std::fprintf(stderr, "toolsandboxd-frontend: bad option '%s'\n", argv[optind - 1]);
+        std::fputs(kUsage, stderr);
+        return 2;
+    }
+  }
+  if (a.mode == Mode::None || a.config.empty() || optind < argc ||
+      (a.mode == Mode::Serve && (a.listen_fd < 0 || a.control_fd < 0))) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  // Logs go to stderr (the journal under systemd): the compile helper's
+  // stdout carries the compiled set.
+  spdlog::set_default_logger(spdlog::stderr_logger_st("toolsandboxd"));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
+  // Memory a big request used must go back to the kernel when it is freed:
+  // a fixed mmap threshold keeps every block of 128 KiB or more in its own
+  // mapping (glibc's default raises it after the first large free).
+  ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+
+  if (a.mode == Mode::Serve) {
+    // Before anything is read: this process must hold no privilege at all.
+    if (auto st = tsb::frontend::check_unprivileged(); !st.ok()) {
+      spdlog::critical("front end: {}", st.error().message);
+      return 1;
+    }
+  }
+  auto cfg = tsb::core::load_daemon_config(a.config, a.config_optional);
+  if (!cfg.ok()) {
+    spdlog::critical("{}", cfg.error().message);
+    return 1;
+  }
+  auto set = tsb::core::load_policy_set(*cfg);
+  if (!set.ok()) {
+    spdlog::critical("{}", set.error().message);
+    return 1;
+  }
+  if (a.mode != Mode::Serve) {
+    if (cfg->source == tsb::core::DaemonConfig{}.source)
+      spdlog::info("configuration: {} (no file at '{}'; SIGHUP loads it once it exists)", cfg->source, a.config);
+    else
+      spdlog::info("configuration: {}", cfg->source);
+    for (const auto& [name, p] : (*set)->policies)
+      spdlog::info("policy {} {} ({})", quoted_for_message(name), p->fingerprint, p->source);
+    auto compiled = compile(*cfg, **set);
+    if (!compiled.ok()) {
+      spdlog::critical("{}", compiled.error().message);
+      return 1;
+    }
+    if (a.mode == Mode::Check) return 0;
+    return write_all(STDOUT_FILENO, tsb::spawn::encode_compiled_set(*compiled)) == 0 ? 0 : 1;
+  }
+
+  // The front end: its own seccomp filter before the first byte of a client.
+  if (auto st = tsb::frontend::load_front_end_filter(); !st.ok()) {
+    spdlog::critical("front end: {}", st.error().message);
+    return 1;
+  }
+  // SIGHUP is the spawner's: it reloads, then tells this process.
+  ::signal(SIGHUP, SIG_IGN);
+  asio::io_context io(1);
+  auto link = std::make_unique<tsb::core::SpawnerLink>(io, tsb::UniqueFd(a.control_fd));
+  if (auto st = link->handshake(); !st.ok()) {
+    spdlog::critical("front end: {}", st.error().message);
+    return 1;
+  }
+  tsb::core::Server server(io, a.config, *cfg, std::move(link), std::move(set).value());
+  if (auto st = server.open_listener(a.listen_fd, tsb::UniqueFd(a.e2b_key_fd)); !st.ok()) {
+    spdlog::critical("{}", st.error().message);
+    return 1;
+  }
+  server.start();
+  io.run();
+  spdlog::info("front end stopped");
+  return server.exit_code();
+}

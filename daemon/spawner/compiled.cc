@@ -1,0 +1,497 @@
+#include "daemon/spawner/compiled.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "isolate/base/quote.h"
+
+namespace tsb::spawn {
+namespace {
+
+constexpr std::string_view kSetMagic = "TSBSET1\n";
+constexpr std::uint32_t kMaxPolicies = 4096;
+constexpr std::uint32_t kMaxInsns = 4096;  // BPF_MAXINSNS
+constexpr std::size_t kMaxValue = 1u << 20;
+
+void put_limits(Writer& w, const isolate::Limits& l) {
+  w.u64(l.memory_bytes);
+  w.u64(l.pids);
+  w.u32(l.cpu_quota_millicpus);
+  w.u64(static_cast<std::uint64_t>(l.cpu_time.count()));
+  w.u64(static_cast<std::uint64_t>(l.wall_timeout.count()));
+  w.u64(l.tmp_bytes);
+  w.u64(l.work_bytes);
+  w.u64(l.file_size_bytes);
+  w.u64(l.open_files);
+  w.u64(l.stdout_bytes);
+  w.u64(l.stderr_bytes);
+}
+
+isolate::Limits get_limits(Reader& r) {
+  isolate::Limits l;
+  l.memory_bytes = r.u64();
+  l.pids = r.u64();
+  l.cpu_quota_millicpus = r.u32();
+  l.cpu_time = std::chrono::milliseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  l.wall_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  l.tmp_bytes = r.u64();
+  l.work_bytes = r.u64();
+  l.file_size_bytes = r.u64();
+  l.open_files = r.u64();
+  l.stdout_bytes = r.u64();
+  l.stderr_bytes = r.u64();
+  return l;
+}
+
+void put_program(Writer& w, const isolate::SeccompProgram& p) {
+  w.str(p.name);
+  w.u32(static_cast<std::uint32_t>(p.insns.size()));
+  for (const sock_filter& f : p.insns) {
+    w.u32(f.code);
+    w.u32(f.jt);
+    w.u32(f.jf);
+    w.u32(f.k);
+  }
+  w.str(p.sha256);
+}
+
+std::shared_ptr<const isolate::SeccompProgram> get_program(Reader& r) {
+  auto p = std::make_shared<isolate::SeccompProgram>();
+  p->name = r.str(kMaxName);
+  std::uint32_t n = r.count(kMaxInsns, 16);
+  if (n == 0) r.fail();  // an empty program cannot be loaded: never "no filter"
+  for (std::uint32_t i = 0; i < n && r.ok(); ++i) {
+    std::uint32_t code = r.u32(), jt = r.u32(), jf = r.u32(), k = r.u32();
+    if (code > 0xffff || jt > 0xff || jf > 0xff) r.fail();
+    p->insns.push_back(sock_filter{static_cast<std::uint16_t>(code), static_cast<std::uint8_t>(jt),
+                                   static_cast<std::uint8_t>(jf), k});
+  }
+  p->sha256 = r.str(64);
+  return p;
+}
+
+void put_map(Writer& w, const std::map<std::string, std::string>& m) {
+  w.u32(static_cast<std::uint32_t>(m.size()));
+  for (const auto& [k, v] : m) {
+    w.str(k);
+    w.str(v);
+  }
+}
+
+std::map<std::string, std::string> get_map(Reader& r, std::uint32_t max_count) {
+  std::map<std::string, std::string> m;
+  std::uint32_t n = r.count(max_count, 8);
+  for (std::uint32_t i = 0; i < n && r.ok(); ++i) {
+    std::string k = r.str(kMaxName);
+    std::string v = r.str(kMaxValue);
+    if (!m.emplace(std::move(k), std::move(v)).second) r.fail();  // a name twice
+  }
+  return m;
+}
+
+template <typename T>
+Result<T> finish(const Reader& r, T v, std::string_view what) {
+  if (!r.done()) return Error::invalid("malformed " + std::string(what) + " message", EPROTO);
+  return v;
+}
+
+Reader open_message(std::string_view b, Msg type) {
+  Reader r(b);
+  if (static_cast<Msg>(r.u8()) != type) r.fail();
+  return r;
+}
+
+}  // namespace
+
+// ---- the compiled set ----------------------------------------------------
+
+std::string encode_compiled_set(const CompiledSet& s) {
+  Writer w;
+  for (char c : kSetMagic) w.u8(static_cast<std::uint8_t>(c));
+  const isolate::EngineConfig& e = s.engine;
+  w.str(e.cgroup_parent);
+  w.str(e.state_dir);
+  w.u32(e.uid_base);
+  w.u32(e.uid_slots);
+  w.str(e.init_path);
+  w.str(e.leaf_prefix);
+  w.u64(e.root_tmpfs_bytes);
+  w.u8(e.hide_host_paths ? 1 : 0);
+  w.i32(e.sandbox_oom_score_adj);
+  put_program(w, *s.init_filter);
+  w.str(s.socket_path);
+  w.u32(s.socket_mode);
+  w.u32(s.socket_gid);
+  w.str(s.front_end_user);
+  w.u32(s.front_end_uid);
+  w.u32(s.front_end_gid);
+  w.str(s.e2b_key_file);
+  w.str(s.runner_path);
+  w.u32(s.max_concurrent_runs);
+  w.u64(static_cast<std::uint64_t>(s.shutdown_grace.count()));
+  w.u32(static_cast<std::uint32_t>(s.policies.size()));
+  for (const SpawnPolicy& p : s.policies) {
+    w.str(p.name);
+    w.str(p.fingerprint);
+    w.u8(p.local ? 1 : 0);
+    put_limits(w, p.limits);
+    w.str(p.venv);
+    w.str(p.workdir);
+    w.u32(static_cast<std::uint32_t>(p.binds.size()));
+    for (const auto& b : p.binds) {
+      w.str(b.source);
+      w.str(b.target);
+      w.u8(b.writable ? 1 : 0);
+      w.u8(b.optional ? 1 : 0);
+    }
+    w.u8(p.network == isolate::NetworkMode::Host ? 1 : 0);
+    put_map(w, p.env_set);
+    w.strs(p.env_allow);
+    put_program(w, *p.seccomp);
+    w.u32(p.uid);
+    w.u32(p.gid);
+    w.str(p.interpreter);
+    w.str(p.hostname);
+  }
+  return w.take();
+}
+
+Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
+  if (bytes.substr(0, kSetMagic.size()) != kSetMagic)
+    return Error::invalid("the compile helper's output is not a compiled policy set", EPROTO);
+  Reader r(bytes.substr(kSetMagic.size()));
+  CompiledSet s;
+  isolate::EngineConfig& e = s.engine;
+  e.cgroup_parent = r.str(kMaxName);
+  e.state_dir = r.str(kMaxName);
+  e.uid_base = r.u32();
+  e.uid_slots = r.u32();
+  e.init_path = r.str(kMaxName);
+  e.leaf_prefix = r.str(kMaxName);
+  e.root_tmpfs_bytes = r.u64();
+  e.hide_host_paths = r.flag();
+  e.sandbox_oom_score_adj = r.i32();
+  s.init_filter = get_program(r);
+  s.socket_path = r.str(kMaxName);
+  s.socket_mode = r.u32();
+  s.socket_gid = r.u32();
+  s.front_end_user = r.str(kMaxName);
+  s.front_end_uid = r.u32();
+  s.front_end_gid = r.u32();
+  s.e2b_key_file = r.str(kMaxName);
+  s.runner_path = r.str(kMaxName);
+  s.max_concurrent_runs = r.u32();
+  s.shutdown_grace = std::chrono::milliseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  std::uint32_t n = r.count(kMaxPolicies, 64);
+  for (std::uint32_t i = 0; i < n && r.ok(); ++i) {
+    SpawnPolicy p;
+    p.name = r.str(kMaxName);
+    p.fingerprint = r.str(kMaxName);
+    p.local = r.flag();
+    p.limits = get_limits(r);
+    p.venv = r.str(kMaxName);
+    p.workdir = r.str(kMaxName);
+    std::uint32_t nb = r.count(4096, 10);
+    for (std::uint32_t j = 0; j < nb && r.ok(); ++j) {
+      isolate::BindMount b;
+      b.source = r.str(kMaxName);
+      b.target = r.str(kMaxName);
+      b.writable = r.flag();
+      b.optional = r.flag();
+      p.binds.push_back(std::move(b));
+    }
+    p.network = r.flag() ? isolate::NetworkMode::Host : isolate::NetworkMode::None;
+    p.env_set = get_map(r, kMaxEnvVars);
+    p.env_allow = r.strs(kMaxEnvVars, kMaxName);
+    p.seccomp = get_program(r);
+    p.uid = r.u32();
+    p.gid = r.u32();
+    p.interpreter = r.str(kMaxName);
+    p.hostname = r.str(kMaxName);
+    s.policies.push_back(std::move(p));
+  }
+  if (!r.done()) return Error::invalid("the compiled policy set is malformed", EPROTO);
+  // What the engine and the front end's start rely on.
+  if (s.front_end_uid == 0) return Error::invalid("the compiled set names uid 0 for the front end", EPROTO);
+  for (const SpawnPolicy& p : s.policies)
+    if (p.interpreter.empty() || p.interpreter[0] != '/' || p.name.empty())
+      return Error::invalid("the compiled set holds a policy without a name or an absolute interpreter", EPROTO);
+  return s;
+}
+
+// ---- the environment -----------------------------------------------------
+
+bool valid_env_name(std::string_view n) {
+  if (n.empty() || n.size() > 256) return false;
+  if (!(std::isalpha(static_cast<unsigned char>(n[0])) || n[0] == '_')) return false;
+  return std::all_of(n.begin(), n.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+bool env_name_allowed(const std::vector<std::string>& env_allow, std::string_view n) {
+  for (const auto& a : env_allow) {
+    if (!a.empty() && a.back() == '*') {
+      if (n.size() >= a.size() - 1 && n.compare(0, a.size() - 1, a, 0, a.size() - 1) == 0) return true;
+    } else if (n == a) {
+      return true;
+    }
+  }
+  return false;
+}
+
+Result<std::vector<std::string>> build_environment(const std::string& policy_name,
+                                                   const std::map<std::string, std::string>& env_set,
+                                                   const std::vector<std::string>& env_allow,
+                                                   const std::map<std::string, std::string>& req) {
+  std::vector<std::string> env;
+  for (const auto& [k, v] : req) {
+    if (!valid_env_name(k)) return Error::invalid("environment: not a valid variable name: " + quoted_for_message(k));
+    if (env_set.count(k))
+      return Error::invalid("environment: " + quoted_for_message(k) + " is fixed by policy '" + policy_name + "'", EPERM);
+    if (!env_name_allowed(env_allow, k))
+      return Error::invalid("environment: policy '" + policy_name + "' does not allow setting " + quoted_for_message(k),
+                            EPERM);
+    if (v.find('\0') != std::string::npos) return Error::invalid("environment: a value contains a NUL byte");
+  }
+  for (const auto& [k, v] : env_set) env.push_back(k + "=" + v);
+  for (const auto& [k, v] : req) env.push_back(k + "=" + v);
+  return env;
+}
+
+// ---- messages ------------------------------------------------------------
+
+std::string encode(const Hello& m) {
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::Hello));
+  w.str(m.instance);
+  w.str(m.cgroup_mode);
+  w.str(m.cgroup_summary);
+  w.u8(m.features.memfd_noexec);
+  w.u8(m.features.overlay_views);
+  w.u8(m.features.tcp_memory_limit);
+  w.u8(m.features.oom_score_floor);
+  w.strs(m.notes);
+  return w.take();
+}
+
+Result<Hello> decode_hello(std::string_view b) {
+  Reader r = open_message(b, Msg::Hello);
+  Hello m;
+  m.instance = r.str(kMaxName);
+  m.cgroup_mode = r.str(kMaxName);
+  m.cgroup_summary = r.str(kMaxName);
+  m.features.memfd_noexec = r.flag();
+  m.features.overlay_views = r.flag();
+  m.features.tcp_memory_limit = r.flag();
+  m.features.oom_score_floor = r.flag();
+  m.notes = r.strs(1024, kMaxName);
+  return finish(r, std::move(m), "hello");
+}
+
+std::string encode(const RunOrder& m) {
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::Run));
+  w.u64(m.id);
+  w.str(m.policy);
+  w.str(m.fingerprint);
+  w.u8(static_cast<std::uint8_t>(m.mode));
+  put_map(w, m.env);
+  w.u64(static_cast<std::uint64_t>(m.timeout.count()));
+  w.str(m.label);
+  return w.take();
+}
+
+Result<RunOrder> decode_run(std::string_view b) {
+  Reader r = open_message(b, Msg::Run);
+  RunOrder m;
+  m.id = r.u64();
+  m.policy = r.str(kMaxName);
+  m.fingerprint = r.str(kMaxName);
+  std::uint8_t mode = r.u8();
+  if (mode > 1) r.fail();
+  m.mode = static_cast<RunMode>(mode);
+  m.env = get_map(r, kMaxEnvVars);
+  m.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  m.label = r.str(kMaxName);
+  return finish(r, std::move(m), "run");
+}
+
+std::string encode(const Started& m) {
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::Started));
+  w.u64(m.id);
+  w.str(m.run_id);
+  w.u32(m.host_uid);
+  return w.take();
+}
+
+Result<Started> decode_started(std::string_view b) {
+  Reader r = open_message(b, Msg::Started);
+  Started m;
+  m.id = r.u64();
+  m.run_id = r.str(kMaxName);
+  m.host_uid = r.u32();
+  return finish(r, std::move(m), "started");
+}
+
+std::string encode(const Refused& m) {
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::Refused));
+  w.u64(m.id);
+  w.u8(static_cast<std::uint8_t>(m.code));
+  w.str(m.message);
+  return w.take();
+}
+
+Result<Refused> decode_refused(std::string_view b) {
+  Reader r = open_message(b, Msg::Refused);
+  Refused m;
+  m.id = r.u64();
+  m.code = static_cast<RefuseCode>(r.u8());
+  m.message = r.str(kMaxValue);
+  return finish(r, std::move(m), "refused");
+}
+
+std::string encode(const Ended& m) {
+  const isolate::RunResult& x = m.result;
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::Ended));
+  w.u64(m.id);
+  w.str(x.run_id);
+  w.u8(static_cast<std::uint8_t>(x.reason));
+  w.i32(x.exit_code);
+  w.i32(x.signal);
+  w.i32(static_cast<std::int32_t>(x.setup_stage));
+  w.i32(x.setup_errno);
+  w.str(x.error);
+  w.u64(static_cast<std::uint64_t>(x.wall.count()));
+  w.u64(static_cast<std::uint64_t>(x.cpu.count()));
+  w.u64(x.peak_memory_bytes);
+  w.u32(x.host_uid);
+  return w.take();
+}
+
+Result<Ended> decode_ended(std::string_view b) {
+  Reader r = open_message(b, Msg::Ended);
+  Ended m;
+  isolate::RunResult& x = m.result;
+  m.id = r.u64();
+  x.run_id = r.str(kMaxName);
+  std::uint8_t reason = r.u8();
+  if (reason > static_cast<std::uint8_t>(isolate::EndReason::Cancelled)) r.fail();
+  x.reason = static_cast<isolate::EndReason>(reason);
+  x.exit_code = r.i32();
+  x.signal = r.i32();
+  x.setup_stage = static_cast<isolate::Stage>(r.i32());
+  x.setup_errno = r.i32();
+  x.error = r.str(kMaxValue);
+  x.wall = std::chrono::nanoseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  x.cpu = std::chrono::nanoseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  x.peak_memory_bytes = r.u64();
+  x.host_uid = r.u32();
+  return finish(r, std::move(m), "ended");
+}
+
+std::string encode(const Kill& m) {
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::Kill));
+  w.u64(m.id);
+  w.u8(static_cast<std::uint8_t>(m.why));
+  return w.take();
+}
+
+Result<Kill> decode_kill(std::string_view b) {
+  Reader r = open_message(b, Msg::Kill);
+  Kill m;
+  m.id = r.u64();
+  std::uint8_t why = r.u8();
+  if (why > 1) r.fail();
+  m.why = static_cast<KillWhy>(why);
+  return finish(r, m, "kill");
+}
+
+std::string encode_reload() { return std::string(1, static_cast<char>(Msg::Reload)); }
+
+std::string encode_notify(std::string_view text) {
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::Notify));
+  w.str(text);
+  return w.take();
+}
+
+Result<std::string> decode_notify(std::string_view b) {
+  Reader r = open_message(b, Msg::Notify);
+  std::string text = r.str(kMaxName);
+  return finish(r, std::move(text), "notify");
+}
+
+// ---- the socket ----------------------------------------------------------
+
+Status send_message(int sock, const std::string& bytes, const int* fds, std::size_t nfds) {
+  if (bytes.size() > kMaxMessage) return Error::invalid("message too large for the spawner socket", EMSGSIZE);
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)] = {};
+  if (nfds > 0) {
+    if (nfds > 4) return Error::invalid("too many descriptors for one message");
+    mh.msg_control = ctrl;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+    std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+  }
+  for (;;) {
+    ssize_t n = ::sendmsg(sock, &mh, MSG_NOSIGNAL);
+    if (n >= 0) return {};
+    if (errno != EINTR) return Error::from_errno("sendmsg");
+  }
+}
+
+Result<std::string> receive_message(int sock, std::vector<UniqueFd>* fds, int flags) {
+  // The size first (MSG_TRUNC with MSG_PEEK gives a packet's real length),
+  // so a small message takes a small buffer. A larger one than allowed is
+  // still received, cut short, and refused below.
+  ssize_t len;
+  do len = ::recv(sock, nullptr, 0, MSG_PEEK | MSG_TRUNC | flags);
+  while (len < 0 && errno == EINTR);
+  if (len < 0) return Error::from_errno("recv");
+  std::string buf(std::min<std::size_t>(static_cast<std::size_t>(len), kMaxMessage) + 1, '\0');
+  iovec iov{buf.data(), buf.size()};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
+  mh.msg_control = ctrl;
+  mh.msg_controllen = sizeof ctrl;
+  ssize_t n;
+  do n = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | flags);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return Error::from_errno("recvmsg");
+  // Take every descriptor that came, even from a message refused below, so
+  // none is leaked.
+  std::vector<UniqueFd> got;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < k; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      got.emplace_back(fd);
+    }
+  }
+  // Descriptors the receiver had no room for (its RLIMIT_NOFILE) are
+  // dropped by the kernel (MSG_CTRUNC): the message itself is whole, and
+  // the caller sees fewer descriptors than the message type carries.
+  if (mh.msg_flags & MSG_TRUNC) return Error::invalid("a message was cut short", EMSGSIZE);
+  if (static_cast<std::size_t>(n) > kMaxMessage) return Error::invalid("a message was too large", EMSGSIZE);
+  buf.resize(static_cast<std::size_t>(n));
+  if (fds) *fds = std::move(got);
+  return buf;
+}
+
+}  // namespace tsb::spawn

@@ -1,0 +1,654 @@
+#include "daemon/spawner/spawner.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <linux/securebits.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+
+#include "isolate/base/quote.h"
+
+extern char** environ;
+
+namespace tsb::spawn {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::string q(std::string_view s) { return quoted_for_message(s); }
+
+// In a child between fork and exec: give up every capability for good while
+// keeping uid 0 (the compile helper), or before becoming `uid` (the front
+// end). Async-signal-safe calls only; any failure ends the child (127).
+void drop_capabilities_or_die() {
+  // No way back to capabilities through uid 0 (execve of anything, a setuid
+  // fixup), locked.
+  const int bits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP | SECBIT_NO_SETUID_FIXUP_LOCKED |
+                   SECBIT_KEEP_CAPS_LOCKED;
+  if (::prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) != 0) ::_exit(127);
+  for (int c = 0; c <= 63; ++c)
+    if (::prctl(PR_CAPBSET_DROP, c, 0, 0, 0) != 0 && errno != EINVAL) ::_exit(127);
+  if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) ::_exit(127);
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct d[2] = {};
+  if (::syscall(SYS_capset, &h, d) != 0) ::_exit(127);
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(127);
+}
+
+void default_signals_or_die() {
+  sigset_t none;
+  sigemptyset(&none);
+  if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) ::_exit(127);
+  ::signal(SIGPIPE, SIG_DFL);
+}
+
+// The spawner's environment minus what is the spawner's alone (systemd's
+// notification socket and socket activation).
+std::vector<char*> child_environment() {
+  std::vector<char*> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view v(*e);
+    if (v.starts_with("NOTIFY_SOCKET=") || v.starts_with("LISTEN_FDS=") || v.starts_with("LISTEN_PID=") ||
+        v.starts_with("LISTEN_FDNAMES="))
+      continue;
+    env.push_back(*e);
+  }
+  env.push_back(nullptr);
+  return env;
+}
+
+Result<int> wait_child(pid_t pid) {
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return Error::from_errno("waitpid");
+  return st;
+}
+
+std::string describe_status(int st) {
+  if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
+  if (WIFSIGNALED(st)) return std::string("was killed by signal ") + ::strsignal(WTERMSIG(st));
+  return "ended (status " + std::to_string(st) + ")";
+}
+
+}  // namespace
+
+Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, bool check_only) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return Error::from_errno("pipe");
+  UniqueFd r(p[0]), w(p[1]);
+  std::vector<std::string> args = {o.front_end, check_only ? "--check" : "--compile", "--config", o.config_path};
+  if (optional) args.emplace_back("--config-optional");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  auto env = child_environment();
+  pid_t pid = ::fork();
+  if (pid < 0) return Error::from_errno("fork (compile helper)");
+  if (pid == 0) {
+    default_signals_or_die();
+    if (::dup2(w.get(), STDOUT_FILENO) < 0) ::_exit(127);
+    if (::close_range(3, ~0U, 0) != 0) ::_exit(127);
+    drop_capabilities_or_die();
+    ::execve(argv[0], argv.data(), env.data());
+    ::_exit(127);
+  }
+  w.reset();
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(r.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+    if (out.size() > (256u << 20)) break;  // never: sets are kilobytes
+  }
+  r.reset();
+  auto st = wait_child(pid);
+  if (!st.ok()) return std::move(st).error();
+  if (!WIFEXITED(*st) || WEXITSTATUS(*st) != 0)
+    return Error::invalid("loading the configuration and policies failed (" + o.front_end + " " + describe_status(*st) +
+                          "; its messages are above)");
+  if (check_only) return CompiledSet{};
+  return decode_compiled_set(out);
+}
+
+Spawner::Spawner(SpawnerOptions opts, CompiledSet set, std::unique_ptr<isolate::Engine> engine)
+    : opts_(std::move(opts)), set_(std::move(set)), engine_(std::move(engine)) {}
+
+Spawner::~Spawner() {
+  // Only the socket we created, and only if the path still names it.
+  struct stat st{};
+  if (owns_socket_file_ && ::lstat(set_.socket_path.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
+      st.st_ino == socket_ino_)
+    ::unlink(set_.socket_path.c_str());
+}
+
+Status Spawner::open_listener() {
+  int n = sd_listen_fds(1);
+  if (n > 1) return Error::invalid("systemd passed " + std::to_string(n) + " sockets; toolsandboxd takes exactly one");
+  if (n == 1) {
+    if (sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_STREAM, 1, nullptr, 0) <= 0)
+      return Error::invalid("the socket systemd passed is not a listening Unix stream socket");
+    listener_.reset(::fcntl(SD_LISTEN_FDS_START, F_DUPFD_CLOEXEC, 3));
+    if (!listener_) return Error::from_errno("adopting the systemd socket");
+    ::close(SD_LISTEN_FDS_START);
+    spdlog::info("listening on the socket passed by systemd");
+    return {};
+  }
+  const std::string& path = set_.socket_path;
+  std::string dir = path.substr(0, path.rfind('/'));
+  if (!dir.empty() && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return Error::from_errno("mkdir '" + dir + "'");
+  // Bound under a temporary name, given its owner and mode, listening, and
+  // only then renamed into place (atomic): a client that finds the path can
+  // connect at once, and the path never names a socket with other
+  // permissions than configured.
+  const std::string tmp = dir + "/.tsbd." + std::to_string(::getpid());
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  for (const std::string* p : {&path, &tmp})
+    if (p->size() >= sizeof a.sun_path)
+      return Error::invalid("socket path '" + *p + "' is longer than a Unix socket address allows (" +
+                                std::to_string(sizeof a.sun_path - 1) + " bytes)",
+                            ENAMETOOLONG);
+  // A stale socket from a crashed instance is replaced, but only if nothing
+  // answers on it (a second daemon must not steal the first's path).
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return Error::invalid("'" + path + "' exists and is not a socket", EEXIST);
+    UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+    if (probe && ::connect(probe.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0)
+      return Error::invalid("another toolsandboxd is listening on '" + path + "'", EADDRINUSE);
+  }
+  ::unlink(tmp.c_str());  // our pid in the name: left by an earlier process with this pid
+  listener_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!listener_) return Error::from_errno("socket");
+  std::memset(a.sun_path, 0, sizeof a.sun_path);
+  std::memcpy(a.sun_path, tmp.c_str(), tmp.size() + 1);
+  // Created with no access for anyone but root, then opened up.
+  mode_t old = ::umask(0177);
+  int b = ::bind(listener_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::umask(old);
+  if (b != 0) return Error::from_errno("binding '" + tmp + "'");
+  auto fail = [&](Error e) {
+    ::unlink(tmp.c_str());
+    return e;
+  };
+  if (::chown(tmp.c_str(), 0, set_.socket_gid) != 0) return fail(Error::from_errno("chown socket '" + tmp + "'"));
+  if (::chmod(tmp.c_str(), set_.socket_mode) != 0) return fail(Error::from_errno("chmod socket '" + tmp + "'"));
+  if (::listen(listener_.get(), SOMAXCONN) != 0) return fail(Error::from_errno("listen"));
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail(Error::from_errno("rename '" + tmp + "' to '" + path + "'"));
+  if (::lstat(path.c_str(), &st) == 0) {
+    owns_socket_file_ = true;
+    socket_dev_ = st.st_dev;
+    socket_ino_ = st.st_ino;
+  }
+  spdlog::info("listening on {}", path);
+  return {};
+}
+
+UniqueFd Spawner::open_key_file() const {
+  if (set_.e2b_key_file.empty()) return {};
+  // Opened as root, read and checked by the front end (owner, mode, size):
+  // the key is never in this process.
+  UniqueFd fd(::open(set_.e2b_key_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY));
+  if (!fd) spdlog::error("e2b: cannot open the API key file {}: {}", q(set_.e2b_key_file), std::strerror(errno));
+  return fd;
+}
+
+Status Spawner::start_front_end() {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return Error::from_errno("socketpair");
+  UniqueFd mine(sv[0]), theirs(sv[1]);
+  // Room for the largest message (a run's environment): kMaxMessage with
+  // CAP_NET_ADMIN, else what net.core.wmem_max allows (the front end refuses
+  // a run whose order does not fit, saying so).
+  for (int fd : {sv[0], sv[1]}) {
+    int sz = static_cast<int>(kMaxMessage + 65536);
+    if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sz, sizeof sz) != 0 ||
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof sz) != 0) {
+      if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz) != 0 ||
+          ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz) != 0)
+        return Error::from_errno("sizing the front end's socket");
+    }
+  }
+  UniqueFd key = open_key_file();
+  std::vector<std::string> args = {opts_.front_end, "--serve", "--config", opts_.config_path, "--listen-fd", "3",
+                                   "--control-fd", "4"};
+  if (key) {
+    args.emplace_back("--e2b-key-fd");
+    args.emplace_back("5");
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  auto env = child_environment();
+  const uid_t uid = set_.front_end_uid;
+  const gid_t gid = set_.front_end_gid;
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) return Error::from_errno("fork (front end)");
+  if (pid == 0) {
+    default_signals_or_die();
+    // The front end never outlives the spawner.
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 || ::getppid() != parent) ::_exit(127);
+    // Descriptors 3, 4 (and 5): moved above 5 first, so no dup2 overwrites
+    // one still to be moved.
+    int l = ::fcntl(listener_.get(), F_DUPFD, 10), c = ::fcntl(theirs.get(), F_DUPFD, 10);
+    int k = key ? ::fcntl(key.get(), F_DUPFD, 10) : -1;
+    if (l < 0 || c < 0 || (key && k < 0)) ::_exit(127);
+    if (::dup2(l, 3) != 3 || ::dup2(c, 4) != 4 || (k >= 0 && ::dup2(k, 5) != 5)) ::_exit(127);
+    if (::close_range(k >= 0 ? 6 : 5, ~0U, 0) != 0) ::_exit(127);
+    // Its own user, no groups, no capabilities, no way to gain any.
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0) ::_exit(127);
+    if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) ::_exit(127);
+    for (int cap = 0; cap <= 63; ++cap)
+      if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) ::_exit(127);
+    if (::setresuid(uid, uid, uid) != 0) ::_exit(127);
+    uid_t ru, eu, su;
+    if (::getresuid(&ru, &eu, &su) != 0 || ru != uid || eu != uid || su != uid) ::_exit(127);
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(127);
+    // The death signal is cleared by the uid change: set it again.
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 || ::getppid() != parent) ::_exit(127);
+    ::execve(argv[0], argv.data(), env.data());
+    ::_exit(127);
+  }
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (!pidfd) {
+    ::kill(pid, SIGKILL);
+    (void)wait_child(pid);
+    return Error::from_errno("pidfd_open (front end)");
+  }
+  control_ = std::move(mine);
+  fe_pidfd_ = std::move(pidfd);
+  fe_pid_ = pid;
+  fe_ready_ = false;
+  spdlog::info("front end started: pid {} as {} (uid {})", pid, q(set_.front_end_user), uid);
+  // The engine's facts, for the front end's status.
+  Hello h;
+  h.instance = engine_->instance();
+  h.cgroup_mode = isolate::to_string(engine_->cgroups().mode());
+  h.cgroup_summary = engine_->cgroups().describe();
+  h.features = engine_->features();
+  h.notes = engine_->startup_notes();
+  send(encode(h));
+  return {};
+}
+
+void Spawner::send(const std::string& msg, const int* fds, std::size_t nfds) {
+  if (!control_) return;
+  if (auto st = send_message(control_.get(), msg, fds, nfds); !st.ok())
+    spdlog::warn("front end: {}", st.error().message);  // gone: its pidfd says so next
+}
+
+void Spawner::refuse(std::uint64_t id, RefuseCode code, const std::string& why) {
+  spdlog::warn("run request {} refused: {}", id, why);
+  send(encode(Refused{id, code, why}));
+}
+
+const SpawnPolicy* Spawner::find_policy(const std::string& name, const std::string& fingerprint) const {
+  for (const auto* list : {&set_.policies, &previous_})
+    for (const SpawnPolicy& p : *list)
+      if (p.name == name && p.fingerprint == fingerprint) return &p;
+  return nullptr;
+}
+
+void Spawner::handle_run(const std::string& msg) {
+  auto order = decode_run(msg);
+  if (!order.ok()) {
+    refuse(0, RefuseCode::Malformed, order.error().message);
+    return;
+  }
+  const RunOrder& o = *order;
+  if (runs_.count(o.id)) return refuse(o.id, RefuseCode::Malformed, "run id " + std::to_string(o.id) + " is in use");
+  if (stopping_) return refuse(o.id, RefuseCode::Unavailable, "the daemon is shutting down");
+  const SpawnPolicy* p = find_policy(o.policy, o.fingerprint);
+  if (!p) return refuse(o.id, RefuseCode::UnknownPolicy, "no policy " + q(o.policy) + " with fingerprint " + q(o.fingerprint));
+  if (!p->local) return refuse(o.id, RefuseCode::OutOfBounds, "policy " + q(p->name) + " runs on E2B, not on this host");
+  if (o.timeout.count() < 1 || o.timeout > p->limits.wall_timeout)
+    return refuse(o.id, RefuseCode::OutOfBounds,
+                  "timeout " + std::to_string(o.timeout.count()) + " ms is outside policy " + q(p->name) + "'s 1.." +
+                      std::to_string(p->limits.wall_timeout.count()) + " ms");
+  auto env = build_environment(p->name, p->env_set, p->env_allow, o.env);
+  if (!env.ok()) return refuse(o.id, RefuseCode::OutOfBounds, env.error().message);
+  std::size_t live = 0;
+  for (const auto& [id, l] : runs_) live += l.orphan ? 0 : 1;
+  if (live >= set_.max_concurrent_runs)
+    return refuse(o.id, RefuseCode::Busy, "max_concurrent_runs (" + std::to_string(set_.max_concurrent_runs) + ") reached");
+
+  isolate::RunSpec spec;
+  spec.limits = p->limits;
+  spec.limits.wall_timeout = o.timeout;
+  spec.venv = p->venv;
+  spec.binds = p->binds;
+  spec.network = p->network;
+  spec.seccomp = p->seccomp;
+  spec.sandbox_uid = p->uid;
+  spec.sandbox_gid = p->gid;
+  spec.hostname = p->hostname;
+  spec.workdir = p->workdir;
+  spec.env = std::move(env).value();
+  spec.label = o.label;
+  if (o.mode == RunMode::Tool) {
+    if (set_.runner_path.empty()) return refuse(o.id, RefuseCode::OutOfBounds, "the tool runner is not installed on this host");
+    spec.binds.push_back({set_.runner_path, kRunnerSandboxPath, false, false});
+    spec.argv = {p->interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", std::string(kRunnerSandboxPath)};
+  } else {
+    // The script arrives on stdin: no argv size limit, never on a file system.
+    spec.argv = {p->interpreter, "-"};
+  }
+
+  auto spawned = engine_->spawn(spec);
+  if (!spawned.ok()) {
+    spdlog::error("spawn failed: {}", spawned.error().message);
+    Ended e{o.id, isolate::setup_failure_result(spawned.error())};
+    send(encode(e));
+    return;
+  }
+  Live l;
+  l.id = o.id;
+  l.sb = std::move(spawned).value();
+  UniqueFd in = l.sb->take_stdin(), out = l.sb->take_stdout(), err = l.sb->take_stderr();
+  const isolate::Limits& lim = l.sb->limits();
+  l.wall_deadline = l.sb->started() + lim.wall_timeout;
+  l.cpu_limited = lim.cpu_time.count() > 0;
+  l.next_cpu_check = Clock::now();
+  l.socket_limited = l.sb->socket_memory_is_limited();
+  l.next_socket_check = Clock::now() + milliseconds(100);
+  const int fds[3] = {in.get(), out.get(), err.get()};
+  send(encode(Started{o.id, l.sb->run_id(), l.sb->host_uid()}), fds, 3);
+  runs_.emplace(o.id, std::move(l));
+}
+
+void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds) {
+  // The front end sends no descriptors: any that came are closed here.
+  fds.clear();
+  switch (message_type(msg)) {
+    case Msg::Run: return handle_run(msg);
+    case Msg::Kill: {
+      auto k = decode_kill(msg);
+      if (!k.ok()) return refuse(0, RefuseCode::Malformed, k.error().message);
+      auto it = runs_.find(k->id);
+      if (it == runs_.end() || it->second.orphan) return;  // ended already: its Ended is on the way
+      if (k->why == KillWhy::OutputLimit) {
+        it->second.obs.output_exceeded = true;
+        it->second.sb->kill();
+      } else {
+        it->second.sb->cancel();
+      }
+      return;
+    }
+    case Msg::Notify: {
+      auto n = decode_notify(msg);
+      if (!n.ok()) return refuse(0, RefuseCode::Malformed, n.error().message);
+      // Only what a service says about its own state; never MAINPID= or
+      // anything else that would change how systemd treats the unit.
+      std::string out;
+      std::string_view t = *n;
+      while (!t.empty()) {
+        std::size_t nl = t.find('\n');
+        std::string_view line = t.substr(0, nl);
+        t = nl == std::string_view::npos ? std::string_view{} : t.substr(nl + 1);
+        bool printable = std::all_of(line.begin(), line.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+        if (printable && (line == "READY=1" || line == "RELOADING=1" || line == "STOPPING=1" || line.starts_with("STATUS=")))
+          out.append(line).push_back('\n');
+      }
+      if (out.find("READY=1") != std::string::npos) fe_ready_ = true;
+      if (!out.empty()) sd_notify(0, out.c_str());
+      return;
+    }
+    default: return refuse(0, RefuseCode::Malformed, "unknown message type " + std::to_string(msg.empty() ? 0 : msg[0]));
+  }
+}
+
+void Spawner::finish(Live& l) {
+  isolate::Sandbox& sb = *l.sb;
+  const auto ended = Clock::now();
+  (void)sb.reap();
+  isolate::RunResult r;
+  r.run_id = sb.run_id();
+  r.host_uid = sb.host_uid();
+  isolate::read_reports(sb.report_fd(), l.obs);
+  isolate::CgroupStats cs = sb.cgroup().stats();
+  l.obs.oom_kills = cs.oom_kills;
+  l.obs.pids_max_hits = cs.pids_max_hits;
+  l.obs.socket_limit_reached = sb.cgroup().socket_limit_reached();
+  l.obs.cancelled = sb.cancelled();
+  r.cpu = cs.cpu;
+  r.peak_memory_bytes = cs.peak_memory_bytes;
+  r.wall = ended - sb.started();
+  isolate::classify(l.obs, r);
+  // One non-blocking attempt; a leaf still busy goes to the engine's
+  // pending clean-up with the Sandbox, collected on later turns.
+  if (auto done = sb.try_remove_cgroup(); !done.ok() && r.error.empty()) r.error = done.error().message;
+  if (!l.orphan) send(encode(Ended{l.id, std::move(r)}));
+}
+
+void Spawner::check_limits(Clock::time_point now) {
+  for (auto& [id, l] : runs_) {
+    if (now >= l.wall_deadline && !l.obs.timed_out) {
+      l.obs.timed_out = true;
+      l.sb->kill();
+    }
+    if (l.cpu_limited && now >= l.next_cpu_check && !l.obs.cpu_exceeded) {
+      // The earliest the budget can run out is what is left over the quota:
+      // the next look is then, not a polling interval.
+      const auto limit = std::chrono::duration_cast<std::chrono::nanoseconds>(l.sb->limits().cpu_time);
+      const auto used = l.sb->cgroup().cpu_usage();
+      if (used >= limit) {
+        l.obs.cpu_exceeded = true;
+        l.sb->kill();
+      } else {
+        const double cpus = std::max(0.001, l.sb->limits().cpu_quota_millicpus / 1000.0);
+        auto wait = std::chrono::nanoseconds(static_cast<long long>((limit - used).count() / cpus));
+        l.next_cpu_check = now + std::max<std::chrono::nanoseconds>(wait, milliseconds(10));
+      }
+    }
+    // cgroup v1 charges socket buffers apart from memory: at their limit
+    // sends stall; such a run is ended (classify names it memory_limit).
+    if (l.socket_limited && now >= l.next_socket_check) {
+      l.next_socket_check = now + milliseconds(100);
+      if (l.sb->cgroup().socket_limit_reached()) l.sb->kill();
+    }
+  }
+}
+
+milliseconds Spawner::poll_timeout(Clock::time_point now) const {
+  auto next = now + milliseconds(1000);  // retired leaves are collected at least this often
+  for (const auto& [id, l] : runs_) {
+    if (!l.obs.timed_out) next = std::min(next, l.wall_deadline);
+    if (l.cpu_limited && !l.obs.cpu_exceeded) next = std::min(next, l.next_cpu_check);
+    if (l.socket_limited) next = std::min(next, l.next_socket_check);
+  }
+  if (stopping_ && fe_pid_ > 0) next = std::min(next, stop_deadline_);
+  auto ms = std::chrono::ceil<milliseconds>(next - now);
+  return std::max(ms, milliseconds(0));
+}
+
+void Spawner::front_end_gone() {
+  int st = 0;
+  siginfo_t si{};
+  if (::waitid(P_PIDFD, static_cast<id_t>(fe_pidfd_.get()), &si, WEXITED) == 0)
+    st = si.si_code == CLD_EXITED ? (si.si_status << 8) : si.si_status;
+  fe_exit_ = WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+  const bool expected = stopping_;
+  if (expected) spdlog::info("front end (pid {}) {}", fe_pid_, describe_status(st));
+  else spdlog::error("front end (pid {}) {}", fe_pid_, describe_status(st));
+  fe_pidfd_.reset();
+  control_.reset();
+  fe_pid_ = -1;
+  // Its runs have no one to answer to: killed, and kept until pid 1 is
+  // reaped (their uid slots and leaves are released then).
+  std::map<std::uint64_t, Live> keep;
+  for (auto& [id, l] : runs_) {
+    l.sb->cancel();
+    l.orphan = true;
+    keep.emplace((1ull << 63) | orphan_seq_++, std::move(l));
+  }
+  runs_ = std::move(keep);
+  if (!runs_.empty()) spdlog::warn("killed {} runs of the front end that ended", runs_.size());
+}
+
+void Spawner::reload() {
+  spdlog::info("SIGHUP: reloading the configuration and policies");
+  auto set = compile_policies(opts_, /*optional=*/false, false);
+  if (!set.ok()) {
+    spdlog::error("reload: keeping the policy set in force: {}", set.error().message);
+  } else {
+    // Engine, socket and front end user need a restart; policies, the
+    // runner, the key file and the run limit change now.
+    previous_ = std::move(set_.policies);
+    set_.policies = std::move(set->policies);
+    set_.runner_path = set->runner_path;
+    set_.e2b_key_file = set->e2b_key_file;
+    set_.max_concurrent_runs = set->max_concurrent_runs;
+    set_.shutdown_grace = set->shutdown_grace;
+    for (const SpawnPolicy& p : set_.policies) spdlog::info("policy {} {}", q(p.name), p.fingerprint);
+  }
+  // The front end reloads its own view (and the E2B key) in every case: its
+  // placement and the set here agree by the policy fingerprints.
+  UniqueFd key = open_key_file();
+  int k = key.get();
+  send(encode_reload(), key ? &k : nullptr, key ? 1 : 0);
+}
+
+int Spawner::run() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) {
+    spdlog::critical("sigprocmask: {}", std::strerror(errno));
+    return 1;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  signals_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!signals_) {
+    spdlog::critical("signalfd: {}", std::strerror(errno));
+    return 1;
+  }
+  if (auto st = start_front_end(); !st.ok()) {
+    spdlog::critical("{}", st.error().message);
+    return 1;
+  }
+  Clock::time_point restart_at{};
+  for (;;) {
+    if (fe_pid_ < 0 && runs_.empty() && stopping_) break;
+    if (fe_pid_ < 0 && !stopping_ && Clock::now() >= restart_at) {
+      if (auto st = start_front_end(); !st.ok()) {
+        spdlog::critical("{}", st.error().message);
+        stopping_ = true;
+        fe_exit_ = 1;
+      }
+    }
+    std::vector<pollfd> pf;
+    pf.push_back({signals_.get(), POLLIN, 0});
+    pf.push_back({control_ ? control_.get() : -1, POLLIN, 0});
+    pf.push_back({fe_pidfd_ ? fe_pidfd_.get() : -1, POLLIN, 0});
+    std::vector<std::uint64_t> ids;
+    for (const auto& [id, l] : runs_) {
+      pf.push_back({l.sb->pidfd(), POLLIN, 0});
+      ids.push_back(id);
+    }
+    auto now = Clock::now();
+    auto timeout = poll_timeout(now);
+    if (fe_pid_ < 0 && !stopping_) timeout = std::min(timeout, std::chrono::ceil<milliseconds>(restart_at - now));
+    int n = ::poll(pf.data(), pf.size(), static_cast<int>(std::max<long long>(0, timeout.count())));
+    if (n < 0 && errno != EINTR) {
+      spdlog::critical("poll: {}", std::strerror(errno));
+      return 1;
+    }
+    now = Clock::now();
+    if (pf[0].revents & POLLIN) {
+      signalfd_siginfo si{};
+      while (::read(signals_.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+        if (si.ssi_signo == SIGHUP) {
+          reload();
+        } else if (!stopping_) {
+          spdlog::info("signal {}: stopping", si.ssi_signo);
+          stopping_ = true;
+          // The front end drains (shutdown_grace), then exits; past that and
+          // a margin it is killed.
+          stop_deadline_ = now + set_.shutdown_grace + std::chrono::seconds(15);
+          if (fe_pid_ > 0) ::kill(fe_pid_, SIGTERM);
+        }
+      }
+    }
+    // Messages before the front end's end: a last Kill still counts.
+    if (control_ && (pf[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+      for (int i = 0; i < 64 && control_; ++i) {
+        std::vector<UniqueFd> fds;
+        auto m = receive_message(control_.get(), &fds, MSG_DONTWAIT);
+        if (!m.ok()) {
+          if (m.error().code == EAGAIN) break;
+          spdlog::error("front end socket: {}", m.error().message);
+          control_.reset();
+          break;
+        }
+        if (m->empty()) {  // closed: the front end is ending; its pidfd says when
+          control_.reset();
+          break;
+        }
+        handle_message(*m, fds);
+      }
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (!(pf[3 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      auto it = runs_.find(ids[i]);
+      if (it == runs_.end()) continue;
+      finish(it->second);
+      runs_.erase(it);
+    }
+    if (fe_pidfd_ && (pf[2].revents & POLLIN)) {
+      const bool was_ready = fe_ready_;
+      front_end_gone();
+      if (!stopping_) {
+        // A front end that never became ready will not: a configuration it
+        // cannot read, a missing user. So will the next one.
+        if (!was_ready) {
+          spdlog::critical("the front end ended before it was ready: stopping");
+          stopping_ = true;
+          fe_exit_ = fe_exit_ ? fe_exit_ : 1;
+        } else {
+          restarts_.push_back(now);
+          std::erase_if(restarts_, [&](auto t) { return now - t > std::chrono::seconds(60); });
+          if (restarts_.size() > 5) {
+            spdlog::critical("the front end ended {} times in 60 s: stopping", restarts_.size());
+            stopping_ = true;
+            fe_exit_ = 1;
+          } else {
+            restart_at = now + milliseconds(restarts_.size() > 1 ? 1000 : 100);
+            spdlog::warn("starting a new front end");
+          }
+        }
+      }
+    }
+    if (stopping_ && fe_pid_ > 0 && now >= stop_deadline_) {
+      spdlog::warn("the front end did not stop in time: killing it");
+      ::kill(fe_pid_, SIGKILL);
+      stop_deadline_ = Clock::time_point::max();
+    }
+    check_limits(now);
+    (void)engine_->collect_retired();
+  }
+  (void)engine_->drain_retired(std::chrono::seconds(2));
+  spdlog::info("stopped");
+  return fe_exit_;
+}
+
+}  // namespace tsb::spawn

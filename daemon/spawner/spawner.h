@@ -1,0 +1,110 @@
+// The root spawner: the only part of toolsandboxd that keeps root. It holds
+// the compiled policy set (daemon/spawner/compiled.h), the engine, its
+// cgroups and uid slots, and the listening socket; it starts the
+// unprivileged front end and serves its run requests over a socketpair.
+//
+//   Run      checked against the spawner's own copy of the policy (never the
+//            front end's word): the policy exists with that fingerprint and
+//            runs locally, every environment name is allowed and none is
+//            fixed, the timeout is at most the policy's. Then spawn, and the
+//            run's stdin, stdout and stderr go to the front end (SCM_RIGHTS).
+//   Kill     the front end wants a run ended (client gone, output over cap).
+//   Ended    sent when pid 1 of the run has exited: the engine's RunResult.
+//
+// The wall-clock and CPU-time limits and the kill are enforced here, in one
+// poll loop (no threads: the engine calls clone3). A front end that dies
+// has its runs killed and is started again; one that cannot start ends the
+// spawner.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/spawner/compiled.h"
+#include "isolate/base/result.h"
+#include "isolate/base/unique_fd.h"
+#include "isolate/engine.h"
+#include "isolate/outcome.h"
+
+namespace tsb::spawn {
+
+struct SpawnerOptions {
+  std::string front_end;    // path of toolsandboxd-frontend
+  std::string config_path;  // passed to the front end and the compile helper
+};
+
+// Runs the compile helper (uid 0, every capability dropped, no_new_privs)
+// and reads its compiled set. `optional`: a missing configuration file
+// gives the embedded defaults. `check_only`: the helper prints what it
+// loaded and nothing is read back.
+Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, bool check_only);
+
+class Spawner {
+ public:
+  Spawner(SpawnerOptions opts, CompiledSet set, std::unique_ptr<isolate::Engine> engine);
+  ~Spawner();
+
+  // The socket systemd passed, or one bound at the compiled socket path.
+  Status open_listener();
+  // Starts the front end and serves until it has exited after a stop
+  // request (SIGTERM, SIGINT), or it could not be kept running. Returns the
+  // exit status for main().
+  int run();
+
+ private:
+  struct Live {
+    std::uint64_t id = 0;
+    std::unique_ptr<isolate::Sandbox> sb;
+    isolate::Observations obs;
+    std::chrono::steady_clock::time_point wall_deadline;
+    std::chrono::steady_clock::time_point next_cpu_check;
+    std::chrono::steady_clock::time_point next_socket_check;
+    bool cpu_limited = false;
+    bool socket_limited = false;
+    bool orphan = false;  // its front end is gone: no one to tell
+  };
+
+  Status start_front_end();
+  void front_end_gone();
+  void handle_message(const std::string& msg, std::vector<UniqueFd>& fds);
+  void handle_run(const std::string& msg);
+  void refuse(std::uint64_t id, RefuseCode code, const std::string& why);
+  void finish(Live& l);
+  void check_limits(std::chrono::steady_clock::time_point now);
+  void reload();
+  void send(const std::string& msg, const int* fds = nullptr, std::size_t nfds = 0);
+  std::chrono::milliseconds poll_timeout(std::chrono::steady_clock::time_point now) const;
+  const SpawnPolicy* find_policy(const std::string& name, const std::string& fingerprint) const;
+  UniqueFd open_key_file() const;
+
+  SpawnerOptions opts_;
+  CompiledSet set_;
+  // The set before the last reload: a run the front end prepared under it
+  // (queued while the reload happened) still starts under the policy it was
+  // placed with.
+  std::vector<SpawnPolicy> previous_;
+  std::unique_ptr<isolate::Engine> engine_;
+  UniqueFd listener_;
+  bool owns_socket_file_ = false;
+  dev_t socket_dev_ = 0;
+  ino_t socket_ino_ = 0;
+  UniqueFd signals_;  // signalfd: SIGTERM, SIGINT, SIGHUP
+  UniqueFd control_;  // our end of the current front end's socketpair
+  UniqueFd fe_pidfd_;
+  pid_t fe_pid_ = -1;
+  bool fe_ready_ = false;  // the current front end said READY=1
+  bool stopping_ = false;
+  std::chrono::steady_clock::time_point stop_deadline_{};
+  int fe_exit_ = 0;
+  std::vector<std::chrono::steady_clock::time_point> restarts_;
+  std::map<std::uint64_t, Live> runs_;  // by the front end's id; orphans keep theirs
+  std::uint64_t orphan_seq_ = 0;
+};
+
+}  // namespace tsb::spawn
