@@ -69,6 +69,19 @@ make_venv() {
   chmod 0755 "$(dirname "$TSB_VENV")" "$TSB_VENV"
 }
 
+# The users of systemd/toolsandboxd.sysusers, for runs outside systemd (the
+# tests, the command line): the toolsandboxd user, whose uid the daemon's
+# unprivileged front end runs as, and the toolsandbox group of the socket.
+# useradd/groupadd are Debian's passwd package (essential).
+make_users() {
+  getent group toolsandbox >/dev/null || { log "creating the toolsandbox group"; groupadd --system toolsandbox; }
+  if ! getent passwd toolsandboxd >/dev/null; then
+    log "creating the toolsandboxd system user (the daemon's front end)"
+    useradd --system --user-group --no-create-home --home-dir / --shell /usr/sbin/nologin \
+      --comment "toolsandboxd front end" toolsandboxd
+  fi
+}
+
 build() {
   log "building in $TSB_BUILD"
   cmake -S "$TSB_ROOT" -B "$TSB_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -216,6 +229,7 @@ run_fuzz_tier() {
 setup_all() {
   require_root
   install_packages
+  make_users
   make_venv
   build
 }
