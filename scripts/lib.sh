@@ -26,7 +26,7 @@ TSB_PACKAGES=(
   bubblewrap util-linux procps iproute2
   qemu-system-x86 busybox-static kmod
   clang-14 libclang-rt-14-dev llvm-14
-  stress-ng
+  stress-ng acl
 )
 
 # Sanitizer findings abort with a report and a non-zero status. halt_on_error
@@ -80,6 +80,32 @@ make_users() {
     useradd --system --user-group --no-create-home --home-dir / --shell /usr/sbin/nologin \
       --comment "toolsandboxd front end" toolsandboxd
   fi
+}
+
+# The daemon's front end runs as the toolsandboxd user and reads what the
+# test daemons name in the checkout (policies/, the runner): from a checkout
+# under a private directory (/root) that user gets through, read-only, by
+# an ACL entry for it alone on each directory in the way. Nothing else
+# changes, and a checkout it can already read is left as it is.
+as_front_end() { setpriv --reuid=toolsandboxd --regid=toolsandboxd --clear-groups -- "$@"; }
+grant_front_end_access() {
+  local top d
+  for top in "$TSB_ROOT" "$TSB_BUILD"; do
+    d=$top
+    while [ "$d" != / ] && [ -n "$d" ]; do
+      if [ -d "$d" ] && ! as_front_end test -x "$d"; then
+        log "letting the toolsandboxd user through $d (ACL u:toolsandboxd:x)"
+        setfacl -m u:toolsandboxd:x "$d"
+      fi
+      d=$(dirname "$d")
+    done
+  done
+  for d in policies tests/policies daemon/runner; do
+    if ! as_front_end test -r "$TSB_ROOT/$d/." || [ -n "$(as_front_end find "$TSB_ROOT/$d" ! -readable 2>/dev/null | head -1)" ]; then
+      log "letting the toolsandboxd user read $TSB_ROOT/$d (ACL u:toolsandboxd:rX)"
+      setfacl -R -m u:toolsandboxd:rX "$TSB_ROOT/$d"
+    fi
+  done
 }
 
 build() {
@@ -232,4 +258,5 @@ setup_all() {
   make_users
   make_venv
   build
+  grant_front_end_access
 }

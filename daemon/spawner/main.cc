@@ -39,15 +39,17 @@ void raise_open_files_limit() {
   spdlog::info("open files limit: {}", rl.rlim_cur);
 }
 
-// toolsandboxd-frontend: next to this program (a build tree), else in libexec.
+// toolsandboxd-frontend: next to this program (a build tree), in the
+// libexec directory beside its own (an installed tree, wherever its prefix
+// or DESTDIR put it), else in the configured libexec directory.
 std::string find_front_end() {
   char self[4096];
   ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (n > 0) {
     std::string dir(self, static_cast<std::size_t>(n));
     dir.resize(dir.rfind('/'));
-    std::string cand = dir + "/toolsandboxd-frontend";
-    if (::access(cand.c_str(), X_OK) == 0) return cand;
+    for (const std::string& cand : {dir + "/toolsandboxd-frontend", dir + "/../libexec/toolsandbox/toolsandboxd-frontend"})
+      if (::access(cand.c_str(), X_OK) == 0) return cand;
   }
   return std::string(TSB_LIBEXECDIR) + "/toolsandboxd-frontend";
 }

@@ -88,8 +88,9 @@ fi
 sysusers=$(find "$dest" -path '*/sysusers.d/toolsandboxd.conf' | head -1)
 tmpfiles=$(find "$dest" -path '*/tmpfiles.d/toolsandboxd.conf' | head -1)
 mkdir -p "$dest/etc"
-if out=$(systemd-sysusers --root="$dest" "$sysusers" 2>&1) && grep -q '^toolsandbox:' "$dest/etc/group"; then
-	say "ok: sysusers.d creates the toolsandbox group"
+if out=$(systemd-sysusers --root="$dest" "$sysusers" 2>&1) && grep -q '^toolsandbox:' "$dest/etc/group" &&
+	grep -q '^toolsandboxd:' "$dest/etc/passwd"; then
+	say "ok: sysusers.d creates the toolsandbox group and the toolsandboxd user"
 else
 	printf '%s\n' "$out"
 	fail "systemd-sysusers"
@@ -114,9 +115,13 @@ if [ -f "$dest$config" ]; then
 	check_cmd=("$dest$binary" --check --config "$tmp/toolsandboxd.json")
 	if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
 		cat /etc/group >"$tmp/group"
+		cat /etc/passwd >"$tmp/passwd"
 		grep -q '^toolsandbox:' /etc/group || grep '^toolsandbox:' "$dest/etc/group" >>"$tmp/group"
-		# shellcheck disable=SC2016  # $1 and $@ belong to the inner sh
-		check_cmd=(unshare -m sh -c 'mount --bind "$1" /etc/group && shift && exec "$@"' sh "$tmp/group" "${check_cmd[@]}")
+		grep -q '^toolsandboxd:' /etc/group || grep '^toolsandboxd:' "$dest/etc/group" >>"$tmp/group"
+		grep -q '^toolsandboxd:' /etc/passwd || grep '^toolsandboxd:' "$dest/etc/passwd" >>"$tmp/passwd"
+		# shellcheck disable=SC2016  # $1, $2 and $@ belong to the inner sh
+		check_cmd=(unshare -m sh -c 'mount --bind "$1" /etc/group && mount --bind "$2" /etc/passwd && shift 2 && exec "$@"' \
+			sh "$tmp/group" "$tmp/passwd" "${check_cmd[@]}")
 	elif ! getent group toolsandbox >/dev/null; then
 		say "note: not root, and no toolsandbox group here: --check runs with the group \"root\" instead"
 		sed -i 's/"toolsandbox"/"root"/g' "$tmp/toolsandboxd.json"
