@@ -13,7 +13,11 @@ Starts its own toolsandboxd on a temporary socket (or uses --socket), then:
      the daemon (execute mode) vs the same number of bare runs with the
      same concurrency; runs per second and the ratio.
 
-Standard library only: /usr/bin/python3 bench/daemon_bench.py [--n 200]
+--compare OLD_BUILD runs a second daemon built from another revision (the
+previous design) in the same interleaved rounds and throughput runs, and
+prints the two side by side.
+
+Standard library only: /usr/bin/python3 bench/daemon_bench.py [--n 200] [--compare OLD_BUILD]
 """
 
 from __future__ import annotations
@@ -66,7 +70,8 @@ def bare(script: str) -> float:
     return (time.perf_counter_ns() - t0) / 1e6
 
 
-def start_daemon(build: Path, tmp: Path, concurrency: int) -> tuple[subprocess.Popen, str]:
+def start_daemon(build: Path, tmp: Path, concurrency: int, tag: str = "",
+                 uid_base: int = 1 << 30) -> tuple[subprocess.Popen, str]:
     sock = str(tmp / "d.sock")
     os.chmod(tmp, 0o711)
     cfg = {
@@ -74,15 +79,22 @@ def start_daemon(build: Path, tmp: Path, concurrency: int) -> tuple[subprocess.P
         "socket": {"path": sock},
         "max_concurrent_runs": concurrency,
         "max_queued_runs": 1024,
-        "engine": {"state_dir": str(tmp / "state"), "cgroup_parent": "/toolsandbox-bench-daemon"},
+        # Two daemons side by side (--compare) get their own cgroups and
+        # their own uid ranges.
+        "engine": {"state_dir": str(tmp / "state"), "cgroup_parent": "/toolsandbox-bench-daemon" + tag,
+                   "uid_base": uid_base},
     }
     (tmp / "config.json").write_text(json.dumps(cfg))
     log = open(tmp / "log", "wb")
     proc = subprocess.Popen([str(build / "bin" / "toolsandboxd"), "--config", str(tmp / "config.json")],
                             stdout=log, stderr=log)
-    for _ in range(500):
+    for _ in range(1000):
         if os.path.exists(sock):
-            return proc, sock
+            try:
+                Client(sock).status()
+                return proc, sock
+            except Exception:
+                pass
         time.sleep(0.01)
     raise RuntimeError("daemon did not start; see " + str(tmp / "log"))
 
@@ -93,19 +105,35 @@ def main() -> int:
     ap.add_argument("--build", type=Path, default=REPO / "build")
     ap.add_argument("--throughput-runs", type=int, default=96)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--compare", type=Path, metavar="OLD_BUILD",
+                    help="also run a second daemon from OLD_BUILD (another design), interleaved in the same rounds")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="tsb-bench-", dir="/run" if os.access("/run", os.W_OK) else None))
+    rundir = "/run" if os.access("/run", os.W_OK) else None
+    tmp = Path(tempfile.mkdtemp(prefix="tsb-bench-", dir=rundir))
     proc, sock = start_daemon(args.build, tmp, 32)
     client = Client(sock)
+    old_proc = old_tmp = old_client = None
+    if args.compare:
+        old_tmp = Path(tempfile.mkdtemp(prefix="tsb-bench-old-", dir=rundir))
+        old_proc, old_sock = start_daemon(args.compare, old_tmp, 32, "-old", 1 << 31)
+        old_client = Client(old_sock)
     report = {"n": args.n, "load_before": os.getloadavg(), "machine": os.uname().release}
     try:
+        def execute(c):
+            return lambda: timed(lambda: c.execute(SCRIPT, tool_name="add", organization_id="bench"))
+
+        def run_tool(c):
+            return lambda: timed(lambda: c.run_tool(TOOL, tool_name="add", args={"a": 2, "b": 3},
+                                                    organization_id="bench"))
         variants = {
             "bare-script": lambda: bare(SCRIPT),
-            "execute": lambda: timed(lambda: client.execute(SCRIPT, tool_name="add", organization_id="bench")),
+            "execute": execute(client),
             "bare-tool": lambda: bare(BARE_TOOL),
-            "run_tool": lambda: timed(lambda: client.run_tool(TOOL, tool_name="add", args={"a": 2, "b": 3},
-                                                              organization_id="bench")),
+            "run_tool": run_tool(client),
         }
+        if old_client:
+            variants["execute@old"] = execute(old_client)
+            variants["run_tool@old"] = run_tool(old_client)
         names = list(variants)
         for _ in range(5):
             for name in names:
@@ -126,6 +154,12 @@ def main() -> int:
             m = lat[name]["median"]
             over = "" if twin is None else "%+.2f ms (x%.2f)" % (m - lat[twin]["median"], m / lat[twin]["median"])
             print("| %s | %.2f | %.2f | %s |" % (name, m, lat[name]["p95"], over))
+        if old_client:
+            print("\n| variant | this build, median ms | %s, median ms | this / old |" % args.compare)
+            print("|---|---:|---:|---:|")
+            for name in ("execute", "run_tool"):
+                m, o = lat[name]["median"], lat[name + "@old"]["median"]
+                print("| %s | %.2f | %.2f | %+.2f ms (x%.3f) |" % (name, m, o, m - o, m / o))
 
         thr = {}
         print("\n| concurrency | daemon runs/s | bare runs/s | daemon/bare |")
@@ -134,16 +168,24 @@ def main() -> int:
             d = throughput(c, args.throughput_runs, lambda: client.execute(SCRIPT, tool_name="add", organization_id="bench"))
             b = throughput(c, args.throughput_runs, lambda: bare(SCRIPT))
             thr[c] = {"daemon": d, "bare": b, "ratio": d / b}
-            print("| %d | %.1f | %.1f | %.0f %% |" % (c, d, b, 100 * d / b))
+            line = "| %d | %.1f | %.1f | %.0f %% |" % (c, d, b, 100 * d / b)
+            if old_client:
+                o = throughput(c, args.throughput_runs,
+                               lambda: old_client.execute(SCRIPT, tool_name="add", organization_id="bench"))
+                thr[c]["old"] = o
+                line += " old design: %.1f runs/s (this / old %.0f %%) |" % (o, 100 * d / o)
+            print(line)
         report["throughput_runs_per_s"] = thr
         report["load_after"] = os.getloadavg()
         print("\nload average before %s, after %s" % (report["load_before"], report["load_after"]))
         if args.json:
             args.json.write_text(json.dumps(report, indent=2))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-        shutil.rmtree(tmp, ignore_errors=True)
+        for p, t in ((proc, tmp), (old_proc, old_tmp)):
+            if p:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=60)
+                shutil.rmtree(t, ignore_errors=True)
     return 0
 
 
