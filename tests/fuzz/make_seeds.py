@@ -17,7 +17,10 @@ deterministic: the same tree gives the same files.
                  target reassembles, see letta_legacy_fuzzer.cc);
   letta_binary/  stdout with Letta's binary frame: good, bad md5, truncated,
                  pickle payload, and the reassembled form;
-  shape_result/  inputs laid out as shape_result_fuzzer.cc reads them.
+  shape_result/  inputs laid out as shape_result_fuzzer.cc reads them;
+  spawn_wire/    the root spawner's inputs (daemon/spawner/compiled.h): run
+                 orders, kills, notifications, a compiled set, and broken
+                 forms of each, behind the selector byte of spawn_wire_fuzzer.cc.
 """
 
 import base64
@@ -231,12 +234,72 @@ def shape_result():
               + fdp_string(b"partial") + tail(reason % 2, reason, 137 if reason else 0, 0))
 
 
+# The spawner's closed formats, little-endian (daemon/spawner/wire.h).
+def u8(v): return struct.pack("<B", v)
+def u32(v): return struct.pack("<I", v)
+def u64(v): return struct.pack("<Q", v)
+def wstr(b): return u32(len(b)) + b
+def wmap(m): return u32(len(m)) + b"".join(wstr(k) + wstr(v) for k, v in sorted(m.items()))
+def wstrs(v): return u32(len(v)) + b"".join(wstr(x) for x in v)
+
+
+def run_order(id_, policy, fp, mode, env, timeout_ms, label):
+    return u8(2) + u64(id_) + wstr(policy) + wstr(fp) + u8(mode) + wmap(env) + u64(timeout_ms) + wstr(label)
+
+
+def program(name, insns):
+    return wstr(name) + u32(len(insns)) + b"".join(u32(c) + u32(jt) + u32(jf) + u32(k) for c, jt, jf, k in insns) \
+        + wstr(b"0" * 64)
+
+
+def compiled_set():
+    allow = [(0x06, 0, 0, 0x7fff0000)]  # BPF_RET | BPF_K, SECCOMP_RET_ALLOW
+    limits = u64(512 << 20) + u64(64) + u32(1000) + u64(60000) + u64(60000) + b"".join(u64(64 << 20) for _ in range(3)) \
+        + u64(256) + u64(1 << 20) + u64(1 << 20)
+    policy = (wstr(b"default") + wstr(b"sha256:" + b"ab" * 32) + u8(1) + limits + wstr(b"/var/lib/toolsandbox/venv")
+              + wstr(b"/work") + u32(1) + wstr(b"/srv/data") + wstr(b"/data") + u8(0) + u8(1) + u8(0)
+              + wmap({b"PATH": b"/venv/bin:/usr/bin", b"HOME": b"/work"}) + wstrs([b"LETTA_*", b"TZ"])
+              + program(b"seccomp/default.json", allow) + u32(1000) + u32(1000) + wstr(b"/venv/bin/python3")
+              + wstr(b"sandbox"))
+    return (b"TSBSET1\n" + wstr(b"/toolsandbox") + wstr(b"/run/toolsandbox") + u32(1 << 30) + u32(1024) + wstr(b"")
+            + wstr(b"run") + u64(1 << 20) + u8(1) + u32(1000) + program(b"<sandbox init filter>", allow)
+            + wstr(b"/run/toolsandboxd/toolsandboxd.sock") + u32(0o660) + u32(995) + wstr(b"toolsandboxd") + u32(999)
+            + u32(995) + wstr(b"") + wstr(b"/usr/share/toolsandbox/runner/toolsandbox_runner.py") + u32(8)
+            + u64(30000) + u32(1) + policy)
+
+
+def spawn_wire():
+    d = reset("spawn_wire")
+    fp = b"sha256:" + b"ab" * 32
+    good = run_order(1, b"default", fp, 0, {}, 60000, b"add")
+    write(d, "run-script.bin", b"\x01" + good)
+    write(d, "run-tool-env.bin", b"\x01" + run_order(7, b"default", fp, 1, {b"LETTA_AGENT_ID": b"agent-1", b"TZ": b"UTC"},
+                                                     1500, b"get_weather"))
+    write(d, "run-duplicate-env.bin", b"\x01" + u8(2) + u64(3) + wstr(b"default") + wstr(fp) + u8(0) + u32(2)
+          + wstr(b"A") + wstr(b"1") + wstr(b"A") + wstr(b"2") + u64(1000) + wstr(b"x"))
+    write(d, "run-truncated.bin", b"\x01" + good[:-2])
+    write(d, "run-trailing.bin", b"\x01" + good + b"junk")
+    write(d, "run-bad-mode.bin", b"\x01" + run_order(1, b"default", fp, 9, {}, 1, b"x"))
+    write(d, "run-huge-length.bin", b"\x01" + u8(2) + u64(1) + u32(0x7fffffff) + b"default")
+    write(d, "kill.bin", b"\x01" + u8(6) + u64(1) + u8(1))
+    write(d, "kill-bad-why.bin", b"\x01" + u8(6) + u64(1) + u8(5))
+    write(d, "notify.bin", b"\x01" + u8(8) + wstr(b"READY=1\nSTATUS=accepting requests"))
+    write(d, "unknown-type.bin", b"\x01" + u8(99) + b"x")
+    s = compiled_set()
+    write(d, "set.bin", b"\x00" + s)
+    write(d, "set-truncated.bin", b"\x00" + s[:-5])
+    write(d, "set-empty-program.bin", b"\x00" + s.replace(program(b"seccomp/default.json", [(0x06, 0, 0, 0x7fff0000)]),
+                                                           program(b"seccomp/default.json", [])))
+    write(d, "set-bad-magic.bin", b"\x00" + b"TSBSET0\n" + s[8:])
+
+
 if __name__ == "__main__":
     requests()
     policies()
     letta_legacy()
     letta_binary()
     shape_result()
+    spawn_wire()
     for t in sorted(os.listdir(CORPUS)):
         files = os.listdir(os.path.join(CORPUS, t))
         size = sum(os.path.getsize(os.path.join(CORPUS, t, f)) for f in files)

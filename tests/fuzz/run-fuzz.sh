@@ -36,8 +36,9 @@ declare -A max_len=(
   [letta_legacy]=16384   # stdout around a frame, and the payload
   [letta_binary]=16384
   [shape_result]=32768   # fixed fields, stderr, stdout, a nonce frame's payload
+  [spawn_wire]=8192      # a run order with an environment; a compiled set of two policies
 )
-all_targets=(request policy letta_legacy letta_binary shape_result)
+all_targets=(request policy letta_legacy letta_binary shape_result spawn_wire)
 
 usage() {
   sed -n '2,/^$/s/^# \{0,1\}//p' "$0" >&2

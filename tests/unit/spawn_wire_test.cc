@@ -1,0 +1,134 @@
+// The spawner's closed formats (daemon/spawner/compiled.h): what is encoded
+// is decoded to the same value, and nothing else is accepted.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "daemon/spawner/compiled.h"
+
+namespace s = tsb::spawn;
+
+namespace {
+
+s::CompiledSet sample_set() {
+  s::CompiledSet c;
+  auto prog = std::make_shared<tsb::isolate::SeccompProgram>();
+  prog->name = "p";
+  prog->insns = {sock_filter{0x06, 0, 0, 0x7fff0000}};
+  prog->sha256 = std::string(64, 'a');
+  c.init_filter = prog;
+  c.front_end_user = "toolsandboxd";
+  c.front_end_uid = 999;
+  c.front_end_gid = 995;
+  c.runner_path = "/usr/share/toolsandbox/runner/toolsandbox_runner.py";
+  s::SpawnPolicy p;
+  p.name = "default";
+  p.fingerprint = "sha256:00";
+  p.limits.wall_timeout = std::chrono::milliseconds(1234);
+  p.binds = {{"/srv/a", "/a", true, false}};
+  p.env_set = {{"PATH", "/bin"}};
+  p.env_allow = {"LETTA_*"};
+  p.seccomp = prog;
+  p.interpreter = "/venv/bin/python3";
+  p.hostname = "sandbox";
+  c.policies.push_back(p);
+  return c;
+}
+
+std::string corpus(const std::string& name) {
+  std::ifstream f(std::string(TSB_SOURCE_DIR) + "/tests/fuzz/corpus/spawn_wire/" + name, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str().substr(1);  // the fuzz target's selector byte
+}
+
+}  // namespace
+
+TEST(SpawnWire, CompiledSetRoundTrips) {
+  const std::string bytes = s::encode_compiled_set(sample_set());
+  auto d = s::decode_compiled_set(bytes);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  ASSERT_EQ(d->policies.size(), 1u);
+  const s::SpawnPolicy& p = d->policies[0];
+  EXPECT_EQ(p.name, "default");
+  EXPECT_EQ(p.limits.wall_timeout.count(), 1234);
+  ASSERT_EQ(p.binds.size(), 1u);
+  EXPECT_TRUE(p.binds[0].writable);
+  EXPECT_EQ(p.env_set.at("PATH"), "/bin");
+  EXPECT_EQ(p.seccomp->insns.size(), 1u);
+  EXPECT_EQ(d->front_end_uid, 999u);
+  EXPECT_EQ(s::encode_compiled_set(*d), bytes);
+  // Cut anywhere, or with a byte more, it is refused.
+  for (std::size_t n = 0; n < bytes.size(); n += 7) EXPECT_FALSE(s::decode_compiled_set(bytes.substr(0, n)).ok()) << n;
+  EXPECT_FALSE(s::decode_compiled_set(bytes + "x").ok());
+}
+
+TEST(SpawnWire, CompiledSetRefusesWhatTheSpawnerCannotUse) {
+  auto c = sample_set();
+  c.front_end_uid = 0;
+  EXPECT_FALSE(s::decode_compiled_set(s::encode_compiled_set(c)).ok());
+  c = sample_set();
+  auto empty = std::make_shared<tsb::isolate::SeccompProgram>();
+  c.policies[0].seccomp = empty;
+  EXPECT_FALSE(s::decode_compiled_set(s::encode_compiled_set(c)).ok()) << "an empty filter must never load as none";
+  c = sample_set();
+  c.policies[0].interpreter = "python3";
+  EXPECT_FALSE(s::decode_compiled_set(s::encode_compiled_set(c)).ok());
+}
+
+TEST(SpawnWire, TheFuzzSeedsAreWhatTheyClaim) {
+  EXPECT_TRUE(s::decode_compiled_set(corpus("set.bin")).ok());
+  EXPECT_FALSE(s::decode_compiled_set(corpus("set-truncated.bin")).ok());
+  EXPECT_FALSE(s::decode_compiled_set(corpus("set-empty-program.bin")).ok());
+  EXPECT_FALSE(s::decode_compiled_set(corpus("set-bad-magic.bin")).ok());
+  EXPECT_TRUE(s::decode_run(corpus("run-script.bin")).ok());
+  auto tool = s::decode_run(corpus("run-tool-env.bin"));
+  ASSERT_TRUE(tool.ok());
+  EXPECT_EQ(tool->mode, s::RunMode::Tool);
+  EXPECT_EQ(tool->env.at("TZ"), "UTC");
+  for (const char* bad : {"run-duplicate-env.bin", "run-truncated.bin", "run-trailing.bin", "run-bad-mode.bin",
+                          "run-huge-length.bin"})
+    EXPECT_FALSE(s::decode_run(corpus(bad)).ok()) << bad;
+  EXPECT_TRUE(s::decode_kill(corpus("kill.bin")).ok());
+  EXPECT_FALSE(s::decode_kill(corpus("kill-bad-why.bin")).ok());
+  EXPECT_TRUE(s::decode_notify(corpus("notify.bin")).ok());
+}
+
+TEST(SpawnWire, MessagesRoundTripAndRefuseOtherTypes) {
+  s::RunOrder o{5, "default", "sha256:1", s::RunMode::Tool, {{"A", "1"}, {"B", ""}}, std::chrono::milliseconds(9), "t"};
+  auto d = s::decode_run(s::encode(o));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->env, o.env);
+  EXPECT_EQ(d->timeout, o.timeout);
+  EXPECT_FALSE(s::decode_kill(s::encode(o)).ok());
+  tsb::isolate::RunResult r;
+  r.run_id = "r1";
+  r.reason = tsb::isolate::EndReason::Timeout;
+  r.exit_code = -1;
+  r.error = "late";
+  auto e = s::decode_ended(s::encode(s::Ended{5, r}));
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->result.reason, tsb::isolate::EndReason::Timeout);
+  EXPECT_EQ(e->result.error, "late");
+  s::Hello h{"tag", "v2", "summary", {true, false, true, false}, {"note"}};
+  auto hh = s::decode_hello(s::encode(h));
+  ASSERT_TRUE(hh.ok());
+  EXPECT_TRUE(hh->features.memfd_noexec);
+  EXPECT_FALSE(hh->features.overlay_views);
+  EXPECT_EQ(hh->notes, std::vector<std::string>{"note"});
+}
+
+TEST(SpawnWire, EnvironmentRules) {
+  std::map<std::string, std::string> set = {{"PATH", "/bin"}};
+  std::vector<std::string> allow = {"LETTA_*", "TZ"};
+  EXPECT_TRUE(s::build_environment("p", set, allow, {{"LETTA_AGENT_ID", "a"}, {"TZ", "UTC"}}).ok());
+  EXPECT_FALSE(s::build_environment("p", set, allow, {{"PATH", "/evil"}}).ok());
+  EXPECT_FALSE(s::build_environment("p", set, allow, {{"LD_PRELOAD", "x"}}).ok());
+  EXPECT_FALSE(s::build_environment("p", set, allow, {{"TZZ", "x"}}).ok());
+  EXPECT_FALSE(s::build_environment("p", set, {"*"}, {{"1X", "x"}}).ok());
+  EXPECT_FALSE(s::build_environment("p", set, allow, {{"TZ", std::string("a\0b", 3)}}).ok());
+  auto env = s::build_environment("p", set, allow, {{"TZ", "UTC"}});
+  ASSERT_TRUE(env.ok());
+  EXPECT_EQ(*env, (std::vector<std::string>{"PATH=/bin", "TZ=UTC"}));
+}
