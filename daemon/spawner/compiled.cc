@@ -428,7 +428,7 @@ Result<std::string> decode_notify(std::string_view b) {
 
 // ---- the socket ----------------------------------------------------------
 
-Status send_message(int sock, const std::string& bytes, const int* fds, std::size_t nfds) {
+Status send_message(int sock, const std::string& bytes, const int* fds, std::size_t nfds, int flags) {
   if (bytes.size() > kMaxMessage) return Error::invalid("message too large for the spawner socket", EMSGSIZE);
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
   msghdr mh{};
@@ -446,7 +446,7 @@ Status send_message(int sock, const std::string& bytes, const int* fds, std::siz
     std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
   }
   for (;;) {
-    ssize_t n = ::sendmsg(sock, &mh, MSG_NOSIGNAL);
+    ssize_t n = ::sendmsg(sock, &mh, MSG_NOSIGNAL | flags);
     if (n >= 0) return {};
     if (errno != EINTR) return Error::from_errno("sendmsg");
   }

@@ -293,8 +293,18 @@ Status Spawner::start_front_end() {
 
 void Spawner::send(const std::string& msg, const int* fds, std::size_t nfds) {
   if (!control_) return;
-  if (auto st = send_message(control_.get(), msg, fds, nfds); !st.ok())
+  // Never blocking: a front end that leaves its socket full (megabytes of
+  // answers unread) would stall every timer here. It is ended instead, and
+  // its runs with it.
+  auto st = send_message(control_.get(), msg, fds, nfds, MSG_DONTWAIT);
+  if (st.ok()) return;
+  if (st.error().code == EAGAIN && fe_pid_ > 0) {
+    spdlog::error("the front end (pid {}) does not read its socket: ending it", fe_pid_);
+    ::kill(fe_pid_, SIGKILL);
+  } else {
     spdlog::warn("front end: {}", st.error().message);  // gone: its pidfd says so next
+  }
+  control_.reset();
 }
 
 void Spawner::refuse(std::uint64_t id, RefuseCode code, const std::string& why) {

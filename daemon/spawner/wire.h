@@ -140,8 +140,9 @@ enum class RefuseCode : std::uint8_t {
   Unavailable = 5,    // the spawner is stopping
 };
 
-// Sends one message with up to three descriptors; MSG_NOSIGNAL, blocking.
-Status send_message(int sock, const std::string& bytes, const int* fds = nullptr, std::size_t nfds = 0);
+// Sends one message with up to four descriptors; MSG_NOSIGNAL, plus `flags`
+// (MSG_DONTWAIT: EAGAIN instead of waiting for room).
+Status send_message(int sock, const std::string& bytes, const int* fds = nullptr, std::size_t nfds = 0, int flags = 0);
 // Receives one message and the descriptors that came with it (at most 4).
 // 0 bytes and no error: the peer closed. EAGAIN on a non-blocking socket
 // with nothing to read. A message cut short (MSG_TRUNC) is an error; one
