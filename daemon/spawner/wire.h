@@ -114,6 +114,20 @@ class Reader {
   bool ok_ = true;
 };
 
+// A message's reader, past its type byte (which must be `type`), and its
+// end: valid only when read to its last byte.
+template <typename M>
+Reader open_message(std::string_view b, M type) {
+  Reader r(b);
+  if (static_cast<M>(r.u8()) != type) r.fail();
+  return r;
+}
+template <typename T>
+Result<T> finish_message(const Reader& r, T v, std::string_view what) {
+  if (!r.done()) return Error::invalid("malformed " + std::string(what) + " message", EPROTO);
+  return v;
+}
+
 // Message types. Front end -> spawner: Run, Kill, Notify. Spawner -> front
 // end: Hello (first), Started, Refused, Ended, Reload.
 enum class Msg : std::uint8_t { Hello = 1, Run = 2, Started = 3, Refused = 4, Ended = 5, Kill = 6, Reload = 7, Notify = 8 };
@@ -124,6 +138,10 @@ inline constexpr std::size_t kMaxMessage = 8u << 20;
 // The largest name, path or label in a message.
 inline constexpr std::size_t kMaxName = 4096;
 inline constexpr std::size_t kMaxEnvVars = 4096;
+// The largest value (an environment value, a message).
+inline constexpr std::size_t kMaxValue = 1u << 20;
+// The first bytes of a compiled set: its format and version.
+inline constexpr std::string_view kSetMagic = "TSBSET1\n";
 
 // What a run is: the trusted tool runner reading a request on stdin, or a
 // Python script on stdin (`python3 -`).

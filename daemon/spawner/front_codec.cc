@@ -1,0 +1,179 @@
+// The front end's half of the spawner's formats (daemon/spawner/compiled.h):
+// what the front end and the compile helper write, and what they read from
+// the spawner. Kept apart from compiled.cc so that none of it is linked into
+// the root spawner; the unit tests and the spawn_wire fuzz target hold both
+// halves to one format.
+#include "daemon/spawner/compiled.h"
+
+namespace tsb::spawn {
+namespace {
+
+void put_limits(Writer& w, const isolate::Limits& l) {
+  w.u64(l.memory_bytes);
+  w.u64(l.pids);
+  w.u32(l.cpu_quota_millicpus);
+  w.u64(static_cast<std::uint64_t>(l.cpu_time.count()));
+  w.u64(static_cast<std::uint64_t>(l.wall_timeout.count()));
+  w.u64(l.tmp_bytes);
+  w.u64(l.work_bytes);
+  w.u64(l.file_size_bytes);
+  w.u64(l.open_files);
+  w.u64(l.stdout_bytes);
+  w.u64(l.stderr_bytes);
+}
+
+void put_program(Writer& w, const isolate::SeccompProgram& p) {
+  w.str(p.name);
+  w.u32(static_cast<std::uint32_t>(p.insns.size()));
+  for (const sock_filter& f : p.insns) {
+    w.u32(f.code);
+    w.u32(f.jt);
+    w.u32(f.jf);
+    w.u32(f.k);
+  }
+  w.str(p.sha256);
+}
+
+void put_map(Writer& w, const std::map<std::string, std::string>& m) {
+  w.u32(static_cast<std::uint32_t>(m.size()));
+  for (const auto& [k, v] : m) {
+    w.str(k);
+    w.str(v);
+  }
+}
+
+}  // namespace
+
+std::string encode_compiled_set(const CompiledSet& s) {
+  Writer w;
+  for (char c : kSetMagic) w.u8(static_cast<std::uint8_t>(c));
+  const isolate::EngineConfig& e = s.engine;
+  w.str(e.cgroup_parent);
+  w.str(e.state_dir);
+  w.u32(e.uid_base);
+  w.u32(e.uid_slots);
+  w.str(e.init_path);
+  w.str(e.leaf_prefix);
+  w.u64(e.root_tmpfs_bytes);
+  w.u8(e.hide_host_paths ? 1 : 0);
+  w.i32(e.sandbox_oom_score_adj);
+  put_program(w, *s.init_filter);
+  w.str(s.socket_path);
+  w.u32(s.socket_mode);
+  w.u32(s.socket_gid);
+  w.str(s.front_end_user);
+  w.u32(s.front_end_uid);
+  w.u32(s.front_end_gid);
+  w.str(s.e2b_key_file);
+  w.str(s.runner_path);
+  w.u32(s.max_concurrent_runs);
+  w.u64(static_cast<std::uint64_t>(s.shutdown_grace.count()));
+  w.u32(static_cast<std::uint32_t>(s.policies.size()));
+  for (const SpawnPolicy& p : s.policies) {
+    w.str(p.name);
+    w.str(p.fingerprint);
+    w.u8(p.local ? 1 : 0);
+    put_limits(w, p.limits);
+    w.str(p.venv);
+    w.str(p.workdir);
+    w.u32(static_cast<std::uint32_t>(p.binds.size()));
+    for (const auto& b : p.binds) {
+      w.str(b.source);
+      w.str(b.target);
+      w.u8(b.writable ? 1 : 0);
+      w.u8(b.optional ? 1 : 0);
+    }
+    w.u8(p.network == isolate::NetworkMode::Host ? 1 : 0);
+    put_map(w, p.env_set);
+    w.strs(p.env_allow);
+    put_program(w, *p.seccomp);
+    w.u32(p.uid);
+    w.u32(p.gid);
+    w.str(p.interpreter);
+    w.str(p.hostname);
+  }
+  return w.take();
+}
+
+Result<Hello> decode_hello(std::string_view b) {
+  Reader r = open_message(b, Msg::Hello);
+  Hello m;
+  m.instance = r.str(kMaxName);
+  m.cgroup_mode = r.str(kMaxName);
+  m.cgroup_summary = r.str(kMaxName);
+  m.features.memfd_noexec = r.flag();
+  m.features.overlay_views = r.flag();
+  m.features.tcp_memory_limit = r.flag();
+  m.features.oom_score_floor = r.flag();
+  m.notes = r.strs(1024, kMaxName);
+  return finish_message(r, std::move(m), "hello");
+}
+
+std::string encode(const RunOrder& m) {
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::Run));
+  w.u64(m.id);
+  w.str(m.policy);
+  w.str(m.fingerprint);
+  w.u8(static_cast<std::uint8_t>(m.mode));
+  put_map(w, m.env);
+  w.u64(static_cast<std::uint64_t>(m.timeout.count()));
+  w.str(m.label);
+  return w.take();
+}
+
+Result<Started> decode_started(std::string_view b) {
+  Reader r = open_message(b, Msg::Started);
+  Started m;
+  m.id = r.u64();
+  m.run_id = r.str(kMaxName);
+  m.host_uid = r.u32();
+  return finish_message(r, std::move(m), "started");
+}
+
+Result<Refused> decode_refused(std::string_view b) {
+  Reader r = open_message(b, Msg::Refused);
+  Refused m;
+  m.id = r.u64();
+  m.code = static_cast<RefuseCode>(r.u8());
+  m.message = r.str(kMaxValue);
+  return finish_message(r, std::move(m), "refused");
+}
+
+Result<Ended> decode_ended(std::string_view b) {
+  Reader r = open_message(b, Msg::Ended);
+  Ended m;
+  isolate::RunResult& x = m.result;
+  m.id = r.u64();
+  x.run_id = r.str(kMaxName);
+  std::uint8_t reason = r.u8();
+  if (reason > static_cast<std::uint8_t>(isolate::EndReason::Cancelled)) r.fail();
+  x.reason = static_cast<isolate::EndReason>(reason);
+  x.exit_code = r.i32();
+  x.signal = r.i32();
+  x.setup_stage = static_cast<isolate::Stage>(r.i32());
+  x.setup_errno = r.i32();
+  x.error = r.str(kMaxValue);
+  x.wall = std::chrono::nanoseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  x.cpu = std::chrono::nanoseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  x.peak_memory_bytes = r.u64();
+  x.host_uid = r.u32();
+  return finish_message(r, std::move(m), "ended");
+}
+
+std::string encode(const Kill& m) {
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::Kill));
+  w.u64(m.id);
+  w.u8(static_cast<std::uint8_t>(m.why));
+  return w.take();
+}
+
+std::string encode_notify(std::string_view text) {
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::Notify));
+  w.str(text);
+  return w.take();
+}
+
+}  // namespace tsb::spawn
