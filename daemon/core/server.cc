@@ -243,7 +243,12 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
   runner_path_ = find_runner(cfg_.runner_path);
   if (cfg_.e2b.enabled) e2b_ = std::make_unique<E2BBackend>(io_, cfg_.e2b);
   budget_.limit = cfg_.max_buffered_bytes;
-  link_->on_reload = [this](UniqueFd key) { reload(std::move(key)); };
+  link_->on_reload = [this](bool applied, UniqueFd key) {
+    if (applied) return reload(std::move(key));
+    // The spawner kept its set (its log says why): so does this side, and
+    // the two stay the same set.
+    spdlog::error("reload: the spawner kept the configuration and policies in force; so does the front end");
+  };
 }
 
 Server::~Server() = default;

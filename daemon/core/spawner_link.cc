@@ -132,9 +132,15 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
         it->second->poke();
         break;
       }
-      case spawn::Msg::Reload:
-        if (on_reload) on_reload(fds.empty() ? UniqueFd() : std::move(fds[0]));
+      case spawn::Msg::Reload: {
+        auto applied = spawn::decode_reload(*m);
+        if (!applied.ok()) {
+          spdlog::error("spawner: a malformed Reload message");
+          break;
+        }
+        if (on_reload) on_reload(*applied, fds.empty() ? UniqueFd() : std::move(fds[0]));
         break;
+      }
       default: spdlog::error("spawner: unknown message type {}", static_cast<int>(spawn::message_type(*m)));
     }
   }

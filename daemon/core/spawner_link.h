@@ -48,8 +48,9 @@ class SpawnerLink {
   // the spawner (the only process systemd listens to).
   void notify(std::string_view text);
 
-  // The spawner's reload: the new E2B key file's descriptor, if any.
-  std::function<void(UniqueFd key)> on_reload;
+  // The spawner's reload: whether its new set is in force, and the new E2B
+  // key file's descriptor, if any.
+  std::function<void(bool applied, UniqueFd key)> on_reload;
 
  private:
   struct Pending;

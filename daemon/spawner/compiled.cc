@@ -238,7 +238,12 @@ Result<Kill> decode_kill(std::string_view b) {
   return finish_message(r, m, "kill");
 }
 
-std::string encode_reload() { return std::string(1, static_cast<char>(Msg::Reload)); }
+std::string encode_reload(bool applied) {
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::Reload));
+  w.u8(applied ? 1 : 0);
+  return w.take();
+}
 
 Result<std::string> decode_notify(std::string_view b) {
   Reader r = open_message(b, Msg::Notify);

@@ -130,7 +130,9 @@ std::string encode(const Started& m);
 std::string encode(const Refused& m);
 std::string encode(const Ended& m);
 std::string encode(const Kill& m);
-std::string encode_reload();
+// `applied`: the spawner's new set is in force (else it kept the old one).
+std::string encode_reload(bool applied);
+Result<bool> decode_reload(std::string_view b);
 std::string encode_notify(std::string_view text);
 
 // The type of a received message (0 when empty).

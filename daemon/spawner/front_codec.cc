@@ -176,4 +176,10 @@ std::string encode_notify(std::string_view text) {
   return w.take();
 }
 
+Result<bool> decode_reload(std::string_view b) {
+  Reader r = open_message(b, Msg::Reload);
+  bool applied = r.flag();
+  return finish_message(r, applied, "reload");
+}
+
 }  // namespace tsb::spawn

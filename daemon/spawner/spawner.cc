@@ -518,8 +518,9 @@ void Spawner::front_end_gone() {
 void Spawner::reload() {
   spdlog::info("SIGHUP: reloading the configuration and policies");
   auto set = compile_policies(opts_, /*optional=*/false, false);
+  const bool applied = set.ok();
   if (!set.ok()) {
-    spdlog::error("reload: keeping the policy set in force: {}", set.error().message);
+    spdlog::error("reload: keeping the current configuration and policies: {}", set.error().message);
   } else {
     // Engine, socket and front end user need a restart; policies, the
     // runner, the key file and the run limit change now.
@@ -531,11 +532,11 @@ void Spawner::reload() {
     set_.shutdown_grace = set->shutdown_grace;
     for (const SpawnPolicy& p : set_.policies) spdlog::info("policy {} {}", q(p.name), p.fingerprint);
   }
-  // The front end reloads its own view (and the E2B key) in every case: its
-  // placement and the set here agree by the policy fingerprints.
-  UniqueFd key = open_key_file();
+  // The front end follows: its own view of the same files (and the E2B
+  // key) when the new set is in force here, nothing when it is not.
+  UniqueFd key = applied ? open_key_file() : UniqueFd();
   int k = key.get();
-  send(encode_reload(), key ? &k : nullptr, key ? 1 : 0);
+  send(encode_reload(applied), key ? &k : nullptr, key ? 1 : 0);
 }
 
 int Spawner::run() {
