@@ -9,7 +9,7 @@
 // refuse the first and still serve the second). Writes one line per case to
 // $TSB_PROBE_OUT:  <case> <answer> [<detail>]
 // where answer is "refused:<code>", "started", "ended:<reason>:<exit>" or
-// "none" (nothing came within 5 s). Then exits without saying READY, which
+// "none" (nothing came within 60 s: the VM lane emulates a CPU). Then exits without saying READY, which
 // stops the spawner.
 #include <fcntl.h>
 #include <poll.h>
@@ -32,12 +32,12 @@ namespace {
 int control = -1;
 FILE* out = nullptr;
 
-// The next answer for `id` within 5 s: refused, started (then its output
+// The next answer for `id` within 60 s: refused, started (then its output
 // and end), or ended.
 std::string await(std::uint64_t id, std::string* output) {
   for (;;) {
     pollfd p{control, POLLIN, 0};
-    if (::poll(&p, 1, 5000) <= 0) return "none";
+    if (::poll(&p, 1, 60000) <= 0) return "none";
     std::vector<UniqueFd> fds;
     auto m = receive_message(control, &fds);
     if (!m.ok() || m->empty()) return "closed";
