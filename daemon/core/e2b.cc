@@ -1,5 +1,7 @@
 #include "daemon/core/e2b.h"
 
+#include "e2b_cells.h"  // generated from e2b_cells/*.py: tsb::embedded::kToolCell, kEnvCell
+
 #include <fcntl.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
@@ -119,65 +121,11 @@ std::string be32(std::uint32_t n) {
 // the timeout and the heartbeat text. The runner runs in its own process
 // with exactly that environment over a minimal base, so nothing of the
 // request ever becomes code and no variable is set in the kernel.
-constexpr std::string_view kToolCell = R"PY(def _tsb_tool_cell(blob):
-    import base64, json, os, subprocess, sys, tempfile, time
-    spec = json.loads(base64.b64decode(blob).decode("utf-8"))
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": os.path.expanduser("~"),
-        "LANG": "C.UTF-8",
-        "PYTHONWARNINGS": "ignore",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "NO_COLOR": "1",
-        "TERM": "dumb",
-    }
-    env.update(spec["env"])
-    fd, path = tempfile.mkstemp(prefix="tsb-runner-", suffix=".py")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(spec["runner"])
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", "-u", "-X", "utf8", path],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, cwd=os.path.dirname(path), start_new_session=True)
-        data = spec["request"].encode("utf-8")
-        deadline = time.monotonic() + spec["timeout"]
-        while True:
-            try:
-                out, err = proc.communicate(data, timeout=spec["heartbeat"])
-                break
-            except subprocess.TimeoutExpired:
-                data = None
-                if time.monotonic() >= deadline:
-                    try:
-                        os.killpg(proc.pid, 9)
-                    except OSError:
-                        pass
-                    try:
-                        out, err = proc.communicate(timeout=2)
-                    except subprocess.TimeoutExpired:
-                        out, err = b"", b""
-                    break
-                sys.stderr.write(spec["beat"])
-                sys.stderr.flush()
-    finally:
-        os.unlink(path)
-    sys.stdout.write(out.decode("utf-8", "replace"))
-    sys.stdout.flush()
-    sys.stderr.write(err.decode("utf-8", "replace"))
-    sys.stderr.flush()
-    return proc.returncode
-_tsb_tool_cell("@BLOB@")
-)PY";
+using embedded::kToolCell;  // daemon/core/e2b_cells/tool_cell.py
 
 // Script mode: the environment goes into a fresh kernel through its own
 // fixed cell, before the script's cell, and dies with that kernel.
-constexpr std::string_view kEnvCell = R"PY(def _tsb_env_cell(blob):
-    import base64, json, os
-    os.environ.update(json.loads(base64.b64decode(blob).decode("utf-8")))
-_tsb_env_cell("@BLOB@")
-del _tsb_env_cell
-)PY";
+using embedded::kEnvCell;  // daemon/core/e2b_cells/env_cell.py
 
 std::string with_blob(std::string_view cell, std::string_view blob) {
   std::string out(cell);
