@@ -84,24 +84,9 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
   out.max_concurrent_runs = cfg.max_concurrent_runs;
   out.shutdown_grace = cfg.shutdown_grace;
   for (const auto& [name, p] : set.policies) {
-    tsb::spawn::SpawnPolicy s;
-    s.name = name;
-    s.fingerprint = p->fingerprint;
-    s.local = p->backend == tsb::core::Backend::Local;
-    s.limits = p->limits;
-    s.venv = p->venv;
-    s.workdir = p->workdir;
-    s.binds = p->binds;
-    s.network = p->network;
-    s.env_set = p->env_set;
-    s.env_allow = p->env_allow;
-    s.seccomp = p->seccomp;
-    if (!s.seccomp) return Error::invalid("policy " + quoted_for_message(name) + " has no compiled seccomp program");
-    s.uid = p->uid;
-    s.gid = p->gid;
-    s.interpreter = p->interpreter;
-    s.hostname = p->hostname;
-    out.policies.push_back(std::move(s));
+    if (!p->seccomp) return Error::invalid("policy " + quoted_for_message(name) + " has no compiled seccomp program");
+    out.policies.push_back(tsb::core::to_spawn_policy(*p));
+    out.policies.back().name = name;
   }
   return out;
 }

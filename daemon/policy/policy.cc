@@ -617,18 +617,26 @@ Result<std::vector<std::string>> build_environment(const Policy& p, const std::m
   return spawn::build_environment(p.name, p.env_set, p.env_allow, req);
 }
 
-isolate::RunSpec run_spec_from(const Policy& p) {
-  isolate::RunSpec s;
+spawn::SpawnPolicy to_spawn_policy(const Policy& p) {
+  spawn::SpawnPolicy s;
+  s.name = p.name;
+  s.fingerprint = p.fingerprint;
+  s.local = p.backend == Backend::Local;
   s.limits = p.limits;
   s.venv = p.venv;
+  s.workdir = p.workdir;
   s.binds = p.binds;
   s.network = p.network;
+  s.env_set = p.env_set;
+  s.env_allow = p.env_allow;
   s.seccomp = p.seccomp;
-  s.sandbox_uid = p.uid;
-  s.sandbox_gid = p.gid;
+  s.uid = p.uid;
+  s.gid = p.gid;
+  s.interpreter = p.interpreter;
   s.hostname = p.hostname;
-  s.workdir = p.workdir;
   return s;
 }
+
+isolate::RunSpec run_spec_from(const Policy& p) { return spawn::run_spec_from(to_spawn_policy(p)); }
 
 }  // namespace tsb::core

@@ -14,6 +14,7 @@
 
 #include "isolate/base/result.h"
 #include "daemon/policy/seccomp_profile.h"
+#include "daemon/spawner/compiled.h"
 #include "isolate/spec.h"
 
 namespace tsb::core {
@@ -69,7 +70,10 @@ Result<Policy> load_named_policy(const std::string& name, const std::string& dir
 // is refused (never silently dropped), and fixed values cannot be overridden.
 Result<std::vector<std::string>> build_environment(const Policy& p, const std::map<std::string, std::string>& request_env);
 
-// A RunSpec carrying everything the policy decides (argv/env/stdin left empty).
+// What the root spawner keeps of a policy (daemon/spawner/compiled.h).
+spawn::SpawnPolicy to_spawn_policy(const Policy& p);
+// A RunSpec carrying everything the policy decides (argv/env/stdin left
+// empty): spawn::run_spec_from(to_spawn_policy(p)).
 isolate::RunSpec run_spec_from(const Policy& p);
 
 }  // namespace tsb::core

@@ -122,6 +122,20 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
   return s;
 }
 
+isolate::RunSpec run_spec_from(const SpawnPolicy& p) {
+  isolate::RunSpec s;
+  s.limits = p.limits;
+  s.venv = p.venv;
+  s.binds = p.binds;
+  s.network = p.network;
+  s.seccomp = p.seccomp;
+  s.sandbox_uid = p.uid;
+  s.sandbox_gid = p.gid;
+  s.hostname = p.hostname;
+  s.workdir = p.workdir;
+  return s;
+}
+
 // ---- the environment -----------------------------------------------------
 
 bool valid_env_name(std::string_view n) {

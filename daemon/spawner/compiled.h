@@ -43,6 +43,10 @@ struct SpawnPolicy {
   std::string hostname;
 };
 
+// A RunSpec carrying everything the policy decides (argv, env, stdin and
+// label left empty): the one place a policy becomes an engine's spec.
+isolate::RunSpec run_spec_from(const SpawnPolicy& p);
+
 struct CompiledSet {
   isolate::EngineConfig engine;
   std::shared_ptr<const isolate::SeccompProgram> init_filter;

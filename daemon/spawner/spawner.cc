@@ -342,17 +342,8 @@ void Spawner::handle_run(const std::string& msg) {
   if (live >= set_.max_concurrent_runs)
     return refuse(o.id, RefuseCode::Busy, "max_concurrent_runs (" + std::to_string(set_.max_concurrent_runs) + ") reached");
 
-  isolate::RunSpec spec;
-  spec.limits = p->limits;
+  isolate::RunSpec spec = run_spec_from(*p);
   spec.limits.wall_timeout = o.timeout;
-  spec.venv = p->venv;
-  spec.binds = p->binds;
-  spec.network = p->network;
-  spec.seccomp = p->seccomp;
-  spec.sandbox_uid = p->uid;
-  spec.sandbox_gid = p->gid;
-  spec.hostname = p->hostname;
-  spec.workdir = p->workdir;
   spec.env = std::move(env).value();
   spec.label = o.label;
   if (o.mode == RunMode::Tool) {
