@@ -117,33 +117,37 @@ int cmd_client(const std::string& verb, const std::vector<std::string>& args) {
   std::optional<double> timeout;
   bool as_json = false;
   const char* v = verb.c_str();
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto next = [&]() -> std::optional<std::string> {
-      if (i + 1 >= args.size()) return std::nullopt;
-      return args[++i];
-    };
-    std::optional<std::string> x;
-    if (a == "--json") as_json = true;
-    else if (a == "--socket") { if (!(x = next())) return usage(v, "--socket needs a path"); socket_path = *x; }
-    else if (a == "--org") { if (!(x = next())) return usage(v, "--org needs an organization id"); org = *x; }
-    else if (a == "--policy") { if (!(x = next())) return usage(v, "--policy needs a name"); policy = *x; }
-    else if (a == "--tool-name" || a == "--function") { if (!(x = next())) return usage(v, a + " needs a name"); tool_name = *x; }
-    else if (a == "--args") { if (!(x = next())) return usage(v, "--args needs a JSON object"); args_json = *x; }
-    else if (a == "--agent-state") { if (!(x = next())) return usage(v, "--agent-state needs a JSON file"); agent_state_file = *x; }
-    else if (a == "--timeout") {
-      if (!(x = next())) return usage(v, "--timeout needs seconds");
-      char* end = nullptr;
-      double t = std::strtod(x->c_str(), &end);
-      if (*end != '\0' || !(t > 0)) return usage(v, "--timeout needs a positive number of seconds");
-      timeout = t;
-    } else if (a == "--env") {
-      if (!(x = next()) || x->find('=') == std::string::npos || (*x)[0] == '=') return usage(v, "--env needs NAME=VALUE");
-      env[x->substr(0, x->find('='))] = x->substr(x->find('=') + 1);
-    } else if (!a.empty() && a[0] == '-') return usage(v, "unknown option '" + a + "'");
-    else if (file.empty()) file = a;
-    else return usage(v, "unexpected argument '" + a + "'");
-  }
+  static const std::vector<OptionSpec> kOptions = {
+      {"json", nullptr},          {"socket", "a path"},          {"org", "an organization id"},
+      {"policy", "a name"},       {"tool-name", "a name"},       {"function", "a name"},
+      {"args", "a JSON object"},  {"agent-state", "a JSON file"}, {"timeout", "seconds"},
+      {"env", "NAME=VALUE"},
+  };
+  std::vector<std::string> operands;
+  auto err = parse_options(args, kOptions, /*operands_after_dashdash_only=*/false,
+                           [&](const std::string& name, const std::string& x) -> std::optional<std::string> {
+                             if (name == "json") as_json = true;
+                             else if (name == "socket") socket_path = x;
+                             else if (name == "org") org = x;
+                             else if (name == "policy") policy = x;
+                             else if (name == "tool-name" || name == "function") tool_name = x;
+                             else if (name == "args") args_json = x;
+                             else if (name == "agent-state") agent_state_file = x;
+                             else if (name == "timeout") {
+                               char* end = nullptr;
+                               double t = std::strtod(x.c_str(), &end);
+                               if (*end != '\0' || !(t > 0)) return "--timeout needs a positive number of seconds";
+                               timeout = t;
+                             } else if (name == "env") {
+                               if (x.find('=') == std::string::npos || x[0] == '=') return "--env needs NAME=VALUE";
+                               env[x.substr(0, x.find('='))] = x.substr(x.find('=') + 1);
+                             }
+                             return std::nullopt;
+                           },
+                           &operands);
+  if (err) return usage(v, *err);
+  if (operands.size() > 1) return usage(v, "unexpected argument '" + operands[1] + "'");
+  if (!operands.empty()) file = operands[0];
 
   json req = {{"v", 1}, {"id", random_hex(8)}};
   if (verb == "status") {

@@ -62,39 +62,26 @@ int usage_error(const std::string& sub, const std::string& msg) {
 
 // Fills `out`, or returns a usage error message.
 std::optional<std::string> parse_args(const std::string& sub, const std::vector<std::string>& args, PolicyArgs& out) {
-  for (std::size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    const auto value = [&](const char* what) -> std::optional<std::string> {
-      if (i + 1 >= args.size()) return std::nullopt;
-      (void)what;
-      return args[++i];
-    };
-    if (a == "--config") {
-      auto v = value("FILE");
-      if (!v) return "--config needs the daemon configuration file";
-      out.config = *v;
-    } else if (a == "--bind-allow") {
-      auto v = value("PATH");
-      if (!v || v->empty() || (*v)[0] != '/') return "--bind-allow needs an absolute host path";
-      out.bind_allow.push_back(*v);
-    } else if (a == "--compare" && sub == "explain") {
-      auto v = value("PROFILE");
-      if (!v) return "--compare needs a seccomp profile file";
-      out.compare = *v;
-    } else if (a == "--no-host" && sub == "explain") {
-      out.host_facts = false;
-    } else if (a == "--notes" && sub == "lint") {
-      out.notes = true;
-    } else if (a == "--") {
-      out.operands.insert(out.operands.end(), args.begin() + static_cast<long>(i) + 1, args.end());
-      break;
-    } else if (a.size() > 1 && a[0] == '-') {
-      return "unknown option '" + a + "'";
-    } else {
-      out.operands.push_back(a);
-    }
+  std::vector<OptionSpec> opts = {{"config", "the daemon configuration file"}, {"bind-allow", "an absolute host path"}};
+  if (sub == "explain") {
+    opts.push_back({"compare", "a seccomp profile file"});
+    opts.push_back({"no-host", nullptr});
   }
-  return std::nullopt;
+  if (sub == "lint") opts.push_back({"notes", nullptr});
+  // args[0] is the sub-command.
+  const std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
+  return parse_options(rest, opts, /*operands_after_dashdash_only=*/false,
+                       [&](const std::string& name, const std::string& v) -> std::optional<std::string> {
+                         if (name == "config") out.config = v;
+                         else if (name == "bind-allow") {
+                           if (v.empty() || v[0] != '/') return "--bind-allow needs an absolute host path";
+                           out.bind_allow.push_back(v);
+                         } else if (name == "compare") out.compare = v;
+                         else if (name == "no-host") out.host_facts = false;
+                         else if (name == "notes") out.notes = true;
+                         return std::nullopt;
+                       },
+                       &out.operands);
 }
 
 // The bind allow-list the daemon would apply.

@@ -49,38 +49,36 @@ int cmd_run(const std::vector<std::string>& args) {
   bool json = false;
   isolate::EngineConfig cfg;
 
-  std::size_t i = 0;
-  auto value = [&](const std::string& opt) -> std::optional<std::string> {
-    if (i + 1 >= args.size()) return std::nullopt;
-    (void)opt;
-    return args[++i];
+  static const std::vector<OptionSpec> kOptions = {
+      {"json", nullptr},
+      {"policy", "a name or file"},
+      {"timeout", "seconds"},
+      {"memory", "a size (e.g. 256MiB)"},
+      {"network", "none or host"},
+      {"venv", "a directory"},
+      {"stdin", "a file or -"},
+      {"bind", "SRC:DST[:rw]"},
+      {"env", "NAME=VALUE"},
+      {"cgroup-parent", "a path"},
+      {"state-dir", "a directory"},
   };
-  for (; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--") {
-      cmd.assign(args.begin() + static_cast<long>(i) + 1, args.end());
-      break;
-    }
-    std::optional<std::string> v;
-    auto need = [&](std::optional<std::string>& dst) -> bool {
-      v = value(a);
-      if (!v) return false;
-      dst = *v;
-      return true;
-    };
-    if (a == "--json") json = true;
-    else if (a == "--policy") { std::optional<std::string> p; if (!need(p)) return fail_usage("--policy needs a name or file"); policy_ref = *p; }
-    else if (a == "--timeout") { if (!need(timeout)) return fail_usage("--timeout needs seconds"); }
-    else if (a == "--memory") { if (!need(memory)) return fail_usage("--memory needs a size (e.g. 256MiB)"); }
-    else if (a == "--network") { if (!need(network)) return fail_usage("--network needs none or host"); }
-    else if (a == "--venv") { if (!need(venv)) return fail_usage("--venv needs a directory"); }
-    else if (a == "--stdin") { if (!need(stdin_src)) return fail_usage("--stdin needs a file or -"); }
-    else if (a == "--bind") { std::optional<std::string> b; if (!need(b)) return fail_usage("--bind needs SRC:DST[:rw]"); binds.push_back(*b); }
-    else if (a == "--env") { std::optional<std::string> e; if (!need(e)) return fail_usage("--env needs NAME=VALUE"); envs.push_back(*e); }
-    else if (a == "--cgroup-parent") { std::optional<std::string> c; if (!need(c)) return fail_usage("--cgroup-parent needs a path"); cfg.cgroup_parent = *c; }
-    else if (a == "--state-dir") { std::optional<std::string> c; if (!need(c)) return fail_usage("--state-dir needs a directory"); cfg.state_dir = *c; }
-    else return fail_usage("unknown option '" + a + "' (commands go after --)");
-  }
+  auto err = parse_options(args, kOptions, /*operands_after_dashdash_only=*/true,
+                           [&](const std::string& name, const std::string& v) -> std::optional<std::string> {
+                             if (name == "json") json = true;
+                             else if (name == "policy") policy_ref = v;
+                             else if (name == "timeout") timeout = v;
+                             else if (name == "memory") memory = v;
+                             else if (name == "network") network = v;
+                             else if (name == "venv") venv = v;
+                             else if (name == "stdin") stdin_src = v;
+                             else if (name == "bind") binds.push_back(v);
+                             else if (name == "env") envs.push_back(v);
+                             else if (name == "cgroup-parent") cfg.cgroup_parent = v;
+                             else if (name == "state-dir") cfg.state_dir = v;
+                             return std::nullopt;
+                           },
+                           &cmd);
+  if (err) return fail_usage(err->starts_with("--") ? *err : *err + " (commands go after --)");
   if (cmd.empty()) return fail_usage("no command given (toolsandbox run [options] -- CMD ARGS...)");
 
   core::PolicyContext ctx;
