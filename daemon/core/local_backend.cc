@@ -127,6 +127,14 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   const Policy& pol = p.policy();
   const protocol::CommonRunFields& c = *p.common;
 
+  // What the spawner's decoder accepts (daemon/spawner/wire.h); execve
+  // refuses much less (128 KiB a variable) anyway.
+  for (const auto& [k, v] : p.env)
+    if (k.size() > spawn::kMaxName || v.size() > spawn::kMaxValue) {
+      out.refused = Refusal{ErrorCode::BadRequest, "environment: the value of " + q(k) + " is larger than " +
+                                                       std::to_string(spawn::kMaxValue) + " bytes"};
+      co_return out;
+    }
   spawn::RunOrder order;
   order.policy = pol.name;
   order.fingerprint = pol.fingerprint;

@@ -248,6 +248,7 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
     // The spawner kept its set (its log says why): so does this side, and
     // the two stay the same set.
     spdlog::error("reload: the spawner kept the configuration and policies in force; so does the front end");
+    notify("READY=1");
   };
 }
 
@@ -624,7 +625,6 @@ json Server::status_json() const {
 }
 
 void Server::reload(UniqueFd e2b_key) {
-  notify("RELOADING=1");
   // A reload never falls back to the embedded defaults: a configuration
   // file that is missing or unreadable keeps the set in force (the embedded
   // defaults would replace the allowed peers, limits and policies). Only a
@@ -685,7 +685,6 @@ asio::awaitable<void> Server::signal_loop() {
 }
 
 asio::awaitable<void> Server::shutdown_sequence() {
-  notify("STOPPING=1");
   shutting_down_ = true;
   asio::error_code ec;
   if (acceptor_) acceptor_->close(ec);

@@ -66,10 +66,20 @@ Status load_front_end_filter() {
     if (seccomp_rule_add(ctx.get(), eperm, nr, 0) != 0)
       return Error::invalid(std::string("seccomp: cannot add a rule for ") + name);
   }
-  // Threads, yes; namespaces, no. clone3 takes its flags in a struct the
-  // filter cannot read: ENOSYS, and glibc falls back to clone.
+  // Threads, yes (libcurl's resolver); processes, no: a child would outlive
+  // this process (and hold the listening socket) when the spawner replaces
+  // it. clone3 takes its flags in a struct the filter cannot read: ENOSYS,
+  // and glibc falls back to clone, whose flags it can.
   if (seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0) != 0)
     return Error::invalid("seccomp: cannot add the clone3 rule");
+#if !defined(__SANITIZE_ADDRESS__)
+  // (LeakSanitizer's tracer is a clone without CLONE_THREAD: sanitizer
+  // builds only.)
+  for (int nr : {SCMP_SYS(fork), SCMP_SYS(vfork)})
+    if (seccomp_rule_add(ctx.get(), eperm, nr, 0) != 0) return Error::invalid("seccomp: cannot add the fork rules");
+  if (seccomp_rule_add(ctx.get(), eperm, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0)) != 0)
+    return Error::invalid("seccomp: cannot add the clone rule");
+#endif
   for (unsigned long flag : {CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUTS, CLONE_NEWIPC,
                              CLONE_NEWCGROUP}) {
     if (seccomp_rule_add(ctx.get(), eperm, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag)) != 0)

@@ -11,8 +11,9 @@ Status check_unprivileged();
 
 // The front end's seccomp filter: everything it does is allowed (sockets,
 // files, threads of libcurl's resolver); what only an attacker would do is
-// refused with EPERM: new namespaces, mounts, ptrace and other processes'
-// memory, exec, kernel modules and keys, BPF, perf, io_uring, clocks.
+// refused with EPERM: new processes (threads only), new namespaces, mounts,
+// ptrace and other processes' memory, exec, kernel modules and keys, BPF,
+// perf, io_uring, clocks.
 Status load_front_end_filter();
 
 }  // namespace tsb::frontend

@@ -101,6 +101,7 @@ Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, boo
   if (pid < 0) return Error::from_errno("fork (compile helper)");
   if (pid == 0) {
     default_signals_or_die();
+    if (::setsid() < 0) ::_exit(127);
     if (::dup2(w.get(), STDOUT_FILENO) < 0) ::_exit(127);
     if (::close_range(3, ~0U, 0) != 0) ::_exit(127);
     drop_capabilities_or_die();
@@ -108,9 +109,19 @@ Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, boo
     ::_exit(127);
   }
   w.reset();
+  // Bounded: a helper stuck on a file system or a name lookup must not hold
+  // the spawner (at a reload, its loop waits for this) for long.
   std::string out;
   char buf[65536];
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  bool timed_out = false;
   for (;;) {
+    const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
+    pollfd pfd{r.get(), POLLIN, 0};
+    if (left <= 0 || ::poll(&pfd, 1, static_cast<int>(left)) == 0) {
+      timed_out = true;
+      break;
+    }
     ssize_t n = ::read(r.get(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -118,7 +129,9 @@ Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, boo
     if (out.size() > (256u << 20)) break;  // never: sets are kilobytes
   }
   r.reset();
+  if (timed_out) ::kill(pid, SIGKILL);
   auto st = wait_child(pid);
+  if (timed_out) return Error::invalid("the compile helper did not finish within 30 s (killed)", ETIMEDOUT);
   if (!st.ok()) return std::move(st).error();
   if (!WIFEXITED(*st) || WEXITSTATUS(*st) != 0)
     return Error::invalid("loading the configuration and policies failed (" + o.front_end + " " + describe_status(*st) +
@@ -217,8 +230,10 @@ Status Spawner::start_front_end() {
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return Error::from_errno("socketpair");
   UniqueFd mine(sv[0]), theirs(sv[1]);
   // Room for the largest message (a run's environment): kMaxMessage with
-  // CAP_NET_ADMIN, else what net.core.wmem_max allows (the front end refuses
-  // a run whose order does not fit, saying so).
+  // CAP_NET_ADMIN (a spawner run by hand as root), else what
+  // net.core.wmem_max allows (about 416 KiB by default, and under the
+  // systemd unit, which grants no CAP_NET_ADMIN); the front end refuses a
+  // run whose order does not fit, saying so.
   for (int fd : {sv[0], sv[1]}) {
     int sz = static_cast<int>(kMaxMessage + 65536);
     if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sz, sizeof sz) != 0 ||
@@ -255,6 +270,11 @@ Status Spawner::start_front_end() {
     if (l < 0 || c < 0 || (key && k < 0)) ::_exit(127);
     if (::dup2(l, 3) != 3 || ::dup2(c, 4) != 4 || (k >= 0 && ::dup2(k, 5) != 5)) ::_exit(127);
     if (::close_range(k >= 0 ? 6 : 5, ~0U, 0) != 0) ::_exit(127);
+    // Its own session (no controlling terminal to push input into) and no
+    // stdin.
+    if (::setsid() < 0) ::_exit(127);
+    int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null < 0 || ::dup2(null, STDIN_FILENO) != STDIN_FILENO) ::_exit(127);
     // Its own user, no groups, no capabilities, no way to gain any.
     if (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0) ::_exit(127);
     if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) ::_exit(127);
@@ -263,6 +283,11 @@ Status Spawner::start_front_end() {
     if (::setresuid(uid, uid, uid) != 0) ::_exit(127);
     uid_t ru, eu, su;
     if (::getresuid(&ru, &eu, &su) != 0 || ru != uid || eu != uid || su != uid) ::_exit(127);
+    // The uid change cleared the permitted and effective sets; the
+    // inheritable one too, explicitly.
+    __user_cap_header_struct ch{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct cd[2] = {};
+    if (::syscall(SYS_capset, &ch, cd) != 0) ::_exit(127);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(127);
     // The death signal is cleared by the uid change: set it again.
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 || ::getppid() != parent) ::_exit(127);
@@ -313,16 +338,26 @@ void Spawner::refuse(std::uint64_t id, RefuseCode code, const std::string& why) 
 }
 
 const SpawnPolicy* Spawner::find_policy(const std::string& name, const std::string& fingerprint) const {
-  for (const auto* list : {&set_.policies, &previous_})
+  // The set before the last reload only for a while: for orders prepared
+  // under it and queued meanwhile, not as a way around the reload.
+  const bool previous_valid = Clock::now() < previous_until_;
+  for (const auto* list : {&set_.policies, &previous_}) {
+    if (list == &previous_ && !previous_valid) break;
     for (const SpawnPolicy& p : *list)
       if (p.name == name && p.fingerprint == fingerprint) return &p;
+  }
   return nullptr;
 }
 
 void Spawner::handle_run(const std::string& msg) {
   auto order = decode_run(msg);
   if (!order.ok()) {
-    refuse(0, RefuseCode::Malformed, order.error().message);
+    // Answered under its id when the message has one, so that the front end
+    // is not left waiting.
+    Reader r(msg);
+    (void)r.u8();
+    const std::uint64_t id = r.u64();
+    refuse(r.ok() ? id : 0, RefuseCode::Malformed, order.error().message);
     return;
   }
   const RunOrder& o = *order;
@@ -378,8 +413,23 @@ void Spawner::handle_run(const std::string& msg) {
 }
 
 void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds) {
-  // The front end sends no descriptors: any that came are closed here.
-  fds.clear();
+  // The front end sends no descriptors. One that does is broken or hostile:
+  // it is ended, and what it sent is closed without waiting (a socket with
+  // a long SO_LINGER would otherwise hold this loop in close()).
+  if (!fds.empty()) {
+    for (auto& fd : fds) {
+      struct stat st{};
+      if (::fstat(fd.get(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+        linger no_wait{1, 0};
+        (void)::setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &no_wait, sizeof no_wait);
+      }
+    }
+    fds.clear();
+    spdlog::error("the front end (pid {}) sent descriptors: ending it", fe_pid_);
+    if (fe_pid_ > 0) ::kill(fe_pid_, SIGKILL);
+    control_.reset();
+    return;
+  }
   switch (message_type(msg)) {
     case Msg::Run: return handle_run(msg);
     case Msg::Kill: {
@@ -398,8 +448,9 @@ void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds)
     case Msg::Notify: {
       auto n = decode_notify(msg);
       if (!n.ok()) return refuse(0, RefuseCode::Malformed, n.error().message);
-      // Only what a service says about its own state; never MAINPID= or
-      // anything else that would change how systemd treats the unit.
+      // Only that it is ready, and a status text; never MAINPID= or anything
+      // else that would change how systemd treats the unit. RELOADING=1
+      // and STOPPING=1 are the spawner's to say (it gets the signals).
       std::string out;
       std::string_view t = *n;
       while (!t.empty()) {
@@ -407,7 +458,7 @@ void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds)
         std::string_view line = t.substr(0, nl);
         t = nl == std::string_view::npos ? std::string_view{} : t.substr(nl + 1);
         bool printable = std::all_of(line.begin(), line.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
-        if (printable && (line == "READY=1" || line == "RELOADING=1" || line == "STOPPING=1" || line.starts_with("STATUS=")))
+        if (printable && (line == "READY=1" || line.starts_with("STATUS=")))
           out.append(line).push_back('\n');
       }
       if (out.find("READY=1") != std::string::npos) fe_ready_ = true;
@@ -508,6 +559,7 @@ void Spawner::front_end_gone() {
 
 void Spawner::reload() {
   spdlog::info("SIGHUP: reloading the configuration and policies");
+  sd_notify(0, "RELOADING=1");  // READY=1 comes from the front end once it has followed
   auto set = compile_policies(opts_, /*optional=*/false, false);
   const bool applied = set.ok();
   if (!set.ok()) {
@@ -516,6 +568,7 @@ void Spawner::reload() {
     // Engine, socket and front end user need a restart; policies, the
     // runner, the key file and the run limit change now.
     previous_ = std::move(set_.policies);
+    previous_until_ = Clock::now() + kPreviousSetLifetime;
     set_.policies = std::move(set->policies);
     set_.runner_path = set->runner_path;
     set_.e2b_key_file = set->e2b_key_file;
@@ -583,6 +636,7 @@ int Spawner::run() {
           reload();
         } else if (!stopping_) {
           spdlog::info("signal {}: stopping", si.ssi_signo);
+          sd_notify(0, "STOPPING=1");
           stopping_ = true;
           // The front end drains (shutdown_grace), then exits; past that and
           // a margin it is killed.

@@ -85,10 +85,12 @@ class Spawner {
 
   SpawnerOptions opts_;
   CompiledSet set_;
-  // The set before the last reload: a run the front end prepared under it
-  // (queued while the reload happened) still starts under the policy it was
-  // placed with.
+  // The set before the last reload, for kPreviousSetLifetime: a run the
+  // front end prepared under it (queued while the reload happened) still
+  // starts under the policy it was placed with.
   std::vector<SpawnPolicy> previous_;
+  std::chrono::steady_clock::time_point previous_until_{};
+  static constexpr std::chrono::seconds kPreviousSetLifetime{60};
   std::unique_ptr<isolate::Engine> engine_;
   UniqueFd listener_;
   bool owns_socket_file_ = false;

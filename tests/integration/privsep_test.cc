@@ -203,7 +203,10 @@ TEST_F(EngineTest, PrivsepSpawnerRefusesWhatThePolicyDoesNotAllow) {
   }
   EXPECT_EQ(got["baseline.after"], "ended:exited:0 hello 1000|");
   EXPECT_EQ(got["kill-unknown.after"], "ended:exited:0 hello 1000|");
+  // Sending the spawner a descriptor ends the front end that did.
+  EXPECT_EQ(got.count("descriptor-sent"), 0u) << "the probe outlived sending a descriptor: " << got["descriptor-sent"];
   const std::string l = slurp(log);
+  EXPECT_NE(l.find("sent descriptors: ending it"), std::string::npos) << l;
   EXPECT_NE(l.find("the front end ended before it was ready"), std::string::npos) << l;
   if (!HasFailure()) (void)!std::system(("rm -rf " + dir).c_str());
   else ADD_FAILURE() << "kept " << dir;

@@ -30,6 +30,7 @@ using namespace tsb::spawn;
 namespace {
 
 int control = -1;
+constexpr std::uint64_t kAny = ~0ull;  // a refusal of a message that may carry no id
 FILE* out = nullptr;
 
 // The next answer for `id` within 60 s: refused, started (then its output
@@ -45,7 +46,7 @@ std::string await(std::uint64_t id, std::string* output) {
       case Msg::Refused: {
         auto r = decode_refused(*m);
         if (!r.ok()) return "bad-refused";
-        if (r->id != id && r->id != 0) continue;
+        if (id != kAny && r->id != id && r->id != 0) continue;
         return "refused:" + std::to_string(static_cast<int>(r->code));
       }
       case Msg::Started: {
@@ -93,7 +94,7 @@ void valid_after(const std::string& name, const RunOrder& good) {
   std::fprintf(out, "%s.after %s %s\n", name.c_str(), a.c_str(), output.c_str());
 }
 
-void raw_case(const std::string& name, const std::string& bytes, const RunOrder& good, std::uint64_t id = 0) {
+void raw_case(const std::string& name, const std::string& bytes, const RunOrder& good, std::uint64_t id = kAny) {
   if (auto st = send_message(control, bytes); !st.ok()) {
     std::fprintf(out, "%s send-failed\n", name.c_str());
   } else {
@@ -181,11 +182,17 @@ int main(int argc, char** argv) {
   o.env = {{"LETTA_AGENT_ID", std::string("a\0b", 3)}};
   order_case("env-nul-value", o, good);
 
-  // A Kill for a run that does not exist, with a descriptor attached
-  // (which the spawner must close, not use).
-  int devnull = ::open("/dev/null", O_RDONLY);
-  (void)send_message(control, encode(Kill{424242, KillWhy::Cancel}), &devnull, 1);
+  // A Kill for a run that does not exist: ignored.
+  (void)send_message(control, encode(Kill{424242, KillWhy::Cancel}));
   valid_after("kill-unknown", good);
+  std::fflush(out);  // before the spawner kills this process
+  // A descriptor from the front end: the spawner ends it (this process is
+  // killed; the line below is written only if it is not).
+  int devnull = ::open("/dev/null", O_RDONLY);
+  (void)send_message(control, encode(Kill{424243, KillWhy::Cancel}), &devnull, 1);
+  std::fflush(out);
+  std::string ignored;
+  std::fprintf(out, "descriptor-sent %s\n", await(kAny, &ignored).c_str());
   std::fclose(out);
   return 0;
 }
