@@ -187,6 +187,7 @@ TSB_ASAN_INTEGRATION_TESTS=(
   EngineTest.MemoryBombEndsAsOom
   EngineTest.ForkBombStopsAtThePidsLimit
   'EngineTest.Daemon*'
+  'EngineTest.Privsep*'
 )
 # Left out of that subset, each for a reason the sanitizers impose:
 TSB_ASAN_INTEGRATION_EXCLUDED=(
