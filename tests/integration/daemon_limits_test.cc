@@ -492,7 +492,7 @@ TEST_F(EngineTest, DaemonLimitsReloadWithoutConfigFileKeepsTheSet) {
   ASSERT_EQ(::unlink(e.config_path().c_str()), 0);
   ::kill(e.pid(), SIGHUP);
   std::string log;
-  for (int i = 0; i < 100 && log.find("reload:") == std::string::npos; ++i) {
+  for (int i = 0; i < 600 && log.find("reload:") == std::string::npos; ++i) {  // up to 30 s: the compile helper in the VM lane
     std::this_thread::sleep_for(50ms);
     log = e.log_text();
   }
