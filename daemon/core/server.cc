@@ -1,13 +1,11 @@
 #include "daemon/core/server.h"
 
-#include <grp.h>
 #include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 

@@ -104,7 +104,10 @@ Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, boo
     if (::setsid() < 0) ::_exit(127);
     if (::dup2(w.get(), STDOUT_FILENO) < 0) ::_exit(127);
     if (::close_range(3, ~0U, 0) != 0) ::_exit(127);
-    drop_capabilities_or_die();
+    // As root: every capability gone for good. Run by another user
+    // (`toolsandboxd --check`), there is none to drop; no_new_privs still.
+    if (::geteuid() == 0) drop_capabilities_or_die();
+    else if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(127);
     ::execve(argv[0], argv.data(), env.data());
     ::_exit(127);
   }
