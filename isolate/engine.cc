@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "isolate/child.h"
-#include "isolate/base/hash.h"
+#include "isolate/base/random.h"
 #include "isolate/mounts.h"
 #include "isolate/plan.h"
 

@@ -12,7 +12,7 @@
 #include <optional>
 
 #include "isolate/base/file.h"
-#include "isolate/base/hash.h"
+#include "isolate/base/random.h"
 #include "isolate/base/unique_fd.h"
 
 namespace tsb::isolate {

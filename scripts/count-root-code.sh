@@ -137,6 +137,6 @@ if show_files == "1":
 print(f"{total} lines of first-party code (no comments, no blank lines) in {len(rows)} files "
       f"compiled into {os.path.relpath(exe, src) if exe.startswith(src) else exe}")
 if max_lines and total > int(max_lines):
-    print(f"over the limit of {max_lines}", file=sys.stderr)
+    print(f"count-root-code.sh: {total} lines, over the limit of {max_lines} (--max)", file=sys.stderr)
     sys.exit(1)
 PY

@@ -20,7 +20,7 @@
 #include "daemon/core/result_json.h"
 #include "daemon/policy/units.h"
 #include "isolate/base/file.h"
-#include "isolate/base/hash.h"
+#include "isolate/base/random.h"
 #include "daemon/policy/jsonc.h"
 #include "protocol/json_limits.h"
 #include "protocol/letta.h"

@@ -54,6 +54,7 @@ nlohmann::json LocalBackend::engine_status() const {
   const spawn::Hello& h = link_.hello();
   const isolate::EngineFeatures& f = h.features;
   return {{"instance", h.instance},
+          {"cgroups", h.cgroup_summary},
           {"features",
            {{"memfd_noexec", f.memfd_noexec},
             {"overlay_views", f.overlay_views},

@@ -225,6 +225,13 @@ UniqueFd Spawner::open_key_file() const {
   // the key is never in this process.
   UniqueFd fd(::open(set_.e2b_key_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY));
   if (!fd) spdlog::error("e2b: cannot open the API key file {}: {}", q(set_.e2b_key_file), std::strerror(errno));
+  // Only a regular file goes to the front end: a descriptor of a device or
+  // a socket opened as root would give it what its own user cannot open.
+  struct stat st{};
+  if (fd && (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode))) {
+    spdlog::error("e2b: the API key file {} is not a regular file", q(set_.e2b_key_file));
+    fd.reset();
+  }
   return fd;
 }
 

@@ -1,9 +1,9 @@
-// Digests used for fingerprints and integrity checks (OpenSSL EVP), and
-// random nonces. Header-only (base); users link OpenSSL's libcrypto.
+// Digests used for fingerprints and integrity checks (OpenSSL EVP).
+// Header-only (base); users link OpenSSL's libcrypto. Nonces:
+// isolate/base/random.h.
 #pragma once
 
 #include <openssl/evp.h>
-#include <sys/random.h>
 
 #include <array>
 #include <cerrno>
@@ -40,20 +40,5 @@ inline std::string sha256_raw(std::string_view data) { return hash_detail::diges
 inline std::string sha256_hex(std::string_view data) { return hash_detail::to_hex(sha256_raw(data)); }
 // 32 lowercase hex characters (Letta's frame checksum).
 inline std::string md5_hex(std::string_view data) { return hash_detail::to_hex(hash_detail::digest(EVP_md5(), data)); }
-
-// getrandom(2)-backed nonce: 2*bytes lowercase hex characters.
-inline std::string random_hex(std::size_t bytes) {
-  std::string raw(bytes, '\0');
-  std::size_t got = 0;
-  while (got < bytes) {
-    const ssize_t n = ::getrandom(raw.data() + got, bytes - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      std::abort();  // getrandom cannot fail otherwise once the pool is initialised
-    }
-    got += static_cast<std::size_t>(n);
-  }
-  return hash_detail::to_hex(raw);
-}
 
 }  // namespace tsb

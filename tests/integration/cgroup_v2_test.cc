@@ -28,7 +28,7 @@
 #include <thread>
 
 #include "isolate/cgroup.h"
-#include "isolate/base/hash.h"
+#include "isolate/base/random.h"
 #include "tests/integration/harness.h"
 
 using namespace tsb::testing;

@@ -12,7 +12,7 @@
 #include <fstream>
 #include <thread>
 
-#include "isolate/base/hash.h"
+#include "isolate/base/random.h"
 #include "protocol/letta.h"
 #include "tests/integration/harness.h"
 
@@ -54,6 +54,11 @@ TEST_F(EngineTest, DaemonStatus) {
   ASSERT_TRUE(r.value("ok", false)) << r.dump() << d.log_text();
   EXPECT_EQ(r["id"], "s");
   EXPECT_TRUE(r["status"]["policies"].contains("default"));
+  // The spawner's facts reach the front end's status: the hierarchies runs
+  // are placed in, in this machine's cgroup version.
+  const json& engine = r["status"]["engine"];
+  const std::string mode = r["status"]["cgroup_mode"].get<std::string>();
+  EXPECT_EQ(engine.value("cgroups", "").rfind("cgroup " + mode + ", parent ", 0), 0u) << engine.dump();
 }
 
 TEST_F(EngineTest, DaemonExecuteBinaryFraming) {

@@ -19,7 +19,7 @@
 #include <sstream>
 #include <thread>
 
-#include "isolate/base/hash.h"
+#include "isolate/base/random.h"
 #include "tests/integration/harness.h"
 
 using nlohmann::json;

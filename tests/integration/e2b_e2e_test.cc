@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "daemon/core/e2b.h"
-#include "isolate/base/hash.h"
+#include "isolate/base/random.h"
 #include "protocol/letta.h"
 #include "tests/integration/harness.h"
 

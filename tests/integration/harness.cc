@@ -17,7 +17,7 @@
 #include <sstream>
 #include <thread>
 
-#include "isolate/base/hash.h"
+#include "isolate/base/random.h"
 
 namespace tsb::testing {
 

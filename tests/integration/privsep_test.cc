@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/policy/policy.h"
-#include "isolate/base/hash.h"
+#include "isolate/base/random.h"
 #include "tests/integration/harness.h"
 
 using nlohmann::json;

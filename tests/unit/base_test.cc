@@ -12,6 +12,7 @@
 
 #include "isolate/base/file.h"
 #include "isolate/base/hash.h"
+#include "isolate/base/random.h"
 #include "isolate/base/quote.h"
 
 namespace tsb {

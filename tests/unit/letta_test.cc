@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "isolate/base/hash.h"
+#include "isolate/base/random.h"
 #include "protocol/pyjson.h"
 
 #include "tests/unit/python_reference.h"
