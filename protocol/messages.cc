@@ -25,7 +25,7 @@ constexpr std::string_view kRequestFields[] = {
     "id",       "v",          "type",       "tool_name",   "organization_id", "policy", "env", "timeout", "sandbox_config",
     "agent_id", "project_id", "script",     "source_code", "args",            "json_schema", "agent_state",
     "pip_requirements"};
-constexpr std::string_view kSandboxConfigFields[] = {"type", "config"};
+constexpr std::string_view kSandboxConfigFields[] = {"type", "config", "organization_id"};
 
 // The members of one object, filled from scan_json's on_child: one slot per
 // known name, and the first other member (for the "unknown field" message).
@@ -194,6 +194,7 @@ void decode_sandbox_config(Decoder& d, const Slice& sc, std::optional<SandboxCon
   Decoder s{members, d.where + ".sandbox_config"};
   SandboxConfig cfg;
   if (auto t = s.str("type", true, 64)) cfg.type = *t;
+  cfg.organization_id = s.str("organization_id", false, 256);
   if (const Slice* c2 = s.get("config", JsonKind::Object, true)) {
     cfg.config = json::parse(c2->text.begin(), c2->text.end(), nullptr, false);
     // nlohmann refuses numbers beyond a double's range (it keeps the rest).

@@ -56,6 +56,9 @@ struct ProtocolError {
 struct SandboxConfig {
   std::string type;               // "local" | "e2b" | ...
   nlohmann::json config;          // the config dict as Letta stores it
+  // The config's own organization (Letta's SandboxConfig.organization_id),
+  // which its fingerprint uses; absent: the request's organization_id.
+  std::optional<std::string> organization_id;
 };
 
 struct CommonRunFields {

@@ -41,7 +41,10 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   const Policy& pol = out.policy();
 
   if (c.sandbox_config) {
-    auto fp = protocol::sandbox_config_fingerprint(c.sandbox_config->type, c.organization_id, c.sandbox_config->config);
+    // Letta's SandboxConfig.fingerprint() uses the config's own organization.
+    auto fp = protocol::sandbox_config_fingerprint(c.sandbox_config->type,
+                                                   c.sandbox_config->organization_id.value_or(c.organization_id),
+                                                   c.sandbox_config->config);
     if (!fp.ok()) return Refusal{ErrorCode::BadRequest, "sandbox_config: " + fp.error().message};
     out.fingerprint = *fp;
   }
@@ -51,12 +54,25 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   out.env = c.env;
   if (c.agent_id) out.env["LETTA_AGENT_ID"] = *c.agent_id;
   if (c.project_id) out.env["LETTA_PROJECT_ID"] = *c.project_id;
+  // A name the policy fixes keeps the policy's value, as a Letta sandbox
+  // config's LANG, HOME, PATH or TERM would otherwise refuse the whole call;
+  // the record names what was overridden. A name the policy does not allow
+  // still refuses the run.
+  for (auto it = out.env.begin(); it != out.env.end();) {
+    if (pol.env_set.count(it->first) == 0) {
+      ++it;
+      continue;
+    }
+    out.env_overridden.push_back(it->first);
+    it = out.env.erase(it);
+  }
   auto envv = build_environment(pol, out.env);
   if (!envv.ok()) return Refusal{ErrorCode::PolicyDenied, envv.error().message};
   out.sandbox_env = std::move(envv).value();
 
   // A request may lower the policy's wall-clock limit, never raise it.
   out.timeout = pol.limits.wall_timeout;
+  out.timeout_requested_s = c.timeout_s;
   const bool lowered = c.timeout_s && seconds_to_ms(*c.timeout_s) <= pol.limits.wall_timeout;
   if (c.timeout_s && seconds_to_ms(*c.timeout_s) < out.timeout)
     out.timeout = std::max(seconds_to_ms(*c.timeout_s), std::chrono::milliseconds(1));
@@ -97,6 +113,9 @@ std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRu
   record["policy"] = pol.name;
   record["policy_fingerprint"] = pol.fingerprint;
   record["backend"] = std::string(backend);
+  record["timeout_applied_s"] = std::chrono::duration<double>(p.timeout).count();
+  record["timeout_requested_s"] = p.timeout_requested_s ? json(*p.timeout_requested_s) : json(nullptr);
+  if (!p.env_overridden.empty()) record["env_overridden"] = p.env_overridden;
   result["record"] = record;
   if (ended) *ended = end_reason;
 

@@ -64,12 +64,17 @@ struct PreparedRun {
   // Letta's SandboxConfig.fingerprint() of the request's sandbox_config.
   std::optional<std::string> fingerprint;
   // The request's environment plus LETTA_AGENT_ID / LETTA_PROJECT_ID, every
-  // name allowed by the policy; and the whole environment of a local
-  // sandbox: the policy's fixed values, then these.
+  // name allowed by the policy and none it fixes; and the whole environment
+  // of a local sandbox: the policy's fixed values, then these.
   std::map<std::string, std::string> env;
   std::vector<std::string> sandbox_env;
-  // The wall-clock limit: the policy's, or the request's when lower.
+  // Names the request set that the policy fixes: the policy's value is
+  // kept (record.env_overridden), sorted.
+  std::vector<std::string> env_overridden;
+  // The wall-clock limit: the policy's, or the request's when lower; and
+  // what the request asked for, if anything (record.timeout_*).
   std::chrono::milliseconds timeout{60'000};
+  std::optional<double> timeout_requested_s;
   // Tool name, timeout for messages, fingerprint, mode, nonce, limits.
   ShapeContext shape;
   // Tool mode: the trusted runner on the host, and what it reads on stdin.

@@ -159,6 +159,18 @@ TEST_F(EngineTest, DaemonEnvIsolation) {
   EXPECT_FALSE(env.contains("TSB_CGROUP_PARENT"));
 }
 
+// A request that sets a name the policy fixes runs, with the policy's value
+// (the front end drops the request's; the spawner would refuse it).
+TEST_F(EngineTest, DaemonFixedEnvNamesKeepThePolicysValue) {
+  Daemon d;
+  auto r = d.request(run_tool("import os\ndef env():\n    return {k: os.environ.get(k) for k in ('LANG', 'HOME', 'MY_KEY')}\n",
+                              "env", json::object(), {{"env", {{"LANG", "xx_XX.UTF-8"}, {"HOME", "/root"}, {"MY_KEY", "v1"}}}}));
+  ASSERT_TRUE(r.value("ok", false)) << r.dump();
+  EXPECT_EQ(r["result"]["status"], "success") << r.dump();
+  EXPECT_EQ(r["result"]["func_return"], json({{"LANG", "C.UTF-8"}, {"HOME", "/work"}, {"MY_KEY", "v1"}}));
+  EXPECT_EQ(r["result"]["record"]["env_overridden"], json({"HOME", "LANG"}));
+}
+
 TEST_F(EngineTest, DaemonTimeoutUsesLettasMessage) {
   Daemon d;
   auto r = d.request(run_tool("def loop():\n    while True:\n        pass\n", "loop", json::object(), {{"timeout", 1}}));
@@ -166,6 +178,8 @@ TEST_F(EngineTest, DaemonTimeoutUsesLettasMessage) {
   EXPECT_EQ(r["result"]["status"], "error");
   EXPECT_EQ(r["result"]["func_return"], "Error executing function loop: TimeoutError: Executing tool loop timed out after 1.0 seconds.");
   EXPECT_EQ(r["result"]["record"]["end_reason"], "timeout");
+  EXPECT_EQ(r["result"]["record"]["timeout_requested_s"], 1);
+  EXPECT_EQ(r["result"]["record"]["timeout_applied_s"], 1.0);
 }
 
 TEST_F(EngineTest, DaemonBadInputGetsClearErrorsAndKeepsServing) {

@@ -220,6 +220,30 @@ class AdapterEndToEnd(unittest.TestCase):
         self.assertEqual(r.status, "error")
         self.assertEqual(r.func_return, "Error executing function spin: TimeoutError: Executing tool spin timed out after 1.0 seconds.")
 
+    def test_policy_cap_on_the_timeout_is_warned_once(self):
+        L._capped_timeouts.clear()
+        sb = self.sandbox("greet", {"name": "Ada"}, source_code=GREET_SOURCE, timeout=3600)
+        with self.assertLogs("toolsandbox_client.letta", "WARNING") as logs:
+            r = self.run_async(sb.run())
+        self.assertEqual(r.status, "success", r)
+        self.assertEqual(len(logs.records), 1, logs.output)
+        self.assertIn("raise the policy's limits.wall_timeout", logs.output[0])
+        with self.assertNoLogs("toolsandbox_client.letta", "WARNING"):
+            self.run_async(sb.run())
+        # Within the policy's limit: nothing to say.
+        L._capped_timeouts.clear()
+        with self.assertNoLogs("toolsandbox_client.letta", "WARNING"):
+            self.run_async(self.sandbox("greet", {"name": "Ada"}, source_code=GREET_SOURCE, timeout=5).run())
+
+    def test_config_setting_a_policy_fixed_name_still_runs(self):
+        # A Letta sandbox config that sets LANG (which the policy fixes): the
+        # call runs, with the policy's value.
+        sb = self.sandbox("envs", {"names": ["LANG", "A"]}, tool_object=tool(ENV_SOURCE, "envs"),
+                          sandbox_config_env_vars={"LANG": "xx_XX.UTF-8", "A": "config"})
+        r = self.run_async(sb.run())
+        self.assertEqual(r.status, "success", r)
+        self.assertEqual(r.func_return, {"LANG": "C.UTF-8", "A": "config"})
+
     def test_script_mode(self):
         script = F.binary_frame_script({"results": {"from": "script"}, "agent_state": None})
         sb = self.sandbox("greet", {"name": "x"}, mode="script", script=script, tool_object=tool(GREET_SOURCE, "greet"),

@@ -151,9 +151,14 @@ class RequestBuilding(unittest.TestCase):
             type = SandboxType.LOCAL
             config = {"sandbox_dir": "/x"}
 
-        self.assertEqual(P.sandbox_config_wire(Cfg()), {"type": "local", "config": {"sandbox_dir": "/x"}})
+        # The config's own organization goes along: Letta's fingerprint uses it.
+        self.assertEqual(P.sandbox_config_wire(Cfg()),
+                         {"type": "local", "config": {"sandbox_dir": "/x"}, "organization_id": "org"})
         self.assertEqual(P.sandbox_config_wire({"id": "s", "type": "e2b", "config": {}, "organization_id": "o"}),
-                         {"type": "e2b", "config": {}})
+                         {"type": "e2b", "config": {}, "organization_id": "o"})
+        self.assertEqual(P.sandbox_config_wire({"type": "e2b", "config": {}}), {"type": "e2b", "config": {}})
+        with self.assertRaises(TypeError):
+            P.sandbox_config_wire({"type": "e2b", "config": {}, "organization_id": 7})
         with self.assertRaises(TypeError):
             P.sandbox_config_wire({"config": {}})
 

@@ -6,6 +6,7 @@
 
 #include "daemon/core/pipeline.h"
 #include "daemon/policy/policy.h"
+#include "protocol/letta.h"
 
 namespace tsb::core {
 namespace {
@@ -78,6 +79,65 @@ TEST_F(Pipeline, ARequestNeverRaisesThePolicysTimeout) {
   ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "", p));
   EXPECT_EQ(p.timeout, std::chrono::seconds(60));
   EXPECT_DOUBLE_EQ(p.shape.timeout_s, 60.0);  // what the messages say
+}
+
+// A variable the policy fixes keeps the policy's value and is named in the
+// record; it does not refuse the call (a Letta sandbox config often sets
+// LANG or HOME).
+TEST_F(Pipeline, FixedNamesKeepThePolicysValueAndAreRecorded) {
+  const Policy& pol = *set_->policies.at("default");
+  ASSERT_TRUE(pol.env_set.count("HOME") && pol.env_set.count("LANG")) << "the default policy fixes HOME and LANG";
+  auto req = request(execute({{"env", {{"LANG", "xx_XX"}, {"HOME", "/root"}, {"API_KEY", "k"}}}, {"timeout", 180}}));
+  PreparedRun p;
+  auto refused = prepare_run(req, Peer{}, set_, false, "", p);
+  ASSERT_FALSE(refused) << refused->message;
+  EXPECT_EQ(p.env_overridden, (std::vector<std::string>{"HOME", "LANG"}));
+  EXPECT_FALSE(p.env.count("LANG"));
+  EXPECT_EQ(p.env.at("API_KEY"), "k");
+  EXPECT_NE(std::find(p.sandbox_env.begin(), p.sandbox_env.end(), "LANG=" + pol.env_set.at("LANG")), p.sandbox_env.end());
+  EXPECT_EQ(std::find(p.sandbox_env.begin(), p.sandbox_env.end(), "LANG=xx_XX"), p.sandbox_env.end());
+
+  BackendRun out;
+  out.run.reason = isolate::EndReason::Exited;
+  out.run.exit_code = 0;
+  json j = json::parse(finish_run(p, "local", out, std::chrono::milliseconds(1), nullptr));
+  const json& rec = j["result"]["record"];
+  EXPECT_EQ(rec["env_overridden"], json({"HOME", "LANG"}));
+  // The policy capped the request's 180 s: both are in the record.
+  EXPECT_EQ(rec["timeout_requested_s"], 180);
+  EXPECT_DOUBLE_EQ(rec["timeout_applied_s"].get<double>(), 60.0);
+}
+
+// Letta's SandboxConfig.fingerprint() hashes the config's own organization,
+// which need not be the request's; without one, the request's is used.
+TEST_F(Pipeline, FingerprintUsesTheConfigsOwnOrganization) {
+  const json cfg = {{"pip_requirements", json::array()}, {"sandbox_dir", "/root/.letta/tool_execution_dir"},
+                    {"use_venv", false}, {"venv_name", "venv"}};
+  auto with_org = request(execute({{"sandbox_config", {{"type", "local"}, {"config", cfg},
+                                                       {"organization_id", "org-00000000-0000-4000-8000-000000000000"}}}}));
+  PreparedRun p;
+  ASSERT_FALSE(prepare_run(with_org, Peer{}, set_, false, "", p));
+  // docs/PROTOCOL.md section 13.3's worked example (the request's own
+  // organization is "org-1").
+  EXPECT_EQ(p.fingerprint, "48408990033679363701484527775310645901996820373321982248109825766489622234136");
+  auto without = request(execute({{"sandbox_config", {{"type", "local"}, {"config", cfg}}}}));
+  PreparedRun q;
+  ASSERT_FALSE(prepare_run(without, Peer{}, set_, false, "", q));
+  EXPECT_EQ(q.fingerprint, *protocol::sandbox_config_fingerprint("local", "org-1", cfg));
+  EXPECT_NE(q.fingerprint, p.fingerprint);
+}
+
+TEST_F(Pipeline, RecordSaysNoTimeoutWasRequested) {
+  auto req = request(execute());
+  PreparedRun p;
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "", p));
+  BackendRun out;
+  out.run.reason = isolate::EndReason::Exited;
+  json j = json::parse(finish_run(p, "local", out, std::chrono::milliseconds(1), nullptr));
+  const json& rec = j["result"]["record"];
+  EXPECT_TRUE(rec["timeout_requested_s"].is_null());
+  EXPECT_DOUBLE_EQ(rec["timeout_applied_s"].get<double>(), 60.0);
+  EXPECT_FALSE(rec.contains("env_overridden"));
 }
 
 TEST_F(Pipeline, RefusalsComeBeforeAnyBackend) {

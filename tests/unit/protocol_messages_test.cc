@@ -351,8 +351,8 @@ TEST(DecodeRequest, FieldsOfAnotherTypeAreUnknown) {
 
 TEST(DecodeRequest, UnknownFieldInsideSandboxConfigIsRefused) {
   json j = minimal_execute();
-  j["sandbox_config"] = {{"type", "local"}, {"config", json::object()}, {"organization_id", "o"}};
-  EXPECT_BAD_REQUEST(j, "request.sandbox_config: unknown field \"organization_id\"");
+  j["sandbox_config"] = {{"type", "local"}, {"config", json::object()}, {"id", "sandbox-1"}};
+  EXPECT_BAD_REQUEST(j, "request.sandbox_config: unknown field \"id\"");
   EXPECT_EQ(decode(j).id, "r1");
 }
 

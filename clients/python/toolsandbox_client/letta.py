@@ -70,11 +70,32 @@ __all__ = [
     "declared_parameters",
     "friendly_error_msg",
     "letta_available",
+    "warn_if_timeout_capped",
     "SOCKET_ENV",
     "AsyncToolSandboxDaemon",
 ]
 
 log = logging.getLogger("toolsandbox_client.letta")
+
+# (policy, requested, applied) timeouts already warned about: once each per
+# process, not once per tool call.
+_capped_timeouts: Set[Any] = set()
+
+
+def warn_if_timeout_capped(record: Mapping[str, Any]) -> bool:
+    """Logs a warning, once per (policy, requested, applied), when the daemon's
+    policy ran a tool with a shorter timeout than Letta asked for (Letta's
+    tool_sandbox_timeout is 180 s; the default policy's wall_timeout is 60 s).
+    Returns whether the timeout was capped."""
+    requested, applied = record.get("timeout_requested_s"), record.get("timeout_applied_s")
+    if not isinstance(requested, (int, float)) or not isinstance(applied, (int, float)) or requested <= applied:
+        return False
+    key = (record.get("policy"), requested, applied)
+    if key not in _capped_timeouts:
+        _capped_timeouts.add(key)
+        log.warning("toolsandboxd policy %r caps tool runs at %s s (Letta asked for %s s); raise the policy's "
+                    "limits.wall_timeout to allow more", record.get("policy"), applied, requested)
+    return True
 
 SOCKET_ENV = "TOOLSANDBOXD_SOCKET"
 MAX_ERROR_MESSAGE_CHAR_LIMIT = 1000  # letta/constants.py
@@ -323,6 +344,7 @@ class ToolSandboxDaemonSandbox:
         return self._from_tool_result(result)
 
     def _from_tool_result(self, r: ToolResult) -> Any:
+        warn_if_timeout_capped(r.record)
         agent_state: Any = r.agent_state
         if agent_state and letta_available():
             from letta.schemas.agent import AgentState

@@ -186,18 +186,21 @@ def to_json_object(value: Any, what: str) -> Optional[Dict[str, Any]]:
 
 
 def sandbox_config_wire(sandbox_config: Any) -> Optional[Dict[str, Any]]:
-    """{"type", "config"} from a dict or a Letta SandboxConfig.
+    """{"type", "config", "organization_id"} from a dict or a Letta SandboxConfig.
 
-    Letta's SandboxConfig also has id, organization_id, ...; only type and
-    config go into the fingerprint, and the daemon refuses other fields.
-    The organization comes from the request's organization_id.
+    Letta's SandboxConfig also has id, ...; type, config and the config's own
+    organization_id go into the fingerprint (SandboxConfig.fingerprint()),
+    and the daemon refuses other fields. Without an organization_id of its
+    own, the daemon uses the request's.
     """
     if sandbox_config is None:
         return None
     if isinstance(sandbox_config, Mapping):
         typ, config = sandbox_config.get("type"), sandbox_config.get("config")
+        org = sandbox_config.get("organization_id")
     else:
         typ, config = getattr(sandbox_config, "type", None), getattr(sandbox_config, "config", None)
+        org = getattr(sandbox_config, "organization_id", None)
     typ = _enum_value(typ)
     if not isinstance(typ, str):
         raise TypeError("sandbox_config.type must be a string (\"local\", \"e2b\", ...)")
@@ -205,7 +208,12 @@ def sandbox_config_wire(sandbox_config: Any) -> Optional[Dict[str, Any]]:
         config = {}
     if not isinstance(config, Mapping):
         config = to_json_object(config, "sandbox_config.config")
-    return {"type": typ, "config": dict(config)}
+    out = {"type": typ, "config": dict(config)}
+    if org is not None:
+        if not isinstance(org, str):
+            raise TypeError("sandbox_config.organization_id must be a string")
+        out["organization_id"] = org
+    return out
 
 
 def _pip_requirements(reqs: Optional[Iterable[Any]]) -> Optional[List[str]]:
