@@ -9,6 +9,7 @@ when it is importable.
 """
 
 import asyncio
+import enum
 import os
 import sys
 import types
@@ -273,6 +274,54 @@ class AdapterEndToEnd(unittest.TestCase):
 
         results = self.run_async(main())
         self.assertEqual([r.func_return for r in results], ["hello n%d" % i for i in range(10)])
+
+    def test_multi_agent_builtins_go_to_lettas_own_sandbox(self):
+        class ToolType(enum.Enum):
+            LETTA_MULTI_AGENT_CORE = "letta_multi_agent_core"
+
+        builtin = SimpleNamespace(id="tool-ma", name="send_message_to_agent_async", source_code=None,
+                                  tool_type=ToolType.LETTA_MULTI_AGENT_CORE, json_schema=None)
+        calls = []
+
+        class AsyncToolSandboxLocal:
+            def __init__(self, *args, **kw):
+                calls.append((args, kw))
+
+            async def run(self, agent_state=None, additional_env_vars=None):
+                return {"ran_by": "letta", "agent_state": agent_state, "extra": additional_env_vars}
+
+        mod = types.ModuleType("letta.services.tool_sandbox.local_sandbox")
+        mod.AsyncToolSandboxLocal = AsyncToolSandboxLocal
+        names = ["letta", "letta.services", "letta.services.tool_sandbox", "letta.services.tool_sandbox.local_sandbox"]
+        saved = {k: sys.modules.get(k) for k in names}
+        try:
+            # Without letta there is nothing to hand it to: a clear error, no daemon call.
+            for k in names:
+                sys.modules[k] = None
+            sb = self.sandbox("send_message_to_agent_async", {"message": "hi", "other_agent_id": "agent-2"},
+                              tool_object=builtin, sandbox_env_vars={"K": "v"})
+            with self.assertRaises(ValueError) as cm:
+                self.run_async(sb.run())
+            self.assertIn("multi-agent built-ins", str(cm.exception))
+            for k in names[:-1]:
+                sys.modules[k] = types.ModuleType(k)
+            sys.modules[names[-1]] = mod
+            r = self.run_async(sb.run(agent_state="STATE", additional_env_vars={"X": "1"}))
+            self.assertEqual(r, {"ran_by": "letta", "agent_state": "STATE", "extra": {"X": "1"}})
+            (args, kw), = calls
+            self.assertEqual(args, ("send_message_to_agent_async", {"message": "hi", "other_agent_id": "agent-2"}, USER))
+            self.assertEqual(kw["tool_id"], "tool-ma")
+            self.assertIs(kw["tool_object"], builtin)
+            self.assertEqual(kw["sandbox_env_vars"], {"K": "v"})
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    sys.modules.pop(k, None)
+                else:
+                    sys.modules[k] = v
+        # A tool of another type without source is still refused at once.
+        with self.assertRaises(ValueError):
+            self.sandbox("x", {}, tool_object=SimpleNamespace(id="t", source_code=None, tool_type="custom"))
 
     def test_with_letta_importable(self):
         if L.letta_available():

@@ -28,6 +28,11 @@ Modes
     with generate_execution_script(agent_state, wrap_print_with_markers=True));
     the daemon parses its Letta result frame.
 
+Letta's multi-agent built-ins (tool_type letta_multi_agent_core, no stored
+source) are not user code: they call letta-server. They are handed to Letta's
+own AsyncToolSandboxLocal with the same arguments, as letta-server would run
+them without the daemon.
+
 Environment
 -----------
 Letta's layering (letta-sandbox.md section 7) minus the server's own
@@ -36,7 +41,8 @@ environment, which never reaches a tool: the sandbox config's variables, then
 (agent_state.get_agent_env_vars_as_dict()), then `additional_env_vars`, then
 LETTA_AGENT_ID / LETTA_PROJECT_ID / LETTA_TOOL_ID; names whose value is None
 are dropped. Later layers win. The daemon's policy adds its fixed variables
-(PATH, HOME, ...) on top, and may refuse names it does not allow.
+(PATH, HOME, ...) on top (a request variable of such a name keeps the
+policy's value), and may refuse names it does not allow.
 
 Errors
 ------
@@ -60,7 +66,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set
 
 from .aio import AsyncClient
 from .errors import ToolSandboxError
-from .protocol import DEFAULT_SOCKET_PATH, ToolResult, to_json_object
+from .protocol import DEFAULT_SOCKET_PATH, ToolResult, _enum_value, to_json_object
 
 __all__ = [
     "ToolSandboxDaemonSandbox",
@@ -76,6 +82,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("toolsandbox_client.letta")
+
+# Letta's ToolType.LETTA_MULTI_AGENT_CORE.
+MULTI_AGENT_TOOL_TYPE = "letta_multi_agent_core"
 
 # (policy, requested, applied) timeouts already warned about: once each per
 # process, not once per tool call.
@@ -244,7 +253,16 @@ class ToolSandboxDaemonSandbox:
             raise ValueError("an organization id is needed: pass a user with .organization_id, or organization_id=")
         self.organization_id = organization_id
 
-        if mode == "script":
+        # Letta's multi-agent built-ins (send_message_to_agent_and_wait_for_reply,
+        # ...) have no stored source: Letta runs letta.functions.function_sets.
+        # multi_agent, which talks to letta-server itself. They are not user
+        # code, and they need letta-server's modules and network: they are
+        # handed back to Letta's own sandbox (run() below).
+        self.letta_builtin = (mode == "tool" and source_code is None and not getattr(tool_object, "source_code", None)
+                              and _enum_value(getattr(tool_object, "tool_type", None)) == MULTI_AGENT_TOOL_TYPE)
+        if self.letta_builtin:
+            self.source_code, self.json_schema, self.pip_requirements, self.inject_agent_state = None, None, None, False
+        elif mode == "script":
             if not isinstance(script, str):
                 raise ValueError("mode \"script\" needs the script letta generated (script=...)")
             self.source_code = source_code if source_code is not None else getattr(tool_object, "source_code", None)
@@ -301,6 +319,8 @@ class ToolSandboxDaemonSandbox:
     # --- the run --------------------------------------------------------------
 
     async def run(self, agent_state: Any = None, additional_env_vars: Optional[Dict[str, Any]] = None) -> Any:
+        if self.letta_builtin:
+            return await self._run_in_letta(agent_state, additional_env_vars)
         sandbox_config = await self._sandbox_config()
         env = gather_env_vars(
             sandbox_config_env_vars=await self._sandbox_config_env_vars(sandbox_config),
@@ -342,6 +362,19 @@ class ToolSandboxDaemonSandbox:
                                      func_return=friendly_error_msg(self.tool_name, type(e).__name__, e.message),
                                      stderr=["%s: %s" % (type(e).__name__, e.message)])
         return self._from_tool_result(result)
+
+    async def _run_in_letta(self, agent_state: Any, additional_env_vars: Optional[Dict[str, Any]]) -> Any:
+        try:
+            from letta.services.tool_sandbox.local_sandbox import AsyncToolSandboxLocal
+        except ImportError:
+            raise ValueError("tool %s is one of Letta's multi-agent built-ins, which only letta-server's own sandbox "
+                             "runs (letta is not importable here)" % self.tool_name) from None
+        log.info("tool %s is a Letta multi-agent built-in: run by Letta's own sandbox", self.tool_name)
+        sandbox = AsyncToolSandboxLocal(self.tool_name, self.args, self.user, tool_id=self.tool_id,
+                                        agent_id=self.agent_id, project_id=self.project_id, tool_object=self.tool,
+                                        sandbox_config=self.provided_sandbox_config,
+                                        sandbox_env_vars=self.provided_sandbox_env_vars)
+        return await sandbox.run(agent_state=agent_state, additional_env_vars=additional_env_vars)
 
     def _from_tool_result(self, r: ToolResult) -> Any:
         warn_if_timeout_capped(r.record)
