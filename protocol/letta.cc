@@ -619,7 +619,12 @@ Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_by
       return bad_frame("error lacks a valid kind, name or message");
     }
     if (!f.results.is_null() || !f.agent_state.is_null()) return bad_frame("error frame carries a result");
-    f.error = RunnerError{std::move(*kind), std::move(*name), std::move(*message)};
+    bool raised = false;
+    if (auto r = it->find("raised"); r != it->end()) {
+      if (!r->is_boolean()) return bad_frame("error.raised is not a boolean");
+      raised = r->get<bool>();
+    }
+    f.error = RunnerError{std::move(*kind), std::move(*name), std::move(*message), raised};
   }
 
   // The runner writes one "\n" before and one after the frame so it sits on

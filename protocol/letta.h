@@ -189,6 +189,9 @@ struct RunnerError {
   std::string kind;     // "tool": the tool raised or died; "request": the request was unusable
   std::string name;     // exception class name, e.g. "ZeroDivisionError"
   std::string message;  // str(exception)
+  // The tool raised it (or exited with a non-zero code): its traceback is on
+  // stderr, where Letta reads the error from (parse_stderr_error_msg).
+  bool raised = false;
 };
 
 struct NonceFrame {

@@ -203,7 +203,13 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run)
   r["stderr"] = as_list(run.stderr_data);
   if (f.error) {
     out.extra["error_kind"] = f.error->kind;
-    r["func_return"] = lp::friendly_error_msg(name, f.error->name, f.error->message);
+    // What the tool raised is read from stderr exactly as Letta reads its
+    // script's (an exception with an empty or multi-line message, or a class
+    // not named ...Error, gives Letta's text); what the runner found itself
+    // (a missing function, an argument not in the schema, a dead process)
+    // is said as it is.
+    r["func_return"] = f.error->raised ? failure_from_stderr(name, run.stderr_data, "", "")
+                                       : lp::friendly_error_msg(name, f.error->name, f.error->message);
     return out;
   }
   r["status"] = success_exit ? "success" : "error";

@@ -60,12 +60,16 @@ including the tool's in-place changes, is returned as the new agent state. A
 tool that does not declare agent_state never receives it (it holds secrets)
 and can never return one. An injected name may not also appear in args.
 
-The tool module is named "tool_module" (registered in sys.modules) and its code
-objects use the filename "<tool:NAME>". Its namespace starts with the names of
-`from typing import *`, as in Letta's generated script, so tools that use
-Optional or List without importing them keep working. Unlike Letta's script,
-the module is not "__main__", so an `if __name__ == "__main__":` block in a
-tool does not run.
+The tool module is "__main__" (registered in sys.modules in the tool process),
+as in Letta's generated script, which runs as the main program: an
+`if __name__ == "__main__":` block in a tool runs (after the module's other
+top-level code, before the call), and tracebacks name the tool's own
+exception classes without a module prefix. Its __file__ is
+<working directory>/tmpXXXXXXXX.py, a file holding the source (Letta's script
+is a temporary .py file in its sandbox directory), and its code objects use
+that filename. Its namespace starts with the names of `from typing import *`,
+as in Letta's generated script, so tools that use Optional or List without
+importing them keep working.
 
 Output
 ======
@@ -96,8 +100,15 @@ e.g. "ZeroDivisionError: division by zero", which Letta's
 parse_stderr_error_msg understands. A runner-detected failure prints one line
 of the same form ("TypeError: ...").
 
-Exit status: 0 success; 1 the tool failed (raised, called sys.exit, or its
-process died: error.kind "tool"); 2 the request was unusable (unknown argument,
+error.raised is true when the tool itself raised the exception (or called
+sys.exit with a non-zero code): its traceback, or what CPython prints for
+that exit, is on stderr, and the daemon reads the error from there as
+Letta's parse_stderr_error_msg does. sys.exit(), sys.exit(0) and
+sys.exit(None) are a success with results null, as in Letta's script (which
+then ends with status 0 before writing its result).
+
+Exit status: 0 success; 1 the tool failed (raised, called sys.exit with a
+non-zero code, or its process died: error.kind "tool"); 2 the request was unusable (unknown argument,
 missing function: error.kind "request"); 3 no frame was written (stdin not a
 pipe, unreadable request, no valid nonce, runner started without -I -S, the
 runner could not protect itself or write to stdout).
@@ -219,12 +230,13 @@ def _error_line(fd, name, message):
         pass
 
 
-def _error_payload(kind, name, message):
-    return {
-        "results": None,
-        "agent_state": None,
-        "error": {"kind": kind, "name": name, "message": message},
-    }
+def _error_payload(kind, name, message, raised=False):
+    """raised: the tool raised it and its traceback (or, for SystemExit, what
+    CPython prints) is on stderr, where Letta reads the error from."""
+    err = {"kind": kind, "name": name, "message": message}
+    if raised:
+        err["raised"] = True
+    return {"results": None, "agent_state": None, "error": err}
 
 
 # ---------------------------------------------------------------------------
@@ -256,7 +268,8 @@ def _valid_nonce(nonce):
 
 def _declared_params(source, tool_name):
     """Parameter names of every def named tool_name, as Letta's
-    parse_function_arguments finds them (ast.walk over the whole module). The
+    parse_function_arguments finds them (ast.walk over the whole module, the
+    positional-or-keyword parameters of each def). The
     source is parsed, never executed. Unparsable source declares nothing; the
     child will report the SyntaxError."""
     # The C-level _ast module and compile(PyCF_ONLY_AST) are what ast.parse
@@ -272,8 +285,10 @@ def _declared_params(source, tool_name):
     while stack:  # ast.walk, without recursion
         node = stack.pop()
         if isinstance(node, (_ast.FunctionDef, _ast.AsyncFunctionDef)) and node.name == tool_name:
-            a = node.args
-            names.update(arg.arg for arg in a.posonlyargs + a.args + a.kwonlyargs)
+            # node.args.args only, as Letta: a positional-only or
+            # keyword-only agent_state is not injected (the call then fails
+            # as it does in Letta).
+            names.update(arg.arg for arg in node.args.args)
         for field in node._fields:
             value = getattr(node, field, None)
             if isinstance(value, _ast.AST):
@@ -445,7 +460,7 @@ def _final_payload(body, status, inject_agent_state):
             and isinstance(err.get("message"), str)
         ):
             code = EXIT_REQUEST_ERROR if err["kind"] == "request" else EXIT_TOOL_ERROR
-            return _error_payload(err["kind"], err["name"], err["message"]), code
+            return _error_payload(err["kind"], err["name"], err["message"], err.get("raised") is True), code
         raise _ChildFailure("tool process sent a malformed error")
     if "results" not in msg:
         raise _ChildFailure("tool process sent a malformed result")
@@ -547,6 +562,7 @@ def _parent_main(pid, to_child, from_child):
         return EXIT_REQUEST_ERROR
     del req
 
+    source_file = child_req["source_file"] = _source_path()
     with _ExactIntegers():
         child_text = json.dumps(child_req)
     try:
@@ -564,6 +580,10 @@ def _parent_main(pid, to_child, from_child):
         # The child printed nothing about this; leave the usual stderr line.
         payload, code = _error_payload("tool", "RuntimeError", str(e)), EXIT_TOOL_ERROR
         _error_line(2, "RuntimeError", str(e))
+    try:
+        os.unlink(source_file)
+    except OSError:
+        pass
     _emit(nonce, payload)
     return code
 
@@ -597,11 +617,16 @@ def _report_exception(exc, err_fd, filename):
     _flush_std()
     name = type(exc).__name__
     if isinstance(exc, SystemExit):
-        # CPython prints nothing for sys.exit(None) or an int, else str(code).
+        # As the interpreter running Letta's script: sys.exit(), sys.exit(0)
+        # and sys.exit(None) end it with status 0 before any result is
+        # written (Letta: success, func_return None); CPython prints nothing
+        # for an int code, else str(code), and exits with status 1.
         code = exc.code
-        if code is not None and not isinstance(code, int):
+        if code is None or code == 0 and isinstance(code, int):
+            return {"results": None, "agent_state": None}
+        if not isinstance(code, int):
             _error_line(err_fd, _safe_str(code), "")
-        return _error_payload("tool", name, "" if code is None else _safe_str(code))
+        return _error_payload("tool", name, _safe_str(code), raised=True)
     try:
         import traceback
 
@@ -615,7 +640,7 @@ def _report_exception(exc, err_fd, filename):
         _write_all(err_fd, text.encode("utf-8", "backslashreplace"))
     except Exception:
         _error_line(err_fd, name, _safe_str(exc))
-    return _error_payload("tool", name, _safe_str(exc))
+    return _error_payload("tool", name, _safe_str(exc), raised=True)
 
 
 def _json_float(f):
@@ -709,6 +734,28 @@ def _send(res_fd, msg):
     _write_all(res_fd, _MSG_HEADER.pack(len(body)) + body)
 
 
+def _source_path():
+    """Where the tool's source goes: a random .py name in the working
+    directory, as Letta's temporary script (chosen by the parent, which
+    removes the file once the tool process has ended, as Letta does)."""
+    try:
+        return os.path.join(os.getcwd(), "tmp%s.py" % os.urandom(4).hex())
+    except OSError:
+        return "/tmp/tmp%s.py" % os.urandom(4).hex()
+
+
+def _write_source(path, source):
+    """The tool's source as a file at path, if the directory is writable."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            _write_all(fd, source.encode("utf-8", "surrogatepass"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def _run_tool(req, err_fd):
     """Execute the tool module and call the function. Returns the message for
     the parent."""
@@ -717,13 +764,22 @@ def _run_tool(req, err_fd):
 
     name = req["tool_name"]
     source = req["source_code"]
-    filename = "<tool:%s>" % name
-    # Let tracebacks show the tool's source lines; an entry without an mtime
-    # is never invalidated by linecache.checkcache().
+    # As Letta's script, which is a file in the sandbox directory run as the
+    # main program: the tool's module is "__main__" (so its
+    # `if __name__ == "__main__":` block runs, and tracebacks name its
+    # classes without a module), its __file__ is a .py file in the working
+    # directory holding its source (a random name, as Letta's temporary
+    # file: a tool named like a module must not shadow it there).
+    filename = req["source_file"]
+    _write_source(filename, source)
+    # Let tracebacks show the tool's source lines even where the file could
+    # not be written; an entry without an mtime is never invalidated by
+    # linecache.checkcache().
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
 
-    module = types.ModuleType("tool_module")
-    sys.modules["tool_module"] = module  # dataclasses and typing look modules up here
+    module = types.ModuleType("__main__")
+    module.__file__ = filename
+    sys.modules["__main__"] = module  # pickle, dataclasses and typing look modules up here
     try:
         # Letta's generated script starts with `from typing import *`, so tools
         # written for Letta may use Optional, List, ... without importing them.

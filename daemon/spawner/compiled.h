@@ -82,6 +82,28 @@ bool valid_env_name(std::string_view name);
 // Where the trusted tool runner appears inside a sandbox (bound read-only).
 inline constexpr const char* kRunnerSandboxPath = "/opt/toolsandbox/runner/toolsandbox_runner.py";
 
+// Script mode's `python3 -c` program: reads the script from stdin, writes it
+// to a tmpXXXXXXXX.py file in the working directory (as Letta's temporary
+// script), and runs it as __main__ with that __file__ and sys.argv[0]. Its
+// own names stay in a function, so the script's namespace is a fresh main
+// module's.
+inline constexpr std::string_view kScriptMain = R"PY(def _toolsandbox_main():
+    import os, sys
+    source = sys.stdin.buffer.read()
+    path = os.path.join(os.getcwd(), "tmp%s.py" % os.urandom(4).hex())
+    try:
+        with open(path, "xb") as f:
+            f.write(source)
+    except OSError:
+        pass
+    sys.argv[0] = path
+    main = sys.modules["__main__"]
+    del main._toolsandbox_main
+    main.__file__ = path
+    exec(compile(source, path, "exec"), main.__dict__)
+_toolsandbox_main()
+)PY";
+
 // ---- messages ------------------------------------------------------------
 
 // Spawner -> front end, first message on a new front end's socket.

@@ -396,8 +396,10 @@ void Spawner::handle_run(const std::string& msg) {
     spec.binds.push_back({set_.runner_path, kRunnerSandboxPath, false, false});
     spec.argv = {p->interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", std::string(kRunnerSandboxPath)};
   } else {
-    // The script arrives on stdin: no argv size limit, never on a file system.
-    spec.argv = {p->interpreter, "-"};
+    // The script arrives on stdin (no argv size limit) and runs as Letta
+    // runs it, as the main program from a .py file in the working directory:
+    // __file__, sys.argv[0] and the module are those of a script file.
+    spec.argv = {p->interpreter, "-c", std::string(kScriptMain)};
   }
 
   auto spawned = engine_->spawn(spec);

@@ -111,14 +111,20 @@ def run_tool(source, tool_name, args=None, *, json_schema=None, agent_state=None
             request["agent_id"] = agent_id
     data = json.dumps(request).encode()
     cmd = [*prefix, PYTHON, *flags, RUNNER]
-    if stdin_file is not None:
-        stdin_file.write(data)
-        stdin_file.flush()
-        stdin_file.seek(0)
-        proc = subprocess.run(cmd, stdin=stdin_file, capture_output=True, timeout=60)
-    else:
-        proc = subprocess.run(cmd, input=data, capture_output=True, timeout=60)
-    return Run(proc, nonce if isinstance(nonce, str) else "")
+    # A working directory of its own, as the sandbox's: the runner writes the
+    # tool's source there (and removes it).
+    with tempfile.TemporaryDirectory() as cwd:
+        if stdin_file is not None:
+            stdin_file.write(data)
+            stdin_file.flush()
+            stdin_file.seek(0)
+            proc = subprocess.run(cmd, stdin=stdin_file, capture_output=True, timeout=60, cwd=cwd)
+        else:
+            proc = subprocess.run(cmd, input=data, capture_output=True, timeout=60, cwd=cwd)
+        run = Run(proc, nonce if isinstance(nonce, str) else "")
+        run.cwd = cwd
+        run.left_in_cwd = sorted(os.listdir(cwd))
+    return run
 
 
 def schema(*names):
@@ -209,11 +215,27 @@ class RunnerBasics(unittest.TestCase):
         self.assertEqual(r.code, 0, r)
         self.assertEqual(r.results, {"x": [1]})
 
-    def test_module_is_not_main(self):
-        src = "if __name__ == '__main__':\n    print('MAIN BLOCK')\ndef f():\n    return __name__\n"
+    def test_module_is_main_like_lettas_script(self):
+        # Letta's script is the main program: its __main__ block runs (after
+        # the module's code, before the call), __file__ is a .py file in the
+        # working directory that holds the source, removed after the run.
+        src2 = ("import os\nif __name__ == '__main__':\n    print('MAIN BLOCK')\n"
+                "def f():\n    return [__name__, os.path.dirname(__file__), os.path.basename(__file__), open(__file__).read()]\n")
+        r = run_tool(src2, "f")
+        self.assertEqual(r.code, 0, r)
+        name, dirname, basename, text = r.results
+        self.assertEqual(name, "__main__")
+        self.assertEqual(dirname, os.path.realpath(r.cwd))
+        self.assertRegex(basename, r"^tmp[0-9a-f]{8}\.py$")
+        self.assertEqual(text, src2)
+        self.assertIn("MAIN BLOCK", r.stdout)
+        self.assertEqual(r.left_in_cwd, [])
+
+    def test_tool_classes_have_no_module_prefix(self):
+        src = "class QuotaError(Exception):\n    pass\ndef f():\n    raise QuotaError('over')\n"
         r = run_tool(src, "f")
-        self.assertEqual(r.results, "tool_module")
-        self.assertNotIn("MAIN BLOCK", r.stdout)
+        self.assertEqual(r.stderr.rstrip("\n").split("\n")[-1], "QuotaError: over")
+        self.assertEqual(letta_parse_stderr_error_msg(r.stderr), ("QuotaError", "over"))
 
     def test_stdin_is_empty_for_the_tool(self):
         r = run_tool("import sys\ndef f():\n    return sys.stdin.read()\n", "f")
@@ -289,12 +311,13 @@ class Errors(unittest.TestCase):
         src = "def divide(a, b):\n    return a / b\n"
         r = run_tool(src, "divide", {"a": 1, "b": 0})
         self.assertEqual(r.code, 1, r)
-        self.assertEqual(r.error, {"kind": "tool", "name": "ZeroDivisionError", "message": "division by zero"})
+        self.assertEqual(r.error, {"kind": "tool", "name": "ZeroDivisionError", "message": "division by zero",
+                                   "raised": True})
         self.assertIsNone(r.results)
         self.assertEqual(r.stderr.rstrip("\n").split("\n")[-1], "ZeroDivisionError: division by zero")
         self.assertEqual(letta_parse_stderr_error_msg(r.stderr), ("ZeroDivisionError", "division by zero"))
         self.assertTrue(r.stderr.startswith("Traceback (most recent call last):\n"), r.stderr)
-        self.assertIn('File "<tool:divide>", line 2, in divide', r.stderr)
+        self.assertRegex(r.stderr, r'File ".*/tmp[0-9a-f]{8}\.py", line 2, in divide')
         self.assertIn("return a / b", r.stderr)  # source lines are shown
         self.assertNotIn("toolsandbox_runner", r.stderr)  # the runner's frames are not
 
@@ -317,11 +340,32 @@ class Errors(unittest.TestCase):
         self.assertEqual(r.error["name"], "SyntaxError")
         self.assertIn("SyntaxError", r.stderr.rstrip().split("\n")[-1])
 
-    def test_sys_exit_is_a_tool_error(self):
+    def test_sys_exit_with_a_message_or_code_is_a_tool_error(self):
         r = run_tool("import sys\ndef f():\n    sys.exit('bye')\n", "f")
         self.assertEqual(r.code, 1, r)
-        self.assertEqual((r.error["name"], r.error["message"]), ("SystemExit", "bye"))
+        self.assertEqual((r.error["name"], r.error["message"], r.error["raised"]), ("SystemExit", "bye", True))
         self.assertEqual(r.stderr, "bye\n")
+        r = run_tool("import sys\ndef f():\n    sys.exit(3)\n", "f")
+        self.assertEqual(r.code, 1, r)
+        self.assertEqual((r.error["name"], r.error["message"]), ("SystemExit", "3"))
+        self.assertEqual(r.stderr, "")  # CPython prints nothing for an int code
+
+    def test_sys_exit_zero_is_a_success_without_result(self):
+        # Letta's script ends with status 0 before writing its result.
+        for call in ("sys.exit()", "sys.exit(0)", "sys.exit(None)", "raise SystemExit", "sys.exit(False)"):
+            r = run_tool("import sys\ndef f(agent_state):\n    print('before')\n    %s\n" % call, "f",
+                         agent_state={"memory": {}})
+            self.assertEqual(r.code, 0, (call, r))
+            self.assertEqual(r.payload, {"results": None, "agent_state": None}, call)
+            self.assertEqual(r.stdout, "before\n", call)
+
+    def test_keyword_only_agent_state_is_not_injected(self):
+        # Letta injects agent_state only for a positional-or-keyword
+        # parameter (parse_function_arguments reads node.args.args).
+        r = run_tool("def f(*, agent_state=None):\n    return agent_state\n", "f", agent_state={"memory": {}})
+        self.assertEqual(r.payload, {"results": None, "agent_state": None})
+        r = run_tool("def f(agent_state=None, /):\n    return agent_state\n", "f", agent_state={"memory": {}})
+        self.assertEqual(r.payload, {"results": None, "agent_state": None})
 
     def test_tool_killed(self):
         r = run_tool("import os, signal\ndef f():\n    os.kill(os.getpid(), signal.SIGKILL)\n", "f")

@@ -1,0 +1,254 @@
+"""Letta's own local tool sandbox, as the reference the daemon is compared with.
+
+Written from letta-ai/letta, the last release of the server:
+  letta/services/tool_sandbox/base.py          _render_sandbox_code (the current
+                                               generator), initialize_param,
+                                               invoke_function_call, the marker
+  letta/services/tool_sandbox/local_sandbox.py run, _execute_tool_subprocess,
+                                               parse_out_function_results_markers
+  letta/services/helpers/tool_parser_helper.py parse_function_arguments,
+                                               convert_param_to_str_value,
+                                               parse_stdout_best_effort
+  letta/utils.py                               get_friendly_error_msg,
+                                               parse_stderr_error_msg
+  letta/services/tool_executor/tool_execution_manager.py (what an exception
+                                               of the sandbox becomes)
+
+What it covers: tools without args_json_schema whose function does not take
+agent_state (agent_state travels as a pickle of Letta's AgentState, which
+needs letta itself). Letta's script imports pydantic v2 to serialize the
+result; Debian 12 has only pydantic 1 (no ConfigDict), with which the script
+returns str(result). So that the reference is Letta as its users run it (in
+letta-server's environment, which has pydantic v2), make_venv() builds a venv
+holding a minimal pydantic stand-in (BaseModel, ConfigDict) whose model_dump
+returns the result as pydantic v2 does for JSON values; the reference and the
+daemon's sandbox both run with that venv.
+
+The client set-up lines of the generator (letta_client) are shortened: they
+run only when letta_client is importable, which it is not here.
+"""
+
+import ast
+import hashlib
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import uuid
+
+START_MARKER = uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-start-marker").bytes
+RESULT_VAR = "result_ZQqiequkcFwRwwGQMqkt"
+MAX_ERROR_MESSAGE_CHAR_LIMIT = 1000
+
+PYDANTIC_STAND_IN = '''
+class ConfigDict(dict):
+    pass
+
+
+class BaseModel:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    def model_dump(self, **kw):
+        return dict(self.__dict__)
+'''
+
+
+def get_friendly_error_msg(function_name, exception_name, exception_message):
+    error_msg = f"Error executing function {function_name}: {exception_name}: {exception_message}"
+    if len(error_msg) > MAX_ERROR_MESSAGE_CHAR_LIMIT:
+        error_msg = error_msg[:MAX_ERROR_MESSAGE_CHAR_LIMIT]
+    return error_msg
+
+
+def parse_stderr_error_msg(stderr_txt, last_n_lines=3):
+    index = -(last_n_lines + 1)
+    pattern = r"(\w+(?:Error|Exception)): (.+?)$"
+    for line in stderr_txt.split("\n")[:index:-1]:
+        if "Error" in line or "Exception" in line:
+            match = re.search(pattern, line)
+            if match:
+                return match.group(1), match.group(2)
+    return "", ""
+
+
+def parse_function_arguments(source_code, tool_name):
+    tree = ast.parse(source_code)
+    args = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == tool_name:
+            for arg in node.args.args:
+                args.append(arg.arg)
+    return args
+
+
+def convert_param_to_str_value(param_type, raw_value):
+    valid_types = {"string", "integer", "boolean", "number", "array", "object"}
+    if param_type not in valid_types:
+        raise TypeError(f"Unsupported type: {param_type}, raw_value={raw_value}")
+    if param_type == "string":
+        return repr(raw_value)
+    if param_type == "integer":
+        return str(int(raw_value))
+    if param_type == "boolean":
+        if isinstance(raw_value, bool):
+            return str(raw_value)
+        if isinstance(raw_value, int) and raw_value in (0, 1):
+            return str(bool(raw_value))
+        if isinstance(raw_value, str) and raw_value.strip().lower() in ("true", "false"):
+            return raw_value.strip().lower().capitalize()
+        raise ValueError(f"Invalid boolean value: {raw_value}")
+    return str(raw_value)
+
+
+def generate_script(tool_name, source_code, args, json_schema):
+    """_render_sandbox_code(wrap_print_with_markers=True) for a tool without
+    args_json_schema, agent_state or agent_id."""
+    props = json_schema["parameters"]["properties"]
+    is_async = any(isinstance(n, ast.AsyncFunctionDef) and n.name == tool_name for n in ast.walk(ast.parse(source_code)))
+    declared = parse_function_arguments(source_code, tool_name)
+    if "agent_state" in declared or "agent_id" in declared:
+        raise ValueError("the reference covers tools without agent_state and agent_id")
+    tool_args = ""
+    for name, value in args.items():
+        spec = props.get(name)
+        if spec is None:
+            continue
+        param_type = spec.get("type")
+        if param_type is None and spec.get("parameters"):
+            param_type = spec["parameters"].get("type")
+        tool_args += f"{name} = {convert_param_to_str_value(param_type, value)}\n"
+    call = tool_name + "(" + ", ".join(f"{a}={a}" for a in args if a in props) + ")"
+
+    lines = ["from typing import *", "import pickle", "import json as _letta_json", "import sys", "import base64",
+             "import struct", "import hashlib"]
+    if is_async:
+        lines.append("import asyncio")
+    lines += ["try:", "    from letta_client import Letta", "except ImportError:", "    Letta = None"]
+    lines.append("agent_state = None")
+    lines += ["# Initialize Letta client for tool execution", "import os", "client = None",
+              "if Letta is not None and os.getenv('LETTA_API_KEY'):", "    client = Letta(api_key=os.getenv('LETTA_API_KEY'))"]
+    if tool_args:
+        lines.append(tool_args.rstrip())
+    lines.append(source_code.rstrip())
+    if args:
+        raw_args = ", ".join(f"{n!r}: {n}" for n in args)
+        lines += [f"__letta_raw_args = {{{raw_args}}}", "try:",
+                  "    from letta.functions.ast_parsers import coerce_dict_args_by_annotations",
+                  f"    __letta_func = {tool_name}",
+                  "    __letta_annotations = getattr(__letta_func, '__annotations__', {})",
+                  "    __letta_coerced_args = coerce_dict_args_by_annotations(",
+                  "        __letta_raw_args,", "        __letta_annotations,", "        allow_unsafe_eval=True,",
+                  "        extra_globals=__letta_func.__globals__,", "    )"]
+        for n in args:
+            lines.append(f"    {n} = __letta_coerced_args.get({n!r}, {n})")
+        lines += ["except Exception:", "    pass"]
+    serialize = ["try:", "    from pydantic import BaseModel, ConfigDict", "    from typing import Any", "",
+                 "    class _TempResultWrapper(BaseModel):",
+                 "        model_config = ConfigDict(arbitrary_types_allowed=True)", "        result: Any", "",
+                 "    _wrapped = _TempResultWrapper(result=_function_result)",
+                 "    _serialized_result = _wrapped.model_dump()['result']", "except ImportError:",
+                 '    print("Pydantic not available in sandbox environment, falling back to string conversion")',
+                 "    _serialized_result = str(_function_result)", "except Exception as e:",
+                 '    print(f"Failed to serialize result with Pydantic wrapper: {e}")',
+                 "    _serialized_result = str(_function_result)", "",
+                 "if agent_state is not None:", "    try:",
+                 "        _letta_agent_state_payload = agent_state.model_dump(mode='json')",
+                 "    except Exception:", "        _letta_agent_state_payload = None", "else:",
+                 "    _letta_agent_state_payload = None"]
+    if not is_async:
+        lines.append(f"_function_result = {call}")
+        lines += serialize
+        lines += [f"{RESULT_VAR} = {{", '    "results": _serialized_result,',
+                  '    "agent_state": _letta_agent_state_payload', "}"]
+    else:
+        lines.append("async def _async_wrapper():")
+        lines.append(f"    _function_result = await {call}")
+        lines += ["    " + line if line else "" for line in serialize]
+        lines += ["    return {", '        "results": _serialized_result,',
+                  '        "agent_state": _letta_agent_state_payload', "    }"]
+        lines.append(f"{RESULT_VAR} = asyncio.run(_async_wrapper())")
+    lines.append(f"{RESULT_VAR}_pkl = _letta_json.dumps({RESULT_VAR}, default=str).encode('utf-8')")
+    lines += [f"data_checksum = hashlib.md5({RESULT_VAR}_pkl).hexdigest().encode('ascii')",
+              f"{RESULT_VAR}_msg = (", f"  {START_MARKER!r} +", f"  struct.pack('>I', len({RESULT_VAR}_pkl)) +",
+              "  data_checksum +", f"  {RESULT_VAR}_pkl", ")", f"sys.stdout.buffer.write({RESULT_VAR}_msg)",
+              "sys.stdout.buffer.flush()"]
+    return "\n".join(lines) + "\n"
+
+
+def parse_out_function_results_markers(data):
+    pos = data.find(START_MARKER)
+    if pos < 0:
+        return b"", data.decode("utf-8") if data else ""
+    pos_start = pos + len(START_MARKER)
+    checksum_start = pos_start + 4
+    message_start = checksum_start + 32
+    message_len = struct.unpack(">I", data[pos_start:checksum_start])[0]
+    checksum = data[checksum_start:message_start]
+    message_data = data[message_start:message_start + message_len]
+    if hashlib.md5(message_data).hexdigest().encode("ascii") == checksum:
+        remainder = data[:pos] + data[message_start + message_len:]
+        return message_data, (remainder.decode("utf-8") if remainder else "")
+    raise Exception("Function ran, but output is corrupted.")
+
+
+def parse_stdout_best_effort(text):
+    if not text:
+        return None, None
+    result = json.loads(text.decode("utf-8"))
+    return result.get("results"), result.get("agent_state") or None
+
+
+def make_venv(path):
+    """A venv at path (system site-packages off) with the pydantic stand-in;
+    readable by anyone (a sandbox's ids). Returns its python3."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", path], check=True, capture_output=True)
+    python = os.path.join(path, "bin", "python3")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    with open(os.path.join(site, "pydantic.py"), "w") as f:
+        f.write(PYDANTIC_STAND_IN)
+    for root, dirs, files in os.walk(path):
+        for n in dirs + files:
+            p = os.path.join(root, n)
+            if not os.path.islink(p):
+                os.chmod(p, os.stat(p).st_mode | 0o005 | (0o040 if os.path.isdir(p) else 0))
+    os.chmod(path, 0o755)
+    return python
+
+
+def run_local(tool_name, source_code, args, json_schema, python, env=None, timeout=60.0):
+    """AsyncToolSandboxLocal.run for this tool, as a ToolExecutionResult dict
+    (without sandbox_config_fingerprint). An exception the sandbox raises
+    (the timeout) becomes what ToolExecutionManager returns for it."""
+    script = generate_script(tool_name, source_code, args, json_schema)
+    with tempfile.TemporaryDirectory() as sandbox_dir:
+        with tempfile.NamedTemporaryFile(mode="w", dir=sandbox_dir, suffix=".py", delete=False) as temp_file:
+            temp_file.write(script)
+        exec_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": sandbox_dir, "LANG": "C.UTF-8"}
+        exec_env.update(env or {})
+        exec_env.update({"PYTHONWARNINGS": "ignore", "NO_COLOR": "1", "TERM": "dumb", "PYTHONUNBUFFERED": "1"})
+        stdout_text = ""
+        try:
+            try:
+                proc = subprocess.run([python, temp_file.name], env=exec_env, cwd=sandbox_dir, capture_output=True,
+                                      timeout=timeout)
+            except subprocess.TimeoutExpired:
+                msg = f"Executing tool {tool_name} timed out after {timeout} seconds."
+                return {"status": "error", "func_return": get_friendly_error_msg(tool_name, "TimeoutError", msg),
+                        "agent_state": None, "stdout": None, "stderr": ["TimeoutError: " + msg]}
+            stderr = proc.stderr.decode("utf-8") if proc.stderr else ""
+            func_result_bytes, stdout_text = parse_out_function_results_markers(proc.stdout)
+            func_return, agent_state = parse_stdout_best_effort(func_result_bytes)
+            if proc.returncode != 0 and func_return is None:
+                exception_name, msg = parse_stderr_error_msg(stderr)
+                func_return = get_friendly_error_msg(tool_name, exception_name, msg)
+            return {"status": "success" if proc.returncode == 0 else "error", "func_return": func_return,
+                    "agent_state": agent_state, "stdout": [stdout_text] if stdout_text else [],
+                    "stderr": [stderr] if stderr else []}
+        except Exception as e:
+            return {"status": "error", "func_return": get_friendly_error_msg(tool_name, type(e).__name__, str(e)),
+                    "agent_state": None, "stdout": [stdout_text], "stderr": [str(e)]}

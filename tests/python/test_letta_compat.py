@@ -1,0 +1,190 @@
+"""Letta compatibility: each tool through Letta's own local sandbox and
+through the daemon, field by field.
+
+The reference (letta_reference.py, written from letta-ai/letta) generates
+Letta's current script for the tool and runs it bare with python3, the way
+AsyncToolSandboxLocal does, and parses its output with Letta's rules. The
+daemon runs the same tool two ways: the same generated script through
+`execute`, and the tool itself in tool mode through the Letta adapter. Every
+field of ToolExecutionResult must match, with one stated difference:
+
+  stderr   Letta's traceback names its temporary script and the generated
+           lines around the tool; the daemon's (tool mode) starts at the
+           tool's own frame and script mode reads the script from stdin. So
+           stderr is compared by its last line (the exception line, which is
+           what Letta's error parsing reads) and by being empty or not.
+
+Needs root (a real daemon, see daemon_fixture.py).
+
+    /usr/bin/python3 -m unittest tests/python/test_letta_compat.py -v
+"""
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+from types import SimpleNamespace
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import daemon_fixture as F  # noqa: E402
+import letta_reference as ref  # noqa: E402
+from toolsandbox_client import AsyncClient  # noqa: E402
+from toolsandbox_client import letta as L  # noqa: E402
+
+POLICIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "policies")
+USER = SimpleNamespace(id="user-1", organization_id="org-00000000-0000-4000-8000-000000000000")
+SANDBOX_CONFIG = {"type": "local", "organization_id": USER.organization_id,
+                  "config": {"pip_requirements": [], "sandbox_dir": "/root/.letta/tool_execution_dir",
+                             "use_venv": False, "venv_name": "venv"}}
+# Letta's SandboxConfig.fingerprint() of SANDBOX_CONFIG (docs/PROTOCOL.md 13.3).
+FINGERPRINT = "48408990033679363701484527775310645901996820373321982248109825766489622234136"
+
+
+def schema(name, **props):
+    return {"name": name, "parameters": {"type": "object", "properties": {k: {"type": v} for k, v in props.items()}}}
+
+
+# name: (source, args, json_schema)
+CASES = {
+    "plain_int": ("def add(a: int, b: int) -> int:\n    print('adding', a, b)\n    return a + b\n",
+                  {"a": 2, "b": 3}, schema("add", a="integer", b="integer")),
+    "string_with_quotes": ("def echo(s: str) -> str:\n    return s + '!'\n",
+                           {"s": "it's \"quoted\" \\ and\nnew line"}, schema("echo", s="string")),
+    "structured": ("def data() -> dict:\n    return {'xs': [1, 2.5, None, True], 'name': 'n\u00e9', 'nested': {'k': []}}\n",
+                   {}, schema("data")),
+    "returns_none": ("def nothing():\n    print('side effect')\n", {}, schema("nothing")),
+    "zero_division": ("def div(a: int, b: int) -> float:\n    return a / b\n", {"a": 1, "b": 0},
+                      schema("div", a="integer", b="integer")),
+    "empty_message": ("def f():\n    raise ValueError()\n", {}, schema("f")),
+    "multi_line_message": ("def f():\n    raise RuntimeError('first line\\nsecond line')\n", {}, schema("f")),
+    "class_not_named_error": ("class Boom(Exception):\n    pass\n\ndef f():\n    raise Boom('bang')\n", {}, schema("f")),
+    "custom_error_class": ("class QuotaError(Exception):\n    pass\n\ndef f():\n    raise QuotaError('over quota')\n",
+                           {}, schema("f")),
+    "error_at_import": ("import no_such_module_for_letta_compat\n\ndef f():\n    return 1\n", {}, schema("f")),
+    "stderr_then_return": ("import sys\n\ndef f():\n    print('careful', file=sys.stderr)\n    return 'ok'\n",
+                           {}, schema("f")),
+    "sys_exit_0": ("import sys\n\ndef f():\n    print('leaving')\n    sys.exit(0)\n", {}, schema("f")),
+    "sys_exit_none": ("def f():\n    raise SystemExit\n", {}, schema("f")),
+    "sys_exit_3": ("import sys\n\ndef f():\n    sys.exit(3)\n", {}, schema("f")),
+    "sys_exit_message": ("import sys\n\ndef f():\n    sys.exit('bye now')\n", {}, schema("f")),
+    "error_printed_then_exit": ("import sys\n\ndef f():\n    print('KeyError: missing', file=sys.stderr)\n    sys.exit(2)\n",
+                                {}, schema("f")),
+    "main_block_and_file": ("import os\nif __name__ == '__main__':\n    print('main block ran')\n\n"
+                            "def f():\n    return [__name__, os.path.basename(__file__).endswith('.py'),"
+                            " os.path.exists(__file__), os.path.dirname(__file__) == os.getcwd()]\n", {}, schema("f")),
+    "async_tool": ("import asyncio\n\nasync def f(n: int) -> int:\n    await asyncio.sleep(0)\n    return n * 2\n",
+                   {"n": 21}, schema("f", n="integer")),
+    "keyword_only_agent_state": ("def f(*, agent_state=None):\n    return agent_state is None\n", {}, schema("f")),
+}
+
+
+def last_line(stderr):
+    if not stderr:
+        return None
+    return stderr[0].rstrip("\n").split("\n")[-1]
+
+
+class LettaCompat(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        # One venv for both sides (letta_reference.make_venv), and the shipped
+        # policies pointed at it.
+        F.require_daemon()
+        cls.tmp = tempfile.mkdtemp(prefix="tsb-compat-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
+        os.chmod(cls.tmp, 0o755)
+        venv = os.path.join(cls.tmp, "venv")
+        cls.python = ref.make_venv(venv)
+        policies = os.path.join(cls.tmp, "policies")
+        os.mkdir(policies)
+        os.chmod(policies, 0o755)
+        for name in ("default.json", "privileged.json"):
+            with open(os.path.join(POLICIES, name)) as f:
+                text = f.read()
+            assert name != "default.json" or "\"/var/lib/toolsandbox/venv\"" in text, name
+            with open(os.path.join(policies, name), "w") as f:
+                f.write(text.replace('"/var/lib/toolsandbox/venv"', json.dumps(venv)))
+            os.chmod(os.path.join(policies, name), 0o644)
+        shutil.copytree(os.path.join(POLICIES, "seccomp"), os.path.join(policies, "seccomp"))
+        for root, dirs, files in os.walk(policies):
+            for n in dirs + files:
+                os.chmod(os.path.join(root, n), 0o755 if n in dirs else 0o644)
+        cls.daemon = F.start_daemon(cls, policies_dir=policies)
+        cls.references = {}
+
+    def reference(self, name):
+        if name not in self.references:
+            source, args, json_schema = CASES[name]
+            tool_name = json_schema["name"]
+            self.references[name] = ref.run_local(tool_name, source, args, json_schema, self.python)
+        return self.references[name]
+
+    def through_adapter(self, name):
+        source, args, json_schema = CASES[name]
+        tool_name = json_schema["name"]
+        tool = SimpleNamespace(id="tool-1", name=tool_name, source_code=source, json_schema=json_schema,
+                               pip_requirements=None)
+
+        async def go():
+            client = AsyncClient(self.daemon.socket_path, timeout=60)
+            sb = L.ToolSandboxDaemonSandbox(tool_name, args, USER, tool_object=tool, sandbox_config=SANDBOX_CONFIG,
+                                            client=client, resolve_from_letta=False)
+            return await sb.run()
+
+        return asyncio.run(go())
+
+    def through_execute(self, name):
+        source, args, json_schema = CASES[name]
+        tool_name = json_schema["name"]
+        script = ref.generate_script(tool_name, source, args, json_schema)
+
+        async def go():
+            client = AsyncClient(self.daemon.socket_path, timeout=60)
+            return await client.execute(script, tool_name=tool_name, organization_id=USER.organization_id,
+                                        sandbox_config=SANDBOX_CONFIG)
+
+        return asyncio.run(go())
+
+    def assert_same(self, name, got, how):
+        want = self.reference(name)
+        fields = {k: getattr(got, k) for k in ("status", "func_return", "agent_state", "stdout", "stderr")}
+        where = "%s through %s" % (name, how)
+        self.assertEqual(fields["status"], want["status"], (where, fields, want))
+        self.assertEqual(fields["func_return"], want["func_return"], (where, fields, want))
+        self.assertEqual(fields["agent_state"], want["agent_state"], where)
+        self.assertEqual(fields["stdout"], want["stdout"], (where, fields, want))
+        self.assertEqual(bool(fields["stderr"]), bool(want["stderr"]), (where, fields, want))
+        self.assertEqual(last_line(fields["stderr"]), last_line(want["stderr"]), (where, fields, want))
+        self.assertEqual(got.sandbox_config_fingerprint, FINGERPRINT, where)
+
+    def test_reference_is_lettas_behaviour(self):
+        # The reference itself, on cases whose Letta result is known.
+        self.assertEqual(self.reference("plain_int")["func_return"], 5)
+        self.assertEqual(self.reference("sys_exit_0"),
+                         {"status": "success", "func_return": None, "agent_state": None, "stdout": ["leaving\n"],
+                          "stderr": []})
+        self.assertEqual(self.reference("empty_message")["func_return"], "Error executing function f: : ")
+        self.assertEqual(self.reference("main_block_and_file")["func_return"], ["__main__", True, True, True])
+
+
+def _add_case(name):
+    def tool_mode(self):
+        self.assert_same(name, self.through_adapter(name), "the adapter (tool mode)")
+
+    def script_mode(self):
+        self.assert_same(name, self.through_execute(name), "execute (Letta's script)")
+
+    setattr(LettaCompat, "test_%s_tool_mode" % name, tool_mode)
+    setattr(LettaCompat, "test_%s_script_mode" % name, script_mode)
+
+
+for _name in CASES:
+    _add_case(_name)
+
+
+if __name__ == "__main__":
+    unittest.main()
