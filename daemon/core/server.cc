@@ -389,6 +389,11 @@ asio::awaitable<std::optional<std::size_t>> Server::read_line(socket_t& sock, Li
     scanned = buf.size;
     if (buf.size >= cap) break;  // too large
     std::size_t want = std::min(kReadChunk, cap - buf.size);
+    // Reads within the connection's own allowance stay within it: a
+    // connection waiting for a small request (a status poll) must not hold a
+    // whole chunk of the shared budget meanwhile, which refused another
+    // connection's maximal line whenever the two overlapped.
+    if (hold.bytes() < kConnectionAllowance) want = std::min(want, kConnectionAllowance - hold.bytes());
     bool took = hold.try_take(want);
     if (!took) {
       // With the budget spent, a read still fits in what is left of this
