@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <iterator>
 #include <optional>
 #include <string>
@@ -179,6 +180,7 @@ void set_stdout(ParsedOutput& r, std::string_view bytes) {
   auto u = utf8_decode_replace(bytes);
   r.stdout_text = std::move(u.text);
   r.stdout_invalid_utf8 = u.had_invalid;
+  if (u.had_invalid) r.stdout_decode_error = python_utf8_decode_error(bytes);
 }
 
 // local_sandbox.py parse_out_function_results_markers, on bytes.
@@ -378,10 +380,56 @@ std::string_view framing_name(Framing f) {
   return "unknown";
 }
 
-ParsedOutput parse_letta_stdout(std::string_view stdout_bytes) {
+std::optional<std::string> python_utf8_decode_error(std::string_view s) {
+  // CPython's strict UTF-8 decoder (Objects/stringlib/codecs.h): the first
+  // invalid sequence raises; its range is the bytes of it that were valid
+  // so far (all that is left, when the data ends inside a sequence).
+  const auto err = [&](std::size_t start, std::size_t end, const char* reason) {
+    char head[96];
+    if (end - start == 1)
+      std::snprintf(head, sizeof head, "'utf-8' codec can't decode byte 0x%02x in position %zu: ",
+                    static_cast<unsigned>(static_cast<unsigned char>(s[start])), start);
+    else
+      std::snprintf(head, sizeof head, "'utf-8' codec can't decode bytes in position %zu-%zu: ", start, end - 1);
+    return std::optional<std::string>(std::string(head) + reason);
+  };
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if (c < 0xC2 || c > 0xF4) return err(i, i + 1, "invalid start byte");
+    const std::size_t need = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    for (std::size_t k = 1; k < need; ++k) {
+      if (i + k >= s.size()) return err(i, s.size(), "unexpected end of data");
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      unsigned lo = 0x80, hi = 0xBF;
+      if (k == 1 && c == 0xE0) lo = 0xA0;
+      if (k == 1 && c == 0xED) hi = 0x9F;
+      if (k == 1 && c == 0xF0) lo = 0x90;
+      if (k == 1 && c == 0xF4) hi = 0x8F;
+      if (b < lo || b > hi) return err(i, i + k, "invalid continuation byte");
+    }
+    i += need;
+  }
+  return std::nullopt;
+}
+
+ScriptGeneration detect_script_generation(std::string_view script) {
+  // repr() of the marker's bytes, as the current generator writes it.
+  constexpr std::string_view kCurrentLiteral = R"(b'\x92\xc8\xe4\x98C\xd3_\xb3\x91\x9d\xa6\x9e\xb3\xe5\xc5\xc6')";
+  if (script.find(kCurrentLiteral) != npos) return ScriptGeneration::kCurrent;
+  if (script.find(kLegacyStartMarker) != npos) return ScriptGeneration::kLegacy;
+  return ScriptGeneration::kUnknown;
+}
+
+ParsedOutput parse_letta_stdout(std::string_view stdout_bytes, ScriptGeneration generation) {
   ParsedOutput r;
-  const std::size_t binary_pos = stdout_bytes.find(kBinaryMarker);
-  const std::size_t legacy_pos = stdout_bytes.find(kLegacyStartMarker);
+  const std::size_t binary_pos =
+      generation == ScriptGeneration::kLegacy ? npos : stdout_bytes.find(kBinaryMarker);
+  const std::size_t legacy_pos =
+      generation == ScriptGeneration::kCurrent ? npos : stdout_bytes.find(kLegacyStartMarker);
   if (binary_pos == npos && legacy_pos == npos) {
     set_stdout(r, stdout_bytes);
     return r;
@@ -638,6 +686,7 @@ Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_by
   auto text = utf8_decode_replace(rest);
   f.stdout_text = std::move(text.text);
   f.stdout_invalid_utf8 = text.had_invalid;
+  if (text.had_invalid) f.stdout_decode_error = python_utf8_decode_error(rest);
   return std::optional<NonceFrame>(std::move(f));
 }
 

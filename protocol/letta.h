@@ -98,11 +98,13 @@ struct ParsedOutput {
   bool legacy_end_before_start = false;
 
   // stdout without the frame (bytes before it plus bytes after it), as UTF-8.
-  // Letta decodes strictly and fails the run on invalid UTF-8; we replace each
-  // invalid sequence with U+FFFD instead and set stdout_invalid_utf8, so odd
-  // output never turns into an error (§9 item 11).
+  // Letta decodes strictly and fails the run on invalid UTF-8; each invalid
+  // sequence is replaced with U+FFFD here and stdout_invalid_utf8 set, and
+  // stdout_decode_error holds what Python's strict decode of those bytes
+  // raises (str(UnicodeDecodeError)), for a caller that answers as Letta does.
   std::string stdout_text;
   bool stdout_invalid_utf8 = false;
+  std::optional<std::string> stdout_decode_error;
 
   // True when the run has a usable decoded result (possibly null).
   [[nodiscard]] bool usable() const { return found() && !corrupted && !opaque_pickle; }
@@ -117,7 +119,22 @@ struct ParsedOutput {
 // framing the parser tries first. Letta scripts emit exactly one frame, last;
 // any earlier marker came from the tool's own output, which is why Letta's
 // framings are only for compatibility and our runner uses extract_nonce_frame.
-ParsedOutput parse_letta_stdout(std::string_view stdout_bytes);
+// Which of Letta's generators wrote a script: the current one
+// (tool_sandbox/base.py) writes the binary marker as a bytes literal and
+// parses only binary frames; the legacy one (tool_execution_sandbox.py)
+// writes the text markers and parses only those. Unknown: neither literal.
+enum class ScriptGeneration { kUnknown, kCurrent, kLegacy };
+ScriptGeneration detect_script_generation(std::string_view script);
+
+// kCurrent and kLegacy look only for their own framing, as Letta's parser for
+// that generation does (a frame of the other kind the tool prints is plain
+// stdout); kUnknown takes whichever marker comes first.
+ParsedOutput parse_letta_stdout(std::string_view stdout_bytes, ScriptGeneration generation = ScriptGeneration::kUnknown);
+
+// What Python's bytes.decode("utf-8") (strict) raises for `bytes`, as
+// str(UnicodeDecodeError): "'utf-8' codec can't decode byte 0xff in position
+// 3: invalid start byte"; nullopt when they are valid UTF-8.
+std::optional<std::string> python_utf8_decode_error(std::string_view bytes);
 
 // base64.b64decode(s, validate=True) of CPython 3.11 (binascii.a2b_base64 in
 // strict mode), including its acceptance of padding after a complete quad
@@ -202,6 +219,7 @@ struct NonceFrame {
   // trailing newline), invalid UTF-8 replaced as in ParsedOutput.
   std::string stdout_text;
   bool stdout_invalid_utf8 = false;
+  std::optional<std::string> stdout_decode_error;  // as in ParsedOutput
 };
 
 // Find the frame for `nonce` in the runner's stdout.

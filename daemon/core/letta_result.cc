@@ -144,21 +144,38 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run)
       break;
   }
 
+  // Letta decodes stderr, then stdout without its frame, as strict UTF-8;
+  // invalid bytes raise UnicodeDecodeError there, which its sandbox answers
+  // as an internal error: status "error", no stdout, the message as stderr.
+  const bool letta_strict_utf8 = ctx.tool_mode || ctx.generation == lp::ScriptGeneration::kCurrent;
+  const auto decode_failure = [&](const std::string& message) {
+    r["func_return"] = lp::friendly_error_msg(name, "UnicodeDecodeError", message);
+    r["stdout"] = json::array({""});
+    r["stderr"] = json::array({message});
+    out.extra["utf8_error"] = message;
+    return out;
+  };
+  if (letta_strict_utf8)
+    if (auto e = lp::python_utf8_decode_error(run.stderr_data)) return decode_failure(*e);
+
   const bool success_exit = run.reason == EndReason::Exited && run.exit_code == 0;
   const std::string fallback_name = run.reason == EndReason::Signaled ? "RuntimeError" : "";
   const std::string fallback_msg = run.reason == EndReason::Signaled ? signal_text(run.signal) : "";
 
   if (!ctx.tool_mode) {
-    lp::ParsedOutput p = lp::parse_letta_stdout(run.stdout_data);
+    lp::ParsedOutput p = lp::parse_letta_stdout(run.stdout_data, ctx.generation);
     out.extra["framing"] = std::string(lp::framing_name(p.framing));
     if (p.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
     if (p.corrupted) {
       // Letta's "internal error" shape (local_sandbox.py:233-251).
       r["func_return"] = lp::friendly_error_msg(name, p.error_name, p.error_message);
-      r["stdout"] = json::array({p.stdout_text});
+      // Letta raises before it has any stdout text: [""]. For scripts of
+      // neither generation the output is kept.
+      r["stdout"] = json::array({letta_strict_utf8 ? std::string() : p.stdout_text});
       r["stderr"] = json::array({p.error_message});
       return out;
     }
+    if (letta_strict_utf8 && p.stdout_decode_error) return decode_failure(*p.stdout_decode_error);
     if (p.opaque_pickle) {
       out.extra["opaque_pickle"] = true;
       out.extra["payload_base64"] = p.opaque_payload_base64;
@@ -191,6 +208,7 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run)
   }
   if (!frame->has_value()) {
     // The runner never wrote its frame: it was killed, or the tool killed it.
+    if (auto e = lp::python_utf8_decode_error(run.stdout_data)) return decode_failure(*e);
     r["stdout"] = as_list(run.stdout_data);
     r["stderr"] = as_list(run.stderr_data);
     r["func_return"] = failure_from_stderr(name, run.stderr_data, fallback_name.empty() ? "RuntimeError" : fallback_name,
@@ -199,6 +217,7 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run)
   }
   const lp::NonceFrame& f = **frame;
   if (f.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
+  if (f.stdout_decode_error) return decode_failure(*f.stdout_decode_error);
   r["stdout"] = as_list(f.stdout_text);
   r["stderr"] = as_list(run.stderr_data);
   if (f.error) {

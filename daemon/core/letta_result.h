@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "isolate/spec.h"
+#include "protocol/letta.h"
 #include "protocol/messages.h"
 
 namespace tsb::core {
@@ -21,6 +22,10 @@ struct ShapeContext {
   std::optional<std::string> fingerprint; // sandbox_config_fingerprint, when computable
   bool tool_mode = false;                 // run_tool: parse the nonce frame
   std::string nonce;                      // tool mode
+  // Script mode: which of Letta's generators wrote the script (its parser is
+  // the one that applies). Letta's current one, and tool mode, which stands
+  // for it: output that is not UTF-8 fails as it fails in Letta.
+  protocol::ScriptGeneration generation = protocol::ScriptGeneration::kUnknown;
   std::uint64_t memory_limit = 0;         // for messages
   std::uint64_t pids_limit = 0;
 };

@@ -81,6 +81,8 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   out.shape.timeout_s = lowered ? *c.timeout_s : pol.limits.wall_timeout.count() / 1000.0;
   out.shape.fingerprint = out.fingerprint;
   out.shape.tool_mode = out.tool_mode;
+  if (!out.tool_mode)
+    out.shape.generation = protocol::detect_script_generation(std::get<protocol::ExecuteRequest>(req.body).script);
   out.shape.memory_limit = pol.limits.memory_bytes;
   out.shape.pids_limit = pol.limits.pids;
 

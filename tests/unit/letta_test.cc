@@ -1044,5 +1044,67 @@ TEST(RunnerEndToEnd, ToolErrorFrame) {
 }
 #endif  // TSB_SOURCE_DIR
 
+
+// python_utf8_decode_error says what CPython's strict decode raises, byte
+// for byte: random mixes of valid sequences, stray continuation bytes,
+// overlong and surrogate forms, truncated sequences, checked against
+// bytes.decode("utf-8") itself.
+constexpr const char* kDecodeScript = R"PY(
+import json, sys
+for h in json.load(open(sys.argv[1])):
+    try:
+        bytes.fromhex(h).decode("utf-8")
+        print("ok")
+    except UnicodeDecodeError as e:
+        print(str(e))
+)PY";
+
+TEST(LettaOutput, Utf8DecodeErrorIsPythons) {
+  std::mt19937 rng(20261201);
+  const std::vector<std::string> pieces = {"a",        "\n",       "\xc3\xa9",         "\xe2\x82\xac", "\xf0\x9f\x98\x80",
+                                           "\x80",     "\xbf",     "\xc0\x80",         "\xc1",         "\xc2",
+                                           "\xe0\x80", "\xe0\xa0", "\xed\xa0\x80",     "\xed\x9f\xbf", "\xf0\x8f",
+                                           "\xf4\x90", "\xf5",     "\xff",             "\xe2\x82",     "\xf0\x9f\x98"};
+  std::vector<std::string> cases = {"", "plain", "\xff", "ab\xe2\x82", "\xe2(", "\xe2\x82(", "\xf0\x90\x80"};
+  for (int n = 0; n < 400; ++n) {
+    std::string s;
+    for (int k = static_cast<int>(rng() % 6); k >= 0; --k) s += pieces[rng() % pieces.size()];
+    cases.push_back(s);
+  }
+  json input = json::array();
+  for (const auto& c : cases) input.push_back(to_hex(c));
+  const auto lines = run_python(kDecodeScript, input.dump());
+  ASSERT_EQ(lines.size(), cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    auto e = python_utf8_decode_error(cases[i]);
+    EXPECT_EQ(e ? *e : std::string("ok"), lines[i]) << to_hex(cases[i]);
+  }
+}
+
+TEST(LettaOutput, ScriptGenerationDecidesWhichFrameCounts) {
+  // The current generator writes the marker as repr(bytes), the legacy one
+  // the text marker; each parser reads only its own framing.
+  const std::string current = "sys.stdout.buffer.write(b'\\x92\\xc8\\xe4\\x98C\\xd3_\\xb3\\x91\\x9d\\xa6\\x9e\\xb3\\xe5\\xc5\\xc6' + x)";
+  EXPECT_EQ(detect_script_generation(current), ScriptGeneration::kCurrent);
+  EXPECT_EQ(detect_script_generation("sys.stdout.write('92c8e498-43d3-5fb3-919d-a69eb3e5c5c6')"), ScriptGeneration::kLegacy);
+  EXPECT_EQ(detect_script_generation("print(1)"), ScriptGeneration::kUnknown);
+  // A printed legacy frame before a current script's real binary frame.
+  const std::string payload = R"({"results": 1, "agent_state": null})";
+  std::string legacy_frame = std::string(kLegacyStartMarker) + "eyJyZXN1bHRzIjogMn0=" + std::string(kLegacyEndMarker);
+  std::string binary = std::string(kBinaryMarker);
+  const std::uint32_t n = static_cast<std::uint32_t>(payload.size());
+  binary += std::string{static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8), static_cast<char>(n)};
+  binary += md5_hex(payload) + payload;
+  const std::string out = "hi " + legacy_frame + "\n" + binary;
+  ParsedOutput cur = parse_letta_stdout(out, ScriptGeneration::kCurrent);
+  EXPECT_EQ(cur.framing, Framing::kBinary);
+  EXPECT_EQ(cur.results, 1);
+  EXPECT_EQ(cur.stdout_text, "hi " + legacy_frame + "\n");
+  ParsedOutput unknown = parse_letta_stdout(out);
+  EXPECT_EQ(unknown.framing, Framing::kLegacyText);  // the earlier marker, for scripts of neither generation
+  ParsedOutput legacy = parse_letta_stdout(binary, ScriptGeneration::kLegacy);
+  EXPECT_FALSE(legacy.found());
+}
+
 }  // namespace
 }  // namespace tsb::protocol
