@@ -9,6 +9,7 @@ when it is importable.
 """
 
 import asyncio
+import contextlib
 import enum
 import os
 import sys
@@ -127,6 +128,21 @@ class EnvLayering(unittest.TestCase):
             self.assertEqual(s.socket_path, "/tmp/from-env.sock")
         finally:
             del os.environ[L.SOCKET_ENV]
+
+
+@contextlib.contextmanager
+def modules_replaced(mods):
+    """sys.modules with `mods` in place (None: not importable), restored after."""
+    saved = {k: sys.modules.get(k) for k in mods}
+    try:
+        sys.modules.update(mods)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
 
 
 def fake_letta_modules():
@@ -293,32 +309,23 @@ class AdapterEndToEnd(unittest.TestCase):
         mod = types.ModuleType("letta.services.tool_sandbox.local_sandbox")
         mod.AsyncToolSandboxLocal = AsyncToolSandboxLocal
         names = ["letta", "letta.services", "letta.services.tool_sandbox", "letta.services.tool_sandbox.local_sandbox"]
-        saved = {k: sys.modules.get(k) for k in names}
-        try:
-            # Without letta there is nothing to hand it to: a clear error, no daemon call.
-            for k in names:
-                sys.modules[k] = None
-            sb = self.sandbox("send_message_to_agent_async", {"message": "hi", "other_agent_id": "agent-2"},
-                              tool_object=builtin, sandbox_env_vars={"K": "v"})
+        sb = self.sandbox("send_message_to_agent_async", {"message": "hi", "other_agent_id": "agent-2"},
+                          tool_object=builtin, sandbox_env_vars={"K": "v"})
+        # Without letta there is nothing to hand it to: a clear error, no daemon call.
+        with modules_replaced({k: None for k in names}):
             with self.assertRaises(ValueError) as cm:
                 self.run_async(sb.run())
             self.assertIn("multi-agent built-ins", str(cm.exception))
-            for k in names[:-1]:
-                sys.modules[k] = types.ModuleType(k)
-            sys.modules[names[-1]] = mod
+        stand_ins = {k: types.ModuleType(k) for k in names[:-1]}
+        stand_ins[names[-1]] = mod
+        with modules_replaced(stand_ins):
             r = self.run_async(sb.run(agent_state="STATE", additional_env_vars={"X": "1"}))
-            self.assertEqual(r, {"ran_by": "letta", "agent_state": "STATE", "extra": {"X": "1"}})
-            (args, kw), = calls
-            self.assertEqual(args, ("send_message_to_agent_async", {"message": "hi", "other_agent_id": "agent-2"}, USER))
-            self.assertEqual(kw["tool_id"], "tool-ma")
-            self.assertIs(kw["tool_object"], builtin)
-            self.assertEqual(kw["sandbox_env_vars"], {"K": "v"})
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    sys.modules.pop(k, None)
-                else:
-                    sys.modules[k] = v
+        self.assertEqual(r, {"ran_by": "letta", "agent_state": "STATE", "extra": {"X": "1"}})
+        (args, kw), = calls
+        self.assertEqual(args, ("send_message_to_agent_async", {"message": "hi", "other_agent_id": "agent-2"}, USER))
+        self.assertEqual(kw["tool_id"], "tool-ma")
+        self.assertIs(kw["tool_object"], builtin)
+        self.assertEqual(kw["sandbox_env_vars"], {"K": "v"})
         # A tool of another type without source is still refused at once.
         with self.assertRaises(ValueError):
             self.sandbox("x", {}, tool_object=SimpleNamespace(id="t", source_code=None, tool_type="custom"))
@@ -327,9 +334,7 @@ class AdapterEndToEnd(unittest.TestCase):
         if L.letta_available():
             self.skipTest("the real letta is installed; the stand-in would shadow it")
         mods = fake_letta_modules()
-        saved = {k: sys.modules.get(k) for k in mods}
-        sys.modules.update(mods)
-        try:
+        with modules_replaced(mods):
             self.assertTrue(L.letta_available())
             sb = self.sandbox("core_memory_note", {"text": "t"}, source_code=MEMORY_SOURCE,
                               sandbox_config={"type": "local", "config": {}}, resolve_from_letta=False)
@@ -345,12 +350,6 @@ class AdapterEndToEnd(unittest.TestCase):
             r = self.run_async(bad.run(agent_state=FakeAgentState()))
             self.assertEqual(r.status, "error")
             self.assertIn("ValueError: memory: field required", r.func_return)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    sys.modules.pop(k, None)
-                else:
-                    sys.modules[k] = v
         self.assertFalse(L.letta_available())
 
 

@@ -30,6 +30,9 @@ RUNNER = os.path.normpath(os.path.join(HERE, "..", "..", "daemon", "runner", "to
 PYTHON = os.environ.get("TSB_RUNNER_PYTHON", "/usr/bin/python3")
 FLAGS = ["-I", "-S", "-B", "-u", "-X", "utf8"]
 
+sys.path.insert(0, HERE)
+from letta_reference import parse_stderr_error_msg as letta_parse_stderr_error_msg  # noqa: E402
+
 LETTA_START = str(uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-start-marker"))
 LETTA_END = str(uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-end-marker"))
 LETTA_MARKER = uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-start-marker").bytes
@@ -62,18 +65,6 @@ def extract_frame(out, nonce):
     if after.startswith(b"\n"):
         after = after[1:]
     return payload, before + after
-
-
-def letta_parse_stderr_error_msg(stderr_txt, last_n_lines=3):
-    """letta/utils.py parse_stderr_error_msg, verbatim."""
-    index = -(last_n_lines + 1)
-    pattern = r"(\w+(?:Error|Exception)): (.+)$"
-    for line in stderr_txt.split("\n")[:index:-1]:
-        if "Error" in line or "Exception" in line:
-            match = re.search(pattern, line)
-            if match:
-                return match.group(1), match.group(2)
-    return "", ""
 
 
 class Run:
