@@ -357,7 +357,7 @@ struct E2BBackend::Sandbox {
   std::string id;
   std::string token;   // envdAccessToken: header only
   std::string domain;  // "" = the configured one
-  std::string key;     // reuse key: config_state + network
+  std::string key;     // reuse key: config_state + network + organization
   bool in_use = false;
   Clock::time_point expires_at;
   Clock::time_point last_used;
@@ -1217,8 +1217,12 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   ctx.cancel = p.cancel;
   ctx.internet = pol.network != isolate::NetworkMode::None;
   const std::string network = ctx.internet ? "host" : "none";
-  ctx.metadata = {{"config_state", config_state}, {"tsb_network", network}};
-  ctx.pool_key = config_state + "|" + network;
+  // The request's organization is part of the key (and of the metadata a
+  // restarted daemon adopts sandboxes by) whatever the fingerprint hashes:
+  // the sandbox config may name another organization, and a sandbox is never
+  // shared between organizations.
+  ctx.metadata = {{"config_state", config_state}, {"tsb_network", network}, {"tsb_org", c.organization_id}};
+  ctx.pool_key = config_state + "|" + network + "|" + c.organization_id;
   // The sandbox must outlive the run it serves.
   ctx.ttl_s = std::max<long>(cfg_.sandbox_ttl.count(),
                              std::chrono::duration_cast<std::chrono::seconds>(ctx.timeout).count() + 30);

@@ -67,9 +67,12 @@ top-level code, before the call), and tracebacks name the tool's own
 exception classes without a module prefix. Its __file__ is
 <working directory>/tmpXXXXXXXX.py, a file holding the source (Letta's script
 is a temporary .py file in its sandbox directory), and its code objects use
-that filename. Its namespace starts with the names of `from typing import *`,
-as in Letta's generated script, so tools that use Optional or List without
-importing them keep working.
+that filename. Its namespace starts with what Letta's generated script
+defines before the tool's source: the names of `from typing import *`, the
+modules pickle, sys, base64, struct, hashlib and os, json as _letta_json,
+`Letta` and `client` (None), `agent_state` (the injected state, else None),
+`agent_id` when injected, and each argument as a global; so tools that use
+Optional, List or os without importing them keep working.
 
 Output
 ======
@@ -83,7 +86,8 @@ payload is ASCII JSON:
 
     success: {"results": <json>, "agent_state": <object|null>}
     failure: {"results": null, "agent_state": null,
-              "error": {"kind": "tool" | "request", "name": str, "message": str}}
+              "error": {"kind": "tool" | "request", "name": str, "message": str,
+                        "raised": true (optional, see below)}}
 
 results is the return value turned into JSON the way Letta's script does it
 (json.dumps(..., default=str) after a pydantic wrapper): JSON types map
@@ -444,6 +448,10 @@ def _final_payload(body, status, inject_agent_state):
     beyond its JSON shape. Returns (payload, exit_code); raises _ChildFailure
     when there is no usable message."""
     if body is None:
+        # Status 0 without a result (os._exit(0)): Letta's script ended with
+        # status 0 before writing one, a success returning None.
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+            return {"results": None, "agent_state": None}, EXIT_OK
         raise _ChildFailure(_describe_death(status))
     try:
         msg = json.loads(body)
@@ -580,10 +588,11 @@ def _parent_main(pid, to_child, from_child):
         # The child printed nothing about this; leave the usual stderr line.
         payload, code = _error_payload("tool", "RuntimeError", str(e)), EXIT_TOOL_ERROR
         _error_line(2, "RuntimeError", str(e))
-    try:
-        os.unlink(source_file)
-    except OSError:
-        pass
+    finally:
+        try:
+            os.unlink(source_file)
+        except OSError:
+            pass
     _emit(nonce, payload)
     return code
 
@@ -622,7 +631,7 @@ def _report_exception(exc, err_fd, filename):
         # written (Letta: success, func_return None); CPython prints nothing
         # for an int code, else str(code), and exits with status 1.
         code = exc.code
-        if code is None or code == 0 and isinstance(code, int):
+        if code is None or (isinstance(code, int) and code == 0):
             return {"results": None, "agent_state": None}
         if not isinstance(code, int):
             _error_line(err_fd, _safe_str(code), "")
@@ -781,9 +790,18 @@ def _run_tool(req, err_fd):
     module.__file__ = filename
     sys.modules["__main__"] = module  # pickle, dataclasses and typing look modules up here
     try:
-        # Letta's generated script starts with `from typing import *`, so tools
-        # written for Letta may use Optional, List, ... without importing them.
-        exec("from typing import *", module.__dict__)
+        # The names Letta's generated script defines before the tool's
+        # source, so a tool written for Letta may use them without importing
+        # them: `from typing import *`, the modules it imports, `Letta` and
+        # `client` (None without letta_client and LETTA_API_KEY),
+        # `agent_state` (the injected state, else None), `agent_id` when
+        # injected, and each argument as a global.
+        exec("from typing import *\nimport pickle, sys, base64, struct, hashlib, os\nimport json as _letta_json",
+             module.__dict__)
+        module.__dict__.update(Letta=None, client=None, agent_state=req["agent_state"] if req["inject_agent_state"] else None)
+        if req["inject_agent_id"]:
+            module.__dict__["agent_id"] = req["agent_id"]
+        module.__dict__.update(req["args"])
         code = compile(source, filename, "exec", dont_inherit=True)
         exec(code, module.__dict__)
     except BaseException as e:

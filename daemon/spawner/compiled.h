@@ -84,7 +84,8 @@ inline constexpr const char* kRunnerSandboxPath = "/opt/toolsandbox/runner/tools
 
 // Script mode's `python3 -c` program: reads the script from stdin, writes it
 // to a tmpXXXXXXXX.py file in the working directory (as Letta's temporary
-// script), and runs it as __main__ with that __file__ and sys.argv[0]. Its
+// script), and runs it as __main__ with that __file__, sys.argv[0] and
+// sys.path[0] (the script's directory, as for `python3 FILE`). Its
 // own names stay in a function, so the script's namespace is a fresh main
 // module's.
 inline constexpr std::string_view kScriptMain = R"PY(def _toolsandbox_main():
@@ -97,6 +98,7 @@ inline constexpr std::string_view kScriptMain = R"PY(def _toolsandbox_main():
     except OSError:
         pass
     sys.argv[0] = path
+    sys.path[0] = os.path.dirname(path)
     main = sys.modules["__main__"]
     del main._toolsandbox_main
     main.__file__ = path

@@ -144,7 +144,7 @@ inline constexpr std::size_t kMaxValue = 1u << 20;
 inline constexpr std::string_view kSetMagic = "TSBSET1\n";
 
 // What a run is: the trusted tool runner reading a request on stdin, or a
-// Python script on stdin (`python3 -`).
+// Python script on stdin to the script launcher (kScriptMain, compiled.h).
 enum class RunMode : std::uint8_t { Script = 0, Tool = 1 };
 // Why the front end asks for a run to be ended.
 enum class KillWhy : std::uint8_t { Cancel = 0, OutputLimit = 1 };

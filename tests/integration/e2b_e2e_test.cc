@@ -296,6 +296,7 @@ TEST_F(E2BTest, E2BPlacementPrivilegedLocalOthersRemote) {
   EXPECT_EQ(body["envVars"], json::object());
   EXPECT_TRUE(body["metadata"].contains("config_state"));
   EXPECT_EQ(body["metadata"]["tsb_network"], "none");
+  EXPECT_EQ(body["metadata"]["tsb_org"], "org-a");
   EXPECT_GE(body["timeout"].get<int>(), 300);
 
   // A tool error comes back like a local one.
@@ -342,6 +343,16 @@ TEST_F(E2BTest, E2BReuseByFingerprintRefreshesTimeout) {
                                {{"sandbox_config", cfg}, {"organization_id", "org-b"}}));
   EXPECT_NE(rec(r4)["sandbox_id"], rec(r1)["sandbox_id"]);
   EXPECT_EQ(fake_->creates(), 3u);
+  // A config naming its own organization has one fingerprint for every
+  // requester, but two organizations still never share a sandbox.
+  json named = cfg;
+  named["organization_id"] = "org-config";
+  auto r6 = d.request(run_tool("def f():\n    return 6\n", "f", json::object(), {{"sandbox_config", named}}));
+  auto r7 = d.request(run_tool("def f():\n    return 7\n", "f", json::object(),
+                               {{"sandbox_config", named}, {"organization_id", "org-b"}}));
+  EXPECT_EQ(r6["result"]["sandbox_config_fingerprint"], r7["result"]["sandbox_config_fingerprint"]) << r7.dump();
+  EXPECT_NE(rec(r6)["sandbox_id"], rec(r7)["sandbox_id"]) << "organizations share no sandbox";
+  EXPECT_EQ(fake_->creates(), 5u);
 
   // A reused sandbox that vanished (TTL) is replaced transparently.
   http_call(fake_->port(), "POST", "/_control/expire/" + rec(r1)["sandbox_id"].get<std::string>());
@@ -376,7 +387,8 @@ TEST_F(E2BTest, E2BAdoptsRunningSandboxByMetadataWithPaging) {
   // Two sandboxes with our metadata exist already (left by an earlier
   // daemon); the fake lists one per page.
   json create = {{"templateID", "code-interpreter-v1"}, {"timeout", 300}, {"secure", true},
-                 {"metadata", {{"config_state", *fp}, {"tsb_network", "none"}}}, {"envVars", json::object()}};
+                 {"metadata", {{"config_state", *fp}, {"tsb_network", "none"}, {"tsb_org", "org-a"}}},
+                 {"envVars", json::object()}};
   for (int i = 0; i < 2; ++i) http_call(fake_->port(), "POST", "/sandboxes", create.dump(), {"X-API-KEY: " + kApiKey});
   // And one with the same fingerprint but another network setting.
   create["metadata"]["tsb_network"] = "host";
@@ -397,7 +409,8 @@ TEST_F(E2BTest, E2BAdoptsRunningSandboxByMetadataWithPaging) {
   // through x-next-token.
   auto lists = fake_->requests_where("GET", "/v2/sandboxes");
   ASSERT_GE(lists.size(), 2u);
-  std::string want = "/v2/sandboxes?metadata=config_state%3D" + *fp + "%26tsb_network%3Dnone&state=running&limit=100";
+  std::string want =
+      "/v2/sandboxes?metadata=config_state%3D" + *fp + "%26tsb_network%3Dnone%26tsb_org%3Dorg-a&state=running&limit=100";
   EXPECT_EQ(lists[0]["path"], want);
   EXPECT_EQ(lists[1]["path"], want + "&nextToken=1");
 }

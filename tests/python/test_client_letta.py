@@ -96,7 +96,8 @@ class EnvLayering(unittest.TestCase):
 
     def test_declared_parameters(self):
         self.assertEqual(L.declared_parameters(MEMORY_SOURCE, "core_memory_note"), {"text", "agent_state"})
-        self.assertEqual(L.declared_parameters("async def f(a, *, b): pass\n", "f"), {"a", "b"})
+        # Positional-or-keyword parameters only, as Letta's parse_function_arguments.
+        self.assertEqual(L.declared_parameters("async def f(a, /, c, *, b): pass\n", "f"), {"c"})
         self.assertEqual(L.declared_parameters("def (", "f"), set())
 
     def test_friendly_error_msg(self):
@@ -326,9 +327,13 @@ class AdapterEndToEnd(unittest.TestCase):
         self.assertEqual(kw["tool_id"], "tool-ma")
         self.assertIs(kw["tool_object"], builtin)
         self.assertEqual(kw["sandbox_env_vars"], {"K": "v"})
-        # A tool of another type without source is still refused at once.
+        # A tool of another type, or of that type but not one of Letta's
+        # multi-agent tools, without source is still refused at once.
         with self.assertRaises(ValueError):
             self.sandbox("x", {}, tool_object=SimpleNamespace(id="t", source_code=None, tool_type="custom"))
+        with self.assertRaises(ValueError):
+            self.sandbox("my_tool", {}, tool_object=SimpleNamespace(id="t", source_code=None,
+                                                                    tool_type=ToolType.LETTA_MULTI_AGENT_CORE))
 
     def test_with_letta_importable(self):
         if L.letta_available():

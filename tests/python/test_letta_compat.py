@@ -44,6 +44,21 @@ SANDBOX_CONFIG = {"type": "local", "organization_id": USER.organization_id,
 FINGERPRINT = "48408990033679363701484527775310645901996820373321982248109825766489622234136"
 
 
+class _AgentState:
+    """Quacks like Letta's AgentState for the adapter."""
+
+    id = "agent-00000000-0000-4000-8000-000000000001"
+
+    def model_dump(self, mode="python"):
+        return {"id": self.id, "memory": {"blocks": []}}
+
+    def get_agent_env_vars_as_dict(self):
+        return {}
+
+
+AGENT_STATE = _AgentState()
+
+
 def schema(name, **props):
     return {"name": name, "parameters": {"type": "object", "properties": {k: {"type": v} for k, v in props.items()}}}
 
@@ -103,6 +118,14 @@ SCRIPT_MODE_ONLY = {
                             "    sys.stdout.buffer.write(m + struct.pack('>I', len(p)) + hashlib.md5(p).hexdigest().encode() + p)\n"
                             "    sys.stdout.buffer.flush()\n"
                             "    return 'real'\n", {}, schema("f")),
+    # Letta decodes the stdout around a frame whose md5 matches before it
+    # reads the payload: the real frame left there fails the decode first.
+    "forged_frame_payload_not_an_object": ("import hashlib, struct, sys\n\ndef f():\n"
+                                           "    p = b'[1, 2]'\n"
+                                           "    m = bytes.fromhex('92c8e49843d35fb3919da69eb3e5c5c6')\n"
+                                           "    sys.stdout.buffer.write(m + struct.pack('>I', len(p)) + hashlib.md5(p).hexdigest().encode() + p)\n"
+                                           "    sys.stdout.buffer.flush()\n"
+                                           "    return 'real'\n", {}, schema("f")),
     "corrupt_binary_frame": ("import sys\n\ndef f():\n"
                              "    sys.stdout.buffer.write(bytes.fromhex('92c8e49843d35fb3919da69eb3e5c5c6') + b'\\x00\\x00\\x00\\x05' + b'0' * 32 + b'hello')\n"
                              "    sys.stdout.buffer.flush()\n"
@@ -164,7 +187,9 @@ class Harness(unittest.TestCase):
             client = AsyncClient(self.daemon.socket_path, timeout=60)
             sb = L.ToolSandboxDaemonSandbox(tool_name, args, USER, tool_object=tool, sandbox_config=SANDBOX_CONFIG,
                                             client=client, resolve_from_letta=False)
-            return await sb.run()
+            # An agent state with every call: only a tool that declares it
+            # (as Letta decides it) may receive it.
+            return await sb.run(agent_state=AGENT_STATE)
 
         return asyncio.run(go())
 

@@ -83,8 +83,11 @@ __all__ = [
 
 log = logging.getLogger("toolsandbox_client.letta")
 
-# Letta's ToolType.LETTA_MULTI_AGENT_CORE.
+# Letta's ToolType.LETTA_MULTI_AGENT_CORE, and its tools of that type
+# (letta/constants.py MULTI_AGENT_TOOLS): only these go to Letta's own sandbox.
 MULTI_AGENT_TOOL_TYPE = "letta_multi_agent_core"
+MULTI_AGENT_TOOLS = frozenset(["send_message_to_agent_and_wait_for_reply", "send_message_to_agents_matching_tags",
+                               "send_message_to_agent_async"])
 
 # (policy, requested, applied) timeouts already warned about: once each per
 # process, not once per tool call.
@@ -147,8 +150,9 @@ def declared_parameters(source_code: str, function_name: str) -> Set[str]:
     names: Set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function_name:
-            a = node.args
-            for arg in list(a.posonlyargs) + list(a.args) + list(a.kwonlyargs):
+            # node.args.args only, as Letta's parse_function_arguments: a
+            # positional-only or keyword-only agent_state is not injected.
+            for arg in node.args.args:
                 names.add(arg.arg)
     return names
 
@@ -259,7 +263,8 @@ class ToolSandboxDaemonSandbox:
         # code, and they need letta-server's modules and network: they are
         # handed back to Letta's own sandbox (run() below).
         self.letta_builtin = (mode == "tool" and source_code is None and not getattr(tool_object, "source_code", None)
-                              and _enum_value(getattr(tool_object, "tool_type", None)) == MULTI_AGENT_TOOL_TYPE)
+                              and _enum_value(getattr(tool_object, "tool_type", None)) == MULTI_AGENT_TOOL_TYPE
+                              and tool_name in MULTI_AGENT_TOOLS)
         if self.letta_builtin:
             self.source_code, self.json_schema, self.pip_requirements, self.inject_agent_state = None, None, None, False
         elif mode == "script":
@@ -370,10 +375,14 @@ class ToolSandboxDaemonSandbox:
             raise ValueError("tool %s is one of Letta's multi-agent built-ins, which only letta-server's own sandbox "
                              "runs (letta is not importable here)" % self.tool_name) from None
         log.info("tool %s is a Letta multi-agent built-in: run by Letta's own sandbox", self.tool_name)
+        # A dict sandbox_config (which this adapter accepts) is not Letta's
+        # SandboxConfig: Letta then looks up the organization's own.
+        config = self.provided_sandbox_config
+        if isinstance(config, Mapping):
+            config = None
         sandbox = AsyncToolSandboxLocal(self.tool_name, self.args, self.user, tool_id=self.tool_id,
                                         agent_id=self.agent_id, project_id=self.project_id, tool_object=self.tool,
-                                        sandbox_config=self.provided_sandbox_config,
-                                        sandbox_env_vars=self.provided_sandbox_env_vars)
+                                        sandbox_config=config, sandbox_env_vars=self.provided_sandbox_env_vars)
         return await sandbox.run(agent_state=agent_state, additional_env_vars=additional_env_vars)
 
     def _from_tool_result(self, r: ToolResult) -> Any:
