@@ -208,6 +208,7 @@ void parse_binary_frame(std::string_view out, std::size_t pos, ParsedOutput& r) 
     set_stdout(r, out);
     return;
   }
+  r.frame_verified = true;
   std::string remainder(out.substr(0, pos));
   const std::uint64_t after = std::uint64_t{cs_start} + 32 + len;
   if (after < out.size()) remainder.append(out.substr(static_cast<std::size_t>(after)));

@@ -69,6 +69,9 @@ struct ParsedOutput {
   // message close to Python's (the exact text of e.g. a JSONDecodeError is
   // not reproduced).
   bool corrupted = false;
+  // Binary framing: the frame's md5 matched, so Letta went on to decode the
+  // stdout around it before it read the payload (a decode error comes first).
+  bool frame_verified = false;
   std::string error_name;
   std::string error_message;
 

@@ -168,8 +168,7 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run)
     if (p.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
     // Letta decodes the stdout around a frame whose md5 matched before it
     // parses the payload: there the decode error comes first.
-    const bool frame_checked = !(p.error_name == "error" || p.error_message == lp::kCorruptedOutputMessage);
-    if (letta_strict_utf8 && p.corrupted && p.framing == lp::Framing::kBinary && frame_checked && p.stdout_decode_error)
+    if (letta_strict_utf8 && p.corrupted && p.frame_verified && p.stdout_decode_error)
       return decode_failure(*p.stdout_decode_error);
     if (p.corrupted) {
       // Letta's "internal error" shape (local_sandbox.py:233-251).
