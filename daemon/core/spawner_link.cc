@@ -186,7 +186,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
   isolate::RunResult& r = p->result;
   if (!p->fds.empty()) {
     // stdin: written, then closed (EOF). EPIPE when the tool never reads it
-    // is fine (SIGPIPE is ignored).
+    // is fine (the front end ignores SIGPIPE: daemon/frontend/main.cc).
     asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, std::string data) -> asio::awaitable<void> {
       stream sd(io, fd.release());
       if (!data.empty()) co_await asio::async_write(sd, asio::buffer(data), tuple_awaitable);

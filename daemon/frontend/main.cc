@@ -23,6 +23,7 @@
 #include <asio/io_context.hpp>
 #include <csignal>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
 #include <string>
 
@@ -186,6 +187,14 @@ int main(int argc, char** argv) {
     return write_all(STDOUT_FILENO, tsb::spawn::encode_compiled_set(*compiled)) == 0 ? 0 : 1;
   }
 
+  // A write to a run's stdin pipe after the run ended (killed, or it never
+  // read its input) must fail with EPIPE, not kill the front end: the
+  // spawner starts this process with default dispositions. Client sockets
+  // are written with MSG_NOSIGNAL, but pipes have no such flag.
+  if (::signal(SIGPIPE, SIG_IGN) == SIG_ERR) {
+    spdlog::critical("front end: cannot ignore SIGPIPE: {}", std::strerror(errno));
+    return 1;
+  }
   // The front end: its own seccomp filter before the first byte of a client.
   if (auto st = tsb::frontend::load_front_end_filter(); !st.ok()) {
     spdlog::critical("front end: {}", st.error().message);

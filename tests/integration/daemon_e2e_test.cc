@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "isolate/base/random.h"
@@ -251,6 +252,37 @@ TEST_F(EngineTest, DaemonClientDisconnectKillsTheRun) {
   json st = status_once_no_run_in_flight(d);
   EXPECT_EQ(st["status"]["runs_in_flight"], 0) << st.dump();
   EXPECT_EQ(st["status"]["totals"].value("cancelled", 0), 1) << st.dump();
+}
+
+// A run that ends before the front end has written its stdin: the write
+// fails with EPIPE. The front end must answer, not die of SIGPIPE (a client
+// that disconnects while its run starts did this, by the kill). The
+// interpreter here never reads its input, and the script is larger than a
+// pipe holds, so the front end is still writing when the reader goes away.
+TEST_F(EngineTest, DaemonRunThatNeverReadsItsInputLeavesTheFrontEndUp) {
+  std::string dir = "/tmp/tsb-e2e-epipe-" + tsb::random_hex(4);
+  ASSERT_EQ(std::system(("cp -r " + std::string(TSB_SOURCE_DIR) + "/policies " + dir).c_str()), 0);
+  std::string text;
+  {
+    std::ifstream in(dir + "/default.json");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string from = "\"interpreter\": \"/venv/bin/python3\"";
+  auto at = text.find(from);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, from.size(), "\"interpreter\": \"/bin/true\"");
+  std::ofstream(dir + "/default.json") << text;
+  Daemon d(json{{"policies_dir", dir}, {"organizations", dir + "/organizations.json"}});
+  const std::string script = "# " + std::string(512 << 10, 'x') + "\n";
+  for (int i = 0; i < 3; ++i) {
+    auto r = d.request(execute(script));
+    ASSERT_TRUE(r.value("ok", false)) << r.dump().substr(0, 2000) << d.log_text();
+    EXPECT_EQ(r["result"]["record"]["exit_code"], 0) << r.dump().substr(0, 2000);
+  }
+  const std::string log = d.log_text();
+  EXPECT_EQ(log.find("front end (pid"), std::string::npos) << log;
+  EXPECT_EQ(log.find("starting a new front end"), std::string::npos) << log;
+  std::system(("rm -rf " + dir).c_str());
 }
 
 TEST_F(EngineTest, DaemonReloadWithBrokenPolicyKeepsTheOldSet) {
