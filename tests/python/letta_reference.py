@@ -14,9 +14,10 @@ Written from letta-ai/letta, the last release of the server:
   letta/services/tool_executor/tool_execution_manager.py (what an exception
                                                of the sandbox becomes)
 
-What it covers: tools without args_json_schema whose function does not take
-agent_state (agent_state travels as a pickle of Letta's AgentState, which
-needs letta itself). Letta's script imports pydantic v2 to serialize the
+What it covers: tools without args_json_schema. A tool that takes
+agent_state gets, in Letta's script, a pickle of Letta's AgentState, which
+needs letta itself: make_venv() can add LETTA_STAND_IN, the part of Letta's
+schemas a tool sees. Letta's script imports pydantic v2 to serialize the
 result; Debian 12 has only pydantic 1 (no ConfigDict), with which the script
 returns str(result). So that the reference is Letta as its users run it (in
 letta-server's environment, which has pydantic v2), make_venv() builds a venv
@@ -48,13 +49,179 @@ class ConfigDict(dict):
     pass
 
 
+def _dump(value):
+    # pydantic v2 serializes an Any field by the value's type: models
+    # (letta's schemas) become dicts, also inside lists and dicts.
+    if hasattr(type(value), "model_dump"):
+        return value.model_dump()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_dump(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value
+
+
 class BaseModel:
     def __init__(self, **fields):
         self.__dict__.update(fields)
 
     def model_dump(self, **kw):
-        return dict(self.__dict__)
+        return {k: _dump(v) for k, v in self.__dict__.items()}
 '''
+
+
+# Letta's schemas as a tool sees them (letta/schemas/{agent,memory,block}.py):
+# pydantic models with validate_assignment, so fields are attributes, a name
+# that is not a field cannot be set, a Block's value must be a string (NUL
+# characters removed), models are not subscriptable and iterate as
+# (name, value) pairs. Enough of letta for Letta's script to run a tool that
+# takes agent_state: `import letta`, `from letta import *`, the pickled
+# AgentState, agent_state.model_dump(mode="json").
+LETTA_STAND_IN = {
+    "letta/__init__.py": """
+from letta.schemas.agent import AgentState
+from letta.schemas.block import Block
+from letta.schemas.memory import Memory
+""",
+    "letta/schemas/__init__.py": "",
+    "letta/schemas/base.py": """
+import copy
+import uuid
+
+
+class LettaBase:
+    nested = {}
+
+    def __init__(self, **data):
+        for name, value in self.defaults().items():
+            data.setdefault(name, value)
+        for name, value in data.items():
+            self.__dict__[name] = self.validate_field(name, value)
+
+    @classmethod
+    def defaults(cls):
+        return {}
+
+    @classmethod
+    def model_validate(cls, data):
+        if not isinstance(data, dict):
+            raise ValueError("1 validation error for " + cls.__name__)
+        obj = cls.__new__(cls)
+        for name, value in data.items():
+            obj.__dict__[name] = obj.validate_field(name, value)
+        return obj
+
+    def validate_field(self, name, value):
+        kind = self.nested.get(name)
+        if kind is None:
+            return value
+        if isinstance(value, list):
+            return [kind.model_validate(v) if isinstance(v, dict) else v for v in value]
+        return kind.model_validate(value) if isinstance(value, dict) else value
+
+    def __setattr__(self, name, value):
+        if name not in self.__dict__:
+            raise ValueError('"%s" object has no field "%s"' % (type(self).__name__, name))
+        self.__dict__[name] = self.validate_field(name, value)
+
+    def __iter__(self):
+        yield from self.__dict__.items()
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    def model_dump(self, mode="python", **kw):
+        def dump(v):
+            if isinstance(v, LettaBase):
+                return v.model_dump(mode)
+            if isinstance(v, list):
+                return [dump(x) for x in v]
+            if isinstance(v, dict):
+                return {k: dump(x) for k, x in v.items()}
+            return v
+        return {k: dump(v) for k, v in self.__dict__.items()}
+""",
+    "letta/schemas/block.py": """
+import uuid
+
+from letta.schemas.base import LettaBase
+
+
+class Block(LettaBase):
+    @classmethod
+    def defaults(cls):
+        return {"value": "", "limit": 100000, "project_id": None, "template_name": None, "is_template": False,
+                "template_id": None, "base_template_id": None, "deployment_id": None, "entity_id": None,
+                "preserve_on_migration": False, "label": None, "read_only": False, "description": None,
+                "metadata": {}, "hidden": None, "id": "block-%s" % uuid.uuid4(), "created_by_id": None,
+                "last_updated_by_id": None, "tags": []}
+
+    def validate_field(self, name, value):
+        if name == "value":
+            if not isinstance(value, str):
+                raise ValueError("1 validation error for Block")
+            return value.replace("\\x00", "")
+        return value
+""",
+    "letta/schemas/memory.py": """
+from letta.schemas.base import LettaBase
+from letta.schemas.block import Block
+
+
+class Memory(LettaBase):
+    nested = {"blocks": Block, "file_blocks": Block}
+
+    def list_block_labels(self):
+        return [block.label for block in self.blocks]
+
+    def get_block(self, label):
+        keys = []
+        for block in self.blocks:
+            if block.label == label:
+                return block
+            keys.append(block.label)
+        raise KeyError(f"Block field {label} does not exist (available sections = {', '.join(keys)})")
+
+    def get_blocks(self):
+        return self.blocks
+
+    def set_block(self, block):
+        for i, b in enumerate(self.blocks):
+            if b.label == block.label:
+                self.blocks[i] = block
+                return
+        self.blocks.append(block)
+
+    def update_block_value(self, label, value):
+        if not isinstance(value, str):
+            raise ValueError("Provided value must be a string")
+        for block in self.blocks:
+            if block.label == label:
+                block.value = value
+                return
+        raise ValueError(f"Block with label {label} does not exist")
+""",
+    "letta/schemas/agent.py": """
+from letta.schemas.base import LettaBase
+from letta.schemas.block import Block
+from letta.schemas.memory import Memory
+
+
+class AgentEnvironmentVariable(LettaBase):
+    pass
+
+
+class LLMConfig(LettaBase):
+    pass
+
+
+class AgentState(LettaBase):
+    nested = {"memory": Memory, "blocks": Block, "secrets": AgentEnvironmentVariable, "llm_config": LLMConfig}
+
+    def get_agent_env_vars_as_dict(self):
+        return {v.key: v.value or "" for v in self.secrets}
+""",
+}
 
 
 def get_friendly_error_msg(function_name, exception_name, exception_message):
@@ -104,14 +271,17 @@ def convert_param_to_str_value(param_type, raw_value):
     return str(raw_value)
 
 
-def generate_script(tool_name, source_code, args, json_schema):
+def generate_script(tool_name, source_code, args, json_schema, agent_state_pickle=None, agent_id=None):
     """_render_sandbox_code(wrap_print_with_markers=True) for a tool without
-    args_json_schema, agent_state or agent_id."""
+    args_json_schema. agent_state_pickle: pickle.dumps(agent_state), agent_id:
+    agent_state.id (both None without an agent state)."""
     props = json_schema["parameters"]["properties"]
     is_async = any(isinstance(n, ast.AsyncFunctionDef) and n.name == tool_name for n in ast.walk(ast.parse(source_code)))
     declared = parse_function_arguments(source_code, tool_name)
-    if "agent_state" in declared or "agent_id" in declared:
-        raise ValueError("the reference covers tools without agent_state and agent_id")
+    inject_agent_state = "agent_state" in declared
+    inject_agent_id = "agent_id" in declared
+    if not inject_agent_state:
+        agent_state_pickle = None
     tool_args = ""
     for name, value in args.items():
         spec = props.get(name)
@@ -121,16 +291,28 @@ def generate_script(tool_name, source_code, args, json_schema):
         if param_type is None and spec.get("parameters"):
             param_type = spec["parameters"].get("type")
         tool_args += f"{name} = {convert_param_to_str_value(param_type, value)}\n"
-    call = tool_name + "(" + ", ".join(f"{a}={a}" for a in args if a in props) + ")"
+    params = [f"{a}={a}" for a in args if a in props]
+    if inject_agent_state:
+        params.append("agent_state=agent_state")
+    if inject_agent_id:
+        params.append("agent_id=agent_id")
+    call = tool_name + "(" + ", ".join(params) + ")"
 
     lines = ["from typing import *", "import pickle", "import json as _letta_json", "import sys", "import base64",
              "import struct", "import hashlib"]
     if is_async:
         lines.append("import asyncio")
+    if inject_agent_state:
+        lines += ["import letta", "from letta import *"]
     lines += ["try:", "    from letta_client import Letta", "except ImportError:", "    Letta = None"]
-    lines.append("agent_state = None")
+    if agent_state_pickle is not None:
+        lines.append(f"agent_state = pickle.loads({agent_state_pickle!r})")
+    else:
+        lines.append("agent_state = None")
     lines += ["# Initialize Letta client for tool execution", "import os", "client = None",
               "if Letta is not None and os.getenv('LETTA_API_KEY'):", "    client = Letta(api_key=os.getenv('LETTA_API_KEY'))"]
+    if inject_agent_id:
+        lines.append(f"agent_id = {agent_id!r}" if agent_id else "agent_id = None")
     if tool_args:
         lines.append(tool_args.rstrip())
     lines.append(source_code.rstrip())
@@ -202,15 +384,20 @@ def parse_stdout_best_effort(text):
     return result.get("results"), result.get("agent_state") or None
 
 
-def make_venv(path):
-    """A venv at path (system site-packages off) with the pydantic stand-in;
-    readable by anyone (a sandbox's ids). Returns its python3."""
+def make_venv(path, letta=True):
+    """A venv at path (system site-packages off) with the pydantic stand-in
+    and, when letta is true, the letta one; readable by anyone (a sandbox's
+    ids). Returns its python3."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", path], check=True, capture_output=True)
     python = os.path.join(path, "bin", "python3")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
                           capture_output=True, text=True).stdout.strip()
     with open(os.path.join(site, "pydantic.py"), "w") as f:
         f.write(PYDANTIC_STAND_IN)
+    for name, text in (LETTA_STAND_IN.items() if letta else ()):
+        os.makedirs(os.path.dirname(os.path.join(site, name)), exist_ok=True)
+        with open(os.path.join(site, name), "w") as f:
+            f.write(text)
     for root, dirs, files in os.walk(path):
         for n in dirs + files:
             p = os.path.join(root, n)
@@ -220,11 +407,31 @@ def make_venv(path):
     return python
 
 
-def run_local(tool_name, source_code, args, json_schema, python, env=None, timeout=60.0):
+def pickle_agent_state(agent_state, python):
+    """pickle.dumps(AgentState.model_validate(agent_state)), made by the
+    venv's python (where the letta stand-in lives)."""
+    code = ("import json, pickle, sys\nfrom letta.schemas.agent import AgentState\n"
+            "sys.stdout.buffer.write(pickle.dumps(AgentState.model_validate(json.loads(sys.stdin.read()))))")
+    return subprocess.run([python, "-c", code], input=json.dumps(agent_state).encode(), check=True,
+                          capture_output=True).stdout
+
+
+def letta_script(tool_name, source_code, args, json_schema, python, agent_state=None):
+    """Letta's generated script for this call; agent_state is the JSON of
+    Letta's AgentState (model_dump(mode="json")) or None."""
+    declared = parse_function_arguments(source_code, tool_name)
+    pickled = pickle_agent_state(agent_state, python) if agent_state is not None and "agent_state" in declared else None
+    agent_id = agent_state["id"] if agent_state else None
+    return generate_script(tool_name, source_code, args, json_schema, pickled, agent_id)
+
+
+def run_local(tool_name, source_code, args, json_schema, python, env=None, timeout=60.0, agent_state=None):
     """AsyncToolSandboxLocal.run for this tool, as a ToolExecutionResult dict
-    (without sandbox_config_fingerprint). An exception the sandbox raises
-    (the timeout) becomes what ToolExecutionManager returns for it."""
-    script = generate_script(tool_name, source_code, args, json_schema)
+    (without sandbox_config_fingerprint); agent_state as JSON, and so in the
+    result (Letta's AgentState.model_validate of it, dumped again). An
+    exception the sandbox raises (the timeout) becomes what
+    ToolExecutionManager returns for it."""
+    script = letta_script(tool_name, source_code, args, json_schema, python, agent_state)
     with tempfile.TemporaryDirectory() as sandbox_dir:
         with tempfile.NamedTemporaryFile(mode="w", dir=sandbox_dir, suffix=".py", delete=False) as temp_file:
             temp_file.write(script)

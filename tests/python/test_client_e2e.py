@@ -64,7 +64,7 @@ AGENT_STATE = {
 }
 REMEMBER_TOOL = (
     "def remember(note: str, agent_state) -> str:\n"
-    "    agent_state['memory']['blocks'][0]['value'] += '; ' + note\n"
+    "    agent_state.memory.blocks[0].value += '; ' + note\n"
     "    return 'noted'\n"
 )
 # Does not declare agent_state, looks for it anyway, and prints forged frames

@@ -37,8 +37,8 @@ ENV_NAMES = ["A", "B", "C", "D", "NONE", "LETTA_AGENT_ID", "LETTA_PROJECT_ID", "
 ENV_SOURCE = "import os\n\ndef envs(names: list) -> dict:\n    return {n: os.environ.get(n) for n in names}\n"
 MEMORY_SOURCE = (
     "def core_memory_note(text: str, agent_state: 'AgentState') -> None:\n"
-    "    blocks = agent_state['memory']['blocks']\n"
-    "    blocks[0]['value'] = blocks[0]['value'] + '\\n' + text\n"
+    "    blocks = agent_state.memory.blocks\n"
+    "    blocks[0].value = blocks[0].value + '\\n' + text\n"
     "    return None\n"
 )
 
@@ -159,7 +159,7 @@ def fake_letta_modules():
 
         @classmethod
         def model_validate(cls, data):
-            if "memory" not in data:
+            if not isinstance(data.get("memory"), dict):
                 raise ValueError("memory: field required")
             return cls(data)
 
@@ -350,7 +350,7 @@ class AdapterEndToEnd(unittest.TestCase):
             self.assertIsInstance(r.agent_state, mods["letta.schemas.agent"].AgentState)
             self.assertEqual(r.agent_state.data["memory"]["blocks"][0]["value"], "I am helpful\nt")
             # A returned state letta cannot validate becomes an error result.
-            bad = self.sandbox("wipe", {}, source_code="def wipe(agent_state):\n    agent_state.clear()\n    agent_state['x'] = 1\n",
+            bad = self.sandbox("wipe", {}, source_code="def wipe(agent_state):\n    agent_state.memory = None\n",
                                resolve_from_letta=False)
             r = self.run_async(bad.run(agent_state=FakeAgentState()))
             self.assertEqual(r.status, "error")

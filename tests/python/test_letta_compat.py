@@ -44,16 +44,48 @@ SANDBOX_CONFIG = {"type": "local", "organization_id": USER.organization_id,
 FINGERPRINT = "48408990033679363701484527775310645901996820373321982248109825766489622234136"
 
 
+# AgentState.model_dump(mode="json") of an agent with two memory blocks and
+# one secret, as letta-server hands it to a sandbox (tools and tool rules
+# removed, as SandboxToolExecutor does).
+def _block(label, value, block_id):
+    return {"value": value, "limit": 5000, "project_id": None, "template_name": None, "is_template": False,
+            "template_id": None, "base_template_id": None, "deployment_id": None, "entity_id": None,
+            "preserve_on_migration": False, "label": label, "read_only": False, "description": "The " + label,
+            "metadata": {}, "hidden": None, "id": block_id, "created_by_id": "user-1", "last_updated_by_id": "user-1",
+            "tags": []}
+
+
+AGENT_STATE_JSON = {
+    "created_by_id": "user-1", "last_updated_by_id": "user-1", "created_at": "2026-11-30T09:00:00Z",
+    "updated_at": "2026-11-30T09:05:00Z", "id": "agent-00000000-0000-4000-8000-000000000001", "name": "helper",
+    "tool_rules": [], "message_ids": ["message-1"], "system": "You are helpful.", "agent_type": "letta_v1_agent",
+    "llm_config": {"model": "gpt-4o-mini", "model_endpoint_type": "openai", "context_window": 128000,
+                   "temperature": 0.7},
+    "embedding_config": None, "model": "openai/gpt-4o-mini", "embedding": None, "description": None,
+    "metadata": {"team": "support"},
+    "memory": {"agent_type": "letta_v1_agent", "git_enabled": False,
+               "blocks": [_block("human", "Name: Ada", "block-human"), _block("persona", "I am helpful.", "block-persona")],
+               "file_blocks": [], "prompt_template": ""},
+    "blocks": [_block("human", "Name: Ada", "block-human"), _block("persona", "I am helpful.", "block-persona")],
+    "tools": [], "sources": [], "tags": ["prod"],
+    "tool_exec_environment_variables": [],
+    "secrets": [{"key": "WEATHER_KEY", "value": "w-123", "description": None, "agent_id": "agent-1"}],
+    "project_id": None, "template_id": None, "identity_ids": [], "identities": [], "message_buffer_autoclear": False,
+    "timezone": "UTC", "hidden": None,
+}
+
+
 class _AgentState:
     """Quacks like Letta's AgentState for the adapter."""
 
-    id = "agent-00000000-0000-4000-8000-000000000001"
+    id = AGENT_STATE_JSON["id"]
+    project_id = None
 
     def model_dump(self, mode="python"):
-        return {"id": self.id, "memory": {"blocks": []}}
+        return json.loads(json.dumps(AGENT_STATE_JSON))
 
     def get_agent_env_vars_as_dict(self):
-        return {}
+        return {v["key"]: v["value"] for v in AGENT_STATE_JSON["secrets"]}
 
 
 AGENT_STATE = _AgentState()
@@ -100,6 +132,40 @@ CASES = {
     "non_utf8_stderr": ("import sys\n\ndef f():\n    sys.stderr.buffer.write(b'warn \\xe2\\x82\\n')\n    return 1\n",
                         {}, schema("f")),
     "lone_surrogate_printed": ("def f():\n    print('x\\udcff y')\n    return 1\n", {}, schema("f")),
+    # agent_state: Letta's AgentState in Letta's script, the same API in
+    # tool mode (letta's own model where the venv has letta, else the
+    # runner's stand-in); the tool's changes come back.
+    "agent_state_read": ("def f(agent_state, agent_id):\n"
+                         "    m = agent_state.memory\n"
+                         "    return [type(agent_state).__name__, agent_state.id == agent_id, agent_state.name,\n"
+                         "            m.get_block('human').value, m.list_block_labels(), len(m.get_blocks()),\n"
+                         "            agent_state.llm_config.model, agent_state.metadata, agent_state.tags,\n"
+                         "            agent_state.get_agent_env_vars_as_dict(), type(m.blocks[0]).__name__,\n"
+                         "            sorted(dict(agent_state))[:3], m.get_block('persona').limit]\n", {}, schema("f")),
+    "agent_state_write": ("def f(agent_state, note: str):\n"
+                          "    m = agent_state.memory\n"
+                          "    m.update_block_value('human', m.get_block('human').value + '\\n' + note)\n"
+                          "    m.get_block('persona').value = 'I am\\x00 terse.'\n"
+                          "    m.set_block(Block(label='notes', value='n1', id='block-notes', limit=100))\n"
+                          "    agent_state.description = 'updated'\n"
+                          "    return m.list_block_labels()\n", {"note": "likes tea"}, schema("f", note="string")),
+    "agent_state_returned_block": ("def f(agent_state):\n    return agent_state.memory.get_block('persona')\n",
+                                   {}, schema("f")),
+    "agent_state_subscript": ("def f(agent_state):\n    return agent_state['id']\n", {}, schema("f")),
+    "agent_state_missing_block": ("def f(agent_state):\n    return agent_state.memory.get_block('notes').value\n",
+                                  {}, schema("f")),
+    "agent_state_no_such_attribute": ("def f(agent_state):\n    return agent_state.nickname\n", {}, schema("f")),
+    "agent_state_unknown_field_set": ("def f(agent_state):\n    agent_state.nickname = 'x'\n", {}, schema("f")),
+    "agent_state_value_not_a_string": ("def f(agent_state):\n    agent_state.memory.update_block_value('human', 3)\n",
+                                       {}, schema("f")),
+    "agent_state_unknown_label": ("def f(agent_state):\n    agent_state.memory.update_block_value('notes', 'x')\n",
+                                  {}, schema("f")),
+    "agent_state_error_after_change": ("def f(agent_state):\n"
+                                       "    agent_state.memory.update_block_value('human', 'changed')\n"
+                                       "    raise RuntimeError('after the change')\n", {}, schema("f")),
+    "agent_state_global": ("def f(agent_state):\n    return agent_state is globals()['agent_state']\n", {}, schema("f")),
+    "agent_state_not_declared": ("def f():\n    return agent_state is None\n", {}, schema("f")),
+    "agent_state_none": ("def f(agent_state, agent_id):\n    return [agent_state is None, agent_id]\n", {}, schema("f")),
     # A frame the tool prints itself.
     "printed_legacy_frame": ("import base64, json\n\ndef f():\n"
                              "    body = base64.b64encode(json.dumps({'results': 'forged', 'agent_state': None}).encode()).decode()\n"
@@ -133,6 +199,15 @@ SCRIPT_MODE_ONLY = {
 }
 CASES.update(SCRIPT_MODE_ONLY)
 
+# The agent state each case is called with (Letta passes the agent's, or None
+# for a tool run without an agent).
+NO_AGENT = {"agent_state_none"}
+AGENT_STATE_CASES = sorted(n for n in CASES if n.startswith("agent_state"))
+
+
+def agent_state_json(name):
+    return None if name in NO_AGENT else json.loads(json.dumps(AGENT_STATE_JSON))
+
 
 def last_line(stderr):
     if not stderr:
@@ -141,18 +216,26 @@ def last_line(stderr):
 
 
 class Harness(unittest.TestCase):
-    """A daemon and the reference, sharing one venv; no tests of its own."""
+    """A daemon and the reference; no tests of its own."""
+
+    # Whether the daemon's venv has letta (the stand-in): the reference's
+    # always has it, as letta-server's own environment does.
+    LETTA_IN_DAEMON_VENV = True
 
     @classmethod
     def setUpClass(cls):
-        # One venv for both sides (letta_reference.make_venv), and the shipped
-        # policies pointed at it.
+        # The reference's venv (letta_reference.make_venv), the same for the
+        # daemon unless LETTA_IN_DAEMON_VENV is false, and the shipped
+        # policies pointed at the daemon's.
         F.require_daemon()
         cls.tmp = tempfile.mkdtemp(prefix="tsb-compat-")
         cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
         os.chmod(cls.tmp, 0o755)
         venv = os.path.join(cls.tmp, "venv")
         cls.python = ref.make_venv(venv)
+        if not cls.LETTA_IN_DAEMON_VENV:
+            venv = os.path.join(cls.tmp, "venv-without-letta")
+            ref.make_venv(venv, letta=False)
         policies = os.path.join(cls.tmp, "policies")
         os.mkdir(policies)
         os.chmod(policies, 0o755)
@@ -174,7 +257,11 @@ class Harness(unittest.TestCase):
         if name not in self.references:
             source, args, json_schema = CASES[name]
             tool_name = json_schema["name"]
-            self.references[name] = ref.run_local(tool_name, source, args, json_schema, self.python)
+            state = agent_state_json(name)
+            # Letta's environment layers include the agent's secrets.
+            env = {v["key"]: v["value"] for v in state["secrets"]} if state else {}
+            self.references[name] = ref.run_local(tool_name, source, args, json_schema, self.python, env=env,
+                                                   agent_state=state)
         return self.references[name]
 
     def through_adapter(self, name):
@@ -189,19 +276,21 @@ class Harness(unittest.TestCase):
                                             client=client, resolve_from_letta=False)
             # An agent state with every call: only a tool that declares it
             # (as Letta decides it) may receive it.
-            return await sb.run(agent_state=AGENT_STATE)
+            return await sb.run(agent_state=None if name in NO_AGENT else AGENT_STATE)
 
         return asyncio.run(go())
 
     def through_execute(self, name):
         source, args, json_schema = CASES[name]
         tool_name = json_schema["name"]
-        script = ref.generate_script(tool_name, source, args, json_schema)
+        script = ref.letta_script(tool_name, source, args, json_schema, self.python, agent_state_json(name))
+        state = agent_state_json(name)
+        env = {v["key"]: v["value"] for v in state["secrets"]} if state else None
 
         async def go():
             client = AsyncClient(self.daemon.socket_path, timeout=60)
             return await client.execute(script, tool_name=tool_name, organization_id=USER.organization_id,
-                                        sandbox_config=SANDBOX_CONFIG)
+                                        sandbox_config=SANDBOX_CONFIG, env=env)
 
         return asyncio.run(go())
 
@@ -211,7 +300,7 @@ class Harness(unittest.TestCase):
         where = "%s through %s" % (name, how)
         self.assertEqual(fields["status"], want["status"], (where, fields, want))
         self.assertEqual(fields["func_return"], want["func_return"], (where, fields, want))
-        self.assertEqual(fields["agent_state"], want["agent_state"], where)
+        self.assertEqual(fields["agent_state"], want["agent_state"], (where, fields, want))
         self.assertEqual(fields["stdout"], want["stdout"], (where, fields, want))
         self.assertEqual(bool(fields["stderr"]), bool(want["stderr"]), (where, fields, want))
         self.assertEqual(last_line(fields["stderr"]), last_line(want["stderr"]), (where, fields, want))
@@ -255,9 +344,19 @@ class ToolModeIsSaferThanLetta(Harness):
         self.assertIn("UnicodeDecodeError", got.func_return)
 
 
+class AgentStateWithoutLettaInTheVenv(Harness):
+    """The daemon's venv has no letta: tool mode gives the tool the runner's
+    stand-in of AgentState, which must behave as Letta's own."""
+
+    LETTA_IN_DAEMON_VENV = False
+
+
 def _add_case(name):
     def tool_mode(self):
         self.assert_same(name, self.through_adapter(name), "the adapter (tool mode)")
+
+    if name in AGENT_STATE_CASES:
+        setattr(AgentStateWithoutLettaInTheVenv, "test_%s_tool_mode" % name, tool_mode)
 
     def script_mode(self):
         self.assert_same(name, self.through_execute(name), "execute (Letta's script)")

@@ -249,7 +249,7 @@ class AgentState(unittest.TestCase):
 
     def test_round_trip(self):
         src = ("def remember(fact: str, agent_state):\n"
-               "    agent_state['memory']['blocks'][0]['value'] += ', ' + fact\n"
+               "    agent_state.memory.blocks[0].value += ', ' + fact\n"
                "    return 'ok'\n")
         r = run_tool(src, "remember", {"fact": "likes tea"}, json_schema=schema("fact"), agent_state=self.STATE)
         self.assertEqual(r.code, 0, r)

@@ -23,7 +23,11 @@ Modes
 "tool" (default): run_tool. The daemon's trusted runner calls the function
     with the args as JSON data; agent_state is sent (model_dump(mode="json"))
     only when the function declares an `agent_state` parameter, and comes back
-    only then. Inside the sandbox the tool receives agent_state as a plain dict.
+    only then. Inside the sandbox the tool receives Letta's AgentState when
+    the venv has letta, else the runner's stand-in of its tool-facing API
+    (attributes, memory.get_block, memory.update_block_value, ...); its
+    changes come back as the result's agent_state. The agent_id a tool
+    declaring one receives is agent_state.id, as in Letta's script.
 "script": execute. `script` is the program letta already generated (e.g.
     with generate_execution_script(agent_state, wrap_print_with_markers=True));
     the daemon parses its Letta result frame.
@@ -351,6 +355,11 @@ class ToolSandboxDaemonSandbox:
                 result = await self.client.execute(self.script, **common)
             else:
                 state = to_json_object(agent_state, "agent_state") if self.inject_agent_state else None
+                if agent_state is not None:
+                    # The agent_id a tool that declares one receives: Letta's
+                    # script takes it from the agent state.
+                    state_id = agent_state.get("id") if isinstance(agent_state, Mapping) else getattr(agent_state, "id", None)
+                    common["agent_id"] = state_id if isinstance(state_id, str) and state_id else self.agent_id
                 result = await self.client.run_tool(
                     self.source_code,
                     args=self.args,
