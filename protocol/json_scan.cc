@@ -257,6 +257,7 @@ class Scanner {
   }
   bool string(SipHash13* h);
   bool number();
+  bool nonfinite();
   bool literal(std::string_view word);
   bool open(bool object);
   bool key();
@@ -307,13 +308,18 @@ bool Scanner::string(SipHash13* h) {
           if (end_ - p_ < 6) return fail("truncated \\u escape");
           long cp = hex4(p_ + 2);
           if (cp < 0) return fail("invalid \\u escape");
-          if (cp >= 0xDC00 && cp <= 0xDFFF) return fail("unpaired surrogate in a \\u escape");
+          // Python's json.loads keeps a lone surrogate as such (hashed
+          // here as its 3-byte form, which no valid UTF-8 key has).
+          const bool lone_ok = o_.python_values;
+          if (cp >= 0xDC00 && cp <= 0xDFFF && !lone_ok) return fail("unpaired surrogate in a \\u escape");
           if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (end_ - p_ < 12 || p_[6] != '\\' || p_[7] != 'u') return fail("unpaired surrogate in a \\u escape");
-            long lo = hex4(p_ + 8);
-            if (lo < 0xDC00 || lo > 0xDFFF) return fail("unpaired surrogate in a \\u escape");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            p_ += 6;
+            const long lo = end_ - p_ >= 12 && p_[6] == '\\' && p_[7] == 'u' ? hex4(p_ + 8) : -1;
+            if (lo >= 0xDC00 && lo <= 0xDFFF) {
+              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+              p_ += 6;
+            } else if (!lone_ok) {
+              return fail("unpaired surrogate in a \\u escape");
+            }
           }
           n = utf8_encode(static_cast<std::uint32_t>(cp), buf);
           p_ += 4;  // the 4 hex digits; the "\u" below
@@ -357,6 +363,16 @@ bool Scanner::number() {
     if (p_ == end_ || !is_digit(*p_)) return fail("invalid number");
     while (p_ < end_ && is_digit(*p_)) ++p_;
   }
+  if (o_.on_number) o_.on_number(slice(from, at()));
+  return true;
+}
+
+// NaN, Infinity, -Infinity: what Python's json.dumps writes for non-finite
+// floats (allow_nan=True), with python_values only.
+bool Scanner::nonfinite() {
+  const std::size_t from = at();
+  const std::string_view word = *p_ == 'N' ? "NaN" : *p_ == 'I' ? "Infinity" : "-Infinity";
+  if (!literal(word)) return false;
   if (o_.on_number) o_.on_number(slice(from, at()));
   return true;
 }
@@ -438,6 +454,7 @@ void Scanner::verify_duplicates(const Frame& f, std::size_t close_end, std::vect
   JsonScanOptions again;
   again.max_depth = o_.max_depth;
   again.duplicate_keys = false;
+  again.python_values = o_.python_values;
   const char* text_base = reinterpret_cast<const char*>(base_);
   again.on_child = [&](const JsonChild& c) {
     if (found) return;
@@ -527,7 +544,10 @@ std::variant<JsonScanned, JsonScanError> Scanner::run() {
         kind = JsonKind::Null;
         break;
       default:
-        if (*p_ == '-' || is_digit(*p_)) {
+        if (o_.python_values && (*p_ == 'N' || *p_ == 'I' || (*p_ == '-' && end_ - p_ > 1 && p_[1] == 'I'))) {
+          ok = nonfinite();
+          kind = JsonKind::Number;
+        } else if (*p_ == '-' || is_digit(*p_)) {
           ok = number();
           kind = JsonKind::Number;
         } else {
@@ -682,6 +702,27 @@ void append_json_quoted(std::string& out, std::string_view utf8) {
   }
   out.append(utf8.data() + run, utf8.size() - run);
   out += '"';
+}
+
+std::string python_json_as_strict(std::string_view text) {
+  std::string out;
+  std::size_t copied = 0;
+  JsonScanOptions o;
+  o.python_values = true;
+  o.duplicate_keys = false;
+  o.on_number = [&](std::string_view tok) {
+    if (tok.empty() || (tok.back() != 'N' && tok.back() != 'y')) return;  // NaN, [-]Infinity
+    const auto at = static_cast<std::size_t>(tok.data() - text.data());
+    out.append(text.substr(copied, at - copied));
+    out += '"';
+    out.append(tok);
+    out += '"';
+    copied = at + tok.size();
+  };
+  if (!std::holds_alternative<JsonScanned>(scan_json(text, o))) return std::string(text);
+  if (copied == 0 && out.empty()) return std::string(text);
+  out.append(text.substr(copied));
+  return out;
 }
 
 }  // namespace tsb::protocol

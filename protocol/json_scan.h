@@ -23,7 +23,8 @@
 //     only the escapes \" \\ \/ \b \f \n \r \t \uXXXX; a \u escape of a high
 //     surrogate must be followed by one of a low surrogate, and a lone
 //     surrogate escape is refused (like nlohmann::json, and unlike Python,
-//     which would make it a str no UTF-8 encoder accepts);
+//     which would make it a str no UTF-8 encoder accepts; python_values
+//     below accepts it, and NaN/Infinity, for values Python wrote);
 //   - arrays and objects nested at most max_depth levels;
 //   - with duplicate_keys (the default), no two members of one object, at
 //     any depth, whose keys are equal once unescaped ("a" and "\u0061" are
@@ -73,6 +74,13 @@ struct JsonScanOptions {
   int max_depth = kMaxJsonNesting;
   bool duplicate_keys = true;  // refuse duplicate keys (at every depth)
   bool allow_bom = false;      // skip one leading UTF-8 byte order mark
+  // Also accept what Python's json.dumps writes beyond RFC 8259, so that a
+  // value a tool returned can be kept exactly as Python's json.loads reads
+  // it: NaN, Infinity and -Infinity as numbers (kind Number, passed to
+  // on_number), and \u escapes of lone surrogates. Use with
+  // duplicate_keys = false where Python semantics are wanted (json.loads
+  // keeps the last of equal keys).
+  bool python_values = false;
   // Called for each direct child of the top-level array or object, in
   // document order, while scanning: a later failure can still refuse the
   // text, so a caller acts on children only once scan_json succeeded.
@@ -107,6 +115,13 @@ bool json_number_is_integer(std::string_view token);
 
 // True when an integer token fits in int64 (negative) or uint64.
 bool json_integer_fits_64_bits(std::string_view token);
+
+// `text`, which scan_json accepted with python_values, as RFC 8259 JSON as
+// far as numbers go: each NaN, Infinity and -Infinity token becomes the
+// string "NaN", "Infinity" or "-Infinity" (what a strict reader can take);
+// everything else, lone surrogate escapes included (the RFC's grammar allows
+// them), is copied unchanged. Text that does not scan is returned as is.
+std::string python_json_as_strict(std::string_view text);
 
 // ---------------------------------------------------------------------------
 // Writing JSON strings

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "isolate/base/hash.h"
+#include "protocol/json_scan.h"
 #include "protocol/pyjson.h"
 
 namespace tsb::protocol {
@@ -130,6 +131,37 @@ bool python_truthy(const nlohmann::json& j) {
   }
 }
 
+// The exact text of the "results" and "agent_state" members of a JSON object
+// as Python wrote it (NaN, Infinity, lone surrogate escapes, numbers of any
+// size), found as Python's json.loads finds them: keys compared once
+// unescaped, the last of equal keys wins. Empty views when absent or when
+// the text does not scan.
+struct PayloadText {
+  std::string_view results;
+  std::string_view agent_state;
+  JsonKind agent_state_kind = JsonKind::Null;
+};
+PayloadText payload_text(std::string_view text) {
+  PayloadText t;
+  JsonScanOptions o;
+  o.python_values = true;
+  o.duplicate_keys = false;
+  o.on_child = [&](const JsonChild& c) {
+    if (c.key.empty()) return;
+    const std::string k = json_string_value(c.key);
+    if (k == "results") {
+      t.results = c.value;
+    } else if (k == "agent_state") {
+      t.agent_state = c.value;
+      t.agent_state_kind = c.kind;
+    }
+  };
+  auto scanned = scan_json(text, o);
+  if (!std::holds_alternative<JsonScanned>(scanned) || std::get<JsonScanned>(scanned).kind != JsonKind::Object)
+    return {};
+  return t;
+}
+
 void set_corrupted(ParsedOutput& r, std::string_view name, std::string_view message) {
   r.corrupted = true;
   r.error_name.assign(name);
@@ -165,7 +197,11 @@ void decode_json_payload(std::string_view text, std::string_view raw, ParsedOutp
     set_corrupted(r, "AttributeError", "'" + std::string(python_type_name(j)) + "' object has no attribute 'get'");
     return;
   }
-  if (auto it = j.find("results"); it != j.end()) r.results = std::move(*it);
+  const PayloadText exact = payload_text(text);
+  if (auto it = j.find("results"); it != j.end()) {
+    r.results = std::move(*it);
+    r.results_text.assign(exact.results);
+  }
   if (auto it = j.find("agent_state"); it != j.end() && python_truthy(*it)) {
     if (!it->is_object()) {
       set_corrupted(r, "ValidationError", "agent_state is a " + std::string(python_type_name(*it)) +
@@ -173,6 +209,7 @@ void decode_json_payload(std::string_view text, std::string_view raw, ParsedOutp
       return;
     }
     r.agent_state = std::move(*it);
+    if (exact.agent_state_kind == JsonKind::Object) r.agent_state_text.assign(exact.agent_state);
   }
 }
 
@@ -643,7 +680,13 @@ Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_by
   auto decoded = b64decode_validate(stdout_bytes.substr(body, end - body));
   if (!decoded.ok()) return std::move(decoded).error().wrap("runner result frame: base64");
   if (!json_nesting_within(*decoded)) return bad_frame("payload is nested too deeply");
+  // The runner writes the payload with Python's json.dumps: non-finite
+  // floats as NaN/Infinity and lone surrogates as \u escapes, which the
+  // document below holds approximately (null, U+FFFD) and the exact text
+  // keeps as they are.
   nlohmann::json payload = parse_json_bounded(*decoded);
+  if (payload.is_discarded())
+    if (auto rewritten = rewrite_python_json_extensions(*decoded)) payload = parse_json_bounded(*rewritten);
   if (payload.is_discarded()) return bad_frame("payload is not JSON");
   if (!payload.is_object()) return bad_frame("payload is not an object");
   for (auto it = payload.begin(); it != payload.end(); ++it) {
@@ -658,6 +701,9 @@ Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_by
   NonceFrame f;
   f.results = std::move(payload["results"]);
   f.agent_state = std::move(payload["agent_state"]);
+  const PayloadText exact = payload_text(*decoded);
+  f.results_text.assign(exact.results);
+  if (exact.agent_state_kind == JsonKind::Object) f.agent_state_text.assign(exact.agent_state);
   if (!f.agent_state.is_null() && !f.agent_state.is_object()) return bad_frame("agent_state is not an object");
   if (auto it = payload.find("error"); it != payload.end()) {
     if (!it->is_object()) return bad_frame("error is not an object");

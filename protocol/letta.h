@@ -89,6 +89,11 @@ struct ParsedOutput {
   // object; Letta validates it into an AgentState), else null.
   nlohmann::json results;
   nlohmann::json agent_state;
+  // The same two values as the exact JSON text Python wrote (integers of
+  // any size, NaN/Infinity tokens, lone surrogate escapes), for a reply
+  // that returns them exactly; empty when absent.
+  std::string results_text;
+  std::string agent_state_text;
 
   // Python's json.loads accepts NaN/Infinity/-Infinity and lone surrogate
   // escapes; nlohmann does not. Such tokens are rewritten to null and U+FFFD
@@ -217,6 +222,8 @@ struct RunnerError {
 struct NonceFrame {
   nlohmann::json results;      // null on failure
   nlohmann::json agent_state;  // object or null
+  std::string results_text;      // their exact text, as in ParsedOutput
+  std::string agent_state_text;  // (empty: null or absent)
   std::optional<RunnerError> error;
   // stdout without the frame (and without the frame's own leading and
   // trailing newline), invalid UTF-8 replaced as in ParsedOutput.

@@ -24,7 +24,7 @@ struct Slice {
 constexpr std::string_view kRequestFields[] = {
     "id",       "v",          "type",       "tool_name",   "organization_id", "policy", "env", "timeout", "sandbox_config",
     "agent_id", "project_id", "script",     "source_code", "args",            "json_schema", "agent_state",
-    "pip_requirements"};
+    "pip_requirements", "json_dialect"};
 constexpr std::string_view kSandboxConfigFields[] = {"type", "config", "organization_id"};
 
 // The members of one object, filled from scan_json's on_child: one slot per
@@ -228,6 +228,12 @@ void decode_common(Decoder& d, CommonRunFields& c) {
   if (const Slice* sc = d.get("sandbox_config", JsonKind::Object, false)) decode_sandbox_config(d, *sc, c.sandbox_config);
   c.agent_id = d.str("agent_id", false, 256);
   c.project_id = d.str("project_id", false, 256);
+  if (auto dialect = d.str("json_dialect", false, 16)) {
+    if (*dialect == "python")
+      c.python_json = true;
+    else if (*dialect != "strict")
+      d.fail(d.where + ": \"json_dialect\" must be \"strict\" or \"python\"");
+  }
 }
 
 void decode_pip_requirements(Decoder& d, const Slice& p, std::vector<std::string>& out) {
@@ -374,6 +380,45 @@ std::string encode_error(std::string_view id, ErrorCode code, std::string_view m
 std::string encode_ok(std::string_view id, std::string_view key, const json& payload) {
   json j = {{"v", kProtocolVersion}, {"id", std::string(id)}, {"ok", true}, {std::string(key), payload}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+namespace {
+
+// An object's text with its members in nlohmann's order (sorted keys), the
+// members of `raw` written as the given text.
+std::string dump_object_with(const json& obj, const std::map<std::string, std::string>& raw) {
+  std::map<std::string, std::string> members;
+  for (auto it = obj.begin(); it != obj.end(); ++it)
+    if (!raw.contains(it.key())) members[it.key()] = it.value().dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string out = "{";
+  auto add = [&](const std::string& k, const std::string& v) {
+    if (out.size() > 1) out += ',';
+    out += json(k).dump(-1, ' ', false, json::error_handler_t::replace);
+    out += ':';
+    out += v;
+  };
+  auto m = members.begin();
+  auto r = raw.begin();
+  while (m != members.end() || r != raw.end()) {
+    if (r == raw.end() || (m != members.end() && m->first < r->first)) {
+      add(m->first, m->second);
+      ++m;
+    } else {
+      add(r->first, r->second);
+      ++r;
+    }
+  }
+  out += '}';
+  return out;
+}
+
+}  // namespace
+
+std::string encode_ok(std::string_view id, std::string_view key, const json& payload,
+                      const std::map<std::string, std::string>& raw_members) {
+  if (raw_members.empty()) return encode_ok(id, key, payload);
+  json envelope = {{"v", kProtocolVersion}, {"id", std::string(id)}, {"ok", true}};
+  return dump_object_with(envelope, {{std::string(key), dump_object_with(payload, raw_members)}}) + "\n";
 }
 
 }  // namespace tsb::protocol

@@ -70,6 +70,12 @@ struct CommonRunFields {
   std::optional<SandboxConfig> sandbox_config;
   std::optional<std::string> agent_id;
   std::optional<std::string> project_id;
+  // "json_dialect": "python": func_return and agent_state are written as
+  // Python's json.dumps writes them (NaN, Infinity, -Infinity tokens), so a
+  // Python client's json.loads gets back exactly the values the tool
+  // returned. Default "strict": RFC 8259 numbers only (those tokens become
+  // the strings "NaN", "Infinity", "-Infinity").
+  bool python_json = false;
 };
 
 // execute: a complete Python script, as letta-server generates it today.
@@ -107,6 +113,10 @@ std::variant<Request, ProtocolError> decode_request(std::string_view line, std::
 // Response lines.
 std::string encode_error(std::string_view id, ErrorCode code, std::string_view message);
 std::string encode_ok(std::string_view id, std::string_view key, const nlohmann::json& payload);
+// The same, with members of `payload` given as JSON text (written as is, in
+// the place their key sorts to): values kept exactly as a tool returned them.
+std::string encode_ok(std::string_view id, std::string_view key, const nlohmann::json& payload,
+                      const std::map<std::string, std::string>& raw_members);
 
 bool is_python_identifier(std::string_view s);  // and not a keyword
 bool is_env_name(std::string_view s);           // [A-Za-z_][A-Za-z0-9_]*, at most 256

@@ -195,6 +195,8 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run)
     if (p.usable()) {
       r["func_return"] = p.results;
       r["agent_state"] = p.agent_state;
+      out.func_return_text = p.results_text;
+      if (!p.agent_state.is_null()) out.agent_state_text = p.agent_state_text;
     }
     if (!success_exit && !p.found()) r["func_return"] = failure_from_stderr(name, run.stderr_data, fallback_name, fallback_msg);
     return out;
@@ -238,6 +240,8 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run)
   r["status"] = success_exit ? "success" : "error";
   r["func_return"] = f.results;
   r["agent_state"] = f.agent_state;
+  out.func_return_text = f.results_text;
+  if (!f.agent_state.is_null()) out.agent_state_text = f.agent_state_text;
   return out;
 }
 

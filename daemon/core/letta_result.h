@@ -33,6 +33,11 @@ struct ShapeContext {
 struct Shaped {
   nlohmann::json result;  // ToolExecutionResult fields
   nlohmann::json extra;   // framing details for the run record
+  // When set, result's func_return / agent_state as the exact JSON text the
+  // tool's Python wrote (protocol::ParsedOutput::results_text): the reply
+  // carries them so, not the approximate document values.
+  std::string func_return_text;
+  std::string agent_state_text;
 };
 
 Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run);

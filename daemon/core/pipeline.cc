@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "daemon/core/result_json.h"
 #include "daemon/policy/units.h"
 #include "isolate/base/random.h"
 #include "daemon/policy/jsonc.h"
+#include "protocol/json_scan.h"
 #include "protocol/letta.h"
 
 namespace tsb::core {
@@ -102,12 +104,20 @@ std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRu
   const protocol::CommonRunFields& c = *p.common;
   const Policy& pol = p.policy();
   json result, record = run_record_json(out.run);
+  // func_return and agent_state as the exact text the tool's Python wrote,
+  // in the client's dialect (messages.h, CommonRunFields::python_json).
+  std::map<std::string, std::string> exact;
   if (out.result) {
     result = std::move(*out.result);
   } else {
     auto shaped = shape_tool_result(p.shape, out.run);
     result = std::move(shaped.result);
     for (auto it = shaped.extra.begin(); it != shaped.extra.end(); ++it) record[it.key()] = it.value();
+    auto keep = [&](const char* key, const std::string& text) {
+      if (!text.empty()) exact[key] = c.python_json ? text : protocol::python_json_as_strict(text);
+    };
+    keep("func_return", shaped.func_return_text);
+    keep("agent_state", shaped.agent_state_text);
   }
   for (auto it = out.record.begin(); it != out.record.end(); ++it) record[it.key()] = it.value();
   const std::string end_reason = out.end_reason.empty() ? std::string(isolate::to_string(out.run.reason)) : out.end_reason;
@@ -132,7 +142,7 @@ std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRu
       q(c.tool_name), p.tool_mode ? "run_tool" : "execute", q(pol.name), pol.fingerprint, backend, out.audit, ms,
       end_reason, exit_code.is_number_integer() ? std::to_string(exit_code.get<int>()) : "-",
       result.value("status", "error"), out.run.stdout_total_bytes, out.run.stderr_total_bytes);
-  return protocol::encode_ok(p.request->id, "result", result);
+  return protocol::encode_ok(p.request->id, "result", result, exact);
 }
 
 }  // namespace tsb::core

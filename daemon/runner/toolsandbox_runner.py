@@ -87,7 +87,10 @@ frame (unless the runner could not read a usable request, see exit code 3):
 
     "\\n<<TSB-RESULT-" nonce ">>" base64(payload) "<<TSB-END-" nonce ">>\\n"
 
-payload is ASCII JSON:
+payload is ASCII text, written by json.dumps (ensure_ascii, allow_nan), so
+Python JSON rather than strict JSON where the value needs it: NaN, Infinity
+and -Infinity for non-finite floats, \\uXXXX escapes of lone surrogates,
+integers of any size. The engine keeps these values exactly:
 
     success: {"results": <json>, "agent_state": <object|null>}
     failure: {"results": null, "agent_state": null,
@@ -99,8 +102,7 @@ results is the return value turned into JSON the way Letta's script does it
 directly (tuples become lists, dict keys become strings), pydantic models and
 dataclasses become objects, anything else becomes str(value). When that fails
 (a cycle, extreme depth) the whole value becomes str(value) and a warning goes
-to stderr. Non-finite floats become the strings "NaN", "Infinity" and
-"-Infinity" so that the payload is strict JSON.
+to stderr. Non-finite floats stay floats (NaN, Infinity, -Infinity above).
 
 stderr carries the tool's own stderr. When the tool raises (while its module
 is executed or while it is called), the traceback is printed to stderr as
@@ -489,7 +491,7 @@ def _final_payload(body, status, inject_agent_state):
 def _frame(nonce, payload):
     import base64
 
-    text = json.dumps(payload, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    text = json.dumps(payload, ensure_ascii=True, allow_nan=True, separators=(",", ":"))
     n = nonce.encode("ascii")
     return (
         b"\n" + FRAME_START + n + FRAME_CLOSE
@@ -680,7 +682,7 @@ def _json_key(k):
         return int.__repr__(k)
     if isinstance(k, float):
         f = _json_float(float(k))
-        return f if isinstance(f, str) else float.__repr__(f)
+        return f if isinstance(f, str) else float.__repr__(f)  # as json.dumps writes float keys
     return str(k)
 
 
@@ -697,7 +699,9 @@ def _jsonable(obj, depth, active):
     if isinstance(obj, int):
         return int(int.__index__(obj))
     if isinstance(obj, float):
-        return _json_float(float(obj))
+        # NaN and the infinities stay floats: json.dumps writes them as NaN,
+        # Infinity and -Infinity, as in Letta's script.
+        return float(obj)
     if depth > _MAX_RESULT_DEPTH:
         raise ValueError("result nested deeper than %d levels" % _MAX_RESULT_DEPTH)
     if isinstance(obj, (list, tuple, dict)):
@@ -744,7 +748,7 @@ def _serialize_result(value, err_fd):
 
 
 def _send(res_fd, msg):
-    body = json.dumps(msg, ensure_ascii=True, allow_nan=False).encode("ascii")
+    body = json.dumps(msg, ensure_ascii=True, allow_nan=True).encode("ascii")
     _write_all(res_fd, _MSG_HEADER.pack(len(body)) + body)
 
 

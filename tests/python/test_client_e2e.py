@@ -202,6 +202,28 @@ class ClientEndToEnd(unittest.TestCase):
         self.assertEqual(r.func_return, payload)
         self.assertEqual(r.stdout, [])
 
+    def test_exact_values_in_each_dialect(self):
+        # The reply carries the result as the tool's Python wrote it; NaN and
+        # the infinities are tokens only for a client that asks for them.
+        src = "def f():\n    return [2**70, float('nan'), -float('inf'), 0.1 + 0.2, 'x\\udcff']\n"
+        exact_ints = "[1180591620717411303424,"
+        for dialect, want in ((None, '"NaN","-Infinity"'), ("strict", '"NaN","-Infinity"'), ("python", "NaN,-Infinity")):
+            req = {"v": 1, "id": "d-%s" % dialect, "type": "run_tool", "tool_name": "f", "organization_id": ORG,
+                   "source_code": src}
+            if dialect:
+                req["json_dialect"] = dialect
+            with self.daemon.raw() as raw:
+                raw.send(req)
+                line = raw.sock.recv(1 << 20)
+                while not line.endswith(b"\n"):
+                    line += raw.sock.recv(1 << 20)
+            text = line.decode("utf-8")
+            func_return = text[text.index('"func_return":') + len('"func_return":'):]
+            self.assertTrue(func_return.startswith(exact_ints + want + ',0.30000000000000004,"x\\udcff"]'),
+                            (dialect, text[:400]))
+        r = self.run_tool(src, "f", {})
+        self.assertEqual(json.dumps(r.func_return), '[1180591620717411303424, NaN, -Infinity, 0.30000000000000004, "x\\udcff"]')
+
     def test_run_tool_raises(self):
         r = self.run_tool(RAISE_TOOL, "boom", {"x": 3})
         self.assertEqual(r.status, "error")

@@ -112,7 +112,8 @@ class Base(unittest.TestCase):
 class RequestBuilding(unittest.TestCase):
     def test_execute_fields(self):
         r = P.execute_request("print(1)", tool_name="t", organization_id="org")
-        self.assertEqual(set(r), {"v", "id", "type", "tool_name", "organization_id", "script"})
+        self.assertEqual(set(r), {"v", "id", "type", "tool_name", "organization_id", "script", "json_dialect"})
+        self.assertEqual(r["json_dialect"], "python")  # json.loads here reads NaN and big ints back exactly
         self.assertEqual((r["v"], r["type"]), (1, "execute"))
         self.assertTrue(r["id"].startswith("py-") and len(r["id"]) <= P.MAX_ID_LENGTH)
         r2 = P.execute_request("x", tool_name="t", organization_id="o", env={"A": "1"}, timeout=5, policy="default",
@@ -139,7 +140,8 @@ class RequestBuilding(unittest.TestCase):
         self.assertEqual(r["agent_state"], {"id": "agent-1", "mode": "json"})
         self.assertEqual(r["pip_requirements"], ["a", "b==1.0", "c", "d==2"])
         r = P.run_tool_request("src", tool_name="t", args={"x": 1}, organization_id="o")
-        self.assertEqual(set(r), {"v", "id", "type", "tool_name", "organization_id", "source_code", "args"})
+        self.assertEqual(set(r), {"v", "id", "type", "tool_name", "organization_id", "source_code", "args",
+                                  "json_dialect"})
 
     def test_sandbox_config_forms(self):
         class SandboxType(enum.Enum):

@@ -132,6 +132,16 @@ CASES = {
     "non_utf8_stderr": ("import sys\n\ndef f():\n    sys.stderr.buffer.write(b'warn \\xe2\\x82\\n')\n    return 1\n",
                         {}, schema("f")),
     "lone_surrogate_printed": ("def f():\n    print('x\\udcff y')\n    return 1\n", {}, schema("f")),
+    # Values json.dumps writes and json.loads reads back exactly, and
+    # strict JSON cannot hold: the reply keeps them as the tool's Python
+    # wrote them.
+    "big_ints": ("def f():\n    return [2**70, -2**64 - 1, 10**30, {'n': 3**90}]\n", {}, schema("f")),
+    "non_finite_floats": ("def f():\n    return [float('nan'), float('inf'), -float('inf'), 1.5, {'x': float('nan')}]\n",
+                          {}, schema("f")),
+    "float_spelling": ("def f():\n    return [0.1 + 0.2, 1e300 * 10, 5e-324, 123456789012345678.0, 1.0, -0.0]\n",
+                       {}, schema("f")),
+    "lone_surrogate_returned": ("def f():\n    return ['x\\udcff y', {'k\\ud800': 1}]\n", {}, schema("f")),
+    "keys_of_other_types": ("def f():\n    return {1: 'a', 2.5: 'b', None: 'c', True: 'd', '1': 'e'}\n", {}, schema("f")),
     # agent_state: Letta's AgentState in Letta's script, the same API in
     # tool mode (letta's own model where the venv has letta, else the
     # runner's stand-in); the tool's changes come back.
@@ -207,6 +217,10 @@ AGENT_STATE_CASES = sorted(n for n in CASES if n.startswith("agent_state"))
 
 def agent_state_json(name):
     return None if name in NO_AGENT else json.loads(json.dumps(AGENT_STATE_JSON))
+
+
+def exact(value):
+    return json.dumps(value, allow_nan=True)
 
 
 def last_line(stderr):
@@ -299,7 +313,9 @@ class Harness(unittest.TestCase):
         fields = {k: getattr(got, k) for k in ("status", "func_return", "agent_state", "stdout", "stderr")}
         where = "%s through %s" % (name, how)
         self.assertEqual(fields["status"], want["status"], (where, fields, want))
-        self.assertEqual(fields["func_return"], want["func_return"], (where, fields, want))
+        # Exact: by their JSON text (1 and 1.0 differ, NaN equals NaN, keys
+        # in order).
+        self.assertEqual(exact(fields["func_return"]), exact(want["func_return"]), (where, fields, want))
         self.assertEqual(fields["agent_state"], want["agent_state"], (where, fields, want))
         self.assertEqual(fields["stdout"], want["stdout"], (where, fields, want))
         self.assertEqual(bool(fields["stderr"]), bool(want["stderr"]), (where, fields, want))

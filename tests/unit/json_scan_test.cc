@@ -138,6 +138,45 @@ TEST(JsonScan, RefusesEveryMalformedClass) {
   }
 }
 
+TEST(JsonScan, PythonValuesOnlyWhenAsked) {
+  JsonScanOptions py;
+  py.python_values = true;
+  for (const char* text : {"NaN", "Infinity", "-Infinity", "[NaN,-Infinity,{\"a\":Infinity}]", "\"\\udcff\"",
+                           "\"\\ud800\"", "\"\\ud800x\"", "\"\\ud800\\u0041\"", "{\"\\udc00\":1}",
+                           "\"\\ud83d\\ude00\""}) {
+    SCOPED_TRACE(text);
+    EXPECT_TRUE(valid(text, py));
+    if (std::string_view(text) != "\"\\ud83d\\ude00\"") EXPECT_FALSE(valid(text));
+  }
+  // Still not Python's whole superset, nor other spellings.
+  for (const char* text : {"nan", "inf", "-NaN", "+Infinity", "Infinit", "NaNa", "[NaN,]", "-", "--Infinity"}) {
+    SCOPED_TRACE(text);
+    EXPECT_FALSE(valid(text, py));
+  }
+  // The tokens reach on_number with their spelling.
+  std::vector<std::string> numbers;
+  py.on_number = [&](std::string_view t) { numbers.emplace_back(t); };
+  EXPECT_TRUE(valid("[1,NaN,-Infinity,{\"x\":Infinity},-2.5e3]", py));
+  EXPECT_EQ(numbers, (std::vector<std::string>{"1", "NaN", "-Infinity", "Infinity", "-2.5e3"}));
+  // Duplicate detection sees a lone surrogate key as its own key.
+  JsonScanOptions dup;
+  dup.python_values = true;
+  EXPECT_FALSE(valid("{\"\\udc00\":1,\"\\udc00\":2}", dup));
+  EXPECT_TRUE(valid("{\"\\udc00\":1,\"\\udc01\":2}", dup));
+}
+
+TEST(JsonScan, PythonJsonAsStrictQuotesOnlyNonFiniteTokens) {
+  EXPECT_EQ(python_json_as_strict("[NaN, Infinity,-Infinity ,{\"NaN\": \"Infinity\"}]"),
+            "[\"NaN\", \"Infinity\",\"-Infinity\" ,{\"NaN\": \"Infinity\"}]");
+  for (const char* same : {"123456789012345678901234567890", "\"\\udcff\"", "{\"a\":1,\"a\":2}", "-0.0", "[]"}) {
+    SCOPED_TRACE(same);
+    EXPECT_EQ(python_json_as_strict(same), same);
+  }
+  const std::string strict = python_json_as_strict("{\"x\":[NaN,1e400,-Infinity]}");
+  EXPECT_TRUE(valid(strict)) << strict;
+  EXPECT_EQ(strict, "{\"x\":[\"NaN\",1e400,\"-Infinity\"]}");
+}
+
 TEST(JsonScan, ByteOrderMarkOnlyWhenAllowedAndOnlyFirst) {
   JsonScanOptions o;
   o.allow_bom = true;

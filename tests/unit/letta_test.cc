@@ -285,6 +285,25 @@ TEST(LettaFraming, BinaryFrame) {
   EXPECT_EQ(r.stdout_text, "before\nafter");
 }
 
+TEST(LettaFraming, PayloadTextIsKeptExactly) {
+  // json.dumps(default=str) of Letta's script: Python's JSON, duplicate
+  // keys resolved as json.loads resolves them (the last one).
+  const std::string results = R"([NaN, 2361183241434822606848, "\ud800", {"k": 1}])";
+  const auto r = parse_letta_stdout(binary_frame(R"({"results": )" + results +
+                                                 R"(, "agent_state": {"id": "a", "v": Infinity}, "results": 7})"));
+  ASSERT_TRUE(r.usable());
+  EXPECT_EQ(r.results_text, "7");
+  EXPECT_EQ(r.results, 7);
+  EXPECT_EQ(r.agent_state_text, R"({"id": "a", "v": Infinity})");
+  const auto once = parse_letta_stdout(binary_frame(R"({"results": )" + results + R"(, "agent_state": {}})"));
+  ASSERT_TRUE(once.usable());
+  EXPECT_EQ(once.results_text, results);
+  EXPECT_EQ(once.agent_state_text, "");  // falsy: None in Letta
+  // The escaped spelling of a key is the same key.
+  const auto esc = parse_letta_stdout(binary_frame(R"({"\u0072esults": [1], "agent_state": null})"));
+  EXPECT_EQ(esc.results_text, "[1]");
+}
+
 TEST(LettaFraming, FalsyAgentStateIsNull) {
   for (const char* as : {"{}", "null", "0", "false", "\"\"", "[]"}) {
     const auto r = parse_letta_stdout(binary_frame(std::string(R"({"results": 1, "agent_state": )") + as + "}"));
@@ -886,6 +905,31 @@ TEST(NonceFrame, RoundTrip) {
   EXPECT_EQ(f.agent_state, payload["agent_state"]);
   EXPECT_FALSE(f.error.has_value());
   EXPECT_EQ(f.stdout_text, "tool output\nlate\n");
+}
+
+// What the runner's json.dumps writes for values strict JSON cannot hold:
+// the frame is accepted and the exact text kept for the reply.
+std::string raw_nonce_frame(std::string_view payload_text) {
+  return "\n" + std::string(kNonceFrameStart) + std::string(kNonce) + std::string(kNonceFrameClose) +
+         b64encode(payload_text) + std::string(kNonceFrameEnd) + std::string(kNonce) + std::string(kNonceFrameClose) + "\n";
+}
+
+TEST(NonceFrame, PythonValuesAreKeptExactly) {
+  const std::string results = R"([NaN,-Infinity,1180591620717411303424,"x\udcff",{"1":"a","1":"b"},0.30000000000000004])";
+  const std::string state = R"({"id":"a","n":18446744073709551617})";
+  auto r = extract_nonce_frame(raw_nonce_frame(R"({"results":)" + results + R"(,"agent_state":)" + state + "}"), kNonce);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_TRUE(r->has_value());
+  EXPECT_EQ((*r)->results_text, results);
+  EXPECT_EQ((*r)->agent_state_text, state);
+  EXPECT_TRUE((*r)->results.is_array());  // the approximate document, for the shaping
+  // A null agent state has no text to keep.
+  auto n = extract_nonce_frame(raw_nonce_frame(R"({"results":1,"agent_state":null})"), kNonce);
+  ASSERT_TRUE(n.ok() && n->has_value());
+  EXPECT_EQ((*n)->results_text, "1");
+  EXPECT_EQ((*n)->agent_state_text, "");
+  // Still refused: what is not Python's JSON either.
+  EXPECT_FALSE(extract_nonce_frame(raw_nonce_frame(R"({"results":nan,"agent_state":null})"), kNonce).ok());
 }
 
 TEST(NonceFrame, NewlinesBelongToTheFrame) {

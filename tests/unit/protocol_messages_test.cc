@@ -922,6 +922,18 @@ TEST(EncodeOk, ResultAndStatusShapes) {
   EXPECT_FALSE(s.contains("error"));
 }
 
+TEST(EncodeOk, RawMembersAreSplicedInSortedPlace) {
+  json payload = {{"status", "success"}, {"record", {{"a", 1}}}, {"func_return", "placeholder"}};
+  const std::string exact = R"([NaN,123456789012345678901234567890,"\udcff",{"b":1,"a":2,"a":3}])";
+  const std::string line = encode_ok("r", "result", payload, {{"func_return", exact}, {"agent_state", "null"}});
+  EXPECT_EQ(line, std::string(R"({"id":"r","ok":true,"result":{"agent_state":null,"func_return":)") + exact +
+                      R"(,"record":{"a":1},"status":"success"},"v":1})" + "\n");
+  // No raw members: the plain encoding, byte for byte.
+  EXPECT_EQ(encode_ok("r", "result", payload, {}), encode_ok("r", "result", payload));
+  const std::string same = encode_ok("r", "result", payload, {{"func_return", "\"placeholder\""}});
+  EXPECT_EQ(same, encode_ok("r", "result", payload));
+}
+
 TEST(EncodeOk, EmptyIdStaysAString) {
   // Unlike encode_error, encode_ok writes "" for an empty id.
   json j = parse_line(encode_ok("", "status", json::object()));

@@ -260,6 +260,9 @@ def _common(
     for k, v in optional.items():
         if v is not None:
             req[k] = v
+    # The result as Python's json.dumps wrote it (NaN, Infinity, integers of
+    # any size), which json.loads here reads back exactly.
+    req["json_dialect"] = "python"
 
 
 def _envelope(type_: str, request_id: Optional[str]) -> Dict[str, Any]:
