@@ -36,6 +36,16 @@ using namespace std::chrono_literals;
 namespace lp = tsb::protocol;
 constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
 
+// A string member of a JSON object E2B (or the code inside a sandbox) sent,
+// or `fallback` when it is absent or of another type: nlohmann's value()
+// would throw for a member of the wrong type, and what comes from a sandbox
+// is whatever its root wants it to be.
+std::string str_field(const json& j, const char* key, std::string_view fallback = "") {
+  if (!j.is_object()) return std::string(fallback);
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string(fallback);
+}
+
 constexpr int kEnvdPort = 49983;
 constexpr int kInterpreterPort = 49999;
 // Longest single control-plane call; the run's own deadline usually ends it first.
@@ -631,7 +641,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx& 
     if (creates_in_flight_ > 0) co_return nullptr;
     for (const auto& s : arr) {
       if (!s.is_object()) continue;
-      std::string id = s.value("sandboxID", "");
+      std::string id = str_field(s, "sandboxID");
       if (!valid_sandbox_id(id) || pool_.count(id) || adopting_.count(id) || created_ids_.count(id)) continue;
       if (s.contains("state") && s["state"] != "running") continue;
       // The filter is E2B's; check it again, a sandbox of another
@@ -664,7 +674,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx& 
     if (!j.is_object()) continue;
     auto sb = std::make_shared<Sandbox>();
     sb->id = id;
-    sb->token = j.value("envdAccessToken", "");
+    sb->token = str_field(j, "envdAccessToken");
     if (j.contains("domain") && j["domain"].is_string()) sb->domain = j["domain"].get<std::string>();
     if (!valid_token(sb->token) || (!sb->domain.empty() && !valid_domain(sb->domain))) continue;
     sb->key = ctx.pool_key;
@@ -708,7 +718,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::create(RunCtx&
     co_return nullptr;
   }
   json j = protocol::parse_json_bounded(r.body);
-  std::string id = j.is_object() ? j.value("sandboxID", "") : "";
+  std::string id = j.is_object() ? str_field(j, "sandboxID") : "";
   auto bad = [&](std::string why) {
     fail.set = true;
     fail.detail = "bad_response";
@@ -722,7 +732,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::create(RunCtx&
   }
   auto sb = std::make_shared<Sandbox>();
   sb->id = id;
-  sb->token = j.value("envdAccessToken", "");
+  sb->token = str_field(j, "envdAccessToken");
   if (j.contains("domain") && j["domain"].is_string()) sb->domain = j["domain"].get<std::string>();
   if (!valid_token(sb->token)) {
     bad("the answer has no usable envdAccessToken (the sandbox was created with secure: true)");
@@ -916,8 +926,8 @@ asio::awaitable<bool> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const st
                    (err.empty() ? std::string() : ": " + tail(err, 600));
   };
   if (st.trailer_error.is_object()) {
-    pip_failed("envd ended the command with " + st.trailer_error.value("code", std::string("unknown")) + " " +
-               q(st.trailer_error.value("message", std::string())));
+    pip_failed("envd ended the command with " + str_field(st.trailer_error, "code", "unknown") + " " +
+               q(str_field(st.trailer_error, "message")));
     co_return false;
   }
   if (!st.ended) {
@@ -948,7 +958,7 @@ asio::awaitable<bool> E2BBackend::new_context(RunCtx& ctx, Sandbox& sb, std::str
     co_return false;
   }
   json j = protocol::parse_json_bounded(res.body);
-  context_id = j.is_object() ? j.value("id", "") : "";
+  context_id = j.is_object() ? str_field(j, "id") : "";
   if (!valid_sandbox_id(context_id)) {
     fail.set = true;
     fail.detail = "bad_response";
@@ -1005,7 +1015,7 @@ asio::awaitable<bool> E2BBackend::execute(RunCtx& ctx, Sandbox& sb, const std::s
     } else if (type == "result") {
       // The cell's value is the result marked main; display() output is
       // not (Letta took results[0], which an earlier display() wins).
-      if (m.value("is_main_result", false)) {
+      if (auto it = m.find("is_main_result"); it != m.end() && it->is_boolean() && it->get<bool>()) {
         if (!ex.main_result) ex.main_result = m;
       } else {
         ++ex.display_results;
@@ -1077,7 +1087,7 @@ void shape_script(const std::string& tool, const std::optional<json>& main_resul
   std::string bad_result;
   if (main_result) {
     record["framing"] = "e2b-result";
-    std::string text = main_result->value("text", "");
+    std::string text = str_field(*main_result, "text");
     auto raw = lp::b64decode_validate(text);
     json payload = raw.ok() ? protocol::parse_json_bounded(*raw) : json(json::value_t::discarded);
     if (payload.is_object()) {
@@ -1108,7 +1118,7 @@ void shape_script(const std::string& tool, const std::optional<json>& main_resul
   r["stdout"] = stdout_list;
   r["stderr"] = stderr_list;
   if (error) {
-    std::string tb = error->value("traceback", "");
+    std::string tb = str_field(*error, "traceback");
     if (!tb.empty()) r["stderr"].push_back(lp::utf8_decode_replace(tb).text);
   }
   r["status"] = error ? "error" : "success";
@@ -1119,7 +1129,7 @@ void shape_script(const std::string& tool, const std::optional<json>& main_resul
     r["status"] = "error";
     r["func_return"] = lp::friendly_error_msg(tool, "Exception", bad_result);
   } else if (error) {
-    r["func_return"] = lp::friendly_error_msg(tool, error->value("name", ""), error->value("value", ""));
+    r["func_return"] = lp::friendly_error_msg(tool, str_field(*error, "name"), str_field(*error, "value"));
   } else {
     r["status"] = "error";
     r["func_return"] = lp::friendly_error_msg(tool, "ValueError", "Tool " + tool + " returned execution with None");
@@ -1275,14 +1285,14 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
       ok = false;
       fail.set = true;
       fail.detail = "execution_error";
-      fail.exc_name = ex.error->value("name", "SandboxException");
-      fail.message = "the fixed cell failed in the sandbox: " + ex.error->value("name", "") + ": " + ex.error->value("value", "");
-      std::string tb = ex.error->value("traceback", "");
+      fail.exc_name = str_field(*ex.error, "name", "SandboxException");
+      fail.message = "the fixed cell failed in the sandbox: " + str_field(*ex.error, "name") + ": " + str_field(*ex.error, "value");
+      std::string tb = str_field(*ex.error, "traceback");
       if (!tb.empty()) err_text += (err_text.empty() || err_text.back() == '\n' ? "" : "\n") + tb;
     }
     int rc = 0;
     if (ok) {
-      std::string text = ex.main_result ? ex.main_result->value("text", "") : "";
+      std::string text = ex.main_result ? str_field(*ex.main_result, "text") : "";
       char* end = nullptr;
       long v = text.empty() ? 0 : std::strtol(text.c_str(), &end, 10);
       if (text.empty() || *end != '\0' || v < -255 || v > 255) {
@@ -1316,8 +1326,8 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
         ok = false;
         fail.set = true;
         fail.detail = "execution_error";
-        fail.message = "setting the environment failed in the sandbox: " + pre.error->value("name", "") + ": " +
-                       pre.error->value("value", "");
+        fail.message = "setting the environment failed in the sandbox: " + str_field(*pre.error, "name") + ": " +
+                       str_field(*pre.error, "value");
       }
     }
     Exec ex;

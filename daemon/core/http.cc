@@ -4,6 +4,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <new>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/post.hpp>
@@ -115,7 +116,17 @@ size_t on_write(char* p, size_t size, size_t n, void* ud) {
   curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
   if (t->on_chunk && status >= 200 && status < 300) {
     t->resp.body_bytes += len;
-    if (!t->on_chunk(std::string_view(p, len))) {
+    // This runs inside curl_multi_socket_action, called from plain asio
+    // handlers: an exception leaving it would leave io.run() and end the
+    // front end. A consumer that throws (on a message of an unexpected
+    // shape, or out of memory) stops its transfer instead.
+    bool go_on = false;
+    try {
+      go_on = t->on_chunk(std::string_view(p, len));
+    } catch (...) {
+      go_on = false;
+    }
+    if (!go_on) {
       t->consumer_stopped = true;
       return len == 0 ? 1 : 0;  // anything but len makes curl stop with CURLE_WRITE_ERROR
     }
@@ -125,7 +136,12 @@ size_t on_write(char* p, size_t size, size_t n, void* ud) {
     t->too_large = true;
     return len == 0 ? 1 : 0;
   }
-  t->resp.body.append(p, len);
+  try {
+    t->resp.body.append(p, len);
+  } catch (const std::bad_alloc&) {
+    t->too_large = true;
+    return len == 0 ? 1 : 0;
+  }
   t->resp.body_bytes += len;
   return len;
 }

@@ -36,6 +36,13 @@ std::string signal_text(int sig) {
 
 std::string runner_request_text(const protocol::RunToolRequest& t, std::string_view nonce) {
   const auto& c = t.common;
+  // The runner gives agent_state only to a function that declares it, which
+  // it decides from the syntax tree; a source without the word cannot
+  // declare it, so the state (the agent's secrets) is not sent at all.
+  // This matters where the request is decoded by code the tool may read
+  // (an E2B sandbox's kernel); locally the runner's parent holds it.
+  const std::string_view agent_state =
+      t.source_code.find("agent_state") == std::string::npos ? std::string_view("null") : std::string_view(t.agent_state);
   struct Part {
     std::string_view name;  // with its quotes, colon and leading separator
     std::size_t size;
@@ -46,7 +53,7 @@ std::string runner_request_text(const protocol::RunToolRequest& t, std::string_v
       {",\"source_code\":", lp::json_quoted_size(t.source_code)},
       {",\"args\":", t.args.size()},
       {",\"json_schema\":", t.json_schema.size()},
-      {",\"agent_state\":", t.agent_state.size()},
+      {",\"agent_state\":", agent_state.size()},
       {",\"agent_id\":", c.agent_id ? lp::json_quoted_size(*c.agent_id) : std::string_view("null").size()},
   };
   std::size_t size = 1;  // the closing brace
@@ -66,7 +73,7 @@ std::string runner_request_text(const protocol::RunToolRequest& t, std::string_v
   out += parts[4].name;
   out += t.json_schema;
   out += parts[5].name;
-  out += t.agent_state;
+  out += agent_state;
   out += parts[6].name;
   if (c.agent_id) lp::append_json_quoted(out, *c.agent_id);
   else out += "null";

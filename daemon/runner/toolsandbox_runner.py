@@ -896,12 +896,20 @@ def _dump_value(v, mode, exclude_none):
 
 
 class Block(_Model):
+    def __init__(self, **fields):
+        # value is required and validated, as in Letta's model.
+        if "value" not in fields:
+            raise ValidationError("1 validation error for Block\nvalue\n  Field required")
+        super().__init__(**fields)
+        self.value = fields["value"]
+
     @staticmethod
     def _defaults():
         import uuid
 
         # Letta's Block fields and defaults (CORE_MEMORY_BLOCK_CHAR_LIMIT).
-        return {"value": "", "limit": 100000, "project_id": None, "template_name": None, "is_template": False,
+        # "value" (required) first, where Letta's model has it.
+        return {"value": None, "limit": 100000, "project_id": None, "template_name": None, "is_template": False,
                 "template_id": None, "base_template_id": None, "deployment_id": None, "entity_id": None,
                 "preserve_on_migration": False, "label": None, "read_only": False, "description": None,
                 "metadata": {}, "hidden": None, "id": "block-%s" % uuid.uuid4(), "created_by_id": None,

@@ -93,8 +93,8 @@ class LettaBase:
     nested = {}
 
     def __init__(self, **data):
-        for name, value in self.defaults().items():
-            data.setdefault(name, value)
+        # Fields in declaration order, as pydantic dumps them.
+        data = dict(self.defaults(), **data)
         for name, value in data.items():
             self.__dict__[name] = self.validate_field(name, value)
 
@@ -150,11 +150,17 @@ from letta.schemas.base import LettaBase
 class Block(LettaBase):
     @classmethod
     def defaults(cls):
-        return {"value": "", "limit": 100000, "project_id": None, "template_name": None, "is_template": False,
+        # "value" (required) first, where Letta's model has it.
+        return {"value": None, "limit": 100000, "project_id": None, "template_name": None, "is_template": False,
                 "template_id": None, "base_template_id": None, "deployment_id": None, "entity_id": None,
                 "preserve_on_migration": False, "label": None, "read_only": False, "description": None,
                 "metadata": {}, "hidden": None, "id": "block-%s" % uuid.uuid4(), "created_by_id": None,
                 "last_updated_by_id": None, "tags": []}
+
+    def __init__(self, **data):
+        if "value" not in data:
+            raise ValueError("1 validation error for Block")
+        super().__init__(**data)
 
     def validate_field(self, name, value):
         if name == "value":

@@ -161,6 +161,8 @@ CASES = {
                           "    return m.list_block_labels()\n", {"note": "likes tea"}, schema("f", note="string")),
     "agent_state_returned_block": ("def f(agent_state):\n    return agent_state.memory.get_block('persona')\n",
                                    {}, schema("f")),
+    "agent_state_new_block_returned": ("def f(agent_state):\n"
+                                       "    return Block(label='n', value='v\\x00w', id='block-n', limit=10)\n", {}, schema("f")),
     "agent_state_subscript": ("def f(agent_state):\n    return agent_state['id']\n", {}, schema("f")),
     "agent_state_missing_block": ("def f(agent_state):\n    return agent_state.memory.get_block('notes').value\n",
                                   {}, schema("f")),

@@ -35,8 +35,8 @@ const RunToolRequest& run_tool(const std::variant<Request, ProtocolError>& r) {
   return std::get<RunToolRequest>(std::get<Request>(r).body);
 }
 
-std::string line_with(const std::string& extra) {
-  return R"({"v":1,"id":"r","type":"run_tool","tool_name":"f","organization_id":"o","source_code":"def f(**kw):\n    return kw\n")" +
+std::string line_with(const std::string& extra, const std::string& source = R"(def f(**kw):\n    return kw\n)") {
+  return R"({"v":1,"id":"r","type":"run_tool","tool_name":"f","organization_id":"o","source_code":")" + source + "\"" +
          extra + "}";
 }
 
@@ -68,6 +68,17 @@ TEST(RunnerRequestText, ExactlyTheRunnersFieldsNullWhereAbsent) {
   EXPECT_TRUE(j["agent_id"].is_null());
 }
 
+TEST(RunnerRequestText, AgentStateOnlyForASourceThatCanDeclareIt) {
+  const std::string state = ",\"agent_state\":{\"secret\":\"s3cr3t\"}";
+  auto without = decode_request(line_with(state), nullptr);
+  const std::string a = core::runner_request_text(run_tool(without), kNonce);
+  EXPECT_EQ(members_of(a)["agent_state"], "null");
+  EXPECT_EQ(a.find("s3cr3t"), std::string::npos);
+  EXPECT_EQ(a.capacity(), a.size());
+  auto with = decode_request(line_with(state, R"(def f(agent_state):\n    return 1\n)"), nullptr);
+  EXPECT_EQ(members_of(core::runner_request_text(run_tool(with), kNonce))["agent_state"], "{\"secret\":\"s3cr3t\"}");
+}
+
 TEST(RunnerRequestText, StringsAreEscapedAndDecodedOnce) {
   const std::string line =
       R"({"v":1,"id":"r","type":"run_tool","tool_name":"f","organization_id":"o","agent_id":"ag\"ent\u00e9\n",)"
@@ -92,7 +103,9 @@ TEST(RunnerRequestText, NumbersReachTheToolAsWritten) {
                            "\"nested\":[ 12345678901234567890123 , {\"x\" : -0.0e-0} ]}";
   const std::string state = "{\"counter\":" + big300 + ",\"ws\" :\t[ 1 ,2 ]}";
   const std::string schema = "{\"parameters\":{\"properties\":{\"big\":{\"maximum\":" + big300 + "}}}}";
-  auto d = decode_request(line_with(",\"args\":" + args + ",\"agent_state\":" + state + ",\"json_schema\":" + schema), nullptr);
+  auto d = decode_request(line_with(",\"args\":" + args + ",\"agent_state\":" + state + ",\"json_schema\":" + schema,
+                                    R"(def f(agent_state, **kw):\n    return kw\n)"),
+                          nullptr);
   const auto& t = run_tool(d);
   EXPECT_EQ(t.args, args);
   EXPECT_EQ(t.agent_state, state);
