@@ -174,8 +174,19 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   out.held = std::shared_ptr<void>(nullptr, [this](void*) { release_slot(); });
 
   live_.insert(p.cancel);
+  // Where the result frame starts: kept past the output cap, so a run that
+  // prints more than the cap still returns its result (capped_output.h).
+  std::vector<std::string> frame_tokens;
+  if (p.tool_mode) {
+    // With the newline the runner writes before its frame, which belongs to it.
+    frame_tokens.push_back("\n" + std::string(protocol::kNonceFrameStart) + p.shape.nonce +
+                           std::string(protocol::kNonceFrameClose));
+  } else {
+    frame_tokens.emplace_back(protocol::kBinaryMarker);
+    frame_tokens.emplace_back(protocol::kLegacyStartMarker);
+  }
   LinkRun ran = co_await link_.run(std::move(order), std::move(stdin_data), pol.limits.stdout_bytes,
-                                   pol.limits.stderr_bytes, *p.cancel);
+                                   pol.limits.stderr_bytes, std::move(frame_tokens), *p.cancel);
   live_.erase(p.cancel);
   if (ran.refused) {
     // The spawner checks every order against its own copy of the policy:

@@ -1,4 +1,5 @@
 #include "daemon/core/spawner_link.h"
+#include "daemon/core/capped_output.h"
 
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -152,7 +153,8 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
 }
 
 asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
-                                          std::uint64_t stderr_cap, CancelSignal& cancel) {
+                                          std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
+                                          CancelSignal& cancel) {
   auto p = std::make_shared<Pending>(io_);
   const std::uint64_t id = order.id = ++next_id_;
   pending_.emplace(id, p);
@@ -171,7 +173,6 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
   }
   auto kill = [this, p, id](spawn::KillWhy why) {
     if (p->kill_sent || p->ended) return;
-    // A cancel after an output-limit kill changes nothing: one is enough.
     p->kill_sent = true;
     (void)send(spawn::encode(spawn::Kill{id, why}));
   };
@@ -191,48 +192,38 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
       stream sd(io, fd.release());
       if (!data.empty()) co_await asio::async_write(sd, asio::buffer(data), tuple_awaitable);
     }(io_, std::move(p->fds[0]), std::move(stdin_data)), asio::detached);
-    // stdout, stderr: kept up to the cap; past it the run is ended and the
-    // rest is read and dropped, so this process's memory stays flat.
+    // stdout, stderr: the first `cap` bytes kept, and past them only a
+    // result frame (capped_output.h); the run goes on, and the rest is read
+    // and dropped, so this process's memory stays bounded.
     struct Sink {
       std::string* data;
       bool* truncated;
       std::uint64_t* total;
-      std::uint64_t cap;
     };
-    const Sink sinks[2] = {{&r.stdout_data, &r.stdout_truncated, &r.stdout_total_bytes, stdout_cap},
-                           {&r.stderr_data, &r.stderr_truncated, &r.stderr_total_bytes, stderr_cap}};
+    const Sink sinks[2] = {{&r.stdout_data, &r.stdout_truncated, &r.stdout_total_bytes},
+                           {&r.stderr_data, &r.stderr_truncated, &r.stderr_total_bytes}};
     // The readers write into their own buffers (the Ended message replaces
     // the result), merged at the end; they hold them, so a reader that
     // outlives this run (a pipe still open after 5 s) writes into nothing freed.
     struct Output {
-      std::array<std::string, 2> data;
-      std::array<bool, 2> truncated{};
-      std::array<std::uint64_t, 2> total{};
+      std::array<CappedOutput, 2> streams;
     };
-    auto output = std::make_shared<Output>();
+    auto output = std::make_shared<Output>(Output{{CappedOutput(stdout_cap, std::move(stdout_frame_tokens)),
+                                                   CappedOutput(stderr_cap, {})}});
     p->readers = 2;
     for (int i = 0; i < 2; ++i) {
       asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, std::shared_ptr<Pending> p, std::shared_ptr<Output> o,
-                             int i, std::uint64_t cap, std::function<void()> over) -> asio::awaitable<void> {
+                             int i) -> asio::awaitable<void> {
         stream sd(io, fd.release());
         std::array<char, 65536> buf;
         for (;;) {
           auto [ec, n] = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
           if (ec) break;  // EOF or error: this stream is over
-          o->total[i] += n;
-          std::string& sink = o->data[i];
-          if (sink.size() < cap) {
-            std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(n, cap - sink.size()));
-            sink.append(buf.data(), take);
-            if (take < n) o->truncated[i] = true;
-          } else {
-            o->truncated[i] = true;
-          }
-          if (o->truncated[i]) over();
+          o->streams[i].feed(std::string_view(buf.data(), n));
         }
         --p->readers;
         p->poke();
-      }(io_, std::move(p->fds[1 + i]), p, output, i, sinks[i].cap, [kill] { kill(spawn::KillWhy::OutputLimit); }),
+      }(io_, std::move(p->fds[1 + i]), p, output, i),
                      asio::detached);
     }
     p->fds.clear();
@@ -247,9 +238,10 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
       }
     }
     for (int i = 0; i < 2; ++i) {
-      *sinks[i].data = std::move(output->data[i]);
-      *sinks[i].truncated = output->truncated[i];
-      *sinks[i].total = output->total[i];
+      CappedOutput& s = output->streams[i];
+      *sinks[i].truncated = s.truncated();
+      *sinks[i].total = s.total();
+      *sinks[i].data = std::move(s).take();
     }
   } else {
     // Ended without Started (the spawn failed; nothing ran), or Started

@@ -42,8 +42,11 @@ class SpawnerLink {
   // Starts reading the spawner's messages.
   void start();
 
+  // stdout_frame_tokens: where a result frame starts in stdout, which is
+  // kept even past stdout_cap (capped_output.h).
   asio::awaitable<LinkRun> run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
-                               std::uint64_t stderr_cap, CancelSignal& cancel);
+                               std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
+                               CancelSignal& cancel);
   // READY=1, RELOADING=1, STOPPING=1, STATUS=...: passed on to systemd by
   // the spawner (the only process systemd listens to).
   void notify(std::string_view text);

@@ -120,7 +120,7 @@ TEST_F(EngineTest, DaemonRunToolSyncAsyncAndAgentState) {
   EXPECT_EQ(r["result"]["func_return"], json::array({"a", "a"})) << r.dump();
   // Declared agent_state comes back (changed); undeclared never does.
   json state = {{"memory", {{"human", "Bob"}}}, {"secrets", {{"K", "V"}}}};
-  r = d.request(run_tool("def remember(agent_state, fact: str):\n    agent_state['memory']['human'] += ' ' + fact\n    return 'ok'\n",
+  r = d.request(run_tool("def remember(agent_state, fact: str):\n    agent_state.memory.human += ' ' + fact\n    return 'ok'\n",
                          "remember", {{"fact", "likes tea"}}, {{"agent_state", state}}));
   EXPECT_EQ(r["result"]["agent_state"]["memory"]["human"], "Bob likes tea") << r.dump();
   r = d.request(run_tool("def plain():\n    return 1\n", "plain", json::object(), {{"agent_state", state}}));

@@ -337,6 +337,38 @@ class LettaCompat(Harness):
         self.assertEqual(self.reference("main_block_and_file")["func_return"], ["__main__", True, True, True])
 
 
+class OutputPastTheCap(Harness):
+    """Letta returns the result however much the tool printed; so does the
+    daemon, with stdout cut at the policy's cap (PROTOCOL.md 13.2)."""
+
+    CAP = 1 << 20  # policies/default.json limits.stdout
+    SOURCE = ("import sys\n\ndef f(n: int):\n    line = 'x' * 1023 + '\\n'\n"
+              "    for _ in range(n):\n        sys.stdout.write(line)\n    print('tail', file=sys.stderr)\n"
+              "    return {'printed': n * 1024, 'big': 2**80}\n")
+
+    def check(self, got, want, how):
+        self.assertEqual(want["status"], "success")
+        self.assertEqual(len(want["stdout"][0]), 3 * self.CAP)
+        self.assertEqual(got.status, want["status"], how)
+        self.assertEqual(exact(got.func_return), exact(want["func_return"]), how)
+        self.assertEqual(got.stderr, want["stderr"], how)
+        self.assertEqual(len(got.stdout), 1, how)
+        self.assertEqual(got.stdout[0], want["stdout"][0][:self.CAP], how)
+
+    def test_tool_and_script_mode_keep_the_result(self):
+        CASES["output_past_the_cap"] = (self.SOURCE, {"n": 3 * 1024}, schema("f", n="integer"))
+        try:
+            want = self.reference("output_past_the_cap")
+            self.check(self.through_adapter("output_past_the_cap"), want, "tool mode")
+            got = self.through_execute("output_past_the_cap")
+            self.check(got, want, "script mode")
+            self.assertTrue(got.record["stdout_truncated"])
+            self.assertEqual(got.record["end_reason"], "exited")
+            self.assertGreater(got.record["stdout_bytes"], 3 * self.CAP)
+        finally:
+            del CASES["output_past_the_cap"]
+
+
 class ToolModeIsSaferThanLetta(Harness):
     """Where Letta is unsafe, tool mode differs on purpose (PROTOCOL.md 13.2)."""
 
