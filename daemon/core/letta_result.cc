@@ -34,13 +34,17 @@ std::string signal_text(int sig) {
 
 }  // namespace
 
-std::string runner_request_text(const protocol::RunToolRequest& t, std::string_view nonce) {
+std::string runner_request_text(const protocol::RunToolRequest& t, std::string_view nonce,
+                                const std::map<std::string, std::string>& env) {
   const auto& c = t.common;
   // The runner gives agent_state only to a function that declares it, which
   // it decides from the syntax tree; a source without the word cannot
   // declare it, so the state (the agent's secrets) is not sent at all.
   // This matters where the request is decoded by code the tool may read
   // (an E2B sandbox's kernel); locally the runner's parent holds it.
+  std::size_t env_size = 2;  // {}
+  for (const auto& [k, v] : env) env_size += lp::json_quoted_size(k) + 1 + lp::json_quoted_size(v) + 1;
+  if (!env.empty()) --env_size;  // no comma after the last
   const std::string_view agent_state =
       t.source_code.find("agent_state") == std::string::npos ? std::string_view("null") : std::string_view(t.agent_state);
   struct Part {
@@ -55,6 +59,7 @@ std::string runner_request_text(const protocol::RunToolRequest& t, std::string_v
       {",\"json_schema\":", t.json_schema.size()},
       {",\"agent_state\":", agent_state.size()},
       {",\"agent_id\":", c.agent_id ? lp::json_quoted_size(*c.agent_id) : std::string_view("null").size()},
+      {",\"env\":", env_size},
   };
   std::size_t size = 1;  // the closing brace
   for (const Part& p : parts) size += p.name.size() + p.size;
@@ -77,6 +82,15 @@ std::string runner_request_text(const protocol::RunToolRequest& t, std::string_v
   out += parts[6].name;
   if (c.agent_id) lp::append_json_quoted(out, *c.agent_id);
   else out += "null";
+  out += parts[7].name;
+  out += '{';
+  for (auto it = env.begin(); it != env.end(); ++it) {
+    if (it != env.begin()) out += ',';
+    lp::append_json_quoted(out, it->first);
+    out += ':';
+    lp::append_json_quoted(out, it->second);
+  }
+  out += '}';
   out += '}';
   return out;
 }

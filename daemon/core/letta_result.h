@@ -4,6 +4,7 @@
 // nonce frame). Pure: no I/O.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -49,7 +50,9 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run)
 // strings JSON-escaped, args, json_schema and agent_state spliced in as the
 // client sent them, so no value is re-encoded (numbers stay as written) and
 // the text is about the size of the request it comes from.
-std::string runner_request_text(const protocol::RunToolRequest& t, std::string_view nonce);
+// `env`: variables the runner sets for the tool only (its "env" member).
+std::string runner_request_text(const protocol::RunToolRequest& t, std::string_view nonce,
+                                const std::map<std::string, std::string>& env = {});
 
 // Python's str() of a float, for Letta's timeout message ("180.0", "1.5").
 std::string python_float_str(double v);

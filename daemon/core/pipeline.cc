@@ -26,6 +26,17 @@ std::chrono::milliseconds seconds_to_ms(double s) { return std::chrono::millisec
 
 }  // namespace
 
+bool changes_how_a_program_starts(std::string_view name) {
+  // glibc's list of variables it drops for setuid programs (UNSECURE_ENVVARS,
+  // sysdeps/generic/unsecvars.h) with every LD_* and MALLOC_* name, TMPDIR
+  // left out (it changes nothing at start), and Python's PYTHON*.
+  static constexpr std::string_view kNamed[] = {"GCONV_PATH",  "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES",
+                                                "LOCALDOMAIN", "LOCPATH",     "NIS_PATH",       "NLSPATH",
+                                                "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR"};
+  if (name.starts_with("LD_") || name.starts_with("MALLOC_") || name.starts_with("PYTHON")) return true;
+  return std::find(std::begin(kNamed), std::end(kNamed), name) != std::end(kNamed);
+}
+
 std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& peer,
                                    std::shared_ptr<const PolicySet> policies, bool e2b_configured,
                                    const std::string& runner_path, PreparedRun& out) {
@@ -71,6 +82,24 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   auto envv = build_environment(pol, out.env);
   if (!envv.ok()) return Refusal{ErrorCode::PolicyDenied, envv.error().message};
   out.sandbox_env = std::move(envv).value();
+  if (out.tool_mode) {
+    // Variables that change how a program starts (the dynamic loader's,
+    // glibc's, Python's) reach the tool, not the trusted runner: the runner
+    // starts without them and its tool process sets them (runner_env).
+    // Checked against the policy above like any other.
+    for (auto it = out.env.begin(); it != out.env.end();) {
+      if (!changes_how_a_program_starts(it->first)) {
+        ++it;
+        continue;
+      }
+      out.runner_env.insert(out.env.extract(it++));
+    }
+    if (!out.runner_env.empty()) {
+      auto clean = build_environment(pol, out.env);
+      if (!clean.ok()) return Refusal{ErrorCode::PolicyDenied, clean.error().message};
+      out.sandbox_env = std::move(clean).value();
+    }
+  }
 
   // A request may lower the policy's wall-clock limit, never raise it.
   out.timeout = pol.limits.wall_timeout;
@@ -92,7 +121,7 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   if (out.tool_mode) {
     if (runner_path.empty()) return Refusal{ErrorCode::Internal, "the tool runner is not installed on this host"};
     out.shape.nonce = random_hex(16);
-    out.runner_request = runner_request_text(std::get<protocol::RunToolRequest>(req.body), out.shape.nonce);
+    out.runner_request = runner_request_text(std::get<protocol::RunToolRequest>(req.body), out.shape.nonce, out.runner_env);
   }
   if (!out.cancel) out.cancel = std::make_shared<CancelSignal>();
   if (!out.client_gone) out.client_gone = [] { return false; };

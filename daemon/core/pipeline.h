@@ -68,6 +68,10 @@ struct PreparedRun {
   // of a local sandbox: the policy's fixed values, then these.
   std::map<std::string, std::string> env;
   std::vector<std::string> sandbox_env;
+  // Tool mode: the request's variables that change how a program starts
+  // (changes_how_a_program_starts): left out of sandbox_env and handed to the
+  // runner in its request, which sets them for the tool only.
+  std::map<std::string, std::string> runner_env;
   // Names the request set that the policy fixes: the policy's value is
   // kept (record.env_overridden), sorted.
   std::vector<std::string> env_overridden;
@@ -89,6 +93,10 @@ struct PreparedRun {
 
 // Everything before a backend is chosen: a refusal when the request cannot
 // run (policy, environment, sandbox_config, runner missing).
+// LD_*, MALLOC_*, PYTHON* and the other variables glibc ignores for setuid
+// programs: what the trusted runner must not start with.
+bool changes_how_a_program_starts(std::string_view name);
+
 std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& peer,
                                    std::shared_ptr<const PolicySet> policies, bool e2b_configured,
                                    const std::string& runner_path, PreparedRun& out);

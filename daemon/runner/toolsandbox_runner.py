@@ -39,10 +39,16 @@ Request (one JSON object on stdin, read to EOF)
                                                 name must be a key of
                                                 json_schema.parameters.properties
      "agent_state": {...} | null,               optional
-     "agent_id":    "<id>" | null}              optional
+     "agent_id":    "<id>" | null,              optional
+     "env":         {"NAME": "value", ...}}     optional, default {}
 
-Unknown fields are rejected. The environment is not part of the request: the
-engine sets it when it starts this process.
+Unknown fields are rejected. The environment is set by the engine when it
+starts this process, except the request's variables that change how a
+program starts (LD_*, MALLOC_*, PYTHON*, GLIBC_TUNABLES and the others glibc
+ignores for setuid programs): the engine leaves those out, so that no
+request can change how this trusted program starts, and sends them as
+"env", which the tool process sets before the tool's module runs
+(_apply_tool_env).
 
 Argument values are passed to the function as keyword arguments exactly as
 decoded from JSON (a string stays a string whatever it contains). They are
@@ -189,7 +195,7 @@ FRAME_END = b"<<TSB-END-"
 FRAME_CLOSE = b">>"
 
 _REQUEST_FIELDS = frozenset(
-    ["nonce", "tool_name", "source_code", "args", "json_schema", "agent_state", "agent_id"]
+    ["nonce", "tool_name", "source_code", "args", "json_schema", "agent_state", "agent_id", "env"]
 )
 _MAX_RESULT_DEPTH = 200  # nesting depth kept as JSON; deeper values fall back to str()
 _MSG_HEADER = struct.Struct(">Q")  # child -> parent: length, then JSON
@@ -333,6 +339,13 @@ def _validate_request(req):
     agent_id = req.get("agent_id")
     if agent_id is not None and not isinstance(agent_id, str):
         raise RequestError("ValueError", "agent_id must be a string or null")
+    env = req.get("env")
+    if env is None:
+        env = {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise RequestError("ValueError", "env must be an object of strings")
+    if any(not k or "=" in k or "\0" in k or "\0" in v for k, v in env.items()):
+        raise RequestError("ValueError", "env holds a name or value no environment can")
 
     schema = req.get("json_schema")
     if schema is not None:
@@ -368,6 +381,7 @@ def _validate_request(req):
         "agent_state": agent_state if inject_agent_state else None,
         "inject_agent_id": inject_agent_id,
         "agent_id": agent_id if inject_agent_id else None,
+        "env": env,
     }
     return child_req, inject_agent_state
 
@@ -1020,6 +1034,26 @@ def _agent_state_back(state):
         return None
 
 
+def _apply_tool_env(env):
+    """The request's variables that change how a program starts (LD_*,
+    PYTHON*, ...): the runner started without them, the tool gets them.
+    They are set in os.environ (so the tool and every process it starts see
+    them), and PYTHONPATH's entries go into sys.path where Python's start-up
+    would have put them (before the standard library). Effects that only a
+    fresh start has (LD_PRELOAD into this very interpreter, PYTHONHASHSEED)
+    apply to the tool's subprocesses only."""
+    if not env:
+        return
+    os.environ.update(env)
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if extra:
+        import sysconfig
+
+        stdlib = sysconfig.get_paths().get("stdlib")
+        at = next((i for i, p in enumerate(sys.path) if stdlib and p.startswith(os.path.dirname(stdlib))), 0)
+        sys.path[at:at] = [os.path.abspath(p) for p in extra]
+
+
 def _run_tool(req, err_fd):
     """Execute the tool module and call the function. Returns the message for
     the parent."""
@@ -1040,6 +1074,8 @@ def _run_tool(req, err_fd):
     # not be written; an entry without an mtime is never invalidated by
     # linecache.checkcache().
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+    _apply_tool_env(req["env"])
 
     module = types.ModuleType("__main__")
     module.__file__ = filename

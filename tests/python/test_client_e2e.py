@@ -287,6 +287,28 @@ class ClientEndToEnd(unittest.TestCase):
         self.assertNotIn(secret, "\n".join(logs.output))
         self.assertNotIn(secret, self.daemon.log())
 
+    def test_start_up_variables_reach_the_tool_not_the_runner(self):
+        # LD_PRELOAD of a missing library makes ld.so complain in every
+        # process that starts with it: the runner must not, a subprocess of
+        # the tool must. PYTHONPATH reaches the tool's imports.
+        src = ("import os, subprocess, sys\n"
+               "def f():\n"
+               "    os.makedirs('/tmp/pp', exist_ok=True)\n"
+               "    open('/tmp/pp/ppmod.py', 'w').write('X = 7\\n')\n"
+               "    import importlib; importlib.invalidate_caches()\n"
+               "    import ppmod\n"
+               "    child = subprocess.run(['/bin/true'], capture_output=True, text=True).stderr\n"
+               "    with open('/proc/self/environ', 'rb') as e:\n"
+               "        own = e.read()\n"
+               "    return [os.environ.get('LD_PRELOAD'), os.environ.get('MALLOC_PERTURB_'), ppmod.X,\n"
+               "            '/tmp/pp' in sys.path, 'cannot be preloaded' in child, b'LD_PRELOAD' in own]\n")
+        r = self.run_tool(src, "f", {}, env={"LD_PRELOAD": "/nonexistent/preload.so", "PYTHONPATH": "/tmp/pp",
+                                              "MALLOC_PERTURB_": "165", "PLAIN": "1"})
+        self.assertEqual(r.status, "success", r)
+        self.assertEqual(r.func_return, ["/nonexistent/preload.so", "165", 7, True, True, False], r.stderr)
+        # Nothing complained when the runner started.
+        self.assertNotIn("preload", "".join(r.stderr))
+
     def test_env_isolation_execute(self):
         r = self.execute("import os, json\nprint(json.dumps(dict(os.environ)))\n", env={"REQ_VAR": "yes"})
         env = json.loads(r.stdout[0])

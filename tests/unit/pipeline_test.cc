@@ -173,6 +173,46 @@ TEST_F(Pipeline, ToolModeGetsAFreshNonceAndTheRunnersRequest) {
   EXPECT_EQ(a.runner_path, "/runner.py");
 }
 
+TEST_F(Pipeline, StartUpVariablesGoToTheToolNotTheRunner) {
+  for (const char* n : {"LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "PYTHONPATH",
+                        "PYTHONSTARTUP", "GCONV_PATH", "LOCPATH", "NLSPATH", "TZDIR", "RES_OPTIONS"})
+    EXPECT_TRUE(changes_how_a_program_starts(n)) << n;
+  for (const char* n : {"PATH", "HOME", "TMPDIR", "API_KEY", "LD", "XLD_PRELOAD", "MALLOC", "PYTHO", "TZ"})
+    EXPECT_FALSE(changes_how_a_program_starts(n)) << n;
+  set_ = [&] {
+    auto set = std::make_shared<PolicySet>(*set_);
+    Policy pol = *set->policies["default"];
+    pol.env_allow = {"*"};
+    set->policies["default"] = std::make_shared<const Policy>(pol);
+    return set;
+  }();
+  auto req = request(run_tool({{"env", {{"LD_PRELOAD", "/x.so"}, {"PYTHONPATH", "/p"}, {"API_KEY", "k"}}}}));
+  PreparedRun p;
+  auto refused = prepare_run(req, Peer{}, set_, false, "/runner.py", p);
+  ASSERT_FALSE(refused) << refused->message;
+  EXPECT_EQ(p.env.count("LD_PRELOAD"), 0u);
+  EXPECT_EQ(p.env.at("API_KEY"), "k");
+  EXPECT_EQ(p.runner_env, (std::map<std::string, std::string>{{"LD_PRELOAD", "/x.so"}, {"PYTHONPATH", "/p"}}));
+  for (const auto& e : p.sandbox_env) EXPECT_FALSE(e.starts_with("LD_PRELOAD=") || e.starts_with("PYTHONPATH=")) << e;
+  EXPECT_NE(p.runner_request.find(R"("env":{"LD_PRELOAD":"/x.so","PYTHONPATH":"/p"})"), std::string::npos)
+      << p.runner_request;
+  // A name the policy does not allow is refused, start-up variable or not.
+  set_ = [&] {
+    auto set = std::make_shared<PolicySet>(*set_);
+    Policy pol = *set->policies["default"];
+    pol.env_allow = {"API_KEY"};
+    set->policies["default"] = std::make_shared<const Policy>(pol);
+    return set;
+  }();
+  PreparedRun q;
+  EXPECT_TRUE(prepare_run(req, Peer{}, set_, false, "/runner.py", q));
+  // Script mode: Letta's script is the program; the variables stay where it starts.
+  auto ex = request(execute({{"env", {{"API_KEY", "k"}}}}));
+  PreparedRun e;
+  ASSERT_FALSE(prepare_run(ex, Peer{}, set_, false, "", e));
+  EXPECT_TRUE(e.runner_env.empty());
+}
+
 TEST_F(Pipeline, PlacementNamesTheBackend) {
   auto req = request(execute({{"policy", "remote"}}));
   PreparedRun p;

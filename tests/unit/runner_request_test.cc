@@ -54,7 +54,8 @@ TEST(RunnerRequestText, ExactlyTheRunnersFieldsNullWhereAbsent) {
   auto d = decode_request(line_with(""), nullptr);
   const std::string text = core::runner_request_text(run_tool(d), kNonce);
   auto m = members_of(text);
-  EXPECT_EQ(m.size(), 7u);
+  EXPECT_EQ(m.size(), 8u);
+  EXPECT_EQ(m["env"], "{}");
   EXPECT_EQ(m["nonce"], "\"" + kNonce + "\"");
   EXPECT_EQ(m["tool_name"], "\"f\"");
   EXPECT_EQ(m["source_code"], "\"def f(**kw):\\n    return kw\\n\"");
@@ -66,6 +67,17 @@ TEST(RunnerRequestText, ExactlyTheRunnersFieldsNullWhereAbsent) {
   json j = json::parse(text);
   EXPECT_EQ(j["source_code"], "def f(**kw):\n    return kw\n");
   EXPECT_TRUE(j["agent_id"].is_null());
+}
+
+TEST(RunnerRequestText, EnvIsAnObjectOfStringsSizedExactly) {
+  auto d = decode_request(line_with(""), nullptr);
+  const std::string text =
+      core::runner_request_text(run_tool(d), kNonce, {{"LD_PRELOAD", "/a \"b\".so"}, {"PYTHONPATH", "/p\n"}});
+  EXPECT_EQ(members_of(text)["env"], R"({"LD_PRELOAD":"/a \"b\".so","PYTHONPATH":"/p\n"})");
+  EXPECT_EQ(text.capacity(), text.size());
+  const std::string one = core::runner_request_text(run_tool(d), kNonce, {{"A", "1"}});
+  EXPECT_EQ(members_of(one)["env"], R"({"A":"1"})");
+  EXPECT_EQ(one.capacity(), one.size());
 }
 
 TEST(RunnerRequestText, AgentStateOnlyForASourceThatCanDeclareIt) {
