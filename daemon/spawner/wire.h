@@ -137,7 +137,9 @@ enum class Msg : std::uint8_t { Hello = 1, Run = 2, Started = 3, Refused = 4, En
 inline constexpr std::size_t kMaxMessage = 8u << 20;
 // The largest name, path or label in a message.
 inline constexpr std::size_t kMaxName = 4096;
-inline constexpr std::size_t kMaxEnvVars = 4096;
+// A request's 4096 variables (protocol::kMaxEnvVariables) plus
+// LETTA_AGENT_ID and LETTA_PROJECT_ID, which the front end adds.
+inline constexpr std::size_t kMaxEnvVars = 4096 + 2;
 // The largest value (an environment value, a message).
 inline constexpr std::size_t kMaxValue = 1u << 20;
 // The first bytes of a compiled set: its format and version.

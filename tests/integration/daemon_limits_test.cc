@@ -290,6 +290,24 @@ TEST_F(EngineTest, DaemonLimitsSmallRequestServedWhileBudgetIsFull) {
   ::close(b);
 }
 
+// The most variables a request may hold, plus the two the daemon adds from
+// agent_id and project_id: the spawner takes the order (its own bound
+// counts those two), and the tool sees all of them.
+TEST_F(EngineTest, DaemonLimitsMostVariablesWithAgentAndProjectIds) {
+  TestDaemon d;
+  json env = json::object();
+  for (int i = 0; i < 4096; ++i) env["VAR_" + std::to_string(i)] = std::to_string(i);
+  auto r = d.request(tsb::testing::run_tool_request(
+      "import os\ndef n():\n    return [sum(k.startswith('VAR_') for k in os.environ), os.environ['LETTA_AGENT_ID'],"
+      " os.environ['LETTA_PROJECT_ID'], os.environ['VAR_4095']]\n",
+      "n", json::object(), {{"env", env}, {"agent_id", "agent-1"}, {"project_id", "project-1"}}));
+  ASSERT_TRUE(r.value("ok", false)) << r.dump().substr(0, 2000);
+  EXPECT_EQ(r["result"]["func_return"], json::array({4096, "agent-1", "project-1", "4095"})) << r.dump().substr(0, 2000);
+  env["VAR_4096"] = "one too many";
+  r = d.request(tsb::testing::run_tool_request("def n():\n    return 1\n", "n", json::object(), {{"env", env}}));
+  EXPECT_EQ(error_message(r.dump()).rfind("bad_request: ", 0), 0u) << r.dump().substr(0, 500);
+}
+
 // (b) One maximal request (32 MiB) of millions of small argument values:
 // the daemon's peak resident memory grows by at most about three times the
 // request (the line, then what the sandbox's stdin is made of).
