@@ -53,6 +53,15 @@ class Pipeline : public testing::Test {
     return j;
   }
 
+  // The "default" policy of set_, with this environment allow-list.
+  void allow_env(std::vector<std::string> allow) {
+    auto set = std::make_shared<PolicySet>(*set_);
+    Policy pol = *set->policies["default"];
+    pol.env_allow = std::move(allow);
+    set->policies["default"] = std::make_shared<const Policy>(pol);
+    set_ = set;
+  }
+
   std::shared_ptr<const PolicySet> set_;
 };
 
@@ -179,13 +188,7 @@ TEST_F(Pipeline, StartUpVariablesGoToTheToolNotTheRunner) {
     EXPECT_TRUE(changes_how_a_program_starts(n)) << n;
   for (const char* n : {"PATH", "HOME", "TMPDIR", "API_KEY", "LD", "XLD_PRELOAD", "MALLOC", "PYTHO", "TZ"})
     EXPECT_FALSE(changes_how_a_program_starts(n)) << n;
-  set_ = [&] {
-    auto set = std::make_shared<PolicySet>(*set_);
-    Policy pol = *set->policies["default"];
-    pol.env_allow = {"*"};
-    set->policies["default"] = std::make_shared<const Policy>(pol);
-    return set;
-  }();
+  allow_env({"*"});
   auto req = request(run_tool({{"env", {{"LD_PRELOAD", "/x.so"}, {"PYTHONPATH", "/p"}, {"API_KEY", "k"}}}}));
   PreparedRun p;
   auto refused = prepare_run(req, Peer{}, set_, false, "/runner.py", p);
@@ -197,13 +200,7 @@ TEST_F(Pipeline, StartUpVariablesGoToTheToolNotTheRunner) {
   EXPECT_NE(p.runner_request.find(R"("env":{"LD_PRELOAD":"/x.so","PYTHONPATH":"/p"})"), std::string::npos)
       << p.runner_request;
   // A name the policy does not allow is refused, start-up variable or not.
-  set_ = [&] {
-    auto set = std::make_shared<PolicySet>(*set_);
-    Policy pol = *set->policies["default"];
-    pol.env_allow = {"API_KEY"};
-    set->policies["default"] = std::make_shared<const Policy>(pol);
-    return set;
-  }();
+  allow_env({"API_KEY"});
   PreparedRun q;
   EXPECT_TRUE(prepare_run(req, Peer{}, set_, false, "/runner.py", q));
   // Script mode: Letta's script is the program; the variables stay where it starts.
