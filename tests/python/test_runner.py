@@ -196,9 +196,30 @@ class RunnerBasics(unittest.TestCase):
     def test_unknown_request_field(self):
         nonce = secrets.token_hex(16)
         r = run_tool(None, None, nonce=nonce, request={"nonce": nonce, "tool_name": "f",
-                                                         "source_code": "def f(): pass", "env": {}})
+                                                         "source_code": "def f(): pass", "environment": {}})
         self.assertEqual(r.code, 2, r)
-        self.assertIn("env", r.error["message"])
+        self.assertIn("environment", r.error["message"])
+
+    def test_env_reaches_the_tool_and_its_subprocesses(self):
+        nonce = secrets.token_hex(16)
+        src = ("import os, subprocess, sys\n"
+               "def f():\n"
+               "    child = subprocess.run(['/bin/sh', '-c', 'printf %s \"$MALLOC_ARENA_MAX\"'],\n"
+               "                           capture_output=True, text=True).stdout\n"
+               "    return [os.environ.get('MALLOC_ARENA_MAX'), child, '/nowhere/x' in sys.path]\n")
+        r = run_tool(None, None, nonce=nonce, request={
+            "nonce": nonce, "tool_name": "f", "source_code": src,
+            "env": {"MALLOC_ARENA_MAX": "2", "PYTHONPATH": "/nowhere/x"}})
+        self.assertEqual(r.code, 0, r)
+        self.assertEqual(r.results, ["2", "2", True])
+
+    def test_env_must_hold_strings(self):
+        for env in ({"A": 1}, ["A=1"], {"A=B": "c"}, {"": "x"}, {"A": "a\0b"}):
+            nonce = secrets.token_hex(16)
+            r = run_tool(None, None, nonce=nonce, request={
+                "nonce": nonce, "tool_name": "f", "source_code": "def f(): pass", "env": env})
+            self.assertEqual(r.code, 2, (env, r))
+            self.assertIn("env", r.error["message"], env)
 
     def test_typing_names_available_like_letta(self):
         src = "def f(x: Optional[List[int]] = None) -> Dict[str, Any]:\n    return {'x': x}\n"
