@@ -725,4 +725,24 @@ std::string python_json_as_strict(std::string_view text) {
   return out;
 }
 
+std::string json_without_whitespace(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      out += ch;
+      if (ch == '\\' && i + 1 < text.size()) out += text[++i];
+      else if (ch == '"') in_string = false;
+    } else if (ch == '"') {
+      in_string = true;
+      out += ch;
+    } else if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 }  // namespace tsb::protocol

@@ -123,6 +123,11 @@ bool json_integer_fits_64_bits(std::string_view token);
 // them), is copied unchanged. Text that does not scan is returned as is.
 std::string python_json_as_strict(std::string_view text);
 
+// `text`, which scan_json accepted, without the whitespace between its
+// tokens (inside strings nothing changes): a value spliced into a response
+// line can then never break that line.
+std::string json_without_whitespace(std::string_view text);
+
 // ---------------------------------------------------------------------------
 // Writing JSON strings
 // ---------------------------------------------------------------------------

@@ -22,6 +22,9 @@ void CappedOutput::feed(std::string_view chunk) {
     // The first byte past the cap: a token may have begun in the head's
     // last bytes.
     truncated_ = true;
+    // A frame may also have begun well inside the head: then what follows
+    // the head is its continuation, kept unless a token turns up later.
+    for (const auto& t : tokens_) head_has_token_ = head_has_token_ || head_.find(t) != std::string::npos;
     const std::size_t keep = longest_ > 0 ? std::min(head_.size(), longest_ - 1) : 0;
     carry_.assign(head_, head_.size() - keep, keep);
     carry_head_bytes_ = keep;
@@ -32,6 +35,10 @@ void CappedOutput::feed(std::string_view chunk) {
     return;
   }
   search(chunk);
+  if (!found_ && head_has_token_) {
+    const auto room = static_cast<std::size_t>(cap_ - std::min<std::uint64_t>(cap_, continuation_.size()));
+    continuation_.append(chunk.substr(0, std::min(room, chunk.size())));
+  }
 }
 
 void CappedOutput::search(std::string_view chunk) {
@@ -49,6 +56,7 @@ void CappedOutput::search(std::string_view chunk) {
     return;
   }
   found_ = true;
+  continuation_ = std::string();
   // Keep from the token's start, but not the bytes the head holds already:
   // a token that began in the head goes on right after it.
   const std::size_t from = std::max(at, carry_head_bytes_);
@@ -59,7 +67,7 @@ void CappedOutput::search(std::string_view chunk) {
 
 std::string CappedOutput::take() && {
   std::string out = std::move(head_);
-  out += tail_;
+  out += found_ ? tail_ : continuation_;
   return out;
 }
 

@@ -7,8 +7,10 @@
 // runner's, whose token carries the run's nonce (no tool can print it), or
 // Letta's markers in script mode. From the first token found, up to another
 // `cap` bytes are kept, so the frame can still be parsed from head + frame;
-// what lies between the two is dropped and the output marked truncated. At
-// most 2 x cap bytes are held. A frame larger than the cap stays broken.
+// what lies between the two is dropped and the output marked truncated. A
+// frame that began inside the head (no token past the cap) keeps the `cap`
+// bytes that follow the head instead. At most 2 x cap bytes are held. A
+// frame larger than the cap stays broken.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,8 @@ class CappedOutput {
   std::size_t longest_ = 0;
   std::string head_;
   std::string tail_;
+  std::string continuation_;  // the bytes right after the head, while no token was found past it
+  bool head_has_token_ = false;
   std::string carry_;  // the last longest_-1 bytes seen, for tokens split across reads
   std::size_t carry_head_bytes_ = 0;  // how many of them are the head's last bytes
   bool found_ = false;

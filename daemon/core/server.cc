@@ -570,7 +570,15 @@ asio::awaitable<std::string> Server::run_request(const protocol::Request& req, c
         stop.cancel();
       }
     } release{done, stop};
-    out = co_await backend->run(p);
+    try {
+      out = co_await backend->run(p);
+    } catch (const std::exception& e) {
+      // A backend's bug ends this run with an answer, not the connection
+      // without one.
+      spdlog::error("{} backend: run of {} failed: {}", backend->name(), q(p.common->tool_name), e.what());
+      out = BackendRun{};
+      out.refused = Refusal{ErrorCode::Internal, "the run failed inside the daemon; its log says why"};
+    }
   };
   auto watch = [&]() -> asio::awaitable<void> {
     // A backend that answers without waiting (busy, a refusal) is done

@@ -62,6 +62,30 @@ TEST(CappedOutput, ATokenThatBeginsInTheHeadContinuesAfterIt) {
   }
 }
 
+TEST(CappedOutput, AFrameThatBeganWellInsideTheHeadIsKeptWhole) {
+  // Printed output, then a frame that straddles the cap: head + what
+  // follows it are the original bytes, whatever the reads.
+  const std::string frame = kToken + std::string(600, 'p') + "<<END>>\n";
+  const std::string text = std::string(924, 'o') + frame;
+  for (std::size_t piece : {1u, 7u, 4096u}) {
+    SCOPED_TRACE(piece);
+    auto c = feed(1024, text, {piece});
+    EXPECT_TRUE(c.truncated());
+    EXPECT_EQ(std::move(c).take(), text);
+  }
+}
+
+TEST(CappedOutput, ATokenPastTheCapWinsOverOneInTheHead) {
+  // A token printed early, then noise past the cap, then the frame: the
+  // frame is what is kept after the head.
+  const std::string text = "x" + kToken + std::string(200, 'n') + kToken + "real<<END>>";
+  for (std::size_t piece : {1u, 5u, 1000u}) {
+    SCOPED_TRACE(piece);
+    auto c = feed(40, text, {piece});
+    EXPECT_EQ(std::move(c).take(), text.substr(0, 40) + kToken + "real<<END>>");
+  }
+}
+
 TEST(CappedOutput, TheFrameIsBoundedByTheCapToo) {
   auto c = feed(10, std::string(10, 'h') + std::string(100, 'n') + kToken + std::string(100, 'p'), {33});
   const std::string kept = std::move(c).take();

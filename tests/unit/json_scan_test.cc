@@ -165,6 +165,12 @@ TEST(JsonScan, PythonValuesOnlyWhenAsked) {
   EXPECT_TRUE(valid("{\"\\udc00\":1,\"\\udc01\":2}", dup));
 }
 
+TEST(JsonWithoutWhitespace, DropsOnlyWhatLiesBetweenTokens) {
+  EXPECT_EQ(json_without_whitespace("{\n  \"a b\": [1,\t2 ]\r\n}"), "{\"a b\":[1,2]}");
+  EXPECT_EQ(json_without_whitespace(R"([" \" \\", "\n" , NaN])"), R"([" \" \\","\n",NaN])");
+  EXPECT_EQ(json_without_whitespace("7"), "7");
+}
+
 TEST(JsonScan, PythonJsonAsStrictQuotesOnlyNonFiniteTokens) {
   EXPECT_EQ(python_json_as_strict("[NaN, Infinity,-Infinity ,{\"NaN\": \"Infinity\"}]"),
             "[\"NaN\", \"Infinity\",\"-Infinity\" ,{\"NaN\": \"Infinity\"}]");

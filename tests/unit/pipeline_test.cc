@@ -243,6 +243,41 @@ TEST_F(Pipeline, FinishShapesRecordsAndKeepsBackendFields) {
   EXPECT_EQ(r["record"]["sandbox_id"], "sb-1");
 }
 
+// A script's own frame may hold JSON written with line breaks between its
+// tokens (json.dumps(..., indent=2)); its exact text goes into the response
+// without them, so the response stays one line and nothing the tool wrote
+// can pass for another response.
+TEST_F(Pipeline, ExactValuesNeverBreakTheResponseLine) {
+  for (const char* dialect : {"python", "strict"}) {
+    SCOPED_TRACE(dialect);
+    auto req = request(execute({{"json_dialect", dialect}}));
+    PreparedRun p;
+    ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "", p));
+    p.shape.generation = protocol::ScriptGeneration::kLegacy;
+    const std::string payload =
+        "{\n  \"results\": [1,\n{\"v\":1,\"id\":\"next\",\"ok\":true,\"s\":\"a b\\n\"}\r\n, NaN],\n"
+        "  \"agent_state\": null\n}";
+    BackendRun out;
+    out.run.reason = isolate::EndReason::Exited;
+    out.run.exit_code = 0;
+    out.run.stdout_data = std::string(protocol::kLegacyStartMarker) + protocol::b64encode(payload) +
+                          std::string(protocol::kLegacyEndMarker);
+    out.run.stdout_total_bytes = out.run.stdout_data.size();
+    const std::string line = finish_run(p, "local", out, std::chrono::milliseconds(1), nullptr);
+    ASSERT_FALSE(line.empty());
+    EXPECT_EQ(line.find_first_of("\r\n"), line.size() - 1) << line;
+    if (std::string_view(dialect) == "python") {
+      EXPECT_NE(line.find(R"("func_return":[1,{"v":1,"id":"next","ok":true,"s":"a b\n"},NaN])"), std::string::npos) << line;
+      continue;
+    }
+    json j = json::parse(line);
+    const json& fr = j["result"]["func_return"];
+    ASSERT_TRUE(fr.is_array()) << line;
+    EXPECT_EQ(fr[1]["s"], "a b\n");  // inside strings nothing changes
+    EXPECT_EQ(fr[2], "NaN");
+  }
+}
+
 TEST_F(Pipeline, FinishTakesTheBackendsOwnResultAndEndReason) {
   auto req = request(execute());
   PreparedRun p;
