@@ -174,6 +174,13 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   out.held = std::shared_ptr<void>(nullptr, [this](void*) { release_slot(); });
 
   live_.insert(p.cancel);
+  // Out of live_ however the run ends (an exception too): shutdown waits
+  // for live_ to empty.
+  struct Unlive {
+    std::set<std::shared_ptr<CancelSignal>>& live;
+    const std::shared_ptr<CancelSignal>& cancel;
+    ~Unlive() { live.erase(cancel); }
+  } unlive{live_, p.cancel};
   // Where the result frame starts: kept past the output cap, so a run that
   // prints more than the cap still returns its result (capped_output.h).
   std::vector<std::string> frame_tokens;
@@ -187,7 +194,6 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   }
   LinkRun ran = co_await link_.run(std::move(order), std::move(stdin_data), pol.limits.stdout_bytes,
                                    pol.limits.stderr_bytes, std::move(frame_tokens), *p.cancel);
-  live_.erase(p.cancel);
   if (ran.refused) {
     // The spawner checks every order against its own copy of the policy:
     // a refusal here is a reload between placement and start (the policy

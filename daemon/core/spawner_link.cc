@@ -158,11 +158,22 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
   auto p = std::make_shared<Pending>(io_);
   const std::uint64_t id = order.id = ++next_id_;
   pending_.emplace(id, p);
+  // However this ends (an exception on the way too), the run is forgotten,
+  // and one that started and has not ended is killed: it must not run on,
+  // counted by the spawner, with no one reading it. (A Started that comes
+  // after this is killed by the receive loop: its id is unknown then.)
   struct Forget {
     SpawnerLink& l;
     std::uint64_t id;
-    ~Forget() { l.pending_.erase(id); }
-  } forget{*this, id};
+    const std::shared_ptr<Pending>& p;
+    ~Forget() {
+      if (p->answered && !p->refused && !p->ended && !p->kill_sent) {
+        p->kill_sent = true;
+        (void)l.send(spawn::encode(spawn::Kill{id, spawn::KillWhy::Cancel}));
+      }
+      l.pending_.erase(id);
+    }
+  } forget{*this, id, p};
   if (auto st = send(spawn::encode(order)); !st.ok()) {
     LinkRun out;
     out.refused = spawn::Refused{id, st.error().code == EMSGSIZE ? spawn::RefuseCode::OutOfBounds : spawn::RefuseCode::Unavailable,
