@@ -404,7 +404,9 @@ std::string dump_object_with(const json& obj, const std::map<std::string, std::s
       add(m->first, m->second);
       ++m;
     } else {
-      add(r->first, r->second);
+      // Without the whitespace between its tokens: a line break in it
+      // would end the response line.
+      add(r->first, json_without_whitespace(r->second));
       ++r;
     }
   }

@@ -114,7 +114,8 @@ std::variant<Request, ProtocolError> decode_request(std::string_view line, std::
 std::string encode_error(std::string_view id, ErrorCode code, std::string_view message);
 std::string encode_ok(std::string_view id, std::string_view key, const nlohmann::json& payload);
 // The same, with members of `payload` given as JSON text (written as is, in
-// the place their key sorts to): values kept exactly as a tool returned them.
+// the place their key sorts to, without whitespace between their tokens, so
+// the response stays one line): values kept exactly as a tool returned them.
 std::string encode_ok(std::string_view id, std::string_view key, const nlohmann::json& payload,
                       const std::map<std::string, std::string>& raw_members);
 

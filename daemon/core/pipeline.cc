@@ -142,12 +142,8 @@ std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRu
     auto shaped = shape_tool_result(p.shape, out.run);
     result = std::move(shaped.result);
     for (auto it = shaped.extra.begin(); it != shaped.extra.end(); ++it) record[it.key()] = it.value();
-    // Without the whitespace a script's own json.dumps may have put between
-    // tokens (indent=...): a line break would end the response line.
     auto keep = [&](const char* key, const std::string& text) {
-      if (text.empty()) return;
-      std::string compact = protocol::json_without_whitespace(text);
-      exact[key] = c.python_json ? std::move(compact) : protocol::python_json_as_strict(compact);
+      if (!text.empty()) exact[key] = c.python_json ? text : protocol::python_json_as_strict(text);
     };
     keep("func_return", shaped.func_return_text);
     keep("agent_state", shaped.agent_state_text);
