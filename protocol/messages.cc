@@ -24,8 +24,9 @@ struct Slice {
 constexpr std::string_view kRequestFields[] = {
     "id",       "v",          "type",       "tool_name",   "organization_id", "policy", "env", "timeout", "sandbox_config",
     "agent_id", "project_id", "script",     "source_code", "args",            "json_schema", "agent_state",
-    "pip_requirements", "json_dialect"};
+    "pip_requirements", "json_dialect", "e2b"};
 constexpr std::string_view kSandboxConfigFields[] = {"type", "config", "organization_id"};
+constexpr std::string_view kE2BFields[] = {"sandbox_config", "env"};
 
 // The members of one object, filled from scan_json's on_child: one slot per
 // known name, and the first other member (for the "unknown field" message).
@@ -206,6 +207,23 @@ void decode_sandbox_config(Decoder& d, const Slice& sc, std::optional<SandboxCon
   out = std::move(cfg);
 }
 
+// "e2b": the sandbox_config and env a run delegated to E2B uses, decoded
+// with the same rules as the request's own.
+void decode_e2b(Decoder& d, const Slice& e, std::optional<E2BAlternative>& out) {
+  Members members(kE2BFields);
+  if (!for_each_child(e.text, [&](const JsonChild& c) { members.add(c); })) {
+    d.fail(d.where + ": field \"e2b\" could not be read");
+    return;
+  }
+  Decoder s{members, d.where + ".e2b"};
+  E2BAlternative alt;
+  if (const Slice* sc = s.get("sandbox_config", JsonKind::Object, false)) decode_sandbox_config(s, *sc, alt.sandbox_config);
+  if (const Slice* env = s.get("env", JsonKind::Object, false)) decode_env(s, *env, alt.env.emplace());
+  s.no_unknown();
+  if (s.err) d.fail(s.err->message);
+  out = std::move(alt);
+}
+
 void decode_common(Decoder& d, CommonRunFields& c) {
   auto name = d.str("tool_name", true, 256);
   if (name) {
@@ -226,6 +244,7 @@ void decode_common(Decoder& d, CommonRunFields& c) {
       c.timeout_s = v;
   }
   if (const Slice* sc = d.get("sandbox_config", JsonKind::Object, false)) decode_sandbox_config(d, *sc, c.sandbox_config);
+  if (const Slice* e = d.get("e2b", JsonKind::Object, false)) decode_e2b(d, *e, c.e2b);
   c.agent_id = d.str("agent_id", false, 256);
   c.project_id = d.str("project_id", false, 256);
   if (auto dialect = d.str("json_dialect", false, 16)) {

@@ -61,6 +61,14 @@ struct SandboxConfig {
   std::optional<std::string> organization_id;
 };
 
+// What a run delegated to E2B uses instead of the request's own values
+// (Letta's E2B sandbox reads the organization's E2B sandbox config and that
+// config's variables): unset members keep the request's.
+struct E2BAlternative {
+  std::optional<SandboxConfig> sandbox_config;
+  std::optional<std::map<std::string, std::string>> env;
+};
+
 struct CommonRunFields {
   std::string tool_name;          // Python identifier; used in messages and audit
   std::string organization_id;    // selects policy and backend
@@ -68,6 +76,7 @@ struct CommonRunFields {
   std::map<std::string, std::string> env;  // the tool's variables (secrets included)
   std::optional<double> timeout_s;    // lowered to the policy's wall_timeout if higher
   std::optional<SandboxConfig> sandbox_config;
+  std::optional<E2BAlternative> e2b;  // read only when the run is placed on E2B
   std::optional<std::string> agent_id;
   std::optional<std::string> project_id;
   // "json_dialect": "python": func_return and agent_state are written as

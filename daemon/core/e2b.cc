@@ -1170,11 +1170,13 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   auto add_req = [&](const std::string& s) {
     if (std::find(reqs.begin(), reqs.end(), s) == reqs.end()) reqs.push_back(s);
   };
-  if (c.sandbox_config && c.sandbox_config->type == "e2b" && c.sandbox_config->config.is_object() &&
-      c.sandbox_config->config.contains("pip_requirements")) {
-    const json& pr = c.sandbox_config->config["pip_requirements"];
+  // The E2B alternative's config, if the request gave one (prepare_run).
+  const protocol::SandboxConfig* sc = p.sandbox_config;
+  const std::string sc_name = c.e2b && c.e2b->sandbox_config ? "e2b.sandbox_config" : "sandbox_config";
+  if (sc && sc->type == "e2b" && sc->config.is_object() && sc->config.contains("pip_requirements")) {
+    const json& pr = sc->config["pip_requirements"];
     if (!pr.is_array() && !pr.is_null())
-      co_return refuse(ErrorCode::BadRequest, "sandbox_config.config.pip_requirements must be an array");
+      co_return refuse(ErrorCode::BadRequest, sc_name + ".config.pip_requirements must be an array");
     if (pr.is_array())
       for (const auto& e : pr) {
         // Letta stores strings for E2B configs and {name, version} objects for local ones.
@@ -1182,7 +1184,7 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
         else if (e.is_object() && e.contains("name") && e["name"].is_string())
           add_req(e["name"].get<std::string>() +
                   (e.contains("version") && e["version"].is_string() ? "==" + e["version"].get<std::string>() : ""));
-        else co_return refuse(ErrorCode::BadRequest, "sandbox_config.config.pip_requirements: entries must be strings");
+        else co_return refuse(ErrorCode::BadRequest, sc_name + ".config.pip_requirements: entries must be strings or {name, version} objects");
       }
   }
   if (tool_mode)

@@ -53,18 +53,25 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   out.placement = std::move(placement).value();
   const Policy& pol = out.policy();
 
-  if (c.sandbox_config) {
+  // A run delegated to E2B is described by the request's E2B alternative
+  // where it gives one, as Letta's E2B sandbox reads the organization's E2B
+  // config and that config's variables instead of the local ones.
+  const protocol::E2BAlternative* alt =
+      out.placement.backend == Backend::E2B && c.e2b ? &*c.e2b : nullptr;
+  const bool alt_config = alt && alt->sandbox_config;
+  out.sandbox_config = alt_config ? &*alt->sandbox_config : c.sandbox_config ? &*c.sandbox_config : nullptr;
+  if (const protocol::SandboxConfig* sc = out.sandbox_config) {
     // Letta's SandboxConfig.fingerprint() uses the config's own organization.
-    auto fp = protocol::sandbox_config_fingerprint(c.sandbox_config->type,
-                                                   c.sandbox_config->organization_id.value_or(c.organization_id),
-                                                   c.sandbox_config->config);
-    if (!fp.ok()) return Refusal{ErrorCode::BadRequest, "sandbox_config: " + fp.error().message};
+    auto fp = protocol::sandbox_config_fingerprint(sc->type, sc->organization_id.value_or(c.organization_id), sc->config);
+    if (!fp.ok())
+      return Refusal{ErrorCode::BadRequest, std::string(alt_config ? "e2b." : "") + "sandbox_config: " +
+                                                fp.error().message};
     out.fingerprint = *fp;
   }
 
   // The tool's environment: the policy's fixed values plus the request's,
   // for names the policy allows. Never the daemon's own environment.
-  out.env = c.env;
+  out.env = alt && alt->env ? *alt->env : c.env;
   if (c.agent_id) out.env["LETTA_AGENT_ID"] = *c.agent_id;
   if (c.project_id) out.env["LETTA_PROJECT_ID"] = *c.project_id;
   // A name the policy fixes keeps the policy's value, as a Letta sandbox

@@ -61,9 +61,14 @@ struct PreparedRun {
   std::shared_ptr<const PolicySet> policies;
   Placement placement;
   const Policy& policy() const noexcept { return *placement.policy; }
-  // Letta's SandboxConfig.fingerprint() of the request's sandbox_config.
+  // The sandbox config the run is described by: the request's, or on E2B
+  // its "e2b" alternative when it names one (Letta's E2B sandbox uses the
+  // organization's E2B config); null without one. Points into the request.
+  const protocol::SandboxConfig* sandbox_config = nullptr;
+  // Letta's SandboxConfig.fingerprint() of that config.
   std::optional<std::string> fingerprint;
-  // The request's environment plus LETTA_AGENT_ID / LETTA_PROJECT_ID, every
+  // The request's environment (on E2B, its "e2b" alternative's when it
+  // names one) plus LETTA_AGENT_ID / LETTA_PROJECT_ID, every
   // name allowed by the policy and none it fixes; and the whole environment
   // of a local sandbox: the policy's fixed values, then these.
   std::map<std::string, std::string> env;

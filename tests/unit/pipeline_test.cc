@@ -136,6 +136,65 @@ TEST_F(Pipeline, FingerprintUsesTheConfigsOwnOrganization) {
   EXPECT_NE(q.fingerprint, p.fingerprint);
 }
 
+// A run delegated to E2B is described by the request's "e2b" alternative
+// (Letta's E2B sandbox reads the organization's E2B config and its
+// variables); a local run ignores it; members left out keep the top level.
+TEST_F(Pipeline, E2BRunsUseTheE2BAlternative) {
+  const json local_cfg = {{"sandbox_dir", "/d"}, {"use_venv", false}};
+  const json e2b_cfg = {{"pip_requirements", {"pkg"}}, {"timeout", 300}};
+  json extra = {{"sandbox_config", {{"type", "local"}, {"config", local_cfg}}},
+                {"env", {{"API_KEY", "local"}}},
+                {"e2b", {{"sandbox_config", {{"type", "e2b"}, {"config", e2b_cfg}, {"organization_id", "org-9"}}},
+                         {"env", {{"API_KEY", "e2b"}}}}}};
+  // Without E2B configured, an organization that is not privileged runs locally.
+  auto local = request(execute(extra));
+  PreparedRun l;
+  ASSERT_FALSE(prepare_run(local, Peer{}, set_, false, "", l));
+  EXPECT_EQ(l.placement.backend, Backend::Local);
+  EXPECT_EQ(l.fingerprint, *protocol::sandbox_config_fingerprint("local", "org-1", local_cfg));
+  EXPECT_EQ(l.sandbox_config->type, "local");
+  EXPECT_EQ(l.env.at("API_KEY"), "local");
+
+  extra["policy"] = "remote";
+  auto remote = request(execute(extra));
+  PreparedRun r;
+  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, true, "", r));
+  EXPECT_EQ(r.placement.backend, Backend::E2B);
+  EXPECT_EQ(r.fingerprint, *protocol::sandbox_config_fingerprint("e2b", "org-9", e2b_cfg));
+  EXPECT_EQ(r.shape.fingerprint, r.fingerprint);
+  EXPECT_EQ(r.sandbox_config->type, "e2b");
+  EXPECT_EQ(r.env.at("API_KEY"), "e2b");
+
+  // Only env given: the top-level sandbox_config describes the E2B run.
+  extra["e2b"] = {{"env", {{"API_KEY", "e2b"}}}};
+  auto env_only = request(execute(extra));
+  PreparedRun e;
+  ASSERT_FALSE(prepare_run(env_only, Peer{}, set_, true, "", e));
+  EXPECT_EQ(e.fingerprint, l.fingerprint);
+  EXPECT_EQ(e.env.at("API_KEY"), "e2b");
+  // Only sandbox_config given: the top-level env.
+  extra["e2b"] = {{"sandbox_config", {{"type", "e2b"}, {"config", e2b_cfg}}}};
+  auto config_only = request(execute(extra));
+  PreparedRun c;
+  ASSERT_FALSE(prepare_run(config_only, Peer{}, set_, true, "", c));
+  EXPECT_EQ(c.fingerprint, *protocol::sandbox_config_fingerprint("e2b", "org-1", e2b_cfg));
+  EXPECT_EQ(c.env.at("API_KEY"), "local");
+
+  // The alternative's environment goes through the policy like any other.
+  extra["e2b"] = {{"env", {{"NOT_ALLOWED", "x"}}}};
+  auto denied = request(execute(extra));
+  PreparedRun d;
+  auto refusal = prepare_run(denied, Peer{}, set_, true, "", d);
+  ASSERT_TRUE(refusal);
+  EXPECT_EQ(refusal->code, ErrorCode::PolicyDenied);
+  // ... but a local run never looks at it.
+  extra.erase("policy");
+  auto ignored = request(execute(extra));
+  PreparedRun i;
+  EXPECT_FALSE(prepare_run(ignored, Peer{}, set_, false, "", i));
+  EXPECT_EQ(i.placement.backend, Backend::Local);
+}
+
 TEST_F(Pipeline, RecordSaysNoTimeoutWasRequested) {
   auto req = request(execute());
   PreparedRun p;

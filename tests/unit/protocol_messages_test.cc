@@ -433,6 +433,54 @@ TEST(DecodeRequest, WrongTypeForEachField) {
   }
 }
 
+// "e2b": what a run delegated to E2B uses instead; its members follow the
+// rules of the top-level fields of the same names.
+TEST(DecodeRequest, E2BAlternative) {
+  json j = minimal_run_tool();
+  j["e2b"] = {{"sandbox_config", {{"type", "e2b"}, {"config", {{"pip_requirements", {"pkg"}}}}, {"organization_id", "org-2"}}},
+              {"env", {{"K", "e2b"}}}};
+  Decoded d = decode(j);
+  ASSERT_TRUE(d.req) << d.err->message;
+  const auto& c = std::get<RunToolRequest>(d.req->body).common;
+  ASSERT_TRUE(c.e2b);
+  ASSERT_TRUE(c.e2b->sandbox_config);
+  EXPECT_EQ(c.e2b->sandbox_config->type, "e2b");
+  EXPECT_EQ(c.e2b->sandbox_config->organization_id, "org-2");
+  ASSERT_TRUE(c.e2b->env);
+  EXPECT_EQ(c.e2b->env->at("K"), "e2b");
+  EXPECT_FALSE(c.sandbox_config);
+  EXPECT_TRUE(c.env.empty());
+
+  // Members left out or null: unset, so the top-level fields apply.
+  j["e2b"] = {{"sandbox_config", nullptr}};
+  d = decode(j);
+  ASSERT_TRUE(d.req) << d.err->message;
+  const auto& c2 = std::get<RunToolRequest>(d.req->body).common;
+  ASSERT_TRUE(c2.e2b);
+  EXPECT_FALSE(c2.e2b->sandbox_config);
+  EXPECT_FALSE(c2.e2b->env);
+  // An empty env is a value: no variables at all on E2B.
+  j["e2b"] = {{"env", json::object()}};
+  d = decode(j);
+  ASSERT_TRUE(d.req) << d.err->message;
+  EXPECT_TRUE(std::get<RunToolRequest>(d.req->body).common.e2b->env.value().empty());
+
+  j["e2b"] = json::array();
+  EXPECT_BAD_REQUEST(j, "request: field \"e2b\" must be an object");
+  j["e2b"] = {{"policy", "x"}};
+  EXPECT_BAD_REQUEST(j, "request.e2b: unknown field \"policy\"");
+  j["e2b"] = {{"sandbox_config", {{"type", "e2b"}}}};
+  EXPECT_BAD_REQUEST(j, "request.e2b.sandbox_config: missing field \"config\"");
+  j["e2b"] = {{"sandbox_config", {{"type", "e2b"}, {"config", {{"n", "BIG"}}}}}};
+  std::string line = j.dump();
+  line.replace(line.find("\"BIG\""), 5, "123456789012345678901234567890");
+  EXPECT_BAD_REQUEST(line, "request.e2b.sandbox_config: a number in \"config\" is out of range");
+  j["e2b"] = {{"env", {{"K", 1}}}};
+  EXPECT_BAD_REQUEST(j, "request.e2b: env values must be strings");
+  j["e2b"] = {{"env", {{"1K", "v"}}}};
+  EXPECT_BAD_REQUEST(j, "request.e2b: env names must match");
+}
+
 TEST(DecodeRequest, SandboxConfigShape) {
   json j = minimal_execute();
   j["sandbox_config"] = {{"config", json::object()}};
