@@ -361,6 +361,57 @@ TEST_F(E2BTest, E2BReuseByFingerprintRefreshesTimeout) {
   EXPECT_NE(rec(r5)["sandbox_id"], rec(r1)["sandbox_id"]);
 }
 
+// Letta resolves a separate E2B config for E2B runs; the request's "e2b"
+// member carries it, and only a run placed on E2B uses it.
+TEST_F(E2BTest, E2BRunsUseTheE2BAlternative) {
+  Daemon d(*fake_);
+  const std::string src = "import os\ndef f():\n    return os.environ.get('WHERE')\n";
+  json local = {{"type", "local"}, {"config", {{"sandbox_dir", "/x"}}}};
+  json alt = e2b_config("alt");
+  alt["organization_id"] = "org-of-config";
+  alt["config"]["pip_requirements"] = json::array({"six==1.16.0"});
+  json extra = {{"sandbox_config", local},
+                {"env", {{"WHERE", "local"}}},
+                {"e2b", {{"sandbox_config", alt}, {"env", {{"WHERE", "e2b"}}}}}};
+  extra["organization_id"] = "org-net";
+  auto r = d.request(run_tool(src, "f", json::object(), extra));
+  ASSERT_TRUE(r.value("ok", false)) << r.dump() << d.log_text();
+  EXPECT_EQ(rec(r)["backend"], "e2b");
+  EXPECT_EQ(r["result"]["func_return"], "e2b") << "the E2B env replaces the local one";
+  auto fp = tsb::protocol::sandbox_config_fingerprint("e2b", "org-of-config", alt["config"]);
+  ASSERT_TRUE(fp.ok());
+  EXPECT_EQ(r["result"]["sandbox_config_fingerprint"], *fp) << "the E2B config's fingerprint, with its own organization";
+  EXPECT_EQ(fake_->sandbox(rec(r)["sandbox_id"])["metadata"]["config_state"], *fp);
+  EXPECT_EQ(rec(r)["pip_installed"], json::array({"six==1.16.0"})) << "the E2B config's pip requirements";
+
+  // A run that stays local ignores the member.
+  extra["organization_id"] = "org-priv";
+  r = d.request(run_tool(src, "f", json::object(), extra));
+  ASSERT_TRUE(r.value("ok", false)) << r.dump();
+  EXPECT_EQ(rec(r)["backend"], "local");
+  EXPECT_EQ(r["result"]["func_return"], "local");
+  auto local_fp = tsb::protocol::sandbox_config_fingerprint("local", "org-priv", local["config"]);
+  ASSERT_TRUE(local_fp.ok());
+  EXPECT_EQ(r["result"]["sandbox_config_fingerprint"], *local_fp);
+
+  // Without the member, an E2B run keeps the request's own config and env.
+  extra.erase("e2b");
+  extra["organization_id"] = "org-net";
+  r = d.request(run_tool(src, "f", json::object(), extra));
+  ASSERT_TRUE(r.value("ok", false)) << r.dump();
+  EXPECT_EQ(rec(r)["backend"], "e2b");
+  EXPECT_EQ(r["result"]["func_return"], "local");
+  local_fp = tsb::protocol::sandbox_config_fingerprint("local", "org-net", local["config"]);
+  EXPECT_EQ(r["result"]["sandbox_config_fingerprint"], *local_fp);
+
+  // A bad alternative is named as such.
+  extra["e2b"] = {{"sandbox_config", {{"type", "e2b"}, {"config", {{"pip_requirements", "six"}}}}}};
+  r = d.request(run_tool(src, "f", json::object(), extra));
+  EXPECT_EQ(r["error"]["code"], "bad_request") << r.dump();
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("e2b.sandbox_config.config.pip_requirements"), std::string::npos)
+      << r.dump();
+}
+
 TEST_F(E2BTest, E2BConcurrentRunsNeverShareASandbox) {
   Daemon d(*fake_);
   json cfg = e2b_config("concurrent");

@@ -171,6 +171,123 @@ def fake_letta_modules():
     return mods
 
 
+class FakeSandboxType(enum.Enum):
+    LOCAL = "local"
+    E2B = "e2b"
+
+
+def fake_letta_config_modules(stored_e2b):
+    """fake_letta_modules plus a SandboxConfigManager over an in-memory store:
+    the organization's local config (created on demand, as Letta does) and,
+    if `stored_e2b`, an E2B config; each with its own variables. Records the
+    calls it gets."""
+    mods = fake_letta_modules()
+    calls = []
+
+    class SandboxConfig:
+        def __init__(self, type, config, organization_id, id=None):
+            self.type, self.config, self.organization_id, self.id = type, config, organization_id, id
+
+    class E2BSandboxConfig:
+        def model_dump(self, exclude_none=False):
+            assert exclude_none
+            return {"timeout": 300}  # what Letta's default dumps to
+
+    store = {FakeSandboxType.LOCAL: SandboxConfig(FakeSandboxType.LOCAL, {"sandbox_dir": "/x"}, "org-of-local",
+                                                  id="sandbox-local")}
+    if stored_e2b:
+        store[FakeSandboxType.E2B] = SandboxConfig(FakeSandboxType.E2B, {"template": "t1"}, "org-of-e2b",
+                                                   id="sandbox-e2b")
+    variables = {"sandbox-local": {"A": "local-config", "ONLY_LOCAL": "1"},
+                 "sandbox-e2b": {"A": "e2b-config", "ONLY_E2B": "1"}}
+
+    class SandboxConfigManager:
+        async def get_or_create_default_sandbox_config_async(self, sandbox_type, actor):
+            calls.append(("get_or_create", sandbox_type))
+            return store[sandbox_type]
+
+        async def get_sandbox_config_by_type_async(self, type, actor):
+            calls.append(("get", type))
+            return store.get(type)
+
+        async def get_sandbox_env_vars_as_dict_async(self, sandbox_config_id, actor, limit):
+            calls.append(("env", sandbox_config_id))
+            return dict(variables[sandbox_config_id])
+
+    for name in ("letta.services", "letta.services.sandbox_config_manager", "letta.schemas.enums",
+                 "letta.schemas.sandbox_config"):
+        mods[name] = types.ModuleType(name)
+    mods["letta.services.sandbox_config_manager"].SandboxConfigManager = SandboxConfigManager
+    mods["letta.schemas.enums"].SandboxType = FakeSandboxType
+    mods["letta.schemas.sandbox_config"].SandboxConfig = SandboxConfig
+    mods["letta.schemas.sandbox_config"].E2BSandboxConfig = E2BSandboxConfig
+    return mods, calls
+
+
+class RecordingClient:
+    """An AsyncClient stand-in that keeps each request's keyword arguments."""
+
+    def __init__(self):
+        self.requests = []
+
+    async def run_tool(self, source_code, **kw):
+        self.requests.append(kw)
+        return L.ToolResult(status="success", func_return=None)
+
+
+class LettaResolution(unittest.TestCase):
+    """What the adapter looks up in Letta and sends, without a daemon."""
+
+    def sent(self, stored_e2b, **kw):
+        if L.letta_available():
+            self.skipTest("the real letta is installed; the stand-in would shadow it")
+        mods, calls = fake_letta_config_modules(stored_e2b)
+        client = RecordingClient()
+        with modules_replaced(mods):
+            sb = L.ToolSandboxDaemonSandbox("envs", {"names": []}, USER, source_code=ENV_SOURCE, client=client,
+                                            sandbox_env_vars={"B": "sandbox"}, tool_id="tool-1", **kw)
+            asyncio.run(sb.run(additional_env_vars={"C": "additional"}))
+        (req,), = [client.requests]
+        return req, calls
+
+    def test_stored_e2b_config_and_its_variables(self):
+        req, calls = self.sent(stored_e2b=True)
+        self.assertEqual(req["sandbox_config"].id, "sandbox-local")
+        self.assertEqual(req["env"], {"A": "local-config", "ONLY_LOCAL": "1", "B": "sandbox", "C": "additional",
+                                      "LETTA_TOOL_ID": "tool-1"})
+        e2b = req["e2b"]
+        self.assertEqual(e2b["sandbox_config"].id, "sandbox-e2b")
+        # The same layers over the E2B config's own variables, as Letta's E2B sandbox.
+        self.assertEqual(e2b["env"], {"A": "e2b-config", "ONLY_E2B": "1", "B": "sandbox", "C": "additional",
+                                      "LETTA_TOOL_ID": "tool-1"})
+        # It is looked up, never created: the run may well stay local.
+        self.assertNotIn(("get_or_create", FakeSandboxType.E2B), calls)
+        self.assertIn(("get", FakeSandboxType.E2B), calls)
+
+    def test_no_e2b_config_sends_lettas_unsaved_default(self):
+        req, calls = self.sent(stored_e2b=False)
+        cfg = req["e2b"]["sandbox_config"]
+        self.assertIsNone(cfg.id)
+        self.assertEqual((cfg.type, cfg.config, cfg.organization_id), (FakeSandboxType.E2B, {"timeout": 300}, ORG))
+        from toolsandbox_client import protocol as P
+        self.assertEqual(P.sandbox_config_wire(cfg), {"type": "e2b", "config": {"timeout": 300}, "organization_id": ORG})
+        self.assertEqual(req["e2b"]["env"], {"B": "sandbox", "C": "additional", "LETTA_TOOL_ID": "tool-1"})
+        self.assertEqual([c for c in calls if c[0] == "env"], [("env", "sandbox-local")])
+
+    def test_a_provided_config_serves_both(self):
+        req, calls = self.sent(stored_e2b=True, sandbox_config={"type": "local", "config": {}})
+        self.assertIsNone(req["e2b"])
+        self.assertEqual(calls, [])
+
+    def test_explicit_e2b_config_without_letta_lookups(self):
+        req, calls = self.sent(stored_e2b=True, sandbox_config={"type": "local", "config": {}},
+                               e2b_sandbox_config={"type": "e2b", "config": {"template": "x"}},
+                               e2b_sandbox_config_env_vars={"A": "given"})
+        self.assertEqual(req["e2b"]["sandbox_config"], {"type": "e2b", "config": {"template": "x"}})
+        self.assertEqual(req["e2b"]["env"]["A"], "given")
+        self.assertEqual(calls, [])
+
+
 class AdapterEndToEnd(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

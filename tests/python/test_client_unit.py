@@ -164,6 +164,18 @@ class RequestBuilding(unittest.TestCase):
         with self.assertRaises(TypeError):
             P.sandbox_config_wire({"config": {}})
 
+    def test_e2b_member(self):
+        r = P.run_tool_request("src", tool_name="t", args={}, organization_id="o",
+                               e2b={"sandbox_config": {"id": "s", "type": "e2b", "config": {"template": "t"}},
+                                    "env": {"K": "v"}})
+        self.assertEqual(r["e2b"], {"sandbox_config": {"type": "e2b", "config": {"template": "t"}}, "env": {"K": "v"}})
+        self.assertEqual(P.execute_request("x", tool_name="t", organization_id="o", e2b={"env": {}})["e2b"],
+                         {"env": {}})
+        self.assertNotIn("e2b", P.execute_request("x", tool_name="t", organization_id="o"))
+        for bad in ([("env", {})], {"sandbox": {}}, {"env": {"K": 1}}, {"sandbox_config": {"config": {}}}):
+            with self.assertRaises(TypeError):
+                P.execute_request("x", tool_name="t", organization_id="o", e2b=bad)
+
     def test_local_type_checks(self):
         with self.assertRaises(TypeError) as cm:
             P.execute_request("x", tool_name="t", organization_id="o", env={"SECRET": 12345})

@@ -48,6 +48,16 @@ are dropped. Later layers win. The daemon's policy adds its fixed variables
 (PATH, HOME, ...) on top (a request variable of such a name keeps the
 policy's value), and may refuse names it does not allow.
 
+E2B
+---
+A run the daemon delegates to E2B (an organization its policy does not run
+locally) uses, as AsyncToolSandboxE2B does, the organization's E2B config
+instead of the local one: its fingerprint, its pip requirements and its
+variables as the first layer above. The adapter sends both (the request's
+"e2b" member); the daemon uses the one that matches where the run goes. A
+provided sandbox_config is used for both, as in Letta. Without Letta, pass
+e2b_sandbox_config= (and e2b_sandbox_config_env_vars=) to get the same.
+
 Errors
 ------
 A tool that fails gives status "error", as in Letta. When the daemon refuses
@@ -227,6 +237,8 @@ class ToolSandboxDaemonSandbox:
         json_schema: Optional[Mapping[str, Any]] = None,
         pip_requirements: Optional[List[Any]] = None,
         sandbox_config_env_vars: Optional[Mapping[str, Any]] = None,
+        e2b_sandbox_config: Any = None,
+        e2b_sandbox_config_env_vars: Optional[Mapping[str, Any]] = None,
         mode: str = "tool",
         script: Optional[str] = None,
         socket_path: Optional[str] = None,
@@ -247,6 +259,8 @@ class ToolSandboxDaemonSandbox:
         self.provided_sandbox_config = sandbox_config
         self.provided_sandbox_env_vars = sandbox_env_vars
         self.sandbox_config_env_vars = sandbox_config_env_vars
+        self.provided_e2b_sandbox_config = e2b_sandbox_config
+        self.e2b_sandbox_config_env_vars = e2b_sandbox_config_env_vars
         self.tool_id = tool_id if tool_id is not None else getattr(tool_object, "id", None)
         self.agent_id = agent_id
         self.project_id = project_id
@@ -305,9 +319,34 @@ class ToolSandboxDaemonSandbox:
         return await SandboxConfigManager().get_or_create_default_sandbox_config_async(
             sandbox_type=SandboxType.LOCAL, actor=self.user)
 
-    async def _sandbox_config_env_vars(self, sandbox_config: Any) -> Optional[Mapping[str, Any]]:
-        if self.sandbox_config_env_vars is not None:
-            return self.sandbox_config_env_vars
+    async def _e2b_sandbox_config(self) -> Any:
+        """The config a run the daemon delegates to E2B uses, as
+        AsyncToolSandboxE2B picks it: the provided sandbox_config if there is
+        one (then the daemon uses it for both, and None is returned here), else
+        the organization's E2B config. The adapter does not know where the
+        daemon places the run, so it does not create that config (Letta
+        creates it on its first E2B run): without one, it sends the unsaved
+        default Letta would create, which has the same fingerprint and no
+        variables."""
+        if self.provided_e2b_sandbox_config is not None:
+            return self.provided_e2b_sandbox_config
+        if self.provided_sandbox_config is not None or not self.resolve_from_letta or not self._is_letta_user():
+            return None
+        from letta.schemas.enums import SandboxType
+        from letta.schemas.sandbox_config import E2BSandboxConfig, SandboxConfig
+        from letta.services.sandbox_config_manager import SandboxConfigManager
+
+        config = await SandboxConfigManager().get_sandbox_config_by_type_async(SandboxType.E2B, actor=self.user)
+        if config is None:
+            config = SandboxConfig(type=SandboxType.E2B, config=E2BSandboxConfig().model_dump(exclude_none=True),
+                                   organization_id=self.user.organization_id)
+        return config
+
+    async def _config_env_vars(self, sandbox_config: Any, provided: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+        """A config's own variables (Letta's first layer): `provided`, else
+        Letta's stored ones for a stored config."""
+        if provided is not None:
+            return provided
         sbx_id = getattr(sandbox_config, "id", None)
         if sbx_id is None or not self.resolve_from_letta or not self._is_letta_user():
             return None
@@ -331,8 +370,7 @@ class ToolSandboxDaemonSandbox:
         if self.letta_builtin:
             return await self._run_in_letta(agent_state, additional_env_vars)
         sandbox_config = await self._sandbox_config()
-        env = gather_env_vars(
-            sandbox_config_env_vars=await self._sandbox_config_env_vars(sandbox_config),
+        layers: Dict[str, Any] = dict(
             sandbox_env_vars=self.provided_sandbox_env_vars,
             agent_state=agent_state,
             additional_env_vars=additional_env_vars,
@@ -340,6 +378,16 @@ class ToolSandboxDaemonSandbox:
             project_id=self.project_id,
             tool_id=self.tool_id,
         )
+        env = gather_env_vars(
+            sandbox_config_env_vars=await self._config_env_vars(sandbox_config, self.sandbox_config_env_vars),
+            **layers)
+        # Letta's E2B sandbox layers the same variables over its own config's.
+        e2b: Optional[Dict[str, Any]] = None
+        e2b_config = await self._e2b_sandbox_config()
+        if e2b_config is not None:
+            e2b = {"sandbox_config": e2b_config,
+                   "env": gather_env_vars(sandbox_config_env_vars=await self._config_env_vars(
+                       e2b_config, self.e2b_sandbox_config_env_vars), **layers)}
         common: Dict[str, Any] = dict(
             tool_name=self.tool_name,
             organization_id=self.organization_id,
@@ -349,6 +397,7 @@ class ToolSandboxDaemonSandbox:
             sandbox_config=sandbox_config,
             agent_id=self.agent_id,
             project_id=self.project_id,
+            e2b=e2b,
         )
         try:
             if self.mode == "script":

@@ -216,6 +216,28 @@ def sandbox_config_wire(sandbox_config: Any) -> Optional[Dict[str, Any]]:
     return out
 
 
+def e2b_wire(e2b: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The request's "e2b" member: what a run the daemon delegates to E2B uses
+    instead of the local sandbox_config and env, as Letta resolves a separate
+    E2B config (its own fingerprint, pip requirements and variables). Either
+    key may be left out; a run that stays local ignores the member."""
+    if e2b is None:
+        return None
+    if not isinstance(e2b, Mapping):
+        raise TypeError("e2b must be a mapping with \"sandbox_config\" and/or \"env\"")
+    unknown = sorted(str(k) for k in e2b if k not in ("sandbox_config", "env"))
+    if unknown:
+        raise TypeError("e2b has unknown keys: %s (known: sandbox_config, env)" % ", ".join(unknown))
+    out: Dict[str, Any] = {}
+    config = sandbox_config_wire(e2b.get("sandbox_config"))
+    if config is not None:
+        out["sandbox_config"] = config
+    env = _env(e2b.get("env"))
+    if env is not None:
+        out["env"] = env
+    return out
+
+
 def _pip_requirements(reqs: Optional[Iterable[Any]]) -> Optional[List[str]]:
     if reqs is None:
         return None
@@ -246,6 +268,7 @@ def _common(
     sandbox_config: Any,
     agent_id: Optional[str],
     project_id: Optional[str],
+    e2b: Optional[Mapping[str, Any]],
 ) -> None:
     req["tool_name"] = _check_str("tool_name", tool_name)
     req["organization_id"] = _check_str("organization_id", organization_id)
@@ -254,6 +277,7 @@ def _common(
         "env": _env(env),
         "timeout": _timeout(timeout),
         "sandbox_config": sandbox_config_wire(sandbox_config),
+        "e2b": e2b_wire(e2b),
         "agent_id": _check_str("agent_id", agent_id, optional=True),
         "project_id": _check_str("project_id", project_id, optional=True),
     }
@@ -288,11 +312,12 @@ def execute_request(
     sandbox_config: Any = None,
     agent_id: Optional[str] = None,
     project_id: Optional[str] = None,
+    e2b: Optional[Mapping[str, Any]] = None,
     request_id: Optional[str] = None,
 ) -> Dict[str, Any]:
     req = _envelope("execute", request_id)
     _common(req, tool_name=tool_name, organization_id=organization_id, env=env, timeout=timeout, policy=policy,
-            sandbox_config=sandbox_config, agent_id=agent_id, project_id=project_id)
+            sandbox_config=sandbox_config, agent_id=agent_id, project_id=project_id, e2b=e2b)
     req["script"] = _check_str("script", script)
     return req
 
@@ -312,11 +337,12 @@ def run_tool_request(
     agent_id: Optional[str] = None,
     project_id: Optional[str] = None,
     pip_requirements: Optional[Iterable[Any]] = None,
+    e2b: Optional[Mapping[str, Any]] = None,
     request_id: Optional[str] = None,
 ) -> Dict[str, Any]:
     req = _envelope("run_tool", request_id)
     _common(req, tool_name=tool_name, organization_id=organization_id, env=env, timeout=timeout, policy=policy,
-            sandbox_config=sandbox_config, agent_id=agent_id, project_id=project_id)
+            sandbox_config=sandbox_config, agent_id=agent_id, project_id=project_id, e2b=e2b)
     req["source_code"] = _check_str("source_code", source_code)
     if args is None:
         args = {}
