@@ -110,7 +110,7 @@ std::string python_float_str(double v) {
   return std::to_string(v);
 }
 
-Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run) {
+Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run, const DecodedPickle* decoded) {
   Shaped out;
   json& r = out.result;
   const std::string& name = ctx.tool_name;
@@ -203,11 +203,32 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run)
     if (letta_strict_utf8 && p.stdout_decode_error) return decode_failure(*p.stdout_decode_error);
     if (p.opaque_pickle) {
       out.extra["opaque_pickle"] = true;
-      out.extra["payload_base64"] = p.opaque_payload_base64;
-      r["func_return"] = lp::friendly_error_msg(
-          name, "Exception", "the result is a pickle payload, which toolsandboxd never deserializes; regenerate the script with JSON output");
       r["stdout"] = as_list(p.stdout_text);
       r["stderr"] = as_list(run.stderr_data);
+      const lp::NonceFrame* f = decoded && decoded->frame ? &*decoded->frame : nullptr;
+      if (f && !f->error) {
+        // What letta-server's pickle.loads gave it, as plain data.
+        out.extra["pickle_decoded"] = true;
+        r["status"] = success_exit ? "success" : "error";
+        r["func_return"] = f->results;
+        r["agent_state"] = f->agent_state;
+        out.func_return_text = f->results_text;
+        if (!f->agent_state.is_null()) out.agent_state_text = f->agent_state_text;
+        return out;
+      }
+      out.extra["payload_base64"] = p.opaque_payload_base64;
+      if (f) {
+        // pickle.loads (or the server's result["results"]) raised this:
+        // Letta's manager reports the exception.
+        out.extra["pickle_error"] = f->error->name + ": " + f->error->message;
+        r["func_return"] = lp::friendly_error_msg(name, f->error->name, f->error->message);
+        r["stderr"].push_back(f->error->name + ": " + f->error->message);
+        return out;
+      }
+      const std::string why = decoded ? "the pickle payload could not be decoded: " + decoded->failure
+                                       : "the result is a pickle payload, which toolsandboxd decodes only in a local sandbox";
+      if (decoded) out.extra["pickle_error"] = decoded->failure;
+      r["func_return"] = lp::friendly_error_msg(name, "Exception", why);
       return out;
     }
     r["stdout"] = as_list(p.stdout_text);

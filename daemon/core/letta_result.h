@@ -41,7 +41,18 @@ struct Shaped {
   std::string agent_state_text;
 };
 
-Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run);
+// A script-mode run's pickle payload (a script Letta generated before it
+// switched to JSON), decoded into plain data by the trusted runner in a
+// sandbox of its own under the run's policy (LocalBackend): the runner's
+// answer, or why there is none. Never decoded in the daemon.
+struct DecodedPickle {
+  std::optional<protocol::NonceFrame> frame;
+  std::string failure;  // without a frame
+};
+
+// `decoded`: for a run whose payload is a pickle, its decoding, if any.
+Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
+                         const DecodedPickle* decoded = nullptr);
 
 // The request the trusted runner reads on its stdin (tool mode), for a local
 // sandbox or an E2B cell alike: the tool's source, its arguments as data and

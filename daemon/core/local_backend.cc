@@ -7,6 +7,8 @@
 #include <asio/use_awaitable.hpp>
 
 #include "daemon/policy/jsonc.h"
+#include "isolate/base/random.h"
+#include "protocol/letta.h"
 
 namespace tsb::core {
 namespace {
@@ -214,7 +216,52 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   // (a shared, writable venv is how Letta's local sandbox gets poisoned).
   if (p.tool_mode && !std::get<protocol::RunToolRequest>(p.request->body).pip_requirements.empty())
     out.record["pip_requirements_ignored"] = true;
+  if (!p.tool_mode) co_await decode_pickle(p, out);
   co_return out;
+}
+
+asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& out) {
+  using isolate::EndReason;
+  const EndReason why = out.run.reason;
+  if (why != EndReason::Exited && why != EndReason::Signaled && why != EndReason::PidsLimit) co_return;
+  const protocol::ParsedOutput parsed = protocol::parse_letta_stdout(out.run.stdout_data, p.shape.generation);
+  if (!parsed.opaque_pickle || parsed.corrupted) co_return;
+  DecodedPickle& d = out.decoded.emplace();
+  if (p.runner_path.empty()) {
+    d.failure = "the runner that decodes it is not installed on this host";
+    co_return;
+  }
+  const Policy& pol = p.policy();
+  spawn::RunOrder order;
+  order.policy = pol.name;
+  order.fingerprint = pol.fingerprint;
+  order.mode = spawn::RunMode::Tool;
+  // Decoding takes milliseconds; the run's own time is spent already.
+  order.timeout = std::min(pol.limits.wall_timeout, std::chrono::milliseconds(30'000));
+  order.label = p.common->tool_name;
+  const std::string nonce = random_hex(16);
+  // Base64 needs no JSON escaping.
+  std::string request = "{\"nonce\":\"" + nonce + "\",\"unpickle\":\"" + parsed.opaque_payload_base64 + "\"}";
+  std::vector<std::string> frame_tokens{"\n" + std::string(protocol::kNonceFrameStart) + nonce +
+                                        std::string(protocol::kNonceFrameClose)};
+  LinkRun ran = co_await link_.run(std::move(order), std::move(request), pol.limits.stdout_bytes,
+                                   pol.limits.stderr_bytes, std::move(frame_tokens), *p.cancel);
+  if (ran.refused) {
+    d.failure = ran.refused->message;
+    co_return;
+  }
+  const isolate::RunResult& r = ran.result;
+  out.record["pickle_decode_run_id"] = r.run_id;
+  out.audit += " pickle_decode_run_id=" + (r.run_id.empty() ? std::string("-") : r.run_id);
+  auto frame = protocol::extract_nonce_frame(r.stdout_data, nonce);
+  if (!frame.ok()) {
+    d.failure = frame.error().message;
+  } else if (!frame->has_value()) {
+    d.failure = r.reason == EndReason::Exited ? std::string("the decoder wrote no result")
+                                              : "the decoder's run ended: " + std::string(isolate::to_string(r.reason));
+  } else {
+    d.frame = std::move(**frame);
+  }
 }
 
 }  // namespace tsb::core

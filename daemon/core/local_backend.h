@@ -53,6 +53,10 @@ class LocalBackend final : public RunBackend {
   nlohmann::json engine_status() const;
 
  private:
+  // Script mode: a result frame whose payload is a pickle is decoded by the
+  // runner in a second sandbox under the run's policy, in the run's slot.
+  asio::awaitable<void> decode_pickle(PreparedRun& p, BackendRun& out);
+
   enum class Slot { Granted, Busy, ShuttingDown, ClientGone };
   asio::awaitable<Slot> acquire_slot(const PreparedRun& p);
   void release_slot();

@@ -146,7 +146,7 @@ std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRu
   if (out.result) {
     result = std::move(*out.result);
   } else {
-    auto shaped = shape_tool_result(p.shape, out.run);
+    auto shaped = shape_tool_result(p.shape, out.run, out.decoded ? &*out.decoded : nullptr);
     result = std::move(shaped.result);
     for (auto it = shaped.extra.begin(); it != shaped.extra.end(); ++it) record[it.key()] = it.value();
     auto keep = [&](const char* key, const std::string& text) {

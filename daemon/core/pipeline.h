@@ -117,6 +117,8 @@ struct BackendRun {
   // A ToolExecutionResult the backend shaped itself; without one, the
   // pipeline shapes `run` (shape_tool_result).
   std::optional<nlohmann::json> result;
+  // Script mode, a pickle payload: its decoding (LocalBackend).
+  std::optional<DecodedPickle> decoded;
   // Run-record fields the backend adds or overrides.
   nlohmann::json record = nlohmann::json::object();
   // For the record, the totals and the audit line when the backend ended

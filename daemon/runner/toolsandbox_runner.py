@@ -42,6 +42,16 @@ Request (one JSON object on stdin, read to EOF)
      "agent_id":    "<id>" | null,              optional
      "env":         {"NAME": "value", ...}}     optional, default {}
 
+or, to decode the result of a script Letta generated before it switched to
+JSON (a pickle, which letta-server then unpickled with its own classes):
+
+    {"nonce": "<32 lowercase hex>", "unpickle": "<base64 of the pickle>"}
+
+The child decodes it with an unpickler that constructs no class of the
+payload's choosing (_PlainUnpickler below) and answers as for a tool:
+{"results", "agent_state"} as plain JSON, or an error named as pickle.loads
+or the server's result["results"] would have raised it.
+
 Unknown fields are rejected. The environment is set by the engine when it
 starts this process, except the request's variables that change how a
 program starts (LD_*, MALLOC_*, PYTHON*, GLIBC_TUNABLES and the others glibc
@@ -386,6 +396,15 @@ def _validate_request(req):
     return child_req, inject_agent_state
 
 
+def _validate_unpickle_request(req):
+    unknown = sorted(set(req) - {"nonce", "unpickle"})
+    if unknown:
+        raise RequestError("ValueError", "an unpickle request has only nonce and unpickle, not " + ", ".join(map(repr, unknown)))
+    if not isinstance(req["unpickle"], str):
+        raise RequestError("ValueError", "unpickle must be a base64 string")
+    return {"unpickle": req["unpickle"]}
+
+
 class _ChildFailure(Exception):
     """The child could not report; the parent describes what happened."""
 
@@ -583,7 +602,10 @@ def _parent_main(pid, to_child, from_child):
     nonce = req["nonce"]
 
     try:
-        child_req, inject_agent_state = _validate_request(req)
+        if "unpickle" in req:
+            child_req, inject_agent_state = _validate_unpickle_request(req), True
+        else:
+            child_req, inject_agent_state = _validate_request(req)
     except RequestError as e:
         _abort_child(pid, to_child)
         _error_line(2, e.name, e.message)
@@ -591,7 +613,7 @@ def _parent_main(pid, to_child, from_child):
         return EXIT_REQUEST_ERROR
     del req
 
-    source_file = child_req["source_file"] = _source_path()
+    source_file = child_req["source_file"] = None if "unpickle" in child_req else _source_path()
     with _ExactIntegers():
         child_text = json.dumps(child_req)
     try:
@@ -611,7 +633,8 @@ def _parent_main(pid, to_child, from_child):
         _error_line(2, "RuntimeError", str(e))
     finally:
         try:
-            os.unlink(source_file)
+            if source_file is not None:
+                os.unlink(source_file)
         except OSError:
             pass
     _emit(nonce, payload)
@@ -1135,6 +1158,236 @@ def _run_tool(req, err_fd):
     return {"results": results, "agent_state": agent_state}
 
 
+# ---------------------------------------------------------------------------
+# Child: decodes a pickle payload into plain data
+# ---------------------------------------------------------------------------
+#
+# Scripts Letta generated before it switched to JSON (the seed's
+# ToolExecutionSandbox, and its asyncio sandbox until PR #3343) end with
+# base64(pickle.dumps({"results": value, "agent_state": agent_state})), which
+# letta-server pickle.loads-ed: code execution in the server for any tool
+# that prints such a frame. Here the payload is decoded in the run's own
+# sandbox, by an unpickler whose find_class never hands out a class or a
+# function of the payload's choosing: a few value types are rebuilt (_VALUES),
+# every other global becomes a _Stub class that only records what the pickle
+# gives it (constructor arguments, state, items). Stubs then become plain
+# data: a model or any object with a __dict__ state becomes a dict of its
+# fields (a pydantic model: its __dict__, plus __pydantic_extra__), an object
+# built from one argument (an enum member) that argument. results then
+# becomes JSON as Letta's JSON script turns a result into it (_jsonable), and
+# agent_state as AgentState.model_dump(mode="json") would (datetimes in
+# ISO 8601, sets as lists), for the daemon's client to revalidate.
+
+
+class _Stub:
+    """An instance of a class the payload named; records, never runs, anything."""
+
+    _module = _qualname = ""
+
+    def __new__(cls, *args, **kwargs):
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "_args", args)
+        object.__setattr__(obj, "_kwargs", kwargs)
+        object.__setattr__(obj, "_state", None)
+        object.__setattr__(obj, "_items", [])
+        object.__setattr__(obj, "_mapping", [])
+        return obj
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __repr__(self):
+        return "<%s.%s object>" % (self._module, self._qualname)
+
+    def __setstate__(self, state):
+        object.__setattr__(self, "_state", state)
+
+    def __setitem__(self, key, value):
+        self._mapping.append((key, value))
+
+    def append(self, value):
+        self._items.append(value)
+
+    def extend(self, values):
+        self._items.extend(values)
+
+
+def _stub_class(module, qualname):
+    return type("_Stub", (_Stub,), {"_module": module, "_qualname": qualname, "__slots__": ()})
+
+
+def _reconstructor(cls, base, state):
+    # copyreg._reconstructor, which protocols 0 and 1 name for objects.
+    if isinstance(cls, type) and issubclass(cls, _Stub):
+        return cls.__new__(cls)
+    if cls is base and base in (set, frozenset, bytearray, dict, list):
+        return base(state) if state is not None else base()
+    import pickle
+
+    raise pickle.UnpicklingError("cannot rebuild %r from %r" % (cls, base))
+
+
+def _latin1_encode(text, encoding="utf-8"):
+    # _codecs.encode, which protocols 0 to 2 name for bytes objects.
+    import pickle
+
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError("unexpected bytes encoding in the payload")
+    return text.encode("latin1")
+
+
+def _tz_info(seconds):
+    # pydantic_core's TzInfo (the zone of a datetime pydantic parsed).
+    import datetime
+
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+        return datetime.timezone(datetime.timedelta(seconds=seconds))
+    import pickle
+
+    raise pickle.UnpicklingError("bad TzInfo state")
+
+
+def _values():
+    import collections
+    import datetime
+    import decimal
+
+    return {
+        ("builtins", "set"): set, ("builtins", "frozenset"): frozenset, ("builtins", "bytearray"): bytearray,
+        ("builtins", "complex"): complex, ("builtins", "object"): object,
+        ("collections", "OrderedDict"): collections.OrderedDict,
+        ("datetime", "datetime"): datetime.datetime, ("datetime", "date"): datetime.date,
+        ("datetime", "time"): datetime.time, ("datetime", "timedelta"): datetime.timedelta,
+        ("datetime", "timezone"): datetime.timezone, ("decimal", "Decimal"): decimal.Decimal,
+        ("copyreg", "_reconstructor"): _reconstructor, ("_codecs", "encode"): _latin1_encode,
+        ("pydantic_core._pydantic_core", "TzInfo"): _tz_info,
+    }
+
+
+def _plain(obj, json_mode, depth, active):
+    """obj with every stub replaced by plain data; in json_mode also every
+    other non-JSON value, as pydantic's mode="json" writes it."""
+    import datetime
+    import decimal
+
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if depth > _MAX_RESULT_DEPTH:
+        raise ValueError("the payload is nested deeper than %d levels" % _MAX_RESULT_DEPTH)
+    if isinstance(obj, type):
+        if issubclass(obj, _Stub):
+            return "<class '%s.%s'>" % (obj._module, obj._qualname)
+        return str(obj)
+    if id(obj) in active:
+        raise ValueError("Circular reference detected")
+    active.add(id(obj))
+    try:
+        def sub(v):
+            return _plain(v, json_mode, depth + 1, active)
+
+        def key(k):
+            # A stub is no key json.dumps takes; its plain form may not be hashable.
+            return _safe_str(sub(k)) if isinstance(k, _Stub) else k
+
+        if isinstance(obj, _Stub):
+            state = obj._state
+            if isinstance(state, tuple) and len(state) == 2 and all(x is None or isinstance(x, dict) for x in state):
+                merged = dict(state[0] or {})  # (state, slotstate)
+                merged.update(state[1] or {})
+                state = merged
+            if isinstance(state, dict):
+                fields = state
+                if isinstance(state.get("__dict__"), dict):  # a pydantic model
+                    fields = dict(state["__dict__"])
+                    if isinstance(state.get("__pydantic_extra__"), dict):
+                        fields.update(state["__pydantic_extra__"])
+                out = {k: sub(v) for k, v in fields.items()}
+                out.update((key(k), sub(v)) for k, v in obj._mapping)
+                return out
+            if obj._mapping:
+                return {key(k): sub(v) for k, v in obj._mapping}
+            if obj._items:
+                return [sub(v) for v in obj._items]
+            if state is None and len(obj._args) == 1 and not obj._kwargs:
+                return sub(obj._args[0])  # an enum member, a str or int subclass
+            return "<%s.%s object>" % (obj._module, obj._qualname)
+        if isinstance(obj, dict):
+            return {key(k): sub(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [sub(v) for v in obj]
+        if not json_mode:
+            return obj  # a set, a datetime, ...: str() of it, as Letta's script writes it (_jsonable)
+        if isinstance(obj, (set, frozenset)):
+            return [sub(v) for v in obj]
+        if isinstance(obj, datetime.datetime):
+            text = obj.isoformat()
+            return text[:-6] + "Z" if text.endswith("+00:00") else text
+        if isinstance(obj, (datetime.date, datetime.time)):
+            return obj.isoformat()
+        if isinstance(obj, (bytes, bytearray)):
+            return bytes(obj).decode("utf-8", "replace")
+        if isinstance(obj, (decimal.Decimal, complex, datetime.timedelta)):
+            return str(obj)
+        return _safe_str(obj)
+    finally:
+        active.discard(id(obj))
+
+
+def _decode_pickle(b64, err_fd):
+    import _compat_pickle
+    import base64
+    import binascii
+    import io
+    import pickle
+
+    values = _values()
+    stubs = {}
+
+    class _PlainUnpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            # Python 2 names, which protocols 0 to 2 write (as pickle's own find_class).
+            if (module, name) in _compat_pickle.NAME_MAPPING:
+                module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+            elif module in _compat_pickle.IMPORT_MAPPING:
+                module = _compat_pickle.IMPORT_MAPPING[module]
+            if (module, name) in values:
+                return values[(module, name)]
+            if (module, name) not in stubs:
+                stubs[(module, name)] = _stub_class(module, name)
+            return stubs[(module, name)]
+
+    def failed(exc):
+        _error_line(err_fd, type(exc).__name__, _safe_str(exc))
+        return _error_payload("tool", type(exc).__name__, _safe_str(exc))
+
+    try:
+        data = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError) as e:
+        return failed(e)
+    try:
+        with _ExactIntegers():
+            value = _PlainUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # UnpicklingError, EOFError, RecursionError, MemoryError, ...
+        return failed(e)
+    del data
+    try:
+        # What letta-server read from it.
+        results, agent_state = value["results"], value["agent_state"]
+    except Exception as e:
+        return failed(e)
+    try:
+        state = _plain(agent_state, True, 0, set()) if agent_state is not None else None
+        if state is not None and not isinstance(state, dict):
+            raise TypeError("agent_state is a %s, not an object" % type(agent_state).__name__)
+    except (ValueError, TypeError, RecursionError) as e:
+        return failed(e)
+    try:
+        plain = _plain(results, False, 0, set())
+    except (ValueError, TypeError, RecursionError):
+        plain = results  # a cycle, extreme depth: str() of it, with the warning
+    return {"results": _serialize_result(plain, err_fd), "agent_state": state}
+
+
 def _child_main(from_parent, to_parent):
     # Before anything else: the tool must never read the request stream. An
     # empty pipe gives the tool (and its subprocesses) EOF on stdin.
@@ -1163,7 +1416,7 @@ def _child_main(from_parent, to_parent):
 
     # The tool may rebind fd 2 or sys.stderr; tracebacks still go to the real one.
     err_fd = os.dup(2)
-    msg = _run_tool(req, err_fd)
+    msg = _decode_pickle(req["unpickle"], err_fd) if "unpickle" in req else _run_tool(req, err_fd)
     try:
         _send(to_parent, msg)
     except (OSError, ValueError) as e:

@@ -465,3 +465,92 @@ def run_local(tool_name, source_code, args, json_schema, python, env=None, timeo
         except Exception as e:
             return {"status": "error", "func_return": get_friendly_error_msg(tool_name, type(e).__name__, str(e)),
                     "agent_state": None, "stdout": [stdout_text], "stderr": [str(e)]}
+
+
+# --- The seed: ToolExecutionSandbox before PR #3343 --------------------------
+#
+# letta/services/tool_executor/tool_execution_sandbox.py at 1131535~1:
+# generate_execution_script(wrap_print_with_markers=True), the venv path
+# (run_local_dir_sandbox_venv) and parse_best_effort, which pickle.loads the
+# base64 between the text markers in the server.
+
+LEGACY_START = str(uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-start-marker"))
+LEGACY_END = str(uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-end-marker"))
+
+
+def seed_script(tool_name, source_code, args, json_schema, python, agent_state=None):
+    props = json_schema["parameters"]["properties"]
+    inject = "agent_state" in parse_function_arguments(source_code, tool_name)
+    code = "from typing import *\nimport pickle\nimport sys\nimport base64\n"
+    if inject:
+        code += "import letta\nfrom letta import * \n"
+        pickled = pickle_agent_state(agent_state, python) if agent_state is not None else b"\x80\x04N."
+        code += f"agent_state = pickle.loads({pickled})\n"
+    else:
+        code += "agent_state = None\n"
+    for name, value in args.items():
+        spec = props.get(name)
+        if spec is None:
+            continue
+        param_type = spec.get("type")
+        if param_type is None and spec.get("parameters"):
+            param_type = spec["parameters"].get("type")
+        code += name + " = " + convert_param_to_str_value(param_type, value) + "\n"
+    code += "\n" + source_code + "\n"
+    if args:
+        code += "__letta_raw_args = {" + ", ".join(f"{n!r}: {n}" for n in args) + "}\n"
+        code += ("try:\n    from letta.functions.ast_parsers import coerce_dict_args_by_annotations\n"
+                 f"    __letta_func = {tool_name}\n"
+                 "    __letta_annotations = getattr(__letta_func, '__annotations__', {})\n"
+                 "    __letta_coerced_args = coerce_dict_args_by_annotations(\n        __letta_raw_args,\n"
+                 "        __letta_annotations,\n        allow_unsafe_eval=True,\n"
+                 "        extra_globals=__letta_func.__globals__,\n    )\n")
+        for n in args:
+            code += f"    {n} = __letta_coerced_args.get({n!r}, {n})\n"
+        code += "except Exception:\n    pass\n"
+    params = [f"{a}={a}" for a in args if a in props]
+    if inject:
+        params.append("agent_state=agent_state")
+    code += RESULT_VAR + ' = {"results": ' + tool_name + "(" + ", ".join(params) + '), "agent_state": agent_state}\n'
+    code += f"{RESULT_VAR} = base64.b64encode(pickle.dumps({RESULT_VAR})).decode('utf-8')\n"
+    code += f"sys.stdout.write('{LEGACY_START}')\nsys.stdout.write(str({RESULT_VAR}))\nsys.stdout.write('{LEGACY_END}')\n"
+    return code
+
+
+def seed_unpickle(text, python):
+    """What the seed's server got from parse_best_effort, as the JSON its
+    ToolExecutionResult becomes (a model in func_return: its fields):
+    pickle.loads in letta-server's own environment (the venv, which has the
+    letta stand-in)."""
+    code = ("import base64, json, pickle, sys\nr = pickle.loads(base64.b64decode(sys.stdin.read()))\n"
+            "s = r['agent_state']\n"
+            "sys.stdout.write(json.dumps({'results': r['results'],"
+            " 'agent_state': s.model_dump(mode='json') if s is not None else None}, allow_nan=True,"
+            " default=lambda o: o.model_dump(mode='json') if hasattr(o, 'model_dump') else str(o)))")
+    out = subprocess.run([python, "-c", code], input=text.encode(), check=True, capture_output=True).stdout
+    return json.loads(out)
+
+
+def run_seed(tool_name, source_code, args, json_schema, python, env=None, agent_state=None):
+    """The seed's run_local_dir_sandbox_venv for this tool (success path),
+    as a ToolExecutionResult dict without the fingerprint."""
+    script = seed_script(tool_name, source_code, args, json_schema, python, agent_state)
+    with tempfile.TemporaryDirectory() as sandbox_dir:
+        path = os.path.join(sandbox_dir, "tool.py")
+        with open(path, "w") as f:
+            f.write(script)
+        exec_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": sandbox_dir, "LANG": "C.UTF-8"}
+        exec_env.update(env or {})
+        exec_env["PYTHONWARNINGS"] = "ignore"
+        proc = subprocess.run([python, path], env=exec_env, cwd=sandbox_dir, timeout=60, capture_output=True,
+                              text=True, check=True)
+        text = proc.stdout
+        if LEGACY_START not in text:
+            func_result, stdout = "", text
+        else:
+            start = text.index(LEGACY_START) + len(LEGACY_START)
+            end = text.index(LEGACY_END)
+            func_result, stdout = text[start:end], text[:start - len(LEGACY_START)] + text[end + len(LEGACY_END):]
+        decoded = seed_unpickle(func_result, python) if func_result else {"results": None, "agent_state": None}
+        return {"status": "success", "func_return": decoded["results"], "agent_state": decoded["agent_state"],
+                "stdout": [stdout] if stdout else [], "stderr": [proc.stderr] if proc.stderr else []}

@@ -394,6 +394,121 @@ class ToolModeIsSaferThanLetta(Harness):
         self.assertIn("UnicodeDecodeError", got.func_return)
 
 
+# Tools run through the seed's own generator (ToolExecutionSandbox before
+# PR #3343): its result is base64(pickle) between the text markers, which the
+# seed's server pickle.loads-ed. The daemon decodes it in a sandbox, into
+# plain data (PROTOCOL.md 13.1); the reference is the seed's server, whose
+# result is compared as the JSON it becomes.
+# The seed injects agent_state only (no agent_id).
+SEED_ONLY = {
+    "seed_agent_state_read": ("def f(agent_state):\n"
+                              "    m = agent_state.memory\n"
+                              "    return [type(agent_state).__name__, agent_state.id, agent_state.name,\n"
+                              "            m.get_block('human').value, m.list_block_labels(), agent_state.llm_config.model,\n"
+                              "            agent_state.metadata, agent_state.get_agent_env_vars_as_dict()]\n", {}, schema("f")),
+    "seed_agent_state_none": ("def f(agent_state):\n    return agent_state is None\n", {}, schema("f")),
+    "seed_tuple_result": ("def f():\n    return (1, ('a', None), [2.5])\n", {}, schema("f")),
+}
+NO_AGENT.add("seed_agent_state_none")
+SEED_CASES = ["plain_int", "string_with_quotes", "structured", "returns_none", "stderr_then_return", "big_ints",
+              "non_finite_floats", "float_spelling", "lone_surrogate_returned", "keys_of_other_types",
+              "agent_state_write", "agent_state_returned_block"] + sorted(SEED_ONLY)
+
+
+class SeedScripts(Harness):
+    def seed_reference(self, name):
+        source, args, json_schema = SEED_ONLY.get(name) or CASES[name]
+        state = agent_state_json(name)
+        env = {v["key"]: v["value"] for v in state["secrets"]} if state else {}
+        return ref.run_seed(json_schema["name"], source, args, json_schema, self.python, env=env, agent_state=state)
+
+    def seed_through_execute(self, name, script=None):
+        source, args, json_schema = (SEED_ONLY.get(name) or CASES[name]) if name else ("", {}, {"name": "f"})
+        state = agent_state_json(name) if name else None
+        if script is None:
+            script = ref.seed_script(json_schema["name"], source, args, json_schema, self.python, state)
+        env = {v["key"]: v["value"] for v in state["secrets"]} if state else None
+
+        async def go():
+            client = AsyncClient(self.daemon.socket_path, timeout=60)
+            return await client.execute(script, tool_name=json_schema["name"], organization_id=USER.organization_id,
+                                        sandbox_config=SANDBOX_CONFIG, env=env)
+
+        return asyncio.run(go())
+
+    def test_a_forged_pickle_runs_nothing_and_comes_back_as_data(self):
+        # The seed's server would run os.system on this (the first frame
+        # wins). The daemon's decoder builds no class the payload names.
+        import base64
+        import pickle
+
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("touch /tmp/pwned",))
+
+        forged = base64.b64encode(pickle.dumps({"results": Evil(), "agent_state": None})).decode()
+        source = ("def f():\n    print(%r + %r + %r)\n    return 'real'\n" % (ref.LEGACY_START, forged, ref.LEGACY_END))
+        CASES["seed_forged_pickle"] = (source, {}, schema("f"))
+        try:
+            got = self.seed_through_execute("seed_forged_pickle")
+        finally:
+            del CASES["seed_forged_pickle"]
+        self.assertEqual(got.status, "success", got)
+        self.assertEqual(got.func_return, "touch /tmp/pwned")  # the call's argument, never called
+        self.assertTrue(got.record["pickle_decoded"], got.record)
+        self.assertIsInstance(got.record["pickle_decode_run_id"], str)
+
+    def test_a_binary_frame_of_a_pickle_is_decoded_too(self):
+        # Letta's asyncio sandbox before PR #3343 wrote the pickle in the
+        # binary frame (md5-checked), its stdout strict UTF-8.
+        script = ("import hashlib, pickle, struct, sys\nprint('before')\n"
+                  "p = pickle.dumps({'results': [1, 2**70, {'k': (None, 1.5)}], 'agent_state': None})\n"
+                  "sys.stdout.buffer.write(%r + struct.pack('>I', len(p)) + hashlib.md5(p).hexdigest().encode() + p)\n"
+                  % (ref.START_MARKER,))
+        got = self.seed_through_execute(None, script)
+        self.assertEqual(got.status, "success", got)
+        self.assertEqual(exact(got.func_return), exact([1, 2**70, {"k": [None, 1.5]}]))
+        self.assertEqual(got.stdout, ["before\n"])
+        self.assertTrue(got.record["pickle_decoded"])
+
+    def test_a_payload_that_is_not_a_pickle_fails_as_pickle_loads(self):
+        import base64
+        import pickle
+
+        junk = b"\x80\x04\x95 not really a pickle"
+        try:
+            pickle.loads(junk)
+        except Exception as e:
+            want = L.friendly_error_msg("f", type(e).__name__, str(e))
+        script = "import sys\nsys.stdout.write(%r + %r + %r)\n" % (
+            ref.LEGACY_START, base64.b64encode(junk).decode(), ref.LEGACY_END)
+        got = self.seed_through_execute(None, script)
+        self.assertEqual(got.status, "error")
+        self.assertEqual(got.func_return, want)
+        self.assertTrue(got.record["opaque_pickle"])
+        self.assertIn("pickle_error", got.record)
+
+
+def _add_seed_case(name):
+    def seed(self):
+        want = self.seed_reference(name)
+        got = self.seed_through_execute(name)
+        where = "%s through execute (the seed's script)" % name
+        self.assertEqual(got.status, want["status"], (where, got, want))
+        self.assertEqual(exact(got.func_return), exact(want["func_return"]), (where, got, want))
+        self.assertEqual(got.agent_state, want["agent_state"], where)
+        self.assertEqual(got.stdout, want["stdout"], where)
+        self.assertEqual(got.stderr, want["stderr"], where)
+        self.assertEqual(got.sandbox_config_fingerprint, FINGERPRINT, where)
+        self.assertTrue(got.record["pickle_decoded"], where)
+
+    setattr(SeedScripts, "test_%s_seed" % name, seed)
+
+
+for _name in SEED_CASES:
+    _add_seed_case(_name)
+
+
 class AgentStateWithoutLettaInTheVenv(Harness):
     """The daemon's venv has no letta: tool mode gives the tool the runner's
     stand-in of AgentState, which must behave as Letta's own."""

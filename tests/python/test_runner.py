@@ -318,6 +318,90 @@ class AgentState(unittest.TestCase):
         self.assertEqual(r.results, "agent-7")
 
 
+def unpickle(data, **extra):
+    nonce = secrets.token_hex(16)
+    req = {"nonce": nonce, "unpickle": base64.b64encode(data).decode() if isinstance(data, bytes) else data}
+    req.update(extra)
+    return run_tool(None, None, request=req, nonce=nonce)
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo RAN-BY-THE-PAYLOAD",))
+
+
+class _Model:
+    """Pickles like a pydantic v2 model (its __getstate__)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    def __getstate__(self):
+        return {"__dict__": dict(self.__dict__), "__pydantic_extra__": {"extra_field": 1},
+                "__pydantic_fields_set__": set(self.__dict__), "__pydantic_private__": None}
+
+
+class Unpickle(unittest.TestCase):
+    """The decoder for pickle payloads of older Letta scripts: plain data,
+    never a class or call the payload names."""
+
+    def test_values_and_models_become_plain_data_in_every_protocol(self):
+        import datetime
+        import pickle
+
+        when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+        for proto in range(pickle.HIGHEST_PROTOCOL + 1):
+            payload = {"results": [1, (2, "x"), 2**80, {1: "a"}, _Model(a=1, when=when), when, {3}],
+                       "agent_state": _Model(id="agent-1", created=when, tags={"t"})}
+            r = unpickle(pickle.dumps(payload, protocol=proto))
+            self.assertEqual(r.code, 0, (proto, r))
+            self.assertEqual(r.results, [1, [2, "x"], 2**80, {"1": "a"},
+                                         {"a": 1, "when": "2026-01-02 03:04:05+00:00", "extra_field": 1},
+                                         "2026-01-02 03:04:05+00:00", "{3}"], proto)
+            self.assertEqual(r.payload["agent_state"],
+                             {"id": "agent-1", "created": "2026-01-02T03:04:05Z", "tags": ["t"], "extra_field": 1})
+
+    def test_a_payload_naming_a_call_gets_its_argument_never_the_call(self):
+        import pickle
+
+        r = unpickle(pickle.dumps({"results": _Evil(), "agent_state": None}))
+        self.assertEqual(r.code, 0, r)
+        self.assertEqual(r.results, "echo RAN-BY-THE-PAYLOAD")
+        self.assertNotIn("RAN-BY-THE-PAYLOAD", r.stdout)
+        # An eval, an exec or a class's constructor fare the same.
+        r = unpickle(b"cbuiltins\neval\n(S'__import__(\"os\").system(\"echo X\")'\ntR.")
+        self.assertEqual(r.code, 1, r)  # the record is no mapping: result["results"] raises
+        self.assertEqual(r.error["name"], "TypeError")
+
+    def test_what_pickle_loads_or_the_server_raised(self):
+        import pickle
+
+        r = unpickle(b"\x80\x04\x95 truncated")
+        self.assertEqual((r.code, r.error["name"]), (1, "UnpicklingError"), r)
+        self.assertIn("UnpicklingError: ", r.stderr)
+        r = unpickle(pickle.dumps({"agent_state": None}))
+        self.assertEqual((r.error["name"], r.error["message"]), ("KeyError", "'results'"))
+        r = unpickle(pickle.dumps({"results": 1, "agent_state": [1]}))
+        self.assertEqual(r.error["name"], "TypeError")
+        r = unpickle("not base64!")
+        self.assertEqual(r.error["name"], "Error")
+        # The request carries nothing else.
+        r = unpickle(pickle.dumps(None), tool_name="f")
+        self.assertEqual((r.code, r.error["kind"]), (2, "request"))
+
+    def test_cycles_and_depth_are_errors(self):
+        import pickle
+
+        a = []
+        a.append(a)
+        r = unpickle(pickle.dumps({"results": a, "agent_state": None}))
+        self.assertEqual(r.code, 0, r)  # as Letta's script: str() of a value json cannot take
+        self.assertEqual(r.results, "[[...]]")
+        self.assertIn("Warning: result of type list is not JSON-serializable", r.stderr)
+        r = unpickle(pickle.dumps({"results": 1, "agent_state": _Model(me=a)}))
+        self.assertEqual((r.error["name"], r.error["message"]), ("ValueError", "Circular reference detected"))
+
+
 class Errors(unittest.TestCase):
     def test_exception_letta_compatible_stderr(self):
         src = "def divide(a, b):\n    return a / b\n"

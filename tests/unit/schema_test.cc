@@ -687,6 +687,7 @@ struct Shaping {
   std::string what;
   core::ShapeContext ctx;
   isolate::RunResult run;
+  std::optional<core::DecodedPickle> decoded;  // a pickle payload's decoding
 };
 
 std::string binary_frame(const std::string& payload) {
@@ -766,6 +767,23 @@ std::vector<Shaping> shapings() {
     r.stdout_data = std::string(kLegacyStartMarker) + "!!!" + std::string(kLegacyEndMarker);
   });
   add("execute opaque pickle", false, [&](auto& r) { r.stdout_data = legacy_frame(std::string("\x80\x04\x95", 3) + "pickle"); });
+  // Decoded by the runner (LocalBackend::decode_pickle): its answer, its
+  // error, or no answer.
+  auto decoded = [&](const std::string& what, const json& payload, const std::string& failure) {
+    add(what, false, [&](auto& r) { r.stdout_data = legacy_frame(std::string("\x80\x04\x95", 3) + "pickle"); });
+    core::DecodedPickle& d = out.back().decoded.emplace();
+    if (payload.is_null()) {
+      d.failure = failure;
+      return;
+    }
+    auto f = extract_nonce_frame(make_nonce_frame(nonce, payload).value(), nonce);
+    d.frame = std::move(**f);
+  };
+  decoded("execute pickle decoded", {{"results", {1, "x"}}, {"agent_state", {{"memory", {{"blocks", json::array()}}}}}}, "");
+  decoded("execute pickle that pickle.loads refuses",
+          {{"results", nullptr}, {"agent_state", nullptr},
+           {"error", {{"kind", "tool"}, {"name", "UnpicklingError"}, {"message", "pickle data was truncated"}}}}, "");
+  decoded("execute pickle whose decoding failed", nullptr, "the decoder's run ended: timeout");
   auto nonce_frame = [&](const json& payload) { return make_nonce_frame(nonce, payload).value(); };
   add("run_tool success", true, [&](auto& r) {
     r.stdout_data = "printed\n" + nonce_frame({{"results", 5}, {"agent_state", nullptr}});
@@ -797,7 +815,7 @@ std::vector<Shaping> shapings() {
 
 // The record and result exactly as Server::run_local assembles them.
 json server_result(const Shaping& s) {
-  auto shaped = core::shape_tool_result(s.ctx, s.run);
+  auto shaped = core::shape_tool_result(s.ctx, s.run, s.decoded ? &*s.decoded : nullptr);
   json record = core::run_record_json(s.run);
   record["policy"] = "default";
   record["policy_fingerprint"] = "sha256:" + std::string(64, '0');
