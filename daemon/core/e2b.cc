@@ -1077,24 +1077,37 @@ namespace {
 // of stream chunks; the payload is base64 JSON in the main result's text (or
 // Letta's legacy text framing in stdout); a kernel error gives the friendly
 // message from its name and value and its traceback appended to stderr.
+// `exact`: func_return and agent_state as the exact JSON text the script's
+// Python wrote (integers of any size, NaN, lone surrogates), when it gave them.
 void shape_script(const std::string& tool, const std::optional<json>& main_result, const std::vector<std::string>& out,
-                  const std::vector<std::string>& err, const std::optional<json>& error, json& r, json& record) {
+                  const std::vector<std::string>& err, const std::optional<json>& error, json& r, json& record,
+                  std::string& func_return_text, std::string& agent_state_text) {
   json stdout_list = json::array(), stderr_list = json::array();
   for (const auto& s : out) stdout_list.push_back(lp::utf8_decode_replace(s).text);
   for (const auto& s : err) stderr_list.push_back(lp::utf8_decode_replace(s).text);
   bool have = false;
   json results, agent_state;
   std::string bad_result;
+  auto take = [&](const lp::ParsedOutput& p) {
+    have = true;
+    results = p.results;
+    agent_state = p.agent_state;
+    func_return_text = p.results_text;
+    if (!agent_state.is_null()) agent_state_text = p.agent_state_text;
+  };
   if (main_result) {
     record["framing"] = "e2b-result";
     std::string text = str_field(*main_result, "text");
     auto raw = lp::b64decode_validate(text);
-    json payload = raw.ok() ? protocol::parse_json_bounded(*raw) : json(json::value_t::discarded);
-    if (payload.is_object()) {
-      have = true;
-      results = payload.contains("results") ? payload["results"] : json();
-      if (payload.contains("agent_state") && payload["agent_state"].is_object() && !payload["agent_state"].empty())
-        agent_state = payload["agent_state"];
+    // The payload as the text framing carries it (base64 between the
+    // markers), read by the same parser, which keeps Python's JSON exactly
+    // (NaN, integers of any size, lone surrogates) and wants an object.
+    lp::ParsedOutput exact;
+    if (raw.ok())
+      exact = lp::parse_letta_stdout(std::string(lp::kLegacyStartMarker) + text + std::string(lp::kLegacyEndMarker),
+                                     lp::ScriptGeneration::kLegacy);
+    if (raw.ok() && exact.usable() && !exact.empty_payload) {
+      take(exact);
     } else {
       bad_result = raw.ok() ? "the cell's main result is base64, but not of a JSON object"
                             : "the cell's main result is not base64 of a JSON payload";
@@ -1106,9 +1119,7 @@ void shape_script(const std::string& tool, const std::optional<json>& main_resul
     if (p.found()) {
       stdout_list = as_list(p.stdout_text);
       if (p.usable()) {
-        have = true;
-        results = p.results;
-        agent_state = p.agent_state;
+        take(p);
       } else {
         bad_result = p.corrupted ? p.error_message : "the result frame carries a payload that is not JSON";
         record["frame_error"] = bad_result;
@@ -1344,7 +1355,8 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
                      {"stderr", json::array()},
                      {"sandbox_config_fingerprint", p.fingerprint ? json(*p.fingerprint) : json()}};
       json record = base_record();
-      shape_script(c.tool_name, ex.main_result, ex.out, ex.err, ex.error, result, record);
+      shape_script(c.tool_name, ex.main_result, ex.out, ex.err, ex.error, result, record, out.func_return_text,
+                   out.agent_state_text);
       out.run.reason = isolate::EndReason::Exited;
       out.run.stdout_total_bytes = ex.out_bytes;
       out.run.stderr_total_bytes = ex.err_bytes;

@@ -143,15 +143,17 @@ std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRu
   // func_return and agent_state as the exact text the tool's Python wrote,
   // in the client's dialect (messages.h, CommonRunFields::python_json).
   std::map<std::string, std::string> exact;
+  auto keep = [&](const char* key, const std::string& text) {
+    if (!text.empty()) exact[key] = c.python_json ? text : protocol::python_json_as_strict(text);
+  };
   if (out.result) {
     result = std::move(*out.result);
+    keep("func_return", out.func_return_text);
+    keep("agent_state", out.agent_state_text);
   } else {
     auto shaped = shape_tool_result(p.shape, out.run, out.decoded ? &*out.decoded : nullptr);
     result = std::move(shaped.result);
     for (auto it = shaped.extra.begin(); it != shaped.extra.end(); ++it) record[it.key()] = it.value();
-    auto keep = [&](const char* key, const std::string& text) {
-      if (!text.empty()) exact[key] = c.python_json ? text : protocol::python_json_as_strict(text);
-    };
     keep("func_return", shaped.func_return_text);
     keep("agent_state", shaped.agent_state_text);
   }

@@ -117,6 +117,10 @@ struct BackendRun {
   // A ToolExecutionResult the backend shaped itself; without one, the
   // pipeline shapes `run` (shape_tool_result).
   std::optional<nlohmann::json> result;
+  // With `result`: its func_return / agent_state as the exact JSON text the
+  // tool's Python wrote, when known (as Shaped::func_return_text).
+  std::string func_return_text;
+  std::string agent_state_text;
   // Script mode, a pickle payload: its decoding (LocalBackend).
   std::optional<DecodedPickle> decoded;
   // Run-record fields the backend adds or overrides.

@@ -477,6 +477,21 @@ TEST_F(E2BTest, E2BScriptModeLettaConventions) {
   EXPECT_EQ(rec(r)["framing"], "e2b-result");
   EXPECT_EQ(rec(r)["backend"], "e2b");
 
+  // Python's JSON comes back exactly (integers of any size, NaN), in the
+  // python dialect, as for a local run: read from the raw answer line.
+  {
+    json req = execute(letta_e2b_script(R"({"results": [1180591620717411303424, NaN, -Infinity, "\udcff"], "agent_state": null})"));
+    req["json_dialect"] = "python";
+    int fd = d.connect();
+    ASSERT_GE(fd, 0);
+    tsb::testing::send_all(fd, req.dump() + "\n");
+    std::string line;
+    char ch;
+    while (::read(fd, &ch, 1) == 1 && ch != '\n') line += ch;
+    ::close(fd);
+    EXPECT_NE(line.find(R"("func_return":[1180591620717411303424,NaN,-Infinity,"\udcff"])"), std::string::npos) << line;
+  }
+
   // The main result wins over an earlier display_data result.
   fake_->fault({{"op", "execute"}, {"kind", "display_first"}});
   r = d.request(execute(letta_e2b_script(R"({"results": "real", "agent_state": null})")));
