@@ -337,6 +337,86 @@ class LettaCompat(Harness):
         self.assertEqual(self.reference("main_block_and_file")["func_return"], ["__main__", True, True, True])
 
 
+def letta_fingerprint(config):
+    """SandboxConfig.fingerprint() (letta/schemas/sandbox_config.py)."""
+    import hashlib
+
+    text = json.dumps({"type": config["type"], "organization_id": config["organization_id"], "config": config["config"]},
+                      sort_keys=True, separators=(",", ":"))
+    return str(int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest(), "big"))
+
+
+class Timeouts(Harness):
+    """Letta's local sandbox raises TimeoutError past tool_sandbox_timeout;
+    its manager reports it (stdout: PROTOCOL.md 13.2)."""
+
+    SOURCE = "import time\n\ndef f():\n    print('starting', flush=True)\n    time.sleep(30)\n"
+
+    def test_the_timeout_message_and_status_are_lettas(self):
+        want = ref.run_local("f", self.SOURCE, {}, schema("f"), self.python, timeout=1.0)
+        for how in ("tool", "script"):
+            async def go():
+                client = AsyncClient(self.daemon.socket_path, timeout=60)
+                if how == "script":
+                    script = ref.letta_script("f", self.SOURCE, {}, schema("f"), self.python)
+                    return await client.execute(script, tool_name="f", organization_id=USER.organization_id,
+                                                timeout=1.0)
+                return await client.run_tool(self.SOURCE, tool_name="f", args={}, organization_id=USER.organization_id,
+                                             timeout=1.0)
+
+            got = asyncio.run(go())
+            self.assertEqual((got.status, got.func_return, got.agent_state),
+                             (want["status"], want["func_return"], want["agent_state"]), how)
+            self.assertEqual(last_line(got.stderr), last_line(want["stderr"]), how)
+            self.assertEqual(got.record["end_reason"], "timeout")
+            self.assertEqual((got.record["timeout_requested_s"], got.record["timeout_applied_s"]), (1.0, 1.0))
+
+    def test_a_timeout_above_the_policy_is_capped_and_said(self):
+        sb = L.ToolSandboxDaemonSandbox("f", {}, USER, source_code="def f():\n    return 1\n", timeout=180.0,
+                                        socket_path=self.daemon.socket_path, resolve_from_letta=False)
+        with self.assertLogs("toolsandbox_client", "WARNING") as logs:
+            r = asyncio.run(sb.run())
+        self.assertEqual(r.func_return, 1)
+        self.assertTrue(any("180" in line and "60" in line for line in logs.output), logs.output)
+
+
+class EnvironmentAndFingerprints(Harness):
+    def test_a_config_setting_a_policy_fixed_name_runs_and_the_policy_value_wins(self):
+        # Letta passes LANG through; the daemon keeps the policy's LANG
+        # (PROTOCOL.md 6.6) and says so, and the call runs.
+        source = "import os\n\ndef f():\n    return [os.environ.get('A'), os.environ.get('LANG')]\n"
+        want = ref.run_local("f", source, {}, schema("f"), self.python, env={"LANG": "xx_XX.UTF-8", "A": "config"})
+        self.assertEqual(want["func_return"], ["config", "xx_XX.UTF-8"])
+        sb = L.ToolSandboxDaemonSandbox("f", {}, USER, source_code=source, socket_path=self.daemon.socket_path,
+                                        sandbox_config=SANDBOX_CONFIG, resolve_from_letta=False,
+                                        sandbox_config_env_vars={"LANG": "xx_XX.UTF-8", "A": "config"})
+        got = asyncio.run(sb.run())
+        self.assertEqual(got.status, want["status"])
+        self.assertEqual(got.func_return[0], "config")
+        self.assertNotEqual(got.func_return[1], "xx_XX.UTF-8")
+
+        async def go():
+            client = AsyncClient(self.daemon.socket_path, timeout=60)
+            return await client.run_tool(source, tool_name="f", args={}, organization_id=USER.organization_id,
+                                         env={"LANG": "xx_XX.UTF-8", "A": "config"})
+
+        self.assertEqual(asyncio.run(go()).record["env_overridden"], ["LANG"])
+
+    def test_fingerprints_of_local_and_e2b_configs_are_lettas(self):
+        e2b = {"type": "e2b", "organization_id": "org-of-the-config",
+               "config": {"template": "t-1", "timeout": 300, "pip_requirements": ["six==1.16.0"]}}
+        local = dict(SANDBOX_CONFIG, config=dict(SANDBOX_CONFIG["config"], sandbox_dir="/srv/tools \u00e9"))
+        self.assertEqual(letta_fingerprint(SANDBOX_CONFIG), FINGERPRINT)
+        for config in (SANDBOX_CONFIG, local, e2b):
+            async def go():
+                client = AsyncClient(self.daemon.socket_path, timeout=60)
+                return await client.run_tool("def f():\n    return 1\n", tool_name="f", args={},
+                                             organization_id=USER.organization_id, sandbox_config=config)
+
+            got = asyncio.run(go())
+            self.assertEqual(got.sandbox_config_fingerprint, letta_fingerprint(config), config)
+
+
 class OutputPastTheCap(Harness):
     """Letta returns the result however much the tool printed; so does the
     daemon, with stdout cut at the policy's cap (PROTOCOL.md 13.2)."""
