@@ -478,10 +478,16 @@ LEGACY_START = str(uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-start-ma
 LEGACY_END = str(uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-end-marker"))
 
 
-def seed_script(tool_name, source_code, args, json_schema, python, agent_state=None):
+def seed_script(tool_name, source_code, args, json_schema, python, agent_state=None, json_result=False):
+    """json_result: the same generator after PR #3343 (legacy-json), whose
+    result is base64(json.dumps(..., default=str)) of the agent state dumped
+    before the call."""
     props = json_schema["parameters"]["properties"]
     inject = "agent_state" in parse_function_arguments(source_code, tool_name)
-    code = "from typing import *\nimport pickle\nimport sys\nimport base64\n"
+    code = "from typing import *\nimport pickle\n"
+    if json_result:
+        code += "import json as _letta_json\n"
+    code += "import sys\nimport base64\n"
     if inject:
         code += "import letta\nfrom letta import * \n"
         pickled = pickle_agent_state(agent_state, python) if agent_state is not None else b"\x80\x04N."
@@ -511,8 +517,18 @@ def seed_script(tool_name, source_code, args, json_schema, python, agent_state=N
     params = [f"{a}={a}" for a in args if a in props]
     if inject:
         params.append("agent_state=agent_state")
-    code += RESULT_VAR + ' = {"results": ' + tool_name + "(" + ", ".join(params) + '), "agent_state": agent_state}\n'
-    code += f"{RESULT_VAR} = base64.b64encode(pickle.dumps({RESULT_VAR})).decode('utf-8')\n"
+    call = tool_name + "(" + ", ".join(params) + ")"
+    if json_result:
+        code += ("if agent_state is not None:\n    try:\n"
+                 "        _letta_agent_state_payload = agent_state.model_dump(mode='json')\n"
+                 "    except Exception:\n        _letta_agent_state_payload = None\n"
+                 "else:\n    _letta_agent_state_payload = None\n")
+        code += RESULT_VAR + ' = {"results": ' + call + ', "agent_state": _letta_agent_state_payload}\n'
+        code += (f"{RESULT_VAR} = base64.b64encode("
+                 f"_letta_json.dumps({RESULT_VAR}, default=str).encode('utf-8')).decode('utf-8')\n")
+    else:
+        code += RESULT_VAR + ' = {"results": ' + call + ', "agent_state": agent_state}\n'
+        code += f"{RESULT_VAR} = base64.b64encode(pickle.dumps({RESULT_VAR})).decode('utf-8')\n"
     code += f"sys.stdout.write('{LEGACY_START}')\nsys.stdout.write(str({RESULT_VAR}))\nsys.stdout.write('{LEGACY_END}')\n"
     return code
 
@@ -531,10 +547,12 @@ def seed_unpickle(text, python):
     return json.loads(out)
 
 
-def run_seed(tool_name, source_code, args, json_schema, python, env=None, agent_state=None):
+def run_seed(tool_name, source_code, args, json_schema, python, env=None, agent_state=None, json_result=False):
     """The seed's run_local_dir_sandbox_venv for this tool (success path),
-    as a ToolExecutionResult dict without the fingerprint."""
-    script = seed_script(tool_name, source_code, args, json_schema, python, agent_state)
+    as a ToolExecutionResult dict without the fingerprint; json_result: the
+    legacy-json generation (its parse_best_effort: base64, UTF-8, json.loads,
+    AgentState.model_validate of a truthy agent_state)."""
+    script = seed_script(tool_name, source_code, args, json_schema, python, agent_state, json_result)
     with tempfile.TemporaryDirectory() as sandbox_dir:
         path = os.path.join(sandbox_dir, "tool.py")
         with open(path, "w") as f:
@@ -551,6 +569,14 @@ def run_seed(tool_name, source_code, args, json_schema, python, env=None, agent_
             start = text.index(LEGACY_START) + len(LEGACY_START)
             end = text.index(LEGACY_END)
             func_result, stdout = text[start:end], text[:start - len(LEGACY_START)] + text[end + len(LEGACY_END):]
-        decoded = seed_unpickle(func_result, python) if func_result else {"results": None, "agent_state": None}
+        if not func_result:
+            decoded = {"results": None, "agent_state": None}
+        elif json_result:
+            import base64
+
+            result = json.loads(base64.b64decode(func_result).decode("utf-8"))
+            decoded = {"results": result.get("results"), "agent_state": result.get("agent_state") or None}
+        else:
+            decoded = seed_unpickle(func_result, python)
         return {"status": "success", "func_return": decoded["results"], "agent_state": decoded["agent_state"],
                 "stdout": [stdout] if stdout else [], "stderr": [proc.stderr] if proc.stderr else []}
