@@ -14,6 +14,13 @@ field of ToolExecutionResult must match, with one stated difference:
            stderr is compared by its last line (the exception line, which is
            what Letta's error parsing reads) and by being empty or not.
 
+Older generations go through `execute` too (SeedScripts): the seed's
+ToolExecutionSandbox, whose pickled result the daemon decodes in a sandbox,
+and the same generator after Letta switched to JSON (legacy-json); their
+reference is that generator run bare and parsed as its server did. Timeouts,
+environment names the policy fixes, fingerprints of local and E2B configs
+and output past the cap have classes of their own.
+
 Needs root (a real daemon, see daemon_fixture.py).
 
     /usr/bin/python3 -m unittest tests/python/test_letta_compat.py -v
