@@ -277,6 +277,18 @@ def convert_param_to_str_value(param_type, raw_value):
     return str(raw_value)
 
 
+def initialize_param(props, name, raw_value):
+    """The argument's line, as both generators' initialize_param (args not in
+    the schema are skipped)."""
+    spec = props.get(name)
+    if spec is None:
+        return ""
+    param_type = spec.get("type")
+    if param_type is None and spec.get("parameters"):
+        param_type = spec["parameters"].get("type")
+    return f"{name} = {convert_param_to_str_value(param_type, raw_value)}\n"
+
+
 def generate_script(tool_name, source_code, args, json_schema, agent_state_pickle=None, agent_id=None):
     """_render_sandbox_code(wrap_print_with_markers=True) for a tool without
     args_json_schema. agent_state_pickle: pickle.dumps(agent_state), agent_id:
@@ -288,15 +300,7 @@ def generate_script(tool_name, source_code, args, json_schema, agent_state_pickl
     inject_agent_id = "agent_id" in declared
     if not inject_agent_state:
         agent_state_pickle = None
-    tool_args = ""
-    for name, value in args.items():
-        spec = props.get(name)
-        if spec is None:
-            continue
-        param_type = spec.get("type")
-        if param_type is None and spec.get("parameters"):
-            param_type = spec["parameters"].get("type")
-        tool_args += f"{name} = {convert_param_to_str_value(param_type, value)}\n"
+    tool_args = "".join(initialize_param(props, name, value) for name, value in args.items())
     params = [f"{a}={a}" for a in args if a in props]
     if inject_agent_state:
         params.append("agent_state=agent_state")
@@ -494,14 +498,7 @@ def seed_script(tool_name, source_code, args, json_schema, python, agent_state=N
         code += f"agent_state = pickle.loads({pickled})\n"
     else:
         code += "agent_state = None\n"
-    for name, value in args.items():
-        spec = props.get(name)
-        if spec is None:
-            continue
-        param_type = spec.get("type")
-        if param_type is None and spec.get("parameters"):
-            param_type = spec["parameters"].get("type")
-        code += name + " = " + convert_param_to_str_value(param_type, value) + "\n"
+    code += "".join(initialize_param(props, name, value) for name, value in args.items())
     code += "\n" + source_code + "\n"
     if args:
         code += "__letta_raw_args = {" + ", ".join(f"{n!r}: {n}" for n in args) + "}\n"
