@@ -224,9 +224,19 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   using isolate::EndReason;
   const EndReason why = out.run.reason;
   if (why != EndReason::Exited && why != EndReason::Signaled && why != EndReason::PidsLimit) co_return;
+  if (why == EndReason::PidsLimit && out.run.exit_code != 0) co_return;  // shaped without its output
   const protocol::ParsedOutput parsed = protocol::parse_letta_stdout(out.run.stdout_data, p.shape.generation);
   if (!parsed.opaque_pickle || parsed.corrupted) co_return;
+  // Output Letta's current parser fails on before it reads a payload
+  // (shape_tool_result answers that first).
+  if (p.shape.generation == protocol::ScriptGeneration::kCurrent &&
+      (parsed.stdout_decode_error || protocol::python_utf8_decode_error(out.run.stderr_data)))
+    co_return;
   DecodedPickle& d = out.decoded.emplace();
+  if (stopping_ || p.cancel->requested() || p.client_gone()) {
+    d.failure = stopping_ ? "the daemon is shutting down" : "the client disconnected";
+    co_return;
+  }
   if (p.runner_path.empty()) {
     d.failure = "the runner that decodes it is not installed on this host";
     co_return;
@@ -236,8 +246,9 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   order.policy = pol.name;
   order.fingerprint = pol.fingerprint;
   order.mode = spawn::RunMode::Tool;
-  // Decoding takes milliseconds; the run's own time is spent already.
-  order.timeout = std::min(pol.limits.wall_timeout, std::chrono::milliseconds(30'000));
+  // Decoding takes milliseconds (a payload's values are capped); it gets
+  // the run's own limit, at most 10 s.
+  order.timeout = std::min(p.timeout, std::chrono::milliseconds(10'000));
   order.label = p.common->tool_name;
   const std::string nonce = random_hex(16);
   // Base64 needs no JSON escaping.

@@ -1217,11 +1217,14 @@ def _stub_class(module, qualname):
 
 
 def _reconstructor(cls, base, state):
-    # copyreg._reconstructor, which protocols 0 and 1 name for objects.
+    # copyreg._reconstructor, which protocols 0 and 1 name for objects: an
+    # object of a str, int, list ... subclass carries its value as `state`.
     if isinstance(cls, type) and issubclass(cls, _Stub):
-        return cls.__new__(cls)
-    if cls is base and base in (set, frozenset, bytearray, dict, list):
-        return base(state) if state is not None else base()
+        return cls.__new__(cls) if state is None else cls.__new__(cls, state)
+    import uuid
+
+    if cls is uuid.UUID and state is None:  # then its __setstate__, from the BUILD
+        return object.__new__(uuid.UUID)
     import pickle
 
     raise pickle.UnpicklingError("cannot rebuild %r from %r" % (cls, base))
@@ -1247,29 +1250,57 @@ def _tz_info(seconds):
     raise pickle.UnpicklingError("bad TzInfo state")
 
 
+def _ordered_dict(items=()):
+    # collections.OrderedDict, as a plain dict: an OrderedDict instance has a
+    # __dict__ that the pickle's BUILD could fill.
+    return dict(items)
+
+
 def _values():
-    import collections
+    """What find_class hands out for these names: immutable builtin types,
+    whose instances have no __dict__ a BUILD could fill, and functions of
+    ours, each wrapped anew (a BUILD that sets attributes on one changes
+    nothing anything reads)."""
     import datetime
     import decimal
+    import uuid
+
+    def fresh(fn):
+        return lambda *args: fn(*args)
 
     return {
-        ("builtins", "set"): set, ("builtins", "frozenset"): frozenset, ("builtins", "bytearray"): bytearray,
-        ("builtins", "complex"): complex, ("builtins", "object"): object,
-        ("collections", "OrderedDict"): collections.OrderedDict,
-        ("datetime", "datetime"): datetime.datetime, ("datetime", "date"): datetime.date,
-        ("datetime", "time"): datetime.time, ("datetime", "timedelta"): datetime.timedelta,
-        ("datetime", "timezone"): datetime.timezone, ("decimal", "Decimal"): decimal.Decimal,
-        ("copyreg", "_reconstructor"): _reconstructor, ("_codecs", "encode"): _latin1_encode,
-        ("pydantic_core._pydantic_core", "TzInfo"): _tz_info,
+        ("builtins", "set"): lambda: set, ("builtins", "frozenset"): lambda: frozenset,
+        ("builtins", "bytearray"): lambda: bytearray, ("builtins", "complex"): lambda: complex,
+        ("datetime", "datetime"): lambda: datetime.datetime, ("datetime", "date"): lambda: datetime.date,
+        ("datetime", "time"): lambda: datetime.time, ("datetime", "timedelta"): lambda: datetime.timedelta,
+        ("datetime", "timezone"): lambda: datetime.timezone, ("decimal", "Decimal"): lambda: decimal.Decimal,
+        ("uuid", "UUID"): lambda: uuid.UUID,
+        ("collections", "OrderedDict"): lambda: fresh(_ordered_dict),
+        ("copyreg", "_reconstructor"): lambda: fresh(_reconstructor),
+        ("_codecs", "encode"): lambda: fresh(_latin1_encode),
+        ("pydantic_core._pydantic_core", "TzInfo"): lambda: fresh(_tz_info),
     }
 
 
-def _plain(obj, json_mode, depth, active):
+_MAX_DECODED_VALUES = 1 << 18  # what a pickle's shared references may expand to
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _plain(obj, json_mode, depth, active, budget):
     """obj with every stub replaced by plain data; in json_mode also every
-    other non-JSON value, as pydantic's mode="json" writes it."""
+    other non-JSON value, as pydantic's mode="json" writes it. budget: a
+    one-element list counting down the values produced (shared references
+    are copied, so a small pickle can name a huge tree)."""
     import datetime
     import decimal
+    import uuid
 
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _TooLarge("the payload expands to more than %d values" % _MAX_DECODED_VALUES)
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if depth > _MAX_RESULT_DEPTH:
@@ -1283,11 +1314,15 @@ def _plain(obj, json_mode, depth, active):
     active.add(id(obj))
     try:
         def sub(v):
-            return _plain(v, json_mode, depth + 1, active)
+            return _plain(v, json_mode, depth + 1, active, budget)
 
         def key(k):
-            # A stub is no key json.dumps takes; its plain form may not be hashable.
-            return _safe_str(sub(k)) if isinstance(k, _Stub) else k
+            # A stub is no key json.dumps takes, and its plain form may not
+            # be hashable; in json_mode every key becomes a string as
+            # json.dumps writes it (a tuple's str()).
+            if isinstance(k, _Stub):
+                return _safe_str(sub(k))
+            return _json_key(k) if json_mode else k
 
         if isinstance(obj, _Stub):
             state = obj._state
@@ -1326,7 +1361,7 @@ def _plain(obj, json_mode, depth, active):
             return obj.isoformat()
         if isinstance(obj, (bytes, bytearray)):
             return bytes(obj).decode("utf-8", "replace")
-        if isinstance(obj, (decimal.Decimal, complex, datetime.timedelta)):
+        if isinstance(obj, (decimal.Decimal, complex, datetime.timedelta, uuid.UUID)):
             return str(obj)
         return _safe_str(obj)
     finally:
@@ -1351,7 +1386,7 @@ def _decode_pickle(b64, err_fd):
             elif module in _compat_pickle.IMPORT_MAPPING:
                 module = _compat_pickle.IMPORT_MAPPING[module]
             if (module, name) in values:
-                return values[(module, name)]
+                return values[(module, name)]()
             if (module, name) not in stubs:
                 stubs[(module, name)] = _stub_class(module, name)
             return stubs[(module, name)]
@@ -1375,17 +1410,19 @@ def _decode_pickle(b64, err_fd):
         results, agent_state = value["results"], value["agent_state"]
     except Exception as e:
         return failed(e)
+    budget = [_MAX_DECODED_VALUES]
     try:
-        state = _plain(agent_state, True, 0, set()) if agent_state is not None else None
+        state = _plain(agent_state, True, 0, set(), budget) if agent_state is not None else None
         if state is not None and not isinstance(state, dict):
             raise TypeError("agent_state is a %s, not an object" % type(agent_state).__name__)
-    except (ValueError, TypeError, RecursionError) as e:
-        return failed(e)
-    try:
-        plain = _plain(results, False, 0, set())
-    except (ValueError, TypeError, RecursionError):
-        plain = results  # a cycle, extreme depth: str() of it, with the warning
-    return {"results": _serialize_result(plain, err_fd), "agent_state": state}
+        try:
+            plain = _plain(results, False, 0, set(), budget)
+        except (ValueError, TypeError, RecursionError):
+            plain = results  # a cycle, extreme depth: str() of it, with the warning
+    except (_TooLarge, ValueError, TypeError, RecursionError) as e:
+        return failed(ValueError(str(e)) if isinstance(e, _TooLarge) else e)
+    # An empty agent_state is none, as the JSON framings read it.
+    return {"results": _serialize_result(plain, err_fd), "agent_state": state or None}
 
 
 def _child_main(from_parent, to_parent):
@@ -1418,9 +1455,17 @@ def _child_main(from_parent, to_parent):
     err_fd = os.dup(2)
     msg = _decode_pickle(req["unpickle"], err_fd) if "unpickle" in req else _run_tool(req, err_fd)
     try:
-        _send(to_parent, msg)
+        try:
+            _send(to_parent, msg)
+        except ValueError as e:
+            # What json.dumps raises in Letta's script for the same value (an
+            # integer past sys.get_int_max_str_digits()): the run fails so.
+            _error_line(err_fd, "ValueError", _safe_str(e))
+            _send(to_parent, _error_payload("tool", "ValueError", _safe_str(e), raised=True))
     except (OSError, ValueError) as e:
         _error_line(err_fd, "RuntimeError", "cannot send the result to the runner: %s" % _safe_str(e))
+        _flush_std()
+        os._exit(EXIT_TOOL_ERROR)  # never a clean exit without a result
     _flush_std()
     # A normal interpreter exit, as at the end of Letta's script: atexit
     # handlers run and non-daemon threads are joined.

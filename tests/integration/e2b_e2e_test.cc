@@ -484,6 +484,8 @@ TEST_F(E2BTest, E2BScriptModeLettaConventions) {
     req["json_dialect"] = "python";
     int fd = d.connect();
     ASSERT_GE(fd, 0);
+    timeval tv{30, 0};  // never hang the suite on a daemon that does not answer
+    ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
     tsb::testing::send_all(fd, req.dump() + "\n");
     std::string line;
     char ch;

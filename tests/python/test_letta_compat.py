@@ -143,6 +143,8 @@ CASES = {
     # strict JSON cannot hold: the reply keeps them as the tool's Python
     # wrote them.
     "big_ints": ("def f():\n    return [2**70, -2**64 - 1, 10**30, {'n': 3**90}]\n", {}, schema("f")),
+    # Past Python's digit limit json.dumps raises in Letta's script.
+    "int_past_the_digit_limit": ("def f():\n    return 10**5000\n", {}, schema("f")),
     "non_finite_floats": ("def f():\n    return [float('nan'), float('inf'), -float('inf'), 1.5, {'x': float('nan')}]\n",
                           {}, schema("f")),
     "float_spelling": ("def f():\n    return [0.1 + 0.2, 1e300 * 10, 5e-324, 123456789012345678.0, 1.0, -0.0]\n",
@@ -379,6 +381,7 @@ class Timeouts(Harness):
             self.assertEqual((got.record["timeout_requested_s"], got.record["timeout_applied_s"]), (1.0, 1.0))
 
     def test_a_timeout_above_the_policy_is_capped_and_said(self):
+        L._capped_timeouts.clear()  # warned once per process: whatever ran before
         sb = L.ToolSandboxDaemonSandbox("f", {}, USER, source_code="def f():\n    return 1\n", timeout=180.0,
                                         socket_path=self.daemon.socket_path, resolve_from_letta=False)
         with self.assertLogs("toolsandbox_client", "WARNING") as logs:

@@ -368,10 +368,19 @@ class Unpickle(unittest.TestCase):
         self.assertEqual(r.code, 0, r)
         self.assertEqual(r.results, "echo RAN-BY-THE-PAYLOAD")
         self.assertNotIn("RAN-BY-THE-PAYLOAD", r.stdout)
-        # An eval, an exec or a class's constructor fare the same.
-        r = unpickle(b"cbuiltins\neval\n(S'__import__(\"os\").system(\"echo X\")'\ntR.")
-        self.assertEqual(r.code, 1, r)  # the record is no mapping: result["results"] raises
+        # An eval, an exec or a class's constructor fare the same: the
+        # record of the call is no mapping, so result["results"] raises.
+        r = unpickle(b"cbuiltins\neval\n(S'__import__(\"os\").system(\"echo EVAL-RAN\")'\ntR.")
+        self.assertEqual(r.code, 1, r)
         self.assertEqual(r.error["name"], "TypeError")
+        self.assertIn("_Stub", r.error["message"])
+        self.assertNotIn("EVAL-RAN", r.stdout)
+        # builtins.object is no exception, nor is an attribute set on one of
+        # the decoder's own functions (a BUILD on it).
+        r = unpickle(b"\x80\x02}(X\x07\x00\x00\x00resultscbuiltins\nobject\n)RX\x0b\x00\x00\x00agent_stateNu.")
+        self.assertEqual(r.results, "<builtins.object object>", r)
+        r = unpickle(b"\x80\x02ccopyreg\n_reconstructor\nN}X\x0b\x00\x00\x00__defaults__(K\x01tsb\x86b.")
+        self.assertEqual(r.code, 1, r)
 
     def test_what_pickle_loads_or_the_server_raised(self):
         import pickle
@@ -389,6 +398,28 @@ class Unpickle(unittest.TestCase):
         r = unpickle(pickle.dumps(None), tool_name="f")
         self.assertEqual((r.code, r.error["kind"]), (2, "request"))
 
+    def test_integers_past_pythons_digit_limit_fail_as_json_dumps_does(self):
+        import pickle
+
+        r = unpickle(pickle.dumps({"results": 10**5000, "agent_state": None}))
+        self.assertEqual((r.code, r.error["name"]), (1, "ValueError"), r)
+        self.assertIn("Exceeds the limit", r.stderr)
+        # A tool returning one: as Letta's script, whose json.dumps raises.
+        t = run_tool("def f():\n    return 10**5000\n", "f")
+        self.assertEqual((t.code, t.error["name"]), (1, "ValueError"), t)
+        self.assertTrue(t.error.get("raised"))
+        self.assertIn("ValueError: Exceeds the limit", t.stderr)
+
+    def test_shared_references_are_bounded(self):
+        import pickle
+
+        x = []
+        for _ in range(24):
+            x = [x, x]  # 48 bytes of pickle per level, 2**24 values expanded
+        r = unpickle(pickle.dumps({"results": x, "agent_state": None}))
+        self.assertEqual(r.error["name"], "ValueError", r)
+        self.assertIn("expands to more than", r.error["message"])
+
     def test_cycles_and_depth_are_errors(self):
         import pickle
 
@@ -400,6 +431,18 @@ class Unpickle(unittest.TestCase):
         self.assertIn("Warning: result of type list is not JSON-serializable", r.stderr)
         r = unpickle(pickle.dumps({"results": 1, "agent_state": _Model(me=a)}))
         self.assertEqual((r.error["name"], r.error["message"]), ("ValueError", "Circular reference detected"))
+        deep = None
+        for _ in range(300):
+            deep = [deep]
+        r = unpickle(pickle.dumps({"results": 1, "agent_state": {"deep": deep}}))
+        self.assertEqual(r.error["name"], "ValueError", r)
+        self.assertIn("nested deeper", r.error["message"])
+        # Keys json.dumps would write as strings, in agent_state too; an
+        # empty state is none.
+        r = unpickle(pickle.dumps({"results": {(1, 2): 3}, "agent_state": {(1, 2): 3, None: 4}}))
+        self.assertEqual((r.results, r.payload["agent_state"]), ({"(1, 2)": 3}, {"(1, 2)": 3, "null": 4}), r)
+        r = unpickle(pickle.dumps({"results": 1, "agent_state": {}}))
+        self.assertIsNone(r.payload["agent_state"])
 
 
 class Errors(unittest.TestCase):
