@@ -279,6 +279,12 @@ class LettaResolution(unittest.TestCase):
         self.assertIsNone(req["e2b"])
         self.assertEqual(calls, [])
 
+    def test_the_e2b_lookup_can_be_turned_off(self):
+        req, calls = self.sent(stored_e2b=True, resolve_e2b_config=False)
+        self.assertIsNone(req["e2b"])
+        self.assertNotIn(("get", FakeSandboxType.E2B), calls)
+        self.assertEqual(req["sandbox_config"].id, "sandbox-local")
+
     def test_explicit_e2b_config_without_letta_lookups(self):
         req, calls = self.sent(stored_e2b=True, sandbox_config={"type": "local", "config": {}},
                                e2b_sandbox_config={"type": "e2b", "config": {"template": "x"}},

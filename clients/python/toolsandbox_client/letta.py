@@ -57,6 +57,9 @@ variables as the first layer above. The adapter sends both (the request's
 "e2b" member); the daemon uses the one that matches where the run goes. A
 provided sandbox_config is used for both, as in Letta. Without Letta, pass
 e2b_sandbox_config= (and e2b_sandbox_config_env_vars=) to get the same.
+Looking it up costs two queries of Letta's database per call and sends that
+config's variables to the daemon even for runs that stay local: where the
+daemon has no E2B section, resolve_e2b_config=False leaves it out.
 
 Errors
 ------
@@ -239,6 +242,7 @@ class ToolSandboxDaemonSandbox:
         sandbox_config_env_vars: Optional[Mapping[str, Any]] = None,
         e2b_sandbox_config: Any = None,
         e2b_sandbox_config_env_vars: Optional[Mapping[str, Any]] = None,
+        resolve_e2b_config: bool = True,
         mode: str = "tool",
         script: Optional[str] = None,
         socket_path: Optional[str] = None,
@@ -261,6 +265,7 @@ class ToolSandboxDaemonSandbox:
         self.sandbox_config_env_vars = sandbox_config_env_vars
         self.provided_e2b_sandbox_config = e2b_sandbox_config
         self.e2b_sandbox_config_env_vars = e2b_sandbox_config_env_vars
+        self.resolve_e2b_config = resolve_e2b_config
         self.tool_id = tool_id if tool_id is not None else getattr(tool_object, "id", None)
         self.agent_id = agent_id
         self.project_id = project_id
@@ -330,7 +335,8 @@ class ToolSandboxDaemonSandbox:
         variables."""
         if self.provided_e2b_sandbox_config is not None:
             return self.provided_e2b_sandbox_config
-        if self.provided_sandbox_config is not None or not self.resolve_from_letta or not self._is_letta_user():
+        if (self.provided_sandbox_config is not None or not self.resolve_from_letta or not self.resolve_e2b_config
+                or not self._is_letta_user()):
             return None
         from letta.schemas.enums import SandboxType
         from letta.schemas.sandbox_config import E2BSandboxConfig, SandboxConfig
