@@ -955,10 +955,11 @@ class Block(_Model):
     @classmethod
     def model_validate(cls, data):
         if isinstance(data, dict):
+            if "value" not in data:
+                raise ValidationError("1 validation error for Block\nvalue\n  Field required")
             block = cls.__new__(cls)
             object.__setattr__(block, "_fields", dict(data))
-            if "value" in data:
-                block.value = data["value"]
+            block.value = data["value"]
             return block
         return super().model_validate(data)
 

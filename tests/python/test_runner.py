@@ -278,6 +278,15 @@ class AgentState(unittest.TestCase):
         self.assertEqual(r.payload["agent_state"]["memory"]["blocks"][0]["value"], "Ann, likes tea")
         self.assertEqual(r.payload["agent_state"]["id"], "agent-1")
 
+    def test_stand_in_block_wants_a_value_as_lettas(self):
+        src = ("def f(agent_state):\n"
+               "    ok = Block.model_validate({'label': 'n', 'value': 'v'}).value\n"
+               "    Block.model_validate({'label': 'n'})\n")
+        r = run_tool(src, "f", agent_state=self.STATE)
+        self.assertEqual(r.code, 1, r)
+        self.assertEqual(r.error["name"], "ValidationError", r)
+        self.assertIn("Field required", r.stderr)
+
     def test_declared_but_absent_is_none(self):
         r = run_tool("def f(agent_state=None):\n    return agent_state is None\n", "f")
         self.assertEqual(r.payload, {"results": True, "agent_state": None})
