@@ -462,6 +462,10 @@ ScriptGeneration detect_script_generation(std::string_view script) {
   return ScriptGeneration::kUnknown;
 }
 
+bool script_writes_json_result(std::string_view script) {
+  return script.find("_letta_json.dumps(result_ZQqiequkcFwRwwGQMqkt") != npos;
+}
+
 ParsedOutput parse_letta_stdout(std::string_view stdout_bytes, ScriptGeneration generation) {
   ParsedOutput r;
   const std::size_t binary_pos =

@@ -133,6 +133,12 @@ struct ParsedOutput {
 // writes the text markers and parses only those. Unknown: neither literal.
 enum class ScriptGeneration { kUnknown, kCurrent, kLegacy };
 ScriptGeneration detect_script_generation(std::string_view script);
+// Whether the script is one of Letta's JSON generators (the current one, and
+// the legacy one since PR #3343), which encode the result with
+// `_letta_json.dumps(result_ZQqiequkcFwRwwGQMqkt`; the generators before
+// them pickled it. A frame of such a script whose payload is not JSON was
+// forged by the tool, and Letta's parser fails on it.
+bool script_writes_json_result(std::string_view script);
 
 // kCurrent and kLegacy look only for their own framing, as Letta's parser for
 // that generation does (a frame of the other kind the tool prints is plain

@@ -217,6 +217,19 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
         return out;
       }
       out.extra["payload_base64"] = p.opaque_payload_base64;
+      if (ctx.json_result_script) {
+        // A JSON generator's frame that holds no JSON was written by the
+        // tool: Letta's parser raises decoding it (its internal-error shape).
+        auto raw = lp::b64decode_validate(p.opaque_payload_base64);
+        auto utf8 = raw.ok() ? lp::python_utf8_decode_error(*raw) : std::nullopt;
+        const std::string exc = utf8 ? "UnicodeDecodeError" : "JSONDecodeError";
+        const std::string msg = utf8 ? *utf8 : "the result frame's payload is not JSON";
+        r["func_return"] = lp::friendly_error_msg(name, exc, msg);
+        r["stdout"] = json::array({p.stdout_text});
+        r["stderr"] = json::array({msg});
+        out.extra["pickle_error"] = exc + ": " + msg;
+        return out;
+      }
       if (f) {
         // pickle.loads (or the server's result["results"]) raised this:
         // Letta's manager reports the exception.

@@ -27,6 +27,9 @@ struct ShapeContext {
   // the one that applies). Letta's current one, and tool mode, which stands
   // for it: output that is not UTF-8 fails as it fails in Letta.
   protocol::ScriptGeneration generation = protocol::ScriptGeneration::kUnknown;
+  // Script mode: one of Letta's JSON generators wrote it (a pickle payload
+  // is then not decoded: Letta's parser fails on it).
+  bool json_result_script = false;
   std::uint64_t memory_limit = 0;         // for messages
   std::uint64_t pids_limit = 0;
 };

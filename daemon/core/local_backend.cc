@@ -225,6 +225,7 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   const EndReason why = out.run.reason;
   if (why != EndReason::Exited && why != EndReason::Signaled && why != EndReason::PidsLimit) co_return;
   if (why == EndReason::PidsLimit && out.run.exit_code != 0) co_return;  // shaped without its output
+  if (p.shape.json_result_script) co_return;  // Letta's parser fails on it (shape_tool_result)
   const protocol::ParsedOutput parsed = protocol::parse_letta_stdout(out.run.stdout_data, p.shape.generation);
   if (!parsed.opaque_pickle || parsed.corrupted) co_return;
   // Output Letta's current parser fails on before it reads a payload

@@ -119,8 +119,11 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   out.shape.timeout_s = lowered ? *c.timeout_s : pol.limits.wall_timeout.count() / 1000.0;
   out.shape.fingerprint = out.fingerprint;
   out.shape.tool_mode = out.tool_mode;
-  if (!out.tool_mode)
-    out.shape.generation = protocol::detect_script_generation(std::get<protocol::ExecuteRequest>(req.body).script);
+  if (!out.tool_mode) {
+    const std::string& script = std::get<protocol::ExecuteRequest>(req.body).script;
+    out.shape.generation = protocol::detect_script_generation(script);
+    out.shape.json_result_script = protocol::script_writes_json_result(script);
+  }
   out.shape.memory_limit = pol.limits.memory_bytes;
   out.shape.pids_limit = pol.limits.pids;
 

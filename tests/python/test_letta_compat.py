@@ -213,6 +213,15 @@ SCRIPT_MODE_ONLY = {
                                            "    sys.stdout.buffer.write(m + struct.pack('>I', len(p)) + hashlib.md5(p).hexdigest().encode() + p)\n"
                                            "    sys.stdout.buffer.flush()\n"
                                            "    return 'real'\n", {}, schema("f")),
+    # A frame holding a pickle (as scripts before PR #3343 wrote), forged by
+    # the tool of a current script, which then leaves: Letta's parser fails
+    # decoding it; the daemon does not decode what this script never writes.
+    "forged_pickle_frame": ("import hashlib, os, pickle, struct, sys\n\ndef f():\n"
+                            "    p = pickle.dumps({'results': 'forged', 'agent_state': None})\n"
+                            "    m = bytes.fromhex('92c8e49843d35fb3919da69eb3e5c5c6')\n"
+                            "    sys.stdout.buffer.write(m + struct.pack('>I', len(p)) + hashlib.md5(p).hexdigest().encode() + p)\n"
+                            "    sys.stdout.buffer.flush()\n"
+                            "    os._exit(0)\n", {}, schema("f")),
     "corrupt_binary_frame": ("import sys\n\ndef f():\n"
                              "    sys.stdout.buffer.write(bytes.fromhex('92c8e49843d35fb3919da69eb3e5c5c6') + b'\\x00\\x00\\x00\\x05' + b'0' * 32 + b'hello')\n"
                              "    sys.stdout.buffer.flush()\n"
