@@ -300,4 +300,15 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
   return out;
 }
 
+std::optional<std::string> pickle_payload_to_decode(const ShapeContext& ctx, const isolate::RunResult& run) {
+  // Most runs have no frame marker at all: no shaping for them.
+  if (ctx.tool_mode || ctx.json_result_script ||
+      (run.stdout_data.find(lp::kBinaryMarker) == std::string::npos &&
+       run.stdout_data.find(lp::kLegacyStartMarker) == std::string::npos))
+    return std::nullopt;
+  Shaped s = shape_tool_result(ctx, run);
+  if (!s.extra.contains("opaque_pickle") || !s.extra.contains("payload_base64")) return std::nullopt;
+  return s.extra["payload_base64"].get<std::string>();
+}
+
 }  // namespace tsb::core

@@ -57,6 +57,11 @@ struct DecodedPickle {
 Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
                          const DecodedPickle* decoded = nullptr);
 
+// Script mode: the pickle payload (base64) that shape_tool_result would
+// answer from a decoding of, when there is one: the shaping itself decides
+// (end reason, Letta's UTF-8 checks, the frame, the script's generator).
+std::optional<std::string> pickle_payload_to_decode(const ShapeContext& ctx, const isolate::RunResult& run);
+
 // The request the trusted runner reads on its stdin (tool mode), for a local
 // sandbox or an E2B cell alike: the tool's source, its arguments as data and
 // a fresh nonce (daemon/runner/toolsandbox_runner.py documents the fields;

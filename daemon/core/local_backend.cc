@@ -8,7 +8,6 @@
 
 #include "daemon/policy/jsonc.h"
 #include "isolate/base/random.h"
-#include "protocol/letta.h"
 
 namespace tsb::core {
 namespace {
@@ -222,17 +221,8 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
 
 asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& out) {
   using isolate::EndReason;
-  const EndReason why = out.run.reason;
-  if (why != EndReason::Exited && why != EndReason::Signaled && why != EndReason::PidsLimit) co_return;
-  if (why == EndReason::PidsLimit && out.run.exit_code != 0) co_return;  // shaped without its output
-  if (p.shape.json_result_script) co_return;  // Letta's parser fails on it (shape_tool_result)
-  const protocol::ParsedOutput parsed = protocol::parse_letta_stdout(out.run.stdout_data, p.shape.generation);
-  if (!parsed.opaque_pickle || parsed.corrupted) co_return;
-  // Output Letta's current parser fails on before it reads a payload
-  // (shape_tool_result answers that first).
-  if (p.shape.generation == protocol::ScriptGeneration::kCurrent &&
-      (parsed.stdout_decode_error || protocol::python_utf8_decode_error(out.run.stderr_data)))
-    co_return;
+  const std::optional<std::string> payload = pickle_payload_to_decode(p.shape, out.run);
+  if (!payload) co_return;
   DecodedPickle& d = out.decoded.emplace();
   if (stopping_ || p.cancel->requested() || p.client_gone()) {
     d.failure = stopping_ ? "the daemon is shutting down" : "the client disconnected";
@@ -253,7 +243,7 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   order.label = p.common->tool_name;
   const std::string nonce = random_hex(16);
   // Base64 needs no JSON escaping.
-  std::string request = "{\"nonce\":\"" + nonce + "\",\"unpickle\":\"" + parsed.opaque_payload_base64 + "\"}";
+  std::string request = "{\"nonce\":\"" + nonce + "\",\"unpickle\":\"" + *payload + "\"}";
   std::vector<std::string> frame_tokens{"\n" + std::string(protocol::kNonceFrameStart) + nonce +
                                         std::string(protocol::kNonceFrameClose)};
   LinkRun ran = co_await link_.run(std::move(order), std::move(request), pol.limits.stdout_bytes,

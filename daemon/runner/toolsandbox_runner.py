@@ -1169,7 +1169,7 @@ def _run_tool(req, err_fd):
 # letta-server pickle.loads-ed: code execution in the server for any tool
 # that prints such a frame. Here the payload is decoded in the run's own
 # sandbox, by an unpickler whose find_class never hands out a class or a
-# function of the payload's choosing: a few value types are rebuilt (_VALUES),
+# function of the payload's choosing: a few value types are rebuilt (_values()),
 # every other global becomes a _Stub class that only records what the pickle
 # gives it (constructor arguments, state, items). Stubs then become plain
 # data: a model or any object with a __dict__ state becomes a dict of its
@@ -1214,7 +1214,7 @@ class _Stub:
 
 
 def _stub_class(module, qualname):
-    return type("_Stub", (_Stub,), {"_module": module, "_qualname": qualname, "__slots__": ()})
+    return type("_Stub", (_Stub,), {"_module": module, "_qualname": qualname})
 
 
 def _reconstructor(cls, base, state):

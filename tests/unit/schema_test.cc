@@ -826,6 +826,44 @@ json server_result(const Shaping& s) {
   return result;
 }
 
+// What the local backend has decoded is what the shaping answers from.
+TEST(PickleDecoding, OnlyAPayloadTheShapingWouldReadIsDecoded) {
+  core::ShapeContext ctx;
+  ctx.tool_name = "f";
+  isolate::RunResult run;
+  run.reason = isolate::EndReason::Exited;
+  const std::string pickle("\x80\x04\x95pickle", 9);
+  run.stdout_data = "before\n" + legacy_frame(pickle);
+  auto payload = core::pickle_payload_to_decode(ctx, run);
+  ASSERT_TRUE(payload.has_value());
+  EXPECT_EQ(*payload, b64encode(pickle));
+  // Not for JSON payloads, tool mode, a JSON generator's script, output
+  // without a frame, or runs shaped without their output.
+  isolate::RunResult json_run = run;
+  json_run.stdout_data = legacy_frame(R"({"results": 1})");
+  EXPECT_FALSE(core::pickle_payload_to_decode(ctx, json_run));
+  core::ShapeContext other = ctx;
+  other.json_result_script = true;
+  EXPECT_FALSE(core::pickle_payload_to_decode(other, run));
+  other = ctx;
+  other.tool_mode = true;
+  EXPECT_FALSE(core::pickle_payload_to_decode(other, run));
+  isolate::RunResult plain = run;
+  plain.stdout_data = "no frame\n";
+  EXPECT_FALSE(core::pickle_payload_to_decode(ctx, plain));
+  isolate::RunResult timed_out = run;
+  timed_out.reason = isolate::EndReason::Timeout;
+  EXPECT_FALSE(core::pickle_payload_to_decode(ctx, timed_out));
+  // Letta's current parser fails on stderr that is not UTF-8 first.
+  other = ctx;
+  other.generation = tsb::protocol::ScriptGeneration::kCurrent;
+  isolate::RunResult bad_stderr = run;
+  bad_stderr.stdout_data = binary_frame(pickle);
+  ASSERT_TRUE(core::pickle_payload_to_decode(other, bad_stderr));
+  bad_stderr.stderr_data = "\xff";
+  EXPECT_FALSE(core::pickle_payload_to_decode(other, bad_stderr));
+}
+
 TEST(SchemaResponses, ResultsOfEveryKindValidate) {
   const json& rec_props = schemas().doc("run-record.json")["properties"];
   const json& ter_props = schemas().doc("tool-execution-result.json")["properties"];
