@@ -1109,9 +1109,9 @@ void shape_script(const std::string& tool, const std::optional<json>& main_resul
     if (raw.ok() && exact.usable() && !exact.empty_payload) {
       take(exact);
     } else {
-      // What Letta's parse_stdout_best_effort raises for it, else why not.
+      // Why the parser refused it (as for a frame in stdout below), else why not.
       bad_result = !raw.ok()        ? "the cell's main result is not base64 of a JSON payload"
-                   : exact.corrupted ? exact.error_name + ": " + exact.error_message
+                   : exact.corrupted ? exact.error_message
                                      : "the cell's main result is base64, but not of a JSON object";
       record["frame_error"] = bad_result;
     }
