@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -94,70 +93,26 @@ Status write_text_file(const std::string& path, std::string_view data) {
   return {};
 }
 
-Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
+Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in, const CgroupLayout& layout) {
   const bool self_mode = parent_in == "self";
   if (!self_mode && (parent_in.empty() || parent_in[0] != '/' || parent_in.find("..") != std::string::npos))
     return Error::invalid("cgroup parent must be \"self\" or an absolute path without '..': '" + parent_in + "'");
   std::string parent = parent_in;
   while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
 
-  auto mi = read_text_file("/proc/self/mountinfo");
-  if (!mi.ok()) return std::move(mi).error().wrap("detecting cgroup layout");
-
-  std::string v2_mount;
-  std::vector<Hierarchy> v1;
-  std::istringstream in(*mi);
-  std::string line;
-  while (std::getline(in, line)) {
-    // id parent maj:min root mountpoint options [optional...] - fstype source superoptions
-    auto dash = line.find(" - ");
-    if (dash == std::string::npos) continue;
-    std::istringstream pre(line.substr(0, dash));
-    std::string id, par, dev, root, mnt;
-    pre >> id >> par >> dev >> root >> mnt;
-    std::istringstream post(line.substr(dash + 3));
-    std::string fstype, source, superopts;
-    post >> fstype >> source >> superopts;
-    if (root != "/") continue;  // a bind of a sub-tree cannot hold our parent reliably
-    if (fstype == "cgroup2") {
-      if (v2_mount.empty() || mnt == "/sys/fs/cgroup") v2_mount = mnt;
-    } else if (fstype == "cgroup") {
-      std::istringstream opts(superopts);
-      std::string opt;
-      while (std::getline(opts, opt, ',')) {
-        for (const char* c : kV1Controllers) {
-          if (opt == c && std::none_of(v1.begin(), v1.end(), [&](const Hierarchy& h) { return h.controller == c; }))
-            v1.push_back({c, mnt, ""});  // base: set once the parent is known
-        }
-      }
-    }
-  }
-
-  // Where this process sits in each hierarchy (for "self").
-  std::string own_v2;
-  std::vector<std::pair<std::string, std::string>> own_v1;  // controller list, path
-  {
-    auto pc = read_text_file("/proc/self/cgroup");
-    if (!pc.ok()) return std::move(pc).error().wrap("reading /proc/self/cgroup");
-    std::istringstream lines(*pc);
-    std::string l;
-    while (std::getline(lines, l)) {
-      auto c1 = l.find(':'), c2 = l.find(':', c1 + 1);
-      if (c1 == std::string::npos || c2 == std::string::npos) continue;
-      std::string ctrls = l.substr(c1 + 1, c2 - c1 - 1), path = l.substr(c2 + 1);
-      if (l.compare(0, c1, "0") == 0 && ctrls.empty()) own_v2 = path;
-      else own_v1.emplace_back(ctrls, path);
-    }
-  }
+  const std::string& v2_mount = layout.v2_mount;
+  const std::string& own_v2 = layout.own_v2;
   auto own_v1_path = [&](const std::string& ctrl) -> std::string {
-    for (const auto& [ctrls, path] : own_v1) {
-      std::istringstream cs(ctrls);
-      std::string c;
-      while (std::getline(cs, c, ','))
-        if (c == ctrl) return path;
-    }
+    for (const auto& h : layout.v1)
+      if (h.controller == ctrl) return h.own.empty() ? "/" : h.own;
     return "/";
   };
+  std::vector<Hierarchy> v1;
+  for (const auto& h : layout.v1) {
+    if (std::find(std::begin(kV1Controllers), std::end(kV1Controllers), h.controller) == std::end(kV1Controllers)) continue;
+    if (h.mount.empty() || h.mount[0] != '/') return Error::invalid("cgroup layout: a v1 hierarchy without a mount point");
+    v1.push_back({h.controller, h.mount, ""});  // base: set once the parent is known
+  }
 
   std::unique_ptr<Cgroups> cg(new Cgroups());
   cg->parent_ = parent;
@@ -165,19 +120,8 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
   bool v1_has_memory = std::any_of(v1.begin(), v1.end(), [](const Hierarchy& h) { return h.controller == "memory"; });
   if (!v1_has_memory && !v2_mount.empty()) {
     cg->mode_ = CgroupMode::V2;
-    auto ctrl = read_text_file(v2_mount + "/cgroup.controllers");
-    if (!ctrl.ok()) return std::move(ctrl).error().wrap("reading cgroup v2 controllers");
-    // Whole-word match: a plain substring search for "cpu" also matched
-    // "cpuset", so a hierarchy without the cpu controller passed this check
-    // and failed later with a bare EINVAL from cgroup.subtree_control.
-    std::vector<std::string> available;
-    {
-      std::istringstream words(*ctrl);
-      std::string w;
-      while (words >> w) available.push_back(w);
-    }
     for (const char* need : {"memory", "pids", "cpu"}) {
-      if (std::find(available.begin(), available.end(), need) == available.end())
+      if (std::find(layout.v2_controllers.begin(), layout.v2_controllers.end(), need) == layout.v2_controllers.end())
         return Error::invalid(std::string("cgroup v2 controller '") + need +
                               "' is not available at the hierarchy root " + v2_mount, ENOTSUP);
     }
@@ -203,12 +147,11 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in) {
       // (systemd), so a failure there only matters if the parent itself
       // ends up without them.
       dir = v2_mount;
-      std::istringstream comps(parent);
-      std::string comp;
-      while (std::getline(comps, comp, '/')) {
-        if (comp.empty()) continue;
+      for (std::size_t pos = 1, end; pos < parent.size(); pos = end + 1) {
+        end = std::min(parent.find('/', pos), parent.size());
+        if (end == pos) continue;
         (void)enable(dir);
-        dir += "/" + comp;
+        dir += "/" + parent.substr(pos, end - pos);
         if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
           return Error::from_errno("creating cgroup '" + dir + "'");
       }

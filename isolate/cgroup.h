@@ -22,6 +22,21 @@
 namespace tsb::isolate {
 
 enum class CgroupMode { V2, V1 };
+
+// What /proc says about the host's cgroup hierarchies and this process's
+// place in them (/proc/self/mountinfo, /proc/self/cgroup), read by the
+// engine's caller (isolate/host_facts.h): the engine parses no text.
+struct CgroupLayout {
+  std::string v2_mount;                     // where the cgroup2 hierarchy is mounted ("" = none)
+  std::vector<std::string> v2_controllers;  // the words of its root's cgroup.controllers
+  std::string own_v2;                       // this process's cgroup in it
+  struct V1 {
+    std::string controller;  // "memory", "pids", "cpu", "cpuacct", "freezer"
+    std::string mount;       // where a v1 hierarchy holding it is mounted
+    std::string own;         // this process's cgroup in it
+  };
+  std::vector<V1> v1;
+};
 const char* to_string(CgroupMode m) noexcept;
 
 struct CgroupLimits {
@@ -41,7 +56,8 @@ class CgroupLeaf;
 
 class Cgroups {
  public:
-  // Detects the layout from /proc/self/mountinfo. `parent` is a path inside
+  // Uses the v2 hierarchy unless a v1 one holds the memory controller (the
+  // hybrid layout). `parent` is a path inside
   // the hierarchy ("/toolsandbox"); it is created when missing and, on v2,
   // its subtree_control gets +memory +pids +cpu. Fails with a sentence that
   // says what is missing (a controller, a writable hierarchy, delegation).
@@ -51,7 +67,7 @@ class Cgroups {
   // a leaf "<self>/supervisor", because a cgroup that distributes
   // controllers may hold no processes ("no internal processes" rule,
   // Documentation/admin-guide/cgroup-v2.rst); run leaves go beside it.
-  static Result<std::unique_ptr<Cgroups>> open(const std::string& parent);
+  static Result<std::unique_ptr<Cgroups>> open(const std::string& parent, const CgroupLayout& layout);
 
   CgroupMode mode() const noexcept { return mode_; }
   const std::string& parent() const noexcept { return parent_; }

@@ -16,11 +16,13 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
-#include "isolate/child.h"
 #include "isolate/base/random.h"
+#include "isolate/base/wire.h"
+#include "isolate/child.h"
 #include "isolate/mounts.h"
 #include "isolate/plan.h"
 
@@ -37,61 +39,33 @@ Status write_proc(pid_t pid, const char* file, const std::string& data) {
   return write_text_file(path, data);
 }
 
-Result<std::string> self_dir() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n < 0) return Error::from_errno("readlink /proc/self/exe");
-  buf[n] = '\0';
-  std::string s(buf);
-  return s.substr(0, s.rfind('/'));
+Result<UniqueFd> open_init(const std::string& path) {
+  if (path.empty() || path[0] != '/') return Error::invalid("the path of toolsandbox-init must be absolute: '" + path + "'");
+  UniqueFd fd(::open(path.c_str(), O_PATH | O_CLOEXEC));
+  if (!fd) return Error::from_errno("toolsandbox-init '" + path + "'");
+  struct stat st{};
+  if (::fstat(fd.get(), &st) != 0) return Error::from_errno("stat '" + path + "'");
+  // It builds every sandbox and is its pid 1: it must be root's and not
+  // writable by anyone else, or whoever can write it owns every sandbox.
+  if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)))
+    return Error::invalid("refusing '" + path + "': toolsandbox-init must be a regular file owned by root and writable only by root", EPERM);
+  if (!(st.st_mode & S_IXOTH))
+    return Error::invalid("'" + path + "' must be executable by others (the sandbox's uid runs it)", EACCES);
+  return fd;
 }
 
-Result<UniqueFd> open_init(const std::string& configured) {
-  std::vector<std::string> candidates;
-  if (!configured.empty()) {
-    candidates.push_back(configured);
-  } else {
-    auto dir = self_dir();
-    if (dir.ok()) candidates.push_back(*dir + "/toolsandbox-init");
-    candidates.push_back(std::string(TSB_LIBEXECDIR) + "/toolsandbox-init");
-  }
-  std::string tried;
-  for (const auto& c : candidates) {
-    UniqueFd fd(::open(c.c_str(), O_PATH | O_CLOEXEC));
-    if (!fd) {
-      tried += (tried.empty() ? "" : ", ") + c;
-      continue;
-    }
-    struct stat st{};
-    if (::fstat(fd.get(), &st) != 0) return Error::from_errno("stat '" + c + "'");
-    // It runs as pid 1 of every sandbox: it must be root's and not writable
-    // by anyone else, or whoever can write it owns every sandbox.
-    if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)))
-      return Error::invalid("refusing '" + c + "': toolsandbox-init must be a regular file owned by root and writable only by root", EPERM);
-    if (!(st.st_mode & S_IXOTH))
-      return Error::invalid("'" + c + "' must be executable by others (the sandbox's uid runs it)", EACCES);
-    return fd;
-  }
-  return Error::invalid("toolsandbox-init not found (tried " + tried + ")", ENOENT);
-}
-
-Result<UniqueFd> sealed_memfd(const char* name, const void* data, std::size_t len) {
-  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+// A memfd holding `data`: the run's plan, read by toolsandbox-init.
+Result<UniqueFd> plan_memfd(const std::string& data) {
+  UniqueFd fd(::memfd_create("toolsandbox-plan", MFD_CLOEXEC));
   if (!fd) return Error::from_errno("memfd_create");
-  const char* p = static_cast<const char*>(data);
-  std::size_t left = len;
-  while (left > 0) {
-    ssize_t n = ::write(fd.get(), p, left);
+  for (std::size_t off = 0; off < data.size();) {
+    ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Error::from_errno("write memfd");
+      return Error::from_errno("writing the plan");
     }
-    p += n;
-    left -= static_cast<std::size_t>(n);
+    off += static_cast<std::size_t>(n);
   }
-  // Sealed: no run can alter the program the next run's init loads.
-  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-    return Error::from_errno("sealing memfd");
   return fd;
 }
 
@@ -294,6 +268,26 @@ bool Sandbox::socket_memory_is_limited() const noexcept {
 
 std::size_t Sandbox::collect_retired() { return core_ ? core_->collect() : 0; }
 
+void Sandbox::read_reports(Observations& o) const {
+  Report r;
+  for (;;) {
+    ssize_t n = ::read(report_r_.get(), &r, sizeof r);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof r) || r.magic != kReportMagic) break;
+    if (r.kind == Report::kSetupError && !o.have_setup_error) {
+      o.have_setup_error = true;
+      o.setup_stage = r.stage;
+      o.setup_errno = r.value;
+    } else if (r.kind == Report::kToolStatus) {
+      o.have_tool_status = true;
+      o.tool_status = r.value;
+    } else if (r.kind == Report::kBackstop) {
+      o.backstop = true;
+      o.backstop_s = r.value;
+    }
+  }
+}
+
 // ----------------------------------------------------------------- Engine
 
 Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_ptr<const SeccompProgram> init_filter) {
@@ -384,7 +378,7 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
     if (::flock(e->instance_lock_.get(), LOCK_EX | LOCK_NB) != 0) return Error::from_errno("locking '" + lock + "'");
   }
 
-  auto cg = Cgroups::open(config.cgroup_parent);
+  auto cg = Cgroups::open(config.cgroup_parent, config.cgroup_layout);
   if (!cg.ok()) return std::move(cg).error().wrap("setting up cgroups");
   e->core_ = std::make_shared<EngineCore>();
   e->core_->cgroups = std::move(cg).value();
@@ -398,10 +392,8 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
   // Compiled by the caller (daemon/policy/seccomp_profile.h,
   // compile_init_filter): the engine loads programs, it never reads rules.
   if (!init_filter || init_filter->insns.empty()) return Error::invalid("the sandbox init's seccomp program is missing");
-  auto memfd = sealed_memfd("toolsandbox-init-filter", init_filter->insns.data(),
-                            init_filter->insns.size() * sizeof(sock_filter));
-  if (!memfd.ok()) return std::move(memfd).error();
-  e->init_filter_ = std::move(memfd).value();
+  e->init_filter_.assign(reinterpret_cast<const char*>(init_filter->insns.data()),
+                         init_filter->insns.size() * sizeof(sock_filter));
 
   // Kernel features. Each one that is missing is either fatal (the engine
   // was asked for it) or said at start-up, never silently dropped.
@@ -536,6 +528,13 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
     return Error::invalid("a compiled seccomp program is required for every run");
   if (spec.sandbox_uid == 0 || spec.sandbox_uid >= 65534 || spec.sandbox_gid == 0 || spec.sandbox_gid >= 65534)
     return Error::invalid("the tool's uid and gid must be between 1 and 65533 (0 is the sandbox's init)");
+  if (!spec.fs || spec.fs->empty()) return Error::invalid("a file-system table (isolate/fs_table.h) is required for every run");
+  if (spec.argv.empty() || spec.argv[0].empty()) return Error::invalid("no command to run");
+  for (const auto& a : spec.argv)
+    if (a.find('\0') != std::string::npos) return Error::invalid("an argument contains a NUL byte");
+  for (const auto& e : spec.env)
+    if (e.find('=') == std::string::npos || e[0] == '=' || e.find('\0') != std::string::npos)
+      return Error::invalid("environment entries must be KEY=VALUE");
   (void)core_->collect();
 
   std::unique_ptr<Sandbox> sb(new Sandbox());
@@ -573,36 +572,60 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   TSB_TRY(set_nonblock(err->r.get()), "stderr pipe");
   TSB_TRY(set_nonblock(rep->r.get()), "report pipe");
 
-  PlanStorage storage;
-  ChildPlan plan{};
-  PlanInputs inputs{&spec, staging_root_, config_.root_tmpfs_bytes, ""};
-  TSB_TRY(build_plan(inputs, storage, plan), "planning the sandbox");
   MountContext mctx;
   mctx.host_id_base = sb->host_uid_;
+  mctx.tool_uid = spec.sandbox_uid;
+  mctx.tool_gid = spec.sandbox_gid;
   mctx.overlay_views = features_.overlay_views;
   mctx.empty_dir_fd = empty_dir_.get();
-  auto mounts = prepare_mounts(storage, plan, mctx);
-  if (!mounts.ok()) return std::move(mounts).error().wrap("preparing the sandbox's mounts");
-  plan.sync_fd = sync->r.get();
-  plan.sync_w_fd = sync->w.get();
-  plan.report_fd = rep->w.get();
-  plan.stdin_fd = in->r.get();
-  plan.stdout_fd = out->w.get();
-  plan.stderr_fd = err->w.get();
-  plan.init_exe_fd = init_exe_.get();
-  plan.init_filter_fd = init_filter_.get();
-  plan.watch_fd = watch->r.get();
-  plan.lease_fd = sb->uid_slot_.get();
-  plan.unshare_cgroupns = true;
-  plan.memfd_noexec = features_.memfd_noexec;
-  // The engine ends the run at its wall timeout; init's own fence comes
-  // later, for an engine that is alive but stuck.
-  {
-    auto wall = std::chrono::duration_cast<std::chrono::milliseconds>(spec.limits.wall_timeout);
-    auto slack = std::max<std::chrono::milliseconds>(std::chrono::seconds(5), wall / 10);
-    plan.init_backstop_s = static_cast<unsigned>((wall + slack).count() / 1000 + 1);
+  auto fs = prepare_fs(*spec.fs, mctx);
+  if (!fs.ok()) return std::move(fs).error().wrap("preparing the sandbox's mounts");
+
+  // The plan (isolate/plan.h). The engine ends the run at its wall
+  // timeout; init's own fence comes later, for an engine alive but stuck.
+  const auto wall = std::chrono::duration_cast<std::chrono::milliseconds>(spec.limits.wall_timeout);
+  const auto slack = std::max<std::chrono::milliseconds>(std::chrono::seconds(5), wall / 10);
+  Writer w;
+  w.u32(kPlanMagic);
+  for (int fd : {rep->w.get(), in->r.get(), out->w.get(), err->w.get(), sync->r.get(),
+                 watch->r.get(), sb->uid_slot_.get(), fs->root.get()})
+    w.i32(fd);
+  w.u32(static_cast<std::uint32_t>((wall + slack).count() / 1000 + 1));
+  w.u8(spec.network == NetworkMode::None ? 1 : 0);
+  w.cstr(staging_root_);
+  w.cstr(spec.hostname);
+  w.cstr(spec.workdir);
+  w.u32(spec.sandbox_uid);
+  w.u32(spec.sandbox_gid);
+  w.u64(spec.limits.file_size_bytes);
+  w.u64(spec.limits.open_files);
+  w.u64(spec.limits.pids);
+  w.u64(static_cast<std::uint64_t>(spec.limits.cpu_time.count()));
+  for (const auto* list : {&spec.argv, &spec.env}) {
+    w.u32(static_cast<std::uint32_t>(list->size()));
+    for (const auto& a : *list) w.cstr(a);
   }
-  plan.filter = spec.seccomp->fprog();
+  w.cstr({reinterpret_cast<const char*>(spec.seccomp->insns.data()), spec.seccomp->insns.size() * sizeof(sock_filter)});
+  w.cstr(init_filter_);
+  w.u32(fs->nsteps);
+  w.raw(fs->steps);
+  auto plan = plan_memfd(w.take());
+  if (!plan.ok()) return std::move(plan).error();
+
+  // What init gets across its execve: the descriptors the plan names.
+  std::vector<int> keep = {rep->w.get(), in->r.get(), out->w.get(), err->w.get(), sync->r.get(), watch->r.get(),
+                           sb->uid_slot_.get(), fs->root.get(), plan->get()};
+  for (const auto& fd : fs->fds) keep.push_back(fd.get());
+  ChildStart start{};
+  start.sync_fd = sync->r.get();
+  start.sync_w_fd = sync->w.get();
+  start.report_fd = rep->w.get();
+  start.init_fd = init_exe_.get();
+  start.keep = keep.data();
+  start.nkeep = keep.size();
+  start.memfd_noexec = features_.memfd_noexec;
+  std::snprintf(start.report_arg, sizeof start.report_arg, "%d", rep->w.get());
+  std::snprintf(start.plan_arg, sizeof start.plan_arg, "%d", plan->get());
 
   std::uint64_t flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD |
                         CLONE_CLEAR_SIGHAND;
@@ -618,16 +641,16 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   if (into_cgroup) args.cgroup = static_cast<std::uint64_t>(sb->leaf_->clone_fd());
 
   // Every signal is blocked across clone3, and CLONE_CLEAR_SIGHAND gives the
-  // child default handlers: no handler of the engine (Asio's signal_set)
-  // can ever run in the child, which then resets its mask and dispositions
-  // itself (systemd's safe_fork_full does the same around fork).
+  // child default handlers: no handler of the engine can ever run in the
+  // child, which then resets its mask and dispositions itself (systemd's
+  // safe_fork_full does the same around fork).
   sigset_t all, old;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &old);
   // On v2 the child is born in its leaf (CLONE_INTO_CGROUP): no migration,
   // which would cost milliseconds after idle (docs/BENCHMARKS.md).
   long pid = ::syscall(SYS_clone3, &args, sizeof args);
-  if (pid == 0) child_sandbox_main(plan);  // never returns
+  if (pid == 0) child_main(start);  // never returns
   int clone_errno = errno;
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (pid < 0) return Error::from_errno(clone_errno, "clone3");
@@ -703,14 +726,6 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
     return Error::from_errno("signalling the sandbox");
   }
   return sb;
-}
-
-RunResult setup_failure_result(const Error& err) {
-  RunResult r;
-  r.reason = EndReason::SetupFailed;
-  r.setup_errno = err.code;
-  r.error = err.message;
-  return r;
 }
 
 }  // namespace tsb::isolate

@@ -1,8 +1,10 @@
 // The engine: builds one sandbox per run and hands it to the supervisor.
 //
-//   Engine::create   once per process: checks privileges, detects cgroups,
-//                    seals the init's filter, finds toolsandbox-init.
-//   Engine::spawn    per run: cgroup leaf, pipes, clone3, id maps, sync.
+//   Engine::create   once per process: checks privileges, sets up cgroups,
+//                    finds toolsandbox-init.
+//   Engine::spawn    per run: uid slot, cgroup leaf, pipes, the mounts and
+//                    the plan (isolate/mounts.h, isolate/plan.h), clone3, id
+//                    maps, sync; toolsandbox-init builds the sandbox.
 //   supervise()      per run (isolate/supervise.h): I/O, limits, result.
 //   Engine::run      blocking spawn + supervise, for the command line.
 //
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "isolate/cgroup.h"
+#include "isolate/outcome.h"
 #include "isolate/base/result.h"
 #include "isolate/seccomp.h"
 #include "isolate/spec.h"
@@ -31,6 +34,10 @@ namespace tsb::isolate {
 struct EngineConfig {
   // cgroup subtree the engine owns; every run gets a leaf below it.
   std::string cgroup_parent = "/toolsandbox";
+  // The host's cgroup hierarchies and this process's place in them, read
+  // from /proc by the caller (isolate/host_facts.h): the engine parses no
+  // text.
+  CgroupLayout cgroup_layout;
   // Runtime state: the uid-slot lock file and the staging mount point.
   std::string state_dir = "/run/toolsandbox";
   // Host ids for sandboxes: run slot k maps sandbox ids 0..65535 to host
@@ -38,16 +45,14 @@ struct EngineConfig {
   // or /etc/subuid ranges.
   std::uint32_t uid_base = 1u << 30;
   std::uint32_t uid_slots = 1024;  // also the most runs at once on this host
-  // toolsandbox-init; empty = next to the running program, then libexec.
+  // toolsandbox-init, an absolute path (the caller finds it:
+  // isolate/host_facts.h, find_init).
   std::string init_path;
   // cgroup leaf names are "<prefix>.<engine pid>.<instance>-<n>": the random
   // instance tag names the engine, whose lock file
   // (<state_dir>/engines/<instance>.lock) says whether it is alive. Leaves of
   // engines that are gone are killed and removed by Engine::create.
   std::string leaf_prefix = "run";
-  // The root tmpfs of a sandbox (skeleton and /etc stubs; the host files
-  // copied in come on top).
-  std::uint64_t root_tmpfs_bytes = 1u << 20;
   // Read-only host directories are shown through overlays made by the
   // engine, so /proc/self/mountinfo in a sandbox names no host path, device
   // or file system (isolate/mounts.h). Needs overlayfs; false binds them
@@ -97,7 +102,9 @@ class Sandbox {
   UniqueFd take_stdin() noexcept { return std::move(stdin_w_); }
   UniqueFd take_stdout() noexcept { return std::move(stdout_r_); }
   UniqueFd take_stderr() noexcept { return std::move(stderr_r_); }
-  int report_fd() const noexcept { return report_r_.get(); }
+  // After the pidfd became readable: what the sandbox's init and its
+  // clone3 child reported (isolate/stage.h) into `o`.
+  void read_reports(Observations& o) const;
 
   // SIGKILL the whole tree now (pid namespace and cgroup). Idempotent.
   void kill() noexcept;
@@ -191,7 +198,7 @@ class Engine {
   std::string engines_dir_;  // <state_dir>/engines: one lock file per live engine
   UniqueFd instance_lock_;   // flock'ed for this engine's lifetime
   UniqueFd init_exe_;        // O_PATH
-  UniqueFd init_filter_;     // sealed memfd
+  std::string init_filter_;  // its instructions, as each plan carries them
   UniqueFd empty_dir_;       // O_PATH of <state_dir>/empty, the overlays' lowest layer
   std::uint64_t seq_ = 0;
   std::string instance_;     // random tag in leaf names (see spawn)
@@ -199,7 +206,5 @@ class Engine {
   std::vector<std::string> startup_notes_;
 };
 
-// A RunResult for a run that never started (spawn failed).
-RunResult setup_failure_result(const Error& err);
 
 }  // namespace tsb::isolate

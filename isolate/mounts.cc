@@ -7,7 +7,13 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <climits>
+#include <cstdlib>
 #include <cstring>
+
+#include "isolate/base/file.h"
+#include "isolate/base/wire.h"
+#include "isolate/plan.h"
 
 namespace tsb::isolate {
 namespace {
@@ -78,60 +84,47 @@ Result<UniqueFd> make_fs(const char* type, const std::string& options, std::uint
   return m;
 }
 
+constexpr std::uint64_t kNoSuidNoDev = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+constexpr std::uint64_t kReadOnly = MOUNT_ATTR_RDONLY | kNoSuidNoDev;
+
 // A tmpfs whose root directory belongs to sandbox ids uid:gid. Owned by
 // the engine when made, so its options carry no uid=/gid=; chowned after.
-Result<UniqueFd> make_tmpfs(const MountRequest& r, const MountContext& ctx) {
-  // Read-only comes last: the parent may still fill it (kDev).
-  auto m = make_fs("tmpfs", r.options, r.attrs & ~static_cast<std::uint64_t>(MOUNT_ATTR_RDONLY));
+Result<UniqueFd> make_tmpfs(std::uint64_t size, std::uint32_t inodes, std::uint32_t mode, std::uint64_t attrs,
+                            std::uint32_t host_uid, std::uint32_t host_gid) {
+  char options[96];
+  std::snprintf(options, sizeof options, "size=%llu,mode=%04o", static_cast<unsigned long long>(size), mode);
+  std::string opts = options;
+  if (inodes) opts += ",nr_inodes=" + std::to_string(inodes);
+  auto m = make_fs("tmpfs", opts, attrs);
   if (!m.ok()) return std::move(m).error();
-  if (::fchownat(m->get(), "", ctx.host_id_base + r.uid, ctx.host_id_base + r.gid, AT_EMPTY_PATH) != 0)
-    return Error::from_errno("chown tmpfs root");
+  if (::fchownat(m->get(), "", host_uid, host_gid, AT_EMPTY_PATH) != 0) return Error::from_errno("chown tmpfs root");
   return m;
-}
-
-// The contents of /dev: device nodes like the host's (the parent may mknod,
-// the sandbox may not), the /proc/self/fd links, and shm/ for /dev/shm.
-// Modes are set explicitly: the engine's umask (0077 under systemd) must
-// not decide who may open /dev/null.
-Status fill_dev(int dev) {
-  for (const char* name : device_names()) {
-    struct stat st{};
-    std::string host = std::string("/dev/") + name;
-    if (::stat(host.c_str(), &st) != 0) return Error::from_errno("stat '" + host + "'");
-    if (!S_ISCHR(st.st_mode)) return Error::invalid("'" + host + "' is not a character device", ENODEV);
-    if (::mknodat(dev, name, S_IFCHR | 0666, st.st_rdev) != 0) return Error::from_errno(std::string("mknod /dev/") + name);
-    if (::fchmodat(dev, name, 0666, 0) != 0) return Error::from_errno(std::string("chmod /dev/") + name);
-  }
-  static constexpr const char* kLinks[][2] = {
-      {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}};
-  for (const auto& l : kLinks)
-    if (::symlinkat(l[0], dev, l[1]) != 0) return Error::from_errno(std::string("symlink /dev/") + l[1]);
-  if (::mkdirat(dev, "shm", 0755) != 0 || ::fchmodat(dev, "shm", 0755, 0) != 0) return Error::from_errno("mkdir /dev/shm");
-  return {};
 }
 
 // What a host path becomes. Read-only directories: an overlay with the
 // host directory as its only content (the empty directory below it makes
 // a read-only overlay valid on kernels that want two lower layers). The
 // rest (a writable bind, a file too large to copy, overlays turned off):
-// a clone of the host's mount tree at that path.
-// Errors opening the host path are returned as a bare errno (`*deferred`),
-// for the child to report at its step.
-Result<UniqueFd> make_view(const MountRequest& r, const MountContext& ctx, int* deferred) {
+// a clone of the host's mount tree at that path. Errors opening the host
+// path are returned as a bare errno (`*deferred`), for init to report at
+// its step.
+Result<UniqueFd> open_view(const std::string& host_path, bool is_dir, bool writable, const MountContext& ctx,
+                           int* deferred) {
   *deferred = 0;
-  if (r.is_dir && !r.writable && ctx.overlay_views) {
-    UniqueFd dir(::open(r.host_path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  const std::uint64_t attrs = writable ? kNoSuidNoDev : kReadOnly;
+  if (is_dir && !writable && ctx.overlay_views) {
+    UniqueFd dir(::open(host_path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!dir) {
       *deferred = errno;
       return UniqueFd();
     }
     std::string lower = "lowerdir=/proc/self/fd/" + std::to_string(dir.get()) + ":/proc/self/fd/" +
                         std::to_string(ctx.empty_dir_fd);
-    auto m = make_fs("overlay", lower, r.attrs);
-    if (!m.ok()) return std::move(m).error().wrap("read-only view of '" + r.host_path + "'");
+    auto m = make_fs("overlay", lower, attrs);
+    if (!m.ok()) return std::move(m).error().wrap("read-only view of '" + host_path + "'");
     return m;
   }
-  UniqueFd t(sys_open_tree(r.host_path.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE));
+  UniqueFd t(sys_open_tree(host_path.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE));
   if (!t) {
     *deferred = errno;
     return UniqueFd();
@@ -139,58 +132,170 @@ Result<UniqueFd> make_view(const MountRequest& r, const MountContext& ctx, int* 
   // The clone is in the peer group of the host's mount at that path (when
   // that one is shared): made private, so that nothing mounted on or below
   // it inside the sandbox (a nested bind) propagates back to the host, and
-  // no host mount event reaches the sandbox. The child's MS_REC|MS_PRIVATE
-  // on its tree does not reach mounts attached after it.
-  if (sys_mount_setattr(t.get(), r.attrs, true, MS_PRIVATE) != 0)
-    return Error::from_errno("mount_setattr on the bind of '" + r.host_path + "'");
+  // no host mount event reaches the sandbox. init's MS_REC|MS_PRIVATE on
+  // its tree does not reach mounts attached after it.
+  if (sys_mount_setattr(t.get(), attrs, true, MS_PRIVATE) != 0)
+    return Error::from_errno("mount_setattr on the bind of '" + host_path + "'");
   return t;
+}
+
+// Builds the plan's steps (isolate/plan.h) and owns what they refer to.
+struct Steps {
+  PreparedFs& out;
+  Writer w;
+  std::uint64_t copied = 0;  // bytes of host files copied into the root tmpfs
+
+  void step(Op op, const FsEntry& e, std::string_view source, std::string_view data, int fd = -1, int err = 0,
+            std::uint32_t mode = 0, bool dir = false) {
+    w.u8(static_cast<std::uint8_t>(op));
+    w.u8(static_cast<std::uint8_t>(e.stage));
+    w.u8((dir ? kStepDir : 0) | (e.optional ? kStepOptional : 0));
+    w.u32(mode);
+    w.i32(fd);
+    w.i32(err);
+    w.cstr(e.path);
+    w.cstr(source);
+    w.cstr(data);
+    ++out.nsteps;
+  }
+  void attach(const FsEntry& e, UniqueFd fd, int err, bool dir) {
+    step(Op::kAttach, e, "", "", fd ? fd.get() : -1, err, 0, dir);
+    if (fd) out.fds.push_back(std::move(fd));
+  }
+
+  // A host path shown read-only (a view, a copy or a bind) or read-write.
+  Status host_path(const FsEntry& e, const std::string& src, bool writable, const MountContext& ctx) {
+    struct stat sb{};
+    if (::stat(src.c_str(), &sb) != 0) {
+      if (e.optional) return {};
+      attach(e, UniqueFd(), errno, true);
+      return {};
+    }
+    const bool dir = S_ISDIR(sb.st_mode);
+    if (!dir && !writable && S_ISREG(sb.st_mode) && static_cast<std::uint64_t>(sb.st_size) <= kMaxCopiedFileBytes) {
+      if (auto data = read_file(src, {.max_bytes = kMaxCopiedFileBytes, .regular_only = true}); data.ok()) {
+        // Read-only like the bind it replaces; its exec bits are kept.
+        copied += data->size();
+        step(Op::kWriteFile, e, "", *data, -1, 0, static_cast<std::uint32_t>(sb.st_mode & 0555));
+        return {};
+      }
+      if (e.optional) return {};
+    }
+    int deferred = 0;
+    auto v = open_view(src, dir, writable, ctx, &deferred);
+    if (!v.ok()) return std::move(v).error();
+    attach(e, std::move(v).value(), deferred, dir);
+    return {};
+  }
+
+  // A host path as the host has it: a symlink is recreated as that symlink,
+  // unless it points outside what is shown (resolv.conf into /run): then
+  // the file it resolves to is shown.
+  Status system_path(const FsEntry& e, const MountContext& ctx) {
+    struct stat sb{};
+    if (::lstat(e.path.c_str(), &sb) != 0) return e.optional ? Status{} : host_path(e, e.path, false, ctx);
+    if (!S_ISLNK(sb.st_mode)) return host_path(e, e.path, false, ctx);
+    char target[PATH_MAX];
+    const ssize_t n = ::readlink(e.path.c_str(), target, sizeof target - 1);
+    if (n <= 0) return {};
+    target[n] = '\0';
+    if (target[0] != '/' || std::string_view(target).starts_with("/usr/")) {
+      step(Op::kSymlink, e, target, "");
+      return {};
+    }
+    char real[PATH_MAX];
+    if (::realpath(e.path.c_str(), real) == nullptr) return {};  // dangling on the host: nothing to show
+    return host_path(e, real, false, ctx);
+  }
+};
+
+// A row inside the /dev tmpfs, made there by the engine (the sandbox may
+// not mknod). Modes are set explicitly: the engine's umask (0077 under
+// systemd) must not decide who may open /dev/null.
+Status make_in_dev(int dev, const std::string& name, const FsEntry& e) {
+  switch (e.kind) {
+    case FsEntry::kDevNode: {
+      struct stat st{};
+      if (::stat(e.source.c_str(), &st) != 0) return Error::from_errno("stat '" + e.source + "'");
+      if (!S_ISCHR(st.st_mode)) return Error::invalid("'" + e.source + "' is not a character device", ENODEV);
+      if (::mknodat(dev, name.c_str(), S_IFCHR | 0666, st.st_rdev) != 0 || ::fchmodat(dev, name.c_str(), 0666, 0) != 0)
+        return Error::from_errno("mknod " + e.path);
+      return {};
+    }
+    case FsEntry::kSymlink:
+      if (::symlinkat(e.source.c_str(), dev, name.c_str()) != 0) return Error::from_errno("symlink " + e.path);
+      return {};
+    default:
+      if (::mkdirat(dev, name.c_str(), e.mode) != 0 || ::fchmodat(dev, name.c_str(), e.mode, 0) != 0)
+        return Error::from_errno("mkdir " + e.path);
+      return {};
+  }
 }
 
 }  // namespace
 
-Result<PreparedMounts> prepare_mounts(PlanStorage& st, ChildPlan& plan, const MountContext& ctx) {
-  PreparedMounts out;
-  auto root = make_tmpfs(st.root, ctx);
-  if (!root.ok()) return std::move(root).error().wrap("the root tmpfs");
-  out.root = std::move(root).value();
-  plan.root_fd = out.root.get();
-  out.fds.reserve(st.mounts.size());
-  for (const MountRequest& r : st.mounts) {
-    MountStep& step = st.steps.at(r.step);
-    const char* where = step.dst;
-    UniqueFd fd;
-    if (r.kind == MountRequest::kView) {
-      int deferred = 0;
-      auto v = make_view(r, ctx, &deferred);
-      if (!v.ok()) return std::move(v).error();
-      fd = std::move(v).value();
-      step.err = deferred;
-    } else {
-      auto t = make_tmpfs(r, ctx);
-      if (!t.ok()) return std::move(t).error().wrap(std::string("tmpfs for ") + where);
-      fd = std::move(t).value();
-      if (r.kind == MountRequest::kDev) TSB_TRY(fill_dev(fd.get()), "populating /dev");
-      if (r.attrs & MOUNT_ATTR_RDONLY) {
-        if (sys_mount_setattr(fd.get(), MOUNT_ATTR_RDONLY, false) != 0)
-          return Error::from_errno(std::string("making ") + where + " read-only");
-      }
+Result<PreparedFs> prepare_fs(const FsTable& table, const MountContext& ctx) {
+  PreparedFs out;
+  Steps s{out, {}};
+  if (table.empty() || table.front().kind != FsEntry::kRoot) return Error::invalid("a file-system table starts with its root");
+  const FsEntry& root = table.front();
+  const auto host_uid = [&](std::uint32_t id) { return ctx.host_id_base + id; };
+  int dev = -1;
+  std::string dev_prefix;
+  for (std::size_t i = 1; i < table.size(); ++i) {
+    const FsEntry& e = table[i];
+    if (dev >= 0 && e.path.starts_with(dev_prefix) &&
+        (e.kind == FsEntry::kDevNode || e.kind == FsEntry::kSymlink || e.kind == FsEntry::kDir)) {
+      const std::string name = e.path.substr(dev_prefix.size());
+      if (name.find('/') != std::string::npos) return Error::invalid("'" + e.path + "': only names directly in /dev");
+      TSB_TRY(make_in_dev(dev, name, e), "populating /dev");
+      continue;
     }
-    step.fd = fd.get();
-    out.fds.push_back(std::move(fd));
+    switch (e.kind) {
+      case FsEntry::kSystem: TSB_TRY(s.system_path(e, ctx), e.path); break;
+      case FsEntry::kHost: TSB_TRY(s.host_path(e, e.source, false, ctx), e.path); break;
+      case FsEntry::kBind: TSB_TRY(s.host_path(e, e.source, true, ctx), e.path); break;
+      case FsEntry::kTmpfs:
+      case FsEntry::kDev: {
+        const bool tool = e.tool_owned;
+        const std::uint64_t attrs = (e.kind == FsEntry::kDev ? MOUNT_ATTR_NOSUID : kNoSuidNoDev) |
+                                    (e.noexec ? MOUNT_ATTR_NOEXEC : 0);
+        auto m = make_tmpfs(e.size, e.inodes, e.mode, attrs, host_uid(tool ? ctx.tool_uid : 0),
+                            host_uid(tool ? ctx.tool_gid : 0));
+        if (!m.ok()) return std::move(m).error().wrap("tmpfs for " + e.path);
+        if (e.kind == FsEntry::kDev) {
+          dev = m->get();
+          dev_prefix = e.path + "/";
+        }
+        s.attach(e, std::move(m).value(), 0, true);
+        break;
+      }
+      case FsEntry::kDir: s.step(Op::kMkdir, e, "", "", -1, 0, e.mode); break;
+      case FsEntry::kSymlink: s.step(Op::kSymlink, e, e.source, ""); break;
+      case FsEntry::kFile: s.step(Op::kWriteFile, e, "", e.data, -1, 0, e.mode); break;
+      case FsEntry::kBootId: s.step(Op::kBootId, e, "", "", -1, 0, e.mode); break;
+      case FsEntry::kProc: s.step(Op::kProc, e, "", "", -1, 0, e.mode); break;
+      case FsEntry::kMask: s.step(Op::kMask, e, e.source, ""); break;
+      case FsEntry::kReadOnly: s.step(Op::kReadOnly, e, "", ""); break;
+      case FsEntry::kRoot:
+      case FsEntry::kDevNode: return Error::invalid("'" + e.path + "': a root or device row out of place");
+    }
   }
+  // /dev is final: read-only (its /dev/shm is a mount of its own).
+  if (dev >= 0 && sys_mount_setattr(dev, MOUNT_ATTR_RDONLY, false) != 0) return Error::from_errno("making /dev read-only");
+  // The root: the skeleton, the generated files and the copies.
+  auto r = make_tmpfs(root.size + s.copied, root.inodes, 0755, kNoSuidNoDev, host_uid(0), host_uid(0));
+  if (!r.ok()) return std::move(r).error().wrap("the root tmpfs");
+  out.root = std::move(r).value();
+  out.steps = s.w.take();
   return out;
 }
 
 Status probe_overlay_views(int empty_dir_fd) {
-  MountRequest r{};
-  r.kind = MountRequest::kView;
-  r.host_path = "/usr";
-  r.is_dir = true;
-  r.attrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
   MountContext ctx;
   ctx.empty_dir_fd = empty_dir_fd;
   int deferred = 0;
-  auto v = make_view(r, ctx, &deferred);
+  auto v = open_view("/usr", true, false, ctx, &deferred);
   if (!v.ok()) return std::move(v).error();
   if (deferred != 0) return Error::from_errno(deferred, "open '/usr'");
   return {};

@@ -1,9 +1,10 @@
-// Parent side: makes the mounts a plan asks for (isolate/plan.h,
-// MountRequest) as detached mounts with the new mount API (fsopen,
-// fsconfig, fsmount, open_tree, mount_setattr), before clone3. The child
-// only moves each into place (MountStep::kAttach).
+// The engine's rows of a file-system table (isolate/fs.h), per run, before
+// clone3: the mounts are made with the new mount API (fsopen, fsconfig,
+// fsmount, open_tree, mount_setattr) as detached mounts, and small host
+// files are read; what toolsandbox-init does with them comes out as the
+// plan's steps (isolate/plan.h).
 //
-// Why the parent makes them, and not the child in its user namespace:
+// Why the engine makes them, and not the sandbox in its user namespace:
 // everything /proc/self/mountinfo says about a mount is then the engine's
 // choice, not the host's. A tmpfs made in the sandbox's user namespace is
 // owned by its root, and tmpfs prints a non-root owner as uid=/gid= in its
@@ -18,31 +19,34 @@
 #include <string>
 #include <vector>
 
-#include "isolate/plan.h"
 #include "isolate/base/result.h"
 #include "isolate/base/unique_fd.h"
+#include "isolate/fs.h"
 
 namespace tsb::isolate {
 
 struct MountContext {
-  std::uint32_t host_id_base = 0;  // sandbox id 0 is host id host_id_base
-  bool overlay_views = true;       // read-only directories as overlays (false: plain binds)
-  int empty_dir_fd = -1;           // an empty read-only directory: the overlays' lowest layer
+  std::uint32_t host_id_base = 0;      // sandbox id 0 is host id host_id_base
+  std::uint32_t tool_uid = 0, tool_gid = 0;  // sandbox ids of kTmpfs rows that are tool_owned
+  bool overlay_views = true;           // read-only directories as overlays (false: plain binds)
+  int empty_dir_fd = -1;               // an empty read-only directory: the overlays' lowest layer
 };
 
-// The mounts of one run. Closing the fds after clone3 is all the clean-up
-// there is: a detached mount that nobody attached goes away with its fd.
-struct PreparedMounts {
+// One run's mounts and steps. Closing the fds after clone3 is all the
+// clean-up there is: a detached mount that nobody attached goes away with
+// its fd.
+struct PreparedFs {
   UniqueFd root;
   std::vector<UniqueFd> fds;
+  std::string steps;  // the plan's steps, encoded
+  std::uint32_t nsteps = 0;
 };
 
-// Makes storage.root and every request of storage.mounts, writes each fd
-// into its kAttach step (and plan.root_fd). A host path that cannot be
-// opened is not an error here: its step gets fd -1 and the errno, and the
-// child reports it at that step like any set-up failure. Anything else (the
-// kernel refusing a tmpfs, no descriptors left) is.
-Result<PreparedMounts> prepare_mounts(PlanStorage& storage, ChildPlan& plan, const MountContext& ctx);
+// A host path that cannot be opened is not an error here: its step gets fd
+// -1 and the errno, and init reports it at the row's stage like any set-up
+// failure (a missing venv says "mount-bind: No such file or directory").
+// Anything else (the kernel refusing a tmpfs, no descriptors left) is.
+Result<PreparedFs> prepare_fs(const FsTable& table, const MountContext& ctx);
 
 // Probes once, at engine start, whether this kernel can make read-only
 // overlays from the engine's descriptors (overlayfs loaded or loadable).

@@ -11,27 +11,14 @@
 
 namespace tsb::isolate {
 
-void read_reports(int fd, Observations& o) {
-  Report r;
-  for (;;) {
-    ssize_t n = ::read(fd, &r, sizeof r);
-    if (n < 0 && errno == EINTR) continue;
-    if (n != static_cast<ssize_t>(sizeof r) || r.magic != kReportMagic) break;
-    if (r.kind == Report::kSetupError && !o.have_setup_error) {
-      o.have_setup_error = true;
-      o.setup_stage = r.stage;
-      o.setup_errno = r.value;
-    } else if (r.kind == Report::kToolStatus) {
-      o.have_tool_status = true;
-      o.tool_status = r.value;
-    } else if (r.kind == Report::kBackstop) {
-      o.backstop = true;
-      o.backstop_s = r.value;
-    }
-  }
-}
-
 void classify(const Observations& o, RunResult& r) {
+  // The engine could not start the run: nothing ran.
+  if (!o.engine_error.empty()) {
+    r.reason = EndReason::SetupFailed;
+    r.setup_errno = o.engine_errno;
+    r.error = o.engine_error;
+    return;
+  }
   if (o.have_tool_status) {
     if (WIFEXITED(o.tool_status)) r.exit_code = WEXITSTATUS(o.tool_status);
     if (WIFSIGNALED(o.tool_status)) r.signal = WTERMSIG(o.tool_status);
@@ -79,6 +66,16 @@ void classify(const Observations& o, RunResult& r) {
   if (r.reason != EndReason::Exited && r.reason != EndReason::Signaled) {
     if (!o.have_tool_status || WIFSIGNALED(o.tool_status)) r.exit_code = -1;
   }
+  if (r.error.empty()) r.error = o.cleanup_error;
+}
+
+RunResult setup_failure_result(const Error& err) {
+  Observations o;
+  o.engine_error = err.message;
+  o.engine_errno = err.code;
+  RunResult r;
+  classify(o, r);
+  return r;
 }
 
 }  // namespace tsb::isolate

@@ -1,10 +1,13 @@
-// How a run ended, from what was observed: shared by every supervisor
-// (the blocking one of isolate/supervise.h and the root spawner's). No I/O
-// but the read of the sandbox's report pipe.
+// How a run ended: what the supervisor observed (the root spawner's, or the
+// blocking one of isolate/supervise.h), and the end reason and sentence
+// made of it. The spawner sends the observations; the front end (or the
+// command line) classifies them: the root process names no end reason.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "isolate/base/result.h"
 #include "isolate/spec.h"
 
 namespace tsb::isolate {
@@ -25,11 +28,13 @@ struct Observations {
   std::uint64_t oom_kills = 0;
   std::uint64_t pids_max_hits = 0;
   bool socket_limit_reached = false;  // v1: socket buffers reached the run's memory limit
+  std::string engine_error;  // the engine could not start the run: why (nothing ran)
+  int engine_errno = 0;
+  std::string cleanup_error;  // the run's cgroup leaf could not be removed: why
 };
 void classify(const Observations& o, RunResult& r);
 
-// Reads the reports the sandbox's init and child wrote (isolate/stage.h) on
-// the report pipe, after pid 1 has exited.
-void read_reports(int fd, Observations& o);
+// A RunResult for a run that never started (spawn failed).
+RunResult setup_failure_result(const Error& err);
 
 }  // namespace tsb::isolate

@@ -1,103 +1,61 @@
-// Parent side: turns a RunSpec into the ChildPlan the sandbox executes.
-// Everything that allocates happens here, before clone3.
+// The plan a sandbox is built from: what the engine (root, isolate/engine.cc)
+// hands to toolsandbox-init (isolate/init/), which builds the sandbox from
+// inside its namespaces and becomes its pid 1.
+//
+// The engine writes the plan into a memfd before clone3, in the base's
+// encoding (isolate/base/wire.h); the clone3 child waits for its id maps,
+// becomes the namespace's root and executes toolsandbox-init with the
+// plan's descriptor. The descriptors the plan names are the child's own:
+// the same numbers as in the engine, kept open across that execve.
+//
+// Layout, in order ("cstr": a u32 length, the bytes, a NUL; "text": a cstr
+// without a NUL inside; "bytes": a cstr whose bytes may hold NULs):
+//
+//   u32   kPlanMagic
+//   i32   descriptors: report, stdin, stdout, stderr, sync, watch, lease, root
+//   u32   backstop in seconds (init ends the run itself after it; 0: none)
+//   u8    bring lo up (a new network namespace)
+//   text  staging directory (where the root tmpfs is attached, a host path)
+//   text  hostname, working directory
+//   u32   the tool's uid, gid (inside the sandbox)
+//   u64   RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, the CPU-time limit in ms (0: none)
+//   u32   argc, then argc texts; u32 envc, then envc texts ("KEY=VALUE")
+//   bytes the tool's seccomp program, the init's seccomp program (sock_filter arrays)
+//   u32   step count, then each step:
+//           u8 Op, u8 Stage, u8 flags (kStepDir, kStepOptional), u32 mode,
+//           i32 fd (kAttach: a detached mount; -1 with `err`), i32 err,
+//           text path (a sandbox path), text source, bytes data
+//
+// Header only, no library includes: toolsandbox-init is a static program
+// that links nothing but libc.
 #pragma once
 
-#include <deque>
-#include <set>
-#include <span>
-#include <string>
-#include <vector>
-
-#include "isolate/child.h"
-#include "isolate/base/result.h"
-#include "isolate/spec.h"
+#include <cstdint>
 
 namespace tsb::isolate {
 
-// A mount the parent makes before clone3 (isolate/mounts.h), handed to the
-// child as a detached mount fd that its kAttach step moves into place. Made
-// by the parent so that nothing of the host shows in the sandbox's
-// /proc/self/mountinfo: a tmpfs made by the engine carries no uid= option
-// (one made in the user namespace would show the run's host uid), and a
-// read-only host directory is seen through an overlay whose root is "/"
-// (a bind would show the host path it comes from, its device and the host
-// file system's options).
-struct MountRequest {
-  enum Kind {
-    kTmpfs,  // a tmpfs: `options`, its root directory owned by sandbox uid/gid
-    kDev,    // the /dev tmpfs: the device nodes, the /proc/self/fd links, shm/
-    kView,   // a host directory or file: read-only view, or a bind when writable
-  };
-  Kind kind;
-  std::size_t step;             // the kAttach step in PlanStorage::steps that gets the fd
-  std::string host_path;        // kView
-  bool writable = false;        // kView: a bind of the host tree (it shows its host path)
-  bool is_dir = true;           // kView
-  std::string options;          // kTmpfs, kDev: "size=...,nr_inodes=...,mode=..."
-  std::uint32_t uid = 0;        // kTmpfs, kDev: owner of the root directory, as sandbox ids
-  std::uint32_t gid = 0;
-  std::uint64_t attrs = 0;      // MOUNT_ATTR_* of the mount
+inline constexpr std::uint32_t kPlanMagic = 0x70627374;  // "tsbp"
+// A plan larger than this is refused by init (copies are at most 256 KiB
+// each, an environment a few MiB).
+inline constexpr std::uint64_t kMaxPlanBytes = 64ull << 20;
+
+// What toolsandbox-init does for one step, in order, before pivot_root.
+enum class Op : std::uint8_t {
+  kMkdir,      // mkdir path (mode)
+  kSymlink,    // symlink path -> source
+  kWriteFile,  // a new file at path (mode) holding data
+  kAttach,     // move the detached mount fd onto path (a directory, or an empty file unless kStepDir)
+  kProc,       // mount a new proc on path (a directory of mode)
+  kMask,       // when path exists: bind source (a sandbox path) over it, read-only
+  kReadOnly,   // when path exists: bind it over itself, read-only
+  kBootId,     // a new file at path (mode) holding a random boot id
 };
+inline constexpr std::uint8_t kOpLast = static_cast<std::uint8_t>(Op::kBootId);
+inline constexpr std::uint8_t kStepDir = 1;       // kAttach: the mount is a directory
+inline constexpr std::uint8_t kStepOptional = 2;  // kAttach with fd -1: skip instead of failing
 
-// Owns every byte the plan points to. Must outlive clone3 (not the run).
-struct PlanStorage {
-  std::deque<std::string> strings;  // deque: c_str() pointers stay valid on growth
-  std::vector<MountStep> steps;
-  std::vector<MountRequest> mounts;  // made by prepare_mounts(), in this order
-  MountRequest root;                 // the root tmpfs (plan.root_fd)
-  std::vector<const char*> argv;
-  std::vector<const char*> envp;
-  std::vector<RlimitStep> rlimits;
-  std::set<std::string> made_dirs;  // sandbox paths already in the plan
-
-  const char* keep(std::string s) { return strings.emplace_back(std::move(s)).c_str(); }
-};
-
-struct PlanInputs {
-  const RunSpec* spec;
-  std::string staging_root;  // host path where the root tmpfs is attached
-  std::uint64_t root_tmpfs_bytes;
-  std::string boot_id;       // what /proc/sys/kernel/random/boot_id shows ("" = a fresh random one)
-};
-
-// Fills `plan` and `storage` with what the sandbox is made of: pure, no
-// mount is made here (isolate/mounts.h makes them), only host files are
-// read (stat, the small files that are copied in). Its fd fields, filter
-// and mount fds are set by the caller.
-Status build_plan(const PlanInputs& in, PlanStorage& storage, ChildPlan& plan);
-
-// Read-only host files up to this size are copied into the sandbox's root
-// tmpfs rather than bound (a bind shows its host path in mountinfo).
-inline constexpr std::uint64_t kMaxCopiedFileBytes = 256u << 10;
-
-// Validate a sandbox-side path: absolute, normalised, no "..", no "//".
-Status check_sandbox_path(const std::string& p, const char* what);
-
-// Host paths every sandbox gets read-only, with the reason for each: the
-// system directories (merged-/usr aware: a symlink on the host is recreated
-// as that symlink), the /etc files every run gets, the /etc files only runs
-// with network get, and the device nodes bound into /dev. One table, used
-// by the plan and by `toolsandbox policy explain`.
-struct SystemPath {
-  const char* path;
-  const char* reason;
-};
-std::span<const SystemPath> system_paths();
-std::span<const SystemPath> etc_paths_always();
-std::span<const SystemPath> etc_paths_network();
-std::span<const char* const> device_names();
-
-// The /proc entries hidden or frozen in every sandbox, with reasons.
-struct ProcMask {
-  const char* path;    // under /proc
-  enum Kind {
-    kFile,      // an empty read-only file over it
-    kDir,       // an empty read-only directory over it
-    kReadOnly,  // itself, read-only
-    kBootId,    // a per-run random value over it (tenants cannot be correlated)
-  } kind;
-  const char* reason;
-};
-const std::vector<ProcMask>& proc_masks();
+// Bytes on the sync pipe, from the engine to the sandbox.
+inline constexpr char kSyncMaps = 'M';    // uid/gid maps are written
+inline constexpr char kSyncCgroup = 'C';  // the child sits in its cgroup leaf
 
 }  // namespace tsb::isolate

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "isolate/fs.h"
 #include "isolate/stage.h"
 
 namespace tsb::isolate {
@@ -31,8 +32,8 @@ struct Limits {
   std::uint32_t cpu_quota_millicpus = 1000;   // cgroup cpu.max; 1000 = one CPU
   std::chrono::milliseconds cpu_time{60'000}; // CPU time of the whole run (0 = none)
   std::chrono::milliseconds wall_timeout{60'000};
-  std::uint64_t tmp_bytes = 64ull << 20;      // tmpfs /tmp
-  std::uint64_t work_bytes = 64ull << 20;     // tmpfs working dir
+  std::uint64_t tmp_bytes = 64ull << 20;      // tmpfs /tmp (the file-system table sizes it)
+  std::uint64_t work_bytes = 64ull << 20;     // tmpfs working dir (likewise)
   std::uint64_t file_size_bytes = 64ull << 20;  // RLIMIT_FSIZE
   std::uint64_t open_files = 256;             // RLIMIT_NOFILE
   std::uint64_t stdout_bytes = 1ull << 20;    // capture cap; beyond it the run ends
@@ -43,8 +44,8 @@ struct RunSpec {
   std::vector<std::string> argv;   // argv[0]: absolute, or searched in the env's PATH
   std::vector<std::string> env;    // exactly the tool's environment, "KEY=VALUE"
   std::string stdin_data;          // bytes fed to the tool's stdin, then EOF
-  std::string venv;                // host venv dir, mounted read-only at kVenvPath ("" = none)
-  std::vector<BindMount> binds;    // extra binds, applied after the system ones
+  // The file system, row by row (isolate/fs_table.h builds it): required.
+  std::shared_ptr<const FsTable> fs;
   NetworkMode network = NetworkMode::None;
   std::shared_ptr<const SeccompProgram> seccomp;  // required: compiled once per policy
   std::uint32_t sandbox_uid = 1000;  // the tool's ids inside the sandbox

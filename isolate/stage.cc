@@ -39,6 +39,7 @@ const char* stage_name(Stage s) noexcept {
     case Stage::MemfdNoexec: return "memfd-noexec";
     case Stage::DeathSignal: return "death-signal";
     case Stage::InitReady: return "init-ready";
+    case Stage::Plan: return "plan";
     case Stage::kCount: break;
   }
   return "unknown";

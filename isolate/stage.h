@@ -1,6 +1,6 @@
 // Setup stages reported from the sandbox side as (stage, errno). Shared by the
-// engine, the child path and toolsandbox-init, so it is plain C++ with no
-// library includes: the child path may include it.
+// engine, its clone3 child and toolsandbox-init, so it is plain C++ with no
+// library includes.
 #pragma once
 
 namespace tsb::isolate {
@@ -39,6 +39,7 @@ enum class Stage : int {
   MemfdNoexec,     // vm.memfd_noexec=2 for the sandbox's pid namespace
   DeathSignal,     // arming the parent-death signal again after the id switch
   InitReady,       // the tool waiting until the sandbox init runs
+  Plan,            // toolsandbox-init reading the plan the engine wrote
   kCount
 };
 

@@ -175,7 +175,7 @@ asio::awaitable<RunResult> supervise(std::shared_ptr<Sandbox> sandbox, std::stri
     co_await st->readers_done.async_wait(asio::redirect_error(use_awaitable, ec));
   }
 
-  read_reports(sandbox->report_fd(), st->obs);
+  sandbox->read_reports(st->obs);
   CgroupStats cs = sandbox->cgroup().stats();
   st->obs.oom_kills = cs.oom_kills;
   st->obs.pids_max_hits = cs.pids_max_hits;

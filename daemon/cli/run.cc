@@ -88,6 +88,7 @@ int cmd_run(const std::vector<std::string>& args) {
     return kExitUsage;
   }
   isolate::RunSpec spec = core::run_spec_from(*policy);
+  isolate::FsInputs fs = core::fs_inputs_from(*policy);
 
   // Command-line overrides: the operator (root) may tighten or relax one run.
   if (timeout) {
@@ -107,10 +108,11 @@ int cmd_run(const std::vector<std::string>& args) {
     if (*network == "none") spec.network = isolate::NetworkMode::None;
     else if (*network == "host") spec.network = isolate::NetworkMode::Host;
     else return fail_usage("--network must be none or host");
+    fs.host_network = spec.network == isolate::NetworkMode::Host;
   }
   if (venv) {
     if (venv->empty() || (*venv)[0] != '/') return fail_usage("--venv needs an absolute path");
-    spec.venv = *venv;
+    fs.venv = *venv;
   }
   for (const auto& b : binds) {
     isolate::BindMount m;
@@ -127,7 +129,7 @@ int cmd_run(const std::vector<std::string>& args) {
     if (m.source.empty() || m.source[0] != '/') return fail_usage("--bind source must be absolute: '" + m.source + "'");
     struct stat st{};
     if (::stat(m.source.c_str(), &st) != 0) return fail_usage("--bind source does not exist: '" + m.source + "'");
-    spec.binds.push_back(m);
+    fs.binds.push_back(m);
   }
   std::map<std::string, std::string> req_env;
   for (const auto& e : envs) {
@@ -139,6 +141,9 @@ int cmd_run(const std::vector<std::string>& args) {
   if (!env.ok()) return fail_usage(env.error().message);
   spec.env = std::move(env).value();
   spec.argv = cmd;
+  auto table = isolate::build_fs_table(fs);
+  if (!table.ok()) return fail_usage(table.error().message);
+  spec.fs = std::move(table).value();
   if (stdin_src) {
     std::string data;
     if (*stdin_src == "-") {

@@ -26,8 +26,6 @@
 
 namespace tsb::core {
 
-using spawn::kRunnerSandboxPath;
-
 class LocalBackend final : public RunBackend {
  public:
   LocalBackend(asio::io_context& io, SpawnerLink& link, unsigned max_concurrent, unsigned max_queued);

@@ -129,7 +129,7 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
         }
         it->second->answered = true;
         it->second->ended = true;
-        it->second->result = std::move(e->result);
+        it->second->result = spawn::run_result_from(*e);
         it->second->poke();
         break;
       }

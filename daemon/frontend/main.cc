@@ -61,6 +61,9 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
   using tsb::Error;
   tsb::spawn::CompiledSet out;
   out.engine = cfg.engine;
+  // What the engine needs from the host, read here: the root spawner
+  // parses no text.
+  if (auto st = tsb::policy::complete_engine_config(out.engine); !st.ok()) return std::move(st).error().wrap("engine");
   auto init = tsb::policy::compile_init_filter();
   if (!init.ok()) return std::move(init).error().wrap("compiling the init filter");
   out.init_filter = std::move(init).value();
@@ -81,12 +84,14 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
   out.front_end_uid = pw->pw_uid;
   out.front_end_gid = pw->pw_gid;
   out.e2b_key_file = cfg.e2b.enabled ? cfg.e2b.api_key_file : "";
-  out.runner_path = tsb::core::find_runner(cfg.runner_path);
+  const std::string runner = tsb::core::find_runner(cfg.runner_path);
   out.max_concurrent_runs = cfg.max_concurrent_runs;
   out.shutdown_grace = cfg.shutdown_grace;
   for (const auto& [name, p] : set.policies) {
     if (!p->seccomp) return Error::invalid("policy " + quoted_for_message(name) + " has no compiled seccomp program");
-    out.policies.push_back(tsb::core::to_spawn_policy(*p));
+    auto sp = tsb::core::to_spawn_policy(*p, runner);
+    if (!sp.ok()) return std::move(sp).error();
+    out.policies.push_back(std::move(sp).value());
     out.policies.back().name = name;
   }
   return out;

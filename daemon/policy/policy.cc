@@ -617,26 +617,62 @@ Result<std::vector<std::string>> build_environment(const Policy& p, const std::m
   return spawn::build_environment(p.name, p.env_set, p.env_allow, req);
 }
 
-spawn::SpawnPolicy to_spawn_policy(const Policy& p) {
+isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner) {
+  isolate::FsInputs in;
+  in.venv = p.venv;
+  in.binds = p.binds;
+  in.runner = runner;
+  in.workdir = p.workdir;
+  in.hostname = p.hostname;
+  in.uid = p.uid;
+  in.gid = p.gid;
+  in.host_network = p.network == isolate::NetworkMode::Host;
+  in.tmp_bytes = p.limits.tmp_bytes;
+  in.work_bytes = p.limits.work_bytes;
+  return in;
+}
+
+Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner) {
   spawn::SpawnPolicy s;
   s.name = p.name;
   s.fingerprint = p.fingerprint;
   s.local = p.backend == Backend::Local;
   s.limits = p.limits;
-  s.venv = p.venv;
   s.workdir = p.workdir;
-  s.binds = p.binds;
+  s.hostname = p.hostname;
   s.network = p.network;
   s.env_set = p.env_set;
   s.env_allow = p.env_allow;
   s.seccomp = p.seccomp;
   s.uid = p.uid;
   s.gid = p.gid;
-  s.interpreter = p.interpreter;
-  s.hostname = p.hostname;
+  auto& script = s.modes[static_cast<int>(spawn::RunMode::Script)];
+  script.argv = {p.interpreter, "-c", std::string(kScriptMain)};
+  auto fs = isolate::build_fs_table(fs_inputs_from(p));
+  if (!fs.ok()) return std::move(fs).error().wrap("policy '" + p.name + "'");
+  script.fs = std::move(fs).value();
+  auto& tool = s.modes[static_cast<int>(spawn::RunMode::Tool)];
+  if (!runner.empty()) {
+    tool.argv = {p.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", std::string(isolate::kRunnerSandboxPath)};
+    auto tfs = isolate::build_fs_table(fs_inputs_from(p, runner));
+    if (!tfs.ok()) return std::move(tfs).error().wrap("policy '" + p.name + "'");
+    tool.fs = std::move(tfs).value();
+  } else {
+    tool.fs = script.fs;
+  }
   return s;
 }
 
-isolate::RunSpec run_spec_from(const Policy& p) { return spawn::run_spec_from(to_spawn_policy(p)); }
+isolate::RunSpec run_spec_from(const Policy& p) {
+  isolate::RunSpec s;
+  s.limits = p.limits;
+  s.network = p.network;
+  s.seccomp = p.seccomp;
+  s.sandbox_uid = p.uid;
+  s.sandbox_gid = p.gid;
+  s.hostname = p.hostname;
+  s.workdir = p.workdir;
+  return s;
+}
 
 }  // namespace tsb::core

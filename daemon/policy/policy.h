@@ -15,6 +15,7 @@
 #include "isolate/base/result.h"
 #include "daemon/policy/seccomp_profile.h"
 #include "daemon/spawner/compiled.h"
+#include "isolate/fs_table.h"
 #include "isolate/spec.h"
 
 namespace tsb::core {
@@ -70,10 +71,42 @@ Result<Policy> load_named_policy(const std::string& name, const std::string& dir
 // is refused (never silently dropped), and fixed values cannot be overridden.
 Result<std::vector<std::string>> build_environment(const Policy& p, const std::map<std::string, std::string>& request_env);
 
-// What the root spawner keeps of a policy (daemon/spawner/compiled.h).
-spawn::SpawnPolicy to_spawn_policy(const Policy& p);
-// A RunSpec carrying everything the policy decides (argv/env/stdin left
-// empty): spawn::run_spec_from(to_spawn_policy(p)).
+// Script mode's `python3 -c` program: reads the script from stdin, writes it
+// to a tmpXXXXXXXX.py file in the working directory (as Letta's temporary
+// script), and runs it as __main__ with that __file__, sys.argv[0] and
+// sys.path[0] (the script's directory, as for `python3 FILE`). Its
+// own names stay in a function, so the script's namespace is a fresh main
+// module's.
+inline constexpr std::string_view kScriptMain = R"PY(def _toolsandbox_main():
+    import os, sys
+    source = sys.stdin.buffer.read()
+    path = os.path.join(os.getcwd(), "tmp%s.py" % os.urandom(4).hex())
+    try:
+        with open(path, "xb") as f:
+            f.write(source)
+    except OSError:
+        pass
+    sys.argv[0] = path
+    sys.path[0] = os.path.dirname(path)
+    main = sys.modules["__main__"]
+    del main._toolsandbox_main
+    main.__file__ = path
+    exec(compile(source, path, "exec"), main.__dict__)
+_toolsandbox_main()
+)PY";
+
+// What the file system of a run under `p` is made of (isolate/fs_table.h);
+// `runner`: the host path of the trusted tool runner, for tool mode.
+isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner = "");
+
+// What the root spawner keeps of a policy (daemon/spawner/compiled.h): per
+// mode the command (script mode: kScriptMain; tool mode: the runner at
+// isolate::kRunnerSandboxPath, none when `runner` is "") and the table.
+Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner);
+
+// A RunSpec carrying everything the policy decides, for a command the
+// caller gives (argv, env, stdin and the file-system table left to the
+// caller: build_fs_table(fs_inputs_from(p)), plus what it adds).
 isolate::RunSpec run_spec_from(const Policy& p);
 
 }  // namespace tsb::core

@@ -16,7 +16,7 @@
 #include "daemon/policy/units.h"
 #include "isolate/engine.h"
 #include "daemon/policy/jsonc.h"
-#include "isolate/plan.h"
+#include "isolate/fs_table.h"
 #include "daemon/policy/syscall_groups.h"
 
 namespace tsb::core {
@@ -230,62 +230,36 @@ std::string cpus_text(std::uint32_t millicpus) {
 }
 
 // ---------------------------------------------------------------------------
-// File system: the rows of isolate/plan.cc's tables, with their reasons.
-// tests/unit/policy_test.cc compares these rows with build_plan()'s steps.
+// File system: the rows of the one table (isolate/fs_table.h).
 
-std::string ids(std::uint32_t uid, std::uint32_t gid) { return std::to_string(uid) + ":" + std::to_string(gid); }
-
-// Facts about this machine for the host-dependent rows, from the plan the
-// engine would build here.
-class HostPlan {
- public:
-  explicit HostPlan(const Policy& p) {
-    spec_ = run_spec_from(p);
-    spec_.argv = {p.interpreter.empty() ? std::string("python3") : p.interpreter};
-    isolate::ChildPlan plan{};
-    isolate::PlanInputs in{&spec_, kStaging, isolate::EngineConfig{}.root_tmpfs_bytes, "00000000-0000-4000-8000-000000000000"};
-    ok_ = isolate::build_plan(in, storage_, plan).ok();
+// What the engine does with a host path on this machine, as it decides per
+// run (isolate/mounts.cc): a "[host]" sentence.
+std::string host_fact(const isolate::FsEntry& e) {
+  const std::string& path = e.kind == isolate::FsEntry::kSystem ? e.path : e.source;
+  const std::string missing = e.optional ? "skipped" : "the run would fail";
+  struct stat st{};
+  if (e.kind == isolate::FsEntry::kSystem && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    char target[4096];
+    ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
+    if (n <= 0) return path + ": an unreadable symlink, skipped";
+    target[n] = '\0';
+    if (target[0] != '/' || std::string_view(target).starts_with("/usr/"))
+      return path + " -> " + target + ": the symlink is recreated";
+    char real[4096];
+    if (::realpath(path.c_str(), real) == nullptr) return path + " -> " + target + ": dangling, skipped";
+    return path + " -> " + target + ": shown as " + real + " (the host's symlink, resolved)";
   }
+  if (::stat(path.c_str(), &st) != 0) return path + ": missing on this host (" + missing + ")";
+  if (e.kind == isolate::FsEntry::kBind) return path + ": present on this host";
+  if (S_ISDIR(st.st_mode)) return path + ": directory, read-only view";
+  if (S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) <= isolate::kMaxCopiedFileBytes)
+    return path + ": file, copied read-only";
+  return path + ": bound read-only (mountinfo shows its host path)";
+}
 
-  // One "[host]" sentence for a system path or host /etc file.
-  std::string system_fact(const std::string& path) const {
-    const isolate::MountStep* s = step_for(path);
-    if (s == nullptr) return path + ": not on this host, skipped";
-    if (s->kind == isolate::MountStep::kSymlink) return path + " -> " + s->src + ": the symlink is recreated";
-    if (s->kind == isolate::MountStep::kAttach) {
-      for (const auto& m : storage_.mounts) {
-        if (&storage_.steps[m.step] != s) continue;
-        std::string from = m.host_path != path ? " of " + m.host_path + " (the host's symlink, resolved)" : "";
-        return path + ": " + (m.is_dir ? "directory, read-only view" : "file, bound read-only") + from;
-      }
-    }
-    if (s->kind == isolate::MountStep::kWriteFile) return path + ": file, copied read-only";
-    return path + ": present";
-  }
-
-  static std::string exists_fact(const std::string& host_path, const char* what) {
-    struct stat st{};
-    if (::stat(host_path.c_str(), &st) != 0) return host_path + ": missing on this host (" + what + ")";
-    return host_path + ": present on this host";
-  }
-
-  bool ok() const { return ok_; }
-
- private:
-  static constexpr const char* kStaging = "/staging";
-  isolate::RunSpec spec_;
-  isolate::PlanStorage storage_;
-  bool ok_ = false;
-
-  const isolate::MountStep* step_for(const std::string& path) const {
-    const std::string dst = std::string(kStaging) + path;
-    for (const auto& s : storage_.steps) {
-      if (s.kind == isolate::MountStep::kMkdir || s.dst == nullptr) continue;
-      if (dst == s.dst) return &s;
-    }
-    return nullptr;
-  }
-};
+// The runner's host path is the daemon configuration's, not the policy's:
+// the table is built with this stand-in, and the page names it in words.
+constexpr const char* kRunnerStandIn = "/toolsandbox-runner";
 
 }  // namespace
 
@@ -410,80 +384,56 @@ std::vector<std::string> describe_conditions(std::string_view syscall, const std
 // Mount rows.
 
 std::vector<MountRow> mount_rows(const Policy& p) {
+  using E = isolate::FsEntry;
   std::vector<MountRow> rows;
-  const auto add = [&](MountRow r) { rows.push_back(std::move(r)); };
-  const isolate::Limits& lim = p.limits;
-
-  add({"/", "tmpfs", "ro", format_size(isolate::EngineConfig{}.root_tmpfs_bytes) + " + copies",
-       "the new root: mount points, the /etc stubs and copies of small host files; nothing of the host unless listed "
-       "here"});
-  // Read-only host directories are overlays the engine makes (mountinfo
-  // shows "/", an anonymous device and no host path); small read-only host
-  // files are copied into the root tmpfs (isolate/mounts.h).
-  for (const auto& r : isolate::system_paths()) {
-    const bool optional = std::strcmp(r.path, "/usr") != 0;
-    add({r.path, "view", "ro", std::string("host ") + r.path, std::string(r.reason) + (optional ? " (if present)" : ""),
-         optional});
+  auto table = isolate::build_fs_table(fs_inputs_from(p, kRunnerStandIn));
+  if (!table.ok()) return rows;
+  std::string dev;  // the /dev row's path: the rows inside it are the engine's
+  std::map<std::string, const E*> made;  // rows by path, for what a mask covers with
+  for (const E& e : **table) {
+    made[e.path] = &e;
+    MountRow r;
+    r.path = e.path;
+    r.note = e.reason;
+    r.optional = e.optional;
+    r.entry = e;
+    r.inside_parent_mount = !dev.empty() && e.path.starts_with(dev + "/") && e.kind != E::kTmpfs;
+    const std::string size = format_size(e.size);
+    switch (e.kind) {
+      case E::kRoot: r.type = "tmpfs", r.mode = "ro", r.source = size + " + copies"; break;
+      case E::kSystem: r.type = "system", r.mode = "ro", r.source = "host " + e.path; break;
+      case E::kHost: r.type = "view", r.mode = "ro", r.source = "host " + e.source; break;
+      case E::kBind: r.type = "bind", r.mode = "rw", r.source = "host " + e.source; break;
+      case E::kTmpfs: r.type = "tmpfs", r.mode = e.noexec ? "rw,noexec" : "rw", r.source = size; break;
+      case E::kDev: r.type = "tmpfs", r.mode = "ro,noexec", r.source = size, dev = e.path; break;
+      case E::kDevNode: r.type = "device", r.mode = "rw,noexec", r.source = "like host " + e.source; break;
+      case E::kDir: r.type = "dir", r.mode = r.inside_parent_mount ? "-" : "ro", r.source = "mode " + mode_string(e.mode); break;
+      case E::kSymlink: r.type = "symlink", r.mode = "-", r.source = "-> " + e.source; break;
+      case E::kFile: r.type = "file", r.mode = "ro", r.source = "generated"; break;
+      case E::kBootId: r.type = "file", r.mode = "ro", r.source = "random per run"; break;
+      case E::kProc: r.type = "proc", r.mode = "rw,noexec", r.source = "new instance"; break;
+      case E::kMask: {
+        const E* cover = made.count(e.source) ? made[e.source] : nullptr;
+        r.type = "masked", r.mode = "ro";
+        r.source = !cover                       ? "covered by " + e.source
+                   : cover->kind == E::kBootId  ? "random per run"
+                   : cover->kind == E::kDir     ? "empty directory"
+                   : cover->data.empty()        ? "empty file"
+                                                : "covered by " + e.source;
+        break;
+      }
+      case E::kReadOnly: r.type = "bind", r.mode = "ro", r.source = "itself"; break;
+    }
+    if (e.path == isolate::kRunnerSandboxPath) r.source = "the daemon's runner";
+    if (e.kind == E::kHost || e.kind == E::kBind) {
+      if (auto why = sensitive_host_path_reason(e.source); why && e.source != kRunnerStandIn) {
+        r.note += "; sensitive host path: " + std::string(*why);
+        r.flagged = true;
+      }
+      r.flagged = r.flagged || e.kind == E::kBind;
+    }
+    rows.push_back(std::move(r));
   }
-  const std::string home = p.workdir;
-  add({"/etc/passwd", "file", "ro", "generated",
-       "root (0), sandbox (" + ids(p.uid, p.gid) + ", home " + home + "), nobody: no host accounts"});
-  add({"/etc/group", "file", "ro", "generated", "root, sandbox (" + std::to_string(p.gid) + "), nogroup"});
-  add({"/etc/hostname", "file", "ro", "generated", quoted_for_message(p.hostname)});
-  add({"/etc/hosts", "file", "ro", "generated", "localhost and " + quoted_for_message(p.hostname) + " only"});
-  add({"/etc/nsswitch.conf", "file", "ro", "generated", "accounts from files; host names from files, then DNS"});
-  for (const auto& r : isolate::etc_paths_always())
-    add({r.path, "copy", "ro", std::string("host ") + r.path, std::string(r.reason) + " (if present)", true});
-  for (const auto& r : isolate::etc_paths_network()) {
-    MountRow row{r.path, "copy", "ro", std::string("host ") + r.path, std::string(r.reason) + " (if present)", true};
-    row.host_network_only = true;
-    add(std::move(row));
-  }
-  if (!p.venv.empty())
-    add({std::string(isolate::kVenvPath), "view", "ro", "host " + p.venv, "the Python environment"});
-  add({"/tmp", "tmpfs", "rw,noexec", format_size(lim.tmp_bytes), "scratch space, mode 1777; counts toward memory"});
-  add({p.workdir, "tmpfs", "rw,noexec", format_size(lim.work_bytes),
-       "working directory, mode 0700, owned by " + ids(p.uid, p.gid) + "; counts toward memory"});
-  // Extra binds, shallowest first, as the plan mounts them.
-  std::vector<const isolate::BindMount*> binds;
-  for (const auto& b : p.binds) binds.push_back(&b);
-  std::stable_sort(binds.begin(), binds.end(), [](const auto* a, const auto* b) {
-    return std::count(a->target.begin(), a->target.end(), '/') < std::count(b->target.begin(), b->target.end(), '/');
-  });
-  for (const auto* b : binds) {
-    std::string note = b->writable ? "READ-WRITE: the tool can change these host files (mountinfo shows the host path)"
-                                   : "extra path from the policy: a directory as a view, a small file as a copy";
-    if (auto why = sensitive_host_path_reason(b->source)) note += "; sensitive host path: " + std::string(*why);
-    if (b->optional) note += " (skipped when missing)";
-    MountRow row{b->target, b->writable ? "bind" : "view", b->writable ? "rw" : "ro", "host " + b->source, note,
-                 b->optional};
-    row.flagged = b->writable || sensitive_host_path_reason(b->source).has_value();
-    add(std::move(row));
-  }
-  add({"/proc", "proc", "rw,noexec", "new instance", "processes of this pid namespace only"});
-  add({"/.masked", "file", "ro", "generated", "empty file bound over the masked /proc files"});
-  add({"/.boot_id", "file", "ro", "generated", "a random boot id for this run, bound over the host's"});
-  for (const auto& m : isolate::proc_masks()) {
-    const char* how = m.kind == isolate::ProcMask::kFile     ? "empty file"
-                      : m.kind == isolate::ProcMask::kDir    ? "empty directory"
-                      : m.kind == isolate::ProcMask::kBootId ? "random per run"
-                                                             : "itself";
-    add({std::string("/proc") + m.path, m.kind == isolate::ProcMask::kReadOnly ? "bind" : "masked", "ro", how,
-         std::string(m.reason) + " (if present)", true});
-  }
-  add({"/dev", "tmpfs", "ro,noexec", "64KiB",
-       "made by the engine with the device nodes and links below, then read-only; mode 0755"});
-  for (const char* d : isolate::device_names()) {
-    const std::string path = std::string("/dev/") + d;
-    add({path, "device", "rw,noexec", "like host " + path, "character device node (/dev is the only mount without nodev)",
-         false, false, false, true});
-  }
-  add({"/dev/fd", "symlink", "-", "-> /proc/self/fd", "", false, false, false, true});
-  add({"/dev/stdin", "symlink", "-", "-> /proc/self/fd/0", "", false, false, false, true});
-  add({"/dev/stdout", "symlink", "-", "-> /proc/self/fd/1", "", false, false, false, true});
-  add({"/dev/stderr", "symlink", "-", "-> /proc/self/fd/2", "", false, false, false, true});
-  add({"/dev/shm", "tmpfs", "rw,noexec", format_size(std::min<std::uint64_t>(lim.tmp_bytes, 64ull << 20)),
-       "POSIX shared memory, mode 1777; counts toward memory"});
   return rows;
 }
 
@@ -547,38 +497,19 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
          "          pipe), and init ends it itself 5 s (or 10 %) after the wall timeout if the daemon does not\n";
   out << "  hidden  /proc/cmdline masked; boot_id random per run; mountinfo names no host path, device or uid\n";
 
-  out << "\nFile system (in the order it is built; every mount is nosuid and nodev except /dev; a system path\n"
-         "that is a symlink on the host is recreated as that symlink; a view is a read-only overlay of the host\n"
-         "directory, a copy a read-only copy of a small host file, so mountinfo names no host path)\n";
+  out << "\nFile system (the table the sandbox is built from, in order; every mount is nosuid and nodev except\n"
+         "/dev. system: a host path as the host has it (a symlink recreated, a directory a view, a small file a\n"
+         "copy); view: a read-only overlay of a host directory, or a read-only copy of a small host file, so\n"
+         "mountinfo names no host path; rows inside /dev are made by the engine before /dev turns read-only)\n";
   out << "  " << pad("PATH", 24) << pad("TYPE", 9) << pad("MODE", 11) << pad("SOURCE", 32) << "NOTE\n";
-  std::optional<HostPlan> host;
-  if (options.host_facts) host.emplace(p);
-  const std::set<std::string> host_checked = [] {
-    std::set<std::string> s;
-    for (const auto& r : isolate::system_paths()) s.insert(r.path);
-    for (const auto& r : isolate::etc_paths_always()) s.insert(r.path);
-    for (const auto& r : isolate::etc_paths_network()) s.insert(r.path);
-    return s;
-  }();
-  std::string skipped_network_etc;
   for (const auto& r : mount_rows(p)) {
-    if (r.host_network_only && !host_net) {
-      skipped_network_etc += (skipped_network_etc.empty() ? "" : ", ") + r.path;
-      continue;
-    }
     out << line(r.flagged, " " + pad(r.path, 24) + pad(r.type, 9) + pad(r.mode, 11) + pad(r.source, 32) + r.note);
-    if (!host || !host->ok()) continue;
-    if (host_checked.count(r.path)) {
-      out << "  [host] " << host->system_fact(r.path) << "\n";
-    } else if (r.path == isolate::kVenvPath) {
-      out << "  [host] " << HostPlan::exists_fact(p.venv, "the run would fail") << "\n";
-    } else if ((r.type == "bind" || r.type == "view") && r.source.rfind("host ", 0) == 0 &&
-               r.path.rfind("/proc/", 0) != 0) {
-      out << "  [host] " << HostPlan::exists_fact(r.source.substr(5), r.optional ? "skipped" : "the run would fail") << "\n";
-    }
+    using E = isolate::FsEntry;
+    const E& e = r.entry;
+    if (options.host_facts && (e.kind == E::kSystem || e.kind == E::kHost || e.kind == E::kBind) &&
+        e.source != kRunnerStandIn)
+      out << "  [host] " << host_fact(e) << "\n";
   }
-  if (!skipped_network_etc.empty())
-    out << "  (not bound, as network is \"none\": " << skipped_network_etc << ")\n";
 
   out << "\nLimits\n";
   const auto limit = [&](const char* key, const std::string& value, const std::string& note) {

@@ -8,10 +8,10 @@
 // every one of them is listed again under "Dangerous grants", which says the
 // same as `policy lint` (daemon/policy/policy_lint.h).
 //
-// The syscall vocabulary is daemon/policy/syscall_groups.h; the /proc masks and
-// their reasons come from isolate::proc_masks(); the file-system rows are
-// checked against isolate::build_plan() by tests/unit/policy_test.cc, so the
-// page cannot drift from what the engine builds.
+// The syscall vocabulary is daemon/policy/syscall_groups.h; the file-system
+// rows are the one table (isolate/fs_table.h) the engine and
+// toolsandbox-init execute, reasons included, so the page cannot drift from
+// what is built.
 #pragma once
 
 #include <map>
@@ -71,27 +71,29 @@ std::vector<std::string> describe_conditions(std::string_view syscall, const std
 // The page.
 
 struct ExplainOptions {
-  // Add "[host]" lines describing this machine (what build_plan would bind
-  // here). Off for snapshots and for pages meant to be compared across hosts.
+  // Add "[host]" lines describing this machine (what the engine would make
+  // of each host path here). Off for snapshots and for pages meant to be
+  // compared across hosts.
   bool host_facts = true;
 };
 
 std::string explain_policy(const Policy& policy, const ExplainOptions& options = {});
 
-// One row of the file-system table, in the order the sandbox is built.
+// One row of the file-system table, in the order the sandbox is built, in
+// the page's words.
 struct MountRow {
   std::string path;    // inside the sandbox
-  std::string type;    // tmpfs, view, copy, bind, file, proc, device, symlink, masked
+  std::string type;    // tmpfs, system, view, bind, file, dir, proc, device, symlink, masked
   std::string mode;    // ro, rw, rw,noexec, ...
   std::string source;  // "host /usr", "generated", "64MiB", "-> /proc/self/fd"
-  std::string note;
+  std::string note;    // the row's reason
   bool optional = false;   // skipped when the host lacks it
   bool flagged = false;    // a dangerous grant
-  bool host_network_only = false;
   bool inside_parent_mount = false;  // made by the engine inside the mount above (/dev's nodes), not a step
+  isolate::FsEntry entry;  // the table's row
 };
-// The rows for `policy` (both the network-none and the host-network /etc
-// rows are returned; host_network_only marks the latter).
+// The rows for `policy`: its tool-mode table (the script-mode one without
+// the runner's row), as isolate::build_fs_table makes it.
 std::vector<MountRow> mount_rows(const Policy& policy);
 
 // `toolsandbox policy explain NAME --compare PROFILE`: the differences

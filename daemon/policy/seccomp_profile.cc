@@ -22,6 +22,7 @@
 #include "isolate/base/hash.h"
 #include "daemon/policy/jsonc.h"
 #include "isolate/base/unique_fd.h"
+#include "isolate/host_facts.h"
 
 namespace tsb::policy {
 namespace {
@@ -954,7 +955,16 @@ Result<std::shared_ptr<const SeccompProgram>> compile_init_filter() {
 Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig config) {
   auto filter = compile_init_filter();
   if (!filter.ok()) return std::move(filter).error().wrap("compiling the init filter");
+  TSB_TRY(complete_engine_config(config), "engine");
   return isolate::Engine::create(std::move(config), std::move(filter).value());
+}
+
+Status complete_engine_config(isolate::EngineConfig& config) {
+  auto layout = isolate::read_cgroup_layout();
+  if (!layout.ok()) return std::move(layout).error();
+  config.cgroup_layout = std::move(layout).value();
+  config.init_path = isolate::find_init(config.init_path);
+  return {};
 }
 
 }  // namespace tsb::policy

@@ -44,6 +44,33 @@ std::shared_ptr<const isolate::SeccompProgram> get_program(Reader& r) {
   return p;
 }
 
+// A file-system table (isolate/fs.h): each row's kind, stage and flags
+// known; its paths are checked where they are used (the engine makes the
+// mounts, toolsandbox-init refuses "." and "..").
+std::shared_ptr<const isolate::FsTable> get_table(Reader& r) {
+  auto t = std::make_shared<isolate::FsTable>();
+  std::uint32_t n = r.count(4096, 24);
+  for (std::uint32_t i = 0; i < n && r.ok(); ++i) {
+    isolate::FsEntry e;
+    const std::uint8_t kind = r.u8(), stage = r.u8(), flags = r.u8();
+    if (kind > isolate::kFsKindLast || stage >= static_cast<std::uint8_t>(isolate::Stage::kCount) || flags > 7) r.fail();
+    e.kind = static_cast<isolate::FsEntry::Kind>(kind);
+    e.stage = static_cast<isolate::Stage>(stage);
+    e.tool_owned = flags & 1;
+    e.noexec = flags & 2;
+    e.optional = flags & 4;
+    e.path = r.str(kMaxName);
+    e.source = r.str(kMaxName);
+    e.data = r.str(kMaxValue);
+    e.size = r.u64();
+    e.inodes = r.u32();
+    e.mode = r.u32();
+    t->push_back(std::move(e));
+  }
+  if (t->empty() || t->front().kind != isolate::FsEntry::kRoot) r.fail();
+  return t;
+}
+
 std::map<std::string, std::string> get_map(Reader& r, std::uint32_t max_count) {
   std::map<std::string, std::string> m;
   std::uint32_t n = r.count(max_count, 8);
@@ -66,12 +93,20 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
   CompiledSet s;
   isolate::EngineConfig& e = s.engine;
   e.cgroup_parent = r.str(kMaxName);
+  isolate::CgroupLayout& cl = e.cgroup_layout;
+  cl.v2_mount = r.str(kMaxName);
+  cl.v2_controllers = r.strs(64, kMaxName);
+  cl.own_v2 = r.str(kMaxName);
+  std::uint32_t nv1 = r.count(64, 12);
+  for (std::uint32_t i = 0; i < nv1 && r.ok(); ++i) {
+    std::string controller = r.str(kMaxName), mount = r.str(kMaxName), own = r.str(kMaxName);
+    cl.v1.push_back({std::move(controller), std::move(mount), std::move(own)});
+  }
   e.state_dir = r.str(kMaxName);
   e.uid_base = r.u32();
   e.uid_slots = r.u32();
   e.init_path = r.str(kMaxName);
   e.leaf_prefix = r.str(kMaxName);
-  e.root_tmpfs_bytes = r.u64();
   e.hide_host_paths = r.flag();
   e.sandbox_oom_score_adj = r.i32();
   s.init_filter = get_program(r);
@@ -82,7 +117,6 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
   s.front_end_uid = r.u32();
   s.front_end_gid = r.u32();
   s.e2b_key_file = r.str(kMaxName);
-  s.runner_path = r.str(kMaxName);
   s.max_concurrent_runs = r.u32();
   s.shutdown_grace = std::chrono::milliseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
   std::uint32_t n = r.count(kMaxPolicies, 64);
@@ -92,41 +126,34 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
     p.fingerprint = r.str(kMaxName);
     p.local = r.flag();
     p.limits = get_limits(r);
-    p.venv = r.str(kMaxName);
     p.workdir = r.str(kMaxName);
-    std::uint32_t nb = r.count(4096, 10);
-    for (std::uint32_t j = 0; j < nb && r.ok(); ++j) {
-      isolate::BindMount b;
-      b.source = r.str(kMaxName);
-      b.target = r.str(kMaxName);
-      b.writable = r.flag();
-      b.optional = r.flag();
-      p.binds.push_back(std::move(b));
-    }
+    p.hostname = r.str(kMaxName);
     p.network = r.flag() ? isolate::NetworkMode::Host : isolate::NetworkMode::None;
     p.env_set = get_map(r, kMaxEnvVars);
     p.env_allow = r.strs(kMaxEnvVars, kMaxName);
     p.seccomp = get_program(r);
     p.uid = r.u32();
     p.gid = r.u32();
-    p.interpreter = r.str(kMaxName);
-    p.hostname = r.str(kMaxName);
+    for (auto& m : p.modes) {
+      m.argv = r.strs(64, kMaxValue);
+      m.fs = get_table(r);
+    }
     s.policies.push_back(std::move(p));
   }
   if (!r.done()) return Error::invalid("the compiled policy set is malformed", EPROTO);
   // What the engine and the front end's start rely on.
   if (s.front_end_uid == 0) return Error::invalid("the compiled set names uid 0 for the front end", EPROTO);
   for (const SpawnPolicy& p : s.policies)
-    if (p.interpreter.empty() || p.interpreter[0] != '/' || p.name.empty())
+    if (p.name.empty() || p.modes[0].argv.empty() || p.modes[0].argv[0].empty() || p.modes[0].argv[0][0] != '/')
       return Error::invalid("the compiled set holds a policy without a name or an absolute interpreter", EPROTO);
   return s;
 }
 
-isolate::RunSpec run_spec_from(const SpawnPolicy& p) {
+isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode) {
   isolate::RunSpec s;
+  s.argv = p.modes[static_cast<int>(mode)].argv;
+  s.fs = p.modes[static_cast<int>(mode)].fs;
   s.limits = p.limits;
-  s.venv = p.venv;
-  s.binds = p.binds;
   s.network = p.network;
   s.seccomp = p.seccomp;
   s.sandbox_uid = p.uid;
@@ -224,21 +251,23 @@ std::string encode(const Refused& m) {
 }
 
 std::string encode(const Ended& m) {
-  const isolate::RunResult& x = m.result;
+  const isolate::Observations& o = m.observations;
   Writer w;
   w.u8(static_cast<std::uint8_t>(Msg::Ended));
   w.u64(m.id);
-  w.str(x.run_id);
-  w.u8(static_cast<std::uint8_t>(x.reason));
-  w.i32(x.exit_code);
-  w.i32(x.signal);
-  w.i32(static_cast<std::int32_t>(x.setup_stage));
-  w.i32(x.setup_errno);
-  w.str(x.error);
-  w.u64(static_cast<std::uint64_t>(x.wall.count()));
-  w.u64(static_cast<std::uint64_t>(x.cpu.count()));
-  w.u64(x.peak_memory_bytes);
-  w.u32(x.host_uid);
+  w.str(m.run_id);
+  w.u32(m.host_uid);
+  w.u64(static_cast<std::uint64_t>(m.wall.count()));
+  w.u64(static_cast<std::uint64_t>(m.cpu.count()));
+  w.u64(m.peak_memory_bytes);
+  for (bool f : {o.have_tool_status, o.have_setup_error, o.timed_out, o.output_exceeded, o.cpu_exceeded, o.cancelled,
+                 o.backstop, o.socket_limit_reached})
+    w.u8(f ? 1 : 0);
+  for (int v : {o.tool_status, o.setup_stage, o.setup_errno, o.backstop_s, o.engine_errno}) w.i32(v);
+  w.u64(o.oom_kills);
+  w.u64(o.pids_max_hits);
+  w.str(o.engine_error);
+  w.str(o.cleanup_error);
   return w.take();
 }
 

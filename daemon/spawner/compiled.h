@@ -19,6 +19,8 @@
 #include "daemon/spawner/wire.h"
 #include "isolate/base/result.h"
 #include "isolate/engine.h"
+#include "isolate/fs.h"
+#include "isolate/outcome.h"
 #include "isolate/seccomp.h"
 #include "isolate/spec.h"
 
@@ -31,21 +33,27 @@ struct SpawnPolicy {
   std::string fingerprint;  // the policy's "sha256:..." (the front end names the one it placed)
   bool local = true;        // false: the policy runs on E2B, never here
   isolate::Limits limits;   // wall_timeout is the most a request may ask for
-  std::string venv;
   std::string workdir;
-  std::vector<isolate::BindMount> binds;
+  std::string hostname;
   isolate::NetworkMode network = isolate::NetworkMode::None;
   std::map<std::string, std::string> env_set;  // fixed values
   std::vector<std::string> env_allow;          // names (or PREFIX_*) a request may set
   std::shared_ptr<const isolate::SeccompProgram> seccomp;
   std::uint32_t uid = 1000, gid = 1000;
-  std::string interpreter;
-  std::string hostname;
+  // Per RunMode (Script, Tool): the command and the file-system table
+  // (isolate/fs_table.h), both made by the compile helper. A mode without a
+  // command does not run here (tool mode when no runner is installed).
+  struct Mode {
+    std::vector<std::string> argv;
+    std::shared_ptr<const isolate::FsTable> fs;
+  };
+  Mode modes[2];
 };
 
-// A RunSpec carrying everything the policy decides (argv, env, stdin and
-// label left empty): the one place a policy becomes an engine's spec.
-isolate::RunSpec run_spec_from(const SpawnPolicy& p);
+// The RunSpec of a run of `p` in `mode`: everything the policy decides
+// (env, stdin and label left to the run). The one place a policy becomes an
+// engine's spec.
+isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode);
 
 struct CompiledSet {
   isolate::EngineConfig engine;
@@ -58,7 +66,6 @@ struct CompiledSet {
   std::string front_end_user;
   std::uint32_t front_end_uid = 0, front_end_gid = 0;
   std::string e2b_key_file;  // "" = none; opened by the spawner, read by the front end
-  std::string runner_path;   // the trusted tool runner on the host ("" = not installed)
   std::uint32_t max_concurrent_runs = 8;
   std::chrono::milliseconds shutdown_grace{30000};
   std::vector<SpawnPolicy> policies;
@@ -78,33 +85,6 @@ Result<std::vector<std::string>> build_environment(const std::string& policy_nam
                                                    const std::map<std::string, std::string>& request);
 bool env_name_allowed(const std::vector<std::string>& env_allow, std::string_view name);
 bool valid_env_name(std::string_view name);
-
-// Where the trusted tool runner appears inside a sandbox (bound read-only).
-inline constexpr const char* kRunnerSandboxPath = "/opt/toolsandbox/runner/toolsandbox_runner.py";
-
-// Script mode's `python3 -c` program: reads the script from stdin, writes it
-// to a tmpXXXXXXXX.py file in the working directory (as Letta's temporary
-// script), and runs it as __main__ with that __file__, sys.argv[0] and
-// sys.path[0] (the script's directory, as for `python3 FILE`). Its
-// own names stay in a function, so the script's namespace is a fresh main
-// module's.
-inline constexpr std::string_view kScriptMain = R"PY(def _toolsandbox_main():
-    import os, sys
-    source = sys.stdin.buffer.read()
-    path = os.path.join(os.getcwd(), "tmp%s.py" % os.urandom(4).hex())
-    try:
-        with open(path, "xb") as f:
-            f.write(source)
-    except OSError:
-        pass
-    sys.argv[0] = path
-    sys.path[0] = os.path.dirname(path)
-    main = sys.modules["__main__"]
-    del main._toolsandbox_main
-    main.__file__ = path
-    exec(compile(source, path, "exec"), main.__dict__)
-_toolsandbox_main()
-)PY";
 
 // ---- messages ------------------------------------------------------------
 
@@ -140,11 +120,17 @@ struct Refused {
   std::string message;
 };
 
-// The end of a run: the engine's RunResult without the output, which the
-// front end read itself from the pipes.
+// The end of a run: what the spawner measured and observed (the front end
+// classifies it, isolate/outcome.h, and read the output itself from the
+// pipes). Also the answer to an order the engine could not start
+// (observations.engine_error).
 struct Ended {
   std::uint64_t id = 0;
-  isolate::RunResult result;
+  std::string run_id;
+  std::uint32_t host_uid = 0;
+  std::chrono::nanoseconds wall{0}, cpu{0};
+  std::uint64_t peak_memory_bytes = 0;
+  isolate::Observations observations;
 };
 
 struct Kill {
@@ -171,6 +157,9 @@ Result<RunOrder> decode_run(std::string_view b);
 Result<Started> decode_started(std::string_view b);
 Result<Refused> decode_refused(std::string_view b);
 Result<Ended> decode_ended(std::string_view b);
+// The front end's view of an end: the measurements, and the end reason and
+// sentence classified from the observations (isolate/outcome.h).
+isolate::RunResult run_result_from(const Ended& e);
 Result<Kill> decode_kill(std::string_view b);
 Result<std::string> decode_notify(std::string_view b);
 

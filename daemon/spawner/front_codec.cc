@@ -34,6 +34,21 @@ void put_program(Writer& w, const isolate::SeccompProgram& p) {
   w.str(p.sha256);
 }
 
+void put_table(Writer& w, const isolate::FsTable& t) {
+  w.u32(static_cast<std::uint32_t>(t.size()));
+  for (const isolate::FsEntry& e : t) {
+    w.u8(e.kind);
+    w.u8(static_cast<std::uint8_t>(e.stage));
+    w.u8((e.tool_owned ? 1 : 0) | (e.noexec ? 2 : 0) | (e.optional ? 4 : 0));
+    w.str(e.path);
+    w.str(e.source);
+    w.str(e.data);
+    w.u64(e.size);
+    w.u32(e.inodes);
+    w.u32(e.mode);
+  }
+}
+
 void put_map(Writer& w, const std::map<std::string, std::string>& m) {
   w.u32(static_cast<std::uint32_t>(m.size()));
   for (const auto& [k, v] : m) {
@@ -49,12 +64,21 @@ std::string encode_compiled_set(const CompiledSet& s) {
   for (char c : kSetMagic) w.u8(static_cast<std::uint8_t>(c));
   const isolate::EngineConfig& e = s.engine;
   w.str(e.cgroup_parent);
+  const isolate::CgroupLayout& cl = e.cgroup_layout;
+  w.str(cl.v2_mount);
+  w.strs(cl.v2_controllers);
+  w.str(cl.own_v2);
+  w.u32(static_cast<std::uint32_t>(cl.v1.size()));
+  for (const auto& h : cl.v1) {
+    w.str(h.controller);
+    w.str(h.mount);
+    w.str(h.own);
+  }
   w.str(e.state_dir);
   w.u32(e.uid_base);
   w.u32(e.uid_slots);
   w.str(e.init_path);
   w.str(e.leaf_prefix);
-  w.u64(e.root_tmpfs_bytes);
   w.u8(e.hide_host_paths ? 1 : 0);
   w.i32(e.sandbox_oom_score_adj);
   put_program(w, *s.init_filter);
@@ -65,7 +89,6 @@ std::string encode_compiled_set(const CompiledSet& s) {
   w.u32(s.front_end_uid);
   w.u32(s.front_end_gid);
   w.str(s.e2b_key_file);
-  w.str(s.runner_path);
   w.u32(s.max_concurrent_runs);
   w.u64(static_cast<std::uint64_t>(s.shutdown_grace.count()));
   w.u32(static_cast<std::uint32_t>(s.policies.size()));
@@ -74,23 +97,18 @@ std::string encode_compiled_set(const CompiledSet& s) {
     w.str(p.fingerprint);
     w.u8(p.local ? 1 : 0);
     put_limits(w, p.limits);
-    w.str(p.venv);
     w.str(p.workdir);
-    w.u32(static_cast<std::uint32_t>(p.binds.size()));
-    for (const auto& b : p.binds) {
-      w.str(b.source);
-      w.str(b.target);
-      w.u8(b.writable ? 1 : 0);
-      w.u8(b.optional ? 1 : 0);
-    }
+    w.str(p.hostname);
     w.u8(p.network == isolate::NetworkMode::Host ? 1 : 0);
     put_map(w, p.env_set);
     w.strs(p.env_allow);
     put_program(w, *p.seccomp);
     w.u32(p.uid);
     w.u32(p.gid);
-    w.str(p.interpreter);
-    w.str(p.hostname);
+    for (const auto& m : p.modes) {
+      w.strs(m.argv);
+      put_table(w, m.fs ? *m.fs : isolate::FsTable{});
+    }
   }
   return w.take();
 }
@@ -143,22 +161,34 @@ Result<Refused> decode_refused(std::string_view b) {
 Result<Ended> decode_ended(std::string_view b) {
   Reader r = open_message(b, Msg::Ended);
   Ended m;
-  isolate::RunResult& x = m.result;
+  isolate::Observations& o = m.observations;
   m.id = r.u64();
-  x.run_id = r.str(kMaxName);
-  std::uint8_t reason = r.u8();
-  if (reason > static_cast<std::uint8_t>(isolate::EndReason::Cancelled)) r.fail();
-  x.reason = static_cast<isolate::EndReason>(reason);
-  x.exit_code = r.i32();
-  x.signal = r.i32();
-  x.setup_stage = static_cast<isolate::Stage>(r.i32());
-  x.setup_errno = r.i32();
-  x.error = r.str(kMaxValue);
-  x.wall = std::chrono::nanoseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
-  x.cpu = std::chrono::nanoseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
-  x.peak_memory_bytes = r.u64();
-  x.host_uid = r.u32();
+  m.run_id = r.str(kMaxName);
+  m.host_uid = r.u32();
+  m.wall = std::chrono::nanoseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  m.cpu = std::chrono::nanoseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  m.peak_memory_bytes = r.u64();
+  for (bool* f : {&o.have_tool_status, &o.have_setup_error, &o.timed_out, &o.output_exceeded, &o.cpu_exceeded,
+                  &o.cancelled, &o.backstop, &o.socket_limit_reached})
+    *f = r.flag();
+  for (int* v : {&o.tool_status, &o.setup_stage, &o.setup_errno, &o.backstop_s, &o.engine_errno}) *v = r.i32();
+  if (o.setup_stage < 0 || o.setup_stage >= static_cast<int>(isolate::Stage::kCount)) r.fail();
+  o.oom_kills = r.u64();
+  o.pids_max_hits = r.u64();
+  o.engine_error = r.str(kMaxValue);
+  o.cleanup_error = r.str(kMaxValue);
   return finish_message(r, std::move(m), "ended");
+}
+
+isolate::RunResult run_result_from(const Ended& e) {
+  isolate::RunResult r;
+  r.run_id = e.run_id;
+  r.host_uid = e.host_uid;
+  r.wall = e.wall;
+  r.cpu = e.cpu;
+  r.peak_memory_bytes = e.peak_memory_bytes;
+  isolate::classify(e.observations, r);
+  return r;
 }
 
 std::string encode(const Kill& m) {

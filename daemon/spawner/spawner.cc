@@ -387,25 +387,19 @@ void Spawner::handle_run(const std::string& msg) {
   if (live >= set_.max_concurrent_runs)
     return refuse(o.id, RefuseCode::Busy, "max_concurrent_runs (" + std::to_string(set_.max_concurrent_runs) + ") reached");
 
-  isolate::RunSpec spec = run_spec_from(*p);
+  isolate::RunSpec spec = run_spec_from(*p, o.mode);
+  if (spec.argv.empty()) return refuse(o.id, RefuseCode::OutOfBounds, "the tool runner is not installed on this host");
   spec.limits.wall_timeout = o.timeout;
   spec.env = std::move(env).value();
   spec.label = o.label;
-  if (o.mode == RunMode::Tool) {
-    if (set_.runner_path.empty()) return refuse(o.id, RefuseCode::OutOfBounds, "the tool runner is not installed on this host");
-    spec.binds.push_back({set_.runner_path, kRunnerSandboxPath, false, false});
-    spec.argv = {p->interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", std::string(kRunnerSandboxPath)};
-  } else {
-    // The script arrives on stdin (no argv size limit) and runs as Letta
-    // runs it, as the main program from a .py file in the working directory:
-    // __file__, sys.argv[0] and the module are those of a script file.
-    spec.argv = {p->interpreter, "-c", std::string(kScriptMain)};
-  }
 
   auto spawned = engine_->spawn(spec);
   if (!spawned.ok()) {
     spdlog::error("spawn failed: {}", spawned.error().message);
-    Ended e{o.id, isolate::setup_failure_result(spawned.error())};
+    Ended e;
+    e.id = o.id;
+    e.observations.engine_error = spawned.error().message;
+    e.observations.engine_errno = spawned.error().code;
     send(encode(e));
     return;
   }
@@ -483,25 +477,25 @@ void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds)
 
 void Spawner::finish(Live& l) {
   isolate::Sandbox& sb = *l.sb;
-  const auto ended = Clock::now();
+  Ended e;
+  e.id = l.id;
+  e.wall = Clock::now() - sb.started();
   (void)sb.reap();
-  isolate::RunResult r;
-  r.run_id = sb.run_id();
-  r.host_uid = sb.host_uid();
-  isolate::read_reports(sb.report_fd(), l.obs);
+  e.run_id = sb.run_id();
+  e.host_uid = sb.host_uid();
+  sb.read_reports(l.obs);
   isolate::CgroupStats cs = sb.cgroup().stats();
   l.obs.oom_kills = cs.oom_kills;
   l.obs.pids_max_hits = cs.pids_max_hits;
   l.obs.socket_limit_reached = sb.cgroup().socket_limit_reached();
   l.obs.cancelled = sb.cancelled();
-  r.cpu = cs.cpu;
-  r.peak_memory_bytes = cs.peak_memory_bytes;
-  r.wall = ended - sb.started();
-  isolate::classify(l.obs, r);
+  e.cpu = cs.cpu;
+  e.peak_memory_bytes = cs.peak_memory_bytes;
   // One non-blocking attempt; a leaf still busy goes to the engine's
   // pending clean-up with the Sandbox, collected on later turns.
-  if (auto done = sb.try_remove_cgroup(); !done.ok() && r.error.empty()) r.error = done.error().message;
-  if (!l.orphan) send(encode(Ended{l.id, std::move(r)}));
+  if (auto done = sb.try_remove_cgroup(); !done.ok()) l.obs.cleanup_error = done.error().message;
+  e.observations = std::move(l.obs);
+  if (!l.orphan) send(encode(e));
 }
 
 void Spawner::check_limits(Clock::time_point now) {
@@ -578,11 +572,11 @@ void Spawner::reload() {
     spdlog::error("reload: keeping the current configuration and policies: {}", set.error().message);
   } else {
     // Engine, socket and front end user need a restart; policies, the
-    // runner, the key file and the run limit change now.
+    // tool runner (its row and command), the key file and the run limit
+    // change now.
     previous_ = std::move(set_.policies);
     previous_until_ = Clock::now() + kPreviousSetLifetime;
     set_.policies = std::move(set->policies);
-    set_.runner_path = set->runner_path;
     set_.e2b_key_file = set->e2b_key_file;
     set_.max_concurrent_runs = set->max_concurrent_runs;
     set_.shutdown_grace = set->shutdown_grace;

@@ -252,20 +252,45 @@ def program(name, insns):
         + wstr(b"0" * 64)
 
 
+def fs_row(kind, stage, path, source=b"", data=b"", size=0, inodes=0, mode=0o755, flags=0):
+    # isolate/fs.h: FsEntry::Kind, isolate/stage.h: Stage; flags 1 tool_owned, 2 noexec, 4 optional
+    return u8(kind) + u8(stage) + u8(flags) + wstr(path) + wstr(source) + wstr(data) + u64(size) + u32(inodes) + u32(mode)
+
+
+def fs_table(runner):
+    rows = [fs_row(0, 5, b"/", size=1 << 20, inodes=4096),                      # kRoot, mount-root
+            fs_row(1, 7, b"/usr"),                                               # kSystem, mount-bind
+            fs_row(9, 6, b"/etc/hostname", data=b"sandbox\n", mode=0o644),       # kFile, mount-skeleton
+            fs_row(2, 7, b"/venv", b"/var/lib/toolsandbox/venv"),                 # kHost
+            fs_row(4, 8, b"/tmp", size=64 << 20, inodes=16384, mode=0o1777, flags=2),  # kTmpfs, mount-tmpfs
+            fs_row(3, 7, b"/data", b"/srv/data", flags=4),                        # kBind, optional
+            fs_row(11, 9, b"/proc", mode=0o555),                                  # kProc, mount-proc
+            fs_row(12, 10, b"/proc/kcore", b"/.masked"),                          # kMask, mask-proc
+            fs_row(5, 11, b"/dev", size=64 << 10, inodes=64, flags=2),           # kDev, mount-dev
+            fs_row(6, 11, b"/dev/null", b"/dev/null")]                            # kDevNode
+    if runner:
+        rows.append(fs_row(2, 7, b"/opt/toolsandbox/runner/toolsandbox_runner.py", runner))
+    return u32(len(rows)) + b"".join(rows)
+
+
 def compiled_set():
     allow = [(0x06, 0, 0, 0x7fff0000)]  # BPF_RET | BPF_K, SECCOMP_RET_ALLOW
     limits = u64(512 << 20) + u64(64) + u32(1000) + u64(60000) + u64(60000) + b"".join(u64(64 << 20) for _ in range(3)) \
         + u64(256) + u64(1 << 20) + u64(1 << 20)
-    policy = (wstr(b"default") + wstr(b"sha256:" + b"ab" * 32) + u8(1) + limits + wstr(b"/var/lib/toolsandbox/venv")
-              + wstr(b"/work") + u32(1) + wstr(b"/srv/data") + wstr(b"/data") + u8(0) + u8(1) + u8(0)
-              + wmap({b"PATH": b"/venv/bin:/usr/bin", b"HOME": b"/work"}) + wstrs([b"LETTA_*", b"TZ"])
-              + program(b"seccomp/default.json", allow) + u32(1000) + u32(1000) + wstr(b"/venv/bin/python3")
-              + wstr(b"sandbox"))
-    return (b"TSBSET1\n" + wstr(b"/toolsandbox") + wstr(b"/run/toolsandbox") + u32(1 << 30) + u32(1024) + wstr(b"")
-            + wstr(b"run") + u64(1 << 20) + u8(1) + u32(1000) + program(b"<sandbox init filter>", allow)
+    runner = b"/usr/share/toolsandbox/runner/toolsandbox_runner.py"
+    policy = (wstr(b"default") + wstr(b"sha256:" + b"ab" * 32) + u8(1) + limits + wstr(b"/work") + wstr(b"sandbox")
+              + u8(0) + wmap({b"PATH": b"/venv/bin:/usr/bin", b"HOME": b"/work"}) + wstrs([b"LETTA_*", b"TZ"])
+              + program(b"seccomp/default.json", allow) + u32(1000) + u32(1000)
+              + wstrs([b"/venv/bin/python3", b"-c", b"pass"]) + fs_table(None)
+              + wstrs([b"/venv/bin/python3", b"-I", b"/opt/toolsandbox/runner/toolsandbox_runner.py"]) + fs_table(runner))
+    layout = (wstr(b"/sys/fs/cgroup/unified") + wstrs([]) + wstr(b"/system.slice/toolsandboxd.service") + u32(2)
+              + wstr(b"memory") + wstr(b"/sys/fs/cgroup/memory") + wstr(b"/system.slice")
+              + wstr(b"pids") + wstr(b"/sys/fs/cgroup/pids") + wstr(b"/system.slice"))
+    return (b"TSBSET2\n" + wstr(b"/toolsandbox") + layout + wstr(b"/run/toolsandbox") + u32(1 << 30) + u32(1024)
+            + wstr(b"/usr/libexec/toolsandbox/toolsandbox-init") + wstr(b"run") + u8(1) + u32(1000)
+            + program(b"<sandbox init filter>", allow)
             + wstr(b"/run/toolsandboxd/toolsandboxd.sock") + u32(0o660) + u32(995) + wstr(b"toolsandboxd") + u32(999)
-            + u32(995) + wstr(b"") + wstr(b"/usr/share/toolsandbox/runner/toolsandbox_runner.py") + u32(8)
-            + u64(30000) + u32(1) + policy)
+            + u32(995) + wstr(b"") + u32(8) + u64(30000) + u32(1) + policy)
 
 
 def spawn_wire():
@@ -290,7 +315,9 @@ def spawn_wire():
     write(d, "set-truncated.bin", b"\x00" + s[:-5])
     write(d, "set-empty-program.bin", b"\x00" + s.replace(program(b"seccomp/default.json", [(0x06, 0, 0, 0x7fff0000)]),
                                                            program(b"seccomp/default.json", [])))
-    write(d, "set-bad-magic.bin", b"\x00" + b"TSBSET0\n" + s[8:])
+    write(d, "set-bad-magic.bin", b"\x00" + b"TSBSET1\n" + s[8:])
+    write(d, "set-table-without-root.bin", b"\x00" + s.replace(fs_row(0, 5, b"/", size=1 << 20, inodes=4096),
+                                                                fs_row(7, 5, b"/", size=1 << 20, inodes=4096)))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "isolate/cgroup.h"
+#include "isolate/host_facts.h"
 #include "isolate/base/random.h"
 #include "tests/integration/harness.h"
 
@@ -261,7 +262,9 @@ TEST_F(CgroupV2Test, StaleLeavesAreKilledAndRemoved) {
   ASSERT_TRUE(write_text_file(stale + "/sub/cgroup.procs", std::to_string(leftover)).ok());
   // A fresh Cgroups, as at the start of a new engine: reclaim runs before
   // any leaf of its own was created.
-  auto fresh = tsb::isolate::Cgroups::open(engine_->cgroups().parent());
+  auto layout = tsb::isolate::read_cgroup_layout();
+  ASSERT_TRUE(layout.ok()) << layout.error().message;
+  auto fresh = tsb::isolate::Cgroups::open(engine_->cgroups().parent(), *layout);
   ASSERT_TRUE(fresh.ok()) << fresh.error().message;
   EXPECT_TRUE((*fresh)->has_cgroup_kill());
   auto n = (*fresh)->reclaim_stale("stale", [](const std::string&) { return false; });

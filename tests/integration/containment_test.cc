@@ -131,9 +131,10 @@ TEST_F(EngineTest, NestedBindInsideABindStaysInTheSandbox) {
     while (std::getline(in, line)) n += line.find(" " + outer + "/") != std::string::npos;
     return n;
   };
-  auto s = spec({"/bin/true"});
-  s.binds.push_back({outer, "/data", true, false});
-  s.binds.push_back({inner, "/data/sub", false, false});
+  auto s = spec({"/bin/true"}, [&](tsb::isolate::FsInputs& in) {
+    in.binds.push_back({outer, "/data", true, false});
+    in.binds.push_back({inner, "/data/sub", false, false});
+  });
   for (int i = 0; i < 3; ++i) {
     auto r = run(s);
     EXPECT_EQ(r.reason, EndReason::Exited) << describe(r);
@@ -278,8 +279,7 @@ TEST_F(EngineTest, SandboxIsTheOomKillersFirstChoice) {
 // "Broken pipe" (it did in about half the runs under load).
 TEST_F(EngineTest, EarlySetupFailureIsReportedEveryTime) {
   for (int i = 0; i < 40; ++i) {
-    auto s = spec({"/bin/true"});
-    s.venv = "/nonexistent/venv";
+    auto s = spec({"/bin/true"}, [](tsb::isolate::FsInputs& in) { in.venv = "/nonexistent/venv"; });
     auto r = run(s);
     ASSERT_EQ(r.reason, EndReason::SetupFailed) << "run " << i << ": " << describe(r);
     ASSERT_EQ(r.setup_stage, Stage::MountBind) << "run " << i << ": " << describe(r);

@@ -324,11 +324,9 @@ TEST_F(EngineDeathTest, InitEndsARunItsEngineDoesNotEnd) {
   const auto took = std::chrono::steady_clock::now() - t0;
   ASSERT_TRUE((*sb)->reap().ok());
   EXPECT_GE(took, 3s) << "the fence must leave the engine its own timeout first";
-  tsb::isolate::Report rep{};
-  bool backstop = false;
-  while (::read((*sb)->report_fd(), &rep, sizeof rep) == static_cast<ssize_t>(sizeof rep))
-    backstop |= rep.kind == tsb::isolate::Report::kBackstop;
-  EXPECT_TRUE(backstop) << "init's report does not say why the run ended";
+  tsb::isolate::Observations obs;
+  (*sb)->read_reports(obs);
+  EXPECT_TRUE(obs.backstop) << "init's report does not say why the run ended";
 }
 
 // The same through the real daemon: runs in flight, the daemon SIGKILLed

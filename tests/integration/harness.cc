@@ -89,18 +89,25 @@ void EngineTest::SetUp() {
   }
 }
 
-isolate::RunSpec EngineTest::spec(std::vector<std::string> argv) const {
+isolate::RunSpec EngineTest::spec(std::vector<std::string> argv,
+                                   const std::function<void(isolate::FsInputs&)>& edit_fs) const {
   isolate::RunSpec s = core::run_spec_from(*policy_);
   auto env = core::build_environment(*policy_, {});
   s.env = *env;
   s.argv = std::move(argv);
-  s.binds.push_back({probe_dir(), kProbeDir, false, false});
+  isolate::FsInputs in = core::fs_inputs_from(*policy_);
+  in.binds.push_back({probe_dir(), kProbeDir, false, false});
+  if (edit_fs) edit_fs(in);
+  auto table = isolate::build_fs_table(in);
+  EXPECT_TRUE(table.ok()) << table.error().message;
+  if (table.ok()) s.fs = std::move(table).value();
   return s;
 }
 
-isolate::RunSpec EngineTest::probe_spec(std::vector<std::string> args) const {
+isolate::RunSpec EngineTest::probe_spec(std::vector<std::string> args,
+                                         const std::function<void(isolate::FsInputs&)>& edit_fs) const {
   args.insert(args.begin(), kProbe);
-  return spec(std::move(args));
+  return spec(std::move(args), edit_fs);
 }
 
 std::vector<nlohmann::json> parse_lines(const std::string& out) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,9 +40,12 @@ class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override;
 
-  // A spec from the default policy, running argv, with the probe bound in.
-  isolate::RunSpec spec(std::vector<std::string> argv) const;
-  isolate::RunSpec probe_spec(std::vector<std::string> args) const;
+  // A spec from the default policy, running argv, with the probe bound in;
+  // `edit_fs` changes what its file-system table is built from.
+  isolate::RunSpec spec(std::vector<std::string> argv,
+                        const std::function<void(isolate::FsInputs&)>& edit_fs = nullptr) const;
+  isolate::RunSpec probe_spec(std::vector<std::string> args,
+                              const std::function<void(isolate::FsInputs&)>& edit_fs = nullptr) const;
   isolate::RunResult run(const isolate::RunSpec& s) const { return engine_->run(s); }
   // Runs the probe and parses each stdout line as JSON.
   std::vector<nlohmann::json> probe(std::vector<std::string> args) const;

@@ -58,8 +58,7 @@ TEST_F(EngineTest, CommandIsSearchedInPath) {
 }
 
 TEST_F(EngineTest, MissingVenvIsASetupFailureNamingTheStage) {
-  auto s = spec({"/bin/true"});
-  s.venv = "/nonexistent/venv";
+  auto s = spec({"/bin/true"}, [](tsb::isolate::FsInputs& in) { in.venv = "/nonexistent/venv"; });
   auto r = run(s);
   EXPECT_EQ(r.reason, EndReason::SetupFailed) << describe(r);
   EXPECT_EQ(r.setup_stage, Stage::MountBind);

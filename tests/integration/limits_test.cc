@@ -51,8 +51,7 @@ TEST_F(EngineTest, MemoryBombEndsAsOom) {
 }
 
 TEST_F(EngineTest, TmpfsFillGetsEnospc) {
-  auto s = probe_spec({"fill", "/tmp/big"});
-  s.limits.tmp_bytes = 8ull << 20;
+  auto s = probe_spec({"fill", "/tmp/big"}, [](tsb::isolate::FsInputs& in) { in.tmp_bytes = 8ull << 20; });
   s.limits.file_size_bytes = 1ull << 30;
   auto j = parse_lines(run(s).stdout_data).at(0);
   EXPECT_EQ(j["errname"], "ENOSPC") << j.dump();

@@ -2,6 +2,11 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
 
 #include "tests/integration/harness.h"
 
@@ -148,11 +153,33 @@ TEST_F(EngineTest, RefusedSyscallsAnswerThePolicysErrno) {
   for (const auto& j : ok) EXPECT_EQ(j["ret"].get<long>() >= 0 || j["errname"] != "EPERM", true) << j.dump();
 }
 
+// Whether this kernel runs i386 system calls (int 0x80) at all: without
+// IA32 emulation (or with it turned off) the CPU's fault ends the caller
+// with SIGSEGV before seccomp sees anything.
+bool host_runs_int80() {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    long ret;
+    __asm__ volatile("int $0x80" : "=a"(ret) : "a"(20) : "memory");  // i386 getpid
+    ::_exit(ret > 0 ? 0 : 1);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return !(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV);
+}
+
 TEST_F(EngineTest, ForeignArchitecturesAreKilled) {
   // The probe makes each call in a child and reports how that child ended.
+  const bool int80 = host_runs_int80();
   for (const char* q : {"x32", "int80"}) {
     auto j = probe1({"try-syscall", q});
     EXPECT_TRUE(j.value("killed", false)) << q << ": " << j.dump();
+    if (std::string(q) == "int80" && !int80) {
+      // Refused by the kernel itself, so nothing reaches the filter.
+      EXPECT_EQ(j["signame"], "SIGSEGV") << q << ": " << j.dump();
+      std::fprintf(stderr, "NOTE: this kernel has no i386 system calls (int 0x80 faults on the host too)\n");
+      continue;
+    }
     EXPECT_EQ(j["signame"], "SIGSYS") << q << ": " << j.dump();
   }
 }

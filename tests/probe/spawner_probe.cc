@@ -70,8 +70,9 @@ std::string await(std::uint64_t id, std::string* output) {
       case Msg::Ended: {
         auto e = decode_ended(*m);
         if (!e.ok() || e->id != id) return "bad-ended";
-        if (!e->result.error.empty()) *output += "error:" + e->result.error;
-        return "ended:" + std::string(isolate::to_string(e->result.reason)) + ":" + std::to_string(e->result.exit_code);
+        const isolate::RunResult r = run_result_from(*e);
+        if (!r.error.empty()) *output += "error:" + r.error;
+        return "ended:" + std::string(isolate::to_string(r.reason)) + ":" + std::to_string(r.exit_code);
       }
       default: continue;
     }

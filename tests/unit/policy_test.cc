@@ -492,48 +492,41 @@ TEST(PolicyExplainModel, SyscallFates) {
   EXPECT_EQ(syscall_fate(v, "getpid"), SyscallFate::Refused);
 }
 
-// The page's file-system rows and isolate::build_plan() describe the same
-// mounts: every step of the plan has a row, and every row that is not
-// optional is in the plan.
-void expect_rows_match_plan(const Policy& p) {
-  isolate::RunSpec spec = run_spec_from(p);
-  spec.argv = {"/venv/bin/python3"};
-  isolate::PlanStorage storage;
-  isolate::ChildPlan plan{};
-  const std::string staging = "/staging";
-  ASSERT_TRUE(isolate::build_plan({&spec, staging, 1u << 20}, storage, plan).ok());
-  std::set<std::string> planned;
-  for (const auto& s : storage.steps) {
-    if (s.kind == isolate::MountStep::kMkdir || s.dst == nullptr) continue;
-    std::string dst = s.dst;
-    ASSERT_EQ(dst.rfind(staging, 0), 0u) << dst;
-    planned.insert(dst.substr(staging.size()));
+// The page prints the one table (isolate/fs_table.h) the sandbox is built
+// from: every row, in its order, with its reason, and nothing else.
+void expect_rows_are_the_table(const Policy& p) {
+  auto table = isolate::build_fs_table(fs_inputs_from(p, "/toolsandbox-runner"));
+  ASSERT_TRUE(table.ok()) << table.error().message;
+  const auto rows = mount_rows(p);
+  ASSERT_EQ(rows.size(), (*table)->size()) << p.name;
+  const std::string page = explain_policy(p, {.host_facts = false});
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const isolate::FsEntry& e = (**table)[i];
+    EXPECT_EQ(rows[i].path, e.path) << p.name << " row " << i;
+    EXPECT_EQ(rows[i].note.substr(0, e.reason.size()), e.reason) << p.name << " row " << i;
+    EXPECT_NE(page.find(" " + e.path + " "), std::string::npos) << p.name << ": the page has no row " << e.path;
   }
-  std::set<std::string> rows;
-  for (const auto& r : mount_rows(p)) {
-    if (r.host_network_only && p.network != isolate::NetworkMode::Host) continue;
-    rows.insert(r.path);
-    if (!r.optional && r.path != "/" && !r.inside_parent_mount) {
-      EXPECT_TRUE(planned.count(r.path)) << p.name << ": row " << r.path << " is not in the plan";
-    }
-  }
-  for (const auto& d : planned) EXPECT_TRUE(rows.count(d)) << p.name << ": the plan mounts " << d << " but explain has no row";
 }
 
-TEST(PolicyExplainPage, MountRowsMatchThePlan) {
+TEST(PolicyExplainPage, MountRowsAreTheTable) {
   TempDir t;
   PolicyContext ctx;
   ctx.bind_allowlist = {"/srv"};
   for (const char* n : {"default", "privileged"}) {
     auto p = load_named_policy(n, "", ctx);
     ASSERT_TRUE(p.ok()) << p.error().message;
-    expect_rows_match_plan(*p);
+    expect_rows_are_the_table(*p);
   }
   auto binds = load_policy(t.write("b.json", R"({"version": 1, "filesystem": {"venv": null, "workdir": "/home/tool",
       "binds": [{"source": "/srv/a", "target": "/data/a", "writable": true}, {"source": "/srv/b", "target": "/b", "optional": true}]}})"),
                            ctx);
   ASSERT_TRUE(binds.ok()) << binds.error().message;
-  expect_rows_match_plan(*binds);
+  expect_rows_are_the_table(*binds);
+  const auto rows = mount_rows(*binds);
+  auto rw = std::find_if(rows.begin(), rows.end(), [](const MountRow& r) { return r.path == "/data/a"; });
+  ASSERT_NE(rw, rows.end());
+  EXPECT_TRUE(rw->flagged) << "a writable bind is a dangerous grant";
+  EXPECT_EQ(rw->source, "host /srv/a");
 }
 
 std::vector<std::string> lines_of(const std::string& text) {

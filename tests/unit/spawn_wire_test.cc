@@ -2,10 +2,12 @@
 // is decoded to the same value, and nothing else is accepted.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "daemon/spawner/compiled.h"
+#include "isolate/fs_table.h"
 
 namespace s = tsb::spawn;
 
@@ -21,17 +23,21 @@ s::CompiledSet sample_set() {
   c.front_end_user = "toolsandboxd";
   c.front_end_uid = 999;
   c.front_end_gid = 995;
-  c.runner_path = "/usr/share/toolsandbox/runner/toolsandbox_runner.py";
+  c.engine.cgroup_layout.v2_mount = "/sys/fs/cgroup/unified";
+  c.engine.cgroup_layout.v1 = {{"memory", "/sys/fs/cgroup/memory", "/system.slice"}};
   s::SpawnPolicy p;
   p.name = "default";
   p.fingerprint = "sha256:00";
   p.limits.wall_timeout = std::chrono::milliseconds(1234);
-  p.binds = {{"/srv/a", "/a", true, false}};
   p.env_set = {{"PATH", "/bin"}};
   p.env_allow = {"LETTA_*"};
   p.seccomp = prog;
-  p.interpreter = "/venv/bin/python3";
   p.hostname = "sandbox";
+  tsb::isolate::FsInputs in;
+  in.binds = {{"/srv/a", "/a", true, false}};
+  p.modes[0] = {{"/venv/bin/python3", "-c", "pass"}, *tsb::isolate::build_fs_table(in)};
+  in.runner = "/runner.py";
+  p.modes[1] = {{"/venv/bin/python3", "/opt/runner.py"}, *tsb::isolate::build_fs_table(in)};
   c.policies.push_back(p);
   return c;
 }
@@ -53,8 +59,13 @@ TEST(SpawnWire, CompiledSetRoundTrips) {
   const s::SpawnPolicy& p = d->policies[0];
   EXPECT_EQ(p.name, "default");
   EXPECT_EQ(p.limits.wall_timeout.count(), 1234);
-  ASSERT_EQ(p.binds.size(), 1u);
-  EXPECT_TRUE(p.binds[0].writable);
+  ASSERT_EQ(p.modes[1].fs->size(), sample_set().policies[0].modes[1].fs->size());
+  auto bind = std::find_if(p.modes[0].fs->begin(), p.modes[0].fs->end(), [](const auto& e) { return e.path == "/a"; });
+  ASSERT_NE(bind, p.modes[0].fs->end());
+  EXPECT_EQ(bind->kind, tsb::isolate::FsEntry::kBind);
+  EXPECT_EQ(bind->source, "/srv/a");
+  EXPECT_EQ(p.modes[1].argv.back(), "/opt/runner.py");
+  EXPECT_EQ(d->engine.cgroup_layout.v1.at(0).own, "/system.slice");
   EXPECT_EQ(p.env_set.at("PATH"), "/bin");
   EXPECT_EQ(p.seccomp->insns.size(), 1u);
   EXPECT_EQ(d->front_end_uid, 999u);
@@ -73,8 +84,13 @@ TEST(SpawnWire, CompiledSetRefusesWhatTheSpawnerCannotUse) {
   c.policies[0].seccomp = empty;
   EXPECT_FALSE(s::decode_compiled_set(s::encode_compiled_set(c)).ok()) << "an empty filter must never load as none";
   c = sample_set();
-  c.policies[0].interpreter = "python3";
-  EXPECT_FALSE(s::decode_compiled_set(s::encode_compiled_set(c)).ok());
+  c.policies[0].modes[0].argv = {"python3"};
+  EXPECT_FALSE(s::decode_compiled_set(s::encode_compiled_set(c)).ok()) << "the interpreter must be absolute";
+  c = sample_set();
+  auto table = std::make_shared<tsb::isolate::FsTable>(*c.policies[0].modes[1].fs);
+  table->erase(table->begin());
+  c.policies[0].modes[1].fs = table;
+  EXPECT_FALSE(s::decode_compiled_set(s::encode_compiled_set(c)).ok()) << "a table starts with its root";
 }
 
 TEST(SpawnWire, TheFuzzSeedsAreWhatTheyClaim) {
@@ -82,6 +98,7 @@ TEST(SpawnWire, TheFuzzSeedsAreWhatTheyClaim) {
   EXPECT_FALSE(s::decode_compiled_set(corpus("set-truncated.bin")).ok());
   EXPECT_FALSE(s::decode_compiled_set(corpus("set-empty-program.bin")).ok());
   EXPECT_FALSE(s::decode_compiled_set(corpus("set-bad-magic.bin")).ok());
+  EXPECT_FALSE(s::decode_compiled_set(corpus("set-table-without-root.bin")).ok());
   EXPECT_TRUE(s::decode_run(corpus("run-script.bin")).ok());
   auto tool = s::decode_run(corpus("run-tool-env.bin"));
   ASSERT_TRUE(tool.ok());
@@ -102,15 +119,31 @@ TEST(SpawnWire, MessagesRoundTripAndRefuseOtherTypes) {
   EXPECT_EQ(d->env, o.env);
   EXPECT_EQ(d->timeout, o.timeout);
   EXPECT_FALSE(s::decode_kill(s::encode(o)).ok());
-  tsb::isolate::RunResult r;
-  r.run_id = "r1";
-  r.reason = tsb::isolate::EndReason::Timeout;
-  r.exit_code = -1;
-  r.error = "late";
-  auto e = s::decode_ended(s::encode(s::Ended{5, r}));
+  s::Ended ended;
+  ended.id = 5;
+  ended.run_id = "r1";
+  ended.observations.timed_out = true;
+  ended.observations.have_tool_status = true;
+  ended.observations.tool_status = 9;  // killed by SIGKILL
+  ended.observations.cleanup_error = "late";
+  ended.observations.oom_kills = 3;
+  auto e = s::decode_ended(s::encode(ended));
   ASSERT_TRUE(e.ok());
-  EXPECT_EQ(e->result.reason, tsb::isolate::EndReason::Timeout);
-  EXPECT_EQ(e->result.error, "late");
+  EXPECT_EQ(s::encode(*e), s::encode(ended));
+  const tsb::isolate::RunResult r = s::run_result_from(*e);
+  EXPECT_EQ(r.run_id, "r1");
+  EXPECT_EQ(r.reason, tsb::isolate::EndReason::Timeout);
+  EXPECT_EQ(r.error, "late");
+  ended.observations.setup_stage = static_cast<int>(tsb::isolate::Stage::kCount);
+  EXPECT_FALSE(s::decode_ended(s::encode(ended)).ok()) << "a stage the front end cannot name";
+  s::Ended failed;
+  failed.id = 6;
+  failed.observations.engine_error = "clone3: Resource temporarily unavailable";
+  failed.observations.engine_errno = EAGAIN;
+  auto f = s::decode_ended(s::encode(failed));
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(s::run_result_from(*f).reason, tsb::isolate::EndReason::SetupFailed);
+  EXPECT_EQ(s::run_result_from(*f).error, failed.observations.engine_error);
   s::Hello h{"tag", "v2", "summary", {true, false, true, false}, {"note"}};
   auto hh = s::decode_hello(s::encode(h));
   ASSERT_TRUE(hh.ok());
