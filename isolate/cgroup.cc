@@ -12,7 +12,6 @@
 #include <cstring>
 #include <set>
 #include <sstream>
-#include <thread>
 
 namespace tsb::isolate {
 namespace {
@@ -276,9 +275,8 @@ Result<std::unique_ptr<CgroupLeaf>> Cgroups::create_leaf(const std::string& name
   return leaf;
 }
 
-Result<Cgroups::Reclaimed> Cgroups::reclaim_stale(const std::string& prefix,
-                                                  const std::function<bool(const std::string&)>& owner_alive,
-                                                  std::chrono::milliseconds wait) {
+Result<std::vector<std::unique_ptr<CgroupLeaf>>> Cgroups::kill_stale(
+    const std::string& prefix, const std::function<bool(const std::string&)>& owner_alive) {
   // Every hierarchy: a leaf half removed by a crash may be left in some only.
   std::set<std::string> names;
   for (const auto& h : hierarchies_) {
@@ -293,42 +291,16 @@ Result<Cgroups::Reclaimed> Cgroups::reclaim_stale(const std::string& prefix,
     }
     ::closedir(d);
   }
-  Reclaimed out;
   std::vector<std::unique_ptr<CgroupLeaf>> stale;
   for (const auto& n : names) {
     if (owner_alive(n)) continue;
     std::unique_ptr<CgroupLeaf> leaf(new CgroupLeaf(this, n));
     if (mode_ == CgroupMode::V2)
       leaf->v2_fd_.reset(::open(dir_of(hierarchies_[0], n).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    (void)leaf->kill_all();  // all first, so they die in parallel
+    (void)leaf->kill_all();
     stale.push_back(std::move(leaf));
   }
-  const auto deadline = std::chrono::steady_clock::now() + wait;
-  for (int round = 0; !stale.empty(); ++round) {
-    for (auto it = stale.begin(); it != stale.end();) {
-      auto done = (*it)->try_remove();
-      if (!done.ok()) {
-        out.failed.push_back((*it)->name() + ": " + done.error().message);
-        (*it)->destroyed_ = true;
-        it = stale.erase(it);
-      } else if (*done) {
-        out.removed.push_back((*it)->name());
-        it = stale.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (stale.empty()) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      for (auto& l : stale) {
-        out.failed.push_back(l->name() + ": processes still exiting after " + std::to_string(wait.count()) + " ms");
-        l->destroyed_ = true;  // leave it; the next start-up tries again
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(round < 20 ? 1 : 10));
-  }
-  return out;
+  return stale;
 }
 
 CgroupLeaf::~CgroupLeaf() {
@@ -357,14 +329,6 @@ Status CgroupLeaf::attach_from_parent(pid_t pid) {
   for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i)
     TSB_TRY(write_text_file(path(i) + "/cgroup.procs", p), "moving the sandbox into its cgroup");
   return {};
-}
-
-bool CgroupLeaf::empty() const {
-  for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i) {
-    auto t = read_text_file(path(i) + "/cgroup.procs");
-    if (t.ok() && t->find_first_not_of(" \n") != std::string::npos) return false;
-  }
-  return true;
 }
 
 Status CgroupLeaf::kill_all() {
@@ -439,22 +403,6 @@ Result<bool> CgroupLeaf::try_remove() {
   v2_fd_.reset();
   destroyed_ = true;
   return true;
-}
-
-Status CgroupLeaf::destroy() {
-  for (int attempt = 0;; ++attempt) {
-    auto done = try_remove();
-    if (!done.ok()) {
-      destroyed_ = true;
-      return std::move(done).error();
-    }
-    if (*done) return {};
-    if (attempt >= 400) {
-      destroyed_ = true;
-      return Error::invalid("removing cgroup leaf '" + name_ + "': processes still inside after 2 s", EBUSY);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(attempt < 20 ? 100 : 5000));
-  }
 }
 
 }  // namespace tsb::isolate

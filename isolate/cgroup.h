@@ -83,15 +83,11 @@ class Cgroups {
   Result<std::unique_ptr<CgroupLeaf>> create_leaf(const std::string& name, const CgroupLimits& limits);
 
   // Leaves under the parent whose names start with "<prefix>." and that
-  // `owner_alive` says nobody owns any more, in every hierarchy: their
-  // processes are killed (cgroup.kill on v2, a freezer sweep on v1), then the
-  // leaves are removed, waiting up to `wait` for the killed to exit.
-  struct Reclaimed {
-    std::vector<std::string> removed;  // leaf names
-    std::vector<std::string> failed;   // "name: why"
-  };
-  Result<Reclaimed> reclaim_stale(const std::string& prefix, const std::function<bool(const std::string&)>& owner_alive,
-                                  std::chrono::milliseconds wait = std::chrono::seconds(5));
+  // `owner_alive` says nobody owns any more, in every hierarchy, with their
+  // processes killed (cgroup.kill on v2, a freezer sweep on v1). The caller
+  // removes them once the killed have exited (CgroupLeaf::try_remove).
+  Result<std::vector<std::unique_ptr<CgroupLeaf>>> kill_stale(
+      const std::string& prefix, const std::function<bool(const std::string&)>& owner_alive);
   // v1 with socket accounting: memory.kmem.tcp.limit_in_bytes exists.
   bool has_tcp_memory_limit() const noexcept { return has_kmem_tcp_; }
 
@@ -130,7 +126,6 @@ class CgroupLeaf {
   // Kill every process in the leaf: cgroup.kill on v2; on v1 freeze, SIGKILL
   // each listed task, thaw, until the leaf is empty.
   Status kill_all();
-  bool empty() const;
   CgroupStats stats() const;
   std::chrono::nanoseconds cpu_usage() const;
   // v1 with socket accounting: whether the run's socket buffers have reached
@@ -142,9 +137,6 @@ class CgroupLeaf {
   // One non-blocking attempt: kill what is left, remove the directories.
   // False when the kernel still counts exiting processes in it (EBUSY).
   Result<bool> try_remove();
-  // Kill, wait (up to about 2 s, sleeping) for the leaf to empty, remove the
-  // directories. For start-up and the command line; never on an event loop.
-  Status destroy();
   const std::string& name() const noexcept { return name_; }
   // The leaf's directory in each hierarchy (v2: one), for diagnostics and tests.
   std::vector<std::string> directories() const;

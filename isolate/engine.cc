@@ -462,19 +462,22 @@ bool Engine::leaf_owner_alive(const std::string& name) const {
 }
 
 void Engine::reclaim_at_start() {
-  auto r = core_->cgroups->reclaim_stale(config_.leaf_prefix,
-                                         [this](const std::string& n) { return leaf_owner_alive(n); });
-  if (!r.ok()) {
-    startup_notes_.push_back("reclaiming leaves of engines that are gone: " + r.error().message);
+  // Killed now; removed by the pending clean-up once the killed have
+  // exited, without holding up the start.
+  auto stale = core_->cgroups->kill_stale(config_.leaf_prefix,
+                                          [this](const std::string& n) { return leaf_owner_alive(n); });
+  if (!stale.ok()) {
+    startup_notes_.push_back("reclaiming leaves of engines that are gone: " + stale.error().message);
     return;
   }
-  if (!r->removed.empty()) {
-    std::string names;
-    for (const auto& n : r->removed) names += (names.empty() ? "" : ", ") + n;
-    startup_notes_.push_back("reclaimed " + std::to_string(r->removed.size()) +
-                             " cgroup leaves of engines that are gone (their processes killed): " + names);
+  std::string names;
+  for (auto& leaf : *stale) {
+    names += (names.empty() ? "" : ", ") + leaf->name();
+    core_->retired.push_back(Retired{UniqueFd(), true, std::move(leaf), UniqueFd(), 0});
   }
-  for (const auto& f : r->failed) startup_notes_.push_back("could not reclaim cgroup leaf " + f);
+  if (!names.empty())
+    startup_notes_.push_back("reclaiming " + std::to_string(stale->size()) +
+                             " cgroup leaves of engines that are gone (their processes killed): " + names);
   // Lock files of engines that are gone.
   if (DIR* d = ::opendir(engines_dir_.c_str())) {
     while (dirent* ent = ::readdir(d)) {

@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "isolate/cgroup.h"
-#include "isolate/outcome.h"
 #include "isolate/base/result.h"
 #include "isolate/seccomp.h"
 #include "isolate/spec.h"
@@ -71,6 +70,29 @@ struct EngineFeatures {
   bool oom_score_floor = false;   // CAP_SYS_RESOURCE: a run's oom_score_adj is also its floor
 };
 
+// What the supervisor (the root spawner's loop, or isolate/supervise.h)
+// observed of a run: the facts the end reason is classified from, outside
+// the root process (isolate/outcome.h).
+struct Observations {
+  bool have_tool_status = false;
+  int tool_status = 0;  // raw wait status of the tool
+  bool have_setup_error = false;
+  int setup_stage = 0;
+  int setup_errno = 0;
+  bool timed_out = false;
+  bool output_exceeded = false;
+  bool cpu_exceeded = false;
+  bool cancelled = false;
+  bool backstop = false;     // the sandbox's init ended the run at its own wall-clock fence
+  int backstop_s = 0;
+  std::uint64_t oom_kills = 0;
+  std::uint64_t pids_max_hits = 0;
+  bool socket_limit_reached = false;  // v1: socket buffers reached the run's memory limit
+  std::string engine_error;  // the engine could not start the run: why (nothing ran)
+  int engine_errno = 0;
+  std::string cleanup_error;  // the run's cgroup leaf could not be removed: why
+};
+struct RunResult;  // isolate/outcome.h
 struct EngineCore;  // shared by the engine and its sandboxes (engine.cc)
 
 class Engine;

@@ -8,30 +8,46 @@
 #include <string>
 
 #include "isolate/base/result.h"
+#include "isolate/engine.h"
 #include "isolate/spec.h"
 
 namespace tsb::isolate {
 
-// What ended the run, from what was observed.
-struct Observations {
-  bool have_tool_status = false;
-  int tool_status = 0;  // raw wait status of the tool
-  bool have_setup_error = false;
-  int setup_stage = 0;
-  int setup_errno = 0;
-  bool timed_out = false;
-  bool output_exceeded = false;
-  bool cpu_exceeded = false;
-  bool cancelled = false;
-  bool backstop = false;     // the sandbox's init ended the run at its own wall-clock fence
-  int backstop_s = 0;
-  std::uint64_t oom_kills = 0;
-  std::uint64_t pids_max_hits = 0;
-  bool socket_limit_reached = false;  // v1: socket buffers reached the run's memory limit
-  std::string engine_error;  // the engine could not start the run: why (nothing ran)
-  int engine_errno = 0;
-  std::string cleanup_error;  // the run's cgroup leaf could not be removed: why
+enum class EndReason {
+  Exited,       // the tool exited on its own (see exit_code)
+  Signaled,     // the tool was killed by a signal it did not get from us
+  Timeout,      // wall-clock limit reached; the whole tree was killed
+  MemoryLimit,  // the cgroup OOM killer fired
+  PidsLimit,    // the tool failed after hitting pids.max
+  CpuLimit,     // CPU time limit reached
+  OutputLimit,  // stdout or stderr went past its cap; the run was ended
+  SetupFailed,  // the sandbox could not be built; see setup_stage/setup_errno
+  Cancelled,    // the caller asked to stop the run (client gone, shutdown)
 };
+
+std::string_view to_string(EndReason r) noexcept;
+
+struct RunResult {
+  std::string run_id;
+  EndReason reason = EndReason::SetupFailed;
+  int exit_code = -1;  // valid when the tool exited
+  int signal = 0;      // valid when the tool was killed by a signal
+  Stage setup_stage = Stage::None;
+  int setup_errno = 0;
+  std::string error;   // human sentence for SetupFailed and engine errors
+  std::chrono::nanoseconds wall{0};
+  std::chrono::nanoseconds cpu{0};     // whole cgroup, user + system
+  std::uint64_t peak_memory_bytes = 0; // 0 when the kernel cannot tell
+  std::string stdout_data;
+  std::string stderr_data;
+  bool stdout_truncated = false;
+  bool stderr_truncated = false;
+  std::uint64_t stdout_total_bytes = 0;  // bytes the tool wrote (up to the end of the run)
+  std::uint64_t stderr_total_bytes = 0;
+  std::uint32_t host_uid = 0;            // base of the host id range the run used
+};
+
+// The end reason and sentence, from what was observed.
 void classify(const Observations& o, RunResult& r);
 
 // A RunResult for a run that never started (spawn failed).

@@ -1,5 +1,5 @@
-// Plain data in and out of the engine: what to run (RunSpec) and what
-// happened (RunResult). No behaviour lives here.
+// Plain data into the engine: what to run (RunSpec). What happened is
+// isolate/outcome.h (RunResult), made outside the root process.
 #pragma once
 
 #include <chrono>
@@ -53,41 +53,6 @@ struct RunSpec {
   std::string hostname = "sandbox";
   std::string workdir = "/work";
   Limits limits;
-  std::string label;  // free text for logs and the cgroup leaf name suffix (sanitised)
-};
-
-enum class EndReason {
-  Exited,       // the tool exited on its own (see exit_code)
-  Signaled,     // the tool was killed by a signal it did not get from us
-  Timeout,      // wall-clock limit reached; the whole tree was killed
-  MemoryLimit,  // the cgroup OOM killer fired
-  PidsLimit,    // the tool failed after hitting pids.max
-  CpuLimit,     // CPU time limit reached
-  OutputLimit,  // stdout or stderr went past its cap; the run was ended
-  SetupFailed,  // the sandbox could not be built; see setup_stage/setup_errno
-  Cancelled,    // the caller asked to stop the run (client gone, shutdown)
-};
-
-std::string_view to_string(EndReason r) noexcept;
-
-struct RunResult {
-  std::string run_id;
-  EndReason reason = EndReason::SetupFailed;
-  int exit_code = -1;  // valid when the tool exited
-  int signal = 0;      // valid when the tool was killed by a signal
-  Stage setup_stage = Stage::None;
-  int setup_errno = 0;
-  std::string error;   // human sentence for SetupFailed and engine errors
-  std::chrono::nanoseconds wall{0};
-  std::chrono::nanoseconds cpu{0};     // whole cgroup, user + system
-  std::uint64_t peak_memory_bytes = 0; // 0 when the kernel cannot tell
-  std::string stdout_data;
-  std::string stderr_data;
-  bool stdout_truncated = false;
-  bool stderr_truncated = false;
-  std::uint64_t stdout_total_bytes = 0;  // bytes the tool wrote (up to the end of the run)
-  std::uint64_t stderr_total_bytes = 0;
-  std::uint32_t host_uid = 0;            // base of the host id range the run used
 };
 
 // Fixed paths inside every sandbox.

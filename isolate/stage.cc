@@ -1,6 +1,6 @@
 #include "isolate/stage.h"
 
-#include "isolate/spec.h"
+#include "isolate/outcome.h"
 
 namespace tsb::isolate {
 

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "isolate/spec.h"
+#include "isolate/outcome.h"
 #include "protocol/letta.h"
 #include "protocol/messages.h"
 

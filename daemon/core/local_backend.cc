@@ -142,7 +142,6 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   order.fingerprint = pol.fingerprint;
   order.env = p.env;
   order.timeout = p.timeout;
-  order.label = c.tool_name;
   std::string stdin_data;
   if (p.tool_mode) {
     order.mode = spawn::RunMode::Tool;
@@ -240,7 +239,6 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   // Decoding takes milliseconds (a payload's values are capped); it gets
   // the run's own limit, at most 10 s.
   order.timeout = std::min(p.timeout, std::chrono::milliseconds(10'000));
-  order.label = p.common->tool_name;
   const std::string nonce = random_hex(16);
   // Base64 needs no JSON escaping.
   std::string request = "{\"nonce\":\"" + nonce + "\",\"unpickle\":\"" + *payload + "\"}";

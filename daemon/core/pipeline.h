@@ -33,7 +33,7 @@
 #include "daemon/core/cancel.h"
 #include "daemon/core/letta_result.h"
 #include "daemon/core/registry.h"
-#include "isolate/spec.h"
+#include "isolate/outcome.h"
 #include "protocol/messages.h"
 
 namespace tsb::core {

@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "isolate/spec.h"
+#include "isolate/outcome.h"
 
 namespace tsb::core {
 

@@ -22,7 +22,7 @@
 #include "daemon/spawner/compiled.h"
 #include "isolate/base/result.h"
 #include "isolate/base/unique_fd.h"
-#include "isolate/spec.h"
+#include "isolate/outcome.h"
 
 namespace tsb::core {
 

@@ -614,7 +614,19 @@ Result<Policy> load_named_policy(const std::string& name, const std::string& dir
 }
 
 Result<std::vector<std::string>> build_environment(const Policy& p, const std::map<std::string, std::string>& req) {
-  return spawn::build_environment(p.name, p.env_set, p.env_allow, req);
+  std::string name;
+  switch (spawn::check_environment(p.env_set, p.env_allow, req, &name)) {
+    case spawn::EnvProblem::kOk: return spawn::environment_of(p.env_set, req);
+    case spawn::EnvProblem::kBadName:
+      return Error::invalid("environment: not a valid variable name: " + quoted_for_message(name));
+    case spawn::EnvProblem::kFixed:
+      return Error::invalid("environment: " + quoted_for_message(name) + " is fixed by policy '" + p.name + "'", EPERM);
+    case spawn::EnvProblem::kNotAllowed:
+      return Error::invalid("environment: policy '" + p.name + "' does not allow setting " + quoted_for_message(name),
+                            EPERM);
+    case spawn::EnvProblem::kNul: return Error::invalid("environment: a value contains a NUL byte");
+  }
+  return Error::invalid("environment: refused");
 }
 
 isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner) {

@@ -16,7 +16,7 @@
 #include "daemon/policy/seccomp_profile.h"
 #include "daemon/spawner/compiled.h"
 #include "isolate/fs_table.h"
-#include "isolate/spec.h"
+#include "isolate/outcome.h"
 
 namespace tsb::core {
 

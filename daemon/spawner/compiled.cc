@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cctype>
 
-#include "isolate/base/quote.h"
 
 namespace tsb::spawn {
 namespace {
@@ -182,20 +181,23 @@ bool env_name_allowed(const std::vector<std::string>& env_allow, std::string_vie
   return false;
 }
 
-Result<std::vector<std::string>> build_environment(const std::string& policy_name,
-                                                   const std::map<std::string, std::string>& env_set,
-                                                   const std::vector<std::string>& env_allow,
-                                                   const std::map<std::string, std::string>& req) {
-  std::vector<std::string> env;
+EnvProblem check_environment(const std::map<std::string, std::string>& env_set,
+                             const std::vector<std::string>& env_allow, const std::map<std::string, std::string>& req,
+                             std::string* name) {
   for (const auto& [k, v] : req) {
-    if (!valid_env_name(k)) return Error::invalid("environment: not a valid variable name: " + quoted_for_message(k));
-    if (env_set.count(k))
-      return Error::invalid("environment: " + quoted_for_message(k) + " is fixed by policy '" + policy_name + "'", EPERM);
-    if (!env_name_allowed(env_allow, k))
-      return Error::invalid("environment: policy '" + policy_name + "' does not allow setting " + quoted_for_message(k),
-                            EPERM);
-    if (v.find('\0') != std::string::npos) return Error::invalid("environment: a value contains a NUL byte");
+    *name = k;
+    if (!valid_env_name(k)) return EnvProblem::kBadName;
+    if (env_set.count(k)) return EnvProblem::kFixed;
+    if (!env_name_allowed(env_allow, k)) return EnvProblem::kNotAllowed;
+    if (v.find('\0') != std::string::npos) return EnvProblem::kNul;
   }
+  name->clear();
+  return EnvProblem::kOk;
+}
+
+std::vector<std::string> environment_of(const std::map<std::string, std::string>& env_set,
+                                        const std::map<std::string, std::string>& req) {
+  std::vector<std::string> env;
   for (const auto& [k, v] : env_set) env.push_back(k + "=" + v);
   for (const auto& [k, v] : req) env.push_back(k + "=" + v);
   return env;
@@ -228,7 +230,6 @@ Result<RunOrder> decode_run(std::string_view b) {
   m.mode = static_cast<RunMode>(mode);
   m.env = get_map(r, kMaxEnvVars);
   m.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
-  m.label = r.str(kMaxName);
   return finish_message(r, std::move(m), "run");
 }
 

@@ -20,7 +20,6 @@
 #include "isolate/base/result.h"
 #include "isolate/engine.h"
 #include "isolate/fs.h"
-#include "isolate/outcome.h"
 #include "isolate/seccomp.h"
 #include "isolate/spec.h"
 
@@ -51,7 +50,7 @@ struct SpawnPolicy {
 };
 
 // The RunSpec of a run of `p` in `mode`: everything the policy decides
-// (env, stdin and label left to the run). The one place a policy becomes an
+// (env and stdin left to the run). The one place a policy becomes an
 // engine's spec.
 isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode);
 
@@ -74,15 +73,19 @@ struct CompiledSet {
 std::string encode_compiled_set(const CompiledSet& s);
 Result<CompiledSet> decode_compiled_set(std::string_view bytes);
 
-// The environment of a run under `p`: the fixed values, then the request's
-// for names the policy allows. A name that is fixed, not allowed or not a
-// valid name, or a value with a NUL, refuses the run. Shared by the front
-// end's check (a clear refusal early) and the spawner's (the one that
-// counts).
-Result<std::vector<std::string>> build_environment(const std::string& policy_name,
-                                                   const std::map<std::string, std::string>& env_set,
-                                                   const std::vector<std::string>& env_allow,
-                                                   const std::map<std::string, std::string>& request);
+// What is wrong with a request's environment under a policy: a name that
+// is not a valid name, that the policy fixes or does not allow, or a value
+// with a NUL (kOk: nothing); `*name` is the variable it is about. Shared by
+// the front end's check (a refusal that names the variable, early) and the
+// spawner's (the one that counts; it echoes nothing the front end sent).
+enum class EnvProblem : std::uint8_t { kOk, kBadName, kFixed, kNotAllowed, kNul };
+EnvProblem check_environment(const std::map<std::string, std::string>& env_set,
+                             const std::vector<std::string>& env_allow,
+                             const std::map<std::string, std::string>& request, std::string* name);
+// The environment of a run: the policy's fixed values, then the request's
+// (which check_environment accepted).
+std::vector<std::string> environment_of(const std::map<std::string, std::string>& env_set,
+                                        const std::map<std::string, std::string>& request);
 bool env_name_allowed(const std::vector<std::string>& env_allow, std::string_view name);
 bool valid_env_name(std::string_view name);
 
@@ -104,7 +107,6 @@ struct RunOrder {
   RunMode mode = RunMode::Script;
   std::map<std::string, std::string> env;  // the request's part only
   std::chrono::milliseconds timeout{0};
-  std::string label;  // the tool name, for logs and the leaf name
 };
 
 struct Started {

@@ -4,6 +4,7 @@
 // the root spawner; the unit tests and the spawn_wire fuzz target hold both
 // halves to one format.
 #include "daemon/spawner/compiled.h"
+#include "isolate/outcome.h"
 
 namespace tsb::spawn {
 namespace {
@@ -136,7 +137,6 @@ std::string encode(const RunOrder& m) {
   w.u8(static_cast<std::uint8_t>(m.mode));
   put_map(w, m.env);
   w.u64(static_cast<std::uint64_t>(m.timeout.count()));
-  w.str(m.label);
   return w.take();
 }
 

@@ -19,7 +19,6 @@
 #include <string>
 
 #include "daemon/spawner/spawner.h"
-#include "isolate/base/quote.h"
 
 namespace {
 
@@ -100,7 +99,7 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
   opts.front_end = find_front_end();
   if (::access(opts.front_end.c_str(), X_OK) != 0) {
-    spdlog::critical("the front end {} is missing: {}", tsb::quoted_for_message(opts.front_end), std::strerror(errno));
+    spdlog::critical("the front end {} is missing: {}", opts.front_end, std::strerror(errno));
     return 1;
   }
   // The helper's own messages (the configuration, each policy) go to stderr.

@@ -20,7 +20,6 @@
 #include <csignal>
 #include <cstring>
 
-#include "isolate/base/quote.h"
 
 extern char** environ;
 
@@ -30,32 +29,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::string q(std::string_view s) { return quoted_for_message(s); }
-
-// In a child between fork and exec: give up every capability for good while
-// keeping uid 0 (the compile helper), or before becoming `uid` (the front
-// end). Async-signal-safe calls only; any failure ends the child (127).
-void drop_capabilities_or_die() {
-  // No way back to capabilities through uid 0 (execve of anything, a setuid
-  // fixup), locked.
-  const int bits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP | SECBIT_NO_SETUID_FIXUP_LOCKED |
-                   SECBIT_KEEP_CAPS_LOCKED;
-  if (::prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) != 0) ::_exit(127);
-  for (int c = 0; c <= 63; ++c)
-    if (::prctl(PR_CAPBSET_DROP, c, 0, 0, 0) != 0 && errno != EINVAL) ::_exit(127);
-  if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) ::_exit(127);
-  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct d[2] = {};
-  if (::syscall(SYS_capset, &h, d) != 0) ::_exit(127);
-  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(127);
-}
-
-void default_signals_or_die() {
-  sigset_t none;
-  sigemptyset(&none);
-  if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) ::_exit(127);
-  ::signal(SIGPIPE, SIG_DFL);
-}
+// Names from the compiled set (root's files), in messages.
+std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 // The spawner's environment minus what is the spawner's alone (systemd's
 // notification socket and socket activation).
@@ -70,6 +45,70 @@ std::vector<char*> child_environment() {
   }
   env.push_back(nullptr);
   return env;
+}
+
+// Starts the front end's binary (the front end, or the compile helper) as
+// a child that never outlives the spawner: default signals, a session of
+// its own (no controlling terminal to push input into), stdin on /dev/null,
+// `fds` (each {source, number}) as given and nothing else, no_new_privs.
+// Run as root, it gives up every capability for good: as `uid` with no
+// groups (the front end), or keeping uid 0 with securebits locked (the
+// compile helper, so that the front end's user cannot trace it). Between
+// fork and exec: async-signal-safe calls only; any failure ends the child
+// (127).
+Result<pid_t> launch(std::vector<std::string> args, const std::vector<std::pair<int, int>>& fds, uid_t uid,
+                     gid_t gid) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  auto env = child_environment();
+  int last = STDERR_FILENO;
+  for (const auto& f : fds) last = std::max(last, f.second);
+  if (fds.size() > 8) return Error::invalid("too many descriptors for a child");
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) return Error::from_errno("fork");
+  if (pid > 0) return pid;
+  sigset_t none;
+  sigemptyset(&none);
+  if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) ::_exit(127);
+  ::signal(SIGPIPE, SIG_DFL);
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 || ::getppid() != parent) ::_exit(127);
+  // Each descriptor first copied above the targets, so no dup2 overwrites
+  // one still to be placed.
+  int high[8];
+  for (std::size_t i = 0; i < fds.size(); ++i)
+    if ((high[i] = ::fcntl(fds[i].first, F_DUPFD, last + 1)) < 0) ::_exit(127);
+  for (std::size_t i = 0; i < fds.size(); ++i)
+    if (::dup2(high[i], fds[i].second) != fds[i].second) ::_exit(127);
+  int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null < 0 || ::dup2(null, STDIN_FILENO) != STDIN_FILENO) ::_exit(127);
+  if (::close_range(static_cast<unsigned>(last) + 1, ~0U, 0) != 0 || ::setsid() < 0) ::_exit(127);
+  if (::geteuid() == 0) {
+    if (uid != 0 && (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0)) ::_exit(127);
+    // uid 0 with no way back to capabilities (execve of anything, a setuid
+    // fixup), locked.
+    const int bits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP | SECBIT_NO_SETUID_FIXUP_LOCKED |
+                     SECBIT_KEEP_CAPS_LOCKED;
+    if (uid == 0 && ::prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) != 0) ::_exit(127);
+    for (int c = 0; c <= 63; ++c)
+      if (::prctl(PR_CAPBSET_DROP, c, 0, 0, 0) != 0 && errno != EINVAL) ::_exit(127);
+    if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) ::_exit(127);
+    uid_t ru, eu, su;
+    if (uid != 0 &&
+        (::setresuid(uid, uid, uid) != 0 || ::getresuid(&ru, &eu, &su) != 0 || ru != uid || eu != uid || su != uid))
+      ::_exit(127);
+    // The uid change cleared the permitted and effective sets; every set is
+    // cleared here, for both.
+    __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct d[2] = {};
+    if (::syscall(SYS_capset, &h, d) != 0) ::_exit(127);
+  }
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(127);
+  // A uid change clears the death signal: set again.
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 || ::getppid() != parent) ::_exit(127);
+  ::execve(argv[0], argv.data(), env.data());
+  ::_exit(127);
 }
 
 Result<int> wait_child(pid_t pid) {
@@ -93,24 +132,9 @@ Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, boo
   UniqueFd r(p[0]), w(p[1]);
   std::vector<std::string> args = {o.front_end, check_only ? "--check" : "--compile", "--config", o.config_path};
   if (optional) args.emplace_back("--config-optional");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  auto env = child_environment();
-  pid_t pid = ::fork();
-  if (pid < 0) return Error::from_errno("fork (compile helper)");
-  if (pid == 0) {
-    default_signals_or_die();
-    if (::setsid() < 0) ::_exit(127);
-    if (::dup2(w.get(), STDOUT_FILENO) < 0) ::_exit(127);
-    if (::close_range(3, ~0U, 0) != 0) ::_exit(127);
-    // As root: every capability gone for good. Run by another user
-    // (`toolsandboxd --check`), there is none to drop; no_new_privs still.
-    if (::geteuid() == 0) drop_capabilities_or_die();
-    else if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(127);
-    ::execve(argv[0], argv.data(), env.data());
-    ::_exit(127);
-  }
+  auto launched = launch(std::move(args), {{w.get(), STDOUT_FILENO}}, 0, 0);
+  if (!launched.ok()) return std::move(launched).error().wrap("the compile helper");
+  const pid_t pid = *launched;
   w.reset();
   // Bounded: a helper stuck on a file system or a name lookup must not hold
   // the spawner (at a reload, its loop waits for this) for long.
@@ -260,50 +284,12 @@ Status Spawner::start_front_end() {
     args.emplace_back("--e2b-key-fd");
     args.emplace_back("5");
   }
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  auto env = child_environment();
   const uid_t uid = set_.front_end_uid;
-  const gid_t gid = set_.front_end_gid;
-  const pid_t parent = ::getpid();
-  pid_t pid = ::fork();
-  if (pid < 0) return Error::from_errno("fork (front end)");
-  if (pid == 0) {
-    default_signals_or_die();
-    // The front end never outlives the spawner.
-    if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 || ::getppid() != parent) ::_exit(127);
-    // Descriptors 3, 4 (and 5): moved above 5 first, so no dup2 overwrites
-    // one still to be moved.
-    int l = ::fcntl(listener_.get(), F_DUPFD, 10), c = ::fcntl(theirs.get(), F_DUPFD, 10);
-    int k = key ? ::fcntl(key.get(), F_DUPFD, 10) : -1;
-    if (l < 0 || c < 0 || (key && k < 0)) ::_exit(127);
-    if (::dup2(l, 3) != 3 || ::dup2(c, 4) != 4 || (k >= 0 && ::dup2(k, 5) != 5)) ::_exit(127);
-    if (::close_range(k >= 0 ? 6 : 5, ~0U, 0) != 0) ::_exit(127);
-    // Its own session (no controlling terminal to push input into) and no
-    // stdin.
-    if (::setsid() < 0) ::_exit(127);
-    int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (null < 0 || ::dup2(null, STDIN_FILENO) != STDIN_FILENO) ::_exit(127);
-    // Its own user, no groups, no capabilities, no way to gain any.
-    if (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0) ::_exit(127);
-    if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) ::_exit(127);
-    for (int cap = 0; cap <= 63; ++cap)
-      if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) ::_exit(127);
-    if (::setresuid(uid, uid, uid) != 0) ::_exit(127);
-    uid_t ru, eu, su;
-    if (::getresuid(&ru, &eu, &su) != 0 || ru != uid || eu != uid || su != uid) ::_exit(127);
-    // The uid change cleared the permitted and effective sets; the
-    // inheritable one too, explicitly.
-    __user_cap_header_struct ch{_LINUX_CAPABILITY_VERSION_3, 0};
-    __user_cap_data_struct cd[2] = {};
-    if (::syscall(SYS_capset, &ch, cd) != 0) ::_exit(127);
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(127);
-    // The death signal is cleared by the uid change: set it again.
-    if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 || ::getppid() != parent) ::_exit(127);
-    ::execve(argv[0], argv.data(), env.data());
-    ::_exit(127);
-  }
+  std::vector<std::pair<int, int>> fds = {{listener_.get(), 3}, {theirs.get(), 4}};
+  if (key) fds.emplace_back(key.get(), 5);
+  auto launched = launch(std::move(args), fds, uid, set_.front_end_gid);
+  if (!launched.ok()) return std::move(launched).error().wrap("the front end");
+  const pid_t pid = *launched;
   UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   if (!pidfd) {
     ::kill(pid, SIGKILL);
@@ -374,14 +360,21 @@ void Spawner::handle_run(const std::string& msg) {
   if (runs_.count(o.id)) return refuse(o.id, RefuseCode::Malformed, "run id " + std::to_string(o.id) + " is in use");
   if (stopping_) return refuse(o.id, RefuseCode::Unavailable, "the daemon is shutting down");
   const SpawnPolicy* p = find_policy(o.policy, o.fingerprint);
-  if (!p) return refuse(o.id, RefuseCode::UnknownPolicy, "no policy " + q(o.policy) + " with fingerprint " + q(o.fingerprint));
-  if (!p->local) return refuse(o.id, RefuseCode::OutOfBounds, "policy " + q(p->name) + " runs on E2B, not on this host");
+  // The refusals name nothing the front end sent (it knows what it sent):
+  // this process logs no string it did not make.
+  if (!p) return refuse(o.id, RefuseCode::UnknownPolicy, "no policy of that name with that fingerprint");
+  if (!p->local) return refuse(o.id, RefuseCode::OutOfBounds, "policy '" + p->name + "' runs on E2B, not on this host");
   if (o.timeout.count() < 1 || o.timeout > p->limits.wall_timeout)
     return refuse(o.id, RefuseCode::OutOfBounds,
-                  "timeout " + std::to_string(o.timeout.count()) + " ms is outside policy " + q(p->name) + "'s 1.." +
+                  "timeout " + std::to_string(o.timeout.count()) + " ms is outside policy '" + p->name + "''s 1.." +
                       std::to_string(p->limits.wall_timeout.count()) + " ms");
-  auto env = build_environment(p->name, p->env_set, p->env_allow, o.env);
-  if (!env.ok()) return refuse(o.id, RefuseCode::OutOfBounds, env.error().message);
+  std::string bad;
+  static constexpr const char* kEnvProblems[] = {"", "a name that is not a valid variable name",
+                                                 "a variable the policy fixes", "a variable the policy does not allow",
+                                                 "a value with a NUL byte"};
+  if (auto problem = check_environment(p->env_set, p->env_allow, o.env, &bad); problem != EnvProblem::kOk)
+    return refuse(o.id, RefuseCode::OutOfBounds,
+                  std::string("environment: ") + kEnvProblems[static_cast<int>(problem)] + " (policy '" + p->name + "')");
   std::size_t live = 0;
   for (const auto& [id, l] : runs_) live += l.orphan ? 0 : 1;
   if (live >= set_.max_concurrent_runs)
@@ -390,8 +383,7 @@ void Spawner::handle_run(const std::string& msg) {
   isolate::RunSpec spec = run_spec_from(*p, o.mode);
   if (spec.argv.empty()) return refuse(o.id, RefuseCode::OutOfBounds, "the tool runner is not installed on this host");
   spec.limits.wall_timeout = o.timeout;
-  spec.env = std::move(env).value();
-  spec.label = o.label;
+  spec.env = environment_of(p->env_set, o.env);
 
   auto spawned = engine_->spawn(spec);
   if (!spawned.ok()) {

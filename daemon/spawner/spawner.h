@@ -30,7 +30,6 @@
 #include "isolate/base/result.h"
 #include "isolate/base/unique_fd.h"
 #include "isolate/engine.h"
-#include "isolate/outcome.h"
 
 namespace tsb::spawn {
 

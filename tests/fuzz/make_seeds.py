@@ -243,8 +243,8 @@ def wmap(m): return u32(len(m)) + b"".join(wstr(k) + wstr(v) for k, v in sorted(
 def wstrs(v): return u32(len(v)) + b"".join(wstr(x) for x in v)
 
 
-def run_order(id_, policy, fp, mode, env, timeout_ms, label):
-    return u8(2) + u64(id_) + wstr(policy) + wstr(fp) + u8(mode) + wmap(env) + u64(timeout_ms) + wstr(label)
+def run_order(id_, policy, fp, mode, env, timeout_ms):
+    return u8(2) + u64(id_) + wstr(policy) + wstr(fp) + u8(mode) + wmap(env) + u64(timeout_ms)
 
 
 def program(name, insns):
@@ -296,15 +296,15 @@ def compiled_set():
 def spawn_wire():
     d = reset("spawn_wire")
     fp = b"sha256:" + b"ab" * 32
-    good = run_order(1, b"default", fp, 0, {}, 60000, b"add")
+    good = run_order(1, b"default", fp, 0, {}, 60000)
     write(d, "run-script.bin", b"\x01" + good)
     write(d, "run-tool-env.bin", b"\x01" + run_order(7, b"default", fp, 1, {b"LETTA_AGENT_ID": b"agent-1", b"TZ": b"UTC"},
-                                                     1500, b"get_weather"))
+                                                     1500))
     write(d, "run-duplicate-env.bin", b"\x01" + u8(2) + u64(3) + wstr(b"default") + wstr(fp) + u8(0) + u32(2)
-          + wstr(b"A") + wstr(b"1") + wstr(b"A") + wstr(b"2") + u64(1000) + wstr(b"x"))
+          + wstr(b"A") + wstr(b"1") + wstr(b"A") + wstr(b"2") + u64(1000))
     write(d, "run-truncated.bin", b"\x01" + good[:-2])
     write(d, "run-trailing.bin", b"\x01" + good + b"junk")
-    write(d, "run-bad-mode.bin", b"\x01" + run_order(1, b"default", fp, 9, {}, 1, b"x"))
+    write(d, "run-bad-mode.bin", b"\x01" + run_order(1, b"default", fp, 9, {}, 1))
     write(d, "run-huge-length.bin", b"\x01" + u8(2) + u64(1) + u32(0x7fffffff) + b"default")
     write(d, "kill.bin", b"\x01" + u8(6) + u64(1) + u8(1))
     write(d, "kill-bad-why.bin", b"\x01" + u8(6) + u64(1) + u8(5))

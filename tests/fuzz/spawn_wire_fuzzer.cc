@@ -25,13 +25,12 @@ namespace {
 void run_order(std::string_view b) {
   auto r = s::decode_run(b);
   if (!r.ok()) return;
-  TSB_FUZZ_CHECK(r->policy.size() <= s::kMaxName && r->label.size() <= s::kMaxName);
+  TSB_FUZZ_CHECK(r->policy.size() <= s::kMaxName && r->fingerprint.size() <= s::kMaxName);
   TSB_FUZZ_CHECK(r->env.size() <= s::kMaxEnvVars);
   auto again = s::decode_run(s::encode(*r));
   TSB_FUZZ_CHECK(again.ok(), "a run order does not survive its own encoding");
   TSB_FUZZ_CHECK(again->id == r->id && again->policy == r->policy && again->fingerprint == r->fingerprint &&
-                 again->mode == r->mode && again->env == r->env && again->timeout == r->timeout &&
-                 again->label == r->label);
+                 again->mode == r->mode && again->env == r->env && again->timeout == r->timeout);
 }
 
 void compiled_set(std::string_view b) {

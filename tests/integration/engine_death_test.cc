@@ -234,7 +234,7 @@ TEST_F(EngineDeathTest, SandboxesDieWithTheirEngineAndTheNextEngineReclaimsTheir
   ASSERT_FALSE(leaves_of(cfg).empty());
   std::string notes = restart_engine_as_pid2(cfg);
   EXPECT_EQ(notes.rfind("pid 2", 0), 0u) << "the new engine was not pid 2 like the dead one: " << notes;
-  EXPECT_NE(notes.find("reclaimed 3 cgroup leaves"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("reclaiming 3 cgroup leaves"), std::string::npos) << notes;
   EXPECT_TRUE(leaves_of(cfg).empty()) << "leaves left after the restart";
 }
 
@@ -259,7 +259,7 @@ TEST_F(EngineDeathTest, ReclaimWithoutTheDeadEnginesLockFileAndWithItsPid) {
   std::filesystem::remove_all(cfg.state_dir + "/engines");
   ASSERT_FALSE(leaves_of(cfg).empty());
   std::string notes = restart_engine_as_pid2(cfg);
-  EXPECT_NE(notes.find("reclaimed 1 cgroup leaves"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("reclaiming 1 cgroup leaves"), std::string::npos) << notes;
   EXPECT_TRUE(leaves_of(cfg).empty());
 }
 
@@ -411,6 +411,6 @@ TEST_F(EngineDeathTest, KilledDaemonLeavesNoSandboxAndItsRestartReclaims) {
   for (int i = 0; i < 200 && ::kill(daemon2, 0) == 0; ++i) std::this_thread::sleep_for(20ms);
   end_namespace(ns2);
   EXPECT_GE(fd, 0) << "the daemon did not start again: " << log2;
-  EXPECT_NE(log2.find("reclaimed 2 cgroup leaves"), std::string::npos) << log2;
+  EXPECT_NE(log2.find("reclaiming 2 cgroup leaves"), std::string::npos) << log2;
   EXPECT_TRUE(leaves_of(ecfg).empty()) << "leaves left after the restart";
 }

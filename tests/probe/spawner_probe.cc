@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "daemon/spawner/compiled.h"
+#include "isolate/outcome.h"
 
 using namespace tsb;
 using namespace tsb::spawn;
@@ -141,19 +142,18 @@ int main(int argc, char** argv) {
   good.fingerprint = fp;
   good.mode = RunMode::Script;
   good.timeout = std::chrono::milliseconds(10000);
-  good.label = "probe";
   valid_after("baseline", good);
 
   // Malformed messages.
   raw_case("empty", std::string(1, '\0'), good);
   raw_case("unknown-type", std::string(1, static_cast<char>(99)), good);
-  std::string run = encode(RunOrder{++next_id, "default", fp, RunMode::Script, {}, std::chrono::milliseconds(1000), "x"});
+  std::string run = encode(RunOrder{++next_id, "default", fp, RunMode::Script, {}, std::chrono::milliseconds(1000)});
   raw_case("truncated", run.substr(0, run.size() - 3), good);
   raw_case("trailing", run + "junk", good);
   std::string huge = run.substr(0, 9);  // type + id
   huge += std::string("\xff\xff\xff\x7f", 4);  // a policy name of 2 GiB
   raw_case("huge-length", huge, good);
-  std::string mode = encode(RunOrder{++next_id, "default", fp, RunMode::Script, {}, std::chrono::milliseconds(1000), "x"});
+  std::string mode = encode(RunOrder{++next_id, "default", fp, RunMode::Script, {}, std::chrono::milliseconds(1000)});
   mode[9 + 4 + 7 + 4 + std::strlen(fp)] = 7;  // the mode byte: neither script nor tool
   raw_case("bad-mode", mode, good);
 

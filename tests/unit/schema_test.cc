@@ -38,7 +38,7 @@
 #include "daemon/core/letta_result.h"
 #include "daemon/core/result_json.h"
 #include "isolate/base/hash.h"
-#include "isolate/spec.h"
+#include "isolate/outcome.h"
 #include "protocol/letta.h"
 #include "protocol/messages.h"
 #include "protocol/pyjson.h"
@@ -597,7 +597,7 @@ TEST(SchemaRequests, RequestOneOfDispatchesOnType) {
 // The engine's end reasons (local runs).
 std::set<std::string> end_reason_names() {
   std::set<std::string> out;
-  auto names = enumerators("isolate/spec.h", "EndReason");
+  auto names = enumerators("isolate/outcome.h", "EndReason");
   EXPECT_EQ(names.size(), 9u);
   for (std::size_t i = 0; i < names.size(); ++i) out.insert(std::string(isolate::to_string(static_cast<isolate::EndReason>(i))));
   EXPECT_EQ(out.count("unknown"), 0u);

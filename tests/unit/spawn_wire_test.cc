@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "daemon/spawner/compiled.h"
+#include "isolate/outcome.h"
 #include "isolate/fs_table.h"
 
 namespace s = tsb::spawn;
@@ -113,7 +114,7 @@ TEST(SpawnWire, TheFuzzSeedsAreWhatTheyClaim) {
 }
 
 TEST(SpawnWire, MessagesRoundTripAndRefuseOtherTypes) {
-  s::RunOrder o{5, "default", "sha256:1", s::RunMode::Tool, {{"A", "1"}, {"B", ""}}, std::chrono::milliseconds(9), "t"};
+  s::RunOrder o{5, "default", "sha256:1", s::RunMode::Tool, {{"A", "1"}, {"B", ""}}, std::chrono::milliseconds(9)};
   auto d = s::decode_run(s::encode(o));
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->env, o.env);
@@ -155,13 +156,18 @@ TEST(SpawnWire, MessagesRoundTripAndRefuseOtherTypes) {
 TEST(SpawnWire, EnvironmentRules) {
   std::map<std::string, std::string> set = {{"PATH", "/bin"}};
   std::vector<std::string> allow = {"LETTA_*", "TZ"};
-  EXPECT_TRUE(s::build_environment("p", set, allow, {{"LETTA_AGENT_ID", "a"}, {"TZ", "UTC"}}).ok());
-  EXPECT_FALSE(s::build_environment("p", set, allow, {{"PATH", "/evil"}}).ok());
-  EXPECT_FALSE(s::build_environment("p", set, allow, {{"LD_PRELOAD", "x"}}).ok());
-  EXPECT_FALSE(s::build_environment("p", set, allow, {{"TZZ", "x"}}).ok());
-  EXPECT_FALSE(s::build_environment("p", set, {"*"}, {{"1X", "x"}}).ok());
-  EXPECT_FALSE(s::build_environment("p", set, allow, {{"TZ", std::string("a\0b", 3)}}).ok());
-  auto env = s::build_environment("p", set, allow, {{"TZ", "UTC"}});
-  ASSERT_TRUE(env.ok());
-  EXPECT_EQ(*env, (std::vector<std::string>{"PATH=/bin", "TZ=UTC"}));
+  using P = s::EnvProblem;
+  const auto check = [&](const std::vector<std::string>& allowed, const std::map<std::string, std::string>& req,
+                         std::string* name) { return s::check_environment(set, allowed, req, name); };
+  std::string name;
+  EXPECT_EQ(check(allow, {{"LETTA_AGENT_ID", "a"}, {"TZ", "UTC"}}, &name), P::kOk);
+  EXPECT_EQ(name, "");
+  EXPECT_EQ(check(allow, {{"PATH", "/evil"}}, &name), P::kFixed);
+  EXPECT_EQ(name, "PATH");
+  EXPECT_EQ(check(allow, {{"LD_PRELOAD", "x"}}, &name), P::kNotAllowed);
+  EXPECT_EQ(name, "LD_PRELOAD");
+  EXPECT_EQ(check(allow, {{"TZZ", "x"}}, &name), P::kNotAllowed);
+  EXPECT_EQ(check({"*"}, {{"1X", "x"}}, &name), P::kBadName);
+  EXPECT_EQ(check(allow, {{"TZ", std::string("a\0b", 3)}}, &name), P::kNul);
+  EXPECT_EQ(s::environment_of(set, {{"TZ", "UTC"}}), (std::vector<std::string>{"PATH=/bin", "TZ=UTC"}));
 }
