@@ -1,6 +1,5 @@
 #include "isolate/cgroup.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -10,7 +9,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <set>
 #include <sstream>
 
 namespace tsb::isolate {
@@ -22,20 +20,6 @@ constexpr std::uint64_t kCpuPeriodUs = 100000;
 bool exists(const std::string& p) {
   struct stat st{};
   return ::stat(p.c_str(), &st) == 0;
-}
-
-Status mkdir_p(const std::string& path) {
-  std::string cur;
-  std::size_t i = 0;
-  while (i < path.size()) {
-    std::size_t j = path.find('/', i + 1);
-    if (j == std::string::npos) j = path.size();
-    cur = path.substr(0, j);
-    if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-      return Error::from_errno("mkdir '" + cur + "'");
-    i = j;
-  }
-  return {};
 }
 
 // "key value" lines (memory.events, pids.events, cpu.stat, oom_control).
@@ -92,105 +76,31 @@ Status write_text_file(const std::string& path, std::string_view data) {
   return {};
 }
 
-Result<std::unique_ptr<Cgroups>> Cgroups::open(const std::string& parent_in, const CgroupLayout& layout) {
-  const bool self_mode = parent_in == "self";
-  if (!self_mode && (parent_in.empty() || parent_in[0] != '/' || parent_in.find("..") != std::string::npos))
-    return Error::invalid("cgroup parent must be \"self\" or an absolute path without '..': '" + parent_in + "'");
-  std::string parent = parent_in;
-  while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
-
-  const std::string& v2_mount = layout.v2_mount;
-  const std::string& own_v2 = layout.own_v2;
-  auto own_v1_path = [&](const std::string& ctrl) -> std::string {
-    for (const auto& h : layout.v1)
-      if (h.controller == ctrl) return h.own.empty() ? "/" : h.own;
-    return "/";
-  };
-  std::vector<Hierarchy> v1;
-  for (const auto& h : layout.v1) {
-    if (std::find(std::begin(kV1Controllers), std::end(kV1Controllers), h.controller) == std::end(kV1Controllers)) continue;
-    if (h.mount.empty() || h.mount[0] != '/') return Error::invalid("cgroup layout: a v1 hierarchy without a mount point");
-    v1.push_back({h.controller, h.mount, ""});  // base: set once the parent is known
-  }
-
+Result<std::unique_ptr<Cgroups>> Cgroups::open(const CgroupPlacement& p) {
   std::unique_ptr<Cgroups> cg(new Cgroups());
-  cg->parent_ = parent;
-
-  bool v1_has_memory = std::any_of(v1.begin(), v1.end(), [](const Hierarchy& h) { return h.controller == "memory"; });
-  if (!v1_has_memory && !v2_mount.empty()) {
-    cg->mode_ = CgroupMode::V2;
-    for (const char* need : {"memory", "pids", "cpu"}) {
-      if (std::find(layout.v2_controllers.begin(), layout.v2_controllers.end(), need) == layout.v2_controllers.end())
-        return Error::invalid(std::string("cgroup v2 controller '") + need +
-                              "' is not available at the hierarchy root " + v2_mount, ENOTSUP);
-    }
-    auto enable = [](const std::string& dir) -> Status {
-      for (const char* c : {"+memory", "+pids", "+cpu"})
-        TSB_TRY(write_text_file(dir + "/cgroup.subtree_control", c), "enabling cgroup controllers");
-      return {};
-    };
-    std::string dir;
-    if (self_mode) {
-      if (own_v2.empty() || own_v2 == "/")
-        return Error::invalid("cgroup parent \"self\" needs a delegated cgroup of our own (systemd: Delegate=yes); "
-                              "this process is in the root cgroup", EPERM);
-      dir = v2_mount + own_v2;
-      cg->parent_ = own_v2;
-      // Leave the delegated cgroup to its children: move into a leaf.
-      std::string leaf = dir + "/supervisor";
-      if (::mkdir(leaf.c_str(), 0755) != 0 && errno != EEXIST) return Error::from_errno("creating cgroup '" + leaf + "'");
-      TSB_TRY(write_text_file(leaf + "/cgroup.procs", "0"), "moving the daemon into its own leaf (is Delegate=yes set?)");
-    } else {
-      // Create the parent chain. Each level passes the controllers down to
-      // the next; levels above `parent` may belong to someone else
-      // (systemd), so a failure there only matters if the parent itself
-      // ends up without them.
-      dir = v2_mount;
-      for (std::size_t pos = 1, end; pos < parent.size(); pos = end + 1) {
-        end = std::min(parent.find('/', pos), parent.size());
-        if (end == pos) continue;
-        (void)enable(dir);
-        dir += "/" + parent.substr(pos, end - pos);
-        if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-          return Error::from_errno("creating cgroup '" + dir + "'");
-      }
-    }
-    // cgroup v2 forbids processes in a cgroup that distributes controllers
-    // ("no internal processes"): the parent must hold none.
-    auto st = enable(dir);
-    if (!st.ok())
-      return std::move(st).error().wrap("cgroup parent '" + dir +
-                                        "' (it must be delegated to us and hold no processes)");
-    cg->hierarchies_.push_back({"", v2_mount, dir});
+  cg->mode_ = p.mode;
+  cg->parent_ = p.parent;
+  cg->hierarchies_ = p.hierarchies;
+  for (const auto& h : p.hierarchies)
+    if (h.base.empty() || h.base[0] != '/' || !exists(h.base))
+      return Error::invalid("cgroup parent '" + h.base + "' is not there (prepared by the set-up: isolate/prepare.h)", ENOENT);
+  if (p.mode == CgroupMode::V2) {
+    if (p.hierarchies.size() != 1) return Error::invalid("a cgroup v2 parent is one directory");
     // Kernel features, probed on the parent (every non-root cgroup has the
-    // same interface files as the leaves below it). Probing only in
-    // create_leaf() left them false for reclaim_stale(), which runs first:
-    // stale leaves were then killed by listing cgroup.procs, which misses
-    // processes forked meanwhile and anything in a sub-cgroup, instead of
-    // with cgroup.kill.
-    cg->has_cgroup_kill_ = exists(dir + "/cgroup.kill");
-    cg->has_memory_peak_ = exists(dir + "/memory.peak");
+    // same interface files as the leaves below it), before any leaf exists:
+    // stale leaves are killed first, with cgroup.kill when there is one.
+    cg->has_cgroup_kill_ = exists(p.hierarchies[0].base + "/cgroup.kill");
+    cg->has_memory_peak_ = exists(p.hierarchies[0].base + "/memory.peak");
     return cg;
   }
-
-  if (v1.empty()) return Error::invalid("no cgroup hierarchy is mounted", ENOTSUP);
-  cg->mode_ = CgroupMode::V1;
-  for (const char* need : kV1Controllers) {
-    auto it = std::find_if(v1.begin(), v1.end(), [&](const Hierarchy& h) { return h.controller == need; });
-    if (it == v1.end())
-      return Error::invalid(std::string("cgroup v1 controller '") + need + "' is not mounted", ENOTSUP);
-    Hierarchy h = *it;
-    std::string rel = self_mode ? own_v1_path(need) : parent;
-    h.base = h.mount + (rel == "/" ? "" : rel);
-    if (self_mode && rel == "/")
-      return Error::invalid(std::string("cgroup parent \"self\": this process is in the root of the v1 '") + need +
-                                "' hierarchy; give an explicit parent path",
-                            EPERM);
-    cg->hierarchies_.push_back(h);
-  }
-  for (const auto& h : cg->hierarchies_) TSB_TRY(mkdir_p(h.base), "creating the cgroup parent");
-  cg->has_memsw_ = exists(cg->hierarchies_[0].base + "/memory.memsw.limit_in_bytes");
-  cg->has_kmem_tcp_ = exists(cg->hierarchies_[0].base + "/memory.kmem.tcp.limit_in_bytes");
+  for (const char* need : kV1Controllers)
+    if (std::none_of(p.hierarchies.begin(), p.hierarchies.end(), [&](const Hierarchy& h) { return h.controller == need; }))
+      return Error::invalid(std::string("cgroup v1 controller '") + need + "' has no parent directory", ENOTSUP);
+  const std::string memory =
+      std::find_if(p.hierarchies.begin(), p.hierarchies.end(), [](const Hierarchy& h) { return h.controller == "memory"; })
+          ->base;
+  cg->has_memsw_ = exists(memory + "/memory.memsw.limit_in_bytes");
+  cg->has_kmem_tcp_ = exists(memory + "/memory.kmem.tcp.limit_in_bytes");
   return cg;
 }
 
@@ -275,32 +185,12 @@ Result<std::unique_ptr<CgroupLeaf>> Cgroups::create_leaf(const std::string& name
   return leaf;
 }
 
-Result<std::vector<std::unique_ptr<CgroupLeaf>>> Cgroups::kill_stale(
-    const std::string& prefix, const std::function<bool(const std::string&)>& owner_alive) {
-  // Every hierarchy: a leaf half removed by a crash may be left in some only.
-  std::set<std::string> names;
-  for (const auto& h : hierarchies_) {
-    DIR* d = ::opendir(h.base.c_str());
-    if (!d) {
-      if (errno == ENOENT) continue;
-      return Error::from_errno("opendir '" + h.base + "'");
-    }
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (e->d_type == DT_DIR && n.rfind(prefix + ".", 0) == 0) names.insert(n);
-    }
-    ::closedir(d);
-  }
-  std::vector<std::unique_ptr<CgroupLeaf>> stale;
-  for (const auto& n : names) {
-    if (owner_alive(n)) continue;
-    std::unique_ptr<CgroupLeaf> leaf(new CgroupLeaf(this, n));
-    if (mode_ == CgroupMode::V2)
-      leaf->v2_fd_.reset(::open(dir_of(hierarchies_[0], n).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    (void)leaf->kill_all();
-    stale.push_back(std::move(leaf));
-  }
-  return stale;
+std::unique_ptr<CgroupLeaf> Cgroups::existing_leaf(const std::string& name) {
+  if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos) return nullptr;
+  std::unique_ptr<CgroupLeaf> leaf(new CgroupLeaf(this, name));
+  if (mode_ == CgroupMode::V2)
+    leaf->v2_fd_.reset(::open(dir_of(hierarchies_[0], name).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  return leaf;
 }
 
 CgroupLeaf::~CgroupLeaf() {

@@ -22,22 +22,19 @@
 namespace tsb::isolate {
 
 enum class CgroupMode { V2, V1 };
-
-// What /proc says about the host's cgroup hierarchies and this process's
-// place in them (/proc/self/mountinfo, /proc/self/cgroup), read by the
-// engine's caller (isolate/host_facts.h): the engine parses no text.
-struct CgroupLayout {
-  std::string v2_mount;                     // where the cgroup2 hierarchy is mounted ("" = none)
-  std::vector<std::string> v2_controllers;  // the words of its root's cgroup.controllers
-  std::string own_v2;                       // this process's cgroup in it
-  struct V1 {
-    std::string controller;  // "memory", "pids", "cpu", "cpuacct", "freezer"
-    std::string mount;       // where a v1 hierarchy holding it is mounted
-    std::string own;         // this process's cgroup in it
-  };
-  std::vector<V1> v1;
-};
 const char* to_string(CgroupMode m) noexcept;
+
+// Where run leaves go: the parent directory in each hierarchy (v2: one,
+// controller ""), made ready by the engine's caller (isolate/prepare.h).
+struct CgroupPlacement {
+  CgroupMode mode = CgroupMode::V2;
+  std::string parent;  // the parent inside the hierarchy ("self" resolved), for messages
+  struct Hierarchy {
+    std::string controller;  // v1: "memory", "pids", "cpu", "cpuacct", "freezer"
+    std::string base;        // the parent's directory
+  };
+  std::vector<Hierarchy> hierarchies;
+};
 
 struct CgroupLimits {
   std::uint64_t memory_bytes = 0;       // 0 = leave unset
@@ -56,18 +53,9 @@ class CgroupLeaf;
 
 class Cgroups {
  public:
-  // Uses the v2 hierarchy unless a v1 one holds the memory controller (the
-  // hybrid layout). `parent` is a path inside
-  // the hierarchy ("/toolsandbox"); it is created when missing and, on v2,
-  // its subtree_control gets +memory +pids +cpu. Fails with a sentence that
-  // says what is missing (a controller, a writable hierarchy, delegation).
-  //
-  // parent "self": the cgroup this process runs in, as systemd hands it to
-  // a service with Delegate=yes. On v2 the process first moves itself into
-  // a leaf "<self>/supervisor", because a cgroup that distributes
-  // controllers may hold no processes ("no internal processes" rule,
-  // Documentation/admin-guide/cgroup-v2.rst); run leaves go beside it.
-  static Result<std::unique_ptr<Cgroups>> open(const std::string& parent, const CgroupLayout& layout);
+  // The prepared parent (every controller the engine uses present), and
+  // the kernel's features there.
+  static Result<std::unique_ptr<Cgroups>> open(const CgroupPlacement& placement);
 
   CgroupMode mode() const noexcept { return mode_; }
   const std::string& parent() const noexcept { return parent_; }
@@ -82,22 +70,15 @@ class Cgroups {
   // Create a leaf named `name` under the parent and write its limits.
   Result<std::unique_ptr<CgroupLeaf>> create_leaf(const std::string& name, const CgroupLimits& limits);
 
-  // Leaves under the parent whose names start with "<prefix>." and that
-  // `owner_alive` says nobody owns any more, in every hierarchy, with their
-  // processes killed (cgroup.kill on v2, a freezer sweep on v1). The caller
-  // removes them once the killed have exited (CgroupLeaf::try_remove).
-  Result<std::vector<std::unique_ptr<CgroupLeaf>>> kill_stale(
-      const std::string& prefix, const std::function<bool(const std::string&)>& owner_alive);
+  // The leaf `name` left by an engine that is gone (a name directly under
+  // the parent; null for anything else), to kill and remove.
+  std::unique_ptr<CgroupLeaf> existing_leaf(const std::string& name);
   // v1 with socket accounting: memory.kmem.tcp.limit_in_bytes exists.
   bool has_tcp_memory_limit() const noexcept { return has_kmem_tcp_; }
 
  private:
   friend class CgroupLeaf;
-  struct Hierarchy {
-    std::string controller;  // "memory", "pids", "cpu", "cpuacct", "freezer"; "" for v2
-    std::string mount;       // where the hierarchy is mounted
-    std::string base;        // the parent directory of run leaves in this hierarchy
-  };
+  using Hierarchy = CgroupPlacement::Hierarchy;
   Cgroups() = default;
   std::string dir_of(const Hierarchy& h, const std::string& leaf) const;
 

@@ -124,25 +124,6 @@ void clear_slot_record(int fd, std::uint32_t slot) {
   if (::pwrite(fd, &none, sizeof none, static_cast<off_t>(slot) * static_cast<off_t>(sizeof none)) < 0) return;
 }
 
-// Leaf names: "<prefix>.<pid>.<instance>-<n>" (older engines:
-// "<prefix>.<pid>.<n>", no instance).
-struct LeafOwner {
-  pid_t pid = 0;
-  std::string instance;
-};
-LeafOwner parse_leaf_name(const std::string& name, const std::string& prefix) {
-  LeafOwner o;
-  if (name.rfind(prefix + ".", 0) != 0) return o;
-  std::string rest = name.substr(prefix.size() + 1);
-  auto dot = rest.find('.');
-  std::from_chars(rest.data(), rest.data() + (dot == std::string::npos ? rest.size() : dot), o.pid);
-  if (dot == std::string::npos) return o;
-  std::string tail = rest.substr(dot + 1);
-  auto dash = tail.rfind('-');
-  if (dash != std::string::npos && dash > 0) o.instance = tail.substr(0, dash);
-  return o;
-}
-
 }  // namespace
 
 // ------------------------------------------------------------- EngineCore
@@ -329,48 +310,19 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
   struct sigaction sa{};
   if (::sigaction(SIGCHLD, nullptr, &sa) == 0 && sa.sa_handler == SIG_IGN) ::signal(SIGCHLD, SIG_DFL);
 
-  // State dir: traversable by the sandboxes' unprivileged ids (the child
-  // resolves the staging path after it switched to them), writable by root only.
-  // The modes are set with chmod, not left to mkdir: mkdir applies the
-  // umask, and under a restrictive one (the systemd unit's UMask=0077, or a
-  // root shell with umask 027) the directories came out without o+x and
-  // every start failed the check below.
-  auto make_dir = [](const std::string& p, mode_t mode) -> Status {
-    if (::mkdir(p.c_str(), mode) == 0) {
-      if (::chmod(p.c_str(), mode) != 0) return Error::from_errno("chmod '" + p + "'");
-    } else if (errno != EEXIST) {
-      return Error::from_errno("mkdir '" + p + "'");
-    }
-    return {};
-  };
-  TSB_TRY(make_dir(config.state_dir, 0711), "state directory");
+  // The state directory, prepared by the caller (isolate/prepare.h).
   e->staging_root_ = config.state_dir + "/root";
-  TSB_TRY(make_dir(e->staging_root_, 0755), "state directory");
   e->slot_lock_path_ = config.state_dir + "/uid-slots.lock";
-  // The sandbox resolves the staging path after it switched to its mapped
-  // ids, which are "others" for every host directory: each ancestor must be
-  // searchable by others, or every run fails at mount-root with EACCES.
-  for (std::string p = e->staging_root_; !p.empty() && p != "/"; p = p.substr(0, p.rfind('/'))) {
-    struct stat st{};
-    if (::stat(p.c_str(), &st) != 0) return Error::from_errno("stat '" + p + "'");
-    if (!(st.st_mode & S_IXOTH))
-      return Error::invalid("state directory: '" + p + "' must be searchable by others (chmod o+x): "
-                            "sandboxes resolve '" + e->staging_root_ + "' with unprivileged ids", EACCES);
-    if (p.rfind('/') == 0) break;
-  }
-  // The overlays' lowest layer: an empty directory nobody can write.
-  const std::string empty = config.state_dir + "/empty";
-  TSB_TRY(make_dir(empty, 0555), "state directory");
+  e->engines_dir_ = config.state_dir + "/engines";
+  const std::string empty = config.state_dir + "/empty";  // the overlays' lowest layer
   e->empty_dir_.reset(::open(empty.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-  if (!e->empty_dir_) return Error::from_errno("open '" + empty + "'");
+  if (!e->empty_dir_) return Error::from_errno("state directory: open '" + empty + "'");
 
   // This engine's tag and its lock: held for the engine's whole life, it is
   // what says "alive" to the start-up reclaim of another engine, whatever
   // pid either of them has (a container restart gives the daemon its old
   // pid every time).
   e->instance_ = random_hex(4);
-  e->engines_dir_ = config.state_dir + "/engines";
-  TSB_TRY(make_dir(e->engines_dir_, 0700), "state directory");
   {
     const std::string lock = e->engines_dir_ + "/" + e->instance_ + ".lock";
     e->instance_lock_.reset(::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
@@ -378,7 +330,7 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
     if (::flock(e->instance_lock_.get(), LOCK_EX | LOCK_NB) != 0) return Error::from_errno("locking '" + lock + "'");
   }
 
-  auto cg = Cgroups::open(config.cgroup_parent, config.cgroup_layout);
+  auto cg = Cgroups::open(config.cgroups);
   if (!cg.ok()) return std::move(cg).error().wrap("setting up cgroups");
   e->core_ = std::make_shared<EngineCore>();
   e->core_->cgroups = std::move(cg).value();
@@ -448,47 +400,21 @@ std::size_t Engine::drain_retired(std::chrono::milliseconds limit) {
   }
 }
 
-bool Engine::leaf_owner_alive(const std::string& name) const {
-  LeafOwner o = parse_leaf_name(name, config_.leaf_prefix);
-  if (!o.instance.empty()) {
-    if (o.instance == instance_) return true;
-    UniqueFd lock(::open((engines_dir_ + "/" + o.instance + ".lock").c_str(), O_RDONLY | O_CLOEXEC));
-    if (lock) return ::flock(lock.get(), LOCK_SH | LOCK_NB) != 0;  // held: that engine is alive
-    // No lock file (an engine with another state directory, or one whose
-    // /run was wiped, as in a container restart): only the pid is left.
-  }
-  if (o.pid <= 0 || o.pid == ::getpid()) return false;  // our pid, not our tag: its engine is gone
-  return ::kill(o.pid, 0) == 0 || errno == EPERM;        // alive, and we cannot tell more: keep
-}
-
 void Engine::reclaim_at_start() {
-  // Killed now; removed by the pending clean-up once the killed have
-  // exited, without holding up the start.
-  auto stale = core_->cgroups->kill_stale(config_.leaf_prefix,
-                                          [this](const std::string& n) { return leaf_owner_alive(n); });
-  if (!stale.ok()) {
-    startup_notes_.push_back("reclaiming leaves of engines that are gone: " + stale.error().message);
-    return;
-  }
+  // Leaves of engines that are gone (found by the caller: isolate/prepare.h):
+  // killed now, removed by the pending clean-up once the killed have exited,
+  // without holding up the start.
   std::string names;
-  for (auto& leaf : *stale) {
-    names += (names.empty() ? "" : ", ") + leaf->name();
+  for (const auto& name : config_.stale_leaves) {
+    auto leaf = core_->cgroups->existing_leaf(name);
+    if (!leaf || name.rfind(config_.leaf_prefix + ".", 0) != 0) continue;
+    (void)leaf->kill_all();
+    names += (names.empty() ? "" : ", ") + name;
     core_->retired.push_back(Retired{UniqueFd(), true, std::move(leaf), UniqueFd(), 0});
   }
   if (!names.empty())
-    startup_notes_.push_back("reclaiming " + std::to_string(stale->size()) +
+    startup_notes_.push_back("reclaiming " + std::to_string(config_.stale_leaves.size()) +
                              " cgroup leaves of engines that are gone (their processes killed): " + names);
-  // Lock files of engines that are gone.
-  if (DIR* d = ::opendir(engines_dir_.c_str())) {
-    while (dirent* ent = ::readdir(d)) {
-      std::string n = ent->d_name;
-      if (n.size() < 6 || n.compare(n.size() - 5, 5, ".lock") != 0 || n == instance_ + ".lock") continue;
-      std::string path = engines_dir_ + "/" + n;
-      UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-      if (f && ::flock(f.get(), LOCK_EX | LOCK_NB) == 0) ::unlink(path.c_str());
-    }
-    ::closedir(d);
-  }
 }
 
 Result<UniqueFd> Engine::lease_uid_slot(std::uint32_t* slot) {

@@ -33,11 +33,11 @@ namespace tsb::isolate {
 struct EngineConfig {
   // cgroup subtree the engine owns; every run gets a leaf below it.
   std::string cgroup_parent = "/toolsandbox";
-  // The host's cgroup hierarchies and this process's place in them, read
-  // from /proc by the caller (isolate/host_facts.h): the engine parses no
-  // text.
-  CgroupLayout cgroup_layout;
-  // Runtime state: the uid-slot lock file and the staging mount point.
+  // Where run leaves go, prepared by the caller (isolate/prepare.h): the
+  // engine creates no cgroup of its own but the leaves.
+  CgroupPlacement cgroups;
+  // Runtime state, prepared by the caller (isolate/prepare.h): the
+  // uid-slot lock file, the staging mount point, the engines' locks.
   std::string state_dir = "/run/toolsandbox";
   // Host ids for sandboxes: run slot k maps sandbox ids 0..65535 to host
   // ids uid_base + k*65536 .. +65535. Never 0; must not overlap real users
@@ -45,13 +45,15 @@ struct EngineConfig {
   std::uint32_t uid_base = 1u << 30;
   std::uint32_t uid_slots = 1024;  // also the most runs at once on this host
   // toolsandbox-init, an absolute path (the caller finds it:
-  // isolate/host_facts.h, find_init).
+  // isolate/prepare.h, find_init).
   std::string init_path;
   // cgroup leaf names are "<prefix>.<engine pid>.<instance>-<n>": the random
   // instance tag names the engine, whose lock file
-  // (<state_dir>/engines/<instance>.lock) says whether it is alive. Leaves of
-  // engines that are gone are killed and removed by Engine::create.
+  // (<state_dir>/engines/<instance>.lock) says whether it is alive.
   std::string leaf_prefix = "run";
+  // Leaves of engines that are gone, found by the caller
+  // (isolate/prepare.h): Engine::create kills and removes them.
+  std::vector<std::string> stale_leaves;
   // Read-only host directories are shown through overlays made by the
   // engine, so /proc/self/mountinfo in a sandbox names no host path, device
   // or file system (isolate/mounts.h). Needs overlayfs; false binds them
@@ -202,10 +204,6 @@ class Engine {
   // Blocking: collect until nothing is left or `limit` passes.
   std::size_t drain_retired(std::chrono::milliseconds limit);
 
-  // Whether the owner of the leaf `name` (an engine's leaf name) is alive:
-  // its instance's lock file is held, or, without one, its pid is alive and
-  // not ours. Used by start-up reclaim; public for tests.
-  bool leaf_owner_alive(const std::string& name) const;
 
  private:
   Engine() = default;

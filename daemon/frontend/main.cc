@@ -6,10 +6,12 @@
 //       the front end: the listening socket, peers, the protocol, Letta
 //       shaping, E2B, audit and counters. Refuses to run with uid 0, any
 //       capability, or without no_new_privs; loads its own seccomp filter.
-//   --compile --config FILE [--config-optional]
+//   --compile --config FILE [--config-optional] [--setup]
 //       the compile helper: loads the configuration and policies and writes
 //       the compiled set the spawner reads (daemon/spawner/compiled.h) to
-//       stdout.
+//       stdout; with --setup (the spawner's start), first prepares what the
+//       engine needs on the host (isolate/prepare.h). Run as uid 0 with no
+//       capability.
 //   --check --config FILE [--config-optional]
 //       loads and reports, writes nothing (toolsandboxd --check).
 #include <getopt.h>
@@ -46,6 +48,7 @@ struct Args {
   Mode mode = Mode::None;
   std::string config;
   bool config_optional = false;
+  bool setup = false;
   int listen_fd = -1, control_fd = -1, e2b_key_fd = -1;
 };
 
@@ -57,13 +60,19 @@ bool parse_fd(const char* s, int* out) {
   return true;
 }
 
-tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg, const tsb::core::PolicySet& set) {
+tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg, const tsb::core::PolicySet& set,
+                                              bool setup) {
   using tsb::Error;
   tsb::spawn::CompiledSet out;
   out.engine = cfg.engine;
   // What the engine needs from the host, read here: the root spawner
   // parses no text.
-  if (auto st = tsb::policy::complete_engine_config(out.engine); !st.ok()) return std::move(st).error().wrap("engine");
+  // At the spawner's start (not at a reload: engine settings need a
+  // restart), what the engine needs on the host is prepared here, with no
+  // capability: the spawner's root process creates none of it.
+  if (setup) {
+    if (auto st = tsb::policy::prepare_engine(out.engine, ::getppid()); !st.ok()) return std::move(st).error().wrap("engine");
+  }
   auto init = tsb::policy::compile_init_filter();
   if (!init.ok()) return std::move(init).error().wrap("compiling the init filter");
   out.init_filter = std::move(init).value();
@@ -117,10 +126,11 @@ int main(int argc, char** argv) {
       {"check", no_argument, nullptr, 'k'},       {"config", required_argument, nullptr, 'c'},
       {"config-optional", no_argument, nullptr, 'o'}, {"listen-fd", required_argument, nullptr, 'l'},
       {"control-fd", required_argument, nullptr, 'f'}, {"e2b-key-fd", required_argument, nullptr, 'e'},
+      {"setup", no_argument, nullptr, 'S'},
       {nullptr, 0, nullptr, 0},
   };
   constexpr const char* kUsage =
-      "usage: toolsandboxd-frontend --serve|--compile|--check --config FILE [--config-optional]\n"
+      "usage: toolsandboxd-frontend --serve|--compile [--setup]|--check --config FILE [--config-optional]\n"
       "       [--listen-fd N --control-fd N [--e2b-key-fd N]]\n"
       "(started by toolsandboxd; not meant to be run by hand)\n";
   opterr = 0;
@@ -131,6 +141,7 @@ int main(int argc, char** argv) {
       case 'k': a.mode = Mode::Check; break;
       case 'c': a.config = optarg; break;
       case 'o': a.config_optional = true; break;
+      case 'S': a.setup = true; break;
       case 'l':
       case 'f':
       case 'e':
@@ -183,7 +194,7 @@ int main(int argc, char** argv) {
       spdlog::info("configuration: {}", cfg->source);
     for (const auto& [name, p] : (*set)->policies)
       spdlog::info("policy {} {} ({})", quoted_for_message(name), p->fingerprint, p->source);
-    auto compiled = compile(*cfg, **set);
+    auto compiled = compile(*cfg, **set, a.setup && a.mode == Mode::Compile);
     if (!compiled.ok()) {
       spdlog::critical("{}", compiled.error().message);
       return 1;

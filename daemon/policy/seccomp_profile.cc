@@ -22,7 +22,7 @@
 #include "isolate/base/hash.h"
 #include "daemon/policy/jsonc.h"
 #include "isolate/base/unique_fd.h"
-#include "isolate/host_facts.h"
+#include "isolate/prepare.h"
 
 namespace tsb::policy {
 namespace {
@@ -955,14 +955,16 @@ Result<std::shared_ptr<const SeccompProgram>> compile_init_filter() {
 Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig config) {
   auto filter = compile_init_filter();
   if (!filter.ok()) return std::move(filter).error().wrap("compiling the init filter");
-  TSB_TRY(complete_engine_config(config), "engine");
+  TSB_TRY(prepare_engine(config, ::getpid()), "engine");
   return isolate::Engine::create(std::move(config), std::move(filter).value());
 }
 
-Status complete_engine_config(isolate::EngineConfig& config) {
-  auto layout = isolate::read_cgroup_layout();
-  if (!layout.ok()) return std::move(layout).error();
-  config.cgroup_layout = std::move(layout).value();
+Status prepare_engine(isolate::EngineConfig& config, pid_t engine_pid) {
+  auto cgroups = isolate::prepare_cgroups(config.cgroup_parent, engine_pid);
+  if (!cgroups.ok()) return std::move(cgroups).error().wrap("setting up cgroups");
+  config.cgroups = std::move(cgroups).value();
+  TSB_TRY(isolate::prepare_state_dir(config.state_dir), "state directory");
+  config.stale_leaves = isolate::find_stale_leaves(config.cgroups, config.leaf_prefix, config.state_dir, engine_pid);
   config.init_path = isolate::find_init(config.init_path);
   return {};
 }

@@ -108,10 +108,10 @@ Result<std::shared_ptr<const SeccompProgram>> compile_init_filter();
 // the daemon, the command line, the tests and the benchmarks make an engine.
 Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig config);
 
-// What the engine's configuration needs from the host, read here (the
-// engine parses no text): the cgroup layout, and toolsandbox-init's path
-// when none is configured (isolate/host_facts.h). The compile helper does
-// this for the root spawner.
-Status complete_engine_config(isolate::EngineConfig& config);
+// What the engine needs prepared on the host, done here (isolate/prepare.h):
+// the cgroup parent (into whose "supervisor" leaf, for the parent "self",
+// `engine_pid` moves), the state directory, toolsandbox-init's path when
+// none is configured. The set-up helper does it for the root spawner.
+Status prepare_engine(isolate::EngineConfig& config, pid_t engine_pid);
 
 }  // namespace tsb::policy

@@ -91,21 +91,20 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
   Reader r(bytes.substr(kSetMagic.size()));
   CompiledSet s;
   isolate::EngineConfig& e = s.engine;
-  e.cgroup_parent = r.str(kMaxName);
-  isolate::CgroupLayout& cl = e.cgroup_layout;
-  cl.v2_mount = r.str(kMaxName);
-  cl.v2_controllers = r.strs(64, kMaxName);
-  cl.own_v2 = r.str(kMaxName);
-  std::uint32_t nv1 = r.count(64, 12);
-  for (std::uint32_t i = 0; i < nv1 && r.ok(); ++i) {
-    std::string controller = r.str(kMaxName), mount = r.str(kMaxName), own = r.str(kMaxName);
-    cl.v1.push_back({std::move(controller), std::move(mount), std::move(own)});
+  isolate::CgroupPlacement& cg = e.cgroups;
+  cg.mode = r.flag() ? isolate::CgroupMode::V1 : isolate::CgroupMode::V2;
+  cg.parent = r.str(kMaxName);
+  std::uint32_t nh = r.count(16, 8);
+  for (std::uint32_t i = 0; i < nh && r.ok(); ++i) {
+    std::string controller = r.str(kMaxName), base = r.str(kMaxName);
+    cg.hierarchies.push_back({std::move(controller), std::move(base)});
   }
   e.state_dir = r.str(kMaxName);
   e.uid_base = r.u32();
   e.uid_slots = r.u32();
   e.init_path = r.str(kMaxName);
   e.leaf_prefix = r.str(kMaxName);
+  e.stale_leaves = r.strs(1u << 16, kMaxName);
   e.hide_host_paths = r.flag();
   e.sandbox_oom_score_adj = r.i32();
   s.init_filter = get_program(r);

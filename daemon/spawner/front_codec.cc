@@ -64,22 +64,20 @@ std::string encode_compiled_set(const CompiledSet& s) {
   Writer w;
   for (char c : kSetMagic) w.u8(static_cast<std::uint8_t>(c));
   const isolate::EngineConfig& e = s.engine;
-  w.str(e.cgroup_parent);
-  const isolate::CgroupLayout& cl = e.cgroup_layout;
-  w.str(cl.v2_mount);
-  w.strs(cl.v2_controllers);
-  w.str(cl.own_v2);
-  w.u32(static_cast<std::uint32_t>(cl.v1.size()));
-  for (const auto& h : cl.v1) {
+  const isolate::CgroupPlacement& cg = e.cgroups;
+  w.u8(cg.mode == isolate::CgroupMode::V1 ? 1 : 0);
+  w.str(cg.parent);
+  w.u32(static_cast<std::uint32_t>(cg.hierarchies.size()));
+  for (const auto& h : cg.hierarchies) {
     w.str(h.controller);
-    w.str(h.mount);
-    w.str(h.own);
+    w.str(h.base);
   }
   w.str(e.state_dir);
   w.u32(e.uid_base);
   w.u32(e.uid_slots);
   w.str(e.init_path);
   w.str(e.leaf_prefix);
+  w.strs(e.stale_leaves);
   w.u8(e.hide_host_paths ? 1 : 0);
   w.i32(e.sandbox_oom_score_adj);
   put_program(w, *s.init_filter);

@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // The helper's own messages (the configuration, each policy) go to stderr.
-  auto set = tsb::spawn::compile_policies(opts, !explicit_config, check_only);
+  auto set = tsb::spawn::compile_policies(opts, !explicit_config,
+                                          check_only ? tsb::spawn::Compile::kCheck : tsb::spawn::Compile::kSetup);
   if (!set.ok()) {
     spdlog::critical("{}", set.error().message);
     return 1;

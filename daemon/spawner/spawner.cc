@@ -126,12 +126,14 @@ std::string describe_status(int st) {
 
 }  // namespace
 
-Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, bool check_only) {
+Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Compile what) {
+  const bool check_only = what == Compile::kCheck;
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return Error::from_errno("pipe");
   UniqueFd r(p[0]), w(p[1]);
   std::vector<std::string> args = {o.front_end, check_only ? "--check" : "--compile", "--config", o.config_path};
   if (optional) args.emplace_back("--config-optional");
+  if (what == Compile::kSetup) args.emplace_back("--setup");
   auto launched = launch(std::move(args), {{w.get(), STDOUT_FILENO}}, 0, 0);
   if (!launched.ok()) return std::move(launched).error().wrap("the compile helper");
   const pid_t pid = *launched;
@@ -558,7 +560,7 @@ void Spawner::front_end_gone() {
 void Spawner::reload() {
   spdlog::info("SIGHUP: reloading the configuration and policies");
   sd_notify(0, "RELOADING=1");  // READY=1 comes from the front end once it has followed
-  auto set = compile_policies(opts_, /*optional=*/false, false);
+  auto set = compile_policies(opts_, /*optional=*/false, Compile::kPolicies);
   const bool applied = set.ok();
   if (!set.ok()) {
     spdlog::error("reload: keeping the current configuration and policies: {}", set.error().message);

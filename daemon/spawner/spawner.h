@@ -40,9 +40,11 @@ struct SpawnerOptions {
 
 // Runs the compile helper (uid 0, every capability dropped, no_new_privs)
 // and reads its compiled set. `optional`: a missing configuration file
-// gives the embedded defaults. `check_only`: the helper prints what it
-// loaded and nothing is read back.
-Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, bool check_only);
+// gives the embedded defaults. kSetup (the start): the helper also prepares
+// what the engine needs on the host (isolate/prepare.h); kCheck: the helper
+// prints what it loaded and nothing is read back.
+enum class Compile { kSetup, kPolicies, kCheck };
+Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Compile what);
 
 class Spawner {
  public:

@@ -28,7 +28,7 @@
 #include <thread>
 
 #include "isolate/cgroup.h"
-#include "isolate/host_facts.h"
+#include "isolate/prepare.h"
 #include "isolate/base/random.h"
 #include "tests/integration/harness.h"
 
@@ -262,12 +262,18 @@ TEST_F(CgroupV2Test, StaleLeavesAreKilledAndRemoved) {
   ASSERT_TRUE(write_text_file(stale + "/sub/cgroup.procs", std::to_string(leftover)).ok());
   // A fresh Cgroups, as at the start of a new engine: reclaim runs before
   // any leaf of its own was created.
-  auto layout = tsb::isolate::read_cgroup_layout();
-  ASSERT_TRUE(layout.ok()) << layout.error().message;
-  auto fresh = tsb::isolate::Cgroups::open(engine_->cgroups().parent(), *layout);
+  auto placement = tsb::isolate::prepare_cgroups(engine_->cgroups().parent(), ::getpid());
+  ASSERT_TRUE(placement.ok()) << placement.error().message;
+  auto fresh = tsb::isolate::Cgroups::open(*placement);
   ASSERT_TRUE(fresh.ok()) << fresh.error().message;
   EXPECT_TRUE((*fresh)->has_cgroup_kill());
-  auto n = (*fresh)->kill_stale("stale", [](const std::string&) { return false; });
+  // Found stale (its pid is not alive, it has no lock file), then killed
+  // with cgroup.kill: the process in the sub-cgroup too.
+  const auto names = tsb::isolate::find_stale_leaves(*placement, "stale", "/run/toolsandbox-test", ::getpid());
+  ASSERT_EQ(names, std::vector<std::string>{"stale.999999999.1"});
+  auto leaf = (*fresh)->existing_leaf(names[0]);
+  ASSERT_TRUE(leaf);
+  EXPECT_TRUE(leaf->kill_all().ok());
   int st = wait_exit(leftover, 10s);
   if (st == -1) {
     ::kill(leftover, SIGKILL);
@@ -278,9 +284,6 @@ TEST_F(CgroupV2Test, StaleLeavesAreKilledAndRemoved) {
   // one, so it is removed here.
   ::rmdir((stale + "/sub").c_str());
   ::rmdir(stale.c_str());
-  ASSERT_TRUE(n.ok()) << n.error().message;
-  ASSERT_EQ(n->size(), 1u);
-  EXPECT_EQ(n->at(0)->name(), "stale.999999999.1");
 }
 
 TEST_F(CgroupV2Test, DaemonWithParentSelfRunsBesideItsSupervisorLeaf) {

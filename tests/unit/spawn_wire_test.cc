@@ -24,8 +24,7 @@ s::CompiledSet sample_set() {
   c.front_end_user = "toolsandboxd";
   c.front_end_uid = 999;
   c.front_end_gid = 995;
-  c.engine.cgroup_layout.v2_mount = "/sys/fs/cgroup/unified";
-  c.engine.cgroup_layout.v1 = {{"memory", "/sys/fs/cgroup/memory", "/system.slice"}};
+  c.engine.cgroups = {tsb::isolate::CgroupMode::V1, "/toolsandbox", {{"memory", "/sys/fs/cgroup/memory/toolsandbox"}}};
   s::SpawnPolicy p;
   p.name = "default";
   p.fingerprint = "sha256:00";
@@ -66,7 +65,8 @@ TEST(SpawnWire, CompiledSetRoundTrips) {
   EXPECT_EQ(bind->kind, tsb::isolate::FsEntry::kBind);
   EXPECT_EQ(bind->source, "/srv/a");
   EXPECT_EQ(p.modes[1].argv.back(), "/opt/runner.py");
-  EXPECT_EQ(d->engine.cgroup_layout.v1.at(0).own, "/system.slice");
+  EXPECT_EQ(d->engine.cgroups.hierarchies.at(0).base, "/sys/fs/cgroup/memory/toolsandbox");
+  EXPECT_EQ(d->engine.cgroups.mode, tsb::isolate::CgroupMode::V1);
   EXPECT_EQ(p.env_set.at("PATH"), "/bin");
   EXPECT_EQ(p.seccomp->insns.size(), 1u);
   EXPECT_EQ(d->front_end_uid, 999u);
