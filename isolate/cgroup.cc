@@ -106,12 +106,6 @@ Result<std::unique_ptr<Cgroups>> Cgroups::open(const CgroupPlacement& p) {
 
 std::string Cgroups::dir_of(const Hierarchy& h, const std::string& leaf) const { return h.base + "/" + leaf; }
 
-std::vector<std::string> Cgroups::parent_directories() const {
-  std::vector<std::string> out;
-  for (const auto& h : hierarchies_) out.push_back(h.base);
-  return out;
-}
-
 std::string Cgroups::describe() const {
   std::string s = std::string("cgroup ") + to_string(mode_) + ", parent " + parent_ + " (";
   for (std::size_t i = 0; i < hierarchies_.size(); ++i) {
@@ -198,12 +192,6 @@ CgroupLeaf::~CgroupLeaf() {
 }
 
 std::string CgroupLeaf::path(std::size_t i) const { return owner_->dir_of(owner_->hierarchies_[i], name_); }
-
-std::vector<std::string> CgroupLeaf::directories() const {
-  std::vector<std::string> out;
-  for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i) out.push_back(path(i));
-  return out;
-}
 
 std::string CgroupLeaf::file(const char* controller, const char* f) const {
   for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i) {

@@ -61,8 +61,6 @@ class Cgroups {
   const std::string& parent() const noexcept { return parent_; }
   // Human description for start-up logs and `status`.
   std::string describe() const;
-  // The directory run leaves are created in, per hierarchy (v2: one).
-  std::vector<std::string> parent_directories() const;
   // v2 features found at the parent (kernel 5.14+ / 5.19+); false on v1.
   bool has_cgroup_kill() const noexcept { return has_cgroup_kill_; }
   bool has_memory_peak() const noexcept { return has_memory_peak_; }
@@ -119,8 +117,6 @@ class CgroupLeaf {
   // False when the kernel still counts exiting processes in it (EBUSY).
   Result<bool> try_remove();
   const std::string& name() const noexcept { return name_; }
-  // The leaf's directory in each hierarchy (v2: one), for diagnostics and tests.
-  std::vector<std::string> directories() const;
 
  private:
   friend class Cgroups;

@@ -173,34 +173,14 @@ struct EngineCore {
 // ---------------------------------------------------------------- Sandbox
 
 Sandbox::~Sandbox() {
-  // Never blocks: what the kernel is not done with yet is handed to the
-  // engine (collect_retired), which finishes the clean-up later.
-  if (pidfd_ && !reaped_) {
-    kill();
-    siginfo_t si{};
-    if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &si, WEXITED | WNOHANG) == 0 &&
-        si.si_pid != 0)
-      reaped_ = true;
-  }
-  // A sandbox whose spawn failed before clone3 has no process: its leaf can
-  // go at once.
-  if ((reaped_ || !pidfd_) && leaf_) {
-    auto done = leaf_->try_remove();
-    if (!done.ok() || *done) leaf_.reset();
-  }
-  if ((pidfd_ && !reaped_) || leaf_) {
-    if (core_) {
-      Retired r;
-      r.pidfd = std::move(pidfd_);
-      r.reaped = reaped_;
-      r.leaf = std::move(leaf_);
-      r.lease = std::move(uid_slot_);
-      r.slot = slot_;
-      core_->retired.push_back(std::move(r));
-    }
-    return;
-  }
-  if (uid_slot_) clear_slot_record(uid_slot_.get(), slot_);
+  // Never blocks: what the kernel is not done with yet (an init still
+  // exiting, a busy leaf, with the uid-slot lease, held until both are
+  // gone) stays with the engine, which finishes the clean-up later
+  // (collect_retired); what is done goes at once.
+  if (!core_) return;
+  if (pidfd_ && !reaped_) kill();
+  core_->retired.push_back(Retired{std::move(pidfd_), reaped_, std::move(leaf_), std::move(uid_slot_), slot_});
+  (void)core_->collect();
 }
 
 void Sandbox::kill() noexcept {

@@ -246,7 +246,7 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
     // The spawner kept its set (its log says why): so does this side, and
     // the two stay the same set.
     spdlog::error("reload: the spawner kept the configuration and policies in force; so does the front end");
-    notify("READY=1");
+    notify_ready("");
   };
 }
 
@@ -267,7 +267,7 @@ Status Server::open_listener(int listen_fd, UniqueFd e2b_key) {
   return {};
 }
 
-void Server::notify(const char* text) { link_->notify(text); }
+void Server::notify_ready(std::string_view status) { link_->notify_ready(status); }
 
 void Server::start() {
   asio::co_spawn(io_, accept_loop(), asio::detached);
@@ -275,7 +275,7 @@ void Server::start() {
   link_->start();
   if (runner_path_.empty())
     spdlog::warn("the tool runner was not found (set \"runner\" in the configuration): run_tool requests will fail");
-  notify("READY=1\nSTATUS=accepting requests");
+  notify_ready("accepting requests");
 }
 
 bool Server::peer_allowed(const Peer& p) const {
@@ -645,17 +645,17 @@ void Server::reload(UniqueFd e2b_key) {
   if (!cfg.ok()) {
     if (cfg.error().code == ENOENT && cfg_.source == DaemonConfig{}.source) {
       spdlog::info("reload: no configuration file at '{}': still on the embedded defaults", config_path_);
-      notify("READY=1");
+      notify_ready("");
       return;
     }
     spdlog::error("reload: keeping the current configuration and policies: {}", cfg.error().message);
-    notify("READY=1");
+    notify_ready("");
     return;
   }
   auto set = load_policy_set(*cfg);
   if (!set.ok()) {
     spdlog::error("reload: keeping the current configuration and policies: {}", set.error().message);
-    notify("READY=1");
+    notify_ready("");
     return;
   }
   // The E2B key is re-read (and its file checked) before anything changes.
@@ -663,7 +663,7 @@ void Server::reload(UniqueFd e2b_key) {
     if (!e2b_) e2b_ = std::make_unique<E2BBackend>(io_, cfg->e2b);
     if (auto st = e2b_->reconfigure(cfg->e2b, std::move(e2b_key)); !st.ok()) {
       spdlog::error("reload: keeping the current configuration and policies: {}", st.error().message);
-      notify("READY=1");
+      notify_ready("");
       return;
     }
   }
@@ -682,7 +682,7 @@ void Server::reload(UniqueFd e2b_key) {
   local_->set_limits(cfg_.max_concurrent_runs, cfg_.max_queued_runs);
   for (const auto& [name, p] : policies_->policies) spdlog::info("policy {} {}", q(name), p->fingerprint);
   spdlog::info("reloaded configuration and {} policies", policies_->policies.size());
-  notify("READY=1");
+  notify_ready("");
 }
 
 asio::awaitable<void> Server::signal_loop() {

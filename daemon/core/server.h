@@ -115,7 +115,7 @@ class Server {
   // The spawner reloaded (SIGHUP goes to it): this side's configuration,
   // policies and E2B key (its new file's descriptor) follow.
   void reload(UniqueFd e2b_key);
-  void notify(const char* text);
+  void notify_ready(std::string_view status);
   nlohmann::json status_json() const;
 
   // Completes only when the peer has closed its end entirely (true), or

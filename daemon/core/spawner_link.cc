@@ -68,8 +68,8 @@ Status SpawnerLink::send(const std::string& msg) {
   return st;
 }
 
-void SpawnerLink::notify(std::string_view text) {
-  if (sd_.is_open()) (void)send(spawn::encode_notify(text));
+void SpawnerLink::notify_ready(std::string_view status) {
+  if (sd_.is_open()) (void)send(spawn::encode_notify(status));
 }
 
 asio::awaitable<void> SpawnerLink::receive_loop() {
@@ -98,7 +98,7 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
           spdlog::error("run {}: its pipes could not be received (out of descriptors?): ending it", s->run_id);
           it->second->no_stdio = true;
           it->second->kill_sent = true;
-          (void)send(spawn::encode(spawn::Kill{s->id, spawn::KillWhy::Cancel}));
+          (void)send(spawn::encode(spawn::Kill{s->id}));
           fds.clear();
         }
         it->second->answered = true;
@@ -169,7 +169,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
     ~Forget() {
       if (p->answered && !p->refused && !p->ended && !p->kill_sent) {
         p->kill_sent = true;
-        (void)l.send(spawn::encode(spawn::Kill{id, spawn::KillWhy::Cancel}));
+        (void)l.send(spawn::encode(spawn::Kill{id}));
       }
       l.pending_.erase(id);
     }
@@ -182,12 +182,11 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
                                      : "the sandbox spawner is not reachable: " + st.error().message};
     co_return out;
   }
-  auto kill = [this, p, id](spawn::KillWhy why) {
+  CancelHook hook(cancel, [this, p, id] {
     if (p->kill_sent || p->ended) return;
     p->kill_sent = true;
-    (void)send(spawn::encode(spawn::Kill{id, why}));
-  };
-  CancelHook hook(cancel, [kill] { kill(spawn::KillWhy::Cancel); });
+    (void)send(spawn::encode(spawn::Kill{id}));
+  });
 
   while (!p->answered) co_await p->wake.async_wait(tuple_awaitable);
   LinkRun out;

@@ -19,7 +19,7 @@
 #include <string>
 
 #include "daemon/core/cancel.h"
-#include "daemon/spawner/compiled.h"
+#include "daemon/spawner/front_codec.h"
 #include "isolate/base/result.h"
 #include "isolate/base/unique_fd.h"
 #include "isolate/outcome.h"
@@ -47,9 +47,9 @@ class SpawnerLink {
   asio::awaitable<LinkRun> run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
                                CancelSignal& cancel);
-  // READY=1, RELOADING=1, STOPPING=1, STATUS=...: passed on to systemd by
-  // the spawner (the only process systemd listens to).
-  void notify(std::string_view text);
+  // Ready (READY=1), with a status text (STATUS=...; "" for none): passed
+  // on to systemd by the spawner (the only process systemd listens to).
+  void notify_ready(std::string_view status);
 
   // The spawner's reload: whether its new set is in force, and the new E2B
   // key file's descriptor, if any.

@@ -36,7 +36,7 @@
 #include "daemon/frontend/confine.h"
 #include "daemon/policy/seccomp_profile.h"
 #include "isolate/base/quote.h"
-#include "daemon/spawner/compiled.h"
+#include "daemon/spawner/front_codec.h"
 
 namespace {
 

@@ -70,7 +70,6 @@ struct CompiledSet {
   std::vector<SpawnPolicy> policies;
 };
 
-std::string encode_compiled_set(const CompiledSet& s);
 Result<CompiledSet> decode_compiled_set(std::string_view bytes);
 
 // What is wrong with a request's environment under a policy: a name that
@@ -135,33 +134,23 @@ struct Ended {
   isolate::Observations observations;
 };
 
+// The front end wants a run stopped (its client went away, shutdown).
 struct Kill {
   std::uint64_t id = 0;
-  KillWhy why = KillWhy::Cancel;
 };
 
+// The spawner's half; the front end's is daemon/spawner/front_codec.h.
 std::string encode(const Hello& m);
-std::string encode(const RunOrder& m);
 std::string encode(const Started& m);
 std::string encode(const Refused& m);
 std::string encode(const Ended& m);
-std::string encode(const Kill& m);
 // `applied`: the spawner's new set is in force (else it kept the old one).
 std::string encode_reload(bool applied);
-Result<bool> decode_reload(std::string_view b);
-std::string encode_notify(std::string_view text);
 
 // The type of a received message (0 when empty).
 inline Msg message_type(std::string_view b) { return b.empty() ? Msg{0} : static_cast<Msg>(b[0]); }
 // Each decoder checks the type byte and that the message is read exactly.
-Result<Hello> decode_hello(std::string_view b);
 Result<RunOrder> decode_run(std::string_view b);
-Result<Started> decode_started(std::string_view b);
-Result<Refused> decode_refused(std::string_view b);
-Result<Ended> decode_ended(std::string_view b);
-// The front end's view of an end: the measurements, and the end reason and
-// sentence classified from the observations (isolate/outcome.h).
-isolate::RunResult run_result_from(const Ended& e);
 Result<Kill> decode_kill(std::string_view b);
 Result<std::string> decode_notify(std::string_view b);
 

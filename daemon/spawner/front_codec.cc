@@ -3,7 +3,7 @@
 // the spawner. Kept apart from compiled.cc so that none of it is linked into
 // the root spawner; the unit tests and the spawn_wire fuzz target hold both
 // halves to one format.
-#include "daemon/spawner/compiled.h"
+#include "daemon/spawner/front_codec.h"
 #include "isolate/outcome.h"
 
 namespace tsb::spawn {
@@ -24,15 +24,7 @@ void put_limits(Writer& w, const isolate::Limits& l) {
 }
 
 void put_program(Writer& w, const isolate::SeccompProgram& p) {
-  w.str(p.name);
-  w.u32(static_cast<std::uint32_t>(p.insns.size()));
-  for (const sock_filter& f : p.insns) {
-    w.u32(f.code);
-    w.u32(f.jt);
-    w.u32(f.jf);
-    w.u32(f.k);
-  }
-  w.str(p.sha256);
+  w.str({reinterpret_cast<const char*>(p.insns.data()), p.insns.size() * sizeof(sock_filter)});
 }
 
 void put_table(Writer& w, const isolate::FsTable& t) {
@@ -193,7 +185,6 @@ std::string encode(const Kill& m) {
   Writer w;
   w.u8(static_cast<std::uint8_t>(Msg::Kill));
   w.u64(m.id);
-  w.u8(static_cast<std::uint8_t>(m.why));
   return w.take();
 }
 

@@ -67,7 +67,6 @@ int main(int argc, char** argv) {
       {nullptr, 0, nullptr, 0},
   };
   constexpr const char* kUsage = "usage: toolsandboxd [--config FILE] [--check] [--version]\n";
-  opterr = 0;  // our own messages: one line, then the usage
   for (int c; (c = ::getopt_long(argc, argv, "", kOptions, nullptr)) != -1;) {
     switch (c) {
       case 'c':
@@ -77,20 +76,11 @@ int main(int argc, char** argv) {
       case 'k': check_only = true; break;
       case 'V': std::printf("toolsandboxd %s\n", TSB_VERSION); return 0;
       case 'h': std::fputs(kUsage, stdout); return 0;
-      default:
-        if (optopt != 0 && std::strchr(argv[optind - 1], '=') != nullptr)
-          std::fprintf(stderr, "toolsandboxd: option '%s' takes no value\n", argv[optind - 1]);
-        else if (optopt != 0)
-          std::fprintf(stderr, "toolsandboxd: option '%s' needs a value\n", argv[optind - 1]);
-        else
-          std::fprintf(stderr, "toolsandboxd: unknown option '%s'\n", argv[optind - 1]);
-        std::fputs(kUsage, stderr);
-        return 2;
+      default: std::fputs(kUsage, stderr); return 2;  // getopt said what was wrong
     }
   }
   if (optind < argc) {
-    std::fprintf(stderr, "toolsandboxd: unexpected argument '%s'\n", argv[optind]);
-    std::fputs(kUsage, stderr);
+    std::fprintf(stderr, "toolsandboxd: unexpected argument '%s'\n%s", argv[optind], kUsage);
     return 2;
   }
   // Logs go to stderr (the journal under systemd): the compile helper's
@@ -103,6 +93,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   // The helper's own messages (the configuration, each policy) go to stderr.
+  // At the start it also prepares the host for the engine.
+  if (!check_only && ::geteuid() != 0) {
+    spdlog::critical("toolsandboxd must run as root (it creates namespaces, cgroups and id maps)");
+    return 1;
+  }
   auto set = tsb::spawn::compile_policies(opts, !explicit_config,
                                           check_only ? tsb::spawn::Compile::kCheck : tsb::spawn::Compile::kSetup);
   if (!set.ok()) {
@@ -110,10 +105,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (check_only) return 0;
-  if (::geteuid() != 0) {
-    spdlog::critical("toolsandboxd must run as root (it creates namespaces, cgroups and id maps)");
-    return 1;
-  }
   raise_open_files_limit();
   auto engine = tsb::isolate::Engine::create(set->engine, set->init_filter);
   if (!engine.ok()) {

@@ -436,33 +436,20 @@ void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds)
       auto k = decode_kill(msg);
       if (!k.ok()) return refuse(0, RefuseCode::Malformed, k.error().message);
       auto it = runs_.find(k->id);
-      if (it == runs_.end() || it->second.orphan) return;  // ended already: its Ended is on the way
-      if (k->why == KillWhy::OutputLimit) {
-        it->second.obs.output_exceeded = true;
-        it->second.sb->kill();
-      } else {
-        it->second.sb->cancel();
-      }
+      if (it != runs_.end() && !it->second.orphan) it->second.sb->cancel();  // else ended: its Ended is on the way
       return;
     }
     case Msg::Notify: {
       auto n = decode_notify(msg);
       if (!n.ok()) return refuse(0, RefuseCode::Malformed, n.error().message);
-      // Only that it is ready, and a status text; never MAINPID= or anything
-      // else that would change how systemd treats the unit. RELOADING=1
-      // and STOPPING=1 are the spawner's to say (it gets the signals).
-      std::string out;
-      std::string_view t = *n;
-      while (!t.empty()) {
-        std::size_t nl = t.find('\n');
-        std::string_view line = t.substr(0, nl);
-        t = nl == std::string_view::npos ? std::string_view{} : t.substr(nl + 1);
-        bool printable = std::all_of(line.begin(), line.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
-        if (printable && (line == "READY=1" || line.starts_with("STATUS=")))
-          out.append(line).push_back('\n');
-      }
-      if (out.find("READY=1") != std::string::npos) fe_ready_ = true;
-      if (!out.empty()) sd_notify(0, out.c_str());
+      // Only that it is ready, with a status text of printable ASCII; never
+      // MAINPID= or anything else that would change how systemd treats the
+      // unit. RELOADING=1 and STOPPING=1 are the spawner's (it gets the
+      // signals).
+      std::string status = *n;
+      for (char& c : status) c = c >= 0x20 && c < 0x7f ? c : '?';
+      fe_ready_ = true;
+      sd_notify(0, ("READY=1\n" + (status.empty() ? "" : "STATUS=" + status + "\n")).c_str());
       return;
     }
     default: return refuse(0, RefuseCode::Malformed, "unknown message type " + std::to_string(msg.empty() ? 0 : msg[0]));

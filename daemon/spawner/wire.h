@@ -63,8 +63,6 @@ inline constexpr std::string_view kSetMagic = "TSBSET2\n";
 // Python script on stdin to the script launcher (kScriptMain,
 // daemon/policy/policy.h).
 enum class RunMode : std::uint8_t { Script = 0, Tool = 1 };
-// Why the front end asks for a run to be ended.
-enum class KillWhy : std::uint8_t { Cancel = 0, OutputLimit = 1 };
 
 // Refusal codes, mapped by the front end to protocol errors.
 enum class RefuseCode : std::uint8_t {

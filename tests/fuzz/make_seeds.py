@@ -248,8 +248,8 @@ def run_order(id_, policy, fp, mode, env, timeout_ms):
 
 
 def program(name, insns):
-    return wstr(name) + u32(len(insns)) + b"".join(u32(c) + u32(jt) + u32(jf) + u32(k) for c, jt, jf, k in insns) \
-        + wstr(b"0" * 64)
+    # a sock_filter array as the kernel takes it: u16 code, u8 jt, u8 jf, u32 k (`name` only says which)
+    return wstr(b"".join(struct.pack("<HBBI", c, jt, jf, k) for c, jt, jf, k in insns))
 
 
 def fs_row(kind, stage, path, source=b"", data=b"", size=0, inodes=0, mode=0o755, flags=0):
@@ -305,9 +305,9 @@ def spawn_wire():
     write(d, "run-trailing.bin", b"\x01" + good + b"junk")
     write(d, "run-bad-mode.bin", b"\x01" + run_order(1, b"default", fp, 9, {}, 1))
     write(d, "run-huge-length.bin", b"\x01" + u8(2) + u64(1) + u32(0x7fffffff) + b"default")
-    write(d, "kill.bin", b"\x01" + u8(6) + u64(1) + u8(1))
-    write(d, "kill-bad-why.bin", b"\x01" + u8(6) + u64(1) + u8(5))
-    write(d, "notify.bin", b"\x01" + u8(8) + wstr(b"READY=1\nSTATUS=accepting requests"))
+    write(d, "kill.bin", b"\x01" + u8(6) + u64(1))
+    write(d, "kill-trailing.bin", b"\x01" + u8(6) + u64(1) + u8(5))
+    write(d, "notify.bin", b"\x01" + u8(8) + wstr(b"accepting requests"))
     write(d, "unknown-type.bin", b"\x01" + u8(99) + b"x")
     s = compiled_set()
     write(d, "set.bin", b"\x00" + s)

@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-#include "daemon/spawner/compiled.h"
+#include "daemon/spawner/front_codec.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace s = tsb::spawn;

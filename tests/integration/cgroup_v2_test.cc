@@ -171,7 +171,7 @@ TEST_F(CgroupV2Test, WholeTreeKillUsesCgroupKill) {
   // sandbox's init.
   auto sb = engine_->spawn(spec({"/bin/sh", "-c", std::string(kProbe) + " daemonize; exec sleep 3600"}));
   ASSERT_TRUE(sb.ok()) << sb.error().message;
-  const std::string leaf = (*sb)->cgroup().directories().at(0);
+  const std::string leaf = engine_->config().cgroups.hierarchies.at(0).base + "/" + (*sb)->cgroup().name();
   std::size_t procs = 0;
   for (int i = 0; i < 1000 && procs < 3; ++i) {  // init, sleep, the grandchild
     std::this_thread::sleep_for(10ms);
@@ -223,7 +223,7 @@ TEST_F(CgroupV2Test, LimitsOomAndPeakComeFromTheLeafsV2Files) {
   s.limits.cpu_quota_millicpus = 500;
   auto sb = engine_->spawn(s);
   ASSERT_TRUE(sb.ok()) << sb.error().message;
-  const std::string leaf = (*sb)->cgroup().directories().at(0);
+  const std::string leaf = engine_->config().cgroups.hierarchies.at(0).base + "/" + (*sb)->cgroup().name();
 
   // The limits, as written to the leaf before the child existed.
   EXPECT_EQ(slurp(leaf + "/memory.max"), std::to_string(64ull << 20) + "\n");
@@ -251,7 +251,7 @@ TEST_F(CgroupV2Test, LimitsOomAndPeakComeFromTheLeafsV2Files) {
 TEST_F(CgroupV2Test, StaleLeavesAreKilledAndRemoved) {
   // A leaf left by an engine that died (its owner pid does not exist), with
   // a process still inside, in a sub-cgroup of its own.
-  const std::string base = engine_->cgroups().parent_directories().at(0);
+  const std::string base = engine_->config().cgroups.hierarchies.at(0).base;
   const std::string stale = base + "/stale.999999999.1";
   ASSERT_EQ(::mkdir(stale.c_str(), 0755), 0) << std::strerror(errno);
   ASSERT_EQ(::mkdir((stale + "/sub").c_str(), 0755), 0);

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/spawner/compiled.h"
+#include "daemon/spawner/front_codec.h"
 #include "isolate/outcome.h"
 
 using namespace tsb;
@@ -184,13 +184,13 @@ int main(int argc, char** argv) {
   order_case("env-nul-value", o, good);
 
   // A Kill for a run that does not exist: ignored.
-  (void)send_message(control, encode(Kill{424242, KillWhy::Cancel}));
+  (void)send_message(control, encode(Kill{424242}));
   valid_after("kill-unknown", good);
   std::fflush(out);  // before the spawner kills this process
   // A descriptor from the front end: the spawner ends it (this process is
   // killed; the line below is written only if it is not).
   int devnull = ::open("/dev/null", O_RDONLY);
-  (void)send_message(control, encode(Kill{424243, KillWhy::Cancel}), &devnull, 1);
+  (void)send_message(control, encode(Kill{424243}), &devnull, 1);
   std::fflush(out);
   std::string ignored;
   std::fprintf(out, "descriptor-sent %s\n", await(kAny, &ignored).c_str());

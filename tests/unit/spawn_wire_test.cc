@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "daemon/spawner/compiled.h"
+#include "daemon/spawner/front_codec.h"
 #include "isolate/outcome.h"
 #include "isolate/fs_table.h"
 
@@ -109,7 +109,7 @@ TEST(SpawnWire, TheFuzzSeedsAreWhatTheyClaim) {
                           "run-huge-length.bin"})
     EXPECT_FALSE(s::decode_run(corpus(bad)).ok()) << bad;
   EXPECT_TRUE(s::decode_kill(corpus("kill.bin")).ok());
-  EXPECT_FALSE(s::decode_kill(corpus("kill-bad-why.bin")).ok());
+  EXPECT_FALSE(s::decode_kill(corpus("kill-trailing.bin")).ok());
   EXPECT_TRUE(s::decode_notify(corpus("notify.bin")).ok());
 }
 

@@ -1,0 +1,33 @@
+// The front end's half of the spawner's formats (daemon/spawner/compiled.h):
+// what the front end and the compile helper write, and what they read from
+// the spawner. Kept apart so that none of it is in the root spawner.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "daemon/spawner/compiled.h"
+
+namespace tsb::isolate {
+struct RunResult;
+}
+
+namespace tsb::spawn {
+
+std::string encode_compiled_set(const CompiledSet& s);
+std::string encode(const RunOrder& m);
+std::string encode(const Kill& m);
+// The front end is ready, with a status text for systemd ("" for none).
+std::string encode_notify(std::string_view status);
+
+// Each decoder checks the type byte and that the message is read exactly.
+Result<Hello> decode_hello(std::string_view b);
+Result<Started> decode_started(std::string_view b);
+Result<Refused> decode_refused(std::string_view b);
+Result<Ended> decode_ended(std::string_view b);
+Result<bool> decode_reload(std::string_view b);
+// The front end's view of an end: the measurements, and the end reason and
+// sentence classified from the observations (isolate/outcome.h).
+isolate::RunResult run_result_from(const Ended& e);
+
+}  // namespace tsb::spawn
