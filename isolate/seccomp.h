@@ -1,7 +1,7 @@
 // The seccomp program a sandbox loads: plain data. The engine never reads a
 // profile: programs are compiled from policies by the policy language
 // (daemon/policy/seccomp_profile.h) and handed over ready to load (the load
-// is the last step before execve; see isolate/child_tool.cc).
+// is the last step before execve; see isolate/init/tool.cc).
 #pragma once
 
 #include <linux/filter.h>

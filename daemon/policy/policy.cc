@@ -245,7 +245,7 @@ std::string value_text_in_place(std::string_view text, const LocatedJson& doc, c
 }
 
 // The syscalls the engine itself makes under the tool's filter, which is
-// loaded just before execve (isolate/child_tool.cc): execve starts the tool,
+// loaded just before execve (isolate/init/tool.cc): execve starts the tool,
 // write reports a failed start on the report pipe, exit_group ends it; read
 // and exit are what any program needs next. A profile that refuses one of
 // them, even for some arguments only, cannot run a tool, so it is a load

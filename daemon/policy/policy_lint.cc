@@ -43,7 +43,7 @@ constexpr DangerousSyscall kDangerousSyscalls[] = {
 };
 
 // Members of dangerous groups that do no harm in a toolsandboxd sandbox:
-// the tool holds no capabilities (isolate/child_tool.cc empties every set
+// the tool holds no capabilities (isolate/init/tool.cc empties every set
 // and locks securebits) and its user namespace denies setgroups.
 struct InertSyscall {
   std::string_view name;

@@ -169,4 +169,15 @@ inline bool read_plan(const char* buf, size_t len, Plan* p) {
   return c.done();
 }
 
+// What read_plan allocated, also after it failed (for the unit tests: init
+// keeps its plan until it exits).
+inline void release_plan(Plan* p) {
+  free(p->argv);
+  free(p->envp);
+  free(p->tool_filter.insns);
+  free(p->init_filter.insns);
+  free(p->steps);
+  *p = Plan{};
+}
+
 }  // namespace tsb::isolate::init
