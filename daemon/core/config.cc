@@ -16,48 +16,13 @@ namespace {
 
 using nlohmann::json;
 
-struct Walker {
-  const LocatedJson& doc;
-  const json& v;
-  std::string ptr;
-  std::set<std::string> seen = {};
-
-  const json* get(const char* k) {
-    seen.insert(k);
-    auto it = v.find(k);
-    return it == v.end() ? nullptr : &*it;
-  }
-  std::string where(const char* k) const { return doc.where(json_pointer_append(ptr, k)); }
-  Status done() const {
-    for (auto it = v.begin(); it != v.end(); ++it)
-      if (!seen.count(it.key()))
-        return Error::invalid(doc.where_key(json_pointer_append(ptr, it.key())) + ": unknown key " +
-                              quoted_for_message(it.key()));
-    return {};
-  }
-  Result<std::string> string(const char* k, const std::string& dflt, bool absolute_path = false) {
-    const json* x = get(k);
-    if (!x || x->is_null()) return dflt;
-    if (!x->is_string()) return Error::invalid(where(k) + ": must be a string");
-    std::string s = x->get<std::string>();
-    if (absolute_path && (s.empty() || s[0] != '/')) return Error::invalid(where(k) + ": must be an absolute path");
-    return s;
-  }
-  Result<std::uint64_t> number(const char* k, std::uint64_t dflt, std::uint64_t lo, std::uint64_t hi) {
-    const json* x = get(k);
-    if (!x) return dflt;
-    if (!x->is_number_unsigned() || x->get<std::uint64_t>() < lo || x->get<std::uint64_t>() > hi)
-      return Error::invalid(where(k) + ": must be a whole number between " + std::to_string(lo) + " and " + std::to_string(hi));
-    return x->get<std::uint64_t>();
-  }
-  Result<std::chrono::milliseconds> duration(const char* k, std::chrono::milliseconds dflt) {
-    const json* x = get(k);
-    if (!x) return dflt;
-    auto d = parse_duration(*x);
-    if (!d.ok()) return Error::invalid(where(k) + ": " + d.error().message);
-    return *d;
-  }
-};
+Result<std::chrono::milliseconds> duration(ObjectReader& r, const char* k, std::chrono::milliseconds dflt) {
+  const json* x = r.get(k);
+  if (!x) return dflt;
+  auto d = parse_duration(*x);
+  if (!d.ok()) return r.error(k, d.error().message);
+  return *d;
+}
 
 #define TRY_SET(dst, expr)                              \
   do {                                                  \
@@ -81,13 +46,13 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) 
   if (!doc.ok()) return std::move(doc).error();
   if (!doc->value.is_object()) return Error::invalid(doc->where("") + ": the configuration must be an object");
   c.source = path;
-  Walker w{*doc, doc->value, ""};
+  ObjectReader w(*doc, doc->value, "");
   if (const json* v = w.get("version"); !v || !v->is_number_unsigned() || v->get<int>() != 1)
     return Error::invalid(doc->where(v ? "/version" : "") + ": \"version\": 1 is required");
 
   if (const json* s = w.get("socket")) {
     if (!s->is_object()) return Error::invalid(w.where("socket") + ": must be an object");
-    Walker ws{*doc, *s, "/socket"};
+    ObjectReader ws(*doc, *s, "/socket");
     TRY_SET(c.socket_path, ws.string("path", c.socket_path, true));
     std::string mode;
     TRY_SET(mode, ws.string("mode", "0660"));
@@ -144,11 +109,11 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) 
                             format_size(c.max_frame_bytes) + ") and 64GiB");
     c.max_buffered_bytes = *s;
   }
-  TRY_SET(c.request_timeout, w.duration("request_timeout", c.request_timeout));
-  TRY_SET(c.write_timeout, w.duration("write_timeout", c.write_timeout));
+  TRY_SET(c.request_timeout, duration(w, "request_timeout", c.request_timeout));
+  TRY_SET(c.write_timeout, duration(w, "write_timeout", c.write_timeout));
   if (c.request_timeout.count() < 1) return Error::invalid(w.where("request_timeout") + ": must be at least 1ms");
   if (c.write_timeout.count() < 1) return Error::invalid(w.where("write_timeout") + ": must be at least 1ms");
-  TRY_SET(c.shutdown_grace, w.duration("shutdown_grace", c.shutdown_grace));
+  TRY_SET(c.shutdown_grace, duration(w, "shutdown_grace", c.shutdown_grace));
   TRY_SET(c.policies_dir, w.string("policies_dir", "", true));
   TRY_SET(c.organizations_file, w.string("organizations", "", true));
   TRY_SET(c.runner_path, w.string("runner", "", true));
@@ -164,7 +129,7 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) 
   }
   if (const json* e = w.get("engine")) {
     if (!e->is_object()) return Error::invalid(w.where("engine") + ": must be an object");
-    Walker we{*doc, *e, "/engine"};
+    ObjectReader we(*doc, *e, "/engine");
     TRY_SET(c.engine.cgroup_parent, we.string("cgroup_parent", c.engine.cgroup_parent));
     if (c.engine.cgroup_parent != "self" && (c.engine.cgroup_parent.empty() || c.engine.cgroup_parent[0] != '/'))
       return Error::invalid(we.where("cgroup_parent") + ": must be \"self\" or an absolute cgroup path");
@@ -186,7 +151,7 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) 
   }
   if (const json* e = w.get("e2b")) {
     if (!e->is_object()) return Error::invalid(w.where("e2b") + ": must be an object");
-    Walker we{*doc, *e, "/e2b"};
+    ObjectReader we(*doc, *e, "/e2b");
     TRY_SET(c.e2b.api_key_file, we.string("api_key_file", "", true));
     c.e2b.enabled = !c.e2b.api_key_file.empty();
     TRY_SET(c.e2b.api_url, we.string("api_url", c.e2b.api_url));
@@ -194,7 +159,7 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) 
     TRY_SET(c.e2b.domain, we.string("domain", c.e2b.domain));
     TRY_SET(c.e2b.template_id, we.string("template", c.e2b.template_id));
     std::chrono::milliseconds ttl{};
-    TRY_SET(ttl, we.duration("sandbox_ttl", std::chrono::duration_cast<std::chrono::milliseconds>(c.e2b.sandbox_ttl)));
+    TRY_SET(ttl, duration(we, "sandbox_ttl", std::chrono::duration_cast<std::chrono::milliseconds>(c.e2b.sandbox_ttl)));
     c.e2b.sandbox_ttl = std::chrono::duration_cast<std::chrono::seconds>(ttl);
     TRY_SET(n, we.number("max_sandboxes", c.e2b.max_sandboxes, 1, 1024));
     c.e2b.max_sandboxes = static_cast<unsigned>(n);

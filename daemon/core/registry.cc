@@ -12,27 +12,22 @@ namespace {
 using nlohmann::json;
 
 Result<OrgEntry> parse_org(const LocatedJson& doc, const json& v, const std::string& ptr) {
-  if (!v.is_object()) return Error::invalid(doc.where(ptr) + ": must be an object");
+  ObjectReader r(doc, v, ptr);
+  if (auto st = r.object("an organization"); !st.ok()) return std::move(st).error();
   OrgEntry e;
-  for (auto it = v.begin(); it != v.end(); ++it) {
-    std::string p = json_pointer_append(ptr, it.key());
-    if (it.key() == "privileged") {
-      if (!it->is_boolean()) return Error::invalid(doc.where(p) + ": must be true or false");
-      e.privileged = it->get<bool>();
-    } else if (it.key() == "policy") {
-      if (!it->is_string()) return Error::invalid(doc.where(p) + ": must be a policy name");
-      e.policy = it->get<std::string>();
-    } else if (it.key() == "allowed_policies") {
-      if (!it->is_array()) return Error::invalid(doc.where(p) + ": must be an array of policy names");
-      e.allowed_policies.clear();
-      for (const auto& n : *it) {
-        if (!n.is_string()) return Error::invalid(doc.where(p) + ": must be an array of policy names");
-        e.allowed_policies.push_back(n.get<std::string>());
-      }
-    } else {
-      return Error::invalid(doc.where_key(p) + ": unknown key " + quoted_for_message(it.key()));
-    }
+  auto privileged = r.boolean("privileged", e.privileged);
+  if (!privileged.ok()) return std::move(privileged).error();
+  e.privileged = *privileged;
+  if (const json* p = r.get("policy"); p && !p->is_string()) return r.error("policy", "must be a policy name");
+  auto policy = r.string("policy", e.policy);
+  if (!policy.ok()) return std::move(policy).error();
+  e.policy = *policy;
+  if (r.get("allowed_policies")) {
+    auto allowed = r.strings("allowed_policies", "policy names");
+    if (!allowed.ok()) return std::move(allowed).error();
+    e.allowed_policies = *allowed;
   }
+  if (auto st = r.done(); !st.ok()) return std::move(st).error();
   if (std::find(e.allowed_policies.begin(), e.allowed_policies.end(), e.policy) == e.allowed_policies.end())
     e.allowed_policies.push_back(e.policy);
   return e;
@@ -51,29 +46,27 @@ Result<Organizations> load_organizations(const std::string& path_in) {
   if (!text.ok()) return std::move(text).error().wrap("organizations");
   auto doc = parse_jsonc(*text, path);
   if (!doc.ok()) return std::move(doc).error();
-  const json& v = doc->value;
-  if (!v.is_object()) return Error::invalid(doc->where("") + ": must be an object");
+  ObjectReader r(*doc, doc->value, "");
+  if (auto st = r.object("the organizations table"); !st.ok()) return std::move(st).error();
   Organizations o;
   o.source = path;
-  for (auto it = v.begin(); it != v.end(); ++it) {
-    if (it.key() == "version") {
-      if (!it->is_number_unsigned() || it->get<int>() != 1) return Error::invalid(doc->where("/version") + ": must be 1");
-    } else if (it.key() == "default") {
-      auto e = parse_org(*doc, *it, "/default");
+  const json* version = r.get("version");
+  if (!version) return Error::invalid(doc->where("") + ": \"version\": 1 is required");
+  if (!version->is_number_unsigned() || version->get<std::uint64_t>() != 1) return r.error("version", "must be 1");
+  if (const json* d = r.get("default")) {
+    auto e = parse_org(*doc, *d, "/default");
+    if (!e.ok()) return std::move(e).error();
+    o.fallback = *e;
+  }
+  if (const json* orgs = r.get("organizations")) {
+    if (!orgs->is_object()) return r.error("organizations", "must be an object of id: entry");
+    for (auto org = orgs->begin(); org != orgs->end(); ++org) {
+      auto e = parse_org(*doc, *org, json_pointer_append("/organizations", org.key()));
       if (!e.ok()) return std::move(e).error();
-      o.fallback = *e;
-    } else if (it.key() == "organizations") {
-      if (!it->is_object()) return Error::invalid(doc->where("/organizations") + ": must be an object of id: entry");
-      for (auto org = it->begin(); org != it->end(); ++org) {
-        auto e = parse_org(*doc, *org, json_pointer_append("/organizations", org.key()));
-        if (!e.ok()) return std::move(e).error();
-        o.orgs[org.key()] = *e;
-      }
-    } else {
-      return Error::invalid(doc->where_key(json_pointer_append("", it.key())) + ": unknown key " + quoted_for_message(it.key()));
+      o.orgs[org.key()] = *e;
     }
   }
-  if (!v.contains("version")) return Error::invalid(doc->where("") + ": \"version\": 1 is required");
+  if (auto st = r.done(); !st.ok()) return std::move(st).error();
   return o;
 }
 

@@ -1,6 +1,7 @@
 #include "daemon/policy/jsonc.h"
 #include "isolate/base/quote.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -434,6 +435,70 @@ std::string LocatedJson::where_key(const std::string& pointer) const {
     return format_location(source, it->second);
   }
   return where(pointer);
+}
+
+Status ObjectReader::object(std::string_view what) const {
+  if (v_.is_object()) return {};
+  return Error::invalid(doc_.where(ptr_) + ": " + std::string(what) + " must be an object");
+}
+
+const nlohmann::json* ObjectReader::get(std::string_view key) {
+  if (std::find(seen_.begin(), seen_.end(), key) == seen_.end()) seen_.emplace_back(key);
+  if (!v_.is_object()) return nullptr;
+  auto it = v_.find(key);
+  return it == v_.end() ? nullptr : &*it;
+}
+
+Error ObjectReader::error(std::string_view key, std::string_view sentence) const {
+  return Error::invalid(where(key) + ": " + std::string(sentence));
+}
+
+Result<std::string> ObjectReader::string(std::string_view key, const std::string& dflt, bool absolute_path) {
+  const nlohmann::json* x = get(key);
+  if (!x || x->is_null()) return dflt;
+  if (!x->is_string()) return error(key, "must be a string");
+  std::string s = x->get<std::string>();
+  if (absolute_path && (s.empty() || s[0] != '/')) return error(key, "must be an absolute path");
+  return s;
+}
+
+Result<bool> ObjectReader::boolean(std::string_view key, bool dflt) {
+  const nlohmann::json* x = get(key);
+  if (!x) return dflt;
+  if (!x->is_boolean()) return error(key, "must be true or false");
+  return x->get<bool>();
+}
+
+Result<std::uint64_t> ObjectReader::number(std::string_view key, std::uint64_t dflt, std::uint64_t lo, std::uint64_t hi) {
+  const nlohmann::json* x = get(key);
+  if (!x) return dflt;
+  if (!x->is_number_unsigned() || x->get<std::uint64_t>() < lo || x->get<std::uint64_t>() > hi)
+    return error(key, "must be a whole number between " + std::to_string(lo) + " and " + std::to_string(hi));
+  return x->get<std::uint64_t>();
+}
+
+Result<std::vector<std::string>> ObjectReader::strings(std::string_view key, std::string_view each) {
+  std::vector<std::string> out;
+  const nlohmann::json* x = get(key);
+  if (!x) return out;
+  if (!x->is_array()) return error(key, "must be an array of " + std::string(each));
+  for (const auto& e : *x) {
+    if (!e.is_string()) return error(key, "must be an array of " + std::string(each));
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+Status ObjectReader::done() const {
+  if (!v_.is_object()) return {};
+  for (auto it = v_.begin(); it != v_.end(); ++it) {
+    if (std::find(seen_.begin(), seen_.end(), it.key()) != seen_.end()) continue;
+    std::string known;
+    for (const auto& k : seen_) known += (known.empty() ? "" : ", ") + k;
+    return Error::invalid(doc_.where_key(pointer(it.key())) + ": unknown key " + quoted_for_message(it.key()) +
+                          " (known here: " + known + ")");
+  }
+  return {};
 }
 
 Result<LocatedJson> parse_jsonc(std::string_view text, std::string_view source) {

@@ -20,6 +20,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -55,6 +56,46 @@ Result<LocatedJson> parse_jsonc(std::string_view text, std::string_view source);
 // Appends one reference token to a JSON pointer, escaping '~' and '/'.
 std::string json_pointer_append(std::string_view pointer, std::string_view token);
 std::string json_pointer_append(std::string_view pointer, std::size_t index);
+
+// The one way a document the daemon reads from a file is read (the daemon
+// configuration, policies, seccomp profiles, the organizations table): one
+// object of it, member by member. Typed getters name the member's position
+// on error ("file:line:col: must be ..."); a member no getter asked for is
+// an error of done(), which names it and the members known there. An absent
+// member gives the default; a member that is there must have the type.
+// (Requests and the tools' results are scanned, not parsed into a tree:
+// protocol/json_scan.h, with the same strictness.)
+class ObjectReader {
+ public:
+  ObjectReader(const LocatedJson& doc, const nlohmann::json& value, std::string pointer)
+      : doc_(doc), v_(value), ptr_(std::move(pointer)) {}
+
+  // The value is an object ("<what> must be an object" if not).
+  Status object(std::string_view what) const;
+  // The member `key`, marked as known; null when absent.
+  const nlohmann::json* get(std::string_view key);
+  std::string pointer(std::string_view key) const { return json_pointer_append(ptr_, key); }
+  std::string where(std::string_view key) const { return doc_.where(pointer(key)); }
+  // "where(key): sentence", EINVAL.
+  Error error(std::string_view key, std::string_view sentence) const;
+
+  Result<std::string> string(std::string_view key, const std::string& dflt, bool absolute_path = false);
+  Result<bool> boolean(std::string_view key, bool dflt);
+  // A whole number in [lo, hi].
+  Result<std::uint64_t> number(std::string_view key, std::uint64_t dflt, std::uint64_t lo, std::uint64_t hi);
+  // An array of strings (absent: empty).
+  Result<std::vector<std::string>> strings(std::string_view key, std::string_view each);
+
+  // Every member was asked for: else "unknown key "x" (known here: ...)".
+  Status done() const;
+
+ private:
+  const LocatedJson& doc_;
+  const nlohmann::json& v_;
+  std::string ptr_;
+  std::vector<std::string> seen_;
+};
+
 
 
 }  // namespace tsb

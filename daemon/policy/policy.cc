@@ -43,42 +43,6 @@ std::string join(const std::string& dir, const std::string& rel) {
   return dir + "/" + rel;
 }
 
-// Walks one JSON object, remembering which keys were consumed, so unknown
-// keys can be reported with their position.
-class Obj {
- public:
-  Obj(const LocatedJson& doc, const json& v, std::string ptr) : doc_(doc), v_(v), ptr_(std::move(ptr)) {}
-
-  Status check_object(const char* what) const {
-    if (!v_.is_object()) return Error::invalid(doc_.where(ptr_) + ": " + what + " must be an object");
-    return {};
-  }
-  const json* get(const char* key) {
-    seen_.insert(key);
-    auto it = v_.find(key);
-    return it == v_.end() ? nullptr : &*it;
-  }
-  std::string ptr(const char* key) const { return json_pointer_append(ptr_, key); }
-  std::string where(const char* key) const { return doc_.where(ptr(key)); }
-  Status no_unknown_keys() const {
-    for (auto it = v_.begin(); it != v_.end(); ++it) {
-      if (!seen_.count(it.key())) {
-        std::string known;
-        for (const auto& k : seen_) known += (known.empty() ? "" : ", ") + k;
-        return Error::invalid(doc_.where_key(json_pointer_append(ptr_, it.key())) + ": unknown key " +
-                              quoted_for_message(it.key()) + " (known here: " + known + ")");
-      }
-    }
-    return {};
-  }
-
- private:
-  const LocatedJson& doc_;
-  const json& v_;
-  std::string ptr_;
-  std::set<std::string> seen_;
-};
-
 Status expect(bool ok, const std::string& where, const std::string& sentence) {
   if (ok) return {};
   return Error::invalid(where + ": " + sentence);
@@ -102,8 +66,8 @@ bool path_under(const std::string& p, const std::string& prefix) {
   return p == prefix || (p.size() > prefix.size() && p.compare(0, prefix.size(), prefix) == 0 && p[prefix.size()] == '/');
 }
 
-Status parse_limits(Obj o, const LocatedJson& doc, isolate::Limits& lim) {
-  TSB_TRY(o.check_object("\"limits\""), "limits");
+Status parse_limits(ObjectReader o, const LocatedJson& doc, isolate::Limits& lim) {
+  TSB_TRY(o.object("\"limits\""), "limits");
   auto dur = [&](const char* key, std::chrono::milliseconds& out, bool allow_zero) -> Status {
     if (const json* v = o.get(key)) {
       auto d = parse_duration(*v);
@@ -149,7 +113,7 @@ Status parse_limits(Obj o, const LocatedJson& doc, isolate::Limits& lim) {
   TSB_TRY(size("file_size", lim.file_size_bytes, 1024), "limits");
   TSB_TRY(count("open_files", lim.open_files, 16, 1u << 20), "limits");
   (void)doc;
-  return o.no_unknown_keys();
+  return o.done();
 }
 
 json limits_json(const isolate::Limits& l) {
@@ -292,8 +256,8 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   Policy p;
   p.source = path;
   p.include = include_path;
-  Obj root(doc, merged, "");
-  TSB_TRY(root.check_object("a policy"), path);
+  ObjectReader root(doc, merged, "");
+  TSB_TRY(root.object("a policy"), path);
 
   const json* version = root.get("version");
   TSB_TRY(expect(version && version->is_number_unsigned() && version->get<std::uint64_t>() == 1,
@@ -308,12 +272,12 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
                    "must be \"local\" or \"e2b\""), "policy");
     p.backend = *v == "e2b" ? Backend::E2B : Backend::Local;
   }
-  if (const json* v = root.get("limits")) TSB_TRY(parse_limits(Obj(doc, *v, "/limits"), doc, p.limits), "policy");
+  if (const json* v = root.get("limits")) TSB_TRY(parse_limits(ObjectReader(doc, *v, "/limits"), doc, p.limits), "policy");
 
   p.venv = "/var/lib/toolsandbox/venv";
   if (const json* v = root.get("filesystem")) {
-    Obj fs(doc, *v, "/filesystem");
-    TSB_TRY(fs.check_object("\"filesystem\""), "policy");
+    ObjectReader fs(doc, *v, "/filesystem");
+    TSB_TRY(fs.object("\"filesystem\""), "policy");
     if (const json* venv = fs.get("venv")) {
       TSB_TRY(expect(venv->is_null() || (venv->is_string() && !venv->get<std::string>().empty() &&
                                          venv->get<std::string>()[0] == '/'),
@@ -333,8 +297,8 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
       TSB_TRY(expect(binds->is_array(), fs.where("binds"), "must be an array"), "policy");
       for (std::size_t i = 0; i < binds->size(); ++i) {
         std::string bp = json_pointer_append("/filesystem/binds", i);
-        Obj b(doc, (*binds)[i], bp);
-        TSB_TRY(b.check_object("a bind"), "policy");
+        ObjectReader b(doc, (*binds)[i], bp);
+        TSB_TRY(b.object("a bind"), "policy");
         isolate::BindMount m;
         const json* src = b.get("source");
         const json* dst = b.get("target");
@@ -358,7 +322,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
           TSB_TRY(expect(o->is_boolean(), b.where("optional"), "must be true or false"), "policy");
           m.optional = o->get<bool>();
         }
-        TSB_TRY(b.no_unknown_keys(), "policy");
+        TSB_TRY(b.done(), "policy");
         bool allowed = std::any_of(ctx.bind_allowlist.begin(), ctx.bind_allowlist.end(),
                                    [&](const std::string& pre) { return path_under(m.source, pre); });
         TSB_TRY(expect(allowed, b.where("source"),
@@ -368,7 +332,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
         p.binds.push_back(std::move(m));
       }
     }
-    TSB_TRY(fs.no_unknown_keys(), "policy");
+    TSB_TRY(fs.done(), "policy");
   }
 
   if (const json* v = root.get("network")) {
@@ -378,8 +342,8 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   }
 
   if (const json* v = root.get("environment")) {
-    Obj env(doc, *v, "/environment");
-    TSB_TRY(env.check_object("\"environment\""), "policy");
+    ObjectReader env(doc, *v, "/environment");
+    TSB_TRY(env.object("\"environment\""), "policy");
     if (const json* set = env.get("set")) {
       TSB_TRY(expect(set->is_object(), env.where("set"), "must be an object of NAME: value"), "policy");
       for (auto it = set->begin(); it != set->end(); ++it) {
@@ -404,7 +368,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
         p.env_allow.push_back(name);
       }
     }
-    TSB_TRY(env.no_unknown_keys(), "policy");
+    TSB_TRY(env.done(), "policy");
   }
 
   // Seccomp: a profile file (relative to the directory of the file that
@@ -419,11 +383,11 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
     std::string where_profile = doc.where("");
     bool from_default_dir = true;
     if (const json* v = root.get("seccomp")) {
-      Obj sc(sdoc, *v, "/seccomp");
-      TSB_TRY(sc.check_object("\"seccomp\""), "policy");
+      ObjectReader sc(sdoc, *v, "/seccomp");
+      TSB_TRY(sc.object("\"seccomp\""), "policy");
       const json* prof = sc.get("profile");
       inline_profile = sc.get("inline");
-      TSB_TRY(sc.no_unknown_keys(), "policy");
+      TSB_TRY(sc.done(), "policy");
       TSB_TRY(expect((prof != nullptr) != (inline_profile != nullptr), sdoc.where("/seccomp"),
                      "give exactly one of \"profile\" (a file) or \"inline\" (rules)"), "policy");
       if (prof) {
@@ -480,8 +444,8 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   }
 
   if (const json* v = root.get("user")) {
-    Obj u(doc, *v, "/user");
-    TSB_TRY(u.check_object("\"user\""), "policy");
+    ObjectReader u(doc, *v, "/user");
+    TSB_TRY(u.object("\"user\""), "policy");
     for (const char* key : {"uid", "gid"}) {
       if (const json* id = u.get(key)) {
         TSB_TRY(expect(id->is_number_unsigned() && id->get<std::uint64_t>() >= 1 && id->get<std::uint64_t>() <= 65533,
@@ -489,7 +453,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
         (std::string(key) == "uid" ? p.uid : p.gid) = id->get<std::uint32_t>();
       }
     }
-    TSB_TRY(u.no_unknown_keys(), "policy");
+    TSB_TRY(u.done(), "policy");
   }
   if (const json* v = root.get("interpreter")) {
     TSB_TRY(expect(v->is_string(), root.where("interpreter"), "must be a path inside the sandbox"), "policy");
@@ -507,7 +471,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
                    root.where("hostname"), "must be 1-64 letters, digits or '-'"), "policy");
     p.hostname = h;
   }
-  TSB_TRY(root.no_unknown_keys(), "policy");
+  TSB_TRY(root.done(), "policy");
 
   // The effective policy, every value explicit, the profile's text resolved
   // in: what the fingerprint covers, so an auditor can tie a run to it.

@@ -295,16 +295,11 @@ class ProfileParser {
     return it == obj.end() || it->is_null();
   }
 
-  Status check_keys(const json& obj, const std::string& ptr, std::string_view what,
-                    const std::vector<std::string_view>& allowed) const {
-    for (const auto& [key, value] : obj.items()) {
-      if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-        return at_key(json_pointer_append(ptr, key), "unknown key " + quoted_for_message(key) + " in " +
-                                                          std::string(what) + " (expected one of: " +
-                                                          join(allowed) + ")");
-      }
-    }
-    return {};
+  // No member but `allowed` (the one object reader says which, where).
+  Status check_keys(const json& obj, const std::string& ptr, const std::vector<std::string_view>& allowed) const {
+    ObjectReader r(doc_, obj, ptr);
+    for (auto key : allowed) (void)r.get(key);
+    return r.done();
   }
 
   Status expect_type(const json& v, const std::string& ptr, json::value_t type, std::string_view what) const {
@@ -387,7 +382,7 @@ class ProfileParser {
   Status parse_root() {
     const json& root = doc_.value;
     if (Status s = expect_type(root, "", json::value_t::object, "a seccomp profile"); !s) return s;
-    if (Status s = check_keys(root, "", "the profile",
+    if (Status s = check_keys(root, "",
                               {"defaultAction", "defaultErrnoRet", "architectures", "archMap", "syscalls",
                                "flags", "listenerPath", "listenerMetadata"});
         !s) {
@@ -483,7 +478,7 @@ class ProfileParser {
       const std::string p = json_pointer_append("/archMap", i);
       const json& entry = map[i];
       if (Status s = expect_type(entry, p, json::value_t::object, "an archMap entry"); !s) return s;
-      if (Status s = check_keys(entry, p, "an archMap entry", {"architecture", "subArchitectures"}); !s) return s;
+      if (Status s = check_keys(entry, p, {"architecture", "subArchitectures"}); !s) return s;
       if (absent(entry, "architecture")) return at(p, "archMap entry without \"architecture\"");
       const std::string ap = p + "/architecture";
       const ArchRow* arch = nullptr;
@@ -523,7 +518,7 @@ class ProfileParser {
     const json& f = entry.at(key);
     const std::string what = "\"" + std::string(key) + "\"";
     if (Status s = expect_type(f, p, json::value_t::object, what); !s) return s;
-    if (Status s = check_keys(f, p, what, {"caps", "arches", "minKernel"}); !s) return s;
+    if (Status s = check_keys(f, p, {"caps", "arches", "minKernel"}); !s) return s;
     // Whether each listed condition holds for this sandbox.
     const bool caps = false;  // the tool's capability sets are empty
     bool arches = false, kernel = false;
@@ -593,7 +588,7 @@ class ProfileParser {
       const std::string ap = json_pointer_append(p, i);
       const json& a = list[i];
       if (Status s = expect_type(a, ap, json::value_t::object, "an args entry"); !s) return s;
-      if (Status s = check_keys(a, ap, "an args entry", {"index", "value", "valueTwo", "op"}); !s) return s;
+      if (Status s = check_keys(a, ap, {"index", "value", "valueTwo", "op"}); !s) return s;
       for (const std::string_view key : {"index", "value", "op"}) {
         if (absent(a, key)) return at(ap, "args entry without " + quoted_for_message(key));
       }
@@ -634,7 +629,7 @@ class ProfileParser {
 
   Status parse_entry(const json& entry, const std::string& ptr) {
     if (Status s = expect_type(entry, ptr, json::value_t::object, "a syscalls entry"); !s) return s;
-    if (Status s = check_keys(entry, ptr, "a syscalls entry",
+    if (Status s = check_keys(entry, ptr,
                               {"names", "name", "action", "errnoRet", "args", "comment", "includes", "excludes"});
         !s) {
       return s;

@@ -406,7 +406,8 @@ TEST(Organizations, StrictWithPositions) {
   const std::string bad = t.write("bad.json", "{\n  \"version\": 1,\n  \"default\": {\"priviledged\": true}\n}\n");
   auto r = load_organizations(bad);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().message, bad + ":3:15: unknown key \"priviledged\"");
+  EXPECT_EQ(r.error().message,
+            bad + ":3:15: unknown key \"priviledged\" (known here: privileged, policy, allowed_policies)");
   auto nov = load_organizations(t.write("nov.json", R"({"default": {}})"));
   ASSERT_FALSE(nov.ok());
 }
