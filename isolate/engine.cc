@@ -47,16 +47,19 @@ Result<UniqueFd> open_init(const std::string& path) {
   if (::fstat(fd.get(), &st) != 0) return Error::from_errno("stat '" + path + "'");
   // It builds every sandbox and is its pid 1: it must be root's and not
   // writable by anyone else, or whoever can write it owns every sandbox.
-  if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)))
-    return Error::invalid("refusing '" + path + "': toolsandbox-init must be a regular file owned by root and writable only by root", EPERM);
-  if (!(st.st_mode & S_IXOTH))
-    return Error::invalid("'" + path + "' must be executable by others (the sandbox's uid runs it)", EACCES);
+  // Executable by others (the sandbox's uid runs it) but not readable: an
+  // exec of a file its user cannot read is not dumpable from its first
+  // instruction, while it still holds the sandbox's capabilities.
+  if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH | S_IRGRP | S_IROTH)) ||
+      !(st.st_mode & S_IXOTH))
+    return Error::invalid("refusing '" + path + "': toolsandbox-init must be a regular file owned by root, "
+                          "executable but not readable or writable by others (mode 0711)", EPERM);
   return fd;
 }
 
 // A memfd holding `data`: the run's plan, read by toolsandbox-init.
 Result<UniqueFd> plan_memfd(const std::string& data) {
-  UniqueFd fd(::memfd_create("toolsandbox-plan", MFD_CLOEXEC));
+  UniqueFd fd(::memfd_create("toolsandbox-plan", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) return Error::from_errno("memfd_create");
   for (std::size_t off = 0; off < data.size();) {
     ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
@@ -66,6 +69,9 @@ Result<UniqueFd> plan_memfd(const std::string& data) {
     }
     off += static_cast<std::size_t>(n);
   }
+  // Sealed: what init checks is what it uses (it maps the plan).
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    return Error::from_errno("sealing the plan");
   return fd;
 }
 
@@ -304,10 +310,14 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
   // pid every time).
   e->instance_ = random_hex(4);
   {
+    // Locked before it has a name: no one can see it unlocked (and take
+    // this engine for a dead one).
     const std::string lock = e->engines_dir_ + "/" + e->instance_ + ".lock";
-    e->instance_lock_.reset(::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (!e->instance_lock_) return Error::from_errno("creating '" + lock + "'");
-    if (::flock(e->instance_lock_.get(), LOCK_EX | LOCK_NB) != 0) return Error::from_errno("locking '" + lock + "'");
+    e->instance_lock_.reset(::open(e->engines_dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+    if (!e->instance_lock_ || ::flock(e->instance_lock_.get(), LOCK_EX | LOCK_NB) != 0 ||
+        ::linkat(AT_FDCWD, ("/proc/self/fd/" + std::to_string(e->instance_lock_.get())).c_str(), AT_FDCWD,
+                 lock.c_str(), AT_SYMLINK_FOLLOW) != 0)
+      return Error::from_errno("creating '" + lock + "'");
   }
 
   auto cg = Cgroups::open(config.cgroups);
@@ -404,7 +414,7 @@ Result<UniqueFd> Engine::lease_uid_slot(std::uint32_t* slot) {
   // the run's init holds a descriptor too (so the lease lasts as long as the
   // sandbox, even when the engine is gone), and the command line and the
   // daemon on one host never share host uids.
-  UniqueFd fd(::open(slot_lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  UniqueFd fd(::open(slot_lock_path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd) return Error::from_errno("open '" + slot_lock_path_ + "'");
   for (std::uint32_t i = 0; i < config_.uid_slots; ++i) {
     std::uint32_t k = (next_slot_ + i) % config_.uid_slots;

@@ -2,11 +2,13 @@
 
 #include <fcntl.h>
 #include <linux/mount.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -24,9 +26,6 @@ int sys_fsconfig(int fd, unsigned cmd, const char* key, const char* value) {
   return static_cast<int>(::syscall(SYS_fsconfig, fd, cmd, key, value, 0));
 }
 int sys_fsmount(int fd, unsigned attrs) { return static_cast<int>(::syscall(SYS_fsmount, fd, FSMOUNT_CLOEXEC, attrs)); }
-int sys_open_tree(const char* path, unsigned flags) {
-  return static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, path, flags));
-}
 int sys_mount_setattr(int fd, std::uint64_t set, bool recursive, std::uint64_t propagation = 0) {
   struct mount_attr attr {};
   attr.attr_set = set;
@@ -101,34 +100,23 @@ Result<UniqueFd> make_tmpfs(std::uint64_t size, std::uint32_t inodes, std::uint3
   return m;
 }
 
-// What a host path becomes. Read-only directories: an overlay with the
-// host directory as its only content (the empty directory below it makes
-// a read-only overlay valid on kernels that want two lower layers). The
-// rest (a writable bind, a file too large to copy, overlays turned off):
-// a clone of the host's mount tree at that path. Errors opening the host
-// path are returned as a bare errno (`*deferred`), for init to report at
-// its step.
-Result<UniqueFd> open_view(const std::string& host_path, bool is_dir, bool writable, const MountContext& ctx,
-                           int* deferred) {
-  *deferred = 0;
+// What a host directory or file, opened as `fd`, becomes. Read-only
+// directories: an overlay with it as its only content (the empty directory
+// below it makes a read-only overlay valid on kernels that want two lower
+// layers). The rest (a writable bind, a file too large to copy, overlays
+// turned off): a clone of the host's mount tree at it.
+Result<UniqueFd> open_view(int fd, const std::string& host_path, bool is_dir, bool writable, const MountContext& ctx) {
   const std::uint64_t attrs = writable ? kNoSuidNoDev : kReadOnly;
   if (is_dir && !writable && ctx.overlay_views) {
-    UniqueFd dir(::open(host_path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    if (!dir) {
-      *deferred = errno;
-      return UniqueFd();
-    }
-    std::string lower = "lowerdir=/proc/self/fd/" + std::to_string(dir.get()) + ":/proc/self/fd/" +
-                        std::to_string(ctx.empty_dir_fd);
+    std::string lower =
+        "lowerdir=/proc/self/fd/" + std::to_string(fd) + ":/proc/self/fd/" + std::to_string(ctx.empty_dir_fd);
     auto m = make_fs("overlay", lower, attrs);
     if (!m.ok()) return std::move(m).error().wrap("read-only view of '" + host_path + "'");
     return m;
   }
-  UniqueFd t(sys_open_tree(host_path.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE));
-  if (!t) {
-    *deferred = errno;
-    return UniqueFd();
-  }
+  UniqueFd t(static_cast<int>(
+      ::syscall(SYS_open_tree, fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH)));
+  if (!t) return Error::from_errno("clone of '" + host_path + "'");
   // The clone is in the peer group of the host's mount at that path (when
   // that one is shared): made private, so that nothing mounted on or below
   // it inside the sandbox (a nested bind) propagates back to the host, and
@@ -137,6 +125,17 @@ Result<UniqueFd> open_view(const std::string& host_path, bool is_dir, bool writa
   if (sys_mount_setattr(t.get(), attrs, true, MS_PRIVATE) != 0)
     return Error::from_errno("mount_setattr on the bind of '" + host_path + "'");
   return t;
+}
+
+// A host path, opened once and used only through that descriptor, with no
+// symlink followed anywhere in it: a link planted in a writable host
+// directory (a bind runs see) cannot make root read or show another file,
+// nor can a swap between a check and a use. -1 and errno on failure.
+int open_host_path(const std::string& path) {
+  struct open_how how {};
+  how.flags = O_PATH | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_SYMLINKS;
+  return static_cast<int>(::syscall(SYS_openat2, AT_FDCWD, path.c_str(), &how, sizeof how));
 }
 
 // Builds the plan's steps (isolate/plan.h) and owns what they refer to.
@@ -164,16 +163,21 @@ struct Steps {
   }
 
   // A host path shown read-only (a view, a copy or a bind) or read-write.
+  // A missing optional path is skipped; any other failure to open it is
+  // init's to report at the row's stage.
   Status host_path(const FsEntry& e, const std::string& src, bool writable, const MountContext& ctx) {
+    UniqueFd f(open_host_path(src));
     struct stat sb{};
-    if (::stat(src.c_str(), &sb) != 0) {
-      if (e.optional) return {};
+    if (!f || ::fstat(f.get(), &sb) != 0) {
+      if (e.optional && (errno == ENOENT || errno == ENOTDIR)) return {};
       attach(e, UniqueFd(), errno, true);
       return {};
     }
     const bool dir = S_ISDIR(sb.st_mode);
     if (!dir && !writable && S_ISREG(sb.st_mode) && static_cast<std::uint64_t>(sb.st_size) <= kMaxCopiedFileBytes) {
-      if (auto data = read_file(src, {.max_bytes = kMaxCopiedFileBytes, .regular_only = true}); data.ok()) {
+      auto data = read_file("/proc/self/fd/" + std::to_string(f.get()),
+                            {.max_bytes = kMaxCopiedFileBytes, .regular_only = true});
+      if (data.ok()) {
         // Read-only like the bind it replaces; its exec bits are kept.
         copied += data->size();
         step(Op::kWriteFile, e, "", *data, -1, 0, static_cast<std::uint32_t>(sb.st_mode & 0555));
@@ -181,10 +185,9 @@ struct Steps {
       }
       if (e.optional) return {};
     }
-    int deferred = 0;
-    auto v = open_view(src, dir, writable, ctx, &deferred);
+    auto v = open_view(f.get(), src, dir, writable, ctx);
     if (!v.ok()) return std::move(v).error();
-    attach(e, std::move(v).value(), deferred, dir);
+    attach(e, std::move(v).value(), 0, dir);
     return {};
   }
 
@@ -215,6 +218,11 @@ struct Steps {
 Status make_in_dev(int dev, const std::string& name, const FsEntry& e) {
   switch (e.kind) {
     case FsEntry::kDevNode: {
+      // Only the five every sandbox has: nothing the table says can give a
+      // sandbox another device.
+      static constexpr std::string_view kDevices[] = {"null", "zero", "full", "random", "urandom"};
+      if (std::find(std::begin(kDevices), std::end(kDevices), name) == std::end(kDevices) || e.source != "/dev/" + name)
+        return Error::invalid("'" + e.path + "' is not a device a sandbox may have", EPERM);
       struct stat st{};
       if (::stat(e.source.c_str(), &st) != 0) return Error::from_errno("stat '" + e.source + "'");
       if (!S_ISCHR(st.st_mode)) return Error::invalid("'" + e.source + "' is not a character device", ENODEV);
@@ -257,9 +265,13 @@ Result<PreparedFs> prepare_fs(const FsTable& table, const MountContext& ctx) {
       case FsEntry::kBind: TSB_TRY(s.host_path(e, e.source, true, ctx), e.path); break;
       case FsEntry::kTmpfs:
       case FsEntry::kDev: {
+        // Nothing written in a sandbox is executable, whatever the table
+        // says; /dev is the one mount with devices, and there is one.
+        if (e.kind == FsEntry::kDev && (dev >= 0 || e.path != "/dev"))
+          return Error::invalid("'" + e.path + "': the table has one /dev");
         const bool tool = e.tool_owned;
-        const std::uint64_t attrs = (e.kind == FsEntry::kDev ? MOUNT_ATTR_NOSUID : kNoSuidNoDev) |
-                                    (e.noexec ? MOUNT_ATTR_NOEXEC : 0);
+        const std::uint64_t attrs =
+            (e.kind == FsEntry::kDev ? MOUNT_ATTR_NOSUID : kNoSuidNoDev) | MOUNT_ATTR_NOEXEC;
         auto m = make_tmpfs(e.size, e.inodes, e.mode, attrs, host_uid(tool ? ctx.tool_uid : 0),
                             host_uid(tool ? ctx.tool_gid : 0));
         if (!m.ok()) return std::move(m).error().wrap("tmpfs for " + e.path);
@@ -294,10 +306,10 @@ Result<PreparedFs> prepare_fs(const FsTable& table, const MountContext& ctx) {
 Status probe_overlay_views(int empty_dir_fd) {
   MountContext ctx;
   ctx.empty_dir_fd = empty_dir_fd;
-  int deferred = 0;
-  auto v = open_view("/usr", true, false, ctx, &deferred);
+  UniqueFd usr(open_host_path("/usr"));
+  if (!usr) return Error::from_errno("open '/usr'");
+  auto v = open_view(usr.get(), "/usr", true, false, ctx);
   if (!v.ok()) return std::move(v).error();
-  if (deferred != 0) return Error::from_errno(deferred, "open '/usr'");
   return {};
 }
 

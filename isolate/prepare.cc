@@ -171,33 +171,6 @@ Result<CgroupPlacement> prepare_cgroups(const std::string& parent_in, pid_t engi
   return out;
 }
 
-Status prepare_state_dir(const std::string& state_dir) {
-  // The modes are set with chmod, not left to mkdir: mkdir applies the
-  // umask, and under a restrictive one (the systemd unit's UMask=0077, or a
-  // root shell with umask 027) the directories came out without o+x.
-  for (const auto& [dir, mode] : {std::pair{state_dir, 0711}, {state_dir + "/root", 0755}, {state_dir + "/empty", 0555},
-                                  {state_dir + "/engines", 0700}}) {
-    if (::mkdir(dir.c_str(), static_cast<mode_t>(mode)) == 0) {
-      if (::chmod(dir.c_str(), static_cast<mode_t>(mode)) != 0) return Error::from_errno("chmod '" + dir + "'");
-    } else if (errno != EEXIST) {
-      return Error::from_errno("mkdir '" + dir + "'");
-    }
-  }
-  // Sandboxes resolve the staging root after switching to their mapped
-  // ids, which are "others" for every host directory.
-  const std::string staging = state_dir + "/root";
-  for (std::string p = staging; !p.empty() && p != "/"; p = p.substr(0, p.rfind('/'))) {
-    struct stat st{};
-    if (::stat(p.c_str(), &st) != 0) return Error::from_errno("stat '" + p + "'");
-    if (!(st.st_mode & S_IXOTH))
-      return Error::invalid("state directory: '" + p + "' must be searchable by others (chmod o+x): sandboxes resolve '" +
-                                staging + "' with unprivileged ids",
-                            EACCES);
-    if (p.rfind('/') == 0) break;
-  }
-  return {};
-}
-
 namespace {
 
 void each_entry(const std::string& dir, const std::function<void(const dirent&)>& f) {
@@ -215,6 +188,46 @@ bool lock_held(const std::string& path, bool* exists) {
 }
 
 }  // namespace
+
+Status prepare_state_dir(const std::string& state_dir) {
+  // The modes are set with chmod, not left to mkdir: mkdir applies the
+  // umask, and under a restrictive one (the systemd unit's UMask=0077, or a
+  // root shell with umask 027) the directories came out without o+x.
+  for (const auto& [dir, mode] : {std::pair{state_dir, 0711}, {state_dir + "/root", 0755}, {state_dir + "/empty", 0555},
+                                  {state_dir + "/engines", 0700}}) {
+    if (::mkdir(dir.c_str(), static_cast<mode_t>(mode)) == 0) {
+      if (::chmod(dir.c_str(), static_cast<mode_t>(mode)) != 0) return Error::from_errno("chmod '" + dir + "'");
+    } else if (errno != EEXIST) {
+      return Error::from_errno("mkdir '" + dir + "'");
+    }
+    // The engine (root) creates its lock files here and shows `empty` in
+    // every view: a directory someone else could have made or changes is
+    // not used.
+    struct stat st{};
+    if (::lstat(dir.c_str(), &st) != 0) return Error::from_errno("stat '" + dir + "'");
+    if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)))
+      return Error::invalid("'" + dir + "' must be a directory owned by root and writable only by root", EPERM);
+  }
+  bool empty = true;
+  each_entry(state_dir + "/empty", [&](const dirent& e) {
+    empty = empty && (std::string_view(e.d_name) == "." || std::string_view(e.d_name) == "..");
+  });
+  if (!empty) return Error::invalid("'" + state_dir + "/empty' must be empty (it is the overlays' lowest layer)", ENOTEMPTY);
+  // Sandboxes resolve the staging root after switching to their mapped
+  // ids, which are "others" for every host directory.
+  const std::string staging = state_dir + "/root";
+  for (std::string p = staging; !p.empty() && p != "/"; p = p.substr(0, p.rfind('/'))) {
+    struct stat st{};
+    if (::stat(p.c_str(), &st) != 0) return Error::from_errno("stat '" + p + "'");
+    if (!(st.st_mode & S_IXOTH))
+      return Error::invalid("state directory: '" + p + "' must be searchable by others (chmod o+x): sandboxes resolve '" +
+                                staging + "' with unprivileged ids",
+                            EACCES);
+    if (p.rfind('/') == 0) break;
+  }
+  return {};
+}
+
 
 std::vector<std::string> find_stale_leaves(const CgroupPlacement& placement, const std::string& prefix,
                                            const std::string& state_dir, pid_t engine_pid) {

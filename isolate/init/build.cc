@@ -30,78 +30,96 @@ namespace {
     if (cond) fail_at(plan.report_fd, (stage), errno, 1);       \
   } while (0)
 
-int setattr(const char* path, std::uint64_t set, bool recursive) noexcept {
+int sys_move_mount(int from, int to) noexcept {
+  return static_cast<int>(
+      ::syscall(SYS_move_mount, from, "", to, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH));
+}
+
+int sys_setattr(int fd, std::uint64_t set, bool recursive) noexcept {
   struct mount_attr attr {};
   attr.attr_set = set;
-  return static_cast<int>(::syscall(SYS_mount_setattr, AT_FDCWD, path,
-                                    (recursive ? AT_RECURSIVE : 0) | AT_SYMLINK_NOFOLLOW, &attr, sizeof attr));
+  return static_cast<int>(
+      ::syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr, sizeof attr));
 }
 
-int attach(int mount_fd, const char* dst) noexcept {
-  return static_cast<int>(::syscall(SYS_move_mount, mount_fd, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH));
-}
+// Closes a descriptor when it goes out of scope, keeping errno.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd < 0) return;
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+  }
+};
 
-bool path_exists(const char* p) noexcept {
-  struct stat st;
-  return ::lstat(p, &st) == 0;
-}
-
-// `staging` + `path` into buf. The path must be a plain sandbox path: no
-// "." or ".." component, no "//" (so no step reaches outside the new root
-// before pivot_root).
-int join(char* buf, const char* staging, const char* path) noexcept {
-  for (const char* p = path; *p; ++p) {
-    if (p[0] != '/') continue;
-    if (p[1] == '/' || (p[1] == '.' && (p[2] == '/' || p[2] == '\0' || (p[2] == '.' && (p[3] == '/' || p[3] == '\0'))))) {
+// The directory holding the last component of `path` (a sandbox path),
+// reached from the new root one component at a time: each made (0755) when
+// missing and opened without following a symlink, "." and ".." refused. So
+// no step reaches outside the new root, nor through a link a tool planted
+// in a writable host directory that an earlier run saw. `*name` is the
+// last component.
+int open_parent(int root, const char* path, const char** name) noexcept {
+  if (path[0] != '/') {
+    errno = EINVAL;
+    return -1;
+  }
+  int dir = ::fcntl(root, F_DUPFD_CLOEXEC, 0);
+  for (const char* p = path + 1; dir >= 0;) {
+    const char* slash = strchr(p, '/');
+    const size_t len = slash ? static_cast<size_t>(slash - p) : strlen(p);
+    char comp[NAME_MAX + 1];
+    if (len == 0 || len > NAME_MAX || (p[0] == '.' && (len == 1 || (len == 2 && p[1] == '.')))) {
+      ::close(dir);
       errno = EINVAL;
       return -1;
     }
+    if (!slash) {
+      *name = p;
+      return dir;
+    }
+    memcpy(comp, p, len);
+    comp[len] = '\0';
+    int next = -1;
+    if (::mkdirat(dir, comp, 0755) == 0 || errno == EEXIST)
+      next = ::openat(dir, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    const int saved = errno;
+    ::close(dir);
+    errno = saved;
+    dir = next;
+    p = slash + 1;
   }
-  const size_t a = strlen(staging), b = strlen(path);
-  if (path[0] != '/' || a + b + 1 > PATH_MAX) {
-    errno = ENAMETOOLONG;
+  return -1;
+}
+
+// `name` in `dir` as a directory or a regular file, made when missing; not
+// a symlink, whatever is there.
+int open_target(int dir, const char* name, bool is_dir) noexcept {
+  if (is_dir) {
+    if (::mkdirat(dir, name, 0755) != 0 && errno != EEXIST) return -1;
+    return ::openat(dir, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  }
+  int fd = ::openat(dir, name, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0 && errno != EISDIR) return -1;
+  if (fd >= 0) ::close(fd);
+  fd = ::openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd >= 0 && (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+    ::close(fd);
+    errno = ENOTDIR;
     return -1;
   }
-  memcpy(buf, staging, a);
-  memcpy(buf + a, path, b + 1);
-  return 0;
+  return fd;
 }
 
-// Every directory above `full` below the staging root, mode 0755.
-int make_parents(char* full, size_t staging_len) noexcept {
-  for (char* p = full + staging_len + 1; (p = strchr(p, '/')) != nullptr; ++p) {
-    *p = '\0';
-    const int rc = ::mkdir(full, 0755);
-    const int saved = errno;
-    *p = '/';
-    if (rc != 0 && saved != EEXIST) {
-      errno = saved;
-      return -1;
-    }
-  }
-  return 0;
-}
-
-int make_target(const char* dst, bool dir) noexcept {
-  if (dir) return (::mkdir(dst, 0755) == 0 || errno == EEXIST) ? 0 : -1;
-  int fd = ::open(dst, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return errno == EEXIST ? 0 : -1;
-  ::close(fd);
-  return 0;
-}
-
-int write_new_file(const char* dst, const char* data, size_t len, unsigned mode) noexcept {
-  int fd = ::open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
-  if (fd < 0) return -1;
-  bool ok = write_all(fd, data, len);
-  int saved = errno;
-  ::close(fd);
-  errno = saved;
-  return ok ? 0 : -1;
+int write_new_file(int dir, const char* name, const char* data, size_t len, unsigned mode) noexcept {
+  Fd f{::openat(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode)};
+  if (f.fd < 0) return -1;
+  return write_all(f.fd, data, len) ? 0 : -1;
 }
 
 // A version-4 UUID in the kernel's boot_id text form, at random.
-int write_boot_id(const char* dst, unsigned mode) noexcept {
+int write_boot_id(int dir, const char* name, unsigned mode) noexcept {
   unsigned char r[16];
   if (::getrandom(r, sizeof r, 0) != static_cast<ssize_t>(sizeof r)) return -1;
   r[6] = static_cast<unsigned char>((r[6] & 0x0f) | 0x40);
@@ -115,24 +133,48 @@ int write_boot_id(const char* dst, unsigned mode) noexcept {
     text[o++] = kHex[r[i] & 0xf];
   }
   text[o++] = '\n';
-  return write_new_file(dst, text, static_cast<size_t>(o), mode);
+  return write_new_file(dir, name, text, static_cast<size_t>(o), mode);
 }
 
-constexpr std::uint64_t kMaskAttrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+// A clone of the mount tree at `from`, read-only with `attrs`, moved onto
+// `to` (itself, for kReadOnly). MOUNT_ATTR_* on the detached clone, so the
+// mount never exists writable in the sandbox's tree.
+int bind_read_only(int from, int to, bool recursive) noexcept {
+  Fd tree{static_cast<int>(::syscall(SYS_open_tree, from, "",
+                                     OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0)))};
+  if (tree.fd < 0) return -1;
+  constexpr std::uint64_t kAttrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+  if (sys_setattr(tree.fd, kAttrs, recursive) != 0) return -1;
+  return sys_move_mount(tree.fd, to);
+}
 
-// One step of the plan, paths already joined; 0 or -1 with errno set.
-int run_step(const Step& s, const char* dst, const char* src) noexcept {
+// A new proc for this pid namespace, nosuid, nodev, noexec, moved onto `to`.
+int mount_proc(int to) noexcept {
+  Fd fs{static_cast<int>(::syscall(SYS_fsopen, "proc", FSOPEN_CLOEXEC))};
+  if (fs.fd < 0 || ::syscall(SYS_fsconfig, fs.fd, FSCONFIG_SET_STRING, "source", "proc", 0) != 0 ||
+      ::syscall(SYS_fsconfig, fs.fd, FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) != 0)
+    return -1;
+  Fd m{static_cast<int>(::syscall(SYS_fsmount, fs.fd, FSMOUNT_CLOEXEC,
+                                  MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC))};
+  if (m.fd < 0) return -1;
+  return sys_move_mount(m.fd, to);
+}
+
+// One step of the plan, under the new root `root`; 0 or -1 with errno set.
+int run_step(int root, const Step& s) noexcept {
+  const char* name = nullptr;
+  Fd dir{open_parent(root, s.path, &name)};
+  if (dir.fd < 0) return -1;
   switch (s.op) {
     case Op::kMkdir:
-      if (::mkdir(dst, s.mode) != 0 && errno != EEXIST) return -1;
-      return 0;
+      return ::mkdirat(dir.fd, name, s.mode) == 0 || errno == EEXIST ? 0 : -1;
     case Op::kSymlink:
-      return ::symlink(s.source, dst);
+      return ::symlinkat(s.source, dir.fd, name);
     case Op::kWriteFile:
-      return write_new_file(dst, s.data, s.len, s.mode);
+      return write_new_file(dir.fd, name, s.data, s.len, s.mode);
     case Op::kBootId:
-      return write_boot_id(dst, s.mode);
-    case Op::kAttach:
+      return write_boot_id(dir.fd, name, s.mode);
+    case Op::kAttach: {
       // A mount the engine made (a tmpfs, a view of a host directory) with
       // its attributes set already: it only needs a place. A host path the
       // engine could not open (a missing venv) fails here, with the
@@ -142,24 +184,30 @@ int run_step(const Step& s, const char* dst, const char* src) noexcept {
         errno = s.err != 0 ? s.err : EBADF;
         return -1;
       }
-      if (make_target(dst, s.dir) != 0) return -1;
-      return attach(s.fd, dst);
-    case Op::kProc:
-      if (::mkdir(dst, s.mode) != 0 && errno != EEXIST) return -1;
-      return ::mount("proc", dst, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+      Fd to{open_target(dir.fd, name, s.dir)};
+      return to.fd < 0 ? -1 : sys_move_mount(s.fd, to.fd);
+    }
+    case Op::kProc: {
+      if (::mkdirat(dir.fd, name, s.mode) != 0 && errno != EEXIST) return -1;
+      Fd to{::openat(dir.fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)};
+      return to.fd < 0 ? -1 : mount_proc(to.fd);
+    }
     case Op::kMask:
-      // An empty file or directory of the root tmpfs, not a tmpfs of its
-      // own: a tmpfs mounted here would show this namespace's host uid in
-      // its options in /proc/self/mountinfo.
-      if (!path_exists(dst)) return 0;
-      if (::mount(src, dst, nullptr, MS_BIND, nullptr) != 0) return -1;
-      return setattr(dst, kMaskAttrs, false);
-    case Op::kReadOnly:
-      // MS_REC: what is mounted below comes along and gets the same
-      // attributes, so nothing under a read-only path stays writable.
-      if (!path_exists(dst)) return 0;
-      if (::mount(dst, dst, nullptr, MS_BIND | MS_REC, nullptr) != 0) return -1;
-      return setattr(dst, kMaskAttrs, true);
+    case Op::kReadOnly: {
+      // Only what exists is covered. A mask is an empty file or directory
+      // of the root tmpfs, not a tmpfs of its own: a tmpfs mounted here
+      // would show this namespace's host uid in its options in
+      // /proc/self/mountinfo. A read-only path takes what is mounted below
+      // it along (recursive), so nothing under it stays writable.
+      Fd to{::openat(dir.fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)};
+      if (to.fd < 0) return errno == ENOENT ? 0 : -1;
+      if (s.op == Op::kReadOnly) return bind_read_only(to.fd, to.fd, true);
+      const char* src_name = nullptr;
+      Fd src_dir{open_parent(root, s.source, &src_name)};
+      if (src_dir.fd < 0) return -1;
+      Fd from{::openat(src_dir.fd, src_name, O_PATH | O_NOFOLLOW | O_CLOEXEC)};
+      return from.fd < 0 ? -1 : bind_read_only(from.fd, to.fd, false);
+    }
   }
   errno = EINVAL;
   return -1;
@@ -202,19 +250,16 @@ void build_sandbox(const Plan& plan) noexcept {
   //    unless a step below puts it there explicitly. The engine made it, so
   //    its mount options carry no host uid, and gave its root directory to
   //    our uid 0.
-  FAIL_IF(attach(plan.root_fd, plan.staging) != 0, Stage::MountRoot);
+  Fd root{::open(plan.staging, O_PATH | O_DIRECTORY | O_CLOEXEC)};
+  FAIL_IF(root.fd < 0 || sys_move_mount(plan.root_fd, root.fd) != 0, Stage::MountRoot);
+  // The new root itself, now on top of the staging directory.
+  Fd top{::open(plan.staging, O_PATH | O_DIRECTORY | O_CLOEXEC)};
+  FAIL_IF(top.fd < 0, Stage::MountRoot);
 
   // 3. The file-system table's steps (isolate/fs_table.h): skeleton, /etc
   //    stubs and copies, read-only views of the system directories and the
   //    venv, tmpfs /tmp and working dir, /proc with masks, a minimal /dev.
-  const size_t staging_len = strlen(plan.staging);
-  char dst[PATH_MAX], src[PATH_MAX];
-  for (uint32_t i = 0; i < plan.nsteps; ++i) {
-    const Step& s = plan.steps[i];
-    FAIL_IF(join(dst, plan.staging, s.path) != 0 || make_parents(dst, staging_len) != 0, s.stage);
-    if (s.op == Op::kMask) FAIL_IF(join(src, plan.staging, s.source) != 0, s.stage);
-    FAIL_IF(run_step(s, dst, src) != 0, s.stage);
-  }
+  for (uint32_t i = 0; i < plan.nsteps; ++i) FAIL_IF(run_step(top.fd, plan.steps[i]) != 0, plan.steps[i].stage);
 
   // 4. A private hostname (new uts namespace): the host's name does not leak.
   FAIL_IF(::sethostname(plan.hostname, strlen(plan.hostname)) != 0, Stage::Hostname);
@@ -232,7 +277,11 @@ void build_sandbox(const Plan& plan) noexcept {
   FAIL_IF(::chdir("/") != 0, Stage::PivotRoot);
 
   // 7. The root itself read-only: the skeleton and /etc files are final.
-  FAIL_IF(setattr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false) != 0, Stage::RemountRoot);
+  {
+    Fd slash{::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)};
+    FAIL_IF(slash.fd < 0 || sys_setattr(slash.fd, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false) != 0,
+            Stage::RemountRoot);
+  }
 
   // 8. Wait until we sit in the run's cgroup leaf (v1 migrates us; on v2
   //    clone3 placed us there). Limits apply before the tool exists. Then

@@ -151,6 +151,12 @@ bool parse_fd(const char* s, int* out) {
 bool load_plan(int fd, Plan* plan) {
   struct stat st;
   if (fstat(fd, &st) != 0) return false;
+  // Sealed by the engine: what is checked here is what is used.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)) {
+    errno = EPERM;
+    return false;
+  }
   if (st.st_size <= 0 || static_cast<uint64_t>(st.st_size) > kMaxPlanBytes) {
     errno = E2BIG;
     return false;
@@ -169,12 +175,19 @@ bool load_plan(int fd, Plan* plan) {
 
 int main(int argc, char** argv) {
   int report_fd = -1, plan_fd = -1;
-  if (argc != 3 || !parse_fd(argv[1], &report_fd) || !parse_fd(argv[2], &plan_fd) || report_fd < 3) _exit(1);
+  if (argc != 3 || !parse_fd(argv[1], &report_fd) || !parse_fd(argv[2], &plan_fd) || report_fd < 3 || plan_fd < 3 ||
+      plan_fd == report_fd)
+    _exit(1);
 
   // Not ptrace-attachable, and /proc/1/{mem,environ,fd} closed, even to its
   // own uid: the plan (the tool's environment) and, while building, every
   // capability of the namespace are here.
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail_at(report_fd, Stage::ExecInit, errno, 1);
+
+  // Nothing of the engine's own stdio (0-2 are its, inherited): /dev/null.
+  const int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+  for (int fd = 0; fd < 3; ++fd)
+    if (null < 0 || dup2(null, fd) != fd) fail_at(report_fd, Stage::Fds, errno, 1);
 
   static Plan plan;
   if (!load_plan(plan_fd, &plan)) fail_at(report_fd, Stage::Plan, errno, 1);

@@ -142,7 +142,11 @@ inline bool read_plan(const char* buf, size_t len, Plan* p) {
   p->open_files = c.u64();
   p->pids = c.u64();
   p->cpu_time_ms = c.u64();
-  if (!c.ok() || lo > 1 || p->staging[0] != '/' || p->workdir[0] != '/' || p->hostname[0] == '\0') return false;
+  // The tool is never uid or gid 0 (pid 1's) or the overflow ids; the
+  // backstop is at most about half a year, as the engine computes it.
+  if (!c.ok() || lo > 1 || p->staging[0] != '/' || p->workdir[0] != '/' || p->hostname[0] == '\0' ||
+      p->tool_uid == 0 || p->tool_uid >= 65534 || p->tool_gid == 0 || p->tool_gid >= 65534 || p->backstop_s > (1u << 24))
+    return false;
   p->argv = read_texts(c, 1u << 20);
   p->envp = read_texts(c, 1u << 20);
   if (!c.ok() || p->argv == nullptr || p->envp == nullptr || p->argv[0] == nullptr || p->argv[0][0] == '\0') return false;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -144,6 +145,48 @@ TEST_F(EngineTest, NestedBindInsideABindStaysInTheSandbox) {
   ::umount2(outer.c_str(), MNT_DETACH);
   ::rmdir(outer.c_str());
   ::rmdir(inner.c_str());
+}
+
+// A writable bind is shared by every run of its policy, so a tool can leave
+// symlinks there for the next run. The sandbox is built before pivot_root,
+// when an absolute link resolves on the host: a row nested under the bind
+// must not follow one (it would make the next run's init create directories
+// and mount on the host's side), and root must not read through one when it
+// copies a host file in (a file behind a directory the run's ids cannot
+// enter, or one swapped in between a check and the read). Both refuse the
+// run instead.
+TEST_F(EngineTest, LinksLeftInAWritableBindAreNeverFollowed) {
+  const std::string shared = "/run/tsb-test-shared", inner = "/run/tsb-test-inner", outside = "/run/tsb-test-outside",
+                    secret_dir = "/run/tsb-test-secret";
+  for (const auto& d : {shared, inner, outside, secret_dir}) std::filesystem::remove_all(d);
+  for (const auto& d : {shared, inner, outside}) {
+    ::mkdir(d.c_str(), 0777);
+    ::chmod(d.c_str(), 0777);
+  }
+  ::mkdir(secret_dir.c_str(), 0700);
+  std::ofstream(secret_dir + "/token") << "s3cret\n";
+  ::chmod((secret_dir + "/token").c_str(), 0644);
+  // What an earlier run left: a directory the policy nests a view under,
+  // replaced by a link to an absolute host path, and a copied file
+  // replaced by a link to a file behind a 0700 directory.
+  ASSERT_EQ(::symlink(outside.c_str(), (shared + "/a").c_str()), 0);
+  ASSERT_EQ(::symlink((secret_dir + "/token").c_str(), (shared + "/config").c_str()), 0);
+
+  auto nested = run(spec({"/bin/true"}, [&](tsb::isolate::FsInputs& in) {
+    in.binds.push_back({shared, "/data", true, false});
+    in.binds.push_back({inner, "/data/a/b", false, false});
+  }));
+  EXPECT_EQ(nested.reason, EndReason::SetupFailed) << describe(nested);
+  EXPECT_EQ(nested.setup_stage, Stage::MountBind) << describe(nested);
+  EXPECT_FALSE(std::filesystem::exists(outside + "/b")) << "the sandbox's init made a directory on the host";
+
+  auto copied = run(spec({kProbe, "readfile", "/cfg", "64"}, [&](tsb::isolate::FsInputs& in) {
+    in.binds.push_back({shared + "/config", "/cfg", false, false});
+  }));
+  EXPECT_EQ(copied.stdout_data.find("s3cret"), std::string::npos) << "root copied a file through a planted link";
+  EXPECT_EQ(copied.reason, EndReason::SetupFailed) << describe(copied);
+  EXPECT_EQ(copied.setup_errno, ELOOP) << describe(copied);
+  for (const auto& d : {shared, inner, outside, secret_dir}) std::filesystem::remove_all(d);
 }
 
 TEST_F(EngineTest, CmdlineIsMaskedAndBootIdIsPerRun) {
