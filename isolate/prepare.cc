@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <charconv>
 #include <functional>
 #include <iterator>
@@ -260,6 +261,16 @@ std::vector<std::string> find_stale_leaves(const CgroupPlacement& placement, con
       ::unlink((engines + n).c_str());
   });
   return stale;
+}
+
+void resolve_host_paths(FsInputs& in) {
+  const auto resolve = [](std::string& p) {
+    char real[PATH_MAX];
+    if (!p.empty() && ::realpath(p.c_str(), real) != nullptr) p = real;
+  };
+  resolve(in.venv);
+  resolve(in.runner);
+  for (auto& b : in.binds) resolve(b.source);
 }
 
 std::string find_init(const std::string& configured) {

@@ -12,6 +12,7 @@
 
 #include "isolate/base/result.h"
 #include "isolate/cgroup.h"
+#include "isolate/fs_table.h"
 
 namespace tsb::isolate {
 
@@ -45,6 +46,13 @@ Status prepare_state_dir(const std::string& state_dir);
 // listed. The engine kills and removes the leaves (EngineConfig::stale_leaves).
 std::vector<std::string> find_stale_leaves(const CgroupPlacement& placement, const std::string& prefix,
                                            const std::string& state_dir, pid_t engine_pid);
+
+// The host paths of `in` (the venv, the runner, bind sources) with the
+// symlinks in them resolved, as they are now (a path that does not exist is
+// left as it is). The engine follows no symlink in a host path at run time
+// (isolate/mounts.cc), so that a link planted later cannot redirect it;
+// this is when a policy's own links are taken: at load.
+void resolve_host_paths(FsInputs& in);
 
 // toolsandbox-init: `configured` when set, else next to the running program
 // (a build tree, or the libexec directory of an installed front end), else

@@ -15,6 +15,7 @@
 #include "daemon/core/result_json.h"
 #include "daemon/policy/units.h"
 #include "isolate/engine.h"
+#include "isolate/prepare.h"
 #include "daemon/policy/jsonc.h"
 
 namespace tsb::cli {
@@ -141,6 +142,7 @@ int cmd_run(const std::vector<std::string>& args) {
   if (!env.ok()) return fail_usage(env.error().message);
   spec.env = std::move(env).value();
   spec.argv = cmd;
+  isolate::resolve_host_paths(fs);
   auto table = isolate::build_fs_table(fs);
   if (!table.ok()) return fail_usage(table.error().message);
   spec.fs = std::move(table).value();

@@ -1,4 +1,5 @@
 #include "daemon/policy/policy.h"
+#include "isolate/prepare.h"
 
 #include "daemon/spawner/compiled.h"
 
@@ -624,13 +625,18 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
   s.gid = p.gid;
   auto& script = s.modes[static_cast<int>(spawn::RunMode::Script)];
   script.argv = {p.interpreter, "-c", std::string(kScriptMain)};
-  auto fs = isolate::build_fs_table(fs_inputs_from(p));
+  isolate::FsInputs in = fs_inputs_from(p, runner);
+  isolate::resolve_host_paths(in);
+  const std::string resolved_runner = in.runner;
+  in.runner.clear();
+  auto fs = isolate::build_fs_table(in);
   if (!fs.ok()) return std::move(fs).error().wrap("policy '" + p.name + "'");
   script.fs = std::move(fs).value();
   auto& tool = s.modes[static_cast<int>(spawn::RunMode::Tool)];
   if (!runner.empty()) {
     tool.argv = {p.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", std::string(isolate::kRunnerSandboxPath)};
-    auto tfs = isolate::build_fs_table(fs_inputs_from(p, runner));
+    in.runner = resolved_runner;
+    auto tfs = isolate::build_fs_table(in);
     if (!tfs.ok()) return std::move(tfs).error().wrap("policy '" + p.name + "'");
     tool.fs = std::move(tfs).value();
   } else {
