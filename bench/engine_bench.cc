@@ -105,6 +105,12 @@ int main(int argc, char** argv) {
   auto spec = tsb::core::run_spec_from(*policy);
   spec.env = *tsb::core::build_environment(*policy, {});
   spec.argv = cmd;
+  auto table = tsb::isolate::build_fs_table(tsb::core::fs_inputs_from(*policy));
+  if (!table.ok()) {
+    std::fprintf(stderr, "file system: %s\n", table.error().message.c_str());
+    return 1;
+  }
+  spec.fs = *table;
 
   std::vector<std::string> bwrap = {"/usr/bin/bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                                     "--unshare-all", "--die-with-parent"};

@@ -77,6 +77,15 @@ Status write_text_file(const std::string& path, std::string_view data) {
 }
 
 Result<std::unique_ptr<Cgroups>> Cgroups::open(const CgroupPlacement& p) {
+  for (const auto& d : p.make)
+    if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return Error::from_errno("creating cgroup '" + d + "'");
+  if (!p.join.empty())
+    TSB_TRY(write_text_file(p.join + "/cgroup.procs", "0"), "moving the daemon into its own leaf (is Delegate=yes set?)");
+  for (std::size_t i = 0; i < p.enable.size(); ++i)
+    for (const char* c : {"+memory", "+pids", "+cpu"})
+      if (auto st = write_text_file(p.enable[i] + "/cgroup.subtree_control", c); !st.ok() && i + 1 == p.enable.size())
+        return std::move(st).error().wrap("cgroup parent '" + p.enable[i] +
+                                          "' (it must be delegated to us and hold no processes)");
   std::unique_ptr<Cgroups> cg(new Cgroups());
   cg->mode_ = p.mode;
   cg->parent_ = p.parent;

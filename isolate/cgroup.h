@@ -25,7 +25,9 @@ enum class CgroupMode { V2, V1 };
 const char* to_string(CgroupMode m) noexcept;
 
 // Where run leaves go: the parent directory in each hierarchy (v2: one,
-// controller ""), made ready by the engine's caller (isolate/prepare.h).
+// controller ""), and how to make it ready, worked out by the engine's
+// caller (isolate/prepare.h) and done by Cgroups::open (cgroupfs roots are
+// mode 0555: only a process with CAP_DAC_OVERRIDE creates in them).
 struct CgroupPlacement {
   CgroupMode mode = CgroupMode::V2;
   std::string parent;  // the parent inside the hierarchy ("self" resolved), for messages
@@ -34,6 +36,11 @@ struct CgroupPlacement {
     std::string base;        // the parent's directory
   };
   std::vector<Hierarchy> hierarchies;
+  std::vector<std::string> make;    // directories to create, in order
+  std::string join;                 // v2 "self": the leaf this process moves into first
+  std::vector<std::string> enable;  // v2: +memory +pids +cpu in each cgroup.subtree_control, in
+                                    // order; only the last one's failure counts (the levels above
+                                    // may be someone else's)
 };
 
 struct CgroupLimits {
@@ -53,8 +60,8 @@ class CgroupLeaf;
 
 class Cgroups {
  public:
-  // The prepared parent (every controller the engine uses present), and
-  // the kernel's features there.
+  // The parent made ready as `placement` says (every controller the engine
+  // uses present), and the kernel's features there.
   static Result<std::unique_ptr<Cgroups>> open(const CgroupPlacement& placement);
 
   CgroupMode mode() const noexcept { return mode_; }

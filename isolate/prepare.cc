@@ -79,24 +79,15 @@ Result<Mounted> read_mounted() {
   return m;
 }
 
-Status mkdir_p(const std::string& path) {
-  for (std::size_t i = 1; i <= path.size(); ++i) {
-    if (i < path.size() && path[i] != '/') continue;
-    const std::string cur = path.substr(0, i);
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return Error::from_errno("mkdir '" + cur + "'");
-  }
-  return {};
-}
-
-Status enable_controllers(const std::string& dir) {
-  for (const char* c : {"+memory", "+pids", "+cpu"})
-    TSB_TRY(write_text_file(dir + "/cgroup.subtree_control", c), "enabling cgroup controllers");
-  return {};
+// Every directory from below `mount` down to `dir`, to create in order.
+void chain(const std::string& mount, const std::string& dir, std::vector<std::string>& out) {
+  for (std::size_t i = mount.size() + 1; i <= dir.size(); ++i)
+    if (i == dir.size() || dir[i] == '/') out.push_back(dir.substr(0, i));
 }
 
 }  // namespace
 
-Result<CgroupPlacement> prepare_cgroups(const std::string& parent_in, pid_t engine_pid) {
+Result<CgroupPlacement> prepare_cgroups(const std::string& parent_in) {
   const bool self_mode = parent_in == "self";
   if (!self_mode && (parent_in.empty() || parent_in[0] != '/' || parent_in.find("..") != std::string::npos))
     return Error::invalid("cgroup parent must be \"self\" or an absolute path without '..': '" + parent_in + "'");
@@ -128,29 +119,21 @@ Result<CgroupPlacement> prepare_cgroups(const std::string& parent_in, pid_t engi
                               "this process is in the root cgroup", EPERM);
       dir = m.v2 + m.own_v2;
       out.parent = m.own_v2;
-      // Leave the delegated cgroup to its children: the engine, and this
-      // process, move into a leaf of their own.
-      const std::string leaf = dir + "/supervisor";
-      if (::mkdir(leaf.c_str(), 0755) != 0 && errno != EEXIST) return Error::from_errno("creating cgroup '" + leaf + "'");
-      for (const std::string pid : {std::to_string(engine_pid), std::string("0")})
-        TSB_TRY(write_text_file(leaf + "/cgroup.procs", pid), "moving the daemon into its own leaf (is Delegate=yes set?)");
+      // Leave the delegated cgroup to its children: the engine moves into
+      // a leaf of its own first.
+      out.join = dir + "/supervisor";
+      out.make.push_back(out.join);
+      out.enable.push_back(dir);
     } else {
       // Create the parent chain. Each level passes the controllers down to
       // the next; levels above `parent` may belong to someone else
       // (systemd), so a failure there only matters if the parent itself
       // ends up without them.
-      dir = m.v2;
-      for (std::size_t pos = 1, end; pos < parent.size(); pos = end + 1) {
-        end = std::min(parent.find('/', pos), parent.size());
-        if (end == pos) continue;
-        (void)enable_controllers(dir);
-        dir += "/" + parent.substr(pos, end - pos);
-        if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return Error::from_errno("creating cgroup '" + dir + "'");
-      }
+      dir = m.v2 + (parent == "/" ? "" : parent);
+      chain(m.v2, dir, out.make);
+      out.enable.push_back(m.v2);
+      out.enable.insert(out.enable.end(), out.make.begin(), out.make.end());
     }
-    auto st = enable_controllers(dir);
-    if (!st.ok())
-      return std::move(st).error().wrap("cgroup parent '" + dir + "' (it must be delegated to us and hold no processes)");
     out.hierarchies.push_back({"", dir});
     return out;
   }
@@ -166,7 +149,7 @@ Result<CgroupPlacement> prepare_cgroups(const std::string& parent_in, pid_t engi
                                 "' hierarchy; give an explicit parent path",
                             EPERM);
     const std::string base = it->mount + (rel == "/" ? "" : rel);
-    TSB_TRY(mkdir_p(base), "creating the cgroup parent");
+    chain(it->mount, base, out.make);
     out.hierarchies.push_back({need, base});
   }
   return out;

@@ -2,8 +2,8 @@
 // the engine starts: the set-up helper (`toolsandboxd-frontend --compile
 // --setup`, uid 0 without any capability) for the root spawner, or the
 // command line itself. The engine, in the root process, parses no text and
-// creates none of this: it needs capabilities for what it does per run, and
-// nothing here does (uid 0's ownership of root's files is enough).
+// decides none of this; it only creates the cgroup directories it is told
+// to (that needs CAP_DAC_OVERRIDE).
 #pragma once
 
 #include <sys/types.h>
@@ -16,18 +16,19 @@
 
 namespace tsb::isolate {
 
-// The cgroup parent run leaves go below (EngineConfig::cgroup_parent), made
-// ready: the hierarchies mounted here are read from /proc/self/mountinfo;
-// v2 is used unless a v1 hierarchy holds the memory controller (the hybrid
-// layout). The parent is created; on v2 every level above it passes memory,
-// pids and cpu down, and the parent may hold no process ("no internal
-// processes", Documentation/admin-guide/cgroup-v2.rst). The parent "self"
-// is the cgroup this process runs in, as systemd delegates it to a service
-// (Delegate=yes): on v2, `engine_pid` and this process first move into its
-// leaf "supervisor", and run leaves go beside it. Fails with a sentence
-// that says what is missing (a controller, a writable hierarchy, the
-// delegation).
-Result<CgroupPlacement> prepare_cgroups(const std::string& parent, pid_t engine_pid);
+// Where the cgroup parent run leaves go below (EngineConfig::cgroup_parent)
+// is, and how the engine makes it ready (Cgroups::open does it: cgroupfs
+// roots are mode 0555): the hierarchies mounted here are read from
+// /proc/self/mountinfo; v2 is used unless a v1 hierarchy holds the memory
+// controller (the hybrid layout). The parent is created; on v2 every level
+// above it passes memory, pids and cpu down, and the parent may hold no
+// process ("no internal processes", Documentation/admin-guide/cgroup-v2.rst).
+// The parent "self" is the cgroup this process runs in (the engine's: the
+// compile helper is its child), as systemd delegates it to a service
+// (Delegate=yes): on v2 the engine first moves into its leaf "supervisor",
+// and run leaves go beside it. Fails with a sentence that says what is
+// missing (a controller, a hierarchy, the delegation).
+Result<CgroupPlacement> prepare_cgroups(const std::string& parent);
 
 // The engine's state directory: itself (0711), the staging root (0755),
 // the overlays' empty lowest layer (0555) and the engines' lock directory

@@ -955,7 +955,7 @@ Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig con
 }
 
 Status prepare_engine(isolate::EngineConfig& config, pid_t engine_pid) {
-  auto cgroups = isolate::prepare_cgroups(config.cgroup_parent, engine_pid);
+  auto cgroups = isolate::prepare_cgroups(config.cgroup_parent);
   if (!cgroups.ok()) return std::move(cgroups).error().wrap("setting up cgroups");
   config.cgroups = std::move(cgroups).value();
   TSB_TRY(isolate::prepare_state_dir(config.state_dir), "state directory");

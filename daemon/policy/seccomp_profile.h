@@ -108,10 +108,12 @@ Result<std::shared_ptr<const SeccompProgram>> compile_init_filter();
 // the daemon, the command line, the tests and the benchmarks make an engine.
 Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig config);
 
-// What the engine needs prepared on the host, done here (isolate/prepare.h):
-// the cgroup parent (into whose "supervisor" leaf, for the parent "self",
-// `engine_pid` moves), the state directory, toolsandbox-init's path when
-// none is configured. The set-up helper does it for the root spawner.
+// What the engine needs prepared on the host, done or worked out here
+// (isolate/prepare.h): where the cgroup parent is (the engine makes it
+// ready), the state directory, the leaves of engines that are gone (`engine_pid`:
+// the engine's pid, which a dead engine's leaves may carry after a
+// restart), toolsandbox-init's path when none is configured. The set-up
+// helper does it for the root spawner.
 Status prepare_engine(isolate::EngineConfig& config, pid_t engine_pid);
 
 }  // namespace tsb::policy

@@ -96,6 +96,9 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
     std::string controller = r.str(kMaxName), base = r.str(kMaxName);
     cg.hierarchies.push_back({std::move(controller), std::move(base)});
   }
+  cg.make = r.strs(64, kMaxName);
+  cg.join = r.str(kMaxName);
+  cg.enable = r.strs(64, kMaxName);
   e.state_dir = r.str(kMaxName);
   e.uid_base = r.u32();
   e.uid_slots = r.u32();

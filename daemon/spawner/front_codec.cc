@@ -64,6 +64,9 @@ std::string encode_compiled_set(const CompiledSet& s) {
     w.str(h.controller);
     w.str(h.base);
   }
+  w.strs(cg.make);
+  w.str(cg.join);
+  w.strs(cg.enable);
   w.str(e.state_dir);
   w.u32(e.uid_base);
   w.u32(e.uid_slots);

@@ -262,7 +262,7 @@ TEST_F(CgroupV2Test, StaleLeavesAreKilledAndRemoved) {
   ASSERT_TRUE(write_text_file(stale + "/sub/cgroup.procs", std::to_string(leftover)).ok());
   // A fresh Cgroups, as at the start of a new engine: reclaim runs before
   // any leaf of its own was created.
-  auto placement = tsb::isolate::prepare_cgroups(engine_->cgroups().parent(), ::getpid());
+  auto placement = tsb::isolate::prepare_cgroups(engine_->cgroups().parent());
   ASSERT_TRUE(placement.ok()) << placement.error().message;
   auto fresh = tsb::isolate::Cgroups::open(*placement);
   ASSERT_TRUE(fresh.ok()) << fresh.error().message;
