@@ -609,7 +609,10 @@ isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner) {
   return in;
 }
 
-Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner) {
+namespace {
+
+// What a policy decides of a run, without the commands and tables.
+spawn::SpawnPolicy spawn_policy_fields(const Policy& p) {
   spawn::SpawnPolicy s;
   s.name = p.name;
   s.fingerprint = p.fingerprint;
@@ -623,6 +626,13 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
   s.seccomp = p.seccomp;
   s.uid = p.uid;
   s.gid = p.gid;
+  return s;
+}
+
+}  // namespace
+
+Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner) {
+  spawn::SpawnPolicy s = spawn_policy_fields(p);
   auto& script = s.modes[static_cast<int>(spawn::RunMode::Script)];
   script.argv = {p.interpreter, "-c", std::string(kScriptMain)};
   isolate::FsInputs in = fs_inputs_from(p, runner);
@@ -645,16 +655,6 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
   return s;
 }
 
-isolate::RunSpec run_spec_from(const Policy& p) {
-  isolate::RunSpec s;
-  s.limits = p.limits;
-  s.network = p.network;
-  s.seccomp = p.seccomp;
-  s.sandbox_uid = p.uid;
-  s.sandbox_gid = p.gid;
-  s.hostname = p.hostname;
-  s.workdir = p.workdir;
-  return s;
-}
+isolate::RunSpec run_spec_from(const Policy& p) { return spawn::run_spec_from(spawn_policy_fields(p), spawn::RunMode::Script); }
 
 }  // namespace tsb::core
