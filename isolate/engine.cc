@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -267,15 +268,8 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
   if (config.sandbox_oom_score_adj < -1000 || config.sandbox_oom_score_adj > 1000)
     return Error::invalid("sandbox_oom_score_adj must be between -1000 and 1000");
 
-  // The engine names its children by pid in /proc: that /proc must be the
-  // one of its own pid namespace (not so after a bare unshare --pid).
-  {
-    char self[32] = {};
-    ssize_t n = ::readlink("/proc/self", self, sizeof self - 1);
-    if (n <= 0 || std::string(self, static_cast<std::size_t>(n)) != std::to_string(::getpid()))
-      return Error::invalid("/proc is not the proc file system of this process's pid namespace "
-                            "(mount a new one, e.g. unshare --pid --fork --mount-proc)", EINVAL);
-  }
+  // (That /proc is this pid namespace's, the engine names its children
+  // by pid there, was checked by the set-up: isolate/prepare.h, check_proc.)
 
   // Sandboxes inherit the engine's supplementary groups and setgroups(2) is
   // denied inside them (so they cannot be dropped there): drop them here.
@@ -490,6 +484,13 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   TSB_TRY(set_nonblock(out->r.get()), "stdout pipe");
   TSB_TRY(set_nonblock(err->r.get()), "stderr pipe");
   TSB_TRY(set_nonblock(rep->r.get()), "report pipe");
+  // Egress: init sends the proxy's listener it made in the sandbox's network
+  // namespace over this pair, to the front end (isolate/plan.h).
+  int egress[2] = {-1, -1};
+  if (spec.network == NetworkMode::Egress && ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, egress) != 0)
+    return Error::from_errno("the egress socket pair");
+  const UniqueFd egress_init(egress[1]);
+  sb->egress_.reset(egress[0]);
 
   MountContext mctx;
   mctx.host_id_base = sb->host_uid_;
@@ -509,8 +510,9 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   for (int fd : {rep->w.get(), in->r.get(), out->w.get(), err->w.get(), sync->r.get(),
                  watch->r.get(), sb->uid_slot_.get(), fs->root.get()})
     w.i32(fd);
+  w.i32(egress[1]);
   w.u32(static_cast<std::uint32_t>((wall + slack).count() / 1000 + 1));
-  w.u8(spec.network == NetworkMode::None ? 1 : 0);
+  w.u8(spec.network == NetworkMode::Host ? kNetworkHost : egress[1] < 0 ? kNetworkOwn : kNetworkEgress);
   w.cstr(staging_root_);
   w.cstr(spec.hostname);
   w.cstr(spec.workdir);
@@ -535,6 +537,7 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   std::vector<int> keep = {rep->w.get(), in->r.get(), out->w.get(), err->w.get(), sync->r.get(), watch->r.get(),
                            sb->uid_slot_.get(), fs->root.get(), plan->get()};
   for (const auto& fd : fs->fds) keep.push_back(fd.get());
+  if (egress[1] >= 0) keep.push_back(egress[1]);
   ChildStart start{};
   start.sync_fd = sync->r.get();
   start.sync_w_fd = sync->w.get();
@@ -548,7 +551,7 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
 
   std::uint64_t flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD |
                         CLONE_CLEAR_SIGHAND;
-  if (spec.network == NetworkMode::None) flags |= CLONE_NEWNET;
+  if (spec.network != NetworkMode::Host) flags |= CLONE_NEWNET;
   const bool into_cgroup = core_->cgroups->mode() == CgroupMode::V2;
   if (into_cgroup) flags |= CLONE_INTO_CGROUP;
 

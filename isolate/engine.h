@@ -126,6 +126,8 @@ class Sandbox {
   UniqueFd take_stdin() noexcept { return std::move(stdin_w_); }
   UniqueFd take_stdout() noexcept { return std::move(stdout_r_); }
   UniqueFd take_stderr() noexcept { return std::move(stderr_r_); }
+  // Network egress: the socket the proxy's listener arrives on (plan.h).
+  UniqueFd take_egress() noexcept { return std::move(egress_); }
   // After the pidfd became readable: what the sandbox's init and its
   // clone3 child reported (isolate/stage.h) into `o`.
   void read_reports(Observations& o) const;
@@ -164,7 +166,7 @@ class Sandbox {
   std::uint32_t host_uid_ = 0;
   Limits limits_;
   std::chrono::steady_clock::time_point started_;
-  UniqueFd stdin_w_, stdout_r_, stderr_r_, report_r_;
+  UniqueFd stdin_w_, stdout_r_, stderr_r_, report_r_, egress_;
   // The engine's end of the watch pipe: when the engine dies it closes, and
   // the sandbox's init ends the run (isolate/init/init.cc).
   UniqueFd watch_w_;

@@ -22,18 +22,21 @@ constexpr HostRow kSystemPaths[] = {
     {"/libx32", "x32 libraries"},
 };
 
-// Host /etc files every run gets, and those only runs with the host's
-// network get (name resolution and TLS trust).
+// Host /etc files every run gets; those runs with a network get (TLS trust,
+// protocol and service names); and those only runs with the host's network
+// get (name resolution: with egress, the daemon resolves names).
 constexpr HostRow kEtcAlways[] = {
     {"/etc/ld.so.cache", "the dynamic loader's library cache"},
     {"/etc/localtime", "local time zone for time.localtime()"},
 };
 constexpr HostRow kEtcNetwork[] = {
-    {"/etc/resolv.conf", "DNS resolvers"},
     {"/etc/ssl", "CA certificates and OpenSSL configuration"},
     {"/etc/ca-certificates", "CA certificate configuration"},
     {"/etc/protocols", "protocol names for socket.getprotobyname"},
     {"/etc/services", "service names for socket.getservbyname"},
+};
+constexpr HostRow kEtcHostNetwork[] = {
+    {"/etc/resolv.conf", "DNS resolvers"},
     {"/etc/gai.conf", "getaddrinfo address sorting"},
 };
 
@@ -165,9 +168,13 @@ Result<std::shared_ptr<const FsTable>> build_fs_table(const FsInputs& in) {
   b.file("/etc/nsswitch.conf", "passwd: files\ngroup: files\nhosts: files dns\n", 0644,
          "accounts from files; host names from files, then DNS");
   for (const auto& r : kEtcAlways) b.add(FsEntry::kSystem, r.path, Stage::MountBind, std::string(r.reason) + " (if present)").optional = true;
-  if (in.host_network)
+  if (in.network != NetworkMode::None)
     for (const auto& r : kEtcNetwork)
-      b.add(FsEntry::kSystem, r.path, Stage::MountBind, std::string(r.reason) + " (if present; host network only)")
+      b.add(FsEntry::kSystem, r.path, Stage::MountBind, std::string(r.reason) + " (if present; network host or egress)")
+          .optional = true;
+  if (in.network == NetworkMode::Host)
+    for (const auto& r : kEtcHostNetwork)
+      b.add(FsEntry::kSystem, r.path, Stage::MountBind, std::string(r.reason) + " (if present; network host only)")
           .optional = true;
 
   // 4. The venv, read-only at a fixed path.

@@ -24,7 +24,7 @@ struct FsInputs {
   std::string workdir = "/work";
   std::string hostname = "sandbox";
   std::uint32_t uid = 1000, gid = 1000;  // the tool's ids inside the sandbox
-  bool host_network = false;     // the /etc files name resolution and TLS need
+  NetworkMode network = NetworkMode::None;  // which /etc files TLS and name resolution need
   std::uint64_t root_bytes = 1u << 20;   // the root tmpfs, before the copies
   std::uint64_t tmp_bytes = 64ull << 20;
   std::uint64_t work_bytes = 64ull << 20;

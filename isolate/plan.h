@@ -13,8 +13,11 @@
 //
 //   u32   kPlanMagic
 //   i32   descriptors: report, stdin, stdout, stderr, sync, watch, lease, root
+//   i32   the egress socket (network 2; -1 otherwise)
 //   u32   backstop in seconds (init ends the run itself after it; 0: none)
-//   u8    bring lo up (a new network namespace)
+//   u8    network: 0 the host's (nothing to do), 1 a namespace of its own
+//         (bring lo up), 2 egress (lo up, then a listener on
+//         127.0.0.1:kEgressProxyPort sent over the egress socket)
 //   text  staging directory (where the root tmpfs is attached, a host path)
 //   text  hostname, working directory
 //   u32   the tool's uid, gid (inside the sandbox)
@@ -53,6 +56,12 @@ enum class Op : std::uint8_t {
 inline constexpr std::uint8_t kOpLast = static_cast<std::uint8_t>(Op::kBootId);
 inline constexpr std::uint8_t kStepDir = 1;       // kAttach: the mount is a directory
 inline constexpr std::uint8_t kStepOptional = 2;  // kAttach with fd -1: skip instead of failing
+
+// Where a tool in network mode "egress" finds the daemon's proxy: a
+// listener init creates in the sandbox's network namespace, which the
+// front end accepts on (docs/ARCHITECTURE.md, "Egress").
+inline constexpr std::uint16_t kEgressProxyPort = 3128;
+inline constexpr std::uint8_t kNetworkHost = 0, kNetworkOwn = 1, kNetworkEgress = 2;
 
 // Bytes on the sync pipe, from the engine to the sandbox.
 inline constexpr char kSyncMaps = 'M';    // uid/gid maps are written

@@ -256,6 +256,15 @@ void resolve_host_paths(FsInputs& in) {
   for (auto& b : in.binds) resolve(b.source);
 }
 
+Status check_proc() {
+  char self[32] = {};
+  const ssize_t n = ::readlink("/proc/self", self, sizeof self - 1);
+  if (n <= 0 || std::string(self, static_cast<std::size_t>(n)) != std::to_string(::getpid()))
+    return Error::invalid("/proc is not the proc file system of this process's pid namespace "
+                          "(mount a new one, e.g. unshare --pid --fork --mount-proc)", EINVAL);
+  return {};
+}
+
 std::string find_init(const std::string& configured) {
   if (!configured.empty()) return configured;
   char self[4096];

@@ -55,6 +55,11 @@ std::vector<std::string> find_stale_leaves(const CgroupPlacement& placement, con
 // this is when a policy's own links are taken: at load.
 void resolve_host_paths(FsInputs& in);
 
+// The engine names its children by pid in /proc: that /proc must be the
+// one of its pid namespace (not so after a bare unshare --pid). Checked by
+// a process of the same pid and mount namespaces as the engine.
+Status check_proc();
+
 // toolsandbox-init: `configured` when set, else next to the running program
 // (a build tree, or the libexec directory of an installed front end), else
 // the installed libexec directory. Always an absolute path; the engine

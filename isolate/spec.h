@@ -16,7 +16,11 @@ namespace tsb::isolate {
 
 struct SeccompProgram;  // isolate/seccomp.h
 
-enum class NetworkMode { None, Host };
+// None: a network namespace of its own with only lo. Egress: the same, plus
+// a listening socket in it (127.0.0.1:kEgressProxyPort, isolate/plan.h)
+// handed to the front end, whose proxy is the only way out. Host: the
+// host's namespace.
+enum class NetworkMode : std::uint8_t { None, Host, Egress };
 
 struct BindMount {
   std::string source;  // absolute host path

@@ -40,6 +40,7 @@ const char* stage_name(Stage s) noexcept {
     case Stage::DeathSignal: return "death-signal";
     case Stage::InitReady: return "init-ready";
     case Stage::Plan: return "plan";
+    case Stage::Egress: return "egress-listener";
     case Stage::kCount: break;
   }
   return "unknown";

@@ -40,6 +40,7 @@ enum class Stage : int {
   DeathSignal,     // arming the parent-death signal again after the id switch
   InitReady,       // the tool waiting until the sandbox init runs
   Plan,            // toolsandbox-init reading the plan the engine wrote
+  Egress,          // the egress proxy's listener, made and handed over
   kCount
 };
 

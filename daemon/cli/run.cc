@@ -109,8 +109,13 @@ int cmd_run(const std::vector<std::string>& args) {
     if (*network == "none") spec.network = isolate::NetworkMode::None;
     else if (*network == "host") spec.network = isolate::NetworkMode::Host;
     else return fail_usage("--network must be none or host");
-    fs.host_network = spec.network == isolate::NetworkMode::Host;
+    fs.network = spec.network;
   }
+  // The proxy of network egress is the daemon's (daemon/egress/proxy.h):
+  // a sandbox of this command would have a listener no one accepts on.
+  if (spec.network == isolate::NetworkMode::Egress)
+    return fail_usage("policy '" + policy->name + "' uses network \"egress\", whose proxy is the daemon's: run the tool "
+                      "through toolsandboxd, or choose --network none or --network host for this command");
   if (venv) {
     if (venv->empty() || (*venv)[0] != '/') return fail_usage("--venv needs an absolute path");
     fs.venv = *venv;

@@ -1240,8 +1240,10 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   // The pipeline requests it when the client goes away; the daemon's
   // shutdown, through running_.
   ctx.cancel = p.cancel;
+  // E2B has internet access on or off: on for "host" and "egress" (whose
+  // rules E2B cannot apply: `policy lint` says so), off for "none".
   ctx.internet = pol.network != isolate::NetworkMode::None;
-  const std::string network = ctx.internet ? "host" : "none";
+  const std::string network = to_string(pol.network);
   // The request's organization is part of the key (and of the metadata a
   // restarted daemon adopts sandboxes by) whatever the fingerprint hashes:
   // the sandbox config may name another organization, and a sandbox is never

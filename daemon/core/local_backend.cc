@@ -20,7 +20,7 @@ std::string q(std::string_view s) { return quoted_for_message(s); }
 }  // namespace
 
 LocalBackend::LocalBackend(asio::io_context& io, SpawnerLink& link, unsigned max_concurrent, unsigned max_queued)
-    : io_(io), link_(link), max_concurrent_(max_concurrent), max_queued_(max_queued) {}
+    : io_(io), link_(link), max_concurrent_(max_concurrent), max_queued_(max_queued), egress_(io) {}
 
 LocalBackend::~LocalBackend() = default;
 
@@ -192,8 +192,25 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     frame_tokens.emplace_back(protocol::kBinaryMarker);
     frame_tokens.emplace_back(protocol::kLegacyStartMarker);
   }
+  // Network egress: the run's proxy, from its Started until it ended
+  // (daemon/egress/proxy.h), on any path out of here.
+  std::shared_ptr<egress::RunProxy> proxy;
+  if (pol.network == isolate::NetworkMode::Egress)
+    proxy = std::make_shared<egress::RunProxy>(egress_, pol.egress,
+                                               egress::RunLabels{p.request->id, c.organization_id, c.tool_name});
+  struct StopProxy {
+    const std::shared_ptr<egress::RunProxy>& proxy;
+    ~StopProxy() {
+      if (proxy) proxy->stop();
+    }
+  } stop_proxy{proxy};
   LinkRun ran = co_await link_.run(std::move(order), std::move(stdin_data), pol.limits.stdout_bytes,
-                                   pol.limits.stderr_bytes, std::move(frame_tokens), *p.cancel);
+                                   pol.limits.stderr_bytes, std::move(frame_tokens), *p.cancel, proxy.get());
+  if (proxy) {
+    proxy->stop();
+    out.record["egress"] = proxy->summary();
+    out.audit += proxy->audit_fields();
+  }
   if (ran.refused) {
     // The spawner checks every order against its own copy of the policy:
     // a refusal here is a reload between placement and start (the policy

@@ -23,6 +23,7 @@
 #include "daemon/core/pipeline.h"
 #include "daemon/spawner/compiled.h"
 #include "daemon/core/spawner_link.h"
+#include "daemon/egress/proxy.h"
 
 namespace tsb::core {
 
@@ -49,6 +50,8 @@ class LocalBackend final : public RunBackend {
   std::uint64_t abandoned_in_queue() const noexcept { return abandoned_in_queue_; }
   // The engine's part of `status`.
   nlohmann::json engine_status() const;
+  // The egress proxy's part of `status` (daemon/egress/proxy.h).
+  nlohmann::json egress_status() const { return egress_.status(); }
 
  private:
   // Script mode: a result frame whose payload is a pickle is decoded by the
@@ -77,6 +80,7 @@ class LocalBackend final : public RunBackend {
   // The cancel signals of the runs in flight (shutdown cancels what is left).
   std::set<std::shared_ptr<CancelSignal>> live_;
   std::uint64_t abandoned_in_queue_ = 0;
+  egress::Service egress_;
 };
 
 }  // namespace tsb::core

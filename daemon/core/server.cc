@@ -629,6 +629,7 @@ json Server::status_json() const {
           {"accept_errors", accept_errors_},
           {"cgroup_mode", link_->hello().cgroup_mode},
           {"engine", local_->engine_status()},
+          {"egress", local_->egress_status()},
           {"policies", pols},
           {"e2b_configured", cfg_.e2b.enabled},
           {"e2b", e2b_ ? e2b_->status_json() : json()},

@@ -1,5 +1,6 @@
 #include "daemon/core/spawner_link.h"
 #include "daemon/core/capped_output.h"
+#include "daemon/egress/proxy.h"
 
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -31,6 +32,7 @@ struct SpawnerLink::Pending {
   bool ended = false;
   std::optional<spawn::Refused> refused;
   std::vector<UniqueFd> fds;  // stdin, stdout, stderr
+  UniqueFd egress;            // network egress: where the sandbox's listener arrives
   isolate::RunResult result;
   int readers = 0;
   bool kill_sent = false;
@@ -91,6 +93,11 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
         if (it == pending_.end()) {
           spdlog::error("spawner: an unexpected or malformed Started message");
           break;
+        }
+        // A fourth: network egress (isolate/plan.h).
+        if (fds.size() == 4) {
+          it->second->egress = std::move(fds[3]);
+          fds.pop_back();
         }
         if (fds.size() != 3) {
           // Out of descriptors here: the run cannot be fed or read. It is
@@ -154,7 +161,7 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
 
 asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                           std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
-                                          CancelSignal& cancel) {
+                                          CancelSignal& cancel, egress::RunProxy* egress) {
   auto p = std::make_shared<Pending>(io_);
   const std::uint64_t id = order.id = ++next_id_;
   pending_.emplace(id, p);
@@ -195,6 +202,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
     co_return out;
   }
   isolate::RunResult& r = p->result;
+  if (egress && p->egress) egress->start(std::move(p->egress), r.run_id);
   if (!p->fds.empty()) {
     // stdin: written, then closed (EOF). EPIPE when the tool never reads it
     // is fine (the front end ignores SIGPIPE: daemon/frontend/main.cc).

@@ -24,6 +24,10 @@
 #include "isolate/base/unique_fd.h"
 #include "isolate/outcome.h"
 
+namespace tsb::egress {
+class RunProxy;
+}
+
 namespace tsb::core {
 
 struct LinkRun {
@@ -43,10 +47,12 @@ class SpawnerLink {
   void start();
 
   // stdout_frame_tokens: where a result frame starts in stdout, which is
-  // kept even past stdout_cap (capped_output.h).
+  // kept even past stdout_cap (capped_output.h). A run of network egress
+  // hands its proxy the socket the sandbox's listener arrives on; without
+  // `egress` (a pickle's decoding) it stays unused until the run ends.
   asio::awaitable<LinkRun> run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
-                               CancelSignal& cancel);
+                               CancelSignal& cancel, egress::RunProxy* egress = nullptr);
   // Ready (READY=1), with a status text (STATUS=...; "" for none): passed
   // on to systemd by the spawner (the only process systemd listens to).
   void notify_ready(std::string_view status);

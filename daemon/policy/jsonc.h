@@ -78,6 +78,7 @@ class ObjectReader {
   std::string where(std::string_view key) const { return doc_.where(pointer(key)); }
   // "where(key): sentence", EINVAL.
   Error error(std::string_view key, std::string_view sentence) const;
+  const LocatedJson& doc() const { return doc_; }
 
   Result<std::string> string(std::string_view key, const std::string& dflt, bool absolute_path = false);
   Result<bool> boolean(std::string_view key, bool dflt);

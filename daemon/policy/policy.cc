@@ -67,6 +67,81 @@ bool path_under(const std::string& p, const std::string& prefix) {
   return p == prefix || (p.size() > prefix.size() && p.compare(0, prefix.size(), prefix) == 0 && p[prefix.size()] == '/');
 }
 
+// "ports": [443, 80]: at least one, each 1-65535.
+Status parse_ports(ObjectReader& o, const char* key, std::vector<std::uint16_t>& out) {
+  const json* v = o.get(key);
+  if (!v) return o.error(key, "is required: the ports this rule allows");
+  if (!v->is_array() || v->empty()) return o.error(key, "must be a non-empty array of ports");
+  for (const auto& e : *v) {
+    if (!e.is_number_unsigned() || e.get<std::uint64_t>() < 1 || e.get<std::uint64_t>() > 65535)
+      return o.error(key, "ports are whole numbers from 1 to 65535");
+    out.push_back(static_cast<std::uint16_t>(e.get<std::uint64_t>()));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return {};
+}
+
+// A DNS name, or "*." and one (any name below it). Addresses are not
+// names: "public" is what reaches them.
+bool egress_host_pattern(std::string_view h) {
+  if (h.starts_with("*.")) h.remove_prefix(2);
+  if (h.empty() || h.size() > 253 || h.front() == '.' || h.back() == '.' || h.find("..") != std::string_view::npos)
+    return false;
+  const std::size_t last = h.rfind('.');
+  if (std::isdigit(static_cast<unsigned char>(h[last == std::string_view::npos ? 0 : last + 1]))) return false;
+  return std::all_of(h.begin(), h.end(), [](char c) {
+    return std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '-' ||
+           c == '.' || c == '_';
+  });
+}
+
+Status parse_egress(ObjectReader o, EgressRules& e) {
+  TSB_TRY(o.object("\"egress\""), "egress");
+  if (const json* allow = o.get("allow")) {
+    if (!allow->is_array()) return o.error("allow", "must be an array of {\"hosts\", \"ports\"}");
+    for (std::size_t i = 0; i < allow->size(); ++i) {
+      ObjectReader r(o.doc(), (*allow)[i], json_pointer_append(o.pointer("allow"), i));
+      TSB_TRY(r.object("an allow rule"), "egress");
+      EgressRules::Rule rule;
+      auto hosts = r.strings("hosts", "host names");
+      if (!hosts.ok()) return std::move(hosts).error();
+      if (hosts->empty()) return r.error("hosts", "is required: the host names this rule allows");
+      for (const auto& h : *hosts)
+        if (!egress_host_pattern(h))
+          return r.error("hosts", "not a lower-case host name or \"*.\" and one: " + quoted_for_message(h));
+      rule.hosts = std::move(hosts).value();
+      TSB_TRY(parse_ports(r, "ports", rule.ports), "egress");
+      TSB_TRY(r.done(), "egress");
+      e.allow.push_back(std::move(rule));
+    }
+  }
+  if (const json* pub = o.get("public")) {
+    ObjectReader r(o.doc(), *pub, o.pointer("public"));
+    TSB_TRY(r.object("\"public\""), "egress");
+    TSB_TRY(parse_ports(r, "ports", e.public_ports), "egress");
+    TSB_TRY(r.done(), "egress");
+  }
+  auto conns = o.number("max_connections", e.max_connections, 1, 4096);
+  if (!conns.ok()) return std::move(conns).error();
+  e.max_connections = static_cast<std::uint32_t>(*conns);
+  if (const json* b = o.get("max_bytes")) {
+    auto s = parse_size(*b);
+    if (!s.ok() || *s < 4096) return o.error("max_bytes", "must be a size of at least 4KiB, like \"100MiB\"");
+    e.max_bytes = *s;
+  }
+  return o.done();
+}
+
+json egress_json(const EgressRules& e) {
+  json allow = json::array();
+  for (const auto& r : e.allow) allow.push_back({{"hosts", r.hosts}, {"ports", r.ports}});
+  return {{"allow", allow},
+          {"public", e.public_ports.empty() ? json() : json{{"ports", e.public_ports}}},
+          {"max_connections", e.max_connections},
+          {"max_bytes", format_size(e.max_bytes)}};
+}
+
 Status parse_limits(ObjectReader o, const LocatedJson& doc, isolate::Limits& lim) {
   TSB_TRY(o.object("\"limits\""), "limits");
   auto dur = [&](const char* key, std::chrono::milliseconds& out, bool allow_zero) -> Status {
@@ -337,9 +412,15 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   }
 
   if (const json* v = root.get("network")) {
-    TSB_TRY(expect(v->is_string() && (*v == "none" || *v == "host"), root.where("network"),
-                   "must be \"none\" or \"host\""), "policy");
-    p.network = *v == "host" ? isolate::NetworkMode::Host : isolate::NetworkMode::None;
+    TSB_TRY(expect(v->is_string() && (*v == "none" || *v == "egress" || *v == "host"), root.where("network"),
+                   "must be \"none\", \"egress\" or \"host\""), "policy");
+    p.network = *v == "host" ? isolate::NetworkMode::Host : *v == "egress" ? isolate::NetworkMode::Egress
+                                                                          : isolate::NetworkMode::None;
+  }
+  if (const json* v = root.get("egress")) {
+    TSB_TRY(expect(p.network == isolate::NetworkMode::Egress, root.where("egress"),
+                   "applies to \"network\": \"egress\" only"), "policy");
+    TSB_TRY(parse_egress(ObjectReader(doc, *v, "/egress"), p.egress), "policy");
   }
 
   if (const json* v = root.get("environment")) {
@@ -370,6 +451,19 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
       }
     }
     TSB_TRY(env.done(), "policy");
+  }
+  // Egress: every run finds the proxy through the standard variables, which
+  // the mode fixes (a request cannot change them); the sandbox's own
+  // localhost is reached directly.
+  if (p.network == isolate::NetworkMode::Egress) {
+    const std::string url = "http://127.0.0.1:" + std::to_string(isolate::kEgressProxyPort);
+    for (const char* name : kEgressProxyVariables) {
+      const bool no_proxy = std::string_view(name) == "NO_PROXY" || std::string_view(name) == "no_proxy";
+      TSB_TRY(expect(!p.env_set.contains(name), doc.where_key(json_pointer_append("/environment/set", name)),
+                     std::string(name) + " is set by network \"egress\" (to the daemon's proxy)"),
+              "policy");
+      p.env_set[name] = no_proxy ? "localhost,127.0.0.1,::1" : url;
+    }
   }
 
   // Seccomp: a profile file (relative to the directory of the file that
@@ -484,12 +578,13 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
                      {"backend", to_string(p.backend)},
                      {"limits", limits_json(p.limits)},
                      {"filesystem", {{"venv", p.venv.empty() ? json() : json(p.venv)}, {"workdir", p.workdir}, {"binds", binds}}},
-                     {"network", p.network == isolate::NetworkMode::Host ? "host" : "none"},
+                     {"network", to_string(p.network)},
                      {"environment", {{"set", p.env_set}, {"allow", p.env_allow}}},
                      {"seccomp", seccomp_canon},
                      {"user", {{"uid", p.uid}, {"gid", p.gid}}},
                      {"interpreter", p.interpreter},
                      {"hostname", p.hostname}};
+  if (p.network == isolate::NetworkMode::Egress) p.canonical["egress"] = egress_json(p.egress);
   p.fingerprint = "sha256:" + sha256_hex(p.canonical.dump());
   return p;
 }
@@ -497,6 +592,15 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
 }  // namespace
 
 const char* to_string(Backend b) noexcept { return b == Backend::E2B ? "e2b" : "local"; }
+
+const char* to_string(isolate::NetworkMode n) noexcept {
+  switch (n) {
+    case isolate::NetworkMode::Host: return "host";
+    case isolate::NetworkMode::Egress: return "egress";
+    case isolate::NetworkMode::None: break;
+  }
+  return "none";
+}
 
 bool Policy::env_name_allowed(std::string_view n) const { return spawn::env_name_allowed(env_allow, n); }
 
@@ -603,7 +707,7 @@ isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner) {
   in.hostname = p.hostname;
   in.uid = p.uid;
   in.gid = p.gid;
-  in.host_network = p.network == isolate::NetworkMode::Host;
+  in.network = p.network;
   in.tmp_bytes = p.limits.tmp_bytes;
   in.work_bytes = p.limits.work_bytes;
   return in;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +23,29 @@ namespace tsb::core {
 
 enum class Backend { Local, E2B };
 const char* to_string(Backend b) noexcept;
+// "none", "host", "egress": as a policy names it.
+const char* to_string(isolate::NetworkMode n) noexcept;
+
+// What a tool in network mode "egress" may reach through the daemon's proxy
+// (policies/README.md, "egress"). Beyond every rule, the deny list always
+// applies (daemon/egress/address.h).
+struct EgressRules {
+  struct Rule {
+    std::vector<std::string> hosts;  // "api.example.com", or "*.example.com" (any name below it)
+    std::vector<std::uint16_t> ports;
+  };
+  std::vector<Rule> allow;
+  std::vector<std::uint16_t> public_ports;  // any public destination on these ports; empty: none
+  std::uint32_t max_connections = 64;       // per run
+  std::uint64_t max_bytes = 100ull << 20;   // per run, both directions together
+};
+
+// The variables every egress run gets, fixed by the mode (a request cannot
+// change them): the proxy (http://127.0.0.1:3128, isolate/plan.h) for
+// HTTP, HTTPS and everything else, both spellings (curl reads only
+// http_proxy in lower case); NO_PROXY for the sandbox's own localhost.
+inline constexpr const char* kEgressProxyVariables[] = {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+                                                         "http_proxy", "https_proxy", "all_proxy", "no_proxy"};
 
 struct Policy {
   std::string name;         // file stem ("default"), or as registered
@@ -33,6 +57,7 @@ struct Policy {
   std::string workdir = "/work";
   std::vector<isolate::BindMount> binds;
   isolate::NetworkMode network = isolate::NetworkMode::None;
+  EgressRules egress;                          // network "egress" only
   std::map<std::string, std::string> env_set;  // fixed values, always present
   std::vector<std::string> env_allow;          // names (or PREFIX_*) a request may set
   std::string seccomp_source;                  // profile path, or "<inline>"

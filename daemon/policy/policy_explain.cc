@@ -17,6 +17,7 @@
 #include "isolate/engine.h"
 #include "daemon/policy/jsonc.h"
 #include "isolate/fs_table.h"
+#include "isolate/plan.h"
 #include "daemon/policy/syscall_groups.h"
 
 namespace tsb::core {
@@ -470,11 +471,50 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
   out << "  mount   built as listed under \"File system\", then pivot_root; nothing propagates to the host\n";
   if (host_net)
     out << line(true, " net     host: shares the host's network namespace (every interface, services on the host's localhost, abstract Unix sockets)");
+  else if (p.network == isolate::NetworkMode::Egress)
+    out << "  net     loopback (lo) only, no route out; the daemon's proxy listens on 127.0.0.1:"
+        << isolate::kEgressProxyPort << " (see \"Egress\")\n";
   else
     out << "  net     loopback (lo) only; no route out of the sandbox\n";
   out << "  ipc     System V IPC and POSIX message queues private to the run\n";
   out << "  uts     hostname " << quoted_for_message(p.hostname) << "\n";
   out << "  cgroup  rooted at the run's own cgroup leaf\n";
+
+  if (p.network == isolate::NetworkMode::Egress) {
+    const EgressRules& e = p.egress;
+    const auto ports_text = [](const std::vector<std::uint16_t>& ports) {
+      std::string t;
+      for (auto port : ports) t += (t.empty() ? "" : ", ") + std::to_string(port);
+      return t;
+    };
+    out << "\nEgress (network \"egress\": out through the daemon's proxy only, in this order)\n";
+    out << "  proxy     127.0.0.1:" << isolate::kEgressProxyPort
+        << " in the sandbox: HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and their lower-case\n"
+           "            forms name it; CONNECT host:port (HTTPS) and http://host/ requests; anything else\n"
+           "            (UDP and DNS, ICMP, raw sockets, TCP not through the proxy) has no route\n";
+    if (e.allow.empty() && e.public_ports.empty()) out << "  allow     (nothing: every request is refused)\n";
+    for (const auto& r : e.allow) {
+      std::string hosts;
+      for (const auto& h : r.hosts) hosts += (hosts.empty() ? "" : ", ") + h;
+      out << "  allow     " << hosts << " on port " << ports_text(r.ports) << "\n";
+    }
+    bool public_flagged = false;
+    for (const auto& r : risks) public_flagged = public_flagged || r.pointer == "/egress/public";
+    if (!e.public_ports.empty())
+      out << line(public_flagged, " public    any public address on port " + ports_text(e.public_ports));
+    out << "  names     resolved by the daemon; each address is checked, and only one that passes is\n"
+           "            connected to (no DNS answer, rebinding or redirect reaches a denied one); an address\n"
+           "            in a request, however spelled (0x7f.1, 2130706433, [::ffff:a.b.c.d]), is allowed\n"
+           "            only by \"public\"\n";
+    out << "  denied    always, whatever the rules say: loopback; the daemon host's own addresses;\n"
+           "            10/8, 172.16/12, 192.168/16, fc00::/7 (private); 100.64/10 (CGNAT); 169.254/16 (the\n"
+           "            cloud metadata service) and fe80::/10 (link-local); multicast; 0/8 and ::\n"
+           "            (unspecified); reserved and broadcast; IPv6 forms that carry any of these\n"
+           "            (IPv4-mapped, IPv4-compatible, NAT64, 6to4)\n";
+    out << "  caps      " << e.max_connections << " connections and " << format_size(e.max_bytes)
+        << " (both ways together) per run\n";
+    out << "  audit     one line per connection: run, host, port, address, bytes each way, verdict\n";
+  }
 
   // What every run gets from the engine, whatever the policy says, and
   // what depends on the kernel of the host.
@@ -818,7 +858,7 @@ std::string compare_profiles(const Policy& p, const policy::SeccompProfile& othe
 
 std::string check_summary(const std::string& argument, const Policy& p) {
   return argument + ": ok: policy '" + p.name + "', backend " + to_string(p.backend) + ", network " +
-         (p.network == isolate::NetworkMode::Host ? "host" : "none") + ", " +
+         to_string(p.network) + ", " +
          std::to_string(p.seccomp_profile ? p.seccomp_profile->rules.size() : 0) + " syscall rules, " + p.fingerprint;
 }
 

@@ -156,10 +156,24 @@ std::vector<PolicyRisk> assess_policy(const Policy& p) {
     risks.push_back(std::move(r));
   };
 
+  // The network, first: "host" is the largest grant a policy can make.
   if (p.network == isolate::NetworkMode::Host)
     policy_key("/network",
-               "network \"host\": the tool shares the host's network namespace (every interface and address, "
-               "services listening on the host's localhost, abstract Unix sockets)");
+               "highest risk: network \"host\": the tool shares the host's network namespace: every service "
+               "listening on the host's localhost (the agent server's database), the host's neighbours on its "
+               "private networks, the cloud metadata service at 169.254.169.254 (instance credentials), abstract "
+               "Unix sockets; network \"egress\" gives tools the internet without these");
+  if (p.network == isolate::NetworkMode::Egress && !p.egress.public_ports.empty()) {
+    std::string ports;
+    for (auto port : p.egress.public_ports) ports += (ports.empty() ? "" : ", ") + std::to_string(port);
+    policy_key("/egress/public", "egress \"public\": a tool may connect to any public address on port " + ports +
+                                     " (anything it holds can leave for any server on the internet; the host and "
+                                     "its private networks stay denied)");
+  }
+  if (p.network != isolate::NetworkMode::None && p.backend == Backend::E2B)
+    policy_key("/network", std::string("backend e2b with network \"") + to_string(p.network) +
+                               "\": E2B switches internet access on or off only; its sandboxes reach the whole "
+                               "internet, and no egress rule or cap applies there");
   for (std::size_t i = 0; i < p.binds.size(); ++i) {
     const auto& b = p.binds[i];
     const std::string ptr = json_pointer_append("/filesystem/binds", i);

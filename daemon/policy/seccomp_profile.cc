@@ -955,6 +955,7 @@ Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig con
 }
 
 Status prepare_engine(isolate::EngineConfig& config, pid_t engine_pid) {
+  TSB_TRY(isolate::check_proc(), "engine");
   auto cgroups = isolate::prepare_cgroups(config.cgroup_parent);
   if (!cgroups.ok()) return std::move(cgroups).error().wrap("setting up cgroups");
   config.cgroups = std::move(cgroups).value();

@@ -126,7 +126,7 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
     p.limits = get_limits(r);
     p.workdir = r.str(kMaxName);
     p.hostname = r.str(kMaxName);
-    p.network = r.flag() ? isolate::NetworkMode::Host : isolate::NetworkMode::None;
+    p.network = static_cast<isolate::NetworkMode>(r.upto(static_cast<std::uint8_t>(isolate::NetworkMode::Egress)));
     p.env_set = get_map(r, kMaxEnvVars);
     p.env_allow = r.strs(kMaxEnvVars, kMaxName);
     p.seccomp = get_program(r);

@@ -93,7 +93,7 @@ std::string encode_compiled_set(const CompiledSet& s) {
     put_limits(w, p.limits);
     w.str(p.workdir);
     w.str(p.hostname);
-    w.u8(p.network == isolate::NetworkMode::Host ? 1 : 0);
+    w.u8(static_cast<std::uint8_t>(p.network));
     put_map(w, p.env_set);
     w.strs(p.env_allow);
     put_program(w, *p.seccomp);

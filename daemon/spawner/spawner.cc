@@ -270,15 +270,11 @@ Status Spawner::start_front_end() {
   // net.core.wmem_max allows (about 416 KiB by default, and under the
   // systemd unit, which grants no CAP_NET_ADMIN); the front end refuses a
   // run whose order does not fit, saying so.
-  for (int fd : {sv[0], sv[1]}) {
-    int sz = static_cast<int>(kMaxMessage + 65536);
-    if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sz, sizeof sz) != 0 ||
-        ::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof sz) != 0) {
-      if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz) != 0 ||
-          ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz) != 0)
+  const int sz = static_cast<int>(kMaxMessage + 65536);
+  for (int fd : {sv[0], sv[1]})
+    for (auto [forced, plain] : {std::pair{SO_SNDBUFFORCE, SO_SNDBUF}, std::pair{SO_RCVBUFFORCE, SO_RCVBUF}})
+      if (::setsockopt(fd, SOL_SOCKET, forced, &sz, sizeof sz) != 0 && ::setsockopt(fd, SOL_SOCKET, plain, &sz, sizeof sz) != 0)
         return Error::from_errno("sizing the front end's socket");
-    }
-  }
   UniqueFd key = open_key_file();
   std::vector<std::string> args = {opts_.front_end, "--serve", "--config", opts_.config_path, "--listen-fd", "3",
                                    "--control-fd", "4"};
@@ -407,8 +403,9 @@ void Spawner::handle_run(const std::string& msg) {
   l.next_cpu_check = Clock::now();
   l.socket_limited = l.sb->socket_memory_is_limited();
   l.next_socket_check = Clock::now() + milliseconds(100);
-  const int fds[3] = {in.get(), out.get(), err.get()};
-  send(encode(Started{o.id, l.sb->run_id(), l.sb->host_uid()}), fds, 3);
+  const UniqueFd egress = l.sb->take_egress();  // network egress: the fourth
+  const int fds[4] = {in.get(), out.get(), err.get(), egress.get()};
+  send(encode(Started{o.id, l.sb->run_id(), l.sb->host_uid()}), fds, egress ? 4 : 3);
   runs_.emplace(o.id, std::move(l));
 }
 

@@ -56,11 +56,13 @@ class Reader {
   std::uint32_t u32() { return get<std::uint32_t>(); }
   std::uint64_t u64() { return get<std::uint64_t>(); }
   std::int32_t i32() { return static_cast<std::int32_t>(get<std::uint32_t>()); }
-  bool flag() {
+  // A u8 of at most `max`.
+  std::uint8_t upto(std::uint8_t max) {
     std::uint8_t v = u8();
-    if (v > 1) ok_ = false;
-    return v == 1;
+    if (v > max) ok_ = false;
+    return v;
   }
+  bool flag() { return upto(1) == 1; }
   // A string of at most `max` bytes.
   std::string str(std::size_t max) {
     std::uint32_t n = u32();

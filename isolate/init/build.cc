@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <linux/mount.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
@@ -238,6 +239,46 @@ int loopback_up() noexcept {
   return rc;
 }
 
+// The egress proxy's way in (network "egress"): a TCP listener on
+// 127.0.0.1:kEgressProxyPort of this namespace, sent over the egress socket
+// to the engine's front end, whose proxy accepts on it. Nothing here keeps
+// it: the tool can connect to it, never accept on it. A front end already
+// gone (the run is being killed) is EPIPE, without a SIGPIPE.
+int hand_over_egress_listener(int channel) noexcept {
+  int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  struct sockaddr_in a {};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(kEgressProxyPort);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int rc = ::bind(s, reinterpret_cast<struct sockaddr*>(&a), sizeof a);
+  if (rc == 0) rc = ::listen(s, SOMAXCONN);
+  if (rc == 0) {
+    char byte = 'L';
+    struct iovec iov {&byte, 1};
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    struct msghdr m {};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    struct cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &s, sizeof(int));
+    ssize_t n;
+    do n = ::sendmsg(channel, &m, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    rc = n == 1 ? 0 : -1;
+  }
+  int saved = errno;
+  ::close(s);
+  ::close(channel);
+  errno = saved;
+  return rc;
+}
+
 }  // namespace
 
 void build_sandbox(const Plan& plan) noexcept {
@@ -265,8 +306,10 @@ void build_sandbox(const Plan& plan) noexcept {
   FAIL_IF(::sethostname(plan.hostname, strlen(plan.hostname)) != 0, Stage::Hostname);
 
   // 5. A new net namespace starts with lo down; bring it up so local
-  //    sockets work. There is no other interface.
-  if (plan.loopback_up) FAIL_IF(loopback_up() != 0, Stage::Loopback);
+  //    sockets work. There is no other interface. With egress, the proxy's
+  //    listener on it is the only way out.
+  if (plan.network != kNetworkHost) FAIL_IF(loopback_up() != 0, Stage::Loopback);
+  if (plan.network == kNetworkEgress) FAIL_IF(hand_over_egress_listener(plan.egress_fd) != 0, Stage::Egress);
 
   // 6. Switch root and detach the old one, so no path (and no "..") leads
   //    back to the host's tree. pivot_root(".", ".") stacks the old root on

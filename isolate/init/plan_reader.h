@@ -39,8 +39,9 @@ struct Filter {
 
 struct Plan {
   int report_fd, stdin_fd, stdout_fd, stderr_fd, sync_fd, watch_fd, lease_fd, root_fd;
+  int egress_fd;  // network kNetworkEgress only; -1 otherwise
   uint32_t backstop_s;
-  bool loopback_up;
+  uint8_t network;  // kNetworkHost, kNetworkOwn, kNetworkEgress
   const char* staging;
   const char* hostname;
   const char* workdir;
@@ -130,9 +131,9 @@ inline bool read_plan(const char* buf, size_t len, Plan* p) {
     *fd = c.i32();
     if (*fd < 0) return false;
   }
+  p->egress_fd = c.i32();
   p->backstop_s = c.u32();
-  const uint8_t lo = c.u8();
-  p->loopback_up = lo == 1;
+  p->network = c.u8();
   p->staging = c.cstr(true);
   p->hostname = c.cstr(true);
   p->workdir = c.cstr(true);
@@ -144,7 +145,9 @@ inline bool read_plan(const char* buf, size_t len, Plan* p) {
   p->cpu_time_ms = c.u64();
   // The tool is never uid or gid 0 (pid 1's) or the overflow ids; the
   // backstop is at most about half a year, as the engine computes it.
-  if (!c.ok() || lo > 1 || p->staging[0] != '/' || p->workdir[0] != '/' || p->hostname[0] == '\0' ||
+  // An egress socket exactly when the network is egress.
+  if (!c.ok() || p->network > kNetworkEgress || (p->network == kNetworkEgress) != (p->egress_fd >= 0) ||
+      p->egress_fd < -1 || p->staging[0] != '/' || p->workdir[0] != '/' || p->hostname[0] == '\0' ||
       p->tool_uid == 0 || p->tool_uid >= 65534 || p->tool_gid == 0 || p->tool_gid >= 65534 || p->backstop_s > (1u << 24))
     return false;
   p->argv = read_texts(c, 1u << 20);

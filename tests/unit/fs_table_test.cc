@@ -68,7 +68,10 @@ TEST(FsTable, NameResolutionFilesOnlyWithTheHostsNetwork) {
   FsInputs in;
   EXPECT_FALSE(has(table_of(in), "/etc/resolv.conf"));
   EXPECT_FALSE(has(table_of(in), "/etc/ssl"));
-  in.host_network = true;
+  in.network = tsb::isolate::NetworkMode::Egress;
+  EXPECT_FALSE(has(table_of(in), "/etc/resolv.conf")) << "with egress the daemon resolves names, not the tool";
+  EXPECT_TRUE(has(table_of(in), "/etc/ssl")) << "HTTPS through the proxy's tunnel needs the CA certificates";
+  in.network = tsb::isolate::NetworkMode::Host;
   EXPECT_TRUE(has(table_of(in), "/etc/resolv.conf"));
   EXPECT_TRUE(has(table_of(in), "/etc/ssl"));
 }

@@ -28,8 +28,9 @@ struct StepIn {
 struct PlanIn {
   std::uint32_t magic = tsb::isolate::kPlanMagic;
   int fds[8] = {3, 4, 5, 6, 7, 8, 9, 10};
+  int egress = -1;
   std::uint32_t backstop = 70;
-  std::uint8_t lo = 1;
+  std::uint8_t network = tsb::isolate::kNetworkOwn;
   std::string staging = "/run/toolsandbox/root", hostname = "sandbox", workdir = "/work";
   std::vector<std::string> argv = {"/venv/bin/python3", "-c", "pass"}, envp = {"PATH=/venv/bin:/usr/bin", "HOME=/work"};
   std::string tool_filter = std::string(sizeof(sock_filter) * 2, '\x01'), init_filter = std::string(sizeof(sock_filter), '\x02');
@@ -44,8 +45,9 @@ struct PlanIn {
     tsb::Writer w;
     w.u32(magic);
     for (int fd : fds) w.i32(fd);
+    w.i32(egress);
     w.u32(backstop);
-    w.u8(lo);
+    w.u8(network);
     w.cstr(staging);
     w.cstr(hostname);
     w.cstr(workdir);
@@ -91,7 +93,8 @@ TEST(PlanReader, ReadsThePlanAsDocumented) {
   EXPECT_EQ(p.report_fd, 3);
   EXPECT_EQ(p.root_fd, 10);
   EXPECT_EQ(p.backstop_s, 70u);
-  EXPECT_TRUE(p.loopback_up);
+  EXPECT_EQ(p.network, tsb::isolate::kNetworkOwn);
+  EXPECT_EQ(p.egress_fd, -1);
   EXPECT_STREQ(p.staging, "/run/toolsandbox/root");
   EXPECT_STREQ(p.workdir, "/work");
   EXPECT_EQ(p.open_files, 256u);
@@ -116,6 +119,18 @@ TEST(PlanReader, ReadsThePlanAsDocumented) {
   init::release_plan(&p);
 }
 
+TEST(PlanReader, EgressComesWithItsSocket) {
+  PlanIn in;
+  in.network = tsb::isolate::kNetworkEgress;
+  in.egress = 12;
+  const std::string b = in.bytes();
+  init::Plan p{};
+  ASSERT_TRUE(init::read_plan(b.data(), b.size(), &p));
+  EXPECT_EQ(p.network, tsb::isolate::kNetworkEgress);
+  EXPECT_EQ(p.egress_fd, 12);
+  init::release_plan(&p);
+}
+
 TEST(PlanReader, RefusesAnythingElse) {
   const std::string good = PlanIn{}.bytes();
   // Cut anywhere, or with a byte more.
@@ -128,7 +143,14 @@ TEST(PlanReader, RefusesAnythingElse) {
   };
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.magic = 0x70627373; })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.fds[7] = -1; }))) << "a descriptor the plan needs";
-  EXPECT_FALSE(reads(variant([](PlanIn& p) { p.lo = 2; })));
+  EXPECT_FALSE(reads(variant([](PlanIn& p) { p.network = 3; })));
+  EXPECT_FALSE(reads(variant([](PlanIn& p) { p.network = tsb::isolate::kNetworkEgress; })))
+      << "egress without its socket";
+  EXPECT_FALSE(reads(variant([](PlanIn& p) { p.egress = 12; }))) << "a socket without egress";
+  EXPECT_FALSE(reads(variant([](PlanIn& p) {
+    p.network = tsb::isolate::kNetworkEgress;
+    p.egress = -2;
+  })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.staging = "relative"; })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.workdir = "work"; })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.hostname = ""; })));

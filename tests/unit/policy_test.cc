@@ -672,8 +672,8 @@ TEST(PolicyLint, ShippedPoliciesWarnOnlyAboutWhatTheyGrantOnPurpose) {
   const std::map<std::string, std::vector<std::string>> expected = {
       {"default", {"environment allow \"*\": a request may set any variable the policy does not fix"}},
       {"privileged",
-       {"network \"host\": the tool shares the host's network namespace (every interface and address, services "
-        "listening on the host's localhost, abstract Unix sockets)",
+       {"egress \"public\": a tool may connect to any public address on port 80, 443 (anything it holds can leave "
+        "for any server on the internet; the host and its private networks stay denied)",
         "environment allow \"*\": a request may set any variable the policy does not fix"}},
   };
   for (const auto& [name, warnings] : expected) {
@@ -788,6 +788,12 @@ TEST(PolicySchema, DeclaresDraft202012AndTheLoadersKeys) {
   EXPECT_EQ(keys_of(defs["environment"]), loader_keys(R"({"version": 1, "environment": {"zz_unknown": 1}})"));
   EXPECT_EQ(keys_of(defs["seccomp"]), loader_keys(R"({"version": 1, "seccomp": {"zz_unknown": 1}})"));
   EXPECT_EQ(keys_of(s["properties"]["user"]), loader_keys(R"({"version": 1, "user": {"zz_unknown": 1}})"));
+  EXPECT_EQ(keys_of(defs["egress"]),
+            loader_keys(R"({"version": 1, "network": "egress", "egress": {"zz_unknown": 1}})"));
+  EXPECT_EQ(keys_of(defs["egress"]["properties"]["allow"]["items"]),
+            loader_keys(R"({"version": 1, "network": "egress", "egress": {"allow": [{"hosts": ["a.test"], "ports": [443], "zz_unknown": 1}]}})"));
+  EXPECT_EQ(keys_of(defs["egress"]["properties"]["public"]),
+            loader_keys(R"({"version": 1, "network": "egress", "egress": {"public": {"ports": [443], "zz_unknown": 1}}})"));
   // The embedded OCI profile schema names what daemon/policy/seccomp_profile.cc accepts.
   EXPECT_EQ(keys_of(defs["seccompProfile"]),
             (std::set<std::string>{"defaultAction", "defaultErrnoRet", "architectures", "archMap", "syscalls", "flags",
@@ -860,10 +866,11 @@ TEST(PolicyReadme, NamesEveryKeyAndVerb) {
   ASSERT_FALSE(readme.empty());
   const json s = load_schema("policy.schema.json");
   std::set<std::string> keys = keys_of(s);
-  for (const char* d : {"limits", "filesystem", "environment", "seccomp"})
+  for (const char* d : {"limits", "filesystem", "environment", "seccomp", "egress"})
     for (const auto& k : keys_of(s["$defs"][d])) keys.insert(k);
   for (const auto& k : keys_of(s["$defs"]["filesystem"]["properties"]["binds"]["items"])) keys.insert(k);
   for (const auto& k : keys_of(s["properties"]["user"])) keys.insert(k);
+  for (const auto& k : keys_of(s["$defs"]["egress"]["properties"]["allow"]["items"])) keys.insert(k);
   for (const auto& k : keys_of(s["$defs"]["seccompProfile"])) keys.insert(k);
   for (const auto& k : keys_of(s["$defs"]["seccompProfile"]["properties"]["syscalls"]["items"])) keys.insert(k);
   for (const char* k : {"privileged", "policy", "allowed_policies", "organizations", "bind_allowlist"}) keys.insert(k);

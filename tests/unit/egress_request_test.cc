@@ -1,0 +1,145 @@
+// What the egress proxy reads from a tool (daemon/egress/request.h) and the
+// policy's rules applied to it (daemon/egress/rules.h).
+#include <gtest/gtest.h>
+
+#include "daemon/egress/request.h"
+#include "daemon/egress/rules.h"
+
+namespace {
+
+using tsb::egress::head_end;
+using tsb::egress::Host;
+using tsb::egress::parse_host;
+using tsb::egress::parse_request;
+
+std::string refusal(std::string_view head) {
+  auto r = parse_request(head);
+  return r.ok() ? "" : r.error().message;
+}
+
+tsb::core::EgressRules rules_for(std::vector<std::string> hosts, std::vector<std::uint16_t> ports,
+                                 std::vector<std::uint16_t> public_ports = {}) {
+  tsb::core::EgressRules r;
+  r.allow.push_back({std::move(hosts), std::move(ports)});
+  r.public_ports = std::move(public_ports);
+  return r;
+}
+
+}  // namespace
+
+TEST(EgressRequest, HeadEndsAtTheBlankLine) {
+  EXPECT_EQ(head_end("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\nbody"), 35u);
+  EXPECT_EQ(head_end("CONNECT a:443 HTTP/1.1\n\n"), 24u);
+  EXPECT_EQ(head_end("GET http://a/ HTTP/1.1\r\nHost: a\r\n"), 0u);
+  EXPECT_EQ(head_end(""), 0u);
+}
+
+TEST(EgressRequest, ConnectNamesHostAndPort) {
+  auto r = parse_request("CONNECT API.Example.com:443 HTTP/1.1\r\nHost: api.example.com:443\r\n\r\n");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->tunnel);
+  EXPECT_EQ(r->host.kind, Host::kName);
+  EXPECT_EQ(r->host.name, "api.example.com");
+  EXPECT_EQ(r->port, 443);
+  EXPECT_TRUE(r->upstream_head.empty());
+
+  auto v6 = parse_request("CONNECT [2001:db8::7]:8443 HTTP/1.1\r\n\r\n");
+  ASSERT_TRUE(v6.ok()) << v6.error().message;
+  EXPECT_EQ(v6->host.kind, Host::kAddress);
+  EXPECT_EQ(v6->host.address.text(), "2001:db8::7");
+  EXPECT_EQ(v6->port, 8443);
+
+  auto spelled = parse_request("CONNECT 0x7f.1:80 HTTP/1.1\r\n\r\n");
+  ASSERT_TRUE(spelled.ok());
+  EXPECT_EQ(spelled->host.address.text(), "127.0.0.1") << "every spelling is the address it means";
+  EXPECT_EQ(spelled->host_text, "0x7f.1") << "the audit line keeps what the tool wrote";
+}
+
+TEST(EgressRequest, AbsoluteFormIsSentOnInOriginForm) {
+  auto r = parse_request(
+      "POST http://Example.test:8080/a/b?q=1#frag HTTP/1.1\r\n"
+      "Host: elsewhere.test\r\n"
+      "Proxy-Connection: keep-alive\r\n"
+      "Proxy-Authorization: Basic eDp5\r\n"
+      "Connection: keep-alive, X-Hop\r\n"
+      "X-Hop: 1\r\n"
+      "Content-Length: 4\r\n"
+      "User-Agent: t\r\n\r\n");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_FALSE(r->tunnel);
+  EXPECT_EQ(r->host.name, "example.test");
+  EXPECT_EQ(r->port, 8080);
+  EXPECT_EQ(r->upstream_head,
+            "POST /a/b?q=1 HTTP/1.1\r\n"
+            "Host: example.test:8080\r\n"
+            "Content-Length: 4\r\n"
+            "User-Agent: t\r\n"
+            "Connection: close\r\n\r\n")
+      << "Host comes from the target (RFC 9112 3.2.2); hop-by-hop and proxy fields are dropped";
+
+  auto bare = parse_request("GET http://example.test HTTP/1.0\r\n\r\n");
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ(bare->port, 80);
+  EXPECT_EQ(bare->upstream_head, "GET / HTTP/1.0\r\nHost: example.test\r\nConnection: close\r\n\r\n");
+
+  auto query = parse_request("GET http://[2001:db8::1]?x HTTP/1.1\r\n\r\n");
+  ASSERT_TRUE(query.ok());
+  EXPECT_EQ(query->upstream_head, "GET /?x HTTP/1.1\r\nHost: [2001:db8::1]\r\nConnection: close\r\n\r\n");
+}
+
+TEST(EgressRequest, EverythingElseIsRefusedWithAReason) {
+  EXPECT_NE(refusal("GET / HTTP/1.1\r\nHost: a\r\n\r\n").find("names its destination"), std::string::npos);
+  EXPECT_NE(refusal("GET https://a.test/ HTTP/1.1\r\n\r\n").find("CONNECT"), std::string::npos);
+  EXPECT_NE(refusal("GET http://allowed.test@evil.test/ HTTP/1.1\r\n\r\n").find("user information"), std::string::npos);
+  EXPECT_NE(refusal("CONNECT a.test HTTP/1.1\r\n\r\n").find("port"), std::string::npos) << "CONNECT needs a port";
+  for (const char* head : {
+           "CONNECT a.test:0 HTTP/1.1\r\n\r\n",
+           "CONNECT a.test:65536 HTTP/1.1\r\n\r\n",
+           "CONNECT a.test:+80 HTTP/1.1\r\n\r\n",
+           "CONNECT a.test: HTTP/1.1\r\n\r\n",
+           "CONNECT ::1:443 HTTP/1.1\r\n\r\n",
+           "CONNECT [::1:443 HTTP/1.1\r\n\r\n",
+           "CONNECT [::1]x:443 HTTP/1.1\r\n\r\n",
+           "CONNECT 256.1.1.1:443 HTTP/1.1\r\n\r\n",
+           "CONNECT a_b..c:443 HTTP/1.1\r\n\r\n",
+           "CONNECT a.test:443 HTTP/2\r\n\r\n",
+           "CONNECT  a.test:443 HTTP/1.1\r\n\r\n",
+           "GET http://a.test/ HTTP/1.1 extra\r\n\r\n",
+           "G(T http://a.test/ HTTP/1.1\r\n\r\n",
+           "GET http://a.test/ HTTP/1.1\r\n folded\r\n\r\n",
+           "GET http://a.test/ HTTP/1.1\r\nNo colon\r\n\r\n",
+           "GET http://a.test/ HTTP/1.1\r\nBad\rField: x\r\n\r\n",
+           "GET http:///x HTTP/1.1\r\n\r\n",
+           "\r\n\r\n",
+       })
+    EXPECT_FALSE(refusal(head).empty()) << head;
+  EXPECT_FALSE(refusal(std::string("GET http://a.test/ HTTP/1.1\r\nX: a\0b\r\n\r\n", 39)).empty()) << "a NUL";
+}
+
+TEST(EgressRules, WildcardsMatchNamesBelowOnly) {
+  using tsb::egress::name_matches;
+  EXPECT_TRUE(name_matches("api.example.com", "api.example.com"));
+  EXPECT_FALSE(name_matches("api.example.com", "x.api.example.com"));
+  EXPECT_TRUE(name_matches("*.example.com", "a.example.com"));
+  EXPECT_TRUE(name_matches("*.example.com", "a.b.example.com"));
+  EXPECT_FALSE(name_matches("*.example.com", "example.com"));
+  EXPECT_FALSE(name_matches("*.example.com", "badexample.com"));
+  EXPECT_FALSE(name_matches("*.example.com", "example.com.evil.test"));
+}
+
+TEST(EgressRules, NamesNeedARuleWithThePortAddressesNeedPublic) {
+  using tsb::egress::rule_refusal;
+  const auto r = rules_for({"api.example.com", "*.cdn.test"}, {443});
+  EXPECT_EQ(rule_refusal(r, parse_host("api.example.com"), 443), "");
+  EXPECT_EQ(rule_refusal(r, parse_host("x.cdn.test"), 443), "");
+  EXPECT_NE(rule_refusal(r, parse_host("api.example.com"), 80).find("port 80"), std::string::npos);
+  EXPECT_NE(rule_refusal(r, parse_host("other.test"), 443).find("not allowed"), std::string::npos);
+  EXPECT_NE(rule_refusal(r, parse_host("198.51.100.7"), 443).find("\"public\""), std::string::npos)
+      << "an address never matches a name rule";
+
+  const auto pub = rules_for({}, {}, {80, 443});
+  EXPECT_EQ(rule_refusal(pub, parse_host("anything.test"), 443), "");
+  EXPECT_EQ(rule_refusal(pub, parse_host("198.51.100.7"), 80), "") << "the deny list decides the address";
+  EXPECT_NE(rule_refusal(pub, parse_host("anything.test"), 22), "");
+  EXPECT_NE(rule_refusal(tsb::core::EgressRules{}, parse_host("a.test"), 443), "") << "no rule, nothing allowed";
+}
