@@ -11,7 +11,8 @@ TSB_ASAN_BUILD="${TSB_ASAN_BUILD:-$TSB_BUILD-asan}"
 TSB_FUZZ_BUILD="${TSB_FUZZ_BUILD:-$TSB_BUILD-fuzz}"
 
 # Debian 12 packages. Build: compiler, cmake, libraries. Run: python3 and
-# venv for the default venv. Tests and benchmarks: bubblewrap (reference),
+# venv for the default venv. The egress tests' tools: pip, requests, curl,
+# and openssl for their servers' certificate. Tests and benchmarks: bubblewrap (reference),
 # util-linux (outer guard), qemu/busybox/kmod (cgroup v2 VM lane), strace,
 # stress-ng (the CPU load of scripts/soak.sh).
 # Fuzzing: clang-14 with its runtimes (libclang-rt-14-dev holds libFuzzer
@@ -22,7 +23,7 @@ TSB_PACKAGES=(
   build-essential cmake pkg-config
   libseccomp-dev libcap-dev nlohmann-json3-dev libasio-dev libspdlog-dev
   libgtest-dev libgmock-dev libcurl4-openssl-dev libssl-dev libsystemd-dev
-  python3 python3-venv python3-pytest
+  python3 python3-venv python3-pytest python3-pip python3-requests curl openssl
   bubblewrap util-linux procps iproute2
   qemu-system-x86 busybox-static kmod
   clang-14 libclang-rt-14-dev llvm-14
@@ -170,6 +171,16 @@ run_root_tier() {
   (($#)) && shift
   filter=$(root_tier_filter)
   guarded "$build" "$build/bin/integration_tests" --gtest_brief=1 --gtest_filter="$filter" "$@"
+}
+
+# run_egress_tier [BUILD]: the egress reachability tests (tests/egress),
+# inside the outer guard with a network namespace of its own (--net: only
+# lo). The tests build their own namespaces below it: a daemon and a
+# "world" of test servers, with no route anywhere else.
+run_egress_tier() {
+  local build=${1:-$TSB_BUILD}
+  TSB_BUILD=$build "$TSB_ROOT/tests/guard/run-guarded" --net --mem $((4 << 30)) --pids 4096 --ro "$TSB_ROOT" \
+    --ro "$build" -- /usr/bin/python3 -m pytest -q -p no:cacheprovider "$TSB_ROOT/tests/egress"
 }
 
 # The integration tests the sanitizer tier runs: the engine's parent side

@@ -4,7 +4,9 @@
 #   2. the installed systemd units, checked without booting (tests/systemd/verify.sh),
 #   3. the outer guard's selftest (tests/guard/selftest.sh),
 #   4. root integration tests: real sandboxes, inside the outer guard,
-#   5. Python tests of the runner and the client,
+#   5. Python tests of the runner and the client, and the egress
+#      reachability tests (tests/egress, inside the guard, network
+#      namespaces of their own),
 #   6. sanitizers: a second tree ($TSB_BUILD-asan, -DTSB_SANITIZE=address,undefined)
 #      runs the unit tests and an integration subset (scripts/lib.sh says which),
 #   7. fuzzing: a clang-14 tree ($TSB_BUILD-fuzz, -DTSB_FUZZ=ON) runs each
@@ -61,6 +63,10 @@ tier_done
 
 tier "python tests (runner, client, Letta adapter; end-to-end against a real daemon)" python
 (cd "$TSB_ROOT" && TSB_BUILD="$TSB_BUILD" /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python)
+tier_done
+
+tier "egress reachability (inside the outer guard, in network namespaces of its own)" egress
+run_egress_tier "$TSB_BUILD"
 tier_done
 
 if [ "${TSB_SKIP_ASAN:-}" = 1 ]; then

@@ -341,7 +341,10 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
                          limit.async_wait(tuple_awaitable));
       if (r.index() == 1) co_return finish(Verdict::Failed, "no complete request within 30 s");
       auto [ec, n] = std::get<0>(r);
-      if (ec) co_return finish(Verdict::Failed, buf.empty() ? "closed before sending a request" : "closed within its request");
+      if (ec) {
+        const char* why = buf.empty() ? "closed before sending a request" : "closed within its request";
+        co_return finish(Verdict::Failed, why);
+      }
       buf.append(chunk.data(), n);
     }
   }
@@ -381,10 +384,11 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
     }
     if (c->closed) co_return finish(Verdict::Failed, "the run ended");
     if (!c->looked_up) co_return co_await refuse(Verdict::Failed, 504, "looking up " + req->host.name + " took too long");
-    if (c->lookup_error != 0 || c->addresses.empty())
-      co_return co_await refuse(Verdict::Failed, 502,
-                                "cannot resolve " + req->host.name + ": " +
-                                    (c->lookup_error ? ::gai_strerror(c->lookup_error) : "no address"));
+    if (c->lookup_error != 0 || c->addresses.empty()) {
+      std::string why = "cannot resolve " + req->host.name + ": ";
+      why += c->lookup_error ? ::gai_strerror(c->lookup_error) : "no address";
+      co_return co_await refuse(Verdict::Failed, 502, std::move(why));
+    }
     candidates = c->addresses;
   }
 
@@ -397,11 +401,13 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
     if (why.empty()) usable.push_back(a);
     else if (first_denied.empty()) first_denied = a.text() + " is " + std::string(why);
   }
-  if (usable.empty())
-    co_return co_await refuse(Verdict::Refused, 403,
-                              req->host.kind == Host::kName
-                                  ? req->host.name + " resolves only to denied addresses (" + first_denied + ")"
-                                  : "denied: " + first_denied);
+  if (usable.empty()) {
+    // (Named, not a conditional expression inside co_await: GCC 12 destroys
+    // a temporary made in one twice.)
+    std::string why = "denied: " + first_denied;
+    if (req->host.kind == Host::kName) why = req->host.name + " resolves only to denied addresses (" + first_denied + ")";
+    co_return co_await refuse(Verdict::Refused, 403, std::move(why));
+  }
 
   // 5. Connect, to the checked addresses only.
   std::string failure;
@@ -426,16 +432,16 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
   if (c->closed) co_return finish(Verdict::Failed, "the run ended");
   if (!connected) {
     c->address = usable[0].text();
-    co_return co_await refuse(Verdict::Failed, timed_out ? 504 : 502,
-                              "cannot connect to " + req->host_text + " port " + std::to_string(req->port) + " (" +
-                                  failure + ")");
+    std::string why = "cannot connect to " + req->host_text + " port " + std::to_string(req->port) + " (" + failure + ")";
+    co_return co_await refuse(Verdict::Failed, timed_out ? 504 : 502, std::move(why));
   }
   ++allowed_;
   ++svc_.allowed_;
 
   // 6. What goes first: the tunnel's answer to the client, or the
   //    rewritten head to the server; then whatever followed the head.
-  std::string first = req->tunnel ? std::string() : std::move(req->upstream_head);
+  std::string first;
+  if (!req->tunnel) first = std::move(req->upstream_head);
   first.append(buf, end, std::string::npos);
   if (req->tunnel) {
     static constexpr std::string_view kEstablished = "HTTP/1.1 200 Connection established\r\n\r\n";

@@ -36,7 +36,7 @@ std::shared_ptr<const isolate::SeccompProgram> get_program(Reader& r) {
   const std::string b = r.str(kMaxInsns * sizeof(sock_filter));
   if (b.empty() || b.size() % sizeof(sock_filter) != 0) r.fail();
   p->insns.resize(r.ok() ? b.size() / sizeof(sock_filter) : 0);
-  std::memcpy(p->insns.data(), b.data(), p->insns.size() * sizeof(sock_filter));
+  std::copy_n(b.data(), p->insns.size() * sizeof(sock_filter), reinterpret_cast<char*>(p->insns.data()));
   return p;
 }
 

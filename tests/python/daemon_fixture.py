@@ -94,7 +94,10 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 class Daemon:
-    def __init__(self, **overrides):
+    def __init__(self, wrap=(), **overrides):
+        # wrap: a command the daemon runs under (tests/egress: a mount and a
+        # network namespace of the test's making).
+        self.wrap = list(wrap)
         self.overrides = overrides
         self.proc = None
         self.tmp = None
@@ -141,7 +144,7 @@ class Daemon:
         env = dict(os.environ)
         env[HOST_ONLY_VAR] = HOST_ONLY_VALUE
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([daemon_binary(), "--config", cfg_path], stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(self.wrap + [daemon_binary(), "--config", cfg_path], stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + ready_timeout
         while True:

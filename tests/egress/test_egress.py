@@ -1,0 +1,570 @@
+"""Egress reachability: what a tool of network "egress" reaches through the
+daemon's proxy, and everything it must not reach (docs/SECURITY.md, "Egress").
+
+Runs only inside the outer guard with a network namespace of its own:
+
+    tests/guard/run-guarded --net --ro <checkout> --ro <build> -- \\
+        /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/egress
+
+(scripts/lib.sh: run_egress_tier). The guard's namespace has only lo; this
+module adds two namespaces of its own, joined by one veth pair and routed
+nowhere else:
+
+    daemon  198.51.100.1/24 10.20.0.1/24 100.64.0.1/24 169.254.0.1/16
+            2001:db8::1/64 fd00:20::1/64; toolsandboxd runs here, with this
+            module's /etc/hosts (a static map: no resolver), and a
+            "host-loopback service" listens on port 18080 of every address
+            here (127.0.0.1, ::1, 198.51.100.1, ...)
+    world   198.51.100.10 .11 (public), 2001:db8::10 (public), 10.20.0.10
+            (private), 100.64.0.10 (CGNAT), 169.254.169.254 (metadata),
+            fd00:20::10 (ULA); HTTP on 80, 22 and 8080, HTTPS on 443
+            (tests/egress/world.py)
+
+Every address in these tests is one of these; nothing else is ever a
+target. The tools run with urllib, requests, curl and pip, unchanged:
+the proxy variables are all they get.
+"""
+
+import base64
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "tests", "python"))
+
+import daemon_fixture as F  # noqa: E402
+
+ORG = "org-egress-tests"
+NS_DAEMON = "tsbe-daemon-%d" % os.getpid()
+NS_WORLD = "tsbe-world-%d" % os.getpid()
+LOOPBACK_PORT = 18080
+
+HOSTS = """\
+127.0.0.1 localhost loop.test
+::1 localhost
+198.51.100.10 api.public.test
+2001:db8::10 api.public.test
+198.51.100.11 other.public.test pypi.test
+198.51.100.10 www.wild.test
+10.20.0.10 private.test
+169.254.169.254 metadata.test
+100.64.0.10 cgnat.test
+fd00:20::10 ula.test
+198.51.100.1 self.test
+10.20.0.10 rebind.test
+198.51.100.10 rebind.test
+169.254.169.254 allprivate.test
+10.20.0.10 allprivate.test
+"""
+
+# The tool: one sandbox run tries a list of things and reports each.
+TOOL = r'''
+def net(kind: str, targets: list, ca: str = "") -> list:
+    import os, socket, ssl, subprocess, sys, urllib.error, urllib.request
+    cafile = None
+    if ca:
+        cafile = "/tmp/ca.pem"
+        with open(cafile, "w") as f:
+            f.write(ca)
+    results = []
+    for t in targets:
+        out = {"target": t}
+        try:
+            if kind == "urllib":
+                ctx = ssl.create_default_context(cafile=cafile) if t.startswith("https") else None
+                try:
+                    with urllib.request.urlopen(t, timeout=20, context=ctx) as r:
+                        out["status"] = r.status
+                        out["body"] = r.read().decode(errors="replace")
+                except urllib.error.HTTPError as e:
+                    out["status"] = e.code
+                    out["reason"] = e.reason
+                    out["body"] = e.read().decode(errors="replace")
+            elif kind == "requests":
+                import requests
+                r = requests.get(t, timeout=20, verify=cafile or True)
+                out.update(status=r.status_code, reason=r.reason, body=r.text)
+            elif kind == "proxy":
+                # The proxy itself, by hand: every request names its target,
+                # whatever NO_PROXY says for the sandbox's own localhost.
+                s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+                line = t if t.startswith("CONNECT ") else "GET " + t
+                s.sendall((line + " HTTP/1.1\r\nHost: ignored.test\r\n\r\n").encode())
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                s.close()
+                head, _, body = data.partition(b"\r\n\r\n")
+                first = head.split(b"\r\n", 1)[0].decode(errors="replace")
+                out.update(status=int(first.split(" ")[1]) if first.startswith("HTTP/") else 0, head=first,
+                           body=body.decode(errors="replace"))
+            elif kind == "curl":
+                args = ["curl", "-sS", "-g", "--max-time", "20", "-w", "\n%{http_code}"]
+                if cafile:
+                    args += ["--cacert", cafile]
+                p = subprocess.run(args + [t], capture_output=True, text=True)
+                body, _, code = p.stdout.rpartition("\n")
+                out.update(status=int(code or 0), body=body, rc=p.returncode, stderr=p.stderr[-500:])
+            elif kind == "pip":
+                index, project = t.split(" ")
+                p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+                                    "--disable-pip-version-check", "-d", "/tmp/dl", "--index-url", index,
+                                    "--trusted-host", index.split("/")[2], project],
+                                   capture_output=True, text=True, timeout=90)
+                files = sorted(os.listdir("/tmp/dl")) if os.path.isdir("/tmp/dl") else []
+                out.update(rc=p.returncode, files=files, stderr=p.stderr[-2000:])
+                if files:
+                    sys.path.insert(0, "/tmp/dl/" + files[0])
+                    import tsbdemo
+                    out["value"] = tsbdemo.VALUE
+            elif kind == "tcp":
+                host, port = t.rsplit(":", 1)
+                s = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
+                out["connected"] = True
+                s.close()
+            elif kind == "udp":
+                host, port = t.rsplit(":", 1)
+                fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+                s = socket.socket(fam, socket.SOCK_DGRAM)
+                s.sendto(b"x", (host.strip("[]"), int(port)))
+                out["sent"] = True
+            elif kind == "raw":
+                socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+                out["opened"] = True
+            elif kind == "resolve":
+                out["addresses"] = sorted({a[4][0] for a in socket.getaddrinfo(t, 80)})
+            elif kind == "env":
+                out["env"] = {k: v for k, v in os.environ.items() if "proxy" in k.lower()}
+        except Exception as e:
+            out["error"] = "%s: %s" % (type(e).__name__, e)
+            out["errno"] = getattr(e, "errno", None)
+        if isinstance(out.get("body"), str):
+            out["body"] = out["body"][:4000]
+        results.append(out)
+    return results
+'''
+
+
+def sh(*cmd, check=True):
+    return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
+
+
+def in_ns(ns, *cmd):
+    """A command in namespace `ns` (network only: the mounts stay the test's)."""
+    return ["nsenter", "--net=/run/netns/" + ns, *cmd]
+
+
+def unready_reason():
+    """Why this host cannot run these tests here, or None."""
+    if os.geteuid() != 0:
+        return "the egress tests need root (network namespaces, a real daemon)"
+    if os.environ.get("TSB_GUARD") != "1":
+        return "not inside the outer guard: run tests/guard/run-guarded --net ... (scripts/lib.sh run_egress_tier)"
+    links = sh("ip", "-o", "link", "show").stdout.splitlines()
+    names = {l.split(":")[1].strip().split("@")[0] for l in links if l.strip()}
+    if names != {"lo"}:
+        return "the guard's network namespace has %s: run-guarded --net gives one with only lo" % sorted(names)
+    for tool in ("ip", "nsenter", "unshare", "openssl", "curl"):
+        if shutil.which(tool) is None:
+            return "%s is missing (scripts/lib.sh installs it)" % tool
+    return None
+
+
+def make_wheel(directory):
+    """A small pure-Python wheel, built here: the test index serves it."""
+    name = "tsbdemo-1.0-py3-none-any.whl"
+    files = {
+        "tsbdemo/__init__.py": b'VALUE = "tsbdemo-from-the-test-index"\n',
+        "tsbdemo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tsbdemo\nVersion: 1.0\n",
+        "tsbdemo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: tsb-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = ""
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += "%s,sha256=%s,%d\n" % (path, digest, len(data))
+    record += "tsbdemo-1.0.dist-info/RECORD,,\n"
+    path = os.path.join(directory, name)
+    with zipfile.ZipFile(path, "w") as z:
+        for p, data in files.items():
+            z.writestr(p, data)
+        z.writestr("tsbdemo-1.0.dist-info/RECORD", record)
+    return path
+
+
+class Topology:
+    """The two namespaces, their servers and the daemon's resolver files."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.procs = []
+        self.world_log = os.path.join(tmp, "world.log")
+        self.loopback_log = os.path.join(tmp, "loopback.log")
+
+    def up(self):
+        sh("ip", "netns", "add", NS_DAEMON)
+        sh("ip", "netns", "add", NS_WORLD)
+        sh("ip", "link", "add", "tsbe-d", "netns", NS_DAEMON, "type", "veth", "peer", "name", "tsbe-w", "netns", NS_WORLD)
+        for ns, dev, addrs in (
+            (NS_DAEMON, "tsbe-d", ["198.51.100.1/24", "10.20.0.1/24", "100.64.0.1/24", "169.254.0.1/16",
+                                   "2001:db8::1/64", "fd00:20::1/64"]),
+            (NS_WORLD, "tsbe-w", ["198.51.100.10/24", "198.51.100.11/24", "10.20.0.10/24", "100.64.0.10/24",
+                                  "169.254.169.254/16", "2001:db8::10/64", "fd00:20::10/64"]),
+        ):
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            for a in addrs:
+                sh("ip", "-n", ns, "addr", "add", a, "dev", dev, *(["nodad"] if ":" in a else []))
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+        # No default route anywhere: only the subnets above exist.
+        for ns in (NS_DAEMON, NS_WORLD):
+            routes = sh("ip", "-n", ns, "route", "show", "default").stdout.strip()
+            assert routes == "", "a default route in %s: %s" % (ns, routes)
+
+        self.cert = os.path.join(self.tmp, "cert.pem")
+        key = os.path.join(self.tmp, "key.pem")
+        sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", self.cert, "-days", "2",
+           "-subj", "/CN=api.public.test",
+           "-addext", "subjectAltName=DNS:api.public.test,DNS:www.wild.test,DNS:rebind.test")
+        with open(self.cert) as f:
+            self.ca = f.read()
+        wheel = make_wheel(self.tmp)
+        world = os.path.join(HERE, "world.py")
+        self.start(in_ns(NS_WORLD, sys.executable, world, "--http", "80,22,8080", "--https", "443", "--cert", self.cert,
+                         "--key", key, "--log", self.world_log, "--name", "world", "--wheel", wheel))
+        self.start(in_ns(NS_DAEMON, sys.executable, world, "--http", str(LOOPBACK_PORT), "--log", self.loopback_log,
+                         "--name", "daemon-host"))
+
+        # The daemon's resolver: this map and nothing else.
+        self.etc = {}
+        for name, text in (("hosts", HOSTS), ("nsswitch.conf", "hosts: files\npasswd: files\ngroup: files\n"),
+                           ("host.conf", "multi on\n"), ("resolv.conf", "")):
+            path = os.path.join(self.tmp, "etc-" + name)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, 0o644)
+            self.etc["/etc/" + name] = path
+
+    def start(self, cmd):
+        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.procs.append(p)
+        line = p.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError("%s did not start: %s%s" % (cmd, line, p.stdout.read()))
+
+    def daemon_wrap(self):
+        """The daemon's command prefix: its own mount namespace with the map
+        above over /etc, then the daemon namespace's network."""
+        binds = " && ".join('mount --bind "%s" "%s"' % (src, dst) for dst, src in self.etc.items()
+                            if os.path.lexists(dst))
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                binds + ' && exec nsenter --net=/run/netns/%s "$@"' % NS_DAEMON, "sh"]
+
+    def down(self):
+        for p in self.procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+            p.kill()
+            p.wait()
+        for ns in (NS_DAEMON, NS_WORLD):
+            sh("ip", "netns", "del", ns, check=False)
+
+
+def read_text(path):
+    """A server's request log (none yet: no request reached it)."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def world_requests():
+    return [json.loads(l) for l in read_text(T.world_log).splitlines() if l.strip()]
+
+
+T = None  # the topology, once up
+
+
+def setUpModule():
+    global T
+    reason = unready_reason()
+    if reason:
+        if F.must_run():
+            raise AssertionError(reason + "; CI=true or TOOLSANDBOXD_TESTS_MUST_RUN=root forbids skipping")
+        raise unittest.SkipTest(reason)
+    tmp = tempfile.mkdtemp(prefix="tsb-egress-")
+    os.chmod(tmp, 0o755)
+    T = Topology(tmp)
+    try:
+        T.up()
+    except Exception:
+        T.down()
+        raise
+
+
+def tearDownModule():
+    if T is not None:
+        T.down()
+        if os.environ.get("TSB_TEST_KEEP") != "1":
+            shutil.rmtree(T.tmp, ignore_errors=True)
+
+
+def write_policies(directory):
+    os.makedirs(directory)
+    shutil.copy(os.path.join(REPO, "policies", "default.json"), directory)
+    shutil.copytree(os.path.join(REPO, "policies", "seccomp"), os.path.join(directory, "seccomp"))
+    base = {"version": 1, "include": "default.json", "filesystem": {"venv": None},
+            "interpreter": "/usr/bin/python3", "limits": {"wall_timeout": "60s", "cpu_time": "60s", "pids": 128}}
+    policies = {
+        "egress": {"network": "egress",
+                   "egress": {"allow": [{"hosts": ["api.public.test", "pypi.test", "*.wild.test", "rebind.test"],
+                                         "ports": [80, 443]}]}},
+        "public": {"network": "egress", "egress": {"public": {"ports": [80, 443, LOOPBACK_PORT]}}},
+        "caps": {"network": "egress",
+                 "egress": {"public": {"ports": [80]}, "max_connections": 3, "max_bytes": "64KiB"}},
+        "none": {"network": "none"},
+    }
+    for name, over in policies.items():
+        with open(os.path.join(directory, name + ".json"), "w") as f:
+            json.dump({**base, **over}, f, indent=2)
+    with open(os.path.join(directory, "organizations.json"), "w") as f:
+        json.dump({"version": 1, "default": {"privileged": True, "policy": "egress",
+                                             "allowed_policies": sorted(policies)}, "organizations": {}}, f)
+    for root, dirs, files in os.walk(directory):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o755)
+        for fn in files:
+            os.chmod(os.path.join(root, fn), 0o644)
+
+
+class EgressTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        policies = os.path.join(T.tmp, "policies")
+        write_policies(policies)
+        cls.daemon = F.Daemon(wrap=T.daemon_wrap(), policies_dir=policies,
+                              organizations=os.path.join(policies, "organizations.json"))
+        cls.addClassCleanup(cls.daemon.stop)
+        cls.daemon.start()
+
+    def run_net(self, policy, kind, targets, ca=""):
+        r = self.daemon.client(timeout=120).run_tool(TOOL, tool_name="net", args={"kind": kind, "targets": targets, "ca": ca},
+                                                     organization_id=ORG, policy=policy)
+        self.assertEqual(r.status, "success", "the tool failed: %s %s %s" % (r.func_return, r.stderr, r.record))
+        return r.func_return, r.record
+
+    def marked(self, url):
+        """`url` with a marker no other request carries, to look for in the servers' logs."""
+        self.marker = uuid.uuid4().hex
+        return url + ("&" if "?" in url else "?") + "m=" + self.marker
+
+    # --- what is allowed -----------------------------------------------------
+
+    def test_allowed_name_and_port_with_urllib_requests_and_curl(self):
+        for kind in ("urllib", "requests", "curl"):
+            url = self.marked("http://api.public.test/whoami")
+            results, record = self.run_net("egress", kind, [url, "https://api.public.test/whoami"], ca=T.ca)
+            for res in results:
+                self.assertEqual(res.get("status"), 200, "%s: %s" % (kind, res))
+                body = json.loads(res["body"])
+                self.assertEqual(body["server"], "world")
+                self.assertIn(body["local"], ("198.51.100.10", "2001:db8::10"), res)
+            self.assertTrue(any(self.marker in e["path"] for e in world_requests()))
+            self.assertTrue(record["egress"]["listener"], record)
+            self.assertEqual(record["egress"]["allowed"], 2, record)
+            self.assertGreater(record["egress"]["bytes_received"], 0, record)
+
+    def test_pip_downloads_from_an_allowed_index(self):
+        results, _ = self.run_net("egress", "pip", ["http://pypi.test/simple/ tsbdemo"])
+        self.assertEqual(results[0].get("rc"), 0, results[0])
+        self.assertEqual(results[0].get("value"), "tsbdemo-from-the-test-index", results[0])
+
+    def test_the_tool_sees_the_proxy_variables_and_nothing_resolves_inside(self):
+        results, _ = self.run_net("egress", "env", ["-"])
+        env = results[0]["env"]
+        for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+            self.assertEqual(env.get(k), "http://127.0.0.1:3128", env)
+        self.assertEqual(env.get("NO_PROXY"), "localhost,127.0.0.1,::1")
+        resolved, _ = self.run_net("egress", "resolve", ["api.public.test"])
+        self.assertIn("error", resolved[0], "names are the daemon's to resolve: %s" % resolved[0])
+
+    def test_a_name_with_public_and_private_addresses_reaches_only_the_public_one(self):
+        for _ in range(3):
+            results, record = self.run_net("public", "requests", ["http://rebind.test/whoami"])
+            self.assertEqual(results[0].get("status"), 200, results[0])
+            self.assertEqual(json.loads(results[0]["body"])["local"], "198.51.100.10")
+        self.assertRegex(self.daemon.log(), r'egress run_id=%s .*host="rebind.test" port=80 address=198\.51\.100\.10 '
+                                            r'verdict=allowed' % re.escape(record["run_id"]))
+
+    def test_public_ipv6_address(self):
+        results, _ = self.run_net("public", "urllib", ["http://[2001:db8::10]/whoami"])
+        self.assertEqual(results[0].get("status"), 200, results[0])
+        self.assertEqual(json.loads(results[0]["body"])["local"], "2001:db8::10")
+
+    # --- what is refused -----------------------------------------------------
+
+    def test_names_and_ports_outside_the_rules_are_refused(self):
+        urls = [self.marked("http://other.public.test/whoami"), "http://api.public.test:8080/whoami",
+                "http://api.public.test:22/whoami", "http://198.51.100.10/whoami", "https://other.public.test/"]
+        marker = self.marker
+        results, record = self.run_net("egress", "requests", urls, ca=T.ca)
+        for res in results[:4]:
+            self.assertEqual(res.get("status"), 403, res)
+            self.assertIn("not allowed by the policy" if "198.51" not in res["target"] else "\"public\"", res["body"])
+        self.assertIn("403", results[4].get("error", ""), results[4])
+        self.assertFalse(any(marker in e["path"] for e in world_requests()))
+        self.assertEqual(record["egress"]["allowed"], 0, record)
+        self.assertEqual(record["egress"]["refused"], 5, record)
+
+    def test_every_denied_range_by_address_spelling_and_name(self):
+        lp = LOOPBACK_PORT
+        urls = {
+            "loopback": ["http://127.0.0.1:%d/" % lp, "http://[::1]:%d/" % lp, "http://2130706433:%d/" % lp,
+                         "http://0x7f.1:%d/" % lp, "http://0177.0.0.1:%d/" % lp, "http://127.1:%d/" % lp,
+                         "http://[::ffff:127.0.0.1]:%d/" % lp, "http://loop.test:%d/" % lp,
+                         "http://localhost:%d/" % lp],
+            "private": ["http://10.20.0.10/", "http://169082890/", "http://0x0a14000a/", "http://[::ffff:10.20.0.10]/",
+                        "http://[::ffff:a14:a]/", "http://private.test/", "http://allprivate.test/"],
+            "metadata": ["http://169.254.169.254/latest/meta-data", "http://0xa9fea9fe/latest/meta-data",
+                         "http://2852039166/latest/meta-data", "http://[::ffff:169.254.169.254]/latest/meta-data",
+                         "http://metadata.test/latest/meta-data", "http://[64:ff9b::a9fe:a9fe]/latest/meta-data"],
+            "cgnat": ["http://100.64.0.10/", "http://cgnat.test/"],
+            "ula": ["http://[fd00:20::10]/", "http://ula.test/"],
+            "own": ["http://198.51.100.1:%d/" % lp, "http://self.test:%d/" % lp, "http://[2001:db8::1]:%d/" % lp],
+            "unspecified": ["http://0.0.0.0:%d/" % lp, "http://0:%d/" % lp, "http://[::]:%d/" % lp],
+            "multicast": ["http://224.0.0.1/", "http://[ff02::1]/"],
+        }
+        marker = uuid.uuid4().hex
+        flat = [u + ("&" if "?" in u else "?") + "m=" + marker for group in urls.values() for u in group]
+        # The proxy, asked directly for each, in both forms.
+        connects = ["CONNECT " + re.match(r"http://([^/]+?)(?::\d+)?/", u).group(1) + ":443" for u in flat]
+        results, record = self.run_net("public", "proxy", flat + connects)
+        for res in results:
+            self.assertEqual(res.get("status"), 403, res)
+            self.assertIn("toolsandboxd egress", res.get("body", ""), res)
+        self.assertEqual(record["egress"]["allowed"], 0, record)
+        self.assertEqual(record["egress"]["refused"], len(flat) + len(connects), record)
+        # As tools send them. A loopback target NO_PROXY covers (curl
+        # normalises 2130706433 to 127.0.0.1 first) goes to the sandbox's
+        # own lo, where nothing listens: refused either way.
+        loopback = set(urls["loopback"])
+        for kind in ("urllib", "curl"):
+            results, record = self.run_net("public", kind, flat)
+            for res in results:
+                direct = res["target"].split("?m=")[0] in loopback
+                if direct and res.get("status") != 403:
+                    self.assertTrue(res.get("error") or res.get("rc") == 7, "%s: %s" % (kind, res))
+                else:
+                    self.assertEqual(res.get("status"), 403, "%s: %s" % (kind, res))
+                    self.assertIn("toolsandboxd egress", res.get("body", ""), res)
+                self.assertNotIn("SECRET", res.get("body", ""))
+            self.assertEqual(record["egress"]["allowed"], 0, record)
+        # Through CONNECT, as requests sends HTTPS.
+        tunnels = ["https://10.20.0.10/", "https://metadata.test/", "https://loop.test:%d/" % lp,
+                   "https://[::ffff:169.254.169.254]/", "https://self.test/"]
+        results, _ = self.run_net("public", "requests", tunnels, ca=T.ca)
+        for res in results:
+            self.assertIn("Tunnel connection failed: 403", res.get("error", ""), res)
+        for log in (T.world_log, T.loopback_log):
+            self.assertNotIn(marker, read_text(log), "a denied server was reached")
+        self.assertRegex(self.daemon.log(), r'egress run_id=\S+ .*host="169.254.169.254" port=80 address=- '
+                                            r'verdict=refused reason="denied: 169.254.169.254 is link-local')
+
+    def test_a_redirect_to_a_denied_address_is_refused(self):
+        for target in ("http://169.254.169.254/latest/meta-data", "http://metadata.test/latest/meta-data",
+                       "http://loop.test:%d/" % LOOPBACK_PORT, "http://[::ffff:10.20.0.10]/"):
+            url = "http://api.public.test/redirect?to=" + target
+            results, record = self.run_net("public", "requests", [url])
+            self.assertEqual(results[0].get("status"), 403, results[0])
+            self.assertNotIn("SECRET", results[0].get("body", ""))
+            self.assertEqual(record["egress"]["allowed"], 1, "the redirect itself, then the refusal: %s" % record)
+        self.assertFalse(any(e["path"].startswith("/latest") for e in world_requests()))
+
+    def test_the_denied_servers_are_really_there(self):
+        # The refusals above are the proxy's: from the daemon's namespace,
+        # without it, every one of these servers answers.
+        for url in ("http://10.20.0.10/whoami", "http://169.254.169.254/whoami", "http://100.64.0.10/whoami",
+                    "http://[fd00:20::10]/whoami", "http://127.0.0.1:%d/whoami" % LOOPBACK_PORT,
+                    "http://198.51.100.1:%d/whoami" % LOOPBACK_PORT):
+            p = sh(*in_ns(NS_DAEMON, "curl", "-sS", "--noproxy", "*", "--max-time", "10", url), check=False)
+            self.assertEqual(p.returncode, 0, "%s: %s" % (url, p.stderr))
+            self.assertIn('"server"', p.stdout)
+
+    def test_no_way_out_but_the_proxy(self):
+        results, _ = self.run_net("egress", "tcp", ["198.51.100.10:80", "[2001:db8::10]:80", "10.20.0.10:80"])
+        for res in results:
+            self.assertNotIn("connected", res, res)
+            self.assertEqual(res.get("errno"), 101, res)  # ENETUNREACH
+        results, _ = self.run_net("egress", "udp", ["198.51.100.10:53", "[2001:db8::10]:53", "169.254.169.254:53"])
+        for res in results:
+            self.assertNotIn("sent", res, res)
+            self.assertEqual(res.get("errno"), 101, res)
+        results, _ = self.run_net("egress", "raw", ["-"])
+        self.assertNotIn("opened", results[0], results[0])
+        self.assertIn("PermissionError", results[0].get("error", ""), results[0])
+
+    def test_none_has_no_route_and_no_proxy(self):
+        env, _ = self.run_net("none", "env", ["-"])
+        self.assertEqual(env[0]["env"], {})
+        results, record = self.run_net("none", "tcp", ["127.0.0.1:3128", "198.51.100.10:80"])
+        self.assertEqual(results[0].get("errno"), 111, results[0])  # ECONNREFUSED: nothing listens
+        self.assertEqual(results[1].get("errno"), 101, results[1])
+        self.assertNotIn("egress", record)
+
+    # --- caps, audit, status ---------------------------------------------------
+
+    def test_connection_cap(self):
+        results, record = self.run_net("caps", "urllib", ["http://api.public.test/whoami"] * 5)
+        self.assertEqual([r.get("status") for r in results], [200, 200, 200, 403, 403], results)
+        self.assertIn("connection cap (3)", results[3]["body"])
+        self.assertEqual(record["egress"]["connections"], 5, record)
+
+    def test_byte_cap(self):
+        results, record = self.run_net("caps", "urllib", ["http://api.public.test/bytes?n=1000000",
+                                                          "http://api.public.test/whoami"])
+        self.assertLess(len(results[0].get("body", "")), 65536, results[0].get("error"))
+        self.assertLessEqual(record["egress"]["bytes_sent"] + record["egress"]["bytes_received"], 65536, record)
+        self.assertEqual(results[1].get("status"), 403, results[1])
+        self.assertIn("byte cap", results[1]["body"])
+        self.assertIn('reason="the run\'s byte cap (64 KiB) was reached"', self.daemon.log())
+
+    def test_audit_line_per_connection_and_status_counters(self):
+        before = self.daemon.status()["egress"]
+        results, record = self.run_net("egress", "urllib", ["http://api.public.test/whoami", "http://private.test/"])
+        rid = re.escape(record["run_id"])
+        log = self.daemon.log()
+        allowed = re.search(r'egress run_id=%s request_id="[^"]+" org="%s" tool="net" host="api.public.test" port=80 '
+                            r'address=(?:198\.51\.100\.10|2001:db8::10) verdict=allowed reason=- sent=(\d+) '
+                            r'received=(\d+)' % (rid, ORG),
+                            log)
+        self.assertIsNotNone(allowed, log[-3000:])
+        self.assertGreater(int(allowed.group(1)), 0)
+        self.assertGreater(int(allowed.group(2)), 0)
+        self.assertRegex(log, r'egress run_id=%s .*host="private.test" port=80 address=- verdict=refused '
+                              r'reason="private.test is not allowed by the policy"' % rid)
+        self.assertRegex(log, r'audit run_id=%s .* egress_connections=2 egress_refused=1' % rid)
+        after = self.daemon.status()["egress"]
+        self.assertGreaterEqual(after["allowed"], before["allowed"] + 1)
+        self.assertGreaterEqual(after["refused"], before["refused"] + 1)
+        self.assertGreater(after["runs"], before["runs"])
+        self.assertEqual(after["open"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
