@@ -565,6 +565,14 @@ class EgressTest(unittest.TestCase):
         self.assertGreater(after["runs"], before["runs"])
         self.assertEqual(after["open"], 0)
 
+    def test_the_cgroup_hierarchy_is_the_one_expected(self):
+        # The VM lane sets TSB_EXPECT_CGROUP=v2: these tests then prove the
+        # mode on cgroup v2. Elsewhere: the host's own (v2 when
+        # /sys/fs/cgroup is the unified hierarchy, v1 on a hybrid host).
+        unified = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+        expected = os.environ.get("TSB_EXPECT_CGROUP") or ("v2" if unified else "v1")
+        self.assertEqual(self.daemon.status()["cgroup_mode"], expected)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,7 +1,7 @@
 #!/bin/bash
 # run-lane.sh: the whole cgroup v2 lane in one command (docs/VM-LANE.md).
 #
-#   tests/vm/run-lane.sh [--build DIR] [--only integration|systemd] [--no-build] [--quick]
+#   tests/vm/run-lane.sh [--build DIR] [--only integration|egress|systemd] [--no-build] [--quick]
 #
 # 1. Builds DIR (default build-vm/ of this checkout, or $TSB_VM_BUILD);
 #    a new DIR is configured with -DCMAKE_INSTALL_PREFIX=/usr, as a package
@@ -16,7 +16,11 @@
 #    40 s of the lane at low load). --quick passes TSB_LEAK_TEST_RUNS=100:
 #    that test then does 100 runs and says so on stderr, and the summary
 #    says so too. The gtest XML report is kept in the results directory.
-# 3. Boots the VM with systemd as PID 1 and runs tests/vm/systemd-lane.sh:
+# 3. Boots the VM again and runs the egress reachability tests
+#    (tests/egress) inside the outer guard with a network namespace of its
+#    own, as the test command does on the host: the daemon's proxy, its
+#    deny list and its caps on cgroup v2.
+# 4. Boots the VM with systemd as PID 1 and runs tests/vm/systemd-lane.sh:
 #    install, sysusers, tmpfiles, socket activation, delegation, stop.
 #
 # Prints each phase's result and wall time; exit status 0 only when every
@@ -24,7 +28,8 @@
 # DIR/vm-lane-results/ (replaced on each run).
 #
 # Environment: VM_LANE_ACCEL etc. as for vm-run; TSB_VM_TIMEOUT (seconds for
-# the integration VM, default 2400), TSB_VM_SYSTEMD_TIMEOUT (default 900).
+# the integration VM, default 2400), TSB_VM_EGRESS_TIMEOUT (default 900),
+# TSB_VM_SYSTEMD_TIMEOUT (default 900).
 
 set -u -o pipefail
 
@@ -47,7 +52,7 @@ while [ $# -gt 0 ]; do
 	*) echo "run-lane.sh: unknown argument '$1'" >&2; usage ;;
 	esac
 done
-case $only in "" | integration | systemd) ;; *) usage ;; esac
+case $only in "" | integration | egress | systemd) ;; *) usage ;; esac
 [ "$(id -u)" = 0 ] || { echo "run-lane.sh: run as root (the VM lane installs packages and shares the host read-write)" >&2; exit 2; }
 build=$(mkdir -p "$build" && cd "$build" && pwd)
 results=${TSB_VM_RESULTS:-$build/vm-lane-results}
@@ -107,6 +112,19 @@ if [ -z "$only" ] || [ "$only" = integration ]; then
 		skipped=$(grep -c 'result="skipped"' "$results/integration.xml")
 		summary+=("  skipped: $skipped")
 	fi
+fi
+
+if [ -z "$only" ] || [ "$only" = egress ]; then
+	log "egress reachability tests in the v2 VM, inside the outer guard, in network namespaces of their own"
+	t=$(now)
+	"$here/vm-run" --verbose --timeout "${TSB_VM_EGRESS_TIMEOUT:-900}" "${keep[@]}" --rw "$results" \
+		--env TSB_EXPECT_CGROUP=v2 --env "TSB_BUILD=$build" \
+		-- "$src/tests/guard/run-guarded" --net --mem 2G --pids 4096 --ro "$src" --ro "$build" --rw "$results" -- \
+		/usr/bin/python3 -m pytest -q -p no:cacheprovider --junitxml="$results/egress.xml" "$src/tests/egress" \
+		> >(tee "$results/egress.log") 2>&1
+	rc=$?
+	summary+=("egress tests (v2, guarded): $([ $rc = 0 ] && echo passed || echo "FAILED ($rc)"), $(elapsed "$t") ($(grep -E '[0-9]+ (passed|failed)' "$results/egress.log" | tail -1))")
+	[ $rc = 0 ] || status=1
 fi
 
 if [ -z "$only" ] || [ "$only" = systemd ]; then
