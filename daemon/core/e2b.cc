@@ -19,6 +19,7 @@
 #include "daemon/core/letta_result.h"
 #include "daemon/core/result_json.h"
 #include "daemon/policy/units.h"
+#include "daemon/venv/requirements.h"
 #include "isolate/base/file.h"
 #include "isolate/base/random.h"
 #include "daemon/policy/jsonc.h"
@@ -61,7 +62,6 @@ constexpr auto kEnvdStall = 20s;
 // A reused sandbox must have this much TTL left before it is refreshed.
 constexpr auto kReuseMargin = 3s;
 constexpr std::size_t kMaxRequirements = 32;
-constexpr std::size_t kMaxRequirementLength = 200;
 constexpr std::size_t kMaxLine = 64u << 20;
 constexpr std::size_t kMaxEnvelope = 4u << 20;
 constexpr const char* kUserAgent = "toolsandboxd/" TSB_VERSION;
@@ -161,148 +161,6 @@ std::string body_message(const std::string& body) {
 // ---------------------------------------------------------------------------
 // Pure helpers
 // ---------------------------------------------------------------------------
-
-namespace {
-
-struct Cursor {
-  std::string_view s;
-  std::size_t i = 0;
-  bool end() const { return i >= s.size(); }
-  char peek() const { return end() ? '\0' : s[i]; }
-  void ws() {
-    while (!end() && (s[i] == ' ' || s[i] == '\t')) ++i;
-  }
-  bool eat(std::string_view t) {
-    if (s.substr(i, t.size()) == t) {
-      i += t.size();
-      return true;
-    }
-    return false;
-  }
-};
-
-// name := [A-Za-z0-9] ([A-Za-z0-9._-]* [A-Za-z0-9])?   (PEP 508 identifier)
-bool parse_name(Cursor& c) {
-  std::size_t start = c.i;
-  if (!is_ident_char(c.peek())) return false;
-  while (!c.end() && (is_ident_char(c.peek()) || c.peek() == '.' || c.peek() == '_' || c.peek() == '-')) ++c.i;
-  return is_ident_char(c.s[c.i - 1]) && c.i > start;
-}
-
-// version := PEP 440 characters (also covers "==1.*" and "===anything-ish")
-bool parse_version(Cursor& c) {
-  std::size_t start = c.i;
-  while (!c.end()) {
-    char ch = c.peek();
-    if (is_ident_char(ch) || ch == '.' || ch == '*' || ch == '+' || ch == '!' || ch == '-' || ch == '_') ++c.i;
-    else break;
-  }
-  return c.i > start;
-}
-
-bool parse_spec(Cursor& c) {
-  static constexpr std::string_view ops[] = {"===", "~=", "==", "!=", "<=", ">=", "<", ">"};
-  bool op = false;
-  for (auto o : ops)
-    if (c.eat(o)) {
-      op = true;
-      break;
-    }
-  if (!op) return false;
-  c.ws();
-  return parse_version(c);
-}
-
-bool parse_spec_list(Cursor& c) {
-  if (!parse_spec(c)) return false;
-  for (;;) {
-    std::size_t save = c.i;
-    c.ws();
-    if (!c.eat(",")) {
-      c.i = save;
-      return true;
-    }
-    c.ws();
-    if (!parse_spec(c)) return false;
-  }
-}
-
-bool parse_extras(Cursor& c) {
-  if (!c.eat("[")) return true;
-  c.ws();
-  if (c.eat("]")) return true;
-  for (;;) {
-    if (!parse_name(c)) return false;
-    c.ws();
-    if (c.eat("]")) return true;
-    if (!c.eat(",")) return false;
-    c.ws();
-  }
-}
-
-bool url_ok(std::string_view u) {
-  static constexpr std::string_view schemes[] = {"https://", "http://", "file://", "git+https://"};
-  bool scheme = false;
-  for (auto s : schemes)
-    if (u.substr(0, s.size()) == s && u.size() > s.size()) scheme = true;
-  if (!scheme) return false;
-  for (unsigned char ch : u)
-    if (ch <= 0x20 || ch >= 0x7f || ch == ';') return false;
-  return true;
-}
-
-}  // namespace
-
-RequirementCheck check_pip_requirement(std::string_view req, bool allow_urls) {
-  RequirementCheck r;
-  if (req.empty()) return {RequirementVerdict::Malformed, "empty requirement"};
-  if (req.size() > kMaxRequirementLength)
-    return {RequirementVerdict::Malformed, "longer than " + std::to_string(kMaxRequirementLength) + " characters"};
-  for (unsigned char ch : req)
-    if (ch < 0x20 || ch >= 0x7f) return {RequirementVerdict::Malformed, "control or non-ASCII characters"};
-  std::string_view t = req;
-  while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
-  if (!t.empty() && t.front() == '-') return {RequirementVerdict::Forbidden, "pip options are not allowed"};
-  // A URL, a "name @ URL" or a path (its first token holds a separator).
-  const std::string_view first = t.substr(0, t.find_first_of(" \t=<>!~;[("));
-  const bool looks_like_location = t.find("://") != std::string_view::npos || t.find('@') != std::string_view::npos ||
-                                   first.find('/') != std::string_view::npos || first.find('\\') != std::string_view::npos ||
-                                   (!t.empty() && (t.front() == '.' || t.front() == '~'));
-  if (looks_like_location) {
-    if (!allow_urls)
-      return {RequirementVerdict::Forbidden, "URLs and paths are not allowed (e2b.allow_requirement_urls is off)"};
-    // Only the PEP 508 URL form: name [extras] @ URL
-    Cursor c{t};
-    if (!parse_name(c)) return {RequirementVerdict::Malformed, "a URL requirement must be \"name @ URL\""};
-    c.ws();
-    if (!parse_extras(c)) return {RequirementVerdict::Malformed, "malformed extras"};
-    c.ws();
-    if (!c.eat("@")) return {RequirementVerdict::Malformed, "a URL requirement must be \"name @ URL\""};
-    c.ws();
-    std::string_view url = c.s.substr(c.i);
-    while (!url.empty() && (url.back() == ' ' || url.back() == '\t')) url.remove_suffix(1);
-    if (!url_ok(url)) return {RequirementVerdict::Malformed, "the URL must be http(s)://, git+https:// or file:// without spaces or ';'"};
-    return {RequirementVerdict::Ok, ""};
-  }
-  if (t.find(';') != std::string_view::npos)
-    return {RequirementVerdict::Malformed, "environment markers (\";\") are not accepted"};
-  Cursor c{t};
-  if (!parse_name(c)) return {RequirementVerdict::Malformed, "must start with a project name"};
-  c.ws();
-  if (c.peek() == '[' && !parse_extras(c)) return {RequirementVerdict::Malformed, "malformed extras"};
-  c.ws();
-  if (c.eat("(")) {
-    c.ws();
-    if (!parse_spec_list(c)) return {RequirementVerdict::Malformed, "malformed version specifier"};
-    c.ws();
-    if (!c.eat(")")) return {RequirementVerdict::Malformed, "unbalanced parenthesis"};
-  } else if (!c.end() && c.peek() != ' ' && c.peek() != '\t') {
-    if (!parse_spec_list(c)) return {RequirementVerdict::Malformed, "malformed version specifier"};
-  }
-  c.ws();
-  if (!c.end()) return {RequirementVerdict::Malformed, "unexpected text after the requirement"};
-  return {RequirementVerdict::Ok, ""};
-}
 
 std::string e2b_metadata_param(const std::vector<std::pair<std::string, std::string>>& metadata) {
   std::string inner;
@@ -1179,36 +1037,28 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   // gets a minimal base plus the request's (docs/E2B.md).
   const std::map<std::string, std::string>& env = p.env;
 
-  std::vector<std::string> reqs;
-  auto add_req = [&](const std::string& s) {
-    if (std::find(reqs.begin(), reqs.end(), s) == reqs.end()) reqs.push_back(s);
-  };
   // The E2B alternative's config, if the request gave one (prepare_run).
   const protocol::SandboxConfig* sc = p.sandbox_config;
   const std::string sc_name = c.e2b && c.e2b->sandbox_config ? "e2b.sandbox_config" : "sandbox_config";
-  if (sc && sc->type == "e2b" && sc->config.is_object() && sc->config.contains("pip_requirements")) {
-    const json& pr = sc->config["pip_requirements"];
-    if (!pr.is_array() && !pr.is_null())
-      co_return refuse(ErrorCode::BadRequest, sc_name + ".config.pip_requirements must be an array");
-    if (pr.is_array())
-      for (const auto& e : pr) {
-        // Letta stores strings for E2B configs and {name, version} objects for local ones.
-        if (e.is_string()) add_req(e.get<std::string>());
-        else if (e.is_object() && e.contains("name") && e["name"].is_string())
-          add_req(e["name"].get<std::string>() +
-                  (e.contains("version") && e["version"].is_string() ? "==" + e["version"].get<std::string>() : ""));
-        else co_return refuse(ErrorCode::BadRequest, sc_name + ".config.pip_requirements: entries must be strings or {name, version} objects");
-      }
-  }
-  if (tool_mode)
-    for (const auto& s : std::get<protocol::RunToolRequest>(req.body).pip_requirements) add_req(s);
+  const json* config_reqs = nullptr;
+  if (sc && sc->type == "e2b" && sc->config.is_object() && sc->config.contains("pip_requirements"))
+    config_reqs = &sc->config["pip_requirements"];
+  static const std::vector<std::string> kNone;
+  venv::Gathered gathered =
+      venv::gather(config_reqs, tool_mode ? std::get<protocol::RunToolRequest>(req.body).pip_requirements : kNone);
+  if (!gathered.error.empty()) co_return refuse(ErrorCode::BadRequest, sc_name + ".config." + gathered.error);
+  const std::vector<std::string>& reqs = gathered.requirements;
   if (reqs.size() > kMaxRequirements)
     co_return refuse(ErrorCode::BadRequest, "at most " + std::to_string(kMaxRequirements) + " pip requirements per run");
   for (const auto& s : reqs) {
-    auto chk = check_pip_requirement(s, cfg_.allow_requirement_urls);
-    if (chk.verdict == RequirementVerdict::Forbidden)
-      co_return refuse(ErrorCode::PolicyDenied, "pip requirement " + q(s) + ": " + chk.reason);
-    if (chk.verdict == RequirementVerdict::Malformed)
+    const venv::Parsed chk = venv::parse_requirement(s, cfg_.allow_requirement_urls);
+    if (chk.verdict == venv::Verdict::Forbidden)
+    {
+      std::string why = "pip requirement " + q(s) + ": " + chk.reason;
+      if (chk.reason.starts_with("URLs")) why += " (e2b.allow_requirement_urls is off)";
+      co_return refuse(ErrorCode::PolicyDenied, std::move(why));
+    }
+    if (chk.verdict == venv::Verdict::Malformed)
       co_return refuse(ErrorCode::BadRequest, "pip requirement " + q(s) + " is not a plain PEP 508 requirement: " + chk.reason);
   }
   if (!reqs.empty() && pol.network == isolate::NetworkMode::None)

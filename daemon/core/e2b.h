@@ -41,20 +41,6 @@ namespace tsb::core {
 // Pure helpers (unit-testable)
 // ---------------------------------------------------------------------------
 
-// A pip requirement, checked before anything reaches a sandbox.
-//   Ok:        a plain PEP 508 specifier: name, optional [extras], optional
-//              version specifiers (with or without parentheses), e.g.
-//              "requests", "requests[socks]>=2.31,<3", "numpy (==1.26.4)".
-//   Forbidden: a pip option ("-..."), a URL or a path (allowed, as
-//              "name @ URL" only, when allow_urls is set).
-//   Malformed: anything else (environment markers included: "x; ...").
-enum class RequirementVerdict { Ok, Forbidden, Malformed };
-struct RequirementCheck {
-  RequirementVerdict verdict = RequirementVerdict::Malformed;
-  std::string reason;
-};
-RequirementCheck check_pip_requirement(std::string_view req, bool allow_urls);
-
 // The `metadata` query value of GET /v2/sandboxes exactly as the Python SDK
 // builds it: urlencode({"metadata": "&".join(quote(k)+"="+quote(v))}).
 // Returns the whole "metadata=..." parameter.

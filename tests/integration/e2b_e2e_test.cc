@@ -823,27 +823,6 @@ TEST_F(E2BTest, E2BRefusesAnApiKeyFileOthersCanRead) {
 }
 
 // Pure helpers of the backend; no daemon, no root needed.
-TEST(E2BUnit, E2BRequirementGrammar) {
-  using tsb::core::check_pip_requirement;
-  using V = tsb::core::RequirementVerdict;
-  for (const char* ok : {"requests", "requests==2.32.3", "requests[socks]>=2.31,<3", "numpy (==1.26.4)", "a", "zope.interface",
-                         "foo_bar-baz~=1.0", "pkg!=1.*", "x >= 1 , < 2", "Django===4.2", "pkg[a,b]"})
-    EXPECT_EQ(check_pip_requirement(ok, false).verdict, V::Ok) << ok << ": " << check_pip_requirement(ok, false).reason;
-  for (const char* bad : {"--index-url=http://x", "-r requirements.txt", " -e .", "git+https://x/y.git", "pkg @ https://x/y.whl",
-                          "./local", "/abs/path", "~/x", "dir/pkg", "-"})
-    EXPECT_EQ(check_pip_requirement(bad, false).verdict, V::Forbidden) << bad;
-  for (const char* bad : {"", "requests; os.system('x')", "requests; python_version > '3'", "requests && rm -rf /", "$(id)",
-                          "`id`", "req\nuests", "a b", "pkg==", "pkg[", "pkg (==1", "pkg==1 extra", "_pkg", "pkg-",
-                          "p\xc3\xa9p"})
-    EXPECT_EQ(check_pip_requirement(bad, false).verdict, V::Malformed) << bad;
-  EXPECT_EQ(check_pip_requirement("pkg @ https://example.com/pkg-1.0.whl", true).verdict, V::Ok);
-  EXPECT_EQ(check_pip_requirement("pkg[x] @ git+https://example.com/pkg.git", true).verdict, V::Ok);
-  EXPECT_EQ(check_pip_requirement("https://example.com/pkg.whl", true).verdict, V::Malformed) << "only name @ URL";
-  EXPECT_EQ(check_pip_requirement("pkg @ https://x/y.whl; os_name=='nt'", true).verdict, V::Malformed);
-  EXPECT_EQ(check_pip_requirement("--find-links=https://x", true).verdict, V::Forbidden) << "options stay refused";
-  EXPECT_EQ(check_pip_requirement(std::string(201, 'a'), false).verdict, V::Malformed);
-}
-
 TEST(E2BUnit, E2BMetadataQueryAndSandboxUrls) {
   // urlencode({"metadata": "&".join(f"{quote(k)}={quote(v)}")}), as the SDK's paginator builds it.
   EXPECT_EQ(tsb::core::e2b_metadata_param({{"config_state", "4840"}}), "metadata=config_state%3D4840");
