@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "clients" / "python"))
 from toolsandbox_client import Client  # noqa: E402
+
+import interleave  # noqa: E402  (bench/, beside this file)
 
 VENV_PY = "/var/lib/toolsandbox/venv/bin/python3"
 
@@ -52,14 +53,6 @@ sys.stdout.buffer.flush()
 '''
 TOOL = "def add(a, b):\n    return a + b\n"
 BARE_TOOL = TOOL + "import json\nprint(json.dumps(add(**json.loads('{\"a\": 2, \"b\": 3}'))))\n"
-
-
-def pct(v, p):
-    v = sorted(v)
-    k = (len(v) - 1) * p
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
 def bare(script: str) -> float:
@@ -134,19 +127,7 @@ def main() -> int:
         if old_client:
             variants["execute@old"] = execute(old_client)
             variants["run_tool@old"] = run_tool(old_client)
-        names = list(variants)
-        for _ in range(5):
-            for name in names:
-                variants[name]()
-        samples = {name: [] for name in names}
-        for i in range(args.n):
-            order = names[i % len(names):] + names[:i % len(names)]
-            for name in order:
-                samples[name].append(variants[name]())
-        lat = {}
-        for name in names:
-            s = samples[name]
-            lat[name] = {"median": statistics.median(s), "p95": pct(s, 0.95), "p10": pct(s, 0.1), "p90": pct(s, 0.9)}
+        lat = interleave.rounds(variants, args.n)
         report["latency_ms"] = lat
         print("| variant | median ms | p95 ms | overhead vs bare twin |")
         print("|---|---:|---:|---:|")

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,20 +45,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "egress"))
 sys.path.insert(0, str(REPO / "tests" / "python"))
 
+import interleave  # noqa: E402  (bench/, beside this file)
+
 NOOP = 'print("ok")\n'
 FETCH = ('import urllib.request\n'
          'print(len(urllib.request.urlopen("http://other.public.test/whoami", timeout=10).read()))\n')
 PY = "/usr/bin/python3"
 BWRAP = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--die-with-parent"]
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
-
-
-def pct(v, p):
-    v = sorted(v)
-    k = (len(v) - 1) * p
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
 def outer(args) -> int:
@@ -127,18 +120,9 @@ def inner(args) -> int:
     report = {"n": args.n, "load_before": os.getloadavg(), "machine": os.uname().release}
     try:
         names = list(variants)
-        for _ in range(5):
-            for name in names:
-                variants[name]()
-        samples = {name: [] for name in names}
-        for i in range(args.n):
-            order = names[i % len(names):] + names[:i % len(names)]
-            for name in order:
-                samples[name].append(variants[name]())
+        report["latency_ms"] = interleave.rounds(variants, args.n)
         report["load_after"] = os.getloadavg()
-        med = {n: statistics.median(s) for n, s in samples.items()}
-        report["latency_ms"] = {n: {"median": med[n], "p95": pct(s, 0.95), "p10": pct(s, 0.1), "p90": pct(s, 0.9)}
-                                for n, s in samples.items()}
+        med = {n: v["median"] for n, v in report["latency_ms"].items()}
         print("| variant | median ms | p95 ms | vs bare |")
         print("|---|---:|---:|---:|")
         for n in names:

@@ -9,7 +9,10 @@
 // where read-only host directories are overlays the engine makes
 // ("views", so mountinfo names no host path), the same engine with plain
 // binds instead (engine.hide_host_paths false), and the payload through
-// bwrap --unshare-all --die-with-parent. Reports median,
+// bwrap --unshare-all --die-with-parent, and the shipped engine with the
+// policy's network set to "egress" (what that mode adds to a sandbox: the
+// listening socket init makes and hands back, the TLS files; not the
+// front end's proxy, which serves the socket). Reports median,
 // p10, p90 and p95 in ms, and the overhead of each variant over bare.
 #include <fcntl.h>
 #include <spawn.h>
@@ -111,6 +114,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   spec.fs = *table;
+  auto egress_spec = spec;
+  egress_spec.network = tsb::isolate::NetworkMode::Egress;
+  auto egress_inputs = tsb::core::fs_inputs_from(*policy);
+  egress_inputs.network = tsb::isolate::NetworkMode::Egress;
+  auto egress_table = tsb::isolate::build_fs_table(egress_inputs);
+  if (!egress_table.ok()) {
+    std::fprintf(stderr, "file system (egress): %s\n", egress_table.error().message.c_str());
+    return 1;
+  }
+  egress_spec.fs = *egress_table;
 
   std::vector<std::string> bwrap = {"/usr/bin/bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                                     "--unshare-all", "--die-with-parent"};
@@ -120,13 +133,13 @@ int main(int argc, char** argv) {
     const char* name;
     std::vector<double> ms;
   };
-  constexpr int kVariants = 4;
-  Variant v[kVariants] = {{"bare", {}}, {"engine", {}}, {"bwrap", {}}, {"engine, binds", {}}};
+  constexpr int kVariants = 5;
+  Variant v[kVariants] = {{"bare", {}}, {"engine", {}}, {"bwrap", {}}, {"engine, binds", {}}, {"engine, egress", {}}};
   auto run_variant = [&](int which) -> double {
     if (which == 0) return spawn_wait(cmd);
     if (which == 2) return spawn_wait(bwrap);
     auto t0 = clk::now();
-    auto r = (which == 1 ? *engine : *bind_engine)->run(spec);
+    auto r = which == 4 ? (*engine)->run(egress_spec) : (which == 1 ? *engine : *bind_engine)->run(spec);
     double ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
     return (r.reason == tsb::isolate::EndReason::Exited && r.exit_code == 0) ? ms : -1;
   };
