@@ -25,9 +25,6 @@ target. The tools run with urllib, requests, curl and pip, unchanged:
 the proxy variables are all they get.
 """
 
-import base64
-import hashlib
-import io
 import json
 import os
 import re
@@ -38,13 +35,13 @@ import tempfile
 import time
 import unittest
 import uuid
-import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 
 import daemon_fixture as F  # noqa: E402
+from wheels import make_wheel  # noqa: E402
 
 ORG = "org-egress-tests"
 NS_DAEMON = "tsbe-daemon-%d" % os.getpid()
@@ -183,27 +180,6 @@ def unready_reason():
         if shutil.which(tool) is None:
             return "%s is missing (scripts/lib.sh installs it)" % tool
     return None
-
-
-def make_wheel(directory):
-    """A small pure-Python wheel, built here: the test index serves it."""
-    name = "tsbdemo-1.0-py3-none-any.whl"
-    files = {
-        "tsbdemo/__init__.py": b'VALUE = "tsbdemo-from-the-test-index"\n',
-        "tsbdemo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tsbdemo\nVersion: 1.0\n",
-        "tsbdemo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: tsb-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = ""
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record += "%s,sha256=%s,%d\n" % (path, digest, len(data))
-    record += "tsbdemo-1.0.dist-info/RECORD,,\n"
-    path = os.path.join(directory, name)
-    with zipfile.ZipFile(path, "w") as z:
-        for p, data in files.items():
-            z.writestr(p, data)
-        z.writestr("tsbdemo-1.0.dist-info/RECORD", record)
-    return path
 
 
 class Topology:

@@ -70,12 +70,17 @@ sleeping() { pgrep -f -- "^$PY -c import time; time.sleep.* $MARK\$" || true; }
 # Processes whose command line carries this run's marker.
 marked() { pgrep -f -- "$MARK" | grep -vx "$$" || true; }
 
-# Guard cgroups present under the cgroups this shell sits in.
+# Cgroups of guards that are gone (tsb-guard-PID, PID no longer running),
+# under the cgroups this shell sits in: what a guard must sweep. A guard
+# running beside this test (another test tier, a benchmark) is not one.
 guard_cgroups() {
-  local ctrls path mp
+  local ctrls path mp cg
   while IFS=: read -r _ ctrls path; do
     for mp in /sys/fs/cgroup/"${ctrls#name=}" /sys/fs/cgroup/unified /sys/fs/cgroup; do
-      [[ -d $mp$path ]] && ls -d "$mp${path%/}"/tsb-guard-* 2>/dev/null
+      [[ -d $mp$path ]] || continue
+      for cg in "$mp${path%/}"/tsb-guard-*; do
+        [[ -d $cg ]] && ! kill -0 "${cg##*-}" 2>/dev/null && echo "$cg"
+      done
     done
   done </proc/self/cgroup | sort -u
 }
