@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cstring>
@@ -102,6 +103,7 @@ constexpr Range kV4[] = {
     {{10}, 8, "a private network (RFC 1918)"},
     {{100, 64}, 10, "shared address space (CGNAT 100.64/10)"},
     {{127}, 8, "loopback"},
+    {{168, 63, 129, 16}, 32, "a cloud platform's host service (Azure's WireServer, 168.63.129.16)"},
     {{169, 254}, 16, "link-local (169.254/16: the cloud metadata service)"},
     {{172, 16}, 12, "a private network (RFC 1918)"},
     {{192, 0, 0}, 24, "IETF protocol assignments (192.0.0/24)"},
@@ -175,15 +177,17 @@ std::string_view denied(const Address& in_a, const std::vector<Address>& host_ad
   }
   for (const Range& r : kV6)
     if (in(a, r.net, r.prefix)) return r.why;
-  // Forms that carry an IPv4 address: NAT64 (64:ff9b::/96) in the last four
-  // bytes, 6to4 (2002::/16) in bytes 2 to 5.
+  // Forms that carry an IPv4 address: NAT64 (64:ff9b::/96) and
+  // IPv4-translated (::ffff:0:0/96, SIIT) in the last four bytes, 6to4
+  // (2002::/16) in bytes 2 to 5.
   static constexpr std::uint8_t kNat64[16] = {0, 0x64, 0xff, 0x9b};
+  static constexpr std::uint8_t kTranslated[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0};
   static constexpr std::uint8_t k6to4[16] = {0x20, 0x02};
-  const bool nat64 = in(a, kNat64, 96), six_to_four = in(a, k6to4, 16);
-  if (nat64 || six_to_four) {
+  const bool six_to_four = in(a, k6to4, 16);
+  if (in(a, kNat64, 96) || in(a, kTranslated, 96) || six_to_four) {
     Address v4;
-    std::memcpy(v4.bytes.data(), a.bytes.data() + (nat64 ? 12 : 2), 4);
-    if (!denied(v4, host_addresses).empty()) return nat64 ? "a NAT64 form of a denied IPv4 address" : "a 6to4 form of a denied IPv4 address";
+    std::memcpy(v4.bytes.data(), a.bytes.data() + (six_to_four ? 2 : 12), 4);
+    if (!denied(v4, host_addresses).empty()) return "an IPv6 form (NAT64, IPv4-translated or 6to4) of a denied IPv4 address";
   }
   return {};
 }
@@ -197,6 +201,31 @@ Address from_sockaddr(const struct sockaddr* sa) {
   }
   std::memcpy(a.bytes.data(), &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, 4);
   return a;
+}
+
+bool is_local(const Address& a) {
+  // A socket binds to an address only when this network namespace receives
+  // for it: its interfaces' addresses, and what `local` routes cover (a
+  // whole range, an address behind NAT made local), which getifaddrs does
+  // not list.
+  const int fd = ::socket(a.v6 ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;  // cannot tell: treated as local (denied)
+  sockaddr_storage ss{};
+  socklen_t len;
+  if (a.v6) {
+    auto* s6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    s6->sin6_family = AF_INET6;
+    std::memcpy(&s6->sin6_addr, a.bytes.data(), 16);
+    len = sizeof *s6;
+  } else {
+    auto* s4 = reinterpret_cast<sockaddr_in*>(&ss);
+    s4->sin_family = AF_INET;
+    std::memcpy(&s4->sin_addr, a.bytes.data(), 4);
+    len = sizeof *s4;
+  }
+  const bool local = ::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0 || errno == EADDRINUSE;
+  ::close(fd);
+  return local;
 }
 
 std::vector<Address> host_addresses() {

@@ -46,13 +46,20 @@ Host parse_host(std::string_view text);
 // Why no rule can allow a connection to `a`, or "" when none: loopback,
 // unspecified, private networks (RFC 1918, CGNAT 100.64/10, ULA fc00::/7),
 // link-local (169.254/16: the metadata service; fe80::/10), multicast,
-// reserved and broadcast, the host's own addresses, and any IPv6 form that
-// carries one of these IPv4 addresses (IPv4-mapped, IPv4-compatible,
-// NAT64 64:ff9b::/96, 6to4 2002::/16; Teredo 2001::/32 altogether).
+// reserved and broadcast, a cloud platform's host service (Azure's
+// 168.63.129.16), the host's own addresses, and any IPv6 form that carries
+// one of these IPv4 addresses (IPv4-mapped, IPv4-compatible,
+// IPv4-translated ::ffff:0:0/96, NAT64 64:ff9b::/96, 6to4 2002::/16;
+// Teredo 2001::/32 altogether).
 std::string_view denied(const Address& a, const std::vector<Address>& host_addresses);
 
 // The addresses of this host's interfaces (getifaddrs), for `denied`.
 std::vector<Address> host_addresses();
+
+// Whether this network namespace takes `a` as its own (a socket can bind
+// to it): its interfaces' addresses and whatever `local` routes cover. An
+// address it cannot tell about counts as local.
+bool is_local(const Address& a);
 
 Address from_sockaddr(const struct sockaddr* sa);
 

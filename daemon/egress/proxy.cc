@@ -87,10 +87,13 @@ Service::~Service() {
   gate_->io = nullptr;
 }
 
-void Service::lookup(const std::string& name, std::function<void(std::vector<Address>, int)> done) {
+void Service::lookup(const std::string& name, const std::string& organization,
+                     std::function<void(std::vector<Address>, int)> done) {
   ++lookups_;
-  auto finish = [this, done](std::vector<Address> a, int rc) {
+  ++lookups_by_organization_[organization];
+  auto finish = [this, done, organization](std::vector<Address> a, int rc) {
     --lookups_;
+    if (--lookups_by_organization_[organization] == 0) lookups_by_organization_.erase(organization);
     done(std::move(a), rc);
   };
   // getaddrinfo blocks for as long as the resolver waits (seconds, for a
@@ -159,7 +162,9 @@ struct RunProxy::Conn {
   asio::steady_timer wake;  // a lookup's answer, or its timeout
   Clock::time_point t0 = Clock::now();
   bool closed = false;
+  bool decided = false;  // counted as allowed or refused
   bool tunnel = false;
+  Clock::time_point active = Clock::now();  // the last byte either way
   std::string host = "-", address = "-";
   std::uint16_t port = 0;
   std::uint64_t sent = 0, received = 0;
@@ -197,7 +202,16 @@ void RunProxy::stop() {
   asio::error_code ec;
   io_->channel.close(ec);
   io_->acceptor.close(ec);
-  for (Conn* c : std::vector<Conn*>(conns_.begin(), conns_.end())) c->close();
+  for (Conn* c : std::vector<Conn*>(conns_.begin(), conns_.end())) {
+    // Counted now, so that the run's summary, read next, has it (its audit
+    // line follows when its coroutine sees the close).
+    if (!c->decided) {
+      c->decided = true;
+      ++refused_;
+      ++svc_.refused_;
+    }
+    c->close();
+  }
   if (!listener_) ++svc_.listeners_missing_;
 }
 
@@ -269,7 +283,7 @@ asio::awaitable<void> RunProxy::accept_loop() {
   asio::steady_timer backoff(svc_.io_);
   while (!stopped_) {
     auto [ec, s] = co_await io_->acceptor.async_accept(tuple_awaitable);
-    if (stopped_) break;
+    if (stopped_ || capped_) break;
     if (ec == asio::error::connection_aborted) continue;
     if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space || ec == asio::error::no_memory ||
         ec.value() == ENFILE) {
@@ -292,10 +306,12 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
   enum class Verdict { Allowed, Refused, Failed };
   // Every connection ends here: one audit line, and closed sockets.
   auto finish = [this, &c](Verdict v, std::string_view reason) {
-    if (v != Verdict::Allowed) {
+    if (v != Verdict::Allowed && !c->decided) {
       ++refused_;
       ++svc_.refused_;
     }
+    c->decided = true;
+    if (reason.size() > 512) reason = reason.substr(0, 512);
     const auto ms = std::chrono::duration<double, std::milli>(Clock::now() - c->t0).count();
     spdlog::info("egress run_id={} request_id={} org={} tool={} host={} port={} address={} verdict={} reason={} "
                  "sent={} received={} duration_ms={:.1f}",
@@ -304,28 +320,60 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
                  reason.empty() ? "-" : q(reason), c->sent, c->received, ms);
     c->close();
   };
+  // What a refusal reads and drops of the client's request (its body, when
+  // it names one) before it closes.
+  std::uint64_t drain_limit = 1u << 20;
   // A refusal: an HTTP error whose reason phrase says why (Python's
   // http.client puts it in the tool's exception: "Tunnel connection
   // failed: 403 ..."), the same text as the body.
-  auto refuse = [&](Verdict v, int code, std::string reason) -> asio::awaitable<void> {
+  auto refuse = [&c, &finish, &drain_limit, this](Verdict v, int code, std::string reason) -> asio::awaitable<void> {
     if (!c->closed) {
       const std::string p = phrase(reason);
       const std::string body = "toolsandboxd egress: " + p + "\n";
       const std::string resp = "HTTP/1.1 " + std::to_string(code) + " " + p +
                                "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
                                std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-      co_await asio::async_write(c->client, asio::buffer(resp), tuple_awaitable);
+      auto [wec, w] = co_await asio::async_write(c->client, asio::buffer(resp), tuple_awaitable);
+      // A lingering close: what the client is still sending (a request
+      // body: most clients read the answer only once they sent it all) is
+      // read and dropped, up to a bound, so that closing does not reset the
+      // connection before the client has read the answer.
+      asio::error_code ec;
+      c->client.shutdown(tcp::socket::shutdown_send, ec);
+      asio::steady_timer limit(svc_.io_);
+      limit.expires_after(std::chrono::seconds(5));
+      std::array<char, 65536> sink;
+      std::uint64_t drained = 0;
+      while (!wec && !c->closed && drained < drain_limit) {
+        auto r = co_await (c->client.async_read_some(asio::buffer(sink), tuple_awaitable) ||
+                           limit.async_wait(tuple_awaitable));
+        if (r.index() == 1) break;
+        auto [rec, n] = std::get<0>(r);
+        if (rec) break;
+        drained += n;
+      }
     }
     finish(v, reason);
   };
 
-  if (connections_ > rules_.max_connections)
+  if (connections_ > rules_.max_connections) {
+    // The first connection past the cap is told why; then the listener
+    // closes: later ones are refused by the sandbox's own kernel, with no
+    // work and no audit line here each.
+    capped_ = true;
+    asio::error_code ec;
+    io_->acceptor.close(ec);
     co_return co_await refuse(Verdict::Refused, 403,
-                              "the run's connection cap (" + std::to_string(rules_.max_connections) + ") is reached");
+                              "the run's connection cap (" + std::to_string(rules_.max_connections) +
+                                  ") is reached: the proxy takes no more connections from this run");
+  }
   if (bytes_ >= rules_.max_bytes)
     co_return co_await refuse(Verdict::Refused, 403, "the run's byte cap (" + format_bytes(rules_.max_bytes) + ") is reached");
   if (svc_.open_ > kMaxOpenConnections)
     co_return co_await refuse(Verdict::Failed, 503, "the daemon has too many egress connections open; retry later");
+  if (conns_.size() > kMaxOpenPerRun)
+    co_return co_await refuse(Verdict::Failed, 503,
+                              "the run has " + std::to_string(kMaxOpenPerRun) + " egress connections open; close one first");
 
   // 1. The request head, within kHeadTimeout.
   std::string buf;
@@ -334,7 +382,9 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
     asio::steady_timer limit(svc_.io_);
     limit.expires_after(kHeadTimeout);
     std::array<char, 4096> chunk;
-    while ((end = head_end(buf)) == 0) {
+    std::size_t searched = 0;
+    while ((end = head_end(buf, searched)) == 0) {
+      searched = buf.size();
       if (buf.size() >= kMaxHeadBytes)
         co_return co_await refuse(Verdict::Failed, 431, "the request head is larger than " + format_bytes(kMaxHeadBytes));
       auto r = co_await (c->client.async_read_some(asio::buffer(chunk), tuple_awaitable) ||
@@ -350,6 +400,7 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
   }
   auto req = parse_request(std::string_view(buf).substr(0, end));
   if (!req.ok()) co_return co_await refuse(Verdict::Failed, 400, req.error().message);
+  drain_limit = std::max<std::uint64_t>(drain_limit, std::min<std::uint64_t>(req->body_length, 64ull << 20));
   c->host = req->host_text;
   c->port = req->port;
   c->tunnel = req->tunnel;
@@ -363,12 +414,14 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
   if (req->host.kind == Host::kAddress) {
     candidates.push_back(req->host.address);
   } else {
-    if (svc_.lookups_ >= kMaxLookups || lookups_ >= kMaxLookupsPerRun)
+    const auto org = svc_.lookups_by_organization_.find(labels_.organization);
+    if (svc_.lookups_ >= kMaxLookups || lookups_ >= kMaxLookupsPerRun ||
+        (org != svc_.lookups_by_organization_.end() && org->second >= kMaxLookupsPerOrganization))
       co_return co_await refuse(Verdict::Failed, 503, "too many name lookups in flight; retry later");
     ++lookups_;
     std::weak_ptr<Conn> weak = c;
     std::weak_ptr<RunProxy> run = weak_from_this();
-    svc_.lookup(req->host.name, [weak, run](std::vector<Address> a, int rc) {
+    svc_.lookup(req->host.name, labels_.organization, [weak, run](std::vector<Address> a, int rc) {
       if (auto p = run.lock()) --p->lookups_;
       if (auto conn = weak.lock()) {
         conn->addresses = std::move(a);
@@ -397,7 +450,8 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
   std::vector<Address> usable;
   std::string first_denied;
   for (const Address& a : candidates) {
-    const std::string_view why = denied(a, own);
+    std::string_view why = denied(a, own);
+    if (why.empty() && is_local(a)) why = "an address of the daemon's own host (a local route)";
     if (why.empty()) usable.push_back(a);
     else if (first_denied.empty()) first_denied = a.text() + " is " + std::string(why);
   }
@@ -437,54 +491,107 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
   }
   ++allowed_;
   ++svc_.allowed_;
+  c->decided = true;
 
   // 6. What goes first: the tunnel's answer to the client, or the
-  //    rewritten head to the server; then whatever followed the head.
+  //    rewritten head to the server, with as much of the body as followed
+  //    the head (plain HTTP: the body is Content-Length bytes, and nothing
+  //    after it goes on: one request per connection).
   std::string first;
-  if (!req->tunnel) first = std::move(req->upstream_head);
-  first.append(buf, end, std::string::npos);
+  std::uint64_t body_left = 0;  // plain HTTP: body bytes still to come from the client
+  bool pipelined = false;       // plain HTTP: the client sent more than one request
   if (req->tunnel) {
+    first.assign(buf, end, std::string::npos);
     static constexpr std::string_view kEstablished = "HTTP/1.1 200 Connection established\r\n\r\n";
     auto [ec, n] = co_await asio::async_write(c->client, asio::buffer(kEstablished), tuple_awaitable);
     if (ec) co_return finish(Verdict::Allowed, "the client went away");
+  } else {
+    const std::size_t have = buf.size() - end;
+    const std::size_t body_now = static_cast<std::size_t>(std::min<std::uint64_t>(have, req->body_length));
+    first = std::move(req->upstream_head);
+    first.append(buf, end, body_now);
+    body_left = req->body_length - body_now;
+    pipelined = have > body_now;
   }
-  // Counted against the byte cap like everything sent.
-  const auto relay = [this](std::shared_ptr<Conn> c, bool up, std::string pending) -> asio::awaitable<void> {
+  // Counted against the byte cap like everything sent (reserved before
+  // each write, so that writes in both directions at once cannot pass it).
+  const auto relay = [this](std::shared_ptr<Conn> c, bool up, std::string pending,
+                            std::uint64_t* body_left) -> asio::awaitable<void> {
     tcp::socket& from = up ? c->client : c->upstream;
     tcp::socket& to = up ? c->upstream : c->client;
     std::array<char, 16384> b;
     for (;;) {
       std::string_view data = pending;
-      std::size_t n = pending.size();
       if (pending.empty()) {
+        // Plain HTTP, client side, body complete: nothing more is sent on.
+        // Whatever comes now is a second request (the client reuses the
+        // connection): it ends the connection, and the client retries on a
+        // new one.
+        const bool done = body_left && *body_left == 0;
         auto [ec, got] = co_await from.async_read_some(asio::buffer(b), tuple_awaitable);
         if (ec) break;
-        data = std::string_view(b.data(), got);
-        n = got;
+        c->active = Clock::now();
+        if (done) {
+          c->ended = "a second request on one plain-HTTP connection (one request per connection): closed";
+          c->close();
+          co_return;
+        }
+        std::size_t n = got;
+        if (body_left) n = static_cast<std::size_t>(std::min<std::uint64_t>(n, *body_left));
+        if (n < got) c->ended = "a second request on one plain-HTTP connection (one request per connection): not sent on";
+        data = std::string_view(b.data(), n);
       }
+      if (body_left && pending.empty()) *body_left -= data.size();
       const std::uint64_t left = rules_.max_bytes - std::min(bytes_, rules_.max_bytes);
-      const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(n, left));
+      const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(data.size(), left));
       if (take > 0) {
+        bytes_ += take;
         auto [wec, w] = co_await asio::async_write(to, asio::buffer(data.data(), take), tuple_awaitable);
-        bytes_ += w;
+        bytes_ -= take - w;
+        c->active = Clock::now();
         (up ? c->sent : c->received) += w;
         (up ? bytes_sent_ : bytes_received_) += w;
         (up ? svc_.bytes_sent_ : svc_.bytes_received_) += w;
         if (wec) break;
       }
-      pending.clear();
-      if (take < n) {
+      if (take < data.size()) {
         c->ended = "the run's byte cap (" + format_bytes(rules_.max_bytes) + ") was reached";
         c->close();
         co_return;
       }
+      pending.clear();
     }
     asio::error_code ec;
-    to.shutdown(tcp::socket::shutdown_send, ec);
-    // Plain HTTP: the response is complete (one request per connection).
-    if (!up && !c->tunnel) c->close();
+    if (up && !body_left) {
+      // A tunnel: the client's end of the stream goes on to the server.
+      to.shutdown(tcp::socket::shutdown_send, ec);
+    } else if (!up) {
+      // The server is done: so is the client's side. Plain HTTP: the
+      // response is complete (one request per connection).
+      to.shutdown(tcp::socket::shutdown_send, ec);
+      if (!c->tunnel) c->close();
+    }
   };
-  co_await (relay(c, true, std::move(first)) && relay(c, false, {}));
+  // A connection that carries nothing either way for kIdleSeconds is
+  // closed (a client gone without a word, a server that never answers).
+  const auto idle = [this](std::shared_ptr<Conn> c) -> asio::awaitable<void> {
+    asio::steady_timer t(svc_.io_);
+    const auto limit = std::chrono::seconds(kIdleSeconds);
+    while (!c->closed) {
+      t.expires_at(c->active + limit);
+      auto [ec] = co_await t.async_wait(tuple_awaitable);
+      if (ec) co_return;
+      if (Clock::now() - c->active >= limit) {
+        c->ended = "nothing either way for " + std::to_string(kIdleSeconds) + " s";
+        c->close();
+        co_return;
+      }
+    }
+  };
+  c->active = Clock::now();
+  std::uint64_t* body = req->tunnel ? nullptr : &body_left;
+  if (pipelined) c->ended = "a second request on one plain-HTTP connection (one request per connection): not sent on";
+  co_await ((relay(c, true, std::move(first), body) && relay(c, false, {}, nullptr)) || idle(c));
   finish(Verdict::Allowed, c->ended);
 }
 

@@ -29,6 +29,7 @@
 #include <asio/io_context.hpp>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -43,11 +44,17 @@
 namespace tsb::egress {
 
 // Bounds of the whole daemon, whatever the policies say: connections open
-// at once (each holds two descriptors) and name lookups in flight (each a
-// thread while getaddrinfo waits).
+// at once (each holds two descriptors), in all and per run; name lookups in
+// flight (each a thread while getaddrinfo waits), in all, per organization
+// (a lookup outlives its run when its name server does not answer: an
+// organization's slow names hold up only its own runs) and per run; how
+// long a connection may carry nothing either way before it is closed.
 inline constexpr unsigned kMaxOpenConnections = 1024;
-inline constexpr unsigned kMaxLookups = 64;
+inline constexpr unsigned kMaxOpenPerRun = 128;
+inline constexpr unsigned kMaxLookups = 128;
+inline constexpr unsigned kMaxLookupsPerOrganization = 16;
 inline constexpr unsigned kMaxLookupsPerRun = 8;
+inline constexpr unsigned kIdleSeconds = 120;
 
 // Daemon-wide: the lookups' threads, the bounds above, the totals of
 // `status`.
@@ -63,14 +70,16 @@ class Service {
  private:
   friend class RunProxy;
   struct Gate;
-  // Resolves `name` on a thread of its own; `done` runs on the io_context
-  // with the addresses (deduplicated, in the resolver's order) or the
-  // getaddrinfo error.
-  void lookup(const std::string& name, std::function<void(std::vector<Address>, int)> done);
+  // Resolves `name` on a thread of its own, counted against
+  // `organization`; `done` runs on the io_context with the addresses
+  // (deduplicated, in the resolver's order) or the getaddrinfo error.
+  void lookup(const std::string& name, const std::string& organization,
+              std::function<void(std::vector<Address>, int)> done);
 
   asio::io_context& io_;
   std::shared_ptr<Gate> gate_;
   unsigned open_ = 0, lookups_ = 0;
+  std::map<std::string, unsigned> lookups_by_organization_;
   std::uint64_t runs_ = 0, connections_ = 0, allowed_ = 0, refused_ = 0, bytes_sent_ = 0, bytes_received_ = 0,
                 listeners_missing_ = 0;
 };
@@ -110,6 +119,7 @@ class RunProxy : public std::enable_shared_from_this<RunProxy> {
   std::string run_id_ = "-";
   bool stopped_ = false;
   bool listener_ = false;
+  bool capped_ = false;  // past max_connections: the listener is closed
   unsigned lookups_ = 0;
   std::uint64_t connections_ = 0, allowed_ = 0, refused_ = 0, bytes_ = 0, bytes_sent_ = 0, bytes_received_ = 0;
   struct Io;

@@ -60,7 +60,8 @@ Result<Authority> parse_authority(std::string_view a, std::uint16_t default_port
       port = rest.substr(1);
     }
   } else if (const std::size_t colon = a.rfind(':'); colon != std::string_view::npos) {
-    if (a.find(':') != colon) return Error::invalid("an IPv6 address must be in brackets: [" + std::string(a) + "]");
+    if (a.find(':') != colon)
+      return Error::invalid("an IPv6 address must be in brackets: [" + std::string(a.substr(0, 255)) + "]");
     host = a.substr(0, colon);
     port = a.substr(colon + 1);
   }
@@ -93,8 +94,10 @@ std::string host_field(const Authority& a) {
 
 }  // namespace
 
-std::size_t head_end(std::string_view b) {
-  for (std::size_t i = b.find('\n'); i != std::string_view::npos; i = b.find('\n', i + 1)) {
+std::size_t head_end(std::string_view b, std::size_t from) {
+  // What was searched before cannot hold the end, except a line end cut
+  // between two reads: from its last three bytes on.
+  for (std::size_t i = b.find('\n', from > 3 ? from - 3 : 0); i != std::string_view::npos; i = b.find('\n', i + 1)) {
     if (i + 1 < b.size() && b[i + 1] == '\n') return i + 2;
     if (i + 2 < b.size() && b[i + 1] == '\r' && b[i + 2] == '\n') return i + 3;
   }
@@ -108,8 +111,10 @@ Result<ProxyRequest> parse_request(std::string_view head) {
     if (nl == std::string_view::npos) nl = head.size();
     std::string_view line = head.substr(pos, nl - pos);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.find_first_of(std::string_view("\r\0", 2)) != std::string_view::npos)
-      return Error::invalid("a request head with a stray CR or NUL");
+    // Control characters (a stray CR or NUL included) are refused anywhere
+    // in the head: what reaches the origin server is visible text.
+    if (std::any_of(line.begin(), line.end(), [](char c) { return (c >= 0 && c < 0x20 && c != '\t') || c == 0x7f; }))
+      return Error::invalid("a request head with control characters");
     lines.push_back(line);
     pos = nl + 1;
   }
@@ -149,9 +154,12 @@ Result<ProxyRequest> parse_request(std::string_view head) {
   if (const std::size_t frag = path.find('#'); frag != std::string_view::npos) path = path.substr(0, frag);
   std::string origin_path = path.empty() || path.front() != '/' ? "/" + std::string(path) : std::string(path);
 
-  // Header fields: those the Connection field names are hop-by-hop too.
+  // Header fields: those the Connection field names are hop-by-hop too
+  // (never the message's framing: Connection cannot make the body's length
+  // disappear while the body goes on).
   std::vector<std::pair<std::string_view, std::string_view>> fields;
   std::vector<std::string> hop;
+  bool have_length = false;
   for (std::size_t i = 1; i < lines.size(); ++i) {
     const std::string_view line = lines[i];
     const std::size_t colon = line.find(':');
@@ -165,9 +173,25 @@ Result<ProxyRequest> parse_request(std::string_view head) {
         std::size_t comma = value.find(',', p);
         if (comma == std::string_view::npos) comma = value.size();
         const std::string_view opt = trim(value.substr(p, comma - p));
-        if (!opt.empty()) hop.emplace_back(opt);
+        if (!opt.empty() && !iequals(opt, "content-length")) hop.emplace_back(opt);
         p = comma + 1;
       }
+    }
+    // The body's length: what is sent on after the head, and no more (one
+    // request per connection). A streamed (chunked) body would need the
+    // proxy to follow its framing; over a tunnel it needs nothing.
+    if (iequals(name, "transfer-encoding"))
+      return Error::invalid("a request body of unknown length (Transfer-Encoding) through plain HTTP: "
+                            "send it with Content-Length, or over HTTPS");
+    if (iequals(name, "content-length")) {
+      std::uint64_t v = 0;
+      if (value.empty() || value.size() > 15 ||
+          !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return Error::invalid("a Content-Length that is not a number");
+      for (char c : value) v = v * 10 + static_cast<std::uint64_t>(c - '0');
+      if (have_length && v != out.body_length) return Error::invalid("two different Content-Length fields");
+      have_length = true;
+      out.body_length = v;
     }
     fields.emplace_back(name, value);
   }

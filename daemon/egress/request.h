@@ -9,7 +9,9 @@
 //                                   method. Sent on in origin form
 //                                   ("GET /path HTTP/1.1"), with
 //                                   "Connection: close": one request per
-//                                   connection to the proxy.
+//                                   connection to the proxy (its body as
+//                                   long as Content-Length says; nothing
+//                                   after it is sent on).
 // Anything else is refused with 400: origin-form requests (the proxy is not
 // a web server), "https://" in absolute form (use CONNECT), user info in the
 // authority ("http://allowed@other/": which host is meant depends on who
@@ -34,13 +36,18 @@ struct ProxyRequest {
   Host host;               // what it is (a name, or an address however spelled)
   std::uint16_t port = 0;
   // Plain HTTP: the head to send to the origin server (request line in
-  // origin form, hop-by-hop and proxy headers dropped, "Connection: close").
+  // origin form, hop-by-hop and proxy headers dropped, "Connection: close"),
+  // and how many bytes of body follow it (Content-Length; a body of
+  // unknown length, Transfer-Encoding, is refused).
   std::string upstream_head;
+  std::uint64_t body_length = 0;
 };
 
 // Where a request head ends in `buf`: the offset just past its blank line,
-// or 0 when it has not ended yet. A bare LF ends lines too.
-std::size_t head_end(std::string_view buf);
+// or 0 when it has not ended yet. A bare LF ends lines too. `from`: how
+// much of `buf` an earlier call searched (each read then costs only what it
+// added).
+std::size_t head_end(std::string_view buf, std::size_t from = 0);
 
 // Reads a complete head (up to and including its blank line). An error's
 // message is the reason given to the tool.

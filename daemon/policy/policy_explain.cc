@@ -506,13 +506,14 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
            "            connected to (no DNS answer, rebinding or redirect reaches a denied one); an address\n"
            "            in a request, however spelled (0x7f.1, 2130706433, [::ffff:a.b.c.d]), is allowed\n"
            "            only by \"public\"\n";
-    out << "  denied    always, whatever the rules say: loopback; the daemon host's own addresses;\n"
-           "            10/8, 172.16/12, 192.168/16, fc00::/7 (private); 100.64/10 (CGNAT); 169.254/16 (the\n"
-           "            cloud metadata service) and fe80::/10 (link-local); multicast; 0/8 and ::\n"
+    out << "  denied    always, whatever the rules say: loopback; the daemon host's own addresses (its\n"
+           "            interfaces' and its local routes'); 10/8, 172.16/12, 192.168/16, fc00::/7 (private);\n"
+           "            100.64/10 (CGNAT); 169.254/16 (the cloud metadata service) and fe80::/10\n"
+           "            (link-local); 168.63.129.16 (Azure's host platform); multicast; 0/8 and ::\n"
            "            (unspecified); reserved and broadcast; IPv6 forms that carry any of these\n"
-           "            (IPv4-mapped, IPv4-compatible, NAT64, 6to4)\n";
+           "            (IPv4-mapped, IPv4-compatible, IPv4-translated, NAT64, 6to4)\n";
     out << "  caps      " << e.max_connections << " connections and " << format_size(e.max_bytes)
-        << " (both ways together) per run\n";
+        << " (both ways together) per run; 128 open at once; closed after 120 s idle\n";
     out << "  audit     one line per connection: run, host, port, address, bytes each way, verdict\n";
   }
 

@@ -110,6 +110,26 @@ def net(kind: str, targets: list, ca: str = "") -> list:
                 first = head.split(b"\r\n", 1)[0].decode(errors="replace")
                 out.update(status=int(first.split(" ")[1]) if first.startswith("HTTP/") else 0, head=first,
                            body=body.decode(errors="replace"))
+            elif kind == "bytes":
+                # Bytes of the test's making to the proxy, then all it answers
+                # until it closes.
+                s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+                s.sendall(t.encode("latin-1"))
+                data = b""
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                s.close()
+                out["answer"] = data.decode(errors="replace")
+            elif kind == "upload":
+                req = urllib.request.Request(t, data=b"u" * (8 << 20), method="POST")
+                try:
+                    with urllib.request.urlopen(req, timeout=20) as r:
+                        out["status"] = r.status
+                except urllib.error.HTTPError as e:
+                    out.update(status=e.code, body=e.read().decode(errors="replace"))
             elif kind == "curl":
                 args = ["curl", "-sS", "-g", "--max-time", "20", "-w", "\n%{http_code}"]
                 if cafile:
@@ -205,6 +225,10 @@ class Topology:
             for a in addrs:
                 sh("ip", "-n", ns, "addr", "add", a, "dev", dev, *(["nodad"] if ":" in a else []))
             sh("ip", "-n", ns, "link", "set", dev, "up")
+        # An address the daemon's namespace takes as its own through a
+        # `local` route only (no interface has it): the proxy must still
+        # see it as the host's.
+        sh("ip", "-n", NS_DAEMON, "route", "add", "local", "198.51.100.200/32", "dev", "lo", "table", "local")
         # No default route anywhere: only the subnets above exist.
         for ns in (NS_DAEMON, NS_WORLD):
             routes = sh("ip", "-n", ns, "route", "show", "default").stdout.strip()
@@ -311,7 +335,7 @@ def write_policies(directory):
         "egress": {"network": "egress",
                    "egress": {"allow": [{"hosts": ["api.public.test", "pypi.test", "*.wild.test", "rebind.test"],
                                          "ports": [80, 443]}]}},
-        "public": {"network": "egress", "egress": {"public": {"ports": [80, 443, LOOPBACK_PORT]}}},
+        "public": {"network": "egress", "egress": {"public": {"ports": [80, 443, LOOPBACK_PORT]}, "max_connections": 1024}},
         "caps": {"network": "egress",
                  "egress": {"public": {"ports": [80]}, "max_connections": 3, "max_bytes": "64KiB"}},
         "none": {"network": "none"},
@@ -505,11 +529,49 @@ class EgressTest(unittest.TestCase):
 
     # --- caps, audit, status ---------------------------------------------------
 
+    def test_plain_http_carries_one_request_and_its_body_only(self):
+        m1, m2 = uuid.uuid4().hex, uuid.uuid4().hex
+        pipelined = ("GET http://api.public.test/whoami?m=%s HTTP/1.1\r\n\r\n"
+                     "GET http://api.public.test/whoami?m=%s HTTP/1.1\r\n\r\n" % (m1, m2))
+        smuggled = ("POST http://api.public.test/post?m=%s HTTP/1.1\r\nContent-Length: 5\r\n"
+                    "Connection: Content-Length\r\n\r\nhelloGET /admin?m=%s HTTP/1.1\r\nHost: internal.test\r\n\r\n"
+                    % (m1, m2))
+        results, _ = self.run_net("egress", "bytes", [pipelined, smuggled])
+        for r in results:
+            self.assertEqual(r["answer"].count("HTTP/1.1 200"), 1, r)
+        seen = [e for e in world_requests() if m1 in e["path"] or m2 in e["path"]]
+        self.assertEqual([(e["method"], m1 in e["path"]) for e in seen], [("GET", True), ("POST", True)], seen)
+        self.assertEqual(json.loads(results[1]["answer"].split("\r\n\r\n", 1)[1])["body_bytes"], 5)
+        chunked, _ = self.run_net("egress", "bytes", ["POST http://api.public.test/post HTTP/1.1\r\n"
+                                                      "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"])
+        self.assertIn("HTTP/1.1 400", chunked[0]["answer"])
+        self.assertIn("Transfer-Encoding", chunked[0]["answer"])
+
+    def test_a_refused_upload_gets_its_answer_not_a_reset(self):
+        results, _ = self.run_net("public", "upload", ["http://private.test/", "http://10.20.0.10/"])
+        for r in results:
+            self.assertEqual(r.get("status"), 403, r)
+            self.assertIn("toolsandboxd egress", r["body"])
+
+    def test_addresses_the_host_takes_as_its_own_and_cloud_platform_services(self):
+        results, _ = self.run_net("public", "proxy", ["CONNECT 198.51.100.200:443", "CONNECT 168.63.129.16:80",
+                                                      "CONNECT [::ffff:0:a14:a]:80"])
+        self.assertEqual([r["status"] for r in results], [403, 403, 403], results)
+        self.assertIn("local route", results[0]["body"])
+        self.assertIn("WireServer", results[1]["body"])
+        self.assertIn("IPv4-translated", results[2]["body"])
+
     def test_connection_cap(self):
-        results, record = self.run_net("caps", "urllib", ["http://api.public.test/whoami"] * 5)
-        self.assertEqual([r.get("status") for r in results], [200, 200, 200, 403, 403], results)
+        results, record = self.run_net("caps", "urllib", ["http://api.public.test/whoami"] * 12)
+        self.assertEqual([r.get("status") for r in results[:4]], [200, 200, 200, 403], results)
         self.assertIn("connection cap (3)", results[3]["body"])
-        self.assertEqual(record["egress"]["connections"], 5, record)
+        # Past the cap the proxy's listener is closed: the sandbox's own
+        # kernel refuses the rest, with no work and no audit line each.
+        for r in results[4:]:
+            self.assertIn("Connection refused", r.get("error", ""), r)
+        self.assertEqual(record["egress"]["connections"], 4, record)
+        lines = re.findall(r"egress run_id=%s " % re.escape(record["run_id"]), self.daemon.log())
+        self.assertEqual(len(lines), 4)
 
     def test_byte_cap(self):
         results, record = self.run_net("caps", "urllib", ["http://api.public.test/bytes?n=1000000",

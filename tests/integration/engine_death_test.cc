@@ -187,8 +187,13 @@ std::string restart_engine_as_pid2(const EngineConfig& cfg) {
       [&] {
         auto e = tsb::policy::create_engine(cfg);
         std::string m = e.ok() ? "pid " + std::to_string(::getpid()) : "error " + e.error().message;
-        if (e.ok())
+        if (e.ok()) {
           for (const auto& n : (*e)->startup_notes()) m += "\t" + n;
+          // The reclaimed leaves are removed by the pending clean-up, once
+          // their killed processes are gone (the daemon's loop runs it): done
+          // before answering, as the namespace ends as soon as the answer is read.
+          m += "\tleaves left after the clean-up: " + std::to_string((*e)->drain_retired(std::chrono::seconds(20)));
+        }
         m += "\n";
         (void)!::write(q[1], m.data(), m.size());
       },
@@ -235,6 +240,7 @@ TEST_F(EngineDeathTest, SandboxesDieWithTheirEngineAndTheNextEngineReclaimsTheir
   std::string notes = restart_engine_as_pid2(cfg);
   EXPECT_EQ(notes.rfind("pid 2", 0), 0u) << "the new engine was not pid 2 like the dead one: " << notes;
   EXPECT_NE(notes.find("reclaiming 3 cgroup leaves"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("leaves left after the clean-up: 0"), std::string::npos) << notes;
   EXPECT_TRUE(leaves_of(cfg).empty()) << "leaves left after the restart";
 }
 
@@ -260,6 +266,7 @@ TEST_F(EngineDeathTest, ReclaimWithoutTheDeadEnginesLockFileAndWithItsPid) {
   ASSERT_FALSE(leaves_of(cfg).empty());
   std::string notes = restart_engine_as_pid2(cfg);
   EXPECT_NE(notes.find("reclaiming 1 cgroup leaves"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("leaves left after the clean-up: 0"), std::string::npos) << notes;
   EXPECT_TRUE(leaves_of(cfg).empty());
 }
 

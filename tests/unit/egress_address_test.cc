@@ -60,14 +60,15 @@ TEST(EgressDeny, EveryDeniedRangeInEveryForm) {
                         "0xa9fea9fe", "[::1]", "[::]", "[fe80::1]", "[fc00::1]", "[fd12:3456::1]", "[ff02::1]",
                         "[::ffff:10.0.0.1]", "[::ffff:169.254.169.254]", "[::127.0.0.1]", "[64:ff9b::a9fe:a9fe]",
                         "[64:ff9b::7f00:1]", "[2002:7f00:1::]", "[2002:a9fe:a9fe::1]", "[2001::1]",
-                        "[64:ff9b:1::1]", "[fec0::1]"})
+                        "[64:ff9b:1::1]", "[fec0::1]", "168.63.129.16", "[::ffff:0:a00:1]", "[::ffff:0:a9fe:a9fe]"})
     EXPECT_FALSE(why(s).empty()) << s << " is not denied";
 }
 
 TEST(EgressDeny, PublicAddressesAreNotDenied) {
   for (const char* s : {"198.51.100.7", "203.0.113.9", "192.0.2.1", "8.8.8.8", "1.1.1.1", "172.15.255.255",
                         "172.32.0.1", "100.63.255.255", "100.128.0.1", "169.253.0.1", "[2001:db8::7]",
-                        "[2606:4700::1111]", "[64:ff9b::808:808]", "[2002:808:808::1]"})
+                        "[2606:4700::1111]", "[64:ff9b::808:808]", "[2002:808:808::1]", "168.63.129.17",
+                        "[::ffff:0:808:808]"})
     EXPECT_TRUE(why(s).empty()) << s << " is denied: " << why(s);
 }
 
@@ -78,4 +79,12 @@ TEST(EgressDeny, TheHostsOwnAddressesAreDenied) {
   Host mapped = parse_host("[::ffff:198.51.100.7]");
   EXPECT_FALSE(tsb::egress::denied(mapped.address, {pub.address}).empty());
   EXPECT_FALSE(tsb::egress::host_addresses().empty()) << "even a namespace of its own has lo";
+}
+
+TEST(EgressDeny, WhatTheNetworkNamespaceTakesAsItsOwnIsLocal) {
+  EXPECT_TRUE(tsb::egress::is_local(parse_host("127.0.0.1").address));
+  EXPECT_TRUE(tsb::egress::is_local(parse_host("127.3.4.5").address)) << "127/8 is one local route";
+  EXPECT_TRUE(tsb::egress::is_local(parse_host("[::1]").address));
+  EXPECT_FALSE(tsb::egress::is_local(parse_host("198.51.100.77").address));
+  EXPECT_FALSE(tsb::egress::is_local(parse_host("[2001:db8::77]").address));
 }

@@ -32,6 +32,11 @@ TEST(EgressRequest, HeadEndsAtTheBlankLine) {
   EXPECT_EQ(head_end("CONNECT a:443 HTTP/1.1\n\n"), 24u);
   EXPECT_EQ(head_end("GET http://a/ HTTP/1.1\r\nHost: a\r\n"), 0u);
   EXPECT_EQ(head_end(""), 0u);
+  // Resumed where the last call stopped, a line end cut between reads included.
+  const std::string h = "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n";
+  for (std::size_t cut = 0; cut <= h.size(); ++cut)
+    EXPECT_EQ(head_end(h, cut), h.size()) << "searched before: " << cut;
+  EXPECT_EQ(head_end("GET http://a/ HTTP/1.1\n\n", 20), 24u);
 }
 
 TEST(EgressRequest, ConnectNamesHostAndPort) {
@@ -114,6 +119,39 @@ TEST(EgressRequest, EverythingElseIsRefusedWithAReason) {
        })
     EXPECT_FALSE(refusal(head).empty()) << head;
   EXPECT_FALSE(refusal(std::string("GET http://a.test/ HTTP/1.1\r\nX: a\0b\r\n\r\n", 39)).empty()) << "a NUL";
+  for (const char* ctl : {"\x01", "\x0b", "\x1b", "\x7f"}) {
+    EXPECT_NE(refusal(std::string("GET http://a.test/ HTTP/1.1\r\nX: a") + ctl + "b\r\n\r\n").find("control characters"),
+              std::string::npos);
+    EXPECT_NE(refusal(std::string("GET http://a.test/") + ctl + " HTTP/1.1\r\n\r\n").find("control characters"),
+              std::string::npos);
+  }
+  EXPECT_TRUE(refusal("GET http://a.test/ HTTP/1.1\r\nX: a\tb\r\n\r\n").empty()) << "a tab is text";
+  // A long authority is named, cut, in the reason (which goes to an audit line).
+  EXPECT_LT(refusal("GET http://a:" + std::string(30000, 'b') + ":1/ HTTP/1.1\r\n\r\n").size(), 400u);
+}
+
+TEST(EgressRequest, OneRequestPerConnectionItsBodyAsLongAsContentLengthSays) {
+  auto r = parse_request("POST http://a.test/ HTTP/1.1\r\nContent-Length: 12\r\nConnection: Content-Length, X\r\n\r\n");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->body_length, 12u);
+  EXPECT_NE(r->upstream_head.find("Content-Length: 12\r\n"), std::string::npos)
+      << "Connection cannot drop the body's length while the body goes on: " << r->upstream_head;
+  auto none = parse_request("GET http://a.test/ HTTP/1.1\r\n\r\n");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->body_length, 0u);
+  auto same = parse_request("POST http://a.test/ HTTP/1.1\r\nContent-Length: 3\r\ncontent-length: 3\r\n\r\n");
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->body_length, 3u);
+  EXPECT_NE(refusal("POST http://a.test/ HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n").find("two different"),
+            std::string::npos);
+  for (const char* bad : {"-1", "1e3", "", "0x10", "1 2", "1234567890123456"})
+    EXPECT_NE(refusal(std::string("POST http://a.test/ HTTP/1.1\r\nContent-Length: ") + bad + "\r\n\r\n").find("not a number"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(refusal("POST http://a.test/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").find("Transfer-Encoding"),
+            std::string::npos);
+  auto tunnel = parse_request("CONNECT a.test:443 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+  EXPECT_TRUE(tunnel.ok()) << "a tunnel's head has no body: its fields are not read";
 }
 
 TEST(EgressRules, WildcardsMatchNamesBelowOnly) {
