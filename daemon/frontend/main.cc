@@ -176,6 +176,16 @@ int main(int argc, char** argv) {
       spdlog::critical("front end: {}", st.error().message);
       return 1;
     }
+    // Names are looked up as they are written, never with the host's search
+    // domains appended (resolv.conf(5): LOCALDOMAIN replaces the search
+    // list; empty, there is none): the egress proxy checks the name a tool
+    // asked for, and "x.example.com" must not become
+    // "x.example.com.corp.internal" when it does not exist. Set while this
+    // process has one thread, before any lookup.
+    if (::setenv("LOCALDOMAIN", "", 1) != 0) {
+      spdlog::critical("front end: cannot set LOCALDOMAIN: {}", std::strerror(errno));
+      return 1;
+    }
   }
   auto cfg = tsb::core::load_daemon_config(a.config, a.config_optional);
   if (!cfg.ok()) {

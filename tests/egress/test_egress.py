@@ -250,8 +250,13 @@ class Topology:
 
         # The daemon's resolver: this map and nothing else.
         self.etc = {}
-        for name, text in (("hosts", HOSTS), ("nsswitch.conf", "hosts: files\npasswd: files\ngroup: files\n"),
-                           ("host.conf", "multi on\n"), ("resolv.conf", "")):
+        # ... then a name server of the test's own on the daemon's
+        # 127.0.0.1, with a search domain the daemon must never append.
+        self.dns_log = os.path.join(self.tmp, "dns.log")
+        self.start(in_ns(NS_DAEMON, sys.executable, os.path.join(HERE, "dns.py"), "--log", self.dns_log))
+        for name, text in (("hosts", HOSTS), ("nsswitch.conf", "hosts: files dns\npasswd: files\ngroup: files\n"),
+                           ("host.conf", "multi on\n"),
+                           ("resolv.conf", "nameserver 127.0.0.1\nsearch corp.test\noptions ndots:5 attempts:1 timeout:1\n")):
             path = os.path.join(self.tmp, "etc-" + name)
             with open(path, "w") as f:
                 f.write(text)
@@ -560,6 +565,16 @@ class EgressTest(unittest.TestCase):
         self.assertIn("local route", results[0]["body"])
         self.assertIn("WireServer", results[1]["body"])
         self.assertIn("IPv4-translated", results[2]["body"])
+
+    def test_names_are_looked_up_as_written_never_with_a_search_domain(self):
+        before = read_text(T.dns_log)
+        results, _ = self.run_net("public", "proxy", ["http://nosuch.public.test/", "CONNECT nosuch2.public.test:443"])
+        self.assertEqual([r["status"] for r in results], [502, 502], results)
+        self.assertIn("cannot resolve nosuch.public.test", results[0]["body"])
+        asked = read_text(T.dns_log)[len(before):].split()
+        self.assertIn("nosuch.public.test", asked)
+        self.assertIn("nosuch2.public.test", asked)
+        self.assertFalse([q for q in asked if "corp.test" in q], asked)
 
     def test_connection_cap(self):
         results, record = self.run_net("caps", "urllib", ["http://api.public.test/whoami"] * 12)
