@@ -572,6 +572,51 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
       if (!c->tunnel) c->close();
     }
   };
+  // Plain HTTP, the server's side: its response head(s) go to the client
+  // with "Connection: close" (request.h), then the rest as it comes.
+  const auto down = [this, relay](std::shared_ptr<Conn> c) -> asio::awaitable<void> {
+    std::string acc;
+    if (!c->tunnel) {
+      std::array<char, 16384> b;
+      for (bool more = true; more;) {
+        std::size_t end = 0, searched = 0;
+        while ((end = head_end(acc, searched)) == 0) {
+          if (acc.size() > kMaxHeadBytes) {
+            c->ended = "the server's response head is larger than " + format_bytes(kMaxHeadBytes);
+            c->close();
+            co_return;
+          }
+          searched = acc.size();
+          auto [ec, got] = co_await c->upstream.async_read_some(asio::buffer(b), tuple_awaitable);
+          if (ec) {
+            if (!acc.empty()) c->ended = "the server closed within its response head";
+            c->close();
+            co_return;
+          }
+          c->active = Clock::now();
+          acc.append(b.data(), got);
+        }
+        auto head = rewrite_response_head(std::string_view(acc).substr(0, end));
+        if (!head.ok()) {
+          c->ended = head.error().message;
+          c->close();
+          co_return;
+        }
+        c->received += end;
+        bytes_received_ += end;
+        svc_.bytes_received_ += end;
+        bytes_ += end;
+        auto [wec, w] = co_await asio::async_write(c->client, asio::buffer(head->head), tuple_awaitable);
+        if (wec) {
+          c->close();
+          co_return;
+        }
+        acc.erase(0, end);
+        more = head->informational;
+      }
+    }
+    co_await relay(c, false, std::move(acc), nullptr);
+  };
   // A connection that carries nothing either way for kIdleSeconds is
   // closed (a client gone without a word, a server that never answers).
   const auto idle = [this](std::shared_ptr<Conn> c) -> asio::awaitable<void> {
@@ -591,7 +636,7 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
   c->active = Clock::now();
   std::uint64_t* body = req->tunnel ? nullptr : &body_left;
   if (pipelined) c->ended = "a second request on one plain-HTTP connection (one request per connection): not sent on";
-  co_await ((relay(c, true, std::move(first), body) && relay(c, false, {}, nullptr)) || idle(c));
+  co_await ((relay(c, true, std::move(first), body) && down(c)) || idle(c));
   finish(Verdict::Allowed, c->ended);
 }
 

@@ -210,4 +210,37 @@ Result<ProxyRequest> parse_request(std::string_view head) {
   return out;
 }
 
+Result<ResponseHead> rewrite_response_head(std::string_view head) {
+  ResponseHead out;
+  std::size_t pos = 0;
+  bool first = true;
+  while (pos < head.size()) {
+    std::size_t nl = head.find('\n', pos);
+    if (nl == std::string_view::npos) nl = head.size();
+    std::string_view line = head.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) break;
+    if (first) {
+      // HTTP/1.x SP 3DIGIT [SP reason]
+      if (line.size() < 12 || !istarts_with(line, "HTTP/1.") || line[8] != ' ' ||
+          !std::all_of(line.begin() + 9, line.begin() + 12, [](char c) { return c >= '0' && c <= '9'; }) ||
+          (line.size() > 12 && line[12] != ' '))
+        return Error::invalid("the server's answer is not an HTTP/1.x response");
+      out.informational = line[9] == '1';
+      out.head = std::string(line) + "\r\n";
+      first = false;
+      continue;
+    }
+    const std::size_t colon = line.find(':');
+    const std::string_view name = colon == std::string_view::npos ? line : line.substr(0, colon);
+    if (iequals(name, "connection") || iequals(name, "keep-alive") || iequals(name, "proxy-connection")) continue;
+    out.head += std::string(line) + "\r\n";
+  }
+  if (first) return Error::invalid("the server's answer is not an HTTP/1.x response");
+  if (!out.informational) out.head += "Connection: close\r\n";
+  out.head += "\r\n";
+  return out;
+}
+
 }  // namespace tsb::egress

@@ -53,4 +53,15 @@ std::size_t head_end(std::string_view buf, std::size_t from = 0);
 // message is the reason given to the tool.
 Result<ProxyRequest> parse_request(std::string_view head);
 
+// A plain-HTTP response head from the origin server, as the tool gets it:
+// the same, with the connection fields (Connection, Keep-Alive,
+// Proxy-Connection) replaced by "Connection: close", so that no client
+// sends a second request on a connection that carries one. `informational`:
+// a 1xx head (another head follows). An error: not an HTTP/1.x response head.
+struct ResponseHead {
+  std::string head;
+  bool informational = false;
+};
+Result<ResponseHead> rewrite_response_head(std::string_view head);
+
 }  // namespace tsb::egress

@@ -544,6 +544,9 @@ class EgressTest(unittest.TestCase):
         results, _ = self.run_net("egress", "bytes", [pipelined, smuggled])
         for r in results:
             self.assertEqual(r["answer"].count("HTTP/1.1 200"), 1, r)
+            # The answer says the connection carries no second request.
+            head = r["answer"].split("\r\n\r\n", 1)[0]
+            self.assertEqual(re.findall(r"(?im)^connection:.*$", head), ["Connection: close"], head)
         seen = [e for e in world_requests() if m1 in e["path"] or m2 in e["path"]]
         self.assertEqual([(e["method"], m1 in e["path"]) for e in seen], [("GET", True), ("POST", True)], seen)
         self.assertEqual(json.loads(results[1]["answer"].split("\r\n\r\n", 1)[1])["body_bytes"], 5)

@@ -181,3 +181,21 @@ TEST(EgressRules, NamesNeedARuleWithThePortAddressesNeedPublic) {
   EXPECT_NE(rule_refusal(pub, parse_host("anything.test"), 22), "");
   EXPECT_NE(rule_refusal(tsb::core::EgressRules{}, parse_host("a.test"), 443), "") << "no rule, nothing allowed";
 }
+
+TEST(EgressRequest, TheResponseSaysTheConnectionCloses) {
+  using tsb::egress::rewrite_response_head;
+  auto r = rewrite_response_head("HTTP/1.1 302 Found\r\nLocation: /x\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n"
+                                 "Content-Length: 0\r\n\r\n");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_FALSE(r->informational);
+  EXPECT_EQ(r->head, "HTTP/1.1 302 Found\r\nLocation: /x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  auto bare = rewrite_response_head("HTTP/1.0 200\n\n");
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ(bare->head, "HTTP/1.0 200\r\nConnection: close\r\n\r\n");
+  auto cont = rewrite_response_head("HTTP/1.1 100 Continue\r\n\r\n");
+  ASSERT_TRUE(cont.ok());
+  EXPECT_TRUE(cont->informational);
+  EXPECT_EQ(cont->head, "HTTP/1.1 100 Continue\r\n\r\n") << "another head follows: that one closes";
+  for (const char* bad : {"", "\r\n", "HTTP/2 200\r\n\r\n", "SSH-2.0-x\r\n\r\n", "HTTP/1.1 2000 x\r\n\r\n", "HTTP/1.1 20x\r\n\r\n"})
+    EXPECT_FALSE(rewrite_response_head(bad).ok()) << bad;
+}
