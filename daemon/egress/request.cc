@@ -197,7 +197,9 @@ Result<ProxyRequest> parse_request(std::string_view head) {
   }
   std::string h = std::string(method) + " " + origin_path + " " + std::string(version) + "\r\n";
   h += "Host: " + host_field(*a) + "\r\n";
-  for (const auto& [name, value] : fields) {
+  for (const auto& field : fields) {
+    // (Named, not bound: clang 14 cannot capture a structured binding.)
+    const std::string_view name = field.first, value = field.second;
     const bool drop = std::any_of(kDropped.begin(), kDropped.end(), [&](std::string_view d) { return iequals(name, d); }) ||
                       std::any_of(hop.begin(), hop.end(), [&](const std::string& d) { return iequals(name, d); });
     if (!drop) h += std::string(name) + ": " + std::string(value) + "\r\n";
