@@ -40,7 +40,8 @@ void compiled_set(std::string_view b) {
   TSB_FUZZ_CHECK(r->init_filter && !r->init_filter->insns.empty());
   for (const auto& p : r->policies) {
     TSB_FUZZ_CHECK(p.seccomp && !p.seccomp->insns.empty(), p.name);
-    TSB_FUZZ_CHECK(!p.interpreter.empty() && p.interpreter[0] == '/', p.interpreter);
+    // The interpreter: script mode's command, absolute.
+    TSB_FUZZ_CHECK(!p.modes[0].argv.empty() && !p.modes[0].argv[0].empty() && p.modes[0].argv[0][0] == '/', p.name);
   }
   auto again = s::decode_compiled_set(s::encode_compiled_set(*r));
   TSB_FUZZ_CHECK(again.ok(), "a compiled set does not survive its own encoding");
