@@ -55,6 +55,7 @@ struct FsEntry {
   bool tool_owned = false;  // kTmpfs: its root directory belongs to the tool's uid and gid
   bool noexec = false;      // kTmpfs, kDev: nothing on it can be executed
   bool optional = false;    // kSystem, kHost, kBind: skipped when the host path is missing
+  bool keyed = false;       // kHost: a run that names a venv key gets `data`/key instead of `source`
   std::string reason;       // for people (policy explain); not part of the compiled set
 };
 inline constexpr std::uint8_t kFsKindLast = FsEntry::kReadOnly;

@@ -49,12 +49,13 @@ std::shared_ptr<const isolate::FsTable> get_table(Reader& r) {
   for (std::uint32_t i = 0; i < n && r.ok(); ++i) {
     isolate::FsEntry e;
     const std::uint8_t kind = r.u8(), stage = r.u8(), flags = r.u8();
-    if (kind > isolate::kFsKindLast || stage >= static_cast<std::uint8_t>(isolate::Stage::kCount) || flags > 7) r.fail();
+    if (kind > isolate::kFsKindLast || stage >= static_cast<std::uint8_t>(isolate::Stage::kCount) || flags > 15) r.fail();
     e.kind = static_cast<isolate::FsEntry::Kind>(kind);
     e.stage = static_cast<isolate::Stage>(stage);
     e.tool_owned = flags & 1;
     e.noexec = flags & 2;
     e.optional = flags & 4;
+    e.keyed = flags & 8;
     e.path = r.str(kMaxName);
     e.source = r.str(kMaxName);
     e.data = r.str(kMaxValue);
@@ -91,11 +92,9 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
   isolate::CgroupPlacement& cg = e.cgroups;
   cg.mode = r.flag() ? isolate::CgroupMode::V1 : isolate::CgroupMode::V2;
   cg.parent = r.str(kMaxName);
-  std::uint32_t nh = r.count(16, 8);
-  for (std::uint32_t i = 0; i < nh && r.ok(); ++i) {
-    std::string controller = r.str(kMaxName), base = r.str(kMaxName);
-    cg.hierarchies.push_back({std::move(controller), std::move(base)});
-  }
+  // (A braced list's elements are read in order: controller, then base.)
+  for (std::uint32_t i = 0, nh = r.count(16, 8); i < nh && r.ok(); ++i)
+    cg.hierarchies.push_back({r.str(kMaxName), r.str(kMaxName)});
   cg.make = r.strs(64, kMaxName);
   cg.join = r.str(kMaxName);
   cg.enable = r.strs(64, kMaxName);
@@ -147,10 +146,15 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
   return s;
 }
 
-isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode) {
+isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv) {
   isolate::RunSpec s;
   s.argv = p.modes[static_cast<int>(mode)].argv;
   s.fs = p.modes[static_cast<int>(mode)].fs;
+  if (!venv.empty()) {  // a per-tool venv (the caller checked the key): in the cache its row names
+    auto fs = std::make_shared<isolate::FsTable>(*s.fs);
+    for (auto& e : *fs) e.source = e.keyed ? e.data + "/" + venv : e.source;
+    s.fs = std::move(fs);
+  }
   s.limits = p.limits;
   s.network = p.network;
   s.seccomp = p.seccomp;
@@ -210,10 +214,8 @@ std::string encode(const Hello& m) {
   w.str(m.instance);
   w.str(m.cgroup_mode);
   w.str(m.cgroup_summary);
-  w.u8(m.features.memfd_noexec);
-  w.u8(m.features.overlay_views);
-  w.u8(m.features.tcp_memory_limit);
-  w.u8(m.features.oom_score_floor);
+  for (bool f : {m.features.memfd_noexec, m.features.overlay_views, m.features.tcp_memory_limit, m.features.oom_score_floor})
+    w.u8(f);
   w.strs(m.notes);
   return w.take();
 }
@@ -224,11 +226,10 @@ Result<RunOrder> decode_run(std::string_view b) {
   m.id = r.u64();
   m.policy = r.str(kMaxName);
   m.fingerprint = r.str(kMaxName);
-  std::uint8_t mode = r.u8();
-  if (mode > 1) r.fail();
-  m.mode = static_cast<RunMode>(mode);
+  m.mode = static_cast<RunMode>(r.upto(1));
   m.env = get_map(r, kMaxEnvVars);
   m.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  m.venv = r.str(64);
   return finish_message(r, std::move(m), "run");
 }
 

@@ -52,7 +52,7 @@ struct SpawnPolicy {
 // The RunSpec of a run of `p` in `mode`: everything the policy decides
 // (env and stdin left to the run). The one place a policy becomes an
 // engine's spec.
-isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode);
+isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv = "");
 
 struct CompiledSet {
   isolate::EngineConfig engine;
@@ -106,6 +106,7 @@ struct RunOrder {
   RunMode mode = RunMode::Script;
   std::map<std::string, std::string> env;  // the request's part only
   std::chrono::milliseconds timeout{0};
+  std::string venv;  // a per-tool venv's key (64 hex digits), or "" for the policy's venv
 };
 
 struct Started {

@@ -32,7 +32,7 @@ void put_table(Writer& w, const isolate::FsTable& t) {
   for (const isolate::FsEntry& e : t) {
     w.u8(e.kind);
     w.u8(static_cast<std::uint8_t>(e.stage));
-    w.u8((e.tool_owned ? 1 : 0) | (e.noexec ? 2 : 0) | (e.optional ? 4 : 0));
+    w.u8((e.tool_owned ? 1 : 0) | (e.noexec ? 2 : 0) | (e.optional ? 4 : 0) | (e.keyed ? 8 : 0));
     w.str(e.path);
     w.str(e.source);
     w.str(e.data);
@@ -130,6 +130,7 @@ std::string encode(const RunOrder& m) {
   w.u8(static_cast<std::uint8_t>(m.mode));
   put_map(w, m.env);
   w.u64(static_cast<std::uint64_t>(m.timeout.count()));
+  w.str(m.venv);
   return w.take();
 }
 

@@ -378,7 +378,13 @@ void Spawner::handle_run(const std::string& msg) {
   if (live >= set_.max_concurrent_runs)
     return refuse(o.id, RefuseCode::Busy, "max_concurrent_runs (" + std::to_string(set_.max_concurrent_runs) + ") reached");
 
-  isolate::RunSpec spec = run_spec_from(*p, o.mode);
+  // A per-tool venv: a key of the cache the policy's venv row names (the
+  // front end built it there), never a path.
+  const auto& rows = *p->modes[static_cast<int>(o.mode)].fs;
+  if (!o.venv.empty() && (o.venv.size() != 64 || o.venv.find_first_not_of("0123456789abcdef") != std::string::npos ||
+                          std::none_of(rows.begin(), rows.end(), [](const isolate::FsEntry& e) { return e.keyed; })))
+    return refuse(o.id, RefuseCode::OutOfBounds, "policy '" + p->name + "' takes no per-tool venv of that name");
+  isolate::RunSpec spec = run_spec_from(*p, o.mode, o.venv);
   if (spec.argv.empty()) return refuse(o.id, RefuseCode::OutOfBounds, "the tool runner is not installed on this host");
   spec.limits.wall_timeout = o.timeout;
   spec.env = environment_of(p->env_set, o.env);
