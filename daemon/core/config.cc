@@ -169,6 +169,20 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) 
     }
     TSB_TRY(we.done(), "configuration");
   }
+  if (const json* v = w.get("venvs")) {
+    if (!v->is_object()) return Error::invalid(w.where("venvs") + ": must be an object");
+    ObjectReader wv(*doc, *v, "/venvs");
+    TRY_SET(c.venvs.cache_dir, wv.string("cache_dir", c.venvs.cache_dir));
+    if (c.venvs.cache_dir.size() < 2 || c.venvs.cache_dir[0] != '/' || c.venvs.cache_dir.back() == '/' ||
+        c.venvs.cache_dir.find("/.") != std::string::npos || c.venvs.cache_dir.find("//") != std::string::npos)
+      return Error::invalid(wv.where("cache_dir") + ": must be an absolute, normalised path (not /)");
+    if (const json* m = wv.get("max_bytes")) {
+      auto s = parse_size(*m);
+      if (!s.ok() || *s < (16ull << 20)) return Error::invalid(wv.where("max_bytes") + ": must be a size of at least 16MiB");
+      c.venvs.max_bytes = *s;
+    }
+    TSB_TRY(wv.done(), "configuration");
+  }
   TSB_TRY(w.done(), "configuration");
   return c;
 }

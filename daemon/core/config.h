@@ -27,6 +27,13 @@ struct E2BConfig {
   bool allow_requirement_urls = false;
 };
 
+// Per-tool venvs (daemon/venv/cache.h): where they are kept and how much
+// they may take together.
+struct VenvConfig {
+  std::string cache_dir = "/var/cache/toolsandbox/venvs";  // owned by front_end_user
+  std::uint64_t max_bytes = 10ull << 30;                    // beyond it, least recently used first go
+};
+
 struct DaemonConfig {
   std::string source = "<embedded defaults>";
   std::string socket_path = "/run/toolsandboxd/toolsandboxd.sock";
@@ -53,6 +60,7 @@ struct DaemonConfig {
   std::string front_end_user = "toolsandboxd";  // the unprivileged front end's user (never uid 0)
   isolate::EngineConfig engine;
   E2BConfig e2b;
+  VenvConfig venvs;
 };
 
 // What each connection may hold without drawing on max_buffered_bytes: a

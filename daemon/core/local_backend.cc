@@ -6,8 +6,14 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <sys/stat.h>
+
+#include <climits>
+#include <cstdlib>
+
 #include "daemon/policy/jsonc.h"
 #include "isolate/base/random.h"
+#include "protocol/letta.h"
 
 namespace tsb::core {
 namespace {
@@ -16,8 +22,219 @@ using protocol::ErrorCode;
 constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
 
 std::string q(std::string_view s) { return quoted_for_message(s); }
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// The last `n` lines of `text` (at most 4 KiB of them).
+std::string last_lines(std::string_view text, std::size_t n) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
+  std::size_t start = 0, lines = 0;
+  for (std::size_t i = text.size(); i > 0; --i)
+    if (text[i - 1] == '\n' && ++lines == n) {
+      start = i;
+      break;
+    }
+  std::string_view tail = text.substr(start);
+  if (tail.size() > 4096) tail = tail.substr(tail.size() - 4096);
+  return std::string(tail);
+}
+
+// What names the interpreter builds run: its real path, size and change
+// time, so that an upgrade of the host's Python makes new keys.
+std::string host_interpreter_id() {
+  char real[PATH_MAX];
+  if (!::realpath("/usr/bin/python3", real)) return "/usr/bin/python3";
+  struct stat st{};
+  if (::stat(real, &st) != 0) return real;
+  return std::string(real) + " " + std::to_string(st.st_size) + " " + std::to_string(st.st_ctim.tv_sec);
+}
 
 }  // namespace
+
+void LocalBackend::open_venv_cache(const std::string& dir, std::uint64_t max_bytes) {
+  if (venvs_) return;
+  interpreter_id_ = host_interpreter_id();
+  auto c = venv::Cache::open(dir, max_bytes);
+  if (!c.ok()) {
+    venvs_error_ = c.error().message;
+    spdlog::warn("per-tool venvs are unavailable (a run with pip requirements is refused): {}", venvs_error_);
+    return;
+  }
+  venvs_ = std::move(c).value();
+  spdlog::info("venv cache {}: {} venvs, {} of {} bytes", dir, venvs_->entries().size(), venvs_->total_bytes(), max_bytes);
+}
+
+json LocalBackend::venv_status() const {
+  json j = {{"builds", venv_builds_}, {"build_failures", venv_build_failures_}, {"hits", venv_hits_},
+            {"building", builds_.size()}};
+  if (!venvs_) {
+    j["error"] = venvs_error_.empty() ? json() : json(venvs_error_);
+    return j;
+  }
+  unsigned in_use = 0;
+  for (const auto& [k, e] : venvs_->entries()) in_use += e.in_use > 0;
+  j["dir"] = venvs_->dir();
+  j["count"] = venvs_->entries().size();
+  j["in_use"] = in_use;
+  j["bytes"] = venvs_->total_bytes();
+  j["max_bytes"] = venvs_->max_bytes();
+  return j;
+}
+
+std::vector<std::string> LocalBackend::venv_gc(std::uint64_t target) {
+  if (!venvs_) return {};
+  auto gone = venvs_->evict(target == 0 ? 0 : target);
+  if (!gone.empty()) spdlog::info("venv cache: removed {} venvs", gone.size());
+  return gone;
+}
+
+asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(PreparedRun& p, const venv::RequirementSet& set,
+                                                                  const std::string& key) {
+  const auto t0 = Clock::now();
+  for (;;) {
+    VenvOutcome o;
+    if (!venvs_) {
+      o.failure = "per-tool venvs are not available on this host: " + venvs_error_;
+      co_return o;
+    }
+    if (venvs_->has(key)) {
+      o.hold = venvs_->hold(key);
+      o.build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      ++venv_hits_;
+      co_return o;
+    }
+    auto it = builds_.find(key);
+    if (it == builds_.end()) {
+      auto b = std::make_shared<Build>(io_);
+      builds_.emplace(key, b);
+      VenvOutcome r = co_await build_venv(p, set, key);
+      builds_.erase(key);
+      b->finished = true;
+      b->outcome.failure = r.failure;
+      b->outcome.log_tail = r.log_tail;
+      b->outcome.cancelled = r.cancelled;
+      b->outcome.build_run_id = r.build_run_id;
+      b->done.cancel();
+      r.build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      co_return r;
+    }
+    // Another run builds it: wait for that build (or for this run's client
+    // to go away).
+    auto b = it->second;
+    {
+      CancelHook hook(*p.cancel, [b] { b->done.cancel(); });
+      if (!b->finished) co_await b->done.async_wait(tuple_awaitable);
+    }
+    if (p.cancel->requested() || stopping_) {
+      o.failure = stopping_ ? "the daemon is shutting down" : "the client disconnected";
+      o.cancelled = true;
+      co_return o;
+    }
+    if (!b->finished) continue;
+    // A build stopped because its own client left: another try, here.
+    if (!b->outcome.failure.empty() && !b->outcome.cancelled) {
+      o.failure = b->outcome.failure;
+      o.log_tail = b->outcome.log_tail;
+      o.build_run_id = b->outcome.build_run_id;
+      o.build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      co_return o;
+    }
+  }
+}
+
+asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun& p, const venv::RequirementSet& set,
+                                                                    const std::string& key) {
+  VenvOutcome o;
+  const Policy& pol = p.policy();
+  const PackagesPolicy& k = pol.packages;
+  const auto t0 = Clock::now();
+  ++venv_builds_;
+  venv::ArchiveLimits limits;
+  limits.max_file_bytes = k.venv_size;
+  auto staged = venvs_->stage(key, limits);
+  if (!staged.ok()) {
+    ++venv_build_failures_;
+    o.failure = "the venv cache: " + staged.error().message;
+    co_return o;
+  }
+  std::shared_ptr<venv::Cache::Staging> staging = std::move(staged).value();
+  // The archive is extracted as it arrives; the first error ends the build.
+  auto archive_error = std::make_shared<std::string>();
+  auto sink = [staging, archive_error](std::string_view chunk) {
+    if (auto st = staging->feed(chunk); !st.ok()) {
+      *archive_error = st.error().message;
+      return false;
+    }
+    return true;
+  };
+  json reqs = json::array();
+  for (const auto& r : set.items) reqs.push_back(r.text());
+  const json request = {{"requirements", reqs},
+                        {"find_links", k.wheels.empty() ? json() : json(std::string(kWheelsSandboxPath))},
+                        {"index_url", k.index.empty() ? json() : json(k.index)},
+                        {"trusted_host", k.index.starts_with("http://") ? json(k.index_host) : json()},
+                        {"source_builds", k.source_builds},
+                        {"venv", std::string(isolate::kVenvPath)}};
+  spawn::RunOrder order;
+  order.policy = build_policy_name(pol);
+  order.fingerprint = pol.fingerprint;
+  order.mode = spawn::RunMode::Tool;
+  order.timeout = k.build_timeout;
+  const protocol::CommonRunFields& c = *p.common;
+  std::shared_ptr<egress::RunProxy> proxy;
+  if (!k.index.empty())
+    proxy = std::make_shared<egress::RunProxy>(egress_, build_egress_rules(k),
+                                               egress::RunLabels{p.request->id + "/venv", c.organization_id, c.tool_name});
+  spdlog::info("venv {}: building for request {} (policy {}): {}", key.substr(0, 12), q(p.request->id), q(pol.name),
+               set.text().empty() ? "-" : reqs.dump());
+  LinkRun ran = co_await link_.run(std::move(order), request.dump(), 0, 256u << 10, {}, *p.cancel, proxy.get(), sink);
+  if (proxy) proxy->stop();
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const isolate::RunResult& r = ran.result;
+  o.build_run_id = r.run_id;
+  o.log_tail = last_lines(r.stderr_data, 12);
+  const std::string what = "installing " + reqs.dump();
+  if (ran.refused) {
+    o.failure = what + ": the build could not start: " + ran.refused->message;
+  } else if (r.reason == isolate::EndReason::Cancelled) {
+    o.failure = what + ": the build was stopped";
+    o.cancelled = true;
+  } else if (r.reason == isolate::EndReason::Timeout) {
+    o.failure = what + ": the build took longer than its limit (" + std::to_string(k.build_timeout.count() / 1000) +
+                "s) and was killed";
+  } else if (!archive_error->empty()) {
+    o.failure = what + ": the built venv was refused: " + *archive_error;
+  } else if (r.reason != isolate::EndReason::Exited || r.exit_code != 0) {
+    o.failure = what + ": " +
+                (r.reason == isolate::EndReason::Exited && r.exit_code == 2 ? std::string("pip failed")
+                 : r.reason == isolate::EndReason::Exited ? "the build failed (exit status " + std::to_string(r.exit_code) + ")"
+                 : r.reason == isolate::EndReason::SetupFailed ? "the build sandbox could not be set up: " + r.error
+                                                               : "the build ended: " + std::string(isolate::to_string(r.reason)));
+  } else {
+    json extra = {{"policy", pol.name},
+                  {"policy_fingerprint", pol.fingerprint},
+                  {"index_settings", k.index_settings()},
+                  {"interpreter", interpreter_id_},
+                  {"build_ms", ms},
+                  {"build_run_id", r.run_id},
+                  {"built_at", std::chrono::duration_cast<std::chrono::seconds>(
+                                   std::chrono::system_clock::now().time_since_epoch()).count()},
+                  {"log_tail", o.log_tail}};
+    if (auto st = venvs_->publish(*staging, extra); !st.ok()) o.failure = what + ": " + st.error().message;
+  }
+  if (o.failure.empty()) {
+    o.hold = venvs_->hold(key);
+    if (!o.hold) o.failure = what + ": the venv was removed before the run could take it (cache cap too small?)";
+  }
+  o.built = o.failure.empty();
+  if (!o.failure.empty()) {
+    ++venv_build_failures_;
+    spdlog::warn("venv {}: build failed (run {}): {}", key.substr(0, 12), r.run_id.empty() ? "-" : r.run_id, o.failure);
+  } else {
+    spdlog::info("venv {}: built in {:.0f} ms (run {})", key.substr(0, 12), ms, r.run_id);
+  }
+  co_return o;
+}
 
 LocalBackend::LocalBackend(asio::io_context& io, SpawnerLink& link, unsigned max_concurrent, unsigned max_queued)
     : io_(io), link_(link), max_concurrent_(max_concurrent), max_queued_(max_queued), egress_(io) {}
@@ -153,6 +370,51 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     stdin_data = std::get<protocol::ExecuteRequest>(p.request->body).script;
   }
 
+  // Requirements (Letta's pip_requirements, the sandbox config's and the
+  // tool's): checked before anything waits; the venv is found or built
+  // once the run holds its slot.
+  venv::RequirementSet reqs;
+  std::string venv_key;
+  {
+    const json* config_reqs = nullptr;
+    if (p.sandbox_config && p.sandbox_config->config.is_object() && p.sandbox_config->config.contains("pip_requirements"))
+      config_reqs = &p.sandbox_config->config["pip_requirements"];
+    static const std::vector<std::string> kNone;
+    venv::Gathered g = venv::gather(
+        config_reqs, p.tool_mode ? std::get<protocol::RunToolRequest>(p.request->body).pip_requirements : kNone);
+    if (!g.error.empty()) {
+      out.refused = Refusal{ErrorCode::BadRequest, "sandbox_config.config." + g.error};
+      co_return out;
+    }
+    if (!g.requirements.empty()) {
+      const PackagesPolicy& k = pol.packages;
+      if (!k.enabled) {
+        out.refused = Refusal{ErrorCode::PolicyDenied,
+                              "policy " + q(pol.name) + " installs no packages (it has no \"packages\" section), and this run "
+                              "asks for " + std::to_string(g.requirements.size()) + " pip requirement(s), the first " +
+                              q(g.requirements.front())};
+        co_return out;
+      }
+      if (g.requirements.size() > k.max_requirements) {
+        out.refused = Refusal{ErrorCode::BadRequest, "policy " + q(pol.name) + " allows at most " +
+                                                         std::to_string(k.max_requirements) + " pip requirements per run (" +
+                                                         std::to_string(g.requirements.size()) + " given)"};
+        co_return out;
+      }
+      reqs = venv::canonical_set(g.requirements);
+      if (!reqs.ok()) {
+        out.refused = Refusal{reqs.forbidden ? ErrorCode::PolicyDenied : ErrorCode::BadRequest, reqs.error};
+        co_return out;
+      }
+      if (std::string no = venv::first_not_allowed(reqs, k.allow); !no.empty()) {
+        out.refused = Refusal{ErrorCode::PolicyDenied, "pip requirement " + q(no) + " is not allowed by policy " + q(pol.name) +
+                                                           " (packages.allow)"};
+        co_return out;
+      }
+      venv_key = venv::venv_key(interpreter_id_, k.index_settings(), reqs);
+    }
+  }
+
   switch (co_await acquire_slot(p)) {
     case Slot::Granted: break;
     case Slot::ClientGone:
@@ -172,6 +434,51 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   // The slot goes back once the pipeline has recorded the run (or when
   // `out` is dropped on any other path).
   out.held = std::shared_ptr<void>(nullptr, [this](void*) { release_slot(); });
+
+  // The run's own venv, found or built in its slot; held until the run ends.
+  VenvOutcome venv;
+  if (!venv_key.empty()) {
+    venv = co_await venv_for(p, reqs, venv_key);
+    json requirements = json::array();
+    for (const auto& r : reqs.items) requirements.push_back(r.text());
+    out.record["venv"] = {{"key", venv_key},
+                          {"requirements", requirements},
+                          {"built", venv.built},
+                          {"build_ms", venv.build_ms},
+                          {"build_run_id", venv.build_run_id.empty() ? json() : json(venv.build_run_id)}};
+    out.audit += " venv=" + venv_key.substr(0, 16) + (venv.built ? " venv_built=yes" : "");
+    if (!venv.failure.empty()) {
+      if (venv.cancelled) {
+        out.refused = Refusal{ErrorCode::Unavailable, venv.failure};
+        co_return out;
+      }
+      // As Letta reports a failed install: the run's result is an error
+      // naming the requirements, with pip's last lines; nothing ran.
+      isolate::RunResult& run = out.run;
+      run.reason = isolate::EndReason::Exited;
+      run.exit_code = -1;
+      run.stderr_data = venv.log_tail;
+      run.stderr_total_bytes = venv.log_tail.size();
+      out.end_reason = "setup_failed";
+      out.record["exit_code"] = nullptr;
+      out.record["detail"] = "venv_build_failed";
+      out.record["error"] = venv.failure;
+      out.record["setup_stage"] = "venv-build";
+      out.record["setup_errno"] = 0;
+      out.record["venv"]["log_tail"] = venv.log_tail;
+      json errs = json::array();
+      if (!venv.log_tail.empty()) errs.push_back(venv.log_tail);
+      errs.push_back("RuntimeError: " + venv.failure);
+      out.result = json{{"status", "error"},
+                        {"func_return", protocol::friendly_error_msg(c.tool_name, "RuntimeError", venv.failure)},
+                        {"agent_state", nullptr},
+                        {"stdout", json::array()},
+                        {"stderr", errs},
+                        {"sandbox_config_fingerprint", p.fingerprint ? json(*p.fingerprint) : json()}};
+      co_return out;
+    }
+    order.venv = venv_key;
+  }
 
   live_.insert(p.cancel);
   // Out of live_ however the run ends (an exception too): shutdown waits
@@ -227,10 +534,6 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   out.run = std::move(ran.result);
   if (out.run.reason == isolate::EndReason::SetupFailed && !out.run.error.empty())
     spdlog::error("run {}: {}", out.run.run_id.empty() ? "-" : out.run.run_id, out.run.error);
-  // Local runs use the policy's read-only venv: nothing is installed per run
-  // (a shared, writable venv is how Letta's local sandbox gets poisoned).
-  if (p.tool_mode && !std::get<protocol::RunToolRequest>(p.request->body).pip_requirements.empty())
-    out.record["pip_requirements_ignored"] = true;
   if (!p.tool_mode) co_await decode_pickle(p, out);
   co_return out;
 }

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <set>
 #include <string_view>
@@ -24,6 +25,8 @@
 #include "daemon/spawner/compiled.h"
 #include "daemon/core/spawner_link.h"
 #include "daemon/egress/proxy.h"
+#include "daemon/venv/cache.h"
+#include "daemon/venv/requirements.h"
 
 namespace tsb::core {
 
@@ -53,10 +56,32 @@ class LocalBackend final : public RunBackend {
   // The egress proxy's part of `status` (daemon/egress/proxy.h).
   nlohmann::json egress_status() const { return egress_.status(); }
 
+  // Per-tool venvs (daemon/venv/cache.h): opens the cache, once at start.
+  // Without a usable cache, a run with requirements is refused, saying why.
+  void open_venv_cache(const std::string& dir, std::uint64_t max_bytes);
+  // The venv cache's part of `status`.
+  nlohmann::json venv_status() const;
+  // Removes venvs no run holds, least recently used first, down to
+  // `target` bytes (0: all of them); the keys removed.
+  std::vector<std::string> venv_gc(std::uint64_t target);
+
  private:
   // Script mode: a result frame whose payload is a pickle is decoded by the
   // runner in a second sandbox under the run's policy, in the run's slot.
   asio::awaitable<void> decode_pickle(PreparedRun& p, BackendRun& out);
+
+  // A run's venv: held until the run ends, or why there is none.
+  struct VenvOutcome {
+    venv::Cache::Hold hold;
+    bool built = false;           // this run built it
+    double build_ms = 0;          // the build's time, or the wait for another's
+    std::string build_run_id;
+    std::string failure;          // set: no venv; the run does not start
+    std::string log_tail;         // the build's last lines of output
+    bool cancelled = false;       // the build was stopped (client gone, shutdown)
+  };
+  asio::awaitable<VenvOutcome> venv_for(PreparedRun& p, const venv::RequirementSet& set, const std::string& key);
+  asio::awaitable<VenvOutcome> build_venv(PreparedRun& p, const venv::RequirementSet& set, const std::string& key);
 
   enum class Slot { Granted, Busy, ShuttingDown, ClientGone };
   asio::awaitable<Slot> acquire_slot(const PreparedRun& p);
@@ -81,6 +106,18 @@ class LocalBackend final : public RunBackend {
   std::set<std::shared_ptr<CancelSignal>> live_;
   std::uint64_t abandoned_in_queue_ = 0;
   egress::Service egress_;
+  // Per-tool venvs.
+  std::unique_ptr<venv::Cache> venvs_;
+  std::string venvs_error_;  // why there is no cache
+  std::string interpreter_id_;  // the host's python3, for the venv key
+  struct Build {
+    explicit Build(asio::io_context& io) : done(io, std::chrono::steady_clock::time_point::max()) {}
+    asio::steady_timer done;  // cancelled when the build ends
+    bool finished = false;
+    VenvOutcome outcome;      // its failure, if any (a success is in the cache)
+  };
+  std::map<std::string, std::shared_ptr<Build>> builds_;  // by key, in progress
+  std::uint64_t venv_builds_ = 0, venv_build_failures_ = 0, venv_hits_ = 0;
 };
 
 }  // namespace tsb::core

@@ -229,6 +229,12 @@ std::string find_runner(const std::string& configured) {
   return "";
 }
 
+std::string find_venv_builder(const std::string& runner) {
+  if (runner.empty()) return "";
+  const std::string b = runner.substr(0, runner.rfind('/') + 1) + "toolsandbox_venv_builder.py";
+  return file_is_root_owned_readonly(b) ? b : "";
+}
+
 Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, std::unique_ptr<SpawnerLink> link,
                std::shared_ptr<const PolicySet> policies)
     : io_(io),
@@ -239,6 +245,10 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
       policies_(std::move(policies)),
       signals_(io, SIGTERM, SIGINT) {
   runner_path_ = find_runner(cfg_.runner_path);
+  // Only if some policy installs packages: otherwise no cache is needed.
+  if (std::any_of(policies_->policies.begin(), policies_->policies.end(),
+                  [](const auto& kv) { return kv.second->packages.enabled; }))
+    local_->open_venv_cache(cfg_.venvs.cache_dir, cfg_.venvs.max_bytes);
   if (cfg_.e2b.enabled) e2b_ = std::make_unique<E2BBackend>(io_, cfg_.e2b);
   budget_.limit = cfg_.max_buffered_bytes;
   link_->on_reload = [this](bool applied, UniqueFd key) {
@@ -630,6 +640,7 @@ json Server::status_json() const {
           {"cgroup_mode", link_->hello().cgroup_mode},
           {"engine", local_->engine_status()},
           {"egress", local_->egress_status()},
+          {"venvs", local_->venv_status()},
           {"policies", pols},
           {"e2b_configured", cfg_.e2b.enabled},
           {"e2b", e2b_ ? e2b_->status_json() : json()},
@@ -681,6 +692,11 @@ void Server::reload(UniqueFd e2b_key) {
   // smaller one lets the runs in flight finish.
   budget_.limit = cfg_.max_buffered_bytes;
   local_->set_limits(cfg_.max_concurrent_runs, cfg_.max_queued_runs);
+  // A policy that now installs packages: the cache opens (its place and cap
+  // are read at start only, as the engine's settings).
+  if (std::any_of(policies_->policies.begin(), policies_->policies.end(),
+                  [](const auto& kv) { return kv.second->packages.enabled; }))
+    local_->open_venv_cache(cfg_.venvs.cache_dir, cfg_.venvs.max_bytes);
   for (const auto& [name, p] : policies_->policies) spdlog::info("policy {} {}", q(name), p->fingerprint);
   spdlog::info("reloaded configuration and {} policies", policies_->policies.size());
   notify_ready("");

@@ -159,5 +159,7 @@ class Server {
 
 // Where the trusted tool runner lives on the host ("" when not found).
 std::string find_runner(const std::string& configured);
+// The venv builder installed beside `runner` (same checks), or "".
+std::string find_venv_builder(const std::string& runner);
 
 }  // namespace tsb::core

@@ -161,7 +161,8 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
 
 asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                           std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
-                                          CancelSignal& cancel, egress::RunProxy* egress) {
+                                          CancelSignal& cancel, egress::RunProxy* egress,
+                                          StdoutSink stdout_sink) {
   auto p = std::make_shared<Pending>(io_);
   const std::uint64_t id = order.id = ++next_id_;
   pending_.emplace(id, p);
@@ -225,23 +226,37 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
     // outlives this run (a pipe still open after 5 s) writes into nothing freed.
     struct Output {
       std::array<CappedOutput, 2> streams;
+      StdoutSink sink;
+      bool sink_refused = false;
     };
     auto output = std::make_shared<Output>(Output{{CappedOutput(stdout_cap, std::move(stdout_frame_tokens)),
-                                                   CappedOutput(stderr_cap, {})}});
+                                                   CappedOutput(stderr_cap, {})},
+                                                  std::move(stdout_sink)});
     p->readers = 2;
     for (int i = 0; i < 2; ++i) {
-      asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, std::shared_ptr<Pending> p, std::shared_ptr<Output> o,
-                             int i) -> asio::awaitable<void> {
-        stream sd(io, fd.release());
+      asio::co_spawn(io_, [](SpawnerLink& link, std::uint64_t id, UniqueFd fd, std::shared_ptr<Pending> p,
+                             std::shared_ptr<Output> o, int i) -> asio::awaitable<void> {
+        stream sd(link.io_, fd.release());
         std::array<char, 65536> buf;
         for (;;) {
           auto [ec, n] = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
           if (ec) break;  // EOF or error: this stream is over
-          o->streams[i].feed(std::string_view(buf.data(), n));
+          const std::string_view chunk(buf.data(), n);
+          if (i == 0 && o->sink) {
+            if (!o->sink_refused && !o->sink(chunk)) {
+              o->sink_refused = true;
+              if (!p->kill_sent && !p->ended) {
+                p->kill_sent = true;
+                (void)link.send(spawn::encode(spawn::Kill{id}));
+              }
+            }
+            continue;
+          }
+          o->streams[i].feed(chunk);
         }
         --p->readers;
         p->poke();
-      }(io_, std::move(p->fds[1 + i]), p, output, i),
+      }(*this, id, std::move(p->fds[1 + i]), p, output, i),
                      asio::detached);
     }
     p->fds.clear();

@@ -50,9 +50,13 @@ class SpawnerLink {
   // kept even past stdout_cap (capped_output.h). A run of network egress
   // hands its proxy the socket the sandbox's listener arrives on; without
   // `egress` (a pickle's decoding) it stays unused until the run ends.
+  // `stdout_sink` (a venv build, daemon/venv/cache.h): stdout is handed
+  // to it as it arrives instead of being kept; when it returns false the
+  // run is killed (and the rest read and dropped).
+  using StdoutSink = std::function<bool(std::string_view)>;
   asio::awaitable<LinkRun> run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
-                               CancelSignal& cancel, egress::RunProxy* egress = nullptr);
+                               CancelSignal& cancel, egress::RunProxy* egress = nullptr, StdoutSink stdout_sink = {});
   // Ready (READY=1), with a status text (STATUS=...; "" for none): passed
   // on to systemd by the spawner (the only process systemd listens to).
   void notify_ready(std::string_view status);

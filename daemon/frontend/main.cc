@@ -98,10 +98,19 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
   out.shutdown_grace = cfg.shutdown_grace;
   for (const auto& [name, p] : set.policies) {
     if (!p->seccomp) return Error::invalid("policy " + quoted_for_message(name) + " has no compiled seccomp program");
-    auto sp = tsb::core::to_spawn_policy(*p, runner);
+    auto sp = tsb::core::to_spawn_policy(*p, runner, cfg.venvs.cache_dir);
     if (!sp.ok()) return std::move(sp).error();
     out.policies.push_back(std::move(sp).value());
     out.policies.back().name = name;
+    // Per-tool venvs: the policy's build policy, when the builder is
+    // installed (without it, a run with requirements is told so).
+    const std::string builder = tsb::core::find_venv_builder(runner);
+    if (p->packages.enabled && p->backend == tsb::core::Backend::Local && !builder.empty()) {
+      auto bp = tsb::core::to_build_spawn_policy(*p, builder);
+      if (!bp.ok()) return std::move(bp).error();
+      out.policies.push_back(std::move(bp).value());
+      out.policies.back().name = name + "/build";
+    }
   }
   return out;
 }

@@ -142,6 +142,112 @@ json egress_json(const EgressRules& e) {
           {"max_bytes", format_size(e.max_bytes)}};
 }
 
+// "index": "http(s)://host[:port]/path": a host name (the build reaches it
+// through the egress proxy, which allows names), no user, query or fragment.
+Status parse_index_url(const std::string& url, PackagesPolicy& k) {
+  std::string_view u = url;
+  const bool https = u.starts_with("https://");
+  if (!https && !u.starts_with("http://")) return Error::invalid("must be an http:// or https:// URL");
+  u.remove_prefix(https ? 8 : 7);
+  const std::size_t slash = u.find('/');
+  std::string_view authority = u.substr(0, slash);
+  if (url.find_first_of("@?# \t\n\r\\\"'") != std::string::npos)
+    return Error::invalid("must be a plain URL: no user, query, fragment, blanks or quotes");
+  std::string_view host = authority;
+  std::uint32_t port = https ? 443 : 80;
+  if (const std::size_t colon = authority.rfind(':'); colon != std::string_view::npos) {
+    host = authority.substr(0, colon);
+    std::string_view ps = authority.substr(colon + 1);
+    port = 0;
+    if (ps.empty() || ps.size() > 5 || !std::all_of(ps.begin(), ps.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return Error::invalid("the port must be a number");
+    for (char c : ps) port = port * 10 + static_cast<std::uint32_t>(c - '0');
+    if (port < 1 || port > 65535) return Error::invalid("the port must be from 1 to 65535");
+  }
+  if (host.starts_with("*.") || !egress_host_pattern(host))
+    return Error::invalid("the host must be a lower-case host name (egress allows names): " + quoted_for_message(host));
+  k.index = url;
+  k.index_host = std::string(host);
+  k.index_port = static_cast<std::uint16_t>(port);
+  return {};
+}
+
+Status parse_packages(ObjectReader o, PackagesPolicy& k) {
+  TSB_TRY(o.object("\"packages\""), "packages");
+  k.enabled = true;
+  auto allow = o.strings("allow", "name patterns");
+  if (!allow.ok()) return std::move(allow).error();
+  if (!o.get("allow"))
+    return o.error("allow", "is required: the project names (fnmatch patterns, like \"requests\" or \"types-*\") "
+                            "a tool may ask for; [\"*\"] allows any");
+  for (const std::string& a : *allow)
+    if (a.empty() || a.size() > 100 || a.find_first_of(" \t/\\") != std::string::npos)
+      return o.error("allow", "not a name pattern: " + quoted_for_message(a));
+  k.allow = std::move(allow).value();
+  auto max = o.number("max_requirements", k.max_requirements, 1, 64);
+  if (!max.ok()) return std::move(max).error();
+  k.max_requirements = static_cast<std::uint32_t>(*max);
+  const json* wheels = o.get("wheels");
+  const json* index = o.get("index");
+  if ((wheels != nullptr) == (index != nullptr))
+    return Error::invalid(o.where("") + ": give exactly one of \"wheels\" (a host directory of wheels; builds have "
+                                        "no network) or \"index\" (a package index URL; builds reach only it)");
+  if (wheels) {
+    if (!wheels->is_string()) return o.error("wheels", "must be an absolute host path");
+    k.wheels = wheels->get<std::string>();
+    // Shown read-only to this policy's builds only, never to a tool run:
+    // not a bind, so the bind allow-list does not apply.
+    auto st = isolate::check_sandbox_path(k.wheels, "wheels");
+    if (!st.ok() || k.wheels == "/") return o.error("wheels", "must be an absolute, normalised host path (not /)");
+  } else {
+    if (!index->is_string()) return o.error("index", "must be a URL");
+    if (auto st = parse_index_url(index->get<std::string>(), k); !st.ok()) return o.error("index", st.error().message);
+    auto hosts = o.strings("index_hosts", "host names");
+    if (!hosts.ok()) return std::move(hosts).error();
+    for (const auto& h : *hosts)
+      if (h.starts_with("*.") || !egress_host_pattern(h)) return o.error("index_hosts", "not a lower-case host name: " + quoted_for_message(h));
+    k.index_hosts = std::move(hosts).value();
+  }
+  if (!index && o.get("index_hosts")) return o.error("index_hosts", "applies to \"index\" only");
+  auto src = o.boolean("source_builds", false);
+  if (!src.ok()) return std::move(src).error();
+  k.source_builds = *src;
+  if (const json* b = o.get("build")) {
+    ObjectReader r(o.doc(), *b, o.pointer("build"));
+    TSB_TRY(r.object("\"build\""), "packages");
+    if (const json* v = r.get("wall_timeout")) {
+      auto d = parse_duration(*v);
+      if (!d.ok() || d->count() < 1000 || d->count() > 3'600'000)
+        return r.error("wall_timeout", "must be a duration from 1s to 1h, like \"300s\"");
+      k.build_timeout = *d;
+    }
+    for (auto [key, out, lo] : {std::tuple<const char*, std::uint64_t*, std::uint64_t>{"memory", &k.build_memory, 64ull << 20},
+                                {"venv_size", &k.venv_size, 16ull << 20}}) {
+      if (const json* v = r.get(key)) {
+        auto sz = parse_size(*v);
+        if (!sz.ok() || *sz < lo || *sz > (64ull << 30))
+          return r.error(key, "must be a size from " + format_size(lo) + " to 64GiB, like \"2GiB\"");
+        *out = *sz;
+      }
+    }
+    TSB_TRY(r.done(), "packages");
+  }
+  return o.done();
+}
+
+json packages_json(const PackagesPolicy& k) {
+  return {{"allow", k.allow},
+          {"max_requirements", k.max_requirements},
+          {"wheels", k.wheels.empty() ? json() : json(k.wheels)},
+          {"index", k.index.empty() ? json() : json(k.index)},
+          {"index_hosts", k.index_hosts},
+          {"source_builds", k.source_builds},
+          {"build",
+           {{"wall_timeout", format_duration(k.build_timeout)},
+            {"memory", format_size(k.build_memory)},
+            {"venv_size", format_size(k.venv_size)}}}};
+}
+
 Status parse_limits(ObjectReader o, const LocatedJson& doc, isolate::Limits& lim) {
   TSB_TRY(o.object("\"limits\""), "limits");
   auto dur = [&](const char* key, std::chrono::milliseconds& out, bool allow_zero) -> Status {
@@ -422,6 +528,13 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
                    "applies to \"network\": \"egress\" only"), "policy");
     TSB_TRY(parse_egress(ObjectReader(doc, *v, "/egress"), p.egress), "policy");
   }
+  if (const json* v = root.get("packages")) {
+    TSB_TRY(parse_packages(ObjectReader(doc, *v, "/packages"), p.packages), "policy");
+    TSB_TRY(expect(p.backend == Backend::Local, root.where("packages"),
+                   "applies to the local backend (E2B installs a run's requirements in its sandbox)"), "policy");
+    TSB_TRY(expect(!p.venv.empty(), root.where("packages"),
+                   "needs \"filesystem\": {\"venv\"}: a tool's own venv takes its place at /venv"), "policy");
+  }
 
   if (const json* v = root.get("environment")) {
     ObjectReader env(doc, *v, "/environment");
@@ -558,6 +671,9 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   } else {
     p.interpreter = p.venv.empty() ? "/usr/bin/python3" : std::string(isolate::kVenvPath) + "/bin/python3";
   }
+  TSB_TRY(expect(!p.packages.enabled || p.interpreter.starts_with(std::string(isolate::kVenvPath) + "/"),
+                 root.where("interpreter"), "must be in /venv with \"packages\": a tool's own venv is its interpreter"),
+          "policy");
   if (const json* v = root.get("hostname")) {
     std::string h = v->is_string() ? v->get<std::string>() : std::string();
     TSB_TRY(expect(!h.empty() && h.size() <= 64 &&
@@ -585,6 +701,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
                      {"interpreter", p.interpreter},
                      {"hostname", p.hostname}};
   if (p.network == isolate::NetworkMode::Egress) p.canonical["egress"] = egress_json(p.egress);
+  if (p.packages.enabled) p.canonical["packages"] = packages_json(p.packages);
   p.fingerprint = "sha256:" + sha256_hex(p.canonical.dump());
   return p;
 }
@@ -735,7 +852,83 @@ spawn::SpawnPolicy spawn_policy_fields(const Policy& p) {
 
 }  // namespace
 
-Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner) {
+std::string PackagesPolicy::index_settings() const {
+  return (wheels.empty() ? "index=" + index : "wheels=" + wheels) + (source_builds ? "\nsource_builds" : "");
+}
+
+std::string build_policy_name(const Policy& p) { return p.name + "/build"; }
+
+EgressRules build_egress_rules(const PackagesPolicy& k) {
+  EgressRules e;
+  if (k.index.empty()) return e;
+  EgressRules::Rule r;
+  r.hosts.push_back(k.index_host);
+  r.hosts.insert(r.hosts.end(), k.index_hosts.begin(), k.index_hosts.end());
+  r.ports.push_back(k.index_port);
+  e.allow.push_back(std::move(r));
+  e.max_connections = 64;
+  e.max_bytes = k.venv_size * 2 + (64ull << 20);  // wheels are compressed; the index pages besides
+  return e;
+}
+
+Result<spawn::SpawnPolicy> to_build_spawn_policy(const Policy& p, const std::string& builder) {
+  if (!p.packages.enabled) return Error::invalid("policy '" + p.name + "' has no \"packages\"");
+  const PackagesPolicy& k = p.packages;
+  spawn::SpawnPolicy s = spawn_policy_fields(p);
+  s.name = build_policy_name(p);
+  s.network = k.index.empty() ? isolate::NetworkMode::None : isolate::NetworkMode::Egress;
+  // pip's own limits: a run's CPU and processes are not a build's.
+  s.limits.wall_timeout = k.build_timeout;
+  s.limits.cpu_time = k.build_timeout;
+  s.limits.memory_bytes = k.build_memory;
+  s.limits.pids = std::max<std::uint64_t>(s.limits.pids, 256);
+  s.limits.file_size_bytes = std::max(s.limits.file_size_bytes, k.venv_size);
+  s.limits.tmp_bytes = std::max<std::uint64_t>(s.limits.tmp_bytes, 256ull << 20);  // pip unpacks in /tmp
+  s.limits.stdout_bytes = k.venv_size + (64ull << 20);  // the archive, streamed into the cache (daemon/venv/cache.h)
+  s.limits.stderr_bytes = 256u << 10;  // pip's log: its tail goes in the manifest
+  s.env_allow.clear();
+  s.env_set = {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}, {"LANG", "C.UTF-8"}, {"PIP_CONFIG_FILE", "/dev/null"},
+               {"PIP_NO_INPUT", "1"}, {"PIP_DISABLE_PIP_VERSION_CHECK", "1"}, {"PYTHONNOUSERSITE", "1"}};
+  if (s.network == isolate::NetworkMode::Egress)
+    for (const char* name : kEgressProxyVariables) {
+      const bool no_proxy = std::string_view(name) == "NO_PROXY" || std::string_view(name) == "no_proxy";
+      s.env_set[name] = no_proxy ? "localhost,127.0.0.1,::1" : "http://127.0.0.1:" + std::to_string(isolate::kEgressProxyPort);
+    }
+  isolate::FsInputs in = fs_inputs_from(p);
+  in.venv.clear();
+  in.network = s.network;
+  in.tmp_bytes = s.limits.tmp_bytes;
+  in.workdir = "/work";
+  in.binds.clear();
+  // Missing: an empty index (pip says which requirement it cannot find).
+  if (!k.wheels.empty()) in.binds.push_back({k.wheels, std::string(kWheelsSandboxPath), false, true});
+  in.binds.push_back({builder, std::string(kBuilderSandboxPath), false, false});
+  isolate::resolve_host_paths(in);
+  auto fs = isolate::build_fs_table(in);
+  if (!fs.ok()) return std::move(fs).error().wrap("policy '" + s.name + "'");
+  // The venv being built: a writable tmpfs of the tool's, next to /tmp
+  // (like every tmpfs, nothing on it can be executed; its python3 is a link
+  // to the system's). It counts toward the build's memory.
+  auto table = std::make_shared<isolate::FsTable>(*fs.value());
+  auto at = std::find_if(table->begin(), table->end(), [](const isolate::FsEntry& e) { return e.kind == isolate::FsEntry::kTmpfs; });
+  isolate::FsEntry v;
+  v.kind = isolate::FsEntry::kTmpfs;
+  v.path = std::string(isolate::kVenvPath);
+  v.stage = isolate::Stage::MountTmpfs;
+  v.size = k.venv_size;
+  v.inodes = 262144;
+  v.mode = 0755;
+  v.tool_owned = true;
+  v.reason = "the venv being built, owned by the tool's user; counts toward memory";
+  table->insert(at, std::move(v));
+  auto& tool = s.modes[static_cast<int>(spawn::RunMode::Tool)];
+  tool.argv = {"/usr/bin/python3", "-I", "-B", "-u", std::string(kBuilderSandboxPath)};
+  tool.fs = std::move(table);
+  s.modes[static_cast<int>(spawn::RunMode::Script)] = tool;  // the same builder either way
+  return s;
+}
+
+Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner, const std::string& venv_cache) {
   spawn::SpawnPolicy s = spawn_policy_fields(p);
   auto& script = s.modes[static_cast<int>(spawn::RunMode::Script)];
   script.argv = {p.interpreter, "-c", std::string(kScriptMain)};
@@ -756,6 +949,18 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
   } else {
     tool.fs = script.fs;
   }
+  // Per-tool venvs: the /venv row of both modes is keyed to the cache.
+  if (p.packages.enabled && !venv_cache.empty())
+    for (auto* m : {&script, &tool}) {
+      auto t = std::make_shared<isolate::FsTable>(*m->fs);
+      for (auto& e : *t)
+        if (e.kind == isolate::FsEntry::kHost && e.path == isolate::kVenvPath) {
+          e.keyed = true;
+          e.data = venv_cache;
+          e.reason += "; a tool with requirements gets its own, built from them (" + venv_cache + "/<key>)";
+        }
+      m->fs = std::move(t);
+    }
   return s;
 }
 

@@ -47,6 +47,28 @@ struct EgressRules {
 inline constexpr const char* kEgressProxyVariables[] = {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
                                                          "http_proxy", "https_proxy", "all_proxy", "no_proxy"};
 
+// Per-tool packages (policies/README.md, "packages"): a run whose
+// requirements (Letta's pip_requirements) are not empty gets a venv of its
+// own, built once per set in a build sandbox and bound read-only at /venv
+// in place of the policy's venv (daemon/venv/cache.h).
+struct PackagesPolicy {
+  bool enabled = false;                 // the policy has a "packages" section
+  std::vector<std::string> allow;       // fnmatch patterns over PEP 503 names; a requirement no pattern matches is refused
+  std::uint32_t max_requirements = 16;  // per run, the sandbox config's and the tool's together
+  std::string wheels;                   // a host directory of wheels: builds have no network
+  std::string index;                    // or a package index URL (http or https): builds reach it through egress
+  std::string index_host;               // the index URL's host and port (egress rule)
+  std::uint16_t index_port = 0;
+  std::vector<std::string> index_hosts; // more hosts the index's files live on (same port)
+  bool source_builds = false;           // false: binary wheels only (pip --only-binary=:all:)
+  std::chrono::milliseconds build_timeout{300'000};
+  std::uint64_t build_memory = 2ull << 30;
+  std::uint64_t venv_size = 1ull << 30;  // the build's /venv tmpfs, and so the largest venv
+  // What else decides what pip installs, for the venv's key: the source
+  // of packages and whether sdists may be built.
+  std::string index_settings() const;
+};
+
 struct Policy {
   std::string name;         // file stem ("default"), or as registered
   std::string source;       // path, or "embedded:<name>"
@@ -58,6 +80,7 @@ struct Policy {
   std::vector<isolate::BindMount> binds;
   isolate::NetworkMode network = isolate::NetworkMode::None;
   EgressRules egress;                          // network "egress" only
+  PackagesPolicy packages;
   std::map<std::string, std::string> env_set;  // fixed values, always present
   std::vector<std::string> env_allow;          // names (or PREFIX_*) a request may set
   std::string seccomp_source;                  // profile path, or "<inline>"
@@ -127,7 +150,22 @@ isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner = ""
 // What the root spawner keeps of a policy (daemon/spawner/compiled.h): per
 // mode the command (script mode: kScriptMain; tool mode: the runner at
 // isolate::kRunnerSandboxPath, none when `runner` is "") and the table.
-Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner);
+// A policy with "packages" gets a keyed /venv row: a run naming a venv key
+// has `venv_cache`/<key> there (daemon/venv/cache.h).
+Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner, const std::string& venv_cache = "");
+
+// The build policy of a policy with "packages", named build_policy_name(p):
+// tool mode runs `builder` (daemon/runner/toolsandbox_venv_builder.py)
+// under /usr/bin/python3 -I, with a writable tmpfs at /venv of
+// packages.venv_size, the wheel directory read-only at /wheels, the
+// policy's seccomp filter, its user, and the packages' build limits; no
+// network with a wheel directory, else egress to the index's hosts only
+// (build_egress_rules). Script mode runs the same.
+Result<spawn::SpawnPolicy> to_build_spawn_policy(const Policy& p, const std::string& builder);
+std::string build_policy_name(const Policy& p);
+EgressRules build_egress_rules(const PackagesPolicy& k);
+inline constexpr std::string_view kWheelsSandboxPath = "/wheels";
+inline constexpr std::string_view kBuilderSandboxPath = "/opt/toolsandbox/builder/toolsandbox_venv_builder.py";
 
 // A RunSpec carrying everything the policy decides, for a command the
 // caller gives (argv, env, stdin and the file-system table left to the

@@ -5,6 +5,7 @@ Reads one JSON request on stdin:
     {"requirements": ["numpy==1.26.4", "requests[socks]<3,>=2"],
      "find_links": "/wheels" | null,       # a local wheel directory: no index
      "index_url": "https://..." | null,    # else this index (through the proxy)
+     "trusted_host": "host" | null,        # an http:// index's host
      "source_builds": false,               # true: sdists may be built
      "venv": "/venv"}
 
@@ -91,6 +92,8 @@ def build(req):
         args += ["--no-index", "--find-links", req["find_links"]]
     elif req.get("index_url"):
         args += ["--index-url", req["index_url"]]
+        if req.get("trusted_host"):  # a plain-http index the policy names
+            args += ["--trusted-host", req["trusted_host"]]
     else:
         raise ValueError("neither find_links nor index_url")
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",

@@ -147,13 +147,13 @@ int main(int argc, char** argv) {
   // Malformed messages.
   raw_case("empty", std::string(1, '\0'), good);
   raw_case("unknown-type", std::string(1, static_cast<char>(99)), good);
-  std::string run = encode(RunOrder{++next_id, "default", fp, RunMode::Script, {}, std::chrono::milliseconds(1000)});
+  std::string run = encode(RunOrder{++next_id, "default", fp, RunMode::Script, {}, std::chrono::milliseconds(1000), ""});
   raw_case("truncated", run.substr(0, run.size() - 3), good);
   raw_case("trailing", run + "junk", good);
   std::string huge = run.substr(0, 9);  // type + id
   huge += std::string("\xff\xff\xff\x7f", 4);  // a policy name of 2 GiB
   raw_case("huge-length", huge, good);
-  std::string mode = encode(RunOrder{++next_id, "default", fp, RunMode::Script, {}, std::chrono::milliseconds(1000)});
+  std::string mode = encode(RunOrder{++next_id, "default", fp, RunMode::Script, {}, std::chrono::milliseconds(1000), ""});
   mode[9 + 4 + 7 + 4 + std::strlen(fp)] = 7;  // the mode byte: neither script nor tool
   raw_case("bad-mode", mode, good);
 

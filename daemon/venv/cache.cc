@@ -1,0 +1,253 @@
+#include "daemon/venv/cache.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <utility>
+
+#include "isolate/base/random.h"
+
+namespace tsb::venv {
+namespace {
+
+using nlohmann::json;
+constexpr std::uint64_t kBlock = 4096;  // what an entry costs besides its bytes, roughly
+constexpr std::size_t kMaxManifest = 4u << 20;
+
+Result<std::string> read_at(int dir, const std::string& name, std::size_t max) {
+  UniqueFd f(::openat(dir, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (!f) return Error::from_errno(name);
+  struct stat st{};
+  if (::fstat(f.get(), &st) != 0 || !S_ISREG(st.st_mode)) return Error::invalid(name + ": not a regular file");
+  if (static_cast<std::uint64_t>(st.st_size) > max) return Error::invalid(name + ": too large");
+  std::string out(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t off = 0;
+  while (off < out.size()) {
+    ssize_t n = ::read(f.get(), out.data() + off, out.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    off += static_cast<std::size_t>(n);
+  }
+  out.resize(off);
+  return out;
+}
+
+Status write_new(int dir, const std::string& name, const std::string& data) {
+  UniqueFd f(::openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444));
+  if (!f) return Error::from_errno("creating " + name);
+  std::size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(f.get(), data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Error::from_errno("writing " + name);
+    off += static_cast<std::size_t>(n);
+  }
+  return {};
+}
+
+// Out of the way first (a name no run can ask for), then removed.
+Status remove_venv_dir(int dir, const std::string& name) {
+  const std::string gone = ".tmp-gone-" + random_hex(8);
+  if (::renameat(dir, name.c_str(), dir, gone.c_str()) != 0) {
+    if (errno == ENOENT) return {};
+    return Error::from_errno("renaming " + name);
+  }
+  return remove_tree(dir, gone);
+}
+
+}  // namespace
+
+bool is_key(std::string_view s) {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string_view::npos;
+}
+
+Result<std::unique_ptr<Cache>> Cache::open(const std::string& dir, std::uint64_t max_bytes) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return Error::from_errno("the venv cache " + dir);
+  struct stat st{};
+  if (::fstat(fd.get(), &st) != 0) return Error::from_errno("the venv cache " + dir);
+  if (st.st_uid != ::geteuid())
+    return Error::invalid("the venv cache " + dir + " is owned by uid " + std::to_string(st.st_uid) + ", not by this daemon's uid " +
+                          std::to_string(::geteuid()) + " (systemd-tmpfiles --create makes it)", EPERM);
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) return Error::invalid("the venv cache " + dir + " is writable by others", EPERM);
+  std::unique_ptr<Cache> c(new Cache(dir, std::move(fd), max_bytes));
+  TSB_TRY(c->scan(), "the venv cache " + dir);
+  c->evict();
+  return c;
+}
+
+Status Cache::scan() {
+  const int dfd = ::dup(fd_.get());
+  if (dfd < 0) return Error::from_errno("dup");
+  DIR* d = ::fdopendir(dfd);
+  if (!d) {
+    ::close(dfd);
+    return Error::from_errno("reading the directory");
+  }
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(std::move(n));
+  }
+  ::closedir(d);
+  std::vector<std::string> leftovers;
+  for (const std::string& n : names) {
+    if (n.starts_with(".tmp-")) {
+      leftovers.push_back(n);
+      continue;
+    }
+    if (!is_key(n)) continue;  // not ours: left alone
+    struct stat st{};
+    auto m = read_at(fd_.get(), n + ".json", kMaxManifest);
+    json doc = m.ok() ? json::parse(*m, nullptr, false) : json();
+    if (::fstatat(fd_.get(), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) || !doc.is_object()) {
+      leftovers.push_back(n);  // a crash between the two renames, or damaged
+      continue;
+    }
+    CacheEntry ce;
+    ce.key = n;
+    ce.bytes = doc.value("bytes", std::uint64_t{0});
+    struct stat ms{};
+    if (::fstatat(fd_.get(), (n + ".json").c_str(), &ms, AT_SYMLINK_NOFOLLOW) == 0)
+      ce.last_used = std::chrono::system_clock::time_point(std::chrono::seconds(ms.st_mtim.tv_sec));
+    total_ += ce.bytes;
+    entries_.emplace(n, std::move(ce));
+  }
+  for (const std::string& n : names) {
+    // A manifest whose venv is gone.
+    if (n.size() == 69 && n.ends_with(".json") && is_key(n.substr(0, 64)) && !entries_.contains(n.substr(0, 64)))
+      (void)::unlinkat(fd_.get(), n.c_str(), 0);
+  }
+  for (const std::string& n : leftovers) (void)remove_tree(fd_.get(), n);
+  return {};
+}
+
+void Cache::touch(const std::string& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  it->second.last_used = std::chrono::system_clock::now();
+  (void)::utimensat(fd_.get(), (key + ".json").c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
+}
+
+Cache::Hold& Cache::Hold::operator=(Hold&& o) noexcept {
+  if (this != &o) {
+    release();
+    c_ = std::exchange(o.c_, nullptr);
+    key_ = std::move(o.key_);
+  }
+  return *this;
+}
+
+void Cache::Hold::release() {
+  if (!c_) return;
+  auto it = c_->entries_.find(key_);
+  if (it != c_->entries_.end() && it->second.in_use > 0) --it->second.in_use;
+  c_ = nullptr;
+}
+
+Cache::Hold Cache::hold(const std::string& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return {};
+  ++it->second.in_use;
+  touch(key);
+  return Hold(this, key);
+}
+
+Cache::Staging::~Staging() {
+  if (c_ && !published_) {
+    extractor_.reset();
+    (void)remove_tree(c_->fd_.get(), name_);
+  }
+}
+
+Result<std::unique_ptr<Cache::Staging>> Cache::stage(const std::string& key, const ArchiveLimits& limits) {
+  if (!is_key(key)) return Error::invalid("not a venv key");
+  std::unique_ptr<Staging> s(new Staging());
+  s->c_ = this;
+  s->key_ = key;
+  s->name_ = ".tmp-" + key.substr(0, 16) + "-" + random_hex(8);
+  if (::mkdirat(fd_.get(), s->name_.c_str(), 0700) != 0) {
+    s->c_ = nullptr;
+    return Error::from_errno("making " + s->name_);
+  }
+  UniqueFd root(::openat(fd_.get(), s->name_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (!root) return Error::from_errno("opening " + s->name_);
+  s->extractor_ = std::make_unique<Extractor>(std::move(root), limits);
+  return s;
+}
+
+Status Cache::publish(Staging& s, const json& extra) {
+  TSB_TRY(s.extractor_->finish(), "the venv archive");
+  json manifest = json::parse(s.extractor_->manifest(), nullptr, false);
+  if (!manifest.is_object()) return Error::invalid("the venv archive has no manifest");
+  for (auto it = extra.begin(); it != extra.end(); ++it) manifest[it.key()] = it.value();
+  const std::uint64_t bytes = s.extractor_->file_bytes() + s.extractor_->entries() * kBlock;
+  manifest["key"] = s.key_;
+  manifest["bytes"] = bytes;
+  manifest["files_bytes"] = s.extractor_->file_bytes();
+  manifest["entries"] = s.extractor_->entries();
+  s.extractor_.reset();
+  if (::fchmodat(fd_.get(), s.name_.c_str(), 0555, 0) != 0) return Error::from_errno("chmod " + s.name_);
+  const std::string tmp_manifest = s.name_ + ".json";
+  TSB_TRY(write_new(fd_.get(), tmp_manifest, manifest.dump(2) + "\n"), "the venv's manifest");
+  if (::renameat(fd_.get(), s.name_.c_str(), fd_.get(), s.key_.c_str()) != 0) {
+    const int err = errno;
+    (void)::unlinkat(fd_.get(), tmp_manifest.c_str(), 0);
+    return Error::from_errno(err, "publishing venv " + s.key_);
+  }
+  s.published_ = true;
+  if (::renameat(fd_.get(), tmp_manifest.c_str(), fd_.get(), (s.key_ + ".json").c_str()) != 0) {
+    const int err = errno;
+    (void)remove_venv_dir(fd_.get(), s.key_);
+    (void)::unlinkat(fd_.get(), tmp_manifest.c_str(), 0);
+    return Error::from_errno(err, "publishing the manifest of venv " + s.key_);
+  }
+  CacheEntry ce;
+  ce.key = s.key_;
+  ce.bytes = bytes;
+  ce.last_used = std::chrono::system_clock::now();
+  total_ += bytes;
+  entries_[s.key_] = std::move(ce);
+  evict();
+  return {};
+}
+
+std::vector<std::string> Cache::evict(std::uint64_t target) {
+  std::vector<std::string> gone;
+  const std::uint64_t limit = std::min(target, max_bytes_);
+  while (total_ > limit) {
+    const CacheEntry* oldest = nullptr;
+    for (const auto& [k, e] : entries_)
+      if (e.in_use == 0 && (!oldest || e.last_used < oldest->last_used)) oldest = &e;
+    if (!oldest) break;  // everything left is in use
+    const std::string key = oldest->key;
+    if (!remove(key).ok()) break;
+    gone.push_back(key);
+  }
+  return gone;
+}
+
+Status Cache::remove(const std::string& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return Error::invalid("no venv " + key, ENOENT);
+  if (it->second.in_use > 0) return Error::invalid("venv " + key + " is in use by " + std::to_string(it->second.in_use) + " runs", EBUSY);
+  if (::unlinkat(fd_.get(), (key + ".json").c_str(), 0) != 0 && errno != ENOENT) return Error::from_errno("removing the manifest of " + key);
+  total_ -= std::min(total_, it->second.bytes);
+  entries_.erase(it);
+  return remove_venv_dir(fd_.get(), key);
+}
+
+json Cache::manifest(const std::string& key) const {
+  if (!is_key(key)) return json();
+  auto m = read_at(fd_.get(), key + ".json", kMaxManifest);
+  if (!m.ok()) return json();
+  json doc = json::parse(*m, nullptr, false);
+  return doc.is_discarded() ? json() : doc;
+}
+
+}  // namespace tsb::venv

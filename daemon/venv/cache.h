@@ -1,0 +1,120 @@
+// The venv cache: per-tool venvs, by content key (requirements.h), in a
+// directory the front end owns (config venvs.cache_dir):
+//
+//   <key>/          the venv, read-only (archive.h made it); the spawner
+//                   binds it at /venv for a run that names the key
+//   <key>.json      its manifest: requirements, pip freeze, Python, sizes,
+//                   build time, the build's log tail; its mtime is the
+//                   venv's last use
+//   .tmp-*          a build being extracted, or a venv being removed
+//
+// A venv is published by two renames (the directory, then the manifest), so
+// a key with a manifest is complete; a directory without one is a crash's
+// leftover, removed at open like every .tmp-* entry. Eviction removes the
+// manifest first, so a half-removed venv never has a name a run can use.
+//
+// Not thread-safe: the front end's event loop is its one user. Single-flight
+// builds and waiting are the caller's (daemon/core/local_backend.cc).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/venv/archive.h"
+#include "isolate/base/result.h"
+#include "isolate/base/unique_fd.h"
+
+namespace tsb::venv {
+
+struct CacheEntry {
+  std::string key;
+  std::uint64_t bytes = 0;  // files, plus a block per entry
+  std::chrono::system_clock::time_point last_used;
+  unsigned in_use = 0;      // runs holding it (never evicted while > 0)
+};
+
+class Cache {
+ public:
+  // Opens `dir`: a directory owned by this process's uid, writable by no
+  // one else. Removes leftovers and reads the manifests.
+  static Result<std::unique_ptr<Cache>> open(const std::string& dir, std::uint64_t max_bytes);
+
+  const std::string& dir() const noexcept { return dir_; }
+  std::uint64_t max_bytes() const noexcept { return max_bytes_; }
+  std::uint64_t total_bytes() const noexcept { return total_; }
+  const std::map<std::string, CacheEntry>& entries() const noexcept { return entries_; }
+  bool has(const std::string& key) const { return entries_.contains(key); }
+
+  // A run's hold on a venv: it is not evicted until every hold is gone;
+  // taking one marks it used now.
+  class Hold {
+   public:
+    Hold() = default;
+    Hold(Cache* c, std::string key) : c_(c), key_(std::move(key)) {}
+    Hold(Hold&& o) noexcept : c_(std::exchange(o.c_, nullptr)), key_(std::move(o.key_)) {}
+    Hold& operator=(Hold&& o) noexcept;
+    ~Hold() { release(); }
+    void release();
+    explicit operator bool() const { return c_ != nullptr; }
+
+   private:
+    Cache* c_ = nullptr;
+    std::string key_;
+  };
+  // A hold on `key`, or an empty one when the cache has no such venv.
+  Hold hold(const std::string& key);
+
+  // A build being received: its archive is extracted into a .tmp- directory
+  // as it arrives; publish() makes it the venv of its key, and dropping it
+  // unpublished removes what it extracted.
+  class Staging {
+   public:
+    ~Staging();
+    Status feed(std::string_view chunk) { return extractor_->feed(chunk); }
+    Extractor& extractor() { return *extractor_; }
+    const std::string& key() const noexcept { return key_; }
+
+   private:
+    friend class Cache;
+    Staging() = default;
+    Cache* c_ = nullptr;
+    std::string key_, name_;
+    std::unique_ptr<Extractor> extractor_;
+    bool published_ = false;
+  };
+  Result<std::unique_ptr<Staging>> stage(const std::string& key, const ArchiveLimits& limits);
+  // Finishes the archive and publishes it, with `manifest` (the builder's,
+  // to which the sizes and `extra` are added). Then evicts down to the cap.
+  Status publish(Staging& s, const nlohmann::json& extra);
+
+  // Removes least recently used venvs no run holds until the total is
+  // within the cap (or `target` bytes, when given); the keys removed.
+  std::vector<std::string> evict(std::uint64_t target = UINT64_MAX);
+  // Removes one venv now, unless a run holds it.
+  Status remove(const std::string& key);
+
+  // The manifest of `key` as stored (null when unreadable).
+  nlohmann::json manifest(const std::string& key) const;
+
+ private:
+  Cache(std::string dir, UniqueFd fd, std::uint64_t max_bytes) : dir_(std::move(dir)), fd_(std::move(fd)), max_bytes_(max_bytes) {}
+  Status scan();
+  void touch(const std::string& key);
+
+  std::string dir_;
+  UniqueFd fd_;
+  std::uint64_t max_bytes_;
+  std::uint64_t total_ = 0;
+  std::map<std::string, CacheEntry> entries_;
+};
+
+// Whether `s` is a venv key: 64 lower-case hex digits.
+bool is_key(std::string_view s);
+
+}  // namespace tsb::venv
