@@ -104,7 +104,7 @@ struct RunToolRequest {
   std::string args = "{}";           // an object: name -> JSON value
   std::string json_schema = "null";  // null or Letta's Tool.json_schema (an object)
   std::string agent_state = "null";  // null or an object
-  std::vector<std::string> pip_requirements;  // E2B backend only
+  std::vector<std::string> pip_requirements;  // a venv of the run's own (local), installed in the sandbox (E2B)
 };
 
 struct StatusRequest {};

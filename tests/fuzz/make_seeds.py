@@ -243,8 +243,8 @@ def wmap(m): return u32(len(m)) + b"".join(wstr(k) + wstr(v) for k, v in sorted(
 def wstrs(v): return u32(len(v)) + b"".join(wstr(x) for x in v)
 
 
-def run_order(id_, policy, fp, mode, env, timeout_ms):
-    return u8(2) + u64(id_) + wstr(policy) + wstr(fp) + u8(mode) + wmap(env) + u64(timeout_ms)
+def run_order(id_, policy, fp, mode, env, timeout_ms, venv=b""):
+    return u8(2) + u64(id_) + wstr(policy) + wstr(fp) + u8(mode) + wmap(env) + u64(timeout_ms) + wstr(venv)
 
 
 def program(name, insns):
@@ -253,7 +253,7 @@ def program(name, insns):
 
 
 def fs_row(kind, stage, path, source=b"", data=b"", size=0, inodes=0, mode=0o755, flags=0):
-    # isolate/fs.h: FsEntry::Kind, isolate/stage.h: Stage; flags 1 tool_owned, 2 noexec, 4 optional
+    # isolate/fs.h: FsEntry::Kind, isolate/stage.h: Stage; flags 1 tool_owned, 2 noexec, 4 optional, 8 keyed
     return u8(kind) + u8(stage) + u8(flags) + wstr(path) + wstr(source) + wstr(data) + u64(size) + u32(inodes) + u32(mode)
 
 
@@ -261,7 +261,7 @@ def fs_table(runner):
     rows = [fs_row(0, 5, b"/", size=1 << 20, inodes=4096),                      # kRoot, mount-root
             fs_row(1, 7, b"/usr"),                                               # kSystem, mount-bind
             fs_row(9, 6, b"/etc/hostname", data=b"sandbox\n", mode=0o644),       # kFile, mount-skeleton
-            fs_row(2, 7, b"/venv", b"/var/lib/toolsandbox/venv"),                 # kHost
+            fs_row(2, 7, b"/venv", b"/var/lib/toolsandbox/venv", b"/var/cache/toolsandbox/venvs", flags=8),  # kHost, keyed
             fs_row(4, 8, b"/tmp", size=64 << 20, inodes=16384, mode=0o1777, flags=2),  # kTmpfs, mount-tmpfs
             fs_row(3, 7, b"/data", b"/srv/data", flags=4),                        # kBind, optional
             fs_row(11, 9, b"/proc", mode=0o555),                                  # kProc, mount-proc
@@ -301,7 +301,8 @@ def spawn_wire():
     write(d, "run-tool-env.bin", b"\x01" + run_order(7, b"default", fp, 1, {b"LETTA_AGENT_ID": b"agent-1", b"TZ": b"UTC"},
                                                      1500))
     write(d, "run-duplicate-env.bin", b"\x01" + u8(2) + u64(3) + wstr(b"default") + wstr(fp) + u8(0) + u32(2)
-          + wstr(b"A") + wstr(b"1") + wstr(b"A") + wstr(b"2") + u64(1000))
+          + wstr(b"A") + wstr(b"1") + wstr(b"A") + wstr(b"2") + u64(1000) + wstr(b""))
+    write(d, "run-venv.bin", b"\x01" + run_order(8, b"default", fp, 1, {}, 1500, b"0123456789abcdef" * 4))
     write(d, "run-truncated.bin", b"\x01" + good[:-2])
     write(d, "run-trailing.bin", b"\x01" + good + b"junk")
     write(d, "run-bad-mode.bin", b"\x01" + run_order(1, b"default", fp, 9, {}, 1))

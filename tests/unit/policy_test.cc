@@ -794,6 +794,10 @@ TEST(PolicySchema, DeclaresDraft202012AndTheLoadersKeys) {
             loader_keys(R"({"version": 1, "network": "egress", "egress": {"allow": [{"hosts": ["a.test"], "ports": [443], "zz_unknown": 1}]}})"));
   EXPECT_EQ(keys_of(defs["egress"]["properties"]["public"]),
             loader_keys(R"({"version": 1, "network": "egress", "egress": {"public": {"ports": [443], "zz_unknown": 1}}})"));
+  EXPECT_EQ(keys_of(defs["packages"]),
+            loader_keys(R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "zz_unknown": 1}})"));
+  EXPECT_EQ(keys_of(defs["packages"]["properties"]["build"]),
+            loader_keys(R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "build": {"zz_unknown": 1}}})"));
   // The embedded OCI profile schema names what daemon/policy/seccomp_profile.cc accepts.
   EXPECT_EQ(keys_of(defs["seccompProfile"]),
             (std::set<std::string>{"defaultAction", "defaultErrnoRet", "architectures", "archMap", "syscalls", "flags",
@@ -866,8 +870,9 @@ TEST(PolicyReadme, NamesEveryKeyAndVerb) {
   ASSERT_FALSE(readme.empty());
   const json s = load_schema("policy.schema.json");
   std::set<std::string> keys = keys_of(s);
-  for (const char* d : {"limits", "filesystem", "environment", "seccomp", "egress"})
+  for (const char* d : {"limits", "filesystem", "environment", "seccomp", "egress", "packages"})
     for (const auto& k : keys_of(s["$defs"][d])) keys.insert(k);
+  for (const auto& k : keys_of(s["$defs"]["packages"]["properties"]["build"])) keys.insert(k);
   for (const auto& k : keys_of(s["$defs"]["filesystem"]["properties"]["binds"]["items"])) keys.insert(k);
   for (const auto& k : keys_of(s["properties"]["user"])) keys.insert(k);
   for (const auto& k : keys_of(s["$defs"]["egress"]["properties"]["allow"]["items"])) keys.insert(k);
@@ -878,6 +883,132 @@ TEST(PolicyReadme, NamesEveryKeyAndVerb) {
   for (const char* verb : {"policy check", "policy fingerprint", "policy explain", "policy lint", "--compare", "--no-host",
                            "--notes", "--bind-allow", "--config", "TSB_UPDATE_GOLDEN"})
     EXPECT_NE(readme.find(verb), std::string::npos) << verb;
+}
+
+// ---------------------------------------------------------------------------
+// Packages: per-tool venvs.
+
+Result<Policy> load_text(const TempDir& t, const std::string& text) {
+  return load_policy(t.write("p.json", text), no_binds());
+}
+
+TEST(PolicyPackages, WheelsOrIndexAndTheirDefaults) {
+  TempDir t;
+  auto w = load_text(t, R"({"version": 1, "packages": {"allow": ["requests", "types-*"], "wheels": "/srv/wheels"}})");
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  EXPECT_TRUE(w->packages.enabled);
+  EXPECT_EQ(w->packages.wheels, "/srv/wheels");
+  EXPECT_EQ(w->packages.max_requirements, 16u);
+  EXPECT_FALSE(w->packages.source_builds);
+  EXPECT_EQ(w->packages.build_timeout, std::chrono::milliseconds(300'000));
+  EXPECT_EQ(w->packages.index_settings(), "wheels=/srv/wheels");
+  EXPECT_EQ(w->canonical["packages"]["build"]["venv_size"], "1GiB");
+  auto i = load_text(t, R"({"version": 1, "packages": {"allow": ["*"], "index": "http://pypi.test:8080/simple",
+      "index_hosts": ["files.test"], "source_builds": true, "max_requirements": 3,
+      "build": {"wall_timeout": "20s", "memory": "256MiB", "venv_size": "64MiB"}}})");
+  ASSERT_TRUE(i.ok()) << i.error().message;
+  EXPECT_EQ(i->packages.index_host, "pypi.test");
+  EXPECT_EQ(i->packages.index_port, 8080);
+  EXPECT_EQ(i->packages.build_memory, 256ull << 20);
+  EXPECT_EQ(i->packages.index_settings(), "index=http://pypi.test:8080/simple\nsource_builds");
+  const EgressRules e = build_egress_rules(i->packages);
+  ASSERT_EQ(e.allow.size(), 1u);
+  EXPECT_EQ(e.allow[0].hosts, (std::vector<std::string>{"pypi.test", "files.test"}));
+  EXPECT_EQ(e.allow[0].ports, (std::vector<std::uint16_t>{8080}));
+  EXPECT_TRUE(e.public_ports.empty());
+  auto https = load_text(t, R"({"version": 1, "packages": {"allow": ["*"], "index": "https://pypi.org/simple"}})");
+  ASSERT_TRUE(https.ok()) << https.error().message;
+  EXPECT_EQ(https->packages.index_port, 443);
+  // The section is part of what the fingerprint covers.
+  EXPECT_NE(w->fingerprint, i->fingerprint);
+}
+
+TEST(PolicyPackages, Refusals) {
+  TempDir t;
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"version": 1, "packages": {"wheels": "/srv/w"}})", "/packages/allow: is required"},
+      {R"({"version": 1, "packages": {"allow": ["*"]}})", "exactly one of"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "index": "https://a.test/"}})", "exactly one of"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "wheels": "srv/w"}})", "absolute"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "ftp://a.test/"}})", "http:// or https://"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://10.0.0.1/simple"}})", "host name"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://u:p@a.test/simple"}})", "plain URL"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://a.test:99999/"}})", "port"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "index_hosts": ["b.test"]}})", "index"},
+      {R"({"version": 1, "packages": {"allow": ["a b"], "wheels": "/srv/w"}})", "not a name pattern"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "max_requirements": 65}})", "between 1 and 64"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "build": {"wall_timeout": "2h"}}})", "1s to 1h"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "build": {"venv_size": "1MiB"}}})", "16MiB"},
+      {R"({"version": 1, "backend": "e2b", "packages": {"allow": ["*"], "wheels": "/srv/w"}})", "local backend"},
+      {R"({"version": 1, "filesystem": {"venv": null}, "packages": {"allow": ["*"], "wheels": "/srv/w"}})", "filesystem"},
+      {R"({"version": 1, "interpreter": "/usr/bin/python3", "packages": {"allow": ["*"], "wheels": "/srv/w"}})", "in /venv"},
+  };
+  for (const auto& [text, words] : cases) {
+    auto r = load_text(t, text);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.error().message.find(words), std::string::npos) << text << "\n" << r.error().message;
+  }
+}
+
+TEST(PolicyPackages, TheVenvRowIsKeyedAndTheBuildPolicyIsItsOwn) {
+  TempDir t;
+  auto p = load_text(t, R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/wheels",
+      "build": {"wall_timeout": "30s", "memory": "1GiB", "venv_size": "128MiB"}}})");
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  p->name = "pkgs";
+  auto sp = to_spawn_policy(*p, "/usr/share/toolsandbox/runner/toolsandbox_runner.py", "/var/cache/toolsandbox/venvs");
+  ASSERT_TRUE(sp.ok()) << sp.error().message;
+  for (const auto& m : sp->modes) {
+    auto row = std::find_if(m.fs->begin(), m.fs->end(), [](const isolate::FsEntry& e) { return e.path == "/venv"; });
+    ASSERT_NE(row, m.fs->end());
+    EXPECT_TRUE(row->keyed);
+    EXPECT_EQ(row->data, "/var/cache/toolsandbox/venvs");
+    EXPECT_EQ(row->kind, isolate::FsEntry::kHost);
+  }
+  // A run naming a key gets <cache>/<key> there; one naming none, the policy's venv.
+  const std::string key(64, 'a');
+  auto spec = spawn::run_spec_from(*sp, spawn::RunMode::Tool, key);
+  auto row = std::find_if(spec.fs->begin(), spec.fs->end(), [](const isolate::FsEntry& e) { return e.path == "/venv"; });
+  ASSERT_NE(row, spec.fs->end());
+  EXPECT_EQ(row->source, "/var/cache/toolsandbox/venvs/" + key);
+  auto plain = spawn::run_spec_from(*sp, spawn::RunMode::Tool);
+  row = std::find_if(plain.fs->begin(), plain.fs->end(), [](const isolate::FsEntry& e) { return e.path == "/venv"; });
+  EXPECT_NE(row->source.find("/var/lib/toolsandbox/venv"), std::string::npos) << row->source;
+
+  auto bp = to_build_spawn_policy(*p, "/usr/share/toolsandbox/runner/toolsandbox_venv_builder.py");
+  ASSERT_TRUE(bp.ok()) << bp.error().message;
+  EXPECT_EQ(bp->name, "pkgs/build");
+  EXPECT_EQ(bp->fingerprint, p->fingerprint);
+  EXPECT_EQ(bp->network, isolate::NetworkMode::None);
+  EXPECT_EQ(bp->limits.wall_timeout, std::chrono::milliseconds(30'000));
+  EXPECT_EQ(bp->limits.memory_bytes, 1ull << 30);
+  EXPECT_TRUE(bp->env_allow.empty());
+  const auto& tool = bp->modes[static_cast<int>(spawn::RunMode::Tool)];
+  EXPECT_EQ(tool.argv, (std::vector<std::string>{"/usr/bin/python3", "-I", "-B", "-u", std::string(kBuilderSandboxPath)}));
+  std::map<std::string, const isolate::FsEntry*> rows;
+  for (const auto& e : *tool.fs) rows[e.path] = &e;
+  ASSERT_TRUE(rows.contains("/venv"));
+  EXPECT_EQ(rows["/venv"]->kind, isolate::FsEntry::kTmpfs);
+  EXPECT_TRUE(rows["/venv"]->tool_owned);
+  EXPECT_EQ(rows["/venv"]->size, 128ull << 20);
+  ASSERT_TRUE(rows.contains("/wheels"));
+  EXPECT_EQ(rows["/wheels"]->kind, isolate::FsEntry::kHost);  // read-only
+  ASSERT_TRUE(rows.contains(std::string(kBuilderSandboxPath)));
+  EXPECT_FALSE(rows.contains(std::string(isolate::kRunnerSandboxPath)));
+
+  auto ip = load_text(t, R"({"version": 1, "packages": {"allow": ["*"], "index": "https://pypi.test/simple"}})");
+  ASSERT_TRUE(ip.ok()) << ip.error().message;
+  auto ib = to_build_spawn_policy(*ip, "/b.py");
+  ASSERT_TRUE(ib.ok()) << ib.error().message;
+  EXPECT_EQ(ib->network, isolate::NetworkMode::Egress);
+  EXPECT_EQ(ib->env_set.at("HTTPS_PROXY"), "http://127.0.0.1:" + std::to_string(isolate::kEgressProxyPort));
+  // A policy without "packages" has neither.
+  auto none = load_text(t, R"({"version": 1})");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(to_build_spawn_policy(*none, "/b.py").ok());
+  auto nsp = to_spawn_policy(*none, "", "/var/cache/toolsandbox/venvs");
+  ASSERT_TRUE(nsp.ok());
+  for (const auto& e : *nsp->modes[0].fs) EXPECT_FALSE(e.keyed) << e.path;
 }
 
 }  // namespace

@@ -105,6 +105,10 @@ TEST(SpawnWire, TheFuzzSeedsAreWhatTheyClaim) {
   ASSERT_TRUE(tool.ok());
   EXPECT_EQ(tool->mode, s::RunMode::Tool);
   EXPECT_EQ(tool->env.at("TZ"), "UTC");
+  EXPECT_EQ(tool->venv, "");
+  auto venv = s::decode_run(corpus("run-venv.bin"));
+  ASSERT_TRUE(venv.ok());
+  EXPECT_EQ(venv->venv, std::string("0123456789abcdef") + "0123456789abcdef" + "0123456789abcdef" + "0123456789abcdef");
   for (const char* bad : {"run-duplicate-env.bin", "run-truncated.bin", "run-trailing.bin", "run-bad-mode.bin",
                           "run-huge-length.bin"})
     EXPECT_FALSE(s::decode_run(corpus(bad)).ok()) << bad;

@@ -15,7 +15,7 @@ import socket
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from . import protocol as P
-from .client import DEFAULT_RUN_TIMEOUT_MARGIN
+from .client import DEFAULT_RUN_TIMEOUT_MARGIN, DEFAULT_VENV_BUILD_ALLOWANCE
 from .errors import ClientTimeoutError, DaemonConnectionError, ResponseError, TooLargeError
 
 __all__ = ["AsyncClient"]
@@ -49,6 +49,7 @@ class AsyncClient:
         max_response_bytes: int = P.DEFAULT_MAX_RESPONSE_BYTES,
         max_request_bytes: Optional[int] = None,
         run_timeout_margin: float = DEFAULT_RUN_TIMEOUT_MARGIN,
+        venv_build_allowance: float = DEFAULT_VENV_BUILD_ALLOWANCE,
     ):
         self.socket_path = socket_path
         self.timeout = timeout
@@ -56,6 +57,7 @@ class AsyncClient:
         self.max_response_bytes = max_response_bytes
         self.max_request_bytes = max_request_bytes
         self.run_timeout_margin = run_timeout_margin
+        self.venv_build_allowance = venv_build_allowance
         self._sock: Optional[socket.socket] = None
         self._lock: Optional[asyncio.Lock] = None  # created in the running loop
 
@@ -88,7 +90,7 @@ class AsyncClient:
         req = P.execute_request(script, tool_name=tool_name, organization_id=organization_id, env=env,
                                 timeout=timeout, policy=policy, sandbox_config=sandbox_config,
                                 agent_id=agent_id, project_id=project_id, e2b=e2b)
-        return P.ToolResult.from_json(await self.request(req, "result", self._run_wait(timeout)), req["id"])
+        return P.ToolResult.from_json(await self.request(req, "result", self._run_wait(timeout, req)), req["id"])
 
     async def run_tool(
         self,
@@ -112,7 +114,7 @@ class AsyncClient:
                                  json_schema=json_schema, agent_state=agent_state, env=env, timeout=timeout,
                                  policy=policy, sandbox_config=sandbox_config, agent_id=agent_id,
                                  project_id=project_id, pip_requirements=pip_requirements, e2b=e2b)
-        return P.ToolResult.from_json(await self.request(req, "result", self._run_wait(timeout)), req["id"])
+        return P.ToolResult.from_json(await self.request(req, "result", self._run_wait(timeout, req)), req["id"])
 
     async def close(self) -> None:
         """Close the persistent connection, if any."""
@@ -155,10 +157,13 @@ class AsyncClient:
             log.debug("toolsandboxd request %s failed: %s", req["id"], getattr(e, "code", type(e).__name__))
             raise
 
-    def _run_wait(self, run_timeout: Optional[float]) -> Optional[float]:
+    def _run_wait(self, run_timeout: Optional[float], req: Optional[Mapping[str, Any]] = None) -> Optional[float]:
         if self.timeout is None:
             return None
-        return max(self.timeout, (run_timeout or 0.0) + self.run_timeout_margin)
+        # A run that asks for packages may first wait for its venv's build,
+        # which is not part of its own timeout.
+        build = self.venv_build_allowance if req is not None and P.asks_for_packages(req) else 0.0
+        return max(self.timeout, (run_timeout or 0.0) + self.run_timeout_margin + build)
 
     async def _connect(self) -> socket.socket:
         loop = asyncio.get_running_loop()

@@ -18,6 +18,10 @@ log = logging.getLogger("toolsandbox_client")
 # Extra time the client waits beyond a run's own timeout: the daemon needs a
 # moment to kill the tree, collect the output and answer.
 DEFAULT_RUN_TIMEOUT_MARGIN = 30.0
+# And for a run that asks for pip requirements: its venv may be built first
+# (a policy's packages.build.wall_timeout, 300 s by default), which does not
+# count toward the run's timeout.
+DEFAULT_VENV_BUILD_ALLOWANCE = 330.0
 
 
 class _Retry(Exception):
@@ -30,7 +34,9 @@ class Client:
     socket_path   the daemon's socket.
     timeout       seconds for connecting and for each answer; None waits for
                   ever. For a run the client waits at least the run's own
-                  `timeout` plus `run_timeout_margin`. When the client gives up
+                  `timeout` plus `run_timeout_margin` (plus
+                  `venv_build_allowance` when it asks for pip requirements:
+                  its venv may be built first). When the client gives up
                   it closes the connection, which makes the daemon kill the
                   run, and raises ClientTimeoutError.
     persistent    keep one connection open and send every request on it
@@ -57,6 +63,7 @@ class Client:
         max_response_bytes: int = P.DEFAULT_MAX_RESPONSE_BYTES,
         max_request_bytes: Optional[int] = None,
         run_timeout_margin: float = DEFAULT_RUN_TIMEOUT_MARGIN,
+        venv_build_allowance: float = DEFAULT_VENV_BUILD_ALLOWANCE,
     ):
         self.socket_path = socket_path
         self.timeout = timeout
@@ -64,6 +71,7 @@ class Client:
         self.max_response_bytes = max_response_bytes
         self.max_request_bytes = max_request_bytes
         self.run_timeout_margin = run_timeout_margin
+        self.venv_build_allowance = venv_build_allowance
         self._lock = threading.Lock()
         self._sock: Optional[socket.socket] = None
 
@@ -99,7 +107,7 @@ class Client:
         req = P.execute_request(script, tool_name=tool_name, organization_id=organization_id, env=env,
                                 timeout=timeout, policy=policy, sandbox_config=sandbox_config,
                                 agent_id=agent_id, project_id=project_id, e2b=e2b)
-        return P.ToolResult.from_json(self.request(req, "result", self._run_wait(timeout)), req["id"])
+        return P.ToolResult.from_json(self.request(req, "result", self._run_wait(timeout, req)), req["id"])
 
     def run_tool(
         self,
@@ -126,7 +134,7 @@ class Client:
                                  json_schema=json_schema, agent_state=agent_state, env=env, timeout=timeout,
                                  policy=policy, sandbox_config=sandbox_config, agent_id=agent_id,
                                  project_id=project_id, pip_requirements=pip_requirements, e2b=e2b)
-        return P.ToolResult.from_json(self.request(req, "result", self._run_wait(timeout)), req["id"])
+        return P.ToolResult.from_json(self.request(req, "result", self._run_wait(timeout, req)), req["id"])
 
     def close(self) -> None:
         """Close the persistent connection, if any."""
@@ -168,10 +176,13 @@ class Client:
             log.debug("toolsandboxd request %s failed: %s", req["id"], getattr(e, "code", type(e).__name__))
             raise
 
-    def _run_wait(self, run_timeout: Optional[float]) -> Optional[float]:
+    def _run_wait(self, run_timeout: Optional[float], req: Optional[Mapping[str, Any]] = None) -> Optional[float]:
         if self.timeout is None:
             return None
-        return max(self.timeout, (run_timeout or 0.0) + self.run_timeout_margin)
+        # A run that asks for packages may first wait for its venv's build,
+        # which is not part of its own timeout.
+        build = self.venv_build_allowance if req is not None and P.asks_for_packages(req) else 0.0
+        return max(self.timeout, (run_timeout or 0.0) + self.run_timeout_margin + build)
 
     def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

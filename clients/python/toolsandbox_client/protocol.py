@@ -322,6 +322,16 @@ def execute_request(
     return req
 
 
+def asks_for_packages(req: Mapping[str, Any]) -> bool:
+    """Whether a request names pip requirements (its own, or its sandbox
+    config's): a local run may then wait for its venv to be built."""
+    if req.get("pip_requirements"):
+        return True
+    sc = req.get("sandbox_config")
+    config = sc.get("config") if isinstance(sc, Mapping) else None
+    return isinstance(config, Mapping) and bool(config.get("pip_requirements"))
+
+
 def run_tool_request(
     source_code: str,
     *,
