@@ -6,11 +6,21 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "isolate/base/result.h"
+
 namespace tsb::cli {
+
+inline constexpr const char* kDefaultSocket = "/run/toolsandboxd/toolsandboxd.sock";
 
 int cmd_run(const std::vector<std::string>& args);
 int cmd_policy(const std::vector<std::string>& args);
 int cmd_client(const std::string& verb, const std::vector<std::string>& args);
+int cmd_venv(const std::vector<std::string>& args);
+
+// One request to toolsandboxd and its answer line (protocol/PROTOCOL.md).
+Result<nlohmann::json> roundtrip(const std::string& socket_path, const nlohmann::json& request);
 
 // One long option of a verb. value_help: what its value is, for the message
 // when it is missing ("--policy needs a name"); nullptr for a flag.

@@ -18,11 +18,8 @@
 #include "isolate/base/unique_fd.h"
 
 namespace tsb::cli {
-namespace {
 
 using nlohmann::json;
-
-constexpr const char* kDefaultSocket = "/run/toolsandboxd/toolsandboxd.sock";
 
 Result<json> roundtrip(const std::string& socket_path, const json& request) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -61,6 +58,8 @@ Result<json> roundtrip(const std::string& socket_path, const json& request) {
   if (j.is_discarded()) return Error::invalid("the daemon sent invalid JSON", EPROTO);
   return j;
 }
+
+namespace {
 
 // A script or an agent_state file: no bigger than a request may be.
 Result<std::string> read_input_file(const std::string& path) {

@@ -2,6 +2,7 @@
 //
 //   toolsandbox run [options] -- CMD ARGS...   one command through the engine (root)
 //   toolsandbox policy check|explain|fingerprint|lint ...
+//   toolsandbox venv list|show|gc|build ...     the per-tool venv cache
 //   toolsandbox version
 //
 // Errors in the invocation are one clear line on stderr and exit status 2.
@@ -30,6 +31,7 @@ void usage(std::FILE* out) {
       "       toolsandbox policy fingerprint FILE...\n"
       "       toolsandbox policy lint FILE... [--notes]\n"
       "         (policy verbs also take --config FILE and --bind-allow PATH; see toolsandbox policy help)\n"
+      "       toolsandbox venv list|show KEY|gc [--all|--max-bytes SIZE]|build REQUIREMENT... (see toolsandbox venv help)\n"
       "       toolsandbox version\n",
       out);
 }
@@ -46,6 +48,7 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (verb == "run") return tsb::cli::cmd_run(args);
   if (verb == "policy") return tsb::cli::cmd_policy(args);
+  if (verb == "venv") return tsb::cli::cmd_venv(args);
   if (verb == "exec" || verb == "call" || verb == "status") return tsb::cli::cmd_client(verb, args);
   if (verb == "version" || verb == "--version") {
     std::printf("toolsandbox %s\n", TSB_VERSION);

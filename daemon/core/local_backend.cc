@@ -97,8 +97,8 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(PreparedRun& p
       o.failure = "per-tool venvs are not available on this host: " + venvs_error_;
       co_return o;
     }
-    if (venvs_->has(key)) {
-      o.hold = venvs_->hold(key);
+    // (A venv another process removed meanwhile gives no hold: built again.)
+    if (venvs_->has(key) && (o.hold = venvs_->hold(key))) {
       o.build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       ++venv_hits_;
       co_return o;

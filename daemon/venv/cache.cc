@@ -2,10 +2,12 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <cerrno>
 #include <cstdio>
 #include <utility>
@@ -66,7 +68,7 @@ bool is_key(std::string_view s) {
   return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string_view::npos;
 }
 
-Result<std::unique_ptr<Cache>> Cache::open(const std::string& dir, std::uint64_t max_bytes) {
+Result<std::unique_ptr<Cache>> Cache::open(const std::string& dir, std::uint64_t max_bytes, bool owner) {
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) return Error::from_errno("the venv cache " + dir);
   struct stat st{};
@@ -76,8 +78,9 @@ Result<std::unique_ptr<Cache>> Cache::open(const std::string& dir, std::uint64_t
                           std::to_string(::geteuid()) + " (systemd-tmpfiles --create makes it)", EPERM);
   if (st.st_mode & (S_IWGRP | S_IWOTH)) return Error::invalid("the venv cache " + dir + " is writable by others", EPERM);
   std::unique_ptr<Cache> c(new Cache(dir, std::move(fd), max_bytes));
+  c->owner_ = owner;
   TSB_TRY(c->scan(), "the venv cache " + dir);
-  c->evict();
+  if (owner) c->evict();
   return c;
 }
 
@@ -118,6 +121,7 @@ Status Cache::scan() {
     total_ += ce.bytes;
     entries_.emplace(n, std::move(ce));
   }
+  if (!owner_) return {};  // leftovers are the front end's to remove
   for (const std::string& n : names) {
     // A manifest whose venv is gone.
     if (n.size() == 69 && n.ends_with(".json") && is_key(n.substr(0, 64)) && !entries_.contains(n.substr(0, 64)))
@@ -146,13 +150,28 @@ Cache::Hold& Cache::Hold::operator=(Hold&& o) noexcept {
 void Cache::Hold::release() {
   if (!c_) return;
   auto it = c_->entries_.find(key_);
-  if (it != c_->entries_.end() && it->second.in_use > 0) --it->second.in_use;
+  if (it != c_->entries_.end() && it->second.in_use > 0 && --it->second.in_use == 0) it->second.lock.reset();
   c_ = nullptr;
 }
 
 Cache::Hold Cache::hold(const std::string& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return {};
+  if (it->second.in_use == 0) {
+    // The first hold locks the manifest shared: a removal by another
+    // process (which locks it exclusive first) is then refused. One that
+    // came first leaves a manifest that is locked or unlinked: then the
+    // venv is gone.
+    auto lock = std::make_shared<UniqueFd>(::openat(fd_.get(), (key + ".json").c_str(),
+                                                    O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    struct stat st{};
+    if (!*lock || ::flock(lock->get(), LOCK_SH | LOCK_NB) != 0 || ::fstat(lock->get(), &st) != 0 || st.st_nlink == 0) {
+      total_ -= std::min(total_, it->second.bytes);
+      entries_.erase(it);
+      return {};
+    }
+    it->second.lock = std::move(lock);
+  }
   ++it->second.in_use;
   touch(key);
   return Hold(this, key);
@@ -218,25 +237,59 @@ Status Cache::publish(Staging& s, const json& extra) {
 }
 
 std::vector<std::string> Cache::evict(std::uint64_t target) {
+  refresh();
   std::vector<std::string> gone;
+  std::set<std::string> busy;  // held by another process
   const std::uint64_t limit = std::min(target, max_bytes_);
   while (total_ > limit) {
     const CacheEntry* oldest = nullptr;
     for (const auto& [k, e] : entries_)
-      if (e.in_use == 0 && (!oldest || e.last_used < oldest->last_used)) oldest = &e;
+      if (e.in_use == 0 && !busy.contains(k) && (!oldest || e.last_used < oldest->last_used)) oldest = &e;
     if (!oldest) break;  // everything left is in use
     const std::string key = oldest->key;
-    if (!remove(key).ok()) break;
+    if (auto st = remove(key); !st.ok()) {
+      if (st.error().code != EBUSY) break;
+      busy.insert(key);
+      continue;
+    }
     gone.push_back(key);
   }
   return gone;
+}
+
+void Cache::refresh() {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    struct stat st{};
+    if (it->second.in_use == 0 && ::fstatat(fd_.get(), (it->first + ".json").c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 &&
+        errno == ENOENT) {
+      total_ -= std::min(total_, it->second.bytes);
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool Cache::held_anywhere(const std::string& key) const {
+  auto it = entries_.find(key);
+  if (it != entries_.end() && it->second.in_use > 0) return true;
+  UniqueFd f(::openat(fd_.get(), (key + ".json").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (!f) return false;
+  if (::flock(f.get(), LOCK_EX | LOCK_NB) != 0) return errno == EWOULDBLOCK;
+  return false;  // closing the descriptor releases the lock
 }
 
 Status Cache::remove(const std::string& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return Error::invalid("no venv " + key, ENOENT);
   if (it->second.in_use > 0) return Error::invalid("venv " + key + " is in use by " + std::to_string(it->second.in_use) + " runs", EBUSY);
-  if (::unlinkat(fd_.get(), (key + ".json").c_str(), 0) != 0 && errno != ENOENT) return Error::from_errno("removing the manifest of " + key);
+  // Locked exclusive, then unlinked: a hold taken meanwhile sees the lock,
+  // and one taken after sees the manifest gone.
+  const std::string manifest = key + ".json";
+  UniqueFd lock(::openat(fd_.get(), manifest.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (lock && ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0)
+    return Error::invalid("venv " + key + " is in use by a run", EBUSY);
+  if (::unlinkat(fd_.get(), manifest.c_str(), 0) != 0 && errno != ENOENT) return Error::from_errno("removing the manifest of " + key);
   total_ -= std::min(total_, it->second.bytes);
   entries_.erase(it);
   return remove_venv_dir(fd_.get(), key);

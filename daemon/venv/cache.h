@@ -5,7 +5,8 @@
 //                   binds it at /venv for a run that names the key
 //   <key>.json      its manifest: requirements, pip freeze, Python, sizes,
 //                   build time, the build's log tail; its mtime is the
-//                   venv's last use
+//                   venv's last use, and a shared flock(2) on it says a
+//                   run holds the venv
 //   .tmp-*          a build being extracted, or a venv being removed
 //
 // A venv is published by two renames (the directory, then the manifest), so
@@ -13,8 +14,17 @@
 // leftover, removed at open like every .tmp-* entry. Eviction removes the
 // manifest first, so a half-removed venv never has a name a run can use.
 //
-// Not thread-safe: the front end's event loop is its one user. Single-flight
-// builds and waiting are the caller's (daemon/core/local_backend.cc).
+// Two processes use a cache: the front end (builds, holds, evicts) and
+// `toolsandbox venv list|show|gc` (reads, and removes venvs nobody holds).
+// What they share is the file system: a venv in use has its manifest
+// locked shared (by the front end, from before its run is started until the
+// run has ended); removing one takes the lock exclusive first and gives up
+// when it cannot, and a hold taken on a manifest that was removed meanwhile
+// (its link count 0) is no hold. Only the front end publishes, and only it
+// cleans up leftovers (at open).
+//
+// Not thread-safe: one event loop per process. Single-flight builds and
+// waiting are the caller's (daemon/core/local_backend.cc).
 #pragma once
 
 #include <chrono>
@@ -36,14 +46,16 @@ struct CacheEntry {
   std::string key;
   std::uint64_t bytes = 0;  // files, plus a block per entry
   std::chrono::system_clock::time_point last_used;
-  unsigned in_use = 0;      // runs holding it (never evicted while > 0)
+  unsigned in_use = 0;      // runs of this process holding it (never evicted while > 0)
+  std::shared_ptr<UniqueFd> lock;  // the manifest, locked shared while in_use > 0
 };
 
 class Cache {
  public:
   // Opens `dir`: a directory owned by this process's uid, writable by no
-  // one else. Removes leftovers and reads the manifests.
-  static Result<std::unique_ptr<Cache>> open(const std::string& dir, std::uint64_t max_bytes);
+  // one else, and reads the manifests. `owner` (the front end): also
+  // removes leftovers of builds and removals, and evicts down to the cap.
+  static Result<std::unique_ptr<Cache>> open(const std::string& dir, std::uint64_t max_bytes, bool owner = true);
 
   const std::string& dir() const noexcept { return dir_; }
   std::uint64_t max_bytes() const noexcept { return max_bytes_; }
@@ -96,8 +108,12 @@ class Cache {
   // Removes least recently used venvs no run holds until the total is
   // within the cap (or `target` bytes, when given); the keys removed.
   std::vector<std::string> evict(std::uint64_t target = UINT64_MAX);
-  // Removes one venv now, unless a run holds it.
+  // Removes one venv now, unless a run (of any process) holds it.
   Status remove(const std::string& key);
+  // Whether a run of any process holds `key` now.
+  bool held_anywhere(const std::string& key) const;
+  // Forgets venvs whose manifest another process removed.
+  void refresh();
 
   // The manifest of `key` as stored (null when unreadable).
   nlohmann::json manifest(const std::string& key) const;
@@ -110,6 +126,7 @@ class Cache {
   std::string dir_;
   UniqueFd fd_;
   std::uint64_t max_bytes_;
+  bool owner_ = true;
   std::uint64_t total_ = 0;
   std::map<std::string, CacheEntry> entries_;
 };

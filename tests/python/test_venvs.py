@@ -280,6 +280,78 @@ class Venvs(unittest.TestCase):
         self.assertGreaterEqual(s["max_bytes"], 1 << 30)
 
 
+def cli(*args, check=True):
+    exe = os.path.join(os.environ.get("TSB_BUILD", os.path.join(REPO, "build")), "bin", "toolsandbox")
+    p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=300)
+    if check and p.returncode != 0:
+        raise AssertionError("toolsandbox %s: %d\n%s%s" % (" ".join(args), p.returncode, p.stdout, p.stderr))
+    return p
+
+
+class Commands(unittest.TestCase):
+    """toolsandbox venv build | list | show | gc."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.v = VenvDaemon(cls)
+        cls.client = cls.v.daemon.client()
+
+    def test_build_list_show_gc(self):
+        sock = self.v.daemon.socket_path
+        built = cli("venv", "build", "tsbother", "TSBDEP==2.0", "--org", ORG, "--socket", sock)
+        key = built.stdout.split()[0]
+        self.assertEqual(len(key), 64, built.stdout)
+        self.assertIn(" built in ", built.stdout)
+        again = cli("venv", "build", "tsbdep==2.0", "tsbother", "--org", ORG, "--socket", sock)
+        self.assertTrue(again.stdout.startswith(key + " cached"), again.stdout)
+        # A tool asking for the same set runs in the venv built ahead.
+        r = run_tool(self.client, "def v() -> str:\n    import tsbother\n    return tsbother.VALUE\n", "v",
+                     ["tsbother", "tsbdep==2.0"])
+        self.assertEqual(r.record["venv"]["key"], key)
+        self.assertFalse(r.record["venv"]["built"])
+        failed = cli("venv", "build", "tsbmissing", "--org", ORG, "--socket", sock, check=False)
+        self.assertEqual(failed.returncode, 1)
+        self.assertIn("tsbmissing", failed.stderr)
+        refused = cli("venv", "build", "requests", "--org", ORG, "--socket", sock, check=False)
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn("policy_denied", refused.stderr)
+
+        listed = json.loads(cli("venv", "list", "--cache", self.v.cache, "--json").stdout)
+        self.assertEqual(listed["dir"], self.v.cache)
+        entry = [e for e in listed["venvs"] if e["key"] == key]
+        self.assertEqual(len(entry), 1)
+        self.assertEqual(entry[0]["requirements"], ["tsbdep==2.0", "tsbother"])
+        self.assertFalse(entry[0]["in_use"])
+        shown = json.loads(cli("venv", "show", key[:12], "--cache", self.v.cache).stdout)
+        self.assertIn("tsbother==3.0", shown["freeze"])
+        self.assertEqual(shown["path"], os.path.join(self.v.cache, key))
+        self.assertEqual(cli("venv", "show", "nope1234", "--cache", self.v.cache, check=False).returncode, 1)
+        self.assertEqual(cli("venv", "gc", "--all", "--max-bytes", "1MiB", check=False).returncode, 2)
+
+        # gc --all while a run holds one venv: that one stays, the rest go;
+        # the daemon then builds a removed one again.
+        hold = "import time\n\ndef hold() -> str:\n    import tsbtool\n    time.sleep(6)\n    return tsbtool.VALUE\n"
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            held = ex.submit(run_tool, self.v.daemon.client(), hold, "hold", ["tsbtool"])
+            deadline = time.monotonic() + 60
+            while self.client.status()["venvs"]["in_use"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            listed = json.loads(cli("venv", "list", "--cache", self.v.cache, "--json").stdout)
+            in_use = [e["key"] for e in listed["venvs"] if e["in_use"]]
+            self.assertEqual(len(in_use), 1, listed)
+            gc = json.loads(cli("venv", "gc", "--all", "--cache", self.v.cache, "--json").stdout)
+            self.assertIn(key, gc["removed"])
+            self.assertNotIn(in_use[0], gc["removed"])
+            self.assertEqual(self.v.keys(), in_use)
+            r = held.result()
+        self.assertEqual(r.status, "success", r)
+        r = run_tool(self.client, "def v() -> str:\n    import tsbother\n    return tsbother.VALUE\n", "v",
+                     ["tsbother", "tsbdep==2.0"])
+        self.assertEqual(r.status, "success", r)
+        self.assertTrue(r.record["venv"]["built"])
+        self.assertEqual(r.record["venv"]["key"], key)
+
+
 class Eviction(unittest.TestCase):
     """A cache of 16 MiB and venvs of about 6 MiB: the least recently used
     venv no run holds goes; one in use never does."""

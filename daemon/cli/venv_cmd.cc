@@ -1,0 +1,227 @@
+// toolsandbox venv list | show | gc | build: the per-tool venv cache
+// (daemon/venv/cache.h) for operators and auditors.
+//
+//   list, show, gc   read (and gc removes) the cache directory itself, as
+//                    its owner (root drops to the cache's owner first: the
+//                    directory is the front end's, and nothing in it is
+//                    followed); a venv a run holds is never removed.
+//   build            asks the daemon: a run of a trivial tool with the
+//                    requirements builds the venv exactly as a tool's run
+//                    would, under the organization's policy.
+#include <grp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+
+#include "daemon/cli/cli.h"
+#include "daemon/core/config.h"
+#include "daemon/core/result_json.h"
+#include "daemon/policy/units.h"
+#include "daemon/venv/cache.h"
+#include "isolate/base/random.h"
+
+namespace tsb::cli {
+namespace {
+
+using nlohmann::json;
+using core::format_size;
+using core::parse_size;
+
+constexpr const char* kUsage =
+    "usage: toolsandbox venv list [--json] [--config FILE | --cache DIR]\n"
+    "       toolsandbox venv show KEY [--config FILE | --cache DIR]\n"
+    "       toolsandbox venv gc [--all | --max-bytes SIZE] [--json] [--config FILE | --cache DIR]\n"
+    "       toolsandbox venv build REQUIREMENT... [--org ID] [--policy NAME] [--socket PATH] [--json]\n";
+
+int usage(const std::string& msg) {
+  std::fprintf(stderr, "toolsandbox venv: %s\n%s", msg.c_str(), kUsage);
+  return kExitUsage;
+}
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "toolsandbox venv: %s\n", msg.c_str());
+  return 1;
+}
+
+// As the cache directory's owner: root gives up root for good (this
+// process does nothing else), so a link or a name planted in the directory
+// can make it touch nothing its owner could not.
+Status become_owner(const std::string& dir) {
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0) return Error::from_errno("the venv cache " + dir);
+  if (::geteuid() != 0 || st.st_uid == 0) return {};
+  if (::setgroups(0, nullptr) != 0 || ::setresgid(st.st_gid, st.st_gid, st.st_gid) != 0 ||
+      ::setresuid(st.st_uid, st.st_uid, st.st_uid) != 0)
+    return Error::from_errno("dropping to the owner of " + dir);
+  return {};
+}
+
+std::string when(std::chrono::system_clock::time_point t) {
+  const std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::gmtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+int cmd_venv(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "help" || args[0] == "--help") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? kExitUsage : 0;
+  }
+  const std::string verb = args[0];
+  std::optional<std::string> config, cache;
+  std::string socket_path = kDefaultSocket, org = "default", policy;
+  std::optional<std::uint64_t> max_bytes;
+  bool as_json = false, all = false;
+  static const std::vector<OptionSpec> kOptions = {
+      {"json", nullptr},   {"config", "a file"}, {"cache", "a directory"}, {"all", nullptr},
+      {"max-bytes", "a size"}, {"org", "an organization id"}, {"policy", "a name"}, {"socket", "a path"},
+  };
+  std::vector<std::string> operands;
+  auto err = parse_options(std::vector<std::string>(args.begin() + 1, args.end()), kOptions, false,
+                           [&](const std::string& name, const std::string& v) -> std::optional<std::string> {
+                             if (name == "json") as_json = true;
+                             else if (name == "config") config = v;
+                             else if (name == "cache") cache = v;
+                             else if (name == "all") all = true;
+                             else if (name == "org") org = v;
+                             else if (name == "policy") policy = v;
+                             else if (name == "socket") socket_path = v;
+                             else if (name == "max-bytes") {
+                               auto s = parse_size(json(v));
+                               if (!s.ok()) return "--max-bytes: " + s.error().message;
+                               max_bytes = *s;
+                             }
+                             return std::nullopt;
+                           },
+                           &operands);
+  if (err) return usage(*err);
+
+  if (verb == "build") {
+    if (operands.empty()) return usage("build needs at least one requirement");
+    if (config || cache || all || max_bytes) return usage("build takes --org, --policy, --socket and --json");
+    json req = {{"v", 1},
+                {"id", "venv-build-" + random_hex(8)},
+                {"type", "run_tool"},
+                {"tool_name", "venv_build"},
+                {"organization_id", org},
+                {"source_code", "def venv_build() -> str:\n    import sys\n    return sys.prefix\n"},
+                {"args", json::object()},
+                {"pip_requirements", operands}};
+    if (!policy.empty()) req["policy"] = policy;
+    auto resp = roundtrip(socket_path, req);
+    if (!resp.ok()) return fail(resp.error().message);
+    if (as_json) std::printf("%s\n", core::dump_json(*resp).c_str());
+    if (!resp->value("ok", false)) {
+      if (!as_json) std::fprintf(stderr, "toolsandbox venv: %s: %s\n", (*resp)["error"].value("code", "?").c_str(),
+                                 (*resp)["error"].value("message", "").c_str());
+      return 1;
+    }
+    const json& r = (*resp)["result"];
+    const json& v = r["record"].contains("venv") ? r["record"]["venv"] : json::object();
+    if (r.value("status", "") != "success") {
+      if (!as_json) {
+        for (const auto& s : r["stderr"]) std::fprintf(stderr, "%s\n", s.get<std::string>().c_str());
+        std::fprintf(stderr, "toolsandbox venv: the build failed: %s\n", r["record"].value("error", "").c_str());
+      }
+      return 1;
+    }
+    if (!as_json)
+      std::printf("%s %s in %.0f ms (policy %s)\n", v.value("key", "?").c_str(), v.value("built", false) ? "built" : "cached",
+                  v.value("build_ms", 0.0), r["record"].value("policy", "?").c_str());
+    return 0;
+  }
+
+  if (verb != "list" && verb != "show" && verb != "gc") return usage("unknown verb '" + verb + "'");
+  if (!org.empty() && org != "default") return usage("--org is for build");
+  if (!policy.empty()) return usage("--policy is for build");
+  if ((all || max_bytes) && verb != "gc") return usage("--all and --max-bytes are for gc");
+  if (all && max_bytes) return usage("give --all or --max-bytes, not both");
+  if (config && cache) return usage("give --config or --cache, not both");
+  std::string dir;
+  std::uint64_t cap = 0;
+  {
+    const bool explicit_config = config.has_value();
+    const std::string path = explicit_config ? *config : std::string(TSB_SYSCONFDIR) + "/toolsandboxd.json";
+    auto cfg = core::load_daemon_config(path, !explicit_config);
+    if (!cfg.ok() && !cache) return fail(cfg.error().message);
+    dir = cache ? *cache : cfg->venvs.cache_dir;
+    cap = cfg.ok() ? cfg->venvs.max_bytes : core::VenvConfig{}.max_bytes;
+  }
+  if (auto st = become_owner(dir); !st.ok()) return fail(st.error().message);
+  // gc: the cap is what it removes down to.
+  if (verb == "gc") cap = all ? 0 : max_bytes.value_or(cap);
+  auto c = venv::Cache::open(dir, cap, /*owner=*/false);
+  if (!c.ok()) return fail(c.error().message);
+  venv::Cache& cache_ = **c;
+
+  if (verb == "show") {
+    if (operands.size() != 1) return usage("show needs one KEY (or a unique prefix of at least 8 digits)");
+    const std::string& k = operands[0];
+    std::vector<std::string> match;
+    for (const auto& [key, e] : cache_.entries())
+      if (k.size() >= 8 && key.starts_with(k)) match.push_back(key);
+    if (match.empty()) return fail("no venv " + k + " in " + dir);
+    if (match.size() > 1) return fail(k + " names " + std::to_string(match.size()) + " venvs; give more digits");
+    json m = cache_.manifest(match[0]);
+    if (m.is_null()) return fail("the manifest of " + match[0] + " is unreadable");
+    m["in_use"] = cache_.held_anywhere(match[0]);
+    m["path"] = dir + "/" + match[0];
+    std::printf("%s\n", m.dump(2).c_str());
+    return 0;
+  }
+
+  if (verb == "list") {
+    if (!operands.empty()) return usage("list takes no operand");
+    std::vector<const venv::CacheEntry*> es;
+    for (const auto& [k, e] : cache_.entries()) es.push_back(&e);
+    std::sort(es.begin(), es.end(), [](auto* a, auto* b) { return a->last_used > b->last_used; });
+    json out = json::array();
+    for (const venv::CacheEntry* e : es) {
+      json m = cache_.manifest(e->key);
+      json reqs = m.is_object() && m.contains("requirements") ? m["requirements"] : json::array();
+      out.push_back({{"key", e->key},
+                     {"bytes", e->bytes},
+                     {"last_used", when(e->last_used)},
+                     {"in_use", cache_.held_anywhere(e->key)},
+                     {"policy", m.is_object() ? m.value("policy", "") : ""},
+                     {"requirements", reqs}});
+    }
+    if (as_json) {
+      std::printf("%s\n", json{{"dir", dir}, {"bytes", cache_.total_bytes()}, {"max_bytes", cap}, {"venvs", out}}.dump(2).c_str());
+      return 0;
+    }
+    std::printf("%s: %zu venvs, %s of %s\n", dir.c_str(), out.size(), format_size(cache_.total_bytes()).c_str(),
+                format_size(cap).c_str());
+    for (const json& e : out) {
+      std::string reqs;
+      for (const auto& r : e["requirements"]) reqs += (reqs.empty() ? "" : " ") + r.get<std::string>();
+      std::printf("%.16s  %10s  %s  %-6s  %s\n", e["key"].get<std::string>().c_str(),
+                  format_size(e["bytes"].get<std::uint64_t>()).c_str(), e["last_used"].get<std::string>().c_str(),
+                  e["in_use"].get<bool>() ? "in use" : "", reqs.c_str());
+    }
+    return 0;
+  }
+
+  // gc: least recently used first, never one a run holds.
+  if (!operands.empty()) return usage("gc takes no operand");
+  const std::uint64_t before = cache_.total_bytes();
+  const std::vector<std::string> gone = cache_.evict();
+  if (as_json) {
+    std::printf("%s\n", json{{"removed", gone}, {"bytes_before", before}, {"bytes", cache_.total_bytes()}}.dump(2).c_str());
+  } else {
+    for (const auto& k : gone) std::printf("removed %s\n", k.c_str());
+    std::printf("%s: %zu venvs removed, %s left (%zu venvs)\n", dir.c_str(), gone.size(),
+                format_size(cache_.total_bytes()).c_str(), cache_.entries().size());
+  }
+  return 0;
+}
+
+}  // namespace tsb::cli
