@@ -1,0 +1,201 @@
+// The venv cache (daemon/venv/cache.h): publishing, holds, least recently
+// used eviction that never takes a venv in use, another process's removal,
+// and what a crash leaves.
+#include "daemon/venv/cache.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+namespace tsb::venv {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string be16(std::uint16_t v) { return std::string{static_cast<char>(v >> 8), static_cast<char>(v & 0xff)}; }
+std::string be64(std::uint64_t v) {
+  std::string s;
+  for (int i = 7; i >= 0; --i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  return s;
+}
+std::string record(char kind, const std::string& path, std::uint16_t mode, const std::string& payload) {
+  return std::string(1, kind) + be16(static_cast<std::uint16_t>(path.size())) + path + be16(mode) + be64(payload.size()) + payload;
+}
+// A small venv archive: a manifest, a directory, a file of `bytes` bytes.
+std::string archive(std::size_t bytes, const std::string& manifest = R"({"requirements": ["x"]})") {
+  return std::string(kArchiveMagic) + record('m', "", 0, manifest) + record('d', "lib", 0755, "") +
+         record('f', "lib/x.py", 0644, std::string(bytes, 'x')) + record('e', "", 0, "");
+}
+std::string key(char c) { return std::string(64, c); }
+
+class CacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tsb-venv-cache-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    ::chmod(dir_.c_str(), 0755);
+  }
+  void TearDown() override {
+    // The venvs are read-only: writable again before removal.
+    for (auto& e : fs::recursive_directory_iterator(dir_, fs::directory_options::skip_permission_denied))
+      if (e.is_directory() && !e.is_symlink()) ::chmod(e.path().c_str(), 0755);
+    ::chmod(dir_.c_str(), 0755);
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::unique_ptr<Cache> open(std::uint64_t max = 1 << 30, bool owner = true) {
+    auto c = Cache::open(dir_, max, owner);
+    EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+  void publish(Cache& c, const std::string& k, std::size_t bytes) {
+    auto s = c.stage(k, ArchiveLimits{});
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    ASSERT_TRUE((*s)->feed(archive(bytes)).ok());
+    auto st = c.publish(**s, {{"build_ms", 12.5}});
+    ASSERT_TRUE(st.ok()) << st.error().message;
+  }
+  bool exists(const std::string& name) const { return ::access((dir_ + "/" + name).c_str(), F_OK) == 0; }
+  std::string dir_;
+};
+
+TEST_F(CacheTest, PublishedVenvsAreReadOnlyWithTheirManifest) {
+  auto c = open();
+  publish(*c, key('a'), 1000);
+  EXPECT_TRUE(c->has(key('a')));
+  struct stat st{};
+  ASSERT_EQ(::stat((dir_ + "/" + key('a')).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0555u);
+  ASSERT_EQ(::stat((dir_ + "/" + key('a') + "/lib/x.py").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0444u);
+  auto m = c->manifest(key('a'));
+  EXPECT_EQ(m["requirements"], nlohmann::json::array({"x"}));
+  EXPECT_EQ(m["build_ms"], 12.5);
+  EXPECT_EQ(m["key"], key('a'));
+  EXPECT_EQ(m["files_bytes"], 1000);
+  EXPECT_GT(c->total_bytes(), 1000u);
+  // Nothing left over.
+  for (auto& e : fs::directory_iterator(dir_)) EXPECT_FALSE(e.path().filename().string().starts_with(".tmp-")) << e.path();
+  // A second open reads it back.
+  auto again = open();
+  EXPECT_TRUE(again->has(key('a')));
+  EXPECT_EQ(again->total_bytes(), c->total_bytes());
+}
+
+TEST_F(CacheTest, AnUnpublishedOrBrokenBuildLeavesNothing) {
+  auto c = open();
+  {
+    auto s = c->stage(key('b'), ArchiveLimits{});
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE((*s)->feed(archive(10).substr(0, 30)).ok());  // cut short
+    EXPECT_FALSE(c->publish(**s, {}).ok());
+  }
+  {
+    auto s = c->stage(key('c'), ArchiveLimits{});
+    ASSERT_TRUE(s.ok());
+    EXPECT_FALSE((*s)->feed(std::string(kArchiveMagic) + record('f', "../x", 0644, "x")).ok());
+  }
+  EXPECT_FALSE(c->has(key('b')));
+  EXPECT_FALSE(c->has(key('c')));
+  std::size_t n = 0;
+  for (auto& e : fs::directory_iterator(dir_)) ++n, ADD_FAILURE() << e.path();
+  EXPECT_EQ(n, 0u);
+  EXPECT_FALSE(c->stage("not-a-key", ArchiveLimits{}).ok());
+}
+
+TEST_F(CacheTest, OpeningRemovesWhatACrashLeft) {
+  ASSERT_EQ(::mkdir((dir_ + "/.tmp-0123-abcd").c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((dir_ + "/" + key('d')).c_str(), 0555), 0);  // a venv without its manifest
+  ::close(::open((dir_ + "/" + key('e') + ".json").c_str(), O_CREAT | O_WRONLY, 0444));  // a manifest without its venv
+  ::close(::open((dir_ + "/unrelated").c_str(), O_CREAT | O_WRONLY, 0644));
+  // Not the owner (the command line): left alone.
+  { auto ro = open(1 << 30, false); }
+  EXPECT_TRUE(exists(".tmp-0123-abcd"));
+  auto c = open();
+  EXPECT_FALSE(exists(".tmp-0123-abcd"));
+  EXPECT_FALSE(exists(key('d')));
+  EXPECT_FALSE(exists(key('e') + ".json"));
+  EXPECT_TRUE(exists("unrelated"));
+  EXPECT_TRUE(c->entries().empty());
+}
+
+TEST_F(CacheTest, RefusesADirectoryOthersCanWrite) {
+  ::chmod(dir_.c_str(), 0777);
+  EXPECT_FALSE(Cache::open(dir_, 1 << 30).ok());
+  EXPECT_FALSE(Cache::open(dir_ + "/missing", 1 << 30).ok());
+}
+
+TEST_F(CacheTest, LeastRecentlyUsedGoesFirstButNeverOneInUse) {
+  auto c = open(3 * 20000);
+  publish(*c, key('1'), 10000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  publish(*c, key('2'), 10000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  {
+    Cache::Hold h1 = c->hold(key('1'));  // now the most recent, and in use
+    ASSERT_TRUE(h1);
+    EXPECT_EQ(c->entries().at(key('1')).in_use, 1u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    publish(*c, key('3'), 10000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    publish(*c, key('4'), 10000);  // over the cap: 2 goes (least recent not in use)
+    EXPECT_TRUE(c->has(key('1')));
+    EXPECT_FALSE(c->has(key('2')));
+    EXPECT_FALSE(exists(key('2')));
+    EXPECT_FALSE(exists(key('2') + ".json"));
+    // Everything but the held one.
+    auto gone = c->evict(0);
+    EXPECT_EQ(gone.size(), 2u);
+    EXPECT_TRUE(c->has(key('1')));
+    EXPECT_EQ(c->remove(key('1')).error().code, EBUSY);
+  }
+  EXPECT_EQ(c->entries().at(key('1')).in_use, 0u);
+  EXPECT_TRUE(c->remove(key('1')).ok());
+  EXPECT_TRUE(c->entries().empty());
+  EXPECT_EQ(c->total_bytes(), 0u);
+}
+
+TEST_F(CacheTest, AnotherProcessNeverRemovesAVenvInUseAndItsRemovalsAreSeen) {
+  auto daemon = open();
+  publish(*daemon, key('a'), 100);
+  publish(*daemon, key('b'), 100);
+  Cache::Hold h = daemon->hold(key('a'));
+  ASSERT_TRUE(h);
+  // The command line: a cache object of its own (flock(2) locks belong to
+  // open file descriptions, so two objects in one process behave as two
+  // processes do).
+  auto cli = open(0, false);
+  EXPECT_TRUE(cli->held_anywhere(key('a')));
+  EXPECT_FALSE(cli->held_anywhere(key('b')));
+  auto gone = cli->evict();
+  EXPECT_EQ(gone, std::vector<std::string>{key('b')});
+  EXPECT_TRUE(exists(key('a')));
+  EXPECT_EQ(cli->remove(key('a')).error().code, EBUSY);
+  // The daemon no longer finds b: a hold on it is none (it would build it
+  // again), and a refresh forgets it.
+  EXPECT_TRUE(daemon->has(key('b')));
+  EXPECT_FALSE(daemon->hold(key('b')));
+  EXPECT_FALSE(daemon->has(key('b')));
+  h.release();
+  EXPECT_FALSE(cli->held_anywhere(key('a')));
+  EXPECT_TRUE(cli->remove(key('a')).ok());
+  daemon->refresh();
+  EXPECT_FALSE(daemon->has(key('a')));
+}
+
+TEST(VenvKey, Shape) {
+  EXPECT_TRUE(is_key(std::string(64, 'f')));
+  EXPECT_FALSE(is_key(std::string(63, 'f')));
+  EXPECT_FALSE(is_key(std::string(64, 'F')));
+  EXPECT_FALSE(is_key(std::string(63, 'f') + "/"));
+}
+
+}  // namespace
+}  // namespace tsb::venv
