@@ -83,6 +83,15 @@ make_users() {
   fi
 }
 
+# The per-tool venv cache (venvs.cache_dir), as toolsandboxd.tmpfiles makes
+# it: the front end's own directory; and the default policy's wheels.
+make_venv_cache() {
+  install -d -m 0711 -o root -g root /var/cache/toolsandbox
+  install -d -m 0755 -o toolsandboxd -g toolsandboxd /var/cache/toolsandbox/venvs
+  # The wheels the default policy's builds install from (packages.wheels).
+  install -d -m 0755 -o root -g root /var/lib/toolsandbox/wheels
+}
+
 # The daemon's front end runs as the toolsandboxd user and reads what the
 # test daemons name in the checkout (policies/, the runner): from a checkout
 # under a private directory (/root) that user gets through, read-only, by
@@ -269,6 +278,7 @@ setup_all() {
   install_packages
   make_users
   make_venv
+  make_venv_cache
   build
   grant_front_end_access
 }

@@ -187,8 +187,11 @@ Status parse_packages(ObjectReader o, PackagesPolicy& k) {
   auto max = o.number("max_requirements", k.max_requirements, 1, 64);
   if (!max.ok()) return std::move(max).error();
   k.max_requirements = static_cast<std::uint32_t>(*max);
+  // null: not given (so a policy can replace an included file's source).
   const json* wheels = o.get("wheels");
   const json* index = o.get("index");
+  if (wheels && wheels->is_null()) wheels = nullptr;
+  if (index && index->is_null()) index = nullptr;
   if ((wheels != nullptr) == (index != nullptr))
     return Error::invalid(o.where("") + ": give exactly one of \"wheels\" (a host directory of wheels; builds have "
                                         "no network) or \"index\" (a package index URL; builds reach only it)");
@@ -208,7 +211,8 @@ Status parse_packages(ObjectReader o, PackagesPolicy& k) {
       if (h.starts_with("*.") || !egress_host_pattern(h)) return o.error("index_hosts", "not a lower-case host name: " + quoted_for_message(h));
     k.index_hosts = std::move(hosts).value();
   }
-  if (!index && o.get("index_hosts")) return o.error("index_hosts", "applies to \"index\" only");
+  if (const json* h = o.get("index_hosts"); !index && h && !(h->is_array() && h->empty()))
+    return o.error("index_hosts", "applies to \"index\" only");
   auto src = o.boolean("source_builds", false);
   if (!src.ok()) return std::move(src).error();
   k.source_builds = *src;

@@ -517,6 +517,34 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
     out << "  audit     one line per connection: run, host, port, address, bytes each way, verdict\n";
   }
 
+  if (p.packages.enabled) {
+    const PackagesPolicy& k = p.packages;
+    std::string allow;
+    for (const auto& a : k.allow) allow += (allow.empty() ? "" : ", ") + a;
+    bool src_flagged = false;
+    for (const auto& r : risks) src_flagged = src_flagged || r.pointer == "/packages/source_builds";
+    out << "\nPackages (a run with pip requirements gets a venv of its own at /venv)\n";
+    out << "  allow     " << allow << " (fnmatch over normalised names); at most " << k.max_requirements
+        << " per run; plain PEP 508 only (no options, URLs, paths or markers)\n";
+    if (!k.wheels.empty())
+      out << "  source    the wheel directory " << k.wheels << " (read-only to builds only); builds have no network\n";
+    else
+      out << "  source    the index " << k.index << "; builds reach " << k.index_host
+          << [&] {
+               std::string more;
+               for (const auto& h : k.index_hosts) more += ", " + h;
+               return more;
+             }()
+          << " on port " << k.index_port << " through the daemon's proxy, nothing else\n";
+    out << line(src_flagged, std::string(" builds    ") + (k.source_builds ? "sdists allowed: their build code runs in the build sandbox"
+                                                                          : "binary wheels only (pip --only-binary=:all:)"));
+    out << "  sandbox   the engine's, with this policy's seccomp filter and user; a writable /venv tmpfs of "
+        << format_size(k.venv_size) << "; " << format_duration(k.build_timeout) << " and " << format_size(k.build_memory)
+        << "\n";
+    out << "  cache     keyed by the host's Python, this source and the canonical set; published read-only and\n"
+           "            bound read-only; least recently used venvs no run holds are removed past the cache's cap\n";
+  }
+
   // What every run gets from the engine, whatever the policy says, and
   // what depends on the kernel of the host.
   out << "\nEvery run (engine, not policy)\n";

@@ -174,6 +174,13 @@ std::vector<PolicyRisk> assess_policy(const Policy& p) {
     policy_key("/network", std::string("backend e2b with network \"") + to_string(p.network) +
                                "\": E2B switches internet access on or off only; its sandboxes reach the whole "
                                "internet, and no egress rule or cap applies there");
+  if (p.packages.enabled && p.packages.source_builds)
+    policy_key("/packages/source_builds", "packages source_builds: pip may build sdists, running their build code "
+                                          "(in the build sandbox, with the package source's network)");
+  if (p.packages.enabled && !p.packages.index.empty() &&
+      std::find(p.packages.allow.begin(), p.packages.allow.end(), "*") != p.packages.allow.end())
+    policy_key("/packages/allow", "packages allow \"*\" with an index: a tool may have any project of " + q(p.packages.index) +
+                                      " installed and imported (name the projects tools need instead)");
   for (std::size_t i = 0; i < p.binds.size(); ++i) {
     const auto& b = p.binds[i];
     const std::string ptr = json_pointer_append("/filesystem/binds", i);

@@ -42,6 +42,7 @@ Result<std::string> read_at(int dir, const std::string& name, std::size_t max) {
 Status write_new(int dir, const std::string& name, const std::string& data) {
   UniqueFd f(::openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444));
   if (!f) return Error::from_errno("creating " + name);
+  if (::fchmod(f.get(), 0444) != 0) return Error::from_errno("chmod " + name);  // whatever the umask
   std::size_t off = 0;
   while (off < data.size()) {
     ssize_t n = ::write(f.get(), data.data() + off, data.size() - off);

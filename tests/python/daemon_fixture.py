@@ -131,6 +131,17 @@ class Daemon:
             "request_timeout": "10s",
             "shutdown_grace": "2s",
         }
+        # Per-tool venvs: a cache of this daemon's own (never the host's), as
+        # the front end's user owns it.
+        venvs = os.path.join(self.tmp, "venvs")
+        os.mkdir(venvs, 0o755)
+        try:
+            import pwd
+            fe = pwd.getpwnam("toolsandboxd")
+            os.chown(venvs, fe.pw_uid, fe.pw_gid)
+        except (KeyError, PermissionError):
+            pass
+        config["venvs"] = {"cache_dir": venvs}
         policies = os.environ.get("TSB_TEST_POLICIES_DIR")
         if policies:
             config["policies_dir"] = os.path.abspath(policies)

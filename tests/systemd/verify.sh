@@ -96,8 +96,10 @@ else
 	fail "systemd-sysusers"
 fi
 if out=$(systemd-tmpfiles --root="$dest" --create "$tmpfiles" 2>&1) && [ -z "$out" ] &&
-	[ "$(stat -c %a "$dest/run/toolsandbox")" = 711 ]; then
-	say "ok: tmpfiles.d creates the runtime and state directories"
+	[ "$(stat -c %a "$dest/run/toolsandbox")" = 711 ] &&
+	[ "$(stat -c %a "$dest/var/cache/toolsandbox")" = 711 ] &&
+	[ "$(stat -c '%a %u' "$dest/var/cache/toolsandbox/venvs")" = "755 $(awk -F: '$1 == "toolsandboxd" { print $3 }' "$dest/etc/passwd")" ]; then
+	say "ok: tmpfiles.d creates the runtime and state directories and the front end's venv cache"
 else
 	printf '%s\n' "$out"
 	fail "systemd-tmpfiles"

@@ -674,6 +674,8 @@ TEST(PolicyLint, ShippedPoliciesWarnOnlyAboutWhatTheyGrantOnPurpose) {
       {"privileged",
        {"egress \"public\": a tool may connect to any public address on port 80, 443 (anything it holds can leave "
         "for any server on the internet; the host and its private networks stay denied)",
+        "packages allow \"*\" with an index: a tool may have any project of \"https://pypi.org/simple\" installed and "
+        "imported (name the projects tools need instead)",
         "environment allow \"*\": a request may set any variable the policy does not fix"}},
   };
   for (const auto& [name, warnings] : expected) {

@@ -125,8 +125,8 @@ sysusers() {
 
 tmpfiles() {
 	systemd-tmpfiles --create /usr/lib/tmpfiles.d/toolsandboxd.conf || return 1
-	stat -c '%n %a %U:%G' /run/toolsandbox /run/toolsandboxd /var/lib/toolsandbox /var/cache/toolsandbox
-	[ "$(stat -c %a /run/toolsandbox)" = 711 ]
+	stat -c '%n %a %U:%G' /run/toolsandbox /run/toolsandboxd /var/lib/toolsandbox /var/cache/toolsandbox /var/cache/toolsandbox/venvs
+	[ "$(stat -c %a /run/toolsandbox)" = 711 ] && [ "$(stat -c '%a %U' /var/cache/toolsandbox/venvs)" = "755 toolsandboxd" ]
 }
 
 # systemd-analyze prints a line for every problem, also for the ones it
