@@ -206,7 +206,8 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun&
     o.failure = what + ": the built venv was refused: " + *archive_error;
   } else if (r.reason != isolate::EndReason::Exited || r.exit_code != 0) {
     o.failure = what + ": " +
-                (r.reason == isolate::EndReason::Exited && r.exit_code == 2 ? std::string("pip failed")
+                (r.reason == isolate::EndReason::Exited && r.exit_code == 2
+                     ? std::string("pip failed") + (k.wheels.empty() ? "" : " (packages come only from the wheel directory " + k.wheels + ")")
                  : r.reason == isolate::EndReason::Exited ? "the build failed (exit status " + std::to_string(r.exit_code) + ")"
                  : r.reason == isolate::EndReason::SetupFailed ? "the build sandbox could not be set up: " + r.error
                                                                : "the build ended: " + std::string(isolate::to_string(r.reason)));

@@ -97,6 +97,7 @@ def build(req):
     else:
         raise ValueError("neither find_links nor index_url")
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_CONFIG_FILE": os.devnull,  # no configuration file at all
            "PIP_NO_INPUT": "1", "PYTHONNOUSERSITE": "1", "LANG": "C.UTF-8"}
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
                  "no_proxy"):
