@@ -312,6 +312,8 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
     }
     c->decided = true;
     if (reason.size() > 512) reason = reason.substr(0, 512);
+    if (v != Verdict::Allowed && first_refusal_.empty() && !reason.empty())
+      first_refusal_ = c->host + (c->port ? ":" + std::to_string(c->port) : std::string()) + ": " + std::string(reason);
     const auto ms = std::chrono::duration<double, std::milli>(Clock::now() - c->t0).count();
     spdlog::info("egress run_id={} request_id={} org={} tool={} host={} port={} address={} verdict={} reason={} "
                  "sent={} received={} duration_ms={:.1f}",

@@ -105,6 +105,9 @@ class RunProxy : public std::enable_shared_from_this<RunProxy> {
   nlohmann::json summary() const;
   // The same for the run's audit line (" egress_connections=N ...").
   std::string audit_fields() const;
+  // "host:port: reason" of the run's first refused or failed connection,
+  // or "" (a venv build's failure names it: pip alone would not).
+  const std::string& first_refusal() const noexcept { return first_refusal_; }
 
  private:
   struct Conn;
@@ -117,6 +120,7 @@ class RunProxy : public std::enable_shared_from_this<RunProxy> {
   core::EgressRules rules_;
   RunLabels labels_;
   std::string run_id_ = "-";
+  std::string first_refusal_;
   bool stopped_ = false;
   bool listener_ = false;
   bool capped_ = false;  // past max_connections: the listener is closed

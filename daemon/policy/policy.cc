@@ -532,7 +532,8 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
                    "applies to \"network\": \"egress\" only"), "policy");
     TSB_TRY(parse_egress(ObjectReader(doc, *v, "/egress"), p.egress), "policy");
   }
-  if (const json* v = root.get("packages")) {
+  // null: none (so a policy can drop an included file's).
+  if (const json* v = root.get("packages"); v && !v->is_null()) {
     TSB_TRY(parse_packages(ObjectReader(doc, *v, "/packages"), p.packages), "policy");
     TSB_TRY(expect(p.backend == Backend::Local, root.where("packages"),
                    "applies to the local backend (E2B installs a run's requirements in its sandbox)"), "policy");

@@ -21,12 +21,15 @@ nowhere else:
             (tests/egress/world.py)
 
 Every address in these tests is one of these; nothing else is ever a
-target. The tools run with urllib, requests, curl and pip, unchanged:
-the proxy variables are all they get.
+target. The tools run with urllib, requests, curl and pip, unchanged: the
+proxy variables are all they get. The world's HTTP servers are also a
+package index (/simple/), from which the daemon builds per-tool venvs in a
+build sandbox whose one way out is the proxy (VenvIndexTest).
 """
 
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -47,6 +50,12 @@ ORG = "org-egress-tests"
 NS_DAEMON = "tsbe-daemon-%d" % os.getpid()
 NS_WORLD = "tsbe-world-%d" % os.getpid()
 LOOPBACK_PORT = 18080
+# The package index of the venv builds: a world host name and a port no
+# other test's policy allows.
+INDEX_HOST, INDEX_ADDRESS, INDEX_PORT = "pypi.test", "198.51.100.11", 8080
+# A file the index lists for project "tsboffsite", on another world server:
+# a build must never fetch it.
+OFFSITE_URL = "http://api.public.test:8080/files/tsboffsite-1.0-py3-none-any.whl"
 
 HOSTS = """\
 127.0.0.1 localhost loop.test
@@ -244,7 +253,8 @@ class Topology:
         wheel = make_wheel(self.tmp)
         world = os.path.join(HERE, "world.py")
         self.start(in_ns(NS_WORLD, sys.executable, world, "--http", "80,22,8080", "--https", "443", "--cert", self.cert,
-                         "--key", key, "--log", self.world_log, "--name", "world", "--wheel", wheel))
+                         "--key", key, "--log", self.world_log, "--name", "world", "--wheel", wheel,
+                         "--offsite", OFFSITE_URL))
         self.start(in_ns(NS_DAEMON, sys.executable, world, "--http", str(LOOPBACK_PORT), "--log", self.loopback_log,
                          "--name", "daemon-host"))
 
@@ -330,11 +340,15 @@ def tearDownModule():
             shutil.rmtree(T.tmp, ignore_errors=True)
 
 
-def write_policies(directory):
+def write_policies(directory, extra=None):
+    """The policies every test class uses, and `extra` ({name: keys over the
+    base}) besides."""
     os.makedirs(directory)
     shutil.copy(os.path.join(REPO, "policies", "default.json"), directory)
     shutil.copytree(os.path.join(REPO, "policies", "seccomp"), os.path.join(directory, "seccomp"))
-    base = {"version": 1, "include": "default.json", "filesystem": {"venv": None},
+    # No venv, so no packages (default.json's need one): "packages": null
+    # drops them. VenvIndexTest's policies name packages of their own.
+    base = {"version": 1, "include": "default.json", "filesystem": {"venv": None}, "packages": None,
             "interpreter": "/usr/bin/python3", "limits": {"wall_timeout": "60s", "cpu_time": "60s", "pids": 128}}
     policies = {
         "egress": {"network": "egress",
@@ -344,6 +358,7 @@ def write_policies(directory):
         "caps": {"network": "egress",
                  "egress": {"public": {"ports": [80]}, "max_connections": 3, "max_bytes": "64KiB"}},
         "none": {"network": "none"},
+        **(extra or {}),
     }
     for name, over in policies.items():
         with open(os.path.join(directory, name + ".json"), "w") as f:
@@ -628,6 +643,172 @@ class EgressTest(unittest.TestCase):
         unified = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
         expected = os.environ.get("TSB_EXPECT_CGROUP") or ("v2" if unified else "v1")
         self.assertEqual(self.daemon.status()["cgroup_mode"], expected)
+
+
+# --- per-tool venvs built from a package index ---------------------------------
+
+# The tool of the venv tests: it imports the index's wheel.
+IMPORT_TOOL = (
+    "import sys\n\n"
+    "def imp() -> dict:\n"
+    "    import tsbdemo\n"
+    "    return {'value': tsbdemo.VALUE, 'prefix': sys.prefix, 'file': tsbdemo.__file__}\n"
+)
+
+
+def packages_policy(index):
+    """A policy whose runs get venvs built from `index`; the runs themselves
+    have no network (the build's is its own: the proxy, to the index only)."""
+    # A policy with "packages" needs a venv of its own (default.json's) and
+    # its interpreter in /venv.
+    return {"network": "none", "filesystem": {"venv": "/var/lib/toolsandbox/venv"}, "interpreter": "/venv/bin/python3",
+            "packages": {"allow": ["tsb*"], "wheels": None, "index": index, "build": {"wall_timeout": "120s", "memory": "1GiB"}}}
+
+
+class VenvIndexTest(unittest.TestCase):
+    """Venv builds from a package index (policies/README.md, "packages"): the
+    build sandbox's one way out is the daemon's proxy, to the index and
+    nothing else, the deny list included."""
+
+    @classmethod
+    def setUpClass(cls):
+        try:
+            user = pwd.getpwnam("toolsandboxd")  # the daemon's front end, whose the cache is
+        except KeyError:
+            reason = "no toolsandboxd user (scripts/setup.sh creates it)"
+            if F.must_run():
+                raise AssertionError(reason)
+            raise unittest.SkipTest(reason)
+        cls.cache = os.path.join(T.tmp, "venvs")
+        os.mkdir(cls.cache)
+        os.chmod(cls.cache, 0o755)
+        os.chown(cls.cache, user.pw_uid, user.pw_gid)
+        policies = os.path.join(T.tmp, "policies-venvs")
+        write_policies(policies, {
+            "pkgs": packages_policy("http://%s:%d/simple" % (INDEX_HOST, INDEX_PORT)),
+            "pkgs-private": packages_policy("http://private.test/simple"),
+            "pkgs-metadata": packages_policy("http://metadata.test/simple"),
+            "pkgs-loopback": packages_policy("http://loop.test:%d/simple" % LOOPBACK_PORT),
+        })
+        cls.daemon = F.Daemon(wrap=T.daemon_wrap(), policies_dir=policies,
+                              organizations=os.path.join(policies, "organizations.json"),
+                              venvs={"cache_dir": cls.cache})
+        cls.addClassCleanup(cls.daemon.stop)
+        cls.daemon.start()
+
+    def run_imp(self, policy, reqs):
+        return self.daemon.client(timeout=300).run_tool(IMPORT_TOOL, tool_name="imp", args={}, organization_id=ORG,
+                                                        policy=policy, pip_requirements=reqs)
+
+    def keys(self):
+        return sorted(n for n in os.listdir(self.cache) if len(n) == 64)
+
+    def assert_build_failed(self, r, requirement):
+        self.assertEqual(r.status, "error", "%s %s %s" % (r.func_return, r.stderr, r.record))
+        self.assertEqual(r.record["detail"], "venv_build_failed", r.record)
+        self.assertEqual(r.record["end_reason"], "setup_failed", r.record)
+        self.assertEqual(r.record["setup_stage"], "venv-build", r.record)
+        self.assertIn("Error executing function imp: RuntimeError", r.func_return)
+        self.assertIn(requirement, r.func_return)
+        v = r.record["venv"]
+        self.assertFalse(v["built"], v)
+        self.assertEqual(v["requirements"], [requirement])
+        self.assertTrue(v["build_run_id"], v)
+        self.assertNotIn(v["key"], self.keys())
+        self.assertFalse([n for n in os.listdir(self.cache) if n.startswith(".tmp-")])
+        return v["build_run_id"]
+
+    def test_a_venv_is_built_from_the_index_through_the_proxy_then_reused(self):
+        mark = len(world_requests())
+        r = self.run_imp("pkgs", ["tsbdemo"])
+        self.assertEqual(r.status, "success", "%s %s %s" % (r.func_return, r.stderr, r.record))
+        self.assertEqual(r.func_return["value"], "tsbdemo-from-the-test-index")
+        self.assertEqual(r.func_return["prefix"], "/venv")
+        self.assertTrue(r.func_return["file"].startswith("/venv/lib/"), r.func_return)
+        v = r.record["venv"]
+        self.assertTrue(v["built"], v)
+        self.assertEqual(v["requirements"], ["tsbdemo"])
+        self.assertGreater(v["build_ms"], 0)
+        self.assertTrue(v["build_run_id"], v)
+        self.assertNotEqual(v["build_run_id"], r.record["run_id"])
+        self.assertNotIn("egress", r.record, "the tool's own run has no network")
+        key = v["key"]
+        self.assertIn(key, self.keys())
+        with open(os.path.join(self.cache, key + ".json")) as f:
+            manifest = json.load(f)
+        self.assertIn("tsbdemo==1.0", manifest["freeze"])
+        self.assertEqual(manifest["policy"], "pkgs")
+        # The build asked the index for the project, then for its wheel:
+        # the index server, by the name the policy gives, and nothing else.
+        seen = world_requests()[mark:]
+        self.assertEqual({(e["local"], e["port"], e["host"]) for e in seen},
+                         {(INDEX_ADDRESS, INDEX_PORT, "%s:%d" % (INDEX_HOST, INDEX_PORT))}, seen)
+        paths = [e["path"] for e in seen]
+        self.assertIn("/simple/tsbdemo/", paths)
+        self.assertIn("/files/tsbdemo-1.0-py3-none-any.whl", paths)
+        self.assertRegex(self.daemon.log(), r'egress run_id=%s request_id="[^"]+/venv" org="%s" tool="imp" host="%s" '
+                                            r'port=%d address=%s verdict=allowed'
+                         % (re.escape(v["build_run_id"]), ORG, INDEX_HOST, INDEX_PORT, re.escape(INDEX_ADDRESS)))
+        # Again: the same venv, from the cache; the index is not asked.
+        mark = len(world_requests())
+        r2 = self.run_imp("pkgs", ["tsbdemo"])
+        self.assertEqual(r2.status, "success", "%s %s %s" % (r2.func_return, r2.stderr, r2.record))
+        self.assertEqual(r2.func_return["value"], "tsbdemo-from-the-test-index")
+        self.assertFalse(r2.record["venv"]["built"], r2.record["venv"])
+        self.assertEqual(r2.record["venv"]["key"], key)
+        self.assertIsNone(r2.record["venv"]["build_run_id"])
+        self.assertEqual(world_requests()[mark:], [])
+
+    def test_a_venv_build_reaches_the_index_and_nothing_else(self):
+        before = self.keys()
+        loopback = len(read_text(T.loopback_log))
+        mark = len(world_requests())
+        # Not on the index: the index says so, the build fails.
+        r = self.run_imp("pkgs", ["tsbmissing"])
+        self.assert_build_failed(r, "tsbmissing")
+        self.assertIn("tsbmissing", "\n".join(r.stderr), "pip's last lines")
+        # On the index, but its file is on another world server: the proxy
+        # refuses it, the build fails, that server never sees the request.
+        r = self.run_imp("pkgs", ["tsboffsite"])
+        offsite_run = self.assert_build_failed(r, "tsboffsite")
+        seen = world_requests()[mark:]
+        paths = [e["path"] for e in seen]
+        self.assertIn("/simple/tsbmissing/", paths)
+        self.assertIn("/simple/tsboffsite/", paths)
+        self.assertEqual({(e["local"], e["port"]) for e in seen}, {(INDEX_ADDRESS, INDEX_PORT)}, seen)
+        self.assertFalse([p for p in paths if "tsboffsite-1.0" in p], seen)
+        self.assertEqual(read_text(T.loopback_log)[loopback:], "")
+        self.assertRegex(self.daemon.log(), r'egress run_id=%s .*host="api.public.test" port=8080 address=- '
+                                            r'verdict=refused reason="api.public.test is not allowed by the policy"'
+                         % re.escape(offsite_run))
+        self.assertEqual(self.keys(), before)
+
+    def test_an_index_at_a_denied_address_fails_the_build_and_is_never_reached(self):
+        before = self.keys()
+        loopback = len(read_text(T.loopback_log))
+        mark = len(world_requests())
+        for policy, host, port, address in (("pkgs-private", "private.test", 80, "10.20.0.10"),
+                                            ("pkgs-metadata", "metadata.test", 80, "169.254.169.254"),
+                                            ("pkgs-loopback", "loop.test", LOOPBACK_PORT, "127.0.0.1")):
+            with self.subTest(policy=policy):
+                r = self.run_imp(policy, ["tsbdemo"])
+                build_run = self.assert_build_failed(r, "tsbdemo")
+                # pip's last lines name the index it was given.
+                self.assertIn("Looking in indexes: http://%s%s/simple" % (host, "" if port == 80 else ":%d" % port),
+                              "\n".join(r.stderr))
+                # The proxy refused it by the deny list (the build's rules
+                # allow the name and port), and let nothing through.
+                self.assertRegex(self.daemon.log(),
+                                 r'egress run_id=%s .*host="%s" port=%d address=- verdict=refused '
+                                 r'reason="%s resolves only to denied addresses \(%s is '
+                                 % (re.escape(build_run), re.escape(host), port, re.escape(host), re.escape(address)))
+                self.assertNotRegex(self.daemon.log(), r'egress run_id=%s .*verdict=allowed' % re.escape(build_run))
+                # The run's error says so (pip alone reports a missing package).
+                self.assertIn("the egress proxy refused %s:%d: %s resolves only to denied addresses" % (host, port, host),
+                              r.record["error"])
+        self.assertEqual(world_requests()[mark:], [], "a denied server was reached")
+        self.assertEqual(read_text(T.loopback_log)[loopback:], "", "the daemon's host-loopback service was reached")
+        self.assertEqual(self.keys(), before)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 egress tests create (tests/egress/test_egress.py), never on a real network.
 
     python3 world.py --http PORT[,PORT...] [--https PORT --cert FILE --key FILE]
-                     --log FILE --name NAME [--wheel FILE]
+                     --log FILE --name NAME [--wheel FILE [--offsite URL]]
 
 Every server listens on all addresses of its namespace (IPv4 and IPv6) and
 answers:
@@ -10,7 +10,10 @@ answers:
                      request arrived on, the Host field, the method
   /redirect?to=URL   302 to URL
   /bytes?n=N         N bytes of "x"
-  /simple/...        a PEP 503 index holding --wheel
+  /simple/...        a PEP 503 index holding --wheel (any other project: 404;
+                     with --offsite URL, project "tsboffsite" lists one
+                     file, at URL: another server's, for a test to prove a
+                     build never fetches it)
   /files/NAME        the wheel
   /latest/meta-data  a stand-in for instance credentials ("SECRET-...")
   anything else      JSON as /whoami
@@ -21,6 +24,7 @@ server was never reached. Prints "ready" once every socket listens.
 import argparse
 import json
 import os
+import re
 import socket
 import ssl
 import sys
@@ -82,9 +86,18 @@ def handler_for(args, log_lock):
                 return self._send(200, SECRET, "text/plain")
             if url.path.startswith("/simple") and wheel_name:
                 project = wheel_name.split("-")[0].replace("_", "-").lower()
-                if url.path.rstrip("/") == "/simple":
-                    return self._send(200, '<a href="/simple/%s/">%s</a>' % (project, project), "text/html")
-                return self._send(200, '<a href="/files/%s">%s</a>' % (wheel_name, wheel_name), "text/html")
+                projects = {project: "/files/" + wheel_name}
+                if args.offsite:
+                    projects["tsboffsite"] = args.offsite
+                parts = [p for p in url.path.split("/") if p]
+                if len(parts) == 1:
+                    return self._send(200, "".join('<a href="/simple/%s/">%s</a>' % (p, p) for p in projects),
+                                      "text/html")
+                link = projects.get(re.sub(r"[-_.]+", "-", parts[1]).lower())
+                if link is None:
+                    return self._send(404, "no such project", "text/plain")
+                name = link.rsplit("/", 1)[1]
+                return self._send(200, '<a href="%s">%s</a>' % (link, name), "text/html")
             if url.path.startswith("/files/") and wheel_name and url.path.endswith(wheel_name):
                 with open(args.wheel, "rb") as f:
                     return self._send(200, f.read(), "application/octet-stream")
@@ -110,6 +123,7 @@ def main():
     ap.add_argument("--log", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--wheel")
+    ap.add_argument("--offsite")
     args = ap.parse_args()
     lock = threading.Lock()
     servers = []
