@@ -292,6 +292,25 @@ class SyncClientAgainstFake(Base):
         with self.assertRaises(T.ClientTimeoutError):
             T.Client(d.path, timeout=0.2, run_timeout_margin=0.1).status()
 
+    def test_a_run_with_requirements_waits_for_its_venv_build_too(self):
+        def slow(req, c):
+            time.sleep(0.6)
+            return ok(req)
+
+        d = self.fake(slow)
+        quick = dict(timeout=0.2, run_timeout_margin=0.1, venv_build_allowance=1.0)
+        c = T.Client(d.path, **quick)
+        r = c.run_tool("def f():\n    return 1\n", tool_name="f", args={}, organization_id="o", pip_requirements=["x"])
+        self.assertEqual(r.func_return, 1)  # waits max(0.2, 0 + 0.1 + 1.0)
+        r = c.run_tool("def f():\n    return 1\n", tool_name="f", args={}, organization_id="o",
+                       sandbox_config={"type": "local", "config": {"pip_requirements": [{"name": "x"}]}})
+        self.assertEqual(r.func_return, 1)
+        with self.assertRaises(T.ClientTimeoutError):
+            T.Client(d.path, **quick).run_tool("def f():\n    return 1\n", tool_name="f", args={}, organization_id="o")
+        self.assertTrue(P.asks_for_packages({"pip_requirements": ["x"]}))
+        self.assertFalse(P.asks_for_packages({"pip_requirements": [], "sandbox_config": {"config": {"pip_requirements": []}}}))
+        self.assertFalse(P.asks_for_packages({"sandbox_config": None}))
+
     def test_oversized_answer(self):
         d = self.fake(lambda req, c: b"x" * 5000 + b"\n")
         with self.assertRaises(T.ResponseError):
