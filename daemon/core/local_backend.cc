@@ -439,6 +439,14 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   // `out` is dropped on any other path).
   out.held = std::shared_ptr<void>(nullptr, [this](void*) { release_slot(); });
 
+  live_.insert(p.cancel);
+  // Out of live_ however the run ends (an exception too): shutdown waits
+  // for live_ to empty.
+  struct Unlive {
+    std::set<std::shared_ptr<CancelSignal>>& live;
+    const std::shared_ptr<CancelSignal>& cancel;
+    ~Unlive() { live.erase(cancel); }
+  } unlive{live_, p.cancel};
   // The run's own venv, found or built in its slot; held until the run ends.
   VenvOutcome venv;
   if (!venv_key.empty()) {
@@ -484,14 +492,6 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     order.venv = venv_key;
   }
 
-  live_.insert(p.cancel);
-  // Out of live_ however the run ends (an exception too): shutdown waits
-  // for live_ to empty.
-  struct Unlive {
-    std::set<std::shared_ptr<CancelSignal>>& live;
-    const std::shared_ptr<CancelSignal>& cancel;
-    ~Unlive() { live.erase(cancel); }
-  } unlive{live_, p.cancel};
   // Where the result frame starts: kept past the output cap, so a run that
   // prints more than the cap still returns its result (capped_output.h).
   std::vector<std::string> frame_tokens;
