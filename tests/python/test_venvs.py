@@ -64,7 +64,7 @@ def write_policies(tmp, wheels, hang_wheels, build_timeout="120s"):
 
     write("default", {"packages": {"allow": ["tsb*"], "max_requirements": 4, "wheels": wheels,
                                    "build": {"wall_timeout": build_timeout}}})
-    write("nopkgs", {})
+    write("nopkgs", {"packages": None})
     write("hang", {"packages": {"allow": ["*"], "wheels": hang_wheels, "build": {"wall_timeout": "4s"}}})
     orgs = {"version": 1,
             "default": {"privileged": False, "policy": "default", "allowed_policies": ["default"]},
