@@ -132,7 +132,7 @@ TEST_F(EngineTest, PrivsepSpawnerRefusesWhatThePolicyDoesNotAllow) {
   // A policy that allows LETTA_* only, so that a name outside it exists.
   const std::string pol = dir + "/policies/default.json";
   std::string text = slurp(pol);
-  auto at = text.find("\"allow\": [\"*\"]");
+  auto at = text.find("\"allow\": [\"*\"]", text.find("\"environment\""));
   ASSERT_NE(at, std::string::npos);
   text.replace(at, std::strlen("\"allow\": [\"*\"]"), "\"allow\": [\"LETTA_*\"]");
   std::ofstream(pol) << text;
