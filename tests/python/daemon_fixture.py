@@ -202,7 +202,8 @@ class Daemon:
                     os.unlink(p)
                 except OSError:
                     pass
-            for d in (os.path.join(state, "root"), state, self.run_dir):
+            for d in (os.path.join(state, "root"), os.path.join(state, "engines"), os.path.join(state, "empty"), state,
+                      self.run_dir):
                 try:
                     if not os.path.ismount(d):
                         os.rmdir(d)
