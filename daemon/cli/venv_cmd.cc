@@ -185,13 +185,19 @@ int cmd_venv(const std::vector<std::string>& args) {
     std::sort(es.begin(), es.end(), [](auto* a, auto* b) { return a->last_used > b->last_used; });
     json out = json::array();
     for (const venv::CacheEntry* e : es) {
-      json m = cache_.manifest(e->key);
-      json reqs = m.is_object() && m.contains("requirements") ? m["requirements"] : json::array();
+      // The manifest is the daemon's, but read as any file is: a field of
+      // another shape is shown as missing.
+      const json m = cache_.manifest(e->key);
+      json reqs = json::array();
+      if (m.is_object() && m.contains("requirements") && m["requirements"].is_array())
+        for (const auto& r : m["requirements"])
+          if (r.is_string()) reqs.push_back(r);
+      const json policy = m.is_object() && m.contains("policy") && m["policy"].is_string() ? m["policy"] : json("");
       out.push_back({{"key", e->key},
                      {"bytes", e->bytes},
                      {"last_used", when(e->last_used)},
                      {"in_use", cache_.held_anywhere(e->key)},
-                     {"policy", m.is_object() ? m.value("policy", "") : ""},
+                     {"policy", policy},
                      {"requirements", reqs}});
     }
     if (as_json) {

@@ -14,6 +14,7 @@
 #include "daemon/policy/jsonc.h"
 #include "isolate/base/random.h"
 #include "protocol/letta.h"
+#include "protocol/pyjson.h"
 
 namespace tsb::core {
 namespace {
@@ -36,7 +37,9 @@ std::string last_lines(std::string_view text, std::size_t n) {
     }
   std::string_view tail = text.substr(start);
   if (tail.size() > 4096) tail = tail.substr(tail.size() - 4096);
-  return std::string(tail);
+  // pip's output, package names, a cut inside a character: valid UTF-8 for
+  // the record, the manifest and Letta.
+  return protocol::utf8_decode_replace(tail).text;
 }
 
 // What names the interpreter builds run: its real path, size and change
@@ -49,11 +52,32 @@ std::string host_interpreter_id() {
   return std::string(real) + " " + std::to_string(st.st_size) + " " + std::to_string(st.st_ctim.tv_sec);
 }
 
+// The interpreter per-tool venvs point at, as the sandbox sees it (/usr is
+// the host's), and its X.Y from the name it resolves to (python3.11).
+venv::Interpreter host_interpreter() {
+  venv::Interpreter py;
+  char real[PATH_MAX];
+  if (!::realpath(py.python.c_str(), real)) return py;
+  const std::string_view name = std::string_view(real).substr(std::string_view(real).rfind('/') + 1);
+  if (name.starts_with("python3.") && name.size() > 8 && name.substr(8).find_first_not_of("0123456789") == std::string_view::npos)
+    py.version = std::string(name.substr(6));
+  return py;
+}
+
 }  // namespace
 
 void LocalBackend::open_venv_cache(const std::string& dir, std::uint64_t max_bytes) {
-  if (venvs_) return;
+  if (venvs_) {
+    if (venvs_->dir() != dir)
+      spdlog::warn("venvs.cache_dir changed from {} to {}: it takes effect at the next start; until then runs with "
+                   "pip requirements are refused",
+                   venvs_->dir(), dir);
+    wanted_venv_dir_ = dir;
+    return;
+  }
+  wanted_venv_dir_ = dir;
   interpreter_id_ = host_interpreter_id();
+  interpreter_ = host_interpreter();
   auto c = venv::Cache::open(dir, max_bytes);
   if (!c.ok()) {
     venvs_error_ = c.error().message;
@@ -97,6 +121,12 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(PreparedRun& p
       o.failure = "per-tool venvs are not available on this host: " + venvs_error_;
       co_return o;
     }
+    if (venvs_->dir() != wanted_venv_dir_) {
+      // The policies (and the spawner's binds) name the new directory.
+      o.failure = "per-tool venvs are not available until the daemon restarts: venvs.cache_dir changed from " +
+                  venvs_->dir() + " to " + wanted_venv_dir_;
+      co_return o;
+    }
     // (A venv another process removed meanwhile gives no hold: built again.)
     if (venvs_->has(key) && (o.hold = venvs_->hold(key))) {
       o.build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -107,14 +137,38 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(PreparedRun& p
     if (it == builds_.end()) {
       auto b = std::make_shared<Build>(io_);
       builds_.emplace(key, b);
-      VenvOutcome r = co_await build_venv(p, set, key);
-      builds_.erase(key);
+      // However the build ends (an exception, this coroutine destroyed at
+      // shutdown), its waiters are let go and the key can be built again.
+      struct Done {
+        LocalBackend* self;
+        const std::string& key;
+        std::shared_ptr<Build> b;
+        ~Done() {
+          if (auto it = self->builds_.find(key); it != self->builds_.end() && it->second == b) self->builds_.erase(it);
+          if (!b->finished) {
+            b->finished = true;
+            if (b->outcome.failure.empty()) {
+              b->outcome.failure = "the venv build ended abnormally";
+              b->outcome.cancelled = true;  // a waiter tries again
+            }
+          }
+          b->done.cancel();
+        }
+      } done{this, key, b};
+      VenvOutcome r;
+      try {
+        r = co_await build_venv(p, set, key);
+      } catch (const std::exception& e) {
+        spdlog::error("venv {}: the build failed in the daemon: {}", key.substr(0, 12), e.what());
+        r = VenvOutcome{};
+        r.failure = std::string("the venv build failed in the daemon: ") + e.what();
+        ++venv_build_failures_;
+      }
       b->finished = true;
       b->outcome.failure = r.failure;
       b->outcome.log_tail = r.log_tail;
       b->outcome.cancelled = r.cancelled;
       b->outcome.build_run_id = r.build_run_id;
-      b->done.cancel();
       r.build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       co_return r;
     }
@@ -196,14 +250,16 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun&
   const std::string what = "installing " + reqs.dump();
   if (ran.refused) {
     o.failure = what + ": the build could not start: " + ran.refused->message;
+  } else if (!archive_error->empty()) {
+    // (First: a refused archive kills the build, which then ends as
+    // cancelled; its waiters must not build it again.)
+    o.failure = what + ": the built venv was refused: " + *archive_error;
   } else if (r.reason == isolate::EndReason::Cancelled) {
     o.failure = what + ": the build was stopped";
     o.cancelled = true;
   } else if (r.reason == isolate::EndReason::Timeout) {
     o.failure = what + ": the build took longer than its limit (" + std::to_string(k.build_timeout.count() / 1000) +
                 "s) and was killed";
-  } else if (!archive_error->empty()) {
-    o.failure = what + ": the built venv was refused: " + *archive_error;
   } else if (r.reason != isolate::EndReason::Exited || r.exit_code != 0) {
     o.failure = what + ": " +
                 (r.reason == isolate::EndReason::Exited && r.exit_code == 2
@@ -212,7 +268,8 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun&
                  : r.reason == isolate::EndReason::SetupFailed ? "the build sandbox could not be set up: " + r.error
                                                                : "the build ended: " + std::string(isolate::to_string(r.reason)));
   } else {
-    json extra = {{"policy", pol.name},
+    json extra = {{"requirements", reqs},
+                  {"policy", pol.name},
                   {"policy_fingerprint", pol.fingerprint},
                   {"index_settings", k.index_settings()},
                   {"interpreter", interpreter_id_},
@@ -221,7 +278,7 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun&
                   {"built_at", std::chrono::duration_cast<std::chrono::seconds>(
                                    std::chrono::system_clock::now().time_since_epoch()).count()},
                   {"log_tail", o.log_tail}};
-    if (auto st = venvs_->publish(*staging, extra); !st.ok()) o.failure = what + ": " + st.error().message;
+    if (auto st = venvs_->publish(*staging, extra, interpreter_); !st.ok()) o.failure = what + ": " + st.error().message;
   }
   if (o.failure.empty()) {
     o.hold = venvs_->hold(key);

@@ -110,6 +110,8 @@ class LocalBackend final : public RunBackend {
   std::unique_ptr<venv::Cache> venvs_;
   std::string venvs_error_;  // why there is no cache
   std::string interpreter_id_;  // the host's python3, for the venv key
+  venv::Interpreter interpreter_;  // what a venv's frame points at
+  std::string wanted_venv_dir_;    // the configuration's (venvs_ stays where it opened)
   struct Build {
     explicit Build(asio::io_context& io) : done(io, std::chrono::steady_clock::time_point::max()) {}
     asio::steady_timer done;  // cancelled when the build ends

@@ -676,8 +676,17 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   } else {
     p.interpreter = p.venv.empty() ? "/usr/bin/python3" : std::string(isolate::kVenvPath) + "/bin/python3";
   }
-  TSB_TRY(expect(!p.packages.enabled || p.interpreter.starts_with(std::string(isolate::kVenvPath) + "/"),
-                 root.where("interpreter"), "must be in /venv with \"packages\": a tool's own venv is its interpreter"),
+  // A tool's own venv has exactly these (daemon/venv/archive.h writes them).
+  const auto venv_python = [](const std::string& i) {
+    const std::string bin = std::string(isolate::kVenvPath) + "/bin/";
+    if (!i.starts_with(bin)) return false;
+    const std::string n = i.substr(bin.size());
+    return n == "python" || n == "python3" ||
+           (n.starts_with("python3.") && n.size() > 8 && n.find_first_not_of("0123456789", 8) == std::string::npos);
+  };
+  TSB_TRY(expect(!p.packages.enabled || venv_python(p.interpreter), root.where("interpreter"),
+                 "must be /venv/bin/python3 (or python, python3.N) with \"packages\": a tool's own venv has only these, "
+                 "linked to the host's /usr/bin/python3"),
           "policy");
   if (const json* v = root.get("hostname")) {
     std::string h = v->is_string() ? v->get<std::string>() : std::string();

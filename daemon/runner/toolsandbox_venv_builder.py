@@ -14,7 +14,9 @@ installs the requirements into it with the system's pip (argv, never a
 shell; `--` before the requirements, which the daemon checked and put in
 canonical form), and writes the venv to stdout as a venv archive
 (daemon/venv/archive.h), with a manifest: the requirements, `pip freeze`,
-the Python version. pip's own output goes to stderr; on failure the exit
+the Python version. pyvenv.cfg, lib64 and bin/'s interpreter links and
+._pth files are left out: the daemon writes those itself (they decide which
+interpreter starts), and refuses an archive that has them. pip's own output goes to stderr; on failure the exit
 status is 2 (pip failed: its last lines are on stderr) or 3 (anything
 else), and stdout holds no archive end.
 
@@ -51,6 +53,17 @@ def file_record(out, path, full, mode):
             left -= len(chunk)
 
 
+def reserved(path):
+    """The paths the daemon writes itself (archive.h, reserved_path)."""
+    if path in ("pyvenv.cfg", "lib64"):
+        return True
+    if not path.startswith("bin/") or "/" in path[4:]:
+        return False
+    name = path[4:]
+    return (name in ("pyvenv.cfg", "python", "python3") or name.endswith("._pth")
+            or (name.startswith("python3.") and name[8:].isdigit() and name[8:].isascii()))
+
+
 def write_archive(root, out, manifest):
     out.write(MAGIC)
     if manifest is not None:
@@ -61,6 +74,10 @@ def write_archive(root, out, manifest):
         for name in sorted(dirnames + filenames):
             full = os.path.join(dirpath, name)
             path = name if rel == "." else rel + "/" + name
+            if reserved(path):
+                if name in dirnames:
+                    dirnames.remove(name)  # not descended into either
+                continue
             st = os.lstat(full)
             if stat.S_ISLNK(st.st_mode):
                 record(out, b"l", path, 0, os.fsencode(os.readlink(full)))

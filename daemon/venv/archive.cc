@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace tsb::venv {
 
@@ -66,7 +68,50 @@ Status write_all(int fd, std::string_view b) {
   return {};
 }
 
+// Makes `dir` and every directory below it read-only (0555), depth first.
+// Only the extractor made anything here (the staging directory is the
+// front end's, 0700), so what it finds is what the archive made; links
+// are not followed.
+Status make_read_only(int dir, unsigned depth) {
+  if (depth > kMaxDepth + 1) return Error::invalid("a directory deeper than the archive allows");
+  std::vector<std::string> subdirs;
+  {
+    DIR* d = ::fdopendir(::fcntl(dir, F_DUPFD_CLOEXEC, 3));
+    if (!d) return Error::from_errno("reading a venv directory");
+    while (const dirent* e = ::readdir(d)) {
+      const std::string_view n = e->d_name;
+      if (n == "." || n == "..") continue;
+      struct stat st {};
+      if (e->d_type == DT_DIR || (e->d_type == DT_UNKNOWN && ::fstatat(dir, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                                  S_ISDIR(st.st_mode)))
+        subdirs.emplace_back(n);
+    }
+    ::closedir(d);
+  }
+  for (const auto& n : subdirs) {
+    const UniqueFd sub(::openat(dir, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!sub) return Error::from_errno("opening " + n);
+    if (auto s = make_read_only(sub.get(), depth + 1); !s.ok()) return Error::invalid(n + "/" + s.error().message);
+  }
+  if (::fchmod(dir, 0555) != 0) return Error::from_errno("making a directory read-only");
+  return {};
+}
+
+bool is_python_name(std::string_view n) {
+  if (n == "python" || n == "python3") return true;
+  if (!n.starts_with("python3.") || n.size() == 8) return false;
+  return n.substr(8).find_first_not_of("0123456789") == std::string_view::npos;
+}
+
 }  // namespace
+
+bool reserved_path(std::string_view path) {
+  if (path == "pyvenv.cfg" || path == "lib64") return true;
+  if (!path.starts_with("bin/")) return false;
+  const std::string_view n = path.substr(4);
+  if (n.find('/') != std::string_view::npos) return false;
+  return n == "pyvenv.cfg" || is_python_name(n) || n.ends_with("._pth");
+}
 
 Extractor::Extractor(UniqueFd root, ArchiveLimits limits) : root_(std::move(root)), limits_(limits) {}
 
@@ -138,6 +183,11 @@ Status Extractor::header(std::string_view& in) {
   }
   if (kind_ != 'd' && kind_ != 'f' && kind_ != 'l') return fail("an unknown record kind");
   if (auto why = path_problem(path_); !why.empty()) return fail(why);
+  if (reserved_path(path_)) return fail(path_ + " is the daemon's to write (it decides which interpreter starts)");
+  if (kind_ == 'l' && left_ > kMaxLink) return fail("a link target longer than 4096 bytes");
+  meta_bytes_ += path_.size() + (kind_ == 'l' ? left_ : 0);
+  if (meta_bytes_ > limits_.max_meta_bytes)
+    return fail("more than " + std::to_string(limits_.max_meta_bytes) + " bytes of paths and link targets");
   if (++entries_ > limits_.max_entries) return fail("more than " + std::to_string(limits_.max_entries) + " entries");
   const std::size_t slash = path_.rfind('/');
   name_ = slash == std::string::npos ? path_ : path_.substr(slash + 1);
@@ -148,10 +198,8 @@ Status Extractor::header(std::string_view& in) {
     if (left_ != 0) return fail("a directory with content");
     if (::mkdirat(parent_.get(), name_.c_str(), 0700) != 0)
       return fail(errno == EEXIST ? path_ + " appears twice" : "cannot make " + path_ + ": " + std::strerror(errno));
-    dirs_.push_back(path_);
     return {};
   }
-  if (kind_ == 'l' && left_ > kMaxLink) return fail("a link target longer than 4096 bytes");
   if (kind_ == 'f') {
     if (left_ > limits_.max_file_bytes - file_bytes_)
       return fail("more than " + std::to_string(limits_.max_file_bytes) + " bytes of files");
@@ -195,17 +243,38 @@ Status Extractor::finish_entry() {
   return {};
 }
 
-Status Extractor::finish() {
+Status Extractor::finish(const Interpreter& py) {
   if (!error_.empty()) return Error::invalid(error_, EPROTO);
   if (state_ != State::Done) return fail("the archive ends before its end record");
-  for (const auto& d : dirs_) {
-    struct open_how how {};
-    how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
-    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
-    const UniqueFd fd(static_cast<int>(::syscall(SYS_openat2, root_.get(), d.c_str(), &how, sizeof how)));
-    if (!fd || ::fchmod(fd.get(), 0555) != 0) return fail("cannot make " + d + " read-only: " + std::strerror(errno));
+  // The frame: bin/ may be missing from the archive, nothing else of it
+  // can be there (reserved_path).
+  if (py.python.empty() || py.python[0] != '/' || py.python.find('\n') != std::string::npos)
+    return fail("no interpreter to point the venv at");
+  if (!py.version.empty() && !(py.version.starts_with("3.") && is_python_name("python" + py.version)))
+    return fail("a malformed interpreter version");
+  if (::mkdirat(root_.get(), "bin", 0700) != 0 && errno != EEXIST) return fail(std::string("cannot make bin: ") + std::strerror(errno));
+  const UniqueFd bin(::openat(root_.get(), "bin", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!bin) return fail("bin is not a directory");
+  const std::size_t slash = py.python.rfind('/');
+  std::string cfg = "home = " + (slash == 0 ? std::string("/") : py.python.substr(0, slash)) +
+                    "\ninclude-system-site-packages = false\n";
+  if (!py.version.empty()) cfg += "version = " + py.version + "\n";
+  {
+    UniqueFd f(::openat(root_.get(), "pyvenv.cfg", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444));
+    if (!f) return fail(std::string("cannot create pyvenv.cfg: ") + std::strerror(errno));
+    if (auto s = write_all(f.get(), cfg); !s.ok()) return fail("pyvenv.cfg: " + s.error().message);
+    if (::fchmod(f.get(), 0444) != 0) return fail(std::string("cannot set the mode of pyvenv.cfg: ") + std::strerror(errno));
   }
-  if (::fchmod(root_.get(), 0555) != 0) return fail(std::string("cannot make the venv read-only: ") + std::strerror(errno));
+  struct Link {
+    int dir;
+    std::string name, target;
+  };
+  std::vector<Link> links = {{bin.get(), "python3", py.python}, {bin.get(), "python", "python3"}, {root_.get(), "lib64", "lib"}};
+  if (!py.version.empty()) links.push_back({bin.get(), "python" + py.version, "python3"});
+  for (const auto& l : links)
+    if (::symlinkat(l.target.c_str(), l.dir, l.name.c_str()) != 0)
+      return fail("cannot make the link " + l.name + ": " + std::strerror(errno));
+  if (auto s = make_read_only(root_.get(), 0); !s.ok()) return fail("cannot make the venv read-only: " + s.error().message);
   return {};
 }
 

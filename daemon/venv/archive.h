@@ -20,12 +20,18 @@
 //   mode    only the execute bits count: a file becomes 0444, or 0555 when
 //           the mode has any execute bit; a directory 0555 once the
 //           archive is complete. Nothing is writable, setuid or setgid.
+//
+// What decides which interpreter starts and where its standard library
+// comes from is never taken from the archive (reserved_path): the runner's
+// parent process, which holds the run's nonce, is started from
+// /venv/bin/python3 (-I -S), and a pyvenv.cfg, an interpreter link or a
+// ._pth file written by the build would choose its code. finish() writes
+// them itself, pointing at the host's interpreter.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "isolate/base/result.h"
 #include "isolate/base/unique_fd.h"
@@ -37,7 +43,19 @@ inline constexpr std::string_view kArchiveMagic = "TSBVENV1";
 struct ArchiveLimits {
   std::uint64_t max_file_bytes = 1ull << 30;  // file payloads together
   std::uint64_t max_entries = 200000;         // directories, files and links
+  std::uint64_t max_meta_bytes = 32u << 20;   // paths and link targets together
   std::size_t max_manifest = 1u << 20;
+};
+
+// Whether the archive may not hold `path`: pyvenv.cfg (at the root or in
+// bin/), lib64, and in bin/ python, python3, python3.N and any *._pth.
+bool reserved_path(std::string_view path);
+
+// The interpreter a venv's frame points at: `python` (an absolute path, as
+// the sandbox sees it) and its "X.Y" version.
+struct Interpreter {
+  std::string python = "/usr/bin/python3";
+  std::string version;  // "3.11"; empty: no python3.N link, no version line
 };
 
 class Extractor {
@@ -50,9 +68,11 @@ class Extractor {
   // The next bytes of the stream, in any cut. The first error is final:
   // every later call returns it too.
   Status feed(std::string_view chunk);
-  // After the last byte: the end record must have been seen. Makes every
+  // After the last byte: the end record must have been seen. Writes the
+  // venv's frame for `py` (pyvenv.cfg; bin/python3 -> py.python,
+  // bin/python and bin/python3.N -> python3; lib64 -> lib) and makes every
   // directory read-only (0555).
-  Status finish();
+  Status finish(const Interpreter& py);
 
   std::uint64_t file_bytes() const noexcept { return file_bytes_; }
   std::uint64_t entries() const noexcept { return entries_; }
@@ -79,9 +99,8 @@ class Extractor {
   UniqueFd parent_;
   std::string name_;
   std::string small_;  // a link's target or the manifest, as it arrives
-  std::uint64_t file_bytes_ = 0, entries_ = 0;
+  std::uint64_t file_bytes_ = 0, entries_ = 0, meta_bytes_ = 0;
   bool have_manifest_ = false;
-  std::vector<std::string> dirs_;  // made here, to make read-only at the end
   std::string manifest_;
 };
 

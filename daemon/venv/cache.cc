@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -39,10 +38,12 @@ Result<std::string> read_at(int dir, const std::string& name, std::size_t max) {
   return out;
 }
 
+// Manifests are 0644: a removal's write lock needs a descriptor open for
+// writing (the directory is the owner's alone, 0755).
 Status write_new(int dir, const std::string& name, const std::string& data) {
-  UniqueFd f(::openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444));
+  UniqueFd f(::openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (!f) return Error::from_errno("creating " + name);
-  if (::fchmod(f.get(), 0444) != 0) return Error::from_errno("chmod " + name);  // whatever the umask
+  if (::fchmod(f.get(), 0644) != 0) return Error::from_errno("chmod " + name);  // whatever the umask
   std::size_t off = 0;
   while (off < data.size()) {
     ssize_t n = ::write(f.get(), data.data() + off, data.size() - off);
@@ -51,6 +52,24 @@ Status write_new(int dir, const std::string& name, const std::string& data) {
     off += static_cast<std::size_t>(n);
   }
   return {};
+}
+
+// An open file description lock on all of `fd`: F_RDLCK (a hold),
+// F_WRLCK (a removal); false when another description holds a conflicting
+// one.
+bool lock(int fd, short type) {
+  struct flock l{};
+  l.l_type = type;
+  l.l_whence = SEEK_SET;
+  return ::fcntl(fd, F_OFD_SETLK, &l) == 0;
+}
+
+// A list of at most `max_items` strings of at most `max_len` bytes, or null.
+json string_list(const json& v, std::size_t max_items, std::size_t max_len) {
+  if (!v.is_array() || v.size() > max_items) return json();
+  for (const auto& e : v)
+    if (!e.is_string() || e.get_ref<const std::string&>().size() > max_len) return json();
+  return v;
 }
 
 // Out of the way first (a name no run can ask for), then removed.
@@ -115,7 +134,8 @@ Status Cache::scan() {
     }
     CacheEntry ce;
     ce.key = n;
-    ce.bytes = doc.value("bytes", std::uint64_t{0});
+    const json& b = doc.contains("bytes") ? doc["bytes"] : json();
+    ce.bytes = b.is_number_unsigned() ? b.get<std::uint64_t>() : 0;
     struct stat ms{};
     if (::fstatat(fd_.get(), (n + ".json").c_str(), &ms, AT_SYMLINK_NOFOLLOW) == 0)
       ce.last_used = std::chrono::system_clock::time_point(std::chrono::seconds(ms.st_mtim.tv_sec));
@@ -159,19 +179,19 @@ Cache::Hold Cache::hold(const std::string& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return {};
   if (it->second.in_use == 0) {
-    // The first hold locks the manifest shared: a removal by another
-    // process (which locks it exclusive first) is then refused. One that
-    // came first leaves a manifest that is locked or unlinked: then the
-    // venv is gone.
-    auto lock = std::make_shared<UniqueFd>(::openat(fd_.get(), (key + ".json").c_str(),
-                                                    O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    // The first hold read-locks the manifest: a removal by another process
+    // (which write-locks it first) is then refused. One that came first
+    // leaves a manifest that is write-locked or unlinked: then the venv is
+    // gone. (Only removals take write locks; asking takes none.)
+    auto fd = std::make_shared<UniqueFd>(::openat(fd_.get(), (key + ".json").c_str(),
+                                                  O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
     struct stat st{};
-    if (!*lock || ::flock(lock->get(), LOCK_SH | LOCK_NB) != 0 || ::fstat(lock->get(), &st) != 0 || st.st_nlink == 0) {
+    if (!*fd || !lock(fd->get(), F_RDLCK) || ::fstat(fd->get(), &st) != 0 || st.st_nlink == 0) {
       total_ -= std::min(total_, it->second.bytes);
       entries_.erase(it);
       return {};
     }
-    it->second.lock = std::move(lock);
+    it->second.lock = std::move(fd);
   }
   ++it->second.in_use;
   touch(key);
@@ -201,10 +221,15 @@ Result<std::unique_ptr<Cache::Staging>> Cache::stage(const std::string& key, con
   return s;
 }
 
-Status Cache::publish(Staging& s, const json& extra) {
-  TSB_TRY(s.extractor_->finish(), "the venv archive");
-  json manifest = json::parse(s.extractor_->manifest(), nullptr, false);
-  if (!manifest.is_object()) return Error::invalid("the venv archive has no manifest");
+Status Cache::publish(Staging& s, const json& extra, const Interpreter& py) {
+  if (!s.extractor_) return Error::invalid("venv " + s.key_ + " is already published");
+  TSB_TRY(s.extractor_->finish(py), "the venv archive");
+  const json built = json::parse(s.extractor_->manifest(), nullptr, false);
+  if (!built.is_object()) return Error::invalid("the venv archive has no manifest");
+  json manifest = json::object();
+  manifest["freeze"] = string_list(built.contains("freeze") ? built["freeze"] : json(), 10000, 4096);
+  const json python = built.contains("python") ? built["python"] : json();
+  manifest["python"] = python.is_string() && python.get_ref<const std::string&>().size() <= 64 ? python : json();
   for (auto it = extra.begin(); it != extra.end(); ++it) manifest[it.key()] = it.value();
   const std::uint64_t bytes = s.extractor_->file_bytes() + s.extractor_->entries() * kBlock;
   manifest["key"] = s.key_;
@@ -214,8 +239,34 @@ Status Cache::publish(Staging& s, const json& extra) {
   s.extractor_.reset();
   if (::fchmodat(fd_.get(), s.name_.c_str(), 0555, 0) != 0) return Error::from_errno("chmod " + s.name_);
   const std::string tmp_manifest = s.name_ + ".json";
-  TSB_TRY(write_new(fd_.get(), tmp_manifest, manifest.dump(2) + "\n"), "the venv's manifest");
-  if (::renameat(fd_.get(), s.name_.c_str(), fd_.get(), s.key_.c_str()) != 0) {
+  // Invalid UTF-8 (pip's output, a package's name) is replaced, not thrown.
+  TSB_TRY(write_new(fd_.get(), tmp_manifest, manifest.dump(2, ' ', false, json::error_handler_t::replace) + "\n"),
+          "the venv's manifest");
+  bool renamed = ::renameat(fd_.get(), s.name_.c_str(), fd_.get(), s.key_.c_str()) == 0;
+  if (!renamed && (errno == ENOTEMPTY || errno == EEXIST)) {
+    // The key's directory is there: either a venv another process is
+    // removing (its manifest already gone), taken out of the way here too;
+    // or a complete one (this process builds a key only when it has none,
+    // but a hold can fail while a removal is refused): kept, and this
+    // build dropped.
+    struct stat st{};
+    if (::fstatat(fd_.get(), (s.key_ + ".json").c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      (void)::unlinkat(fd_.get(), tmp_manifest.c_str(), 0);
+      if (!entries_.contains(s.key_)) {
+        auto m = this->manifest(s.key_);
+        CacheEntry ce;
+        ce.key = s.key_;
+        ce.bytes = m.contains("bytes") && m["bytes"].is_number_unsigned() ? m["bytes"].get<std::uint64_t>() : bytes;
+        ce.last_used = std::chrono::system_clock::now();
+        total_ += ce.bytes;
+        entries_[s.key_] = std::move(ce);
+      }
+      return {};  // the staging directory goes with `s`
+    }
+    (void)remove_venv_dir(fd_.get(), s.key_);
+    renamed = ::renameat(fd_.get(), s.name_.c_str(), fd_.get(), s.key_.c_str()) == 0;
+  }
+  if (!renamed) {
     const int err = errno;
     (void)::unlinkat(fd_.get(), tmp_manifest.c_str(), 0);
     return Error::from_errno(err, "publishing venv " + s.key_);
@@ -231,6 +282,7 @@ Status Cache::publish(Staging& s, const json& extra) {
   ce.key = s.key_;
   ce.bytes = bytes;
   ce.last_used = std::chrono::system_clock::now();
+  total_ -= std::min(total_, entries_.contains(s.key_) ? entries_[s.key_].bytes : 0);
   total_ += bytes;
   entries_[s.key_] = std::move(ce);
   evict();
@@ -276,21 +328,32 @@ bool Cache::held_anywhere(const std::string& key) const {
   if (it != entries_.end() && it->second.in_use > 0) return true;
   UniqueFd f(::openat(fd_.get(), (key + ".json").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (!f) return false;
-  if (::flock(f.get(), LOCK_EX | LOCK_NB) != 0) return errno == EWOULDBLOCK;
-  return false;  // closing the descriptor releases the lock
+  // Asked, not taken: a probe never makes a hold fail.
+  struct flock l{};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  return ::fcntl(f.get(), F_OFD_GETLK, &l) == 0 && l.l_type != F_UNLCK;
 }
 
 Status Cache::remove(const std::string& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return Error::invalid("no venv " + key, ENOENT);
   if (it->second.in_use > 0) return Error::invalid("venv " + key + " is in use by " + std::to_string(it->second.in_use) + " runs", EBUSY);
-  // Locked exclusive, then unlinked: a hold taken meanwhile sees the lock,
+  // Write-locked, then unlinked: a hold taken meanwhile sees the lock,
   // and one taken after sees the manifest gone.
   const std::string manifest = key + ".json";
-  UniqueFd lock(::openat(fd_.get(), manifest.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
-  if (lock && ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0)
-    return Error::invalid("venv " + key + " is in use by a run", EBUSY);
-  if (::unlinkat(fd_.get(), manifest.c_str(), 0) != 0 && errno != ENOENT) return Error::from_errno("removing the manifest of " + key);
+  {
+    UniqueFd fd(::openat(fd_.get(), manifest.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    if (!fd && errno == EACCES && ::fchmodat(fd_.get(), manifest.c_str(), 0644, 0) == 0)  // an older 0444 one
+      fd.reset(::openat(fd_.get(), manifest.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    if (!fd && errno != ENOENT) return Error::from_errno("opening the manifest of " + key);
+    if (fd && !lock(fd.get(), F_WRLCK)) {
+      if (errno != EAGAIN && errno != EACCES) return Error::from_errno("locking the manifest of " + key);
+      return Error::invalid("venv " + key + " is in use by a run", EBUSY);
+    }
+    if (::unlinkat(fd_.get(), manifest.c_str(), 0) != 0 && errno != ENOENT)
+      return Error::from_errno("removing the manifest of " + key);
+  }  // the lock goes with the name: nothing can take the venv now
   total_ -= std::min(total_, it->second.bytes);
   entries_.erase(it);
   return remove_venv_dir(fd_.get(), key);

@@ -5,8 +5,9 @@
 //                   binds it at /venv for a run that names the key
 //   <key>.json      its manifest: requirements, pip freeze, Python, sizes,
 //                   build time, the build's log tail; its mtime is the
-//                   venv's last use, and a shared flock(2) on it says a
-//                   run holds the venv
+//                   venv's last use, and a read lock on it (an open file
+//                   description lock, fcntl(2) F_OFD_SETLK) says a run
+//                   holds the venv
 //   .tmp-*          a build being extracted, or a venv being removed
 //
 // A venv is published by two renames (the directory, then the manifest), so
@@ -17,11 +18,13 @@
 // Two processes use a cache: the front end (builds, holds, evicts) and
 // `toolsandbox venv list|show|gc` (reads, and removes venvs nobody holds).
 // What they share is the file system: a venv in use has its manifest
-// locked shared (by the front end, from before its run is started until the
-// run has ended); removing one takes the lock exclusive first and gives up
-// when it cannot, and a hold taken on a manifest that was removed meanwhile
-// (its link count 0) is no hold. Only the front end publishes, and only it
-// cleans up leftovers (at open).
+// read-locked (by the front end, from before its run is started until the
+// run has ended); removing one takes a write lock first and gives up when
+// it cannot, and a hold taken on a manifest that is being or was removed
+// (write-locked, or its link count 0) is no hold. Asking whether a venv is
+// held (F_OFD_GETLK) takes no lock, so `toolsandbox venv list` never makes
+// a run miss its venv. Only the front end publishes, and only it cleans up
+// leftovers (at open).
 //
 // Not thread-safe: one event loop per process. Single-flight builds and
 // waiting are the caller's (daemon/core/local_backend.cc).
@@ -88,7 +91,9 @@ class Cache {
   class Staging {
    public:
     ~Staging();
-    Status feed(std::string_view chunk) { return extractor_->feed(chunk); }
+    Status feed(std::string_view chunk) {
+      return extractor_ ? extractor_->feed(chunk) : Error::invalid("the venv archive is already complete", EPROTO);
+    }
     Extractor& extractor() { return *extractor_; }
     const std::string& key() const noexcept { return key_; }
 
@@ -101,9 +106,12 @@ class Cache {
     bool published_ = false;
   };
   Result<std::unique_ptr<Staging>> stage(const std::string& key, const ArchiveLimits& limits);
-  // Finishes the archive and publishes it, with `manifest` (the builder's,
-  // to which the sizes and `extra` are added). Then evicts down to the cap.
-  Status publish(Staging& s, const nlohmann::json& extra);
+  // Finishes the archive (its frame pointing at `py`) and publishes it, with
+  // a manifest made of `extra` (the caller's: requirements, policy, build
+  // time...), the sizes, and of the builder's only "freeze" (a list of
+  // strings) and "python" (a string): the builder ran packages' code, so
+  // nothing else it says is kept. Then evicts down to the cap.
+  Status publish(Staging& s, const nlohmann::json& extra, const Interpreter& py = {});
 
   // Removes least recently used venvs no run holds until the total is
   // within the cap (or `target` bytes, when given); the keys removed.

@@ -96,6 +96,17 @@ class VenvDaemon:
         make_wheel(self.wheels, "tsbdep", "1.0")
         make_wheel(self.wheels, "tsbtool", "1.5", requires=["tsbdep>=2"])
         make_wheel(self.wheels, "tsbother", "3.0")
+        # A wheel that tries to choose the interpreter the runner's parent
+        # (which holds the nonce) starts from: a pyvenv.cfg at the venv's
+        # root and a ._pth file beside bin/python3 (both still let pip
+        # freeze work, so only the daemon's refusal keeps them out).
+        ver = "python%d.%d" % sys.version_info[:2]
+        make_wheel(self.wheels, "tsbevil", "1.0", modules={
+            "tsbevil/__init__.py": "VALUE = 'evil'\n",
+            "tsbevil-1.0.data/data/pyvenv.cfg": "home = /usr/bin\ninclude-system-site-packages = true\nevil = yes\n",
+            "tsbevil-1.0.data/scripts/%s._pth" % "python3": "/usr/lib/%s.zip\n/usr/lib/%s\n/usr/lib/%s/lib-dynload\n"
+            "/venv/lib/%s/site-packages\n/venv/evil\n" % (ver.replace(".", ""), ver, ver, ver),
+        })
         if big:
             # Three venvs of about 6 MiB each (incompressible data).
             for name in ("tsbbiga", "tsbbigb", "tsbbigc"):
@@ -243,6 +254,29 @@ class Venvs(unittest.TestCase):
         self.assertFalse(r.func_return.pop("access"))
         for p, v in r.func_return.items():
             self.assertIn(v, (13, 30), p)  # EACCES or EROFS, never written
+
+    def test_the_build_cannot_choose_the_interpreter(self):
+        src = ("import os, sys\n\n"
+               "def frame() -> dict:\n"
+               "    import tsbevil\n"
+               "    return {'cfg': open('/venv/pyvenv.cfg').read(), 'pth': os.path.exists('/venv/bin/python3._pth'),\n"
+               "            'python3': os.readlink('/venv/bin/python3'), 'path': sys.path,\n"
+               "            'real': os.path.realpath(sys.executable), 'value': tsbevil.VALUE}\n")
+        r = run_tool(self.client, src, "frame", ["tsbevil"])
+        self.assertEqual(r.status, "success", r)
+        f = r.func_return
+        self.assertEqual(f["value"], "evil")
+        self.assertTrue(f["cfg"].startswith("home = /usr/bin\ninclude-system-site-packages = false\n"), f["cfg"])
+        self.assertNotIn("evil", f["cfg"])
+        self.assertFalse(f["pth"])
+        self.assertEqual(f["python3"], "/usr/bin/python3")
+        self.assertEqual(f["real"], os.path.realpath("/usr/bin/python3"))
+        self.assertNotIn("/venv/evil", f["path"])
+        # The manifest is the daemon's: pip freeze and the Python version
+        # from the build, the rest its own.
+        manifest = json.load(open(os.path.join(self.v.cache, r.record["venv"]["key"] + ".json")))
+        self.assertIn("tsbevil==1.0", manifest["freeze"])
+        self.assertEqual(manifest["requirements"], ["tsbevil"])
 
     def test_no_requirements_use_the_policy_venv(self):
         src = ("import sys\n\ndef where() -> dict:\n"

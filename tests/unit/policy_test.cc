@@ -943,7 +943,9 @@ TEST(PolicyPackages, Refusals) {
       {R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "build": {"venv_size": "1MiB"}}})", "16MiB"},
       {R"({"version": 1, "backend": "e2b", "packages": {"allow": ["*"], "wheels": "/srv/w"}})", "local backend"},
       {R"({"version": 1, "filesystem": {"venv": null}, "packages": {"allow": ["*"], "wheels": "/srv/w"}})", "filesystem"},
-      {R"({"version": 1, "interpreter": "/usr/bin/python3", "packages": {"allow": ["*"], "wheels": "/srv/w"}})", "in /venv"},
+      {R"({"version": 1, "interpreter": "/usr/bin/python3", "packages": {"allow": ["*"], "wheels": "/srv/w"}})", "/venv/bin/python3"},
+      {R"({"version": 1, "interpreter": "/venv/bin/mypython", "packages": {"allow": ["*"], "wheels": "/srv/w"}})", "/venv/bin/python3"},
+      {R"({"version": 1, "interpreter": "/venv/bin/python3.x", "packages": {"allow": ["*"], "wheels": "/srv/w"}})", "/venv/bin/python3"},
   };
   for (const auto& [text, words] : cases) {
     auto r = load_text(t, text);

@@ -54,11 +54,11 @@ struct Dir {
 
 // Extracts `stream` into a fresh directory `out` of `d`, fed in pieces of `cut`.
 tsb::Status extract(const Dir& d, const std::string& stream, std::size_t cut = 1 << 16, ArchiveLimits lim = {},
-                    std::string* manifest = nullptr) {
+                    std::string* manifest = nullptr, const tsb::venv::Interpreter& py = {}) {
   Extractor x(d.make("out"), lim);
   for (std::size_t i = 0; i < stream.size(); i += cut)
     if (auto s = x.feed(std::string_view(stream).substr(i, cut)); !s.ok()) return s;
-  auto s = x.finish();
+  auto s = x.finish(py);
   if (manifest) *manifest = x.manifest();
   return s;
 }
@@ -88,9 +88,13 @@ TEST(VenvArchive, TheBuildersArchiveExtractsExactlyInAnyCut) {
   fs::permissions(t / "bin/tool", fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read);
   std::ofstream(t / "lib/python3.11/site-packages/pkg/__init__.py") << std::string(300000, 'x');
   std::ofstream(t / "lib/python3.11/site-packages/pkg/empty.py");
-  fs::create_symlink("/usr/bin/python3", t / "bin/python3");
+  // What decides the interpreter is the daemon's: the builder leaves it
+  // out, and the extractor writes its own.
+  fs::create_symlink("/evil/python3", t / "bin/python3");
   fs::create_symlink("python3", t / "bin/python");
+  std::ofstream(t / "bin/python3._pth") << "/evil\n";
   fs::create_symlink("lib", t / "lib64");
+  std::ofstream(t / "bin/python-dotenv") << "#!/venv/bin/python3\n";  // not reserved
   const std::string builder = std::string(TSB_SOURCE_DIR) + "/daemon/runner/toolsandbox_venv_builder.py";
   const std::string cmd = "/usr/bin/python3 " + builder + " --archive " + t.string();
   std::FILE* p = ::popen(cmd.c_str(), "r");
@@ -104,10 +108,13 @@ TEST(VenvArchive, TheBuildersArchiveExtractsExactlyInAnyCut) {
   for (std::size_t cut : {std::size_t{1}, std::size_t{7}, std::size_t{4096}, stream.size()}) {
     Dir d;
     std::string manifest;
-    ASSERT_EQ(error_of(extract(d, stream, cut, {}, &manifest)), "") << "cut " << cut;
+    ASSERT_EQ(error_of(extract(d, stream, cut, {}, &manifest, {"/usr/bin/python3", "3.11"})), "") << "cut " << cut;
     EXPECT_EQ(manifest, "{}");
     const fs::path o = d.path / "out";
-    EXPECT_EQ(slurp(o / "pyvenv.cfg"), "home = /usr/bin\n");
+    EXPECT_EQ(slurp(o / "pyvenv.cfg"), "home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.11\n");
+    EXPECT_EQ(fs::read_symlink(o / "bin/python3.11"), "python3");
+    EXPECT_FALSE(fs::exists(fs::symlink_status(o / "bin/python3._pth")));
+    EXPECT_EQ(slurp(o / "bin/python-dotenv"), "#!/venv/bin/python3\n");
     EXPECT_EQ(slurp(o / "lib/python3.11/site-packages/pkg/__init__.py"), std::string(300000, 'x'));
     EXPECT_EQ(slurp(o / "lib/python3.11/site-packages/pkg/empty.py"), "");
     EXPECT_EQ(fs::read_symlink(o / "bin/python3"), "/usr/bin/python3");
@@ -222,7 +229,56 @@ TEST(VenvArchive, LimitsAndFraming) {
   Extractor x(d.make("out"), {});
   EXPECT_FALSE(x.feed("NOTMAGIC").ok());
   EXPECT_FALSE(x.feed(magic + kEnd).ok());
-  EXPECT_FALSE(x.finish().ok());
+  EXPECT_FALSE(x.finish({}).ok());
+
+  // Paths and link targets together are capped.
+  ArchiveLimits meta;
+  meta.max_meta_bytes = 10;
+  EXPECT_EQ(err(magic + rec('d', "abcde", 0, "") + kEnd, meta), "");
+  EXPECT_NE(err(magic + rec('d', "abcde", 0, "") + rec('l', "ab", 0, "target") + kEnd, meta).find("bytes of paths"),
+            std::string::npos);
+}
+
+// The runner's parent holds the run's nonce and starts from
+// /venv/bin/python3: nothing that chooses its code comes from a build.
+TEST(VenvArchive, WhatChoosesTheInterpreterIsNeverTakenFromTheArchive) {
+  const std::string magic = "TSBVENV1";
+  const std::string bin = rec('d', "bin", 0755, "");
+  for (const std::string& path : {"pyvenv.cfg", "lib64", "bin/pyvenv.cfg", "bin/python", "bin/python3", "bin/python3.11",
+                                  "bin/python3.9", "bin/python3._pth", "bin/python3.11._pth", "bin/x._pth"}) {
+    for (char kind : {'f', 'l', 'd'}) {
+      Dir d;
+      const std::string err = error_of(extract(d, magic + bin + rec(kind, path, 0755, kind == 'd' ? "" : "/evil") + kEnd));
+      EXPECT_NE(err.find("the daemon's to write"), std::string::npos) << kind << " " << path << ": " << err;
+      EXPECT_TRUE(tsb::venv::reserved_path(path)) << path;
+    }
+  }
+  for (const std::string& path : {"bin/python-dotenv", "bin/python3x", "bin/python3.", "bin/pythonw", "lib/pyvenv.cfg",
+                                  "lib/python3.11", "bin/sub/python3", "lib64x", "python3"})
+    EXPECT_FALSE(tsb::venv::reserved_path(path)) << path;
+
+  // The frame, also without a bin/ in the archive.
+  Dir d;
+  ASSERT_EQ(error_of(extract(d, magic + rec('d', "lib", 0755, "") + kEnd, 4096, {}, nullptr, {"/usr/bin/python3", "3.11"})), "");
+  const fs::path o = d.path / "out";
+  EXPECT_EQ(fs::read_symlink(o / "bin/python3"), "/usr/bin/python3");
+  EXPECT_EQ(fs::read_symlink(o / "bin/python"), "python3");
+  EXPECT_EQ(fs::read_symlink(o / "bin/python3.11"), "python3");
+  EXPECT_EQ(fs::read_symlink(o / "lib64"), "lib");
+  EXPECT_EQ(mode_of(o / "pyvenv.cfg"), 0444u);
+  EXPECT_EQ(mode_of(o / "bin"), 0555u);
+  // A bin/ that is not a directory: refused, not followed.
+  for (char kind : {'f', 'l'}) {
+    Dir e;
+    fs::create_directory(e.path / "elsewhere");
+    const std::string err = error_of(extract(e, magic + rec(kind, "bin", 0, (e.path / "elsewhere").string()) + kEnd));
+    EXPECT_NE(err.find("bin"), std::string::npos) << kind << ": " << err;
+    EXPECT_TRUE(fs::is_empty(e.path / "elsewhere")) << kind;
+  }
+  // A version that is not X.Y.
+  Dir f;
+  EXPECT_NE(error_of(extract(f, magic + kEnd, 4096, {}, nullptr, {"/usr/bin/python3", "3"})).find("malformed"),
+            std::string::npos);
 }
 
 TEST(VenvArchive, RemoveTreeRemovesAReadOnlyTreeAndFollowsNoLink) {

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -59,7 +60,7 @@ class CacheTest : public ::testing::Test {
     auto s = c.stage(k, ArchiveLimits{});
     ASSERT_TRUE(s.ok()) << s.error().message;
     ASSERT_TRUE((*s)->feed(archive(bytes)).ok());
-    auto st = c.publish(**s, {{"build_ms", 12.5}});
+    auto st = c.publish(**s, {{"build_ms", 12.5}, {"requirements", {"x"}}});
     ASSERT_TRUE(st.ok()) << st.error().message;
   }
   bool exists(const std::string& name) const { return ::access((dir_ + "/" + name).c_str(), F_OK) == 0; }
@@ -188,6 +189,92 @@ TEST_F(CacheTest, AnotherProcessNeverRemovesAVenvInUseAndItsRemovalsAreSeen) {
   EXPECT_TRUE(cli->remove(key('a')).ok());
   daemon->refresh();
   EXPECT_FALSE(daemon->has(key('a')));
+}
+
+TEST_F(CacheTest, TheManifestKeepsOnlyWhatTheBuilderMaySay) {
+  auto c = open();
+  auto s = c->stage(key('a'), ArchiveLimits{});
+  ASSERT_TRUE(s.ok());
+  // A builder's manifest with claims of its own, a deep nesting and a
+  // freeze of the wrong shape; the caller's log tail with invalid UTF-8.
+  std::string deep = "1";
+  for (int i = 0; i < 500; ++i) deep = "[" + deep + "]";
+  const std::string m = R"({"requirements": ["lies"], "bytes": 1, "key": "x", "python": "3.11.2", "deep": )" + deep +
+                        R"(, "freeze": [1, 2]})";
+  ASSERT_TRUE((*s)->feed(archive(10, m)).ok());
+  auto st = c->publish(**s, {{"requirements", {"x"}}, {"log_tail", std::string("pip \xff\xfe said")}});
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  EXPECT_FALSE((*s)->feed("more").ok()) << "a published staging takes no more bytes";
+  const auto got = c->manifest(key('a'));
+  EXPECT_EQ(got["requirements"], nlohmann::json::array({"x"}));
+  EXPECT_EQ(got["python"], "3.11.2");
+  EXPECT_TRUE(got["freeze"].is_null());
+  EXPECT_FALSE(got.contains("deep"));
+  EXPECT_EQ(got["key"], key('a'));
+  EXPECT_GT(got["bytes"].get<std::uint64_t>(), 10u);
+  EXPECT_NE(got["log_tail"].get<std::string>().find("said"), std::string::npos);
+  // The frame was written (archive.h).
+  EXPECT_EQ(fs::read_symlink(fs::path(dir_) / key('a') / "bin/python3"), "/usr/bin/python3");
+}
+
+TEST_F(CacheTest, AskingWhetherAVenvIsHeldNeverMakesAHoldFail) {
+  auto daemon = open();
+  publish(*daemon, key('a'), 100);
+  auto cli = open(0, false);
+  // The command line asks, over and over, while the daemon takes and lets
+  // go of its first hold: a question that took a lock, even for a moment,
+  // would make some hold fail and the daemon forget the venv.
+  std::atomic<bool> stop{false};
+  std::atomic<unsigned> asked{0};
+  std::thread asker([&] {
+    while (!stop) {
+      (void)cli->held_anywhere(key('a'));
+      ++asked;
+    }
+  });
+  unsigned failed = 0;
+  for (int i = 0; i < 5000; ++i) {
+    {
+      Cache::Hold h = daemon->hold(key('a'));
+      if (!h) {
+        ++failed;
+        break;
+      }
+    }
+    // Unheld for a moment: a question that locked would get its lock now
+    // and then and be holding it when the next hold comes.
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  stop = true;
+  asker.join();
+  EXPECT_EQ(failed, 0u) << "after " << asked << " questions";
+  EXPECT_GT(asked.load(), 0u);
+  EXPECT_TRUE(daemon->has(key('a')));
+  Cache::Hold h = daemon->hold(key('a'));
+  ASSERT_TRUE(h);
+  EXPECT_TRUE(cli->held_anywhere(key('a')));
+}
+
+TEST_F(CacheTest, PublishingOverAVenvBeingRemovedTakesItsPlace) {
+  auto c = open();
+  // What another process's removal leaves for a moment: the manifest
+  // unlinked, the directory not yet moved away.
+  ASSERT_EQ(::mkdir((dir_ + "/" + key('a')).c_str(), 0700), 0);
+  ::close(::open((dir_ + "/" + key('a') + "/stale").c_str(), O_CREAT | O_WRONLY, 0444));
+  ::chmod((dir_ + "/" + key('a')).c_str(), 0555);
+  publish(*c, key('a'), 100);
+  EXPECT_TRUE(c->has(key('a')));
+  EXPECT_FALSE(exists(key('a') + "/stale"));
+  EXPECT_TRUE(exists(key('a') + "/lib/x.py"));
+  // And over a complete one (a hold that failed while a removal was
+  // refused): the one there stays.
+  auto s = c->stage(key('a'), ArchiveLimits{});
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE((*s)->feed(archive(5)).ok());
+  ASSERT_TRUE(c->publish(**s, {{"requirements", {"y"}}}).ok());
+  EXPECT_EQ(c->manifest(key('a'))["requirements"], nlohmann::json::array({"x"}));
+  s->reset();
+  for (auto& e : fs::directory_iterator(dir_)) EXPECT_FALSE(e.path().filename().string().starts_with(".tmp-")) << e.path();
 }
 
 TEST(VenvKey, Shape) {

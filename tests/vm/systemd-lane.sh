@@ -189,7 +189,7 @@ call_tool() {
 	    time.sleep(3)
 	    return a + b
 	EOF
-	"$cli" call "$work/tool.py" --args '{"a": 40, "b": 2}' --json >"$work/call.out" 2>&1 &
+	timeout 300 "$cli" call "$work/tool.py" --args '{"a": 40, "b": 2}' --json >"$work/call.out" 2>&1 &
 	local client=$!
 	# While the tool sleeps: its leaf beside the supervisor, init inside.
 	leaf=""
@@ -213,6 +213,14 @@ call_tool() {
 	wait "$client"
 	local rc=$?
 	cat "$work/call.out"
+	if [ "$rc" != 0 ]; then
+		# What was stuck: every process that is not a kernel thread, with
+		# where it sleeps, and what the daemon says.
+		echo "the client ended with status $rc; processes:"
+		ps -eo pid,ppid,stat,wchan:28,etime,args --forest | grep -v ' \[.*\]$'
+		echo "leaves: $(cd "$cg" && find . -mindepth 1 -maxdepth 1 -type d | sort | tr '\n' ' ')"
+		timeout 60 "$cli" status
+	fi
 	[ "$rc" = 0 ] && grep -q '"func_return": *42' "$work/call.out" && [ "$leaf_ok" = 1 ] || return 1
 	# The finished run's leaf is removed; only the supervisor stays.
 	for _ in $(seq 1 100); do
