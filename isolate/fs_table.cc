@@ -136,6 +136,9 @@ Result<std::shared_ptr<const FsTable>> build_fs_table(const FsInputs& in) {
   }
   if (!in.venv.empty() && in.venv[0] != '/') return Error::invalid("file system: the venv must be an absolute path");
   if (!in.runner.empty() && in.runner[0] != '/') return Error::invalid("file system: the runner must be an absolute path");
+  for (const std::string& pyc : in.runner_bytecode)
+    if (pyc.empty() || pyc[0] != '/' || pyc.back() == '/' || !pyc.ends_with(".pyc"))
+      return Error::invalid("file system: the runner's bytecode must be absolute paths of .pyc files");
 
   Builder b;
   // 1. A fresh tmpfs becomes the root: nothing of the host is visible
@@ -202,10 +205,15 @@ Result<std::shared_ptr<const FsTable>> build_fs_table(const FsInputs& in) {
     e.optional = m->optional;
     if (m->optional) e.reason += " (skipped when missing)";
   }
-  if (!in.runner.empty())
+  if (!in.runner.empty()) {
     b.add(FsEntry::kHost, std::string(kRunnerSandboxPath), Stage::MountBind,
           "the trusted tool runner (tool mode only)")
         .source = in.runner;
+    for (const std::string& pyc : in.runner_bytecode)
+      b.add(FsEntry::kHost, std::string(kRunnerSandboxDir) + "/__pycache__/" + pyc.substr(pyc.rfind('/') + 1),
+            Stage::MountBind, "the runner's bytecode, used while it matches the runner's source (tool mode only)")
+          .source = pyc;
+  }
 
   // 7. A new /proc for the new pid namespace, host-wide entries covered by
   //    files of the root tmpfs (read-only once built).

@@ -21,6 +21,9 @@ struct FsInputs {
   std::string venv;              // host venv directory, shown read-only at kVenvPath ("" = none)
   std::vector<BindMount> binds;  // extra host paths, after the system ones
   std::string runner;            // host path of the trusted tool runner ("" = none), at kRunnerSandboxPath
+  // Host paths of the runner's compiled bytecode (__pycache__/<stem>.<tag>.pyc
+  // beside it), shown in kRunnerSandboxDir/__pycache__ under their names.
+  std::vector<std::string> runner_bytecode;
   std::string workdir = "/work";
   std::string hostname = "sandbox";
   std::uint32_t uid = 1000, gid = 1000;  // the tool's ids inside the sandbox
@@ -38,6 +41,7 @@ Result<std::shared_ptr<const FsTable>> build_fs_table(const FsInputs& in);
 Status check_sandbox_path(const std::string& p, const char* what);
 
 // Where the trusted tool runner appears inside a sandbox.
+inline constexpr std::string_view kRunnerSandboxDir = "/opt/toolsandbox/runner";
 inline constexpr std::string_view kRunnerSandboxPath = "/opt/toolsandbox/runner/toolsandbox_runner.py";
 
 }  // namespace tsb::isolate

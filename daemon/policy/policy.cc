@@ -1,4 +1,6 @@
 #include "daemon/policy/policy.h"
+
+#include <dirent.h>
 #include "isolate/prepare.h"
 
 #include "daemon/spawner/compiled.h"
@@ -829,6 +831,27 @@ Result<std::vector<std::string>> build_environment(const Policy& p, const std::m
   return Error::invalid("environment: refused");
 }
 
+std::vector<std::string> find_runner_bytecode(const std::string& runner) {
+  std::vector<std::string> out;
+  const auto slash = runner.rfind('/');
+  if (runner.empty() || slash == std::string::npos) return out;
+  const std::string dir = runner.substr(0, slash) + "/__pycache__";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view n = e->d_name;
+    if (!n.starts_with("toolsandbox_runner.") || !n.ends_with(".pyc")) continue;
+    const std::string path = dir + "/" + std::string(n);
+    struct stat st{};
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & (S_IWGRP | S_IWOTH)) &&
+        (st.st_mode & S_IROTH))
+      out.push_back(path);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner) {
   isolate::FsInputs in;
   in.venv = p.venv;
@@ -955,8 +978,9 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
   script.fs = std::move(fs).value();
   auto& tool = s.modes[static_cast<int>(spawn::RunMode::Tool)];
   if (!runner.empty()) {
-    tool.argv = {p.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", std::string(isolate::kRunnerSandboxPath)};
+    tool.argv = {p.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", std::string(kRunnerBoot)};
     in.runner = resolved_runner;
+    in.runner_bytecode = find_runner_bytecode(resolved_runner);
     auto tfs = isolate::build_fs_table(in);
     if (!tfs.ok()) return std::move(tfs).error().wrap("policy '" + p.name + "'");
     tool.fs = std::move(tfs).value();

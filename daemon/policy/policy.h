@@ -143,13 +143,26 @@ inline constexpr std::string_view kScriptMain = R"PY(def _toolsandbox_main():
 _toolsandbox_main()
 )PY";
 
+// Tool mode's program (-c, after -I -S -B -u -X utf8): the runner imported
+// from its directory, put after the standard library on sys.path, so that
+// its bytecode comes from __pycache__ (daemon/runner/toolsandbox_runner.py,
+// "Invocation"), and run.
+inline constexpr std::string_view kRunnerBoot =
+    "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run()\n";
+
+// The runner's bytecode beside `runner` (a host path): the regular files
+// __pycache__/toolsandbox_runner.*.pyc owned by root and writable by no one
+// else, as the runner itself must be.
+std::vector<std::string> find_runner_bytecode(const std::string& runner);
+
 // What the file system of a run under `p` is made of (isolate/fs_table.h);
 // `runner`: the host path of the trusted tool runner, for tool mode.
 isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner = "");
 
 // What the root spawner keeps of a policy (daemon/spawner/compiled.h): per
-// mode the command (script mode: kScriptMain; tool mode: the runner at
-// isolate::kRunnerSandboxPath, none when `runner` is "") and the table.
+// mode the command (script mode: kScriptMain; tool mode: kRunnerBoot, the
+// runner at isolate::kRunnerSandboxPath with its bytecode, none when
+// `runner` is "") and the table.
 // A policy with "packages" gets a keyed /venv row: a run naming a venv key
 // has `venv_cache`/<key> there (daemon/venv/cache.h).
 Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner, const std::string& venv_cache = "");

@@ -7,7 +7,16 @@ travel as JSON data, never as spliced source text. Standard library only.
 Invocation
 ==========
 
-    /venv/bin/python3 -I -S -B -u -X utf8 /opt/toolsandbox/runner/toolsandbox_runner.py < request-pipe
+    /venv/bin/python3 -I -S -B -u -X utf8 -c "<import and run>" < request-pipe
+
+where the -c line (kRunnerBoot in daemon/policy/policy.h) appends
+/opt/toolsandbox/runner to the end of sys.path (after the standard library),
+imports this module and calls run(). Imported rather than run as a script,
+its bytecode comes from __pycache__/toolsandbox_runner.<tag>.pyc beside it,
+compiled at build time as a "checked-hash" .pyc (PEP 552): used only while it
+matches this source, else the source is compiled in memory as a script would
+be. Running this file as a script (python3 -I -S ... toolsandbox_runner.py)
+is the same program.
 
 -I       Isolated mode: PYTHON* variables (PYTHONPATH, PYTHONSTARTUP, ...), the
          user site directory and the script's own directory are ignored.
@@ -1502,7 +1511,9 @@ def main():
     return _parent_main(pid, to_child_w, from_child_r)
 
 
-if __name__ == "__main__":
+def run():
+    """The runner as a program (the daemon's -c line imports this module and
+    calls it; running this file as a script does the same). Never returns."""
     # Only the parent returns from main(): the child leaves through sys.exit()
     # inside _child_main, with a normal interpreter shutdown.
     try:
@@ -1513,3 +1524,7 @@ if __name__ == "__main__":
     # The parent wrote everything with os.write and runs no user code; skip
     # interpreter finalization (a few ms on every run).
     os._exit(code)
+
+
+if __name__ == "__main__":
+    run()

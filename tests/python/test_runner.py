@@ -29,6 +29,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNER = os.path.normpath(os.path.join(HERE, "..", "..", "daemon", "runner", "toolsandbox_runner.py"))
 PYTHON = os.environ.get("TSB_RUNNER_PYTHON", "/usr/bin/python3")
 FLAGS = ["-I", "-S", "-B", "-u", "-X", "utf8"]
+# As the daemon starts it (kRunnerBoot in daemon/policy/policy.h): imported
+# from its directory, put after the standard library, and run.
+BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\ntoolsandbox_runner.run()\n"
+        % os.path.dirname(RUNNER))
+PROGRAM = ["-c", BOOT]
 
 sys.path.insert(0, HERE)
 from letta_reference import parse_stderr_error_msg as letta_parse_stderr_error_msg  # noqa: E402
@@ -101,7 +106,7 @@ def run_tool(source, tool_name, args=None, *, json_schema=None, agent_state=None
         if agent_id is not None:
             request["agent_id"] = agent_id
     data = json.dumps(request).encode()
-    cmd = [*prefix, PYTHON, *flags, RUNNER]
+    cmd = [*prefix, PYTHON, *flags, *PROGRAM]
     # A working directory of its own, as the sandbox's: the runner writes the
     # tool's source there (and removes it).
     with tempfile.TemporaryDirectory() as cwd:
@@ -135,7 +140,7 @@ class RunnerBasics(unittest.TestCase):
                "    return [x % 1000003, (x + 1).bit_length(), limit]\n")
         data = ('{"nonce": "%s", "tool_name": "t", "source_code": %s, "args": {"x": %s}}'
                 % (nonce, json.dumps(src), digits)).encode()
-        proc = subprocess.run([PYTHON, *FLAGS, RUNNER], input=data, capture_output=True, timeout=60)
+        proc = subprocess.run([PYTHON, *FLAGS, *PROGRAM], input=data, capture_output=True, timeout=60)
         r = Run(proc, nonce)
         self.assertEqual(r.code, 0, r)
         value = 10 ** 5000 - 1
@@ -715,8 +720,18 @@ class Invocation(unittest.TestCase):
         self.assertIsNone(r.payload)
         self.assertEqual(r.raw_stdout, b"")
 
+    def test_runs_as_a_script_too(self):
+        # python3 -I -S ... toolsandbox_runner.py is the same program (E2B
+        # sandboxes run it so).
+        nonce = secrets.token_hex(16)
+        req = {"nonce": nonce, "tool_name": "f", "source_code": "def f(a):\n    return a * 2\n", "args": {"a": 21}}
+        proc = subprocess.run([PYTHON, *FLAGS, RUNNER], input=json.dumps(req).encode(), capture_output=True, timeout=60)
+        r = Run(proc, nonce)
+        self.assertEqual(r.code, 0, r)
+        self.assertEqual(r.results, 42)
+
     def test_not_json(self):
-        proc = subprocess.run([PYTHON, *FLAGS, RUNNER], input=b"{nope", capture_output=True, timeout=60)
+        proc = subprocess.run([PYTHON, *FLAGS, *PROGRAM], input=b"{nope", capture_output=True, timeout=60)
         self.assertEqual(proc.returncode, 3)
         self.assertEqual(proc.stdout, b"")
 
@@ -738,7 +753,7 @@ class Invocation(unittest.TestCase):
             src = "import os, tsb_probe_mod\ndef f():\n    return [tsb_probe_mod.VALUE, os.getpid()]\n"
             nonce = secrets.token_hex(16)
             req = {"nonce": nonce, "tool_name": "f", "source_code": src}
-            proc = subprocess.run([os.path.join(venv, "bin", "python3"), *FLAGS, RUNNER],
+            proc = subprocess.run([os.path.join(venv, "bin", "python3"), *FLAGS, *PROGRAM],
                                   input=json.dumps(req).encode(), capture_output=True, timeout=60)
             r = Run(proc, nonce)
         self.assertEqual(r.code, 0, r)

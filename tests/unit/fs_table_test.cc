@@ -103,6 +103,7 @@ TEST(FsTable, BindsShallowestFirstAndTheRunnerLast) {
   in.binds = {{"/srv/inner", "/data/sub", false, false}, {"/srv/outer", "/data", true, false},
               {"/srv/opt", "/opt/x", false, true}};
   in.runner = "/usr/share/toolsandbox/runner/toolsandbox_runner.py";
+  in.runner_bytecode = {"/usr/share/toolsandbox/runner/__pycache__/toolsandbox_runner.cpython-311.pyc"};
   const FsTable& t = table_of(in);
   const auto outer = index_of(t, "/data", FsEntry::kBind), inner = index_of(t, "/data/sub", FsEntry::kHost);
   ASSERT_LT(outer, t.size());
@@ -113,6 +114,15 @@ TEST(FsTable, BindsShallowestFirstAndTheRunnerLast) {
   ASSERT_LT(runner, t.size());
   EXPECT_EQ(t[runner].source, in.runner);
   EXPECT_GT(runner, inner);
+  const auto pyc = index_of(t, "/opt/toolsandbox/runner/__pycache__/toolsandbox_runner.cpython-311.pyc", FsEntry::kHost);
+  ASSERT_LT(pyc, t.size());
+  EXPECT_EQ(t[pyc].source, in.runner_bytecode[0]);
+  // Only absolute paths of .pyc files.
+  for (const std::string bad : {"relative.pyc", "/x/toolsandbox_runner.py", "/x/"}) {
+    FsInputs b = in;
+    b.runner_bytecode = {bad};
+    EXPECT_FALSE(tsb::isolate::build_fs_table(b).ok()) << bad;
+  }
 }
 
 TEST(FsTable, ProcMasksFollowProcAndCoverWithRowsMadeBefore) {

@@ -954,6 +954,36 @@ TEST(PolicyPackages, Refusals) {
   }
 }
 
+// Tool mode imports the runner (its bytecode from __pycache__ beside it,
+// when root owns it and no one else can write it) rather than compiling it.
+TEST(PolicyRunner, ToolModeImportsTheRunnerAndShowsItsBytecode) {
+  TempDir t;
+  auto p = load_text(t, R"({"version": 1})");
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  const std::string runner = t.write("runner/toolsandbox_runner.py", "def run(): pass\n");
+  const std::string good = t.write("runner/__pycache__/toolsandbox_runner.cpython-311.pyc", "x");
+  const std::string open = t.write("runner/__pycache__/toolsandbox_runner.cpython-312.pyc", "x", 0666);
+  t.write("runner/__pycache__/other.cpython-311.pyc", "x");
+  ::chmod(open.c_str(), 0666);  // whatever the umask
+  const bool root = ::geteuid() == 0;
+  EXPECT_EQ(find_runner_bytecode(runner), root ? std::vector<std::string>{good} : std::vector<std::string>{});
+  auto sp = to_spawn_policy(*p, runner);
+  ASSERT_TRUE(sp.ok()) << sp.error().message;
+  const auto& tool = sp->modes[static_cast<int>(spawn::RunMode::Tool)];
+  ASSERT_GE(tool.argv.size(), 2u);
+  EXPECT_EQ(tool.argv[tool.argv.size() - 2], "-c");
+  EXPECT_EQ(tool.argv.back(), std::string(kRunnerBoot));
+  std::map<std::string, std::string> rows;
+  for (const auto& e : *tool.fs) rows[e.path] = e.source;
+  EXPECT_EQ(rows[std::string(isolate::kRunnerSandboxPath)], runner);
+  EXPECT_EQ(rows.contains("/opt/toolsandbox/runner/__pycache__/toolsandbox_runner.cpython-311.pyc"), root);
+  EXPECT_FALSE(rows.contains("/opt/toolsandbox/runner/__pycache__/toolsandbox_runner.cpython-312.pyc"));
+  EXPECT_FALSE(rows.contains("/opt/toolsandbox/runner/__pycache__/other.cpython-311.pyc"));
+  // Script mode has neither.
+  for (const auto& e : *sp->modes[static_cast<int>(spawn::RunMode::Script)].fs)
+    EXPECT_EQ(e.path.find("/opt/toolsandbox/runner"), std::string::npos) << e.path;
+}
+
 TEST(PolicyPackages, TheVenvRowIsKeyedAndTheBuildPolicyIsItsOwn) {
   TempDir t;
   auto p = load_text(t, R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/wheels",
