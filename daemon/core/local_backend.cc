@@ -59,8 +59,7 @@ venv::Interpreter host_interpreter() {
   char real[PATH_MAX];
   if (!::realpath(py.python.c_str(), real)) return py;
   const std::string_view name = std::string_view(real).substr(std::string_view(real).rfind('/') + 1);
-  if (name.starts_with("python3.") && name.size() > 8 && name.substr(8).find_first_not_of("0123456789") == std::string_view::npos)
-    py.version = std::string(name.substr(6));
+  if (name.starts_with("python3.") && venv::is_python_name(name)) py.version = std::string(name.substr(6));
   return py;
 }
 

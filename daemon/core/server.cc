@@ -127,12 +127,6 @@ constexpr std::size_t kReadChunk = 256u << 10;
 // scattered through the heap, below live data, where free() cannot return them.
 constexpr std::size_t kTrimAfterBytes = 1u << 20;
 
-bool file_is_root_owned_readonly(const std::string& p) {
-  struct stat st{};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & (S_IWGRP | S_IWOTH)) &&
-         (st.st_mode & S_IROTH);
-}
-
 }  // namespace
 
 bool BudgetHold::try_take(std::size_t n) {
@@ -225,14 +219,14 @@ std::string find_runner(const std::string& configured) {
   }
   candidates.push_back(std::string(TSB_SOURCE_DIR) + "/daemon/runner/toolsandbox_runner.py");
   for (const auto& c : candidates)
-    if (file_is_root_owned_readonly(c)) return c;
+    if (root_owned_readonly_file(c)) return c;
   return "";
 }
 
 std::string find_venv_builder(const std::string& runner) {
   if (runner.empty()) return "";
   const std::string b = runner.substr(0, runner.rfind('/') + 1) + "toolsandbox_venv_builder.py";
-  return file_is_root_owned_readonly(b) ? b : "";
+  return root_owned_readonly_file(b) ? b : "";
 }
 
 Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, std::unique_ptr<SpawnerLink> link,

@@ -1,6 +1,7 @@
 #include "daemon/policy/policy.h"
 
 #include <dirent.h>
+#include "daemon/venv/archive.h"
 #include "isolate/prepare.h"
 
 #include "daemon/spawner/compiled.h"
@@ -681,10 +682,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   // A tool's own venv has exactly these (daemon/venv/archive.h writes them).
   const auto venv_python = [](const std::string& i) {
     const std::string bin = std::string(isolate::kVenvPath) + "/bin/";
-    if (!i.starts_with(bin)) return false;
-    const std::string n = i.substr(bin.size());
-    return n == "python" || n == "python3" ||
-           (n.starts_with("python3.") && n.size() > 8 && n.find_first_not_of("0123456789", 8) == std::string::npos);
+    return i.starts_with(bin) && venv::is_python_name(std::string_view(i).substr(bin.size()));
   };
   TSB_TRY(expect(!p.packages.enabled || venv_python(p.interpreter), root.where("interpreter"),
                  "must be /venv/bin/python3 (or python, python3.N) with \"packages\": a tool's own venv has only these, "
@@ -831,6 +829,12 @@ Result<std::vector<std::string>> build_environment(const Policy& p, const std::m
   return Error::invalid("environment: refused");
 }
 
+bool root_owned_readonly_file(const std::string& p) {
+  struct stat st{};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & (S_IWGRP | S_IWOTH)) &&
+         (st.st_mode & S_IROTH);
+}
+
 std::vector<std::string> find_runner_bytecode(const std::string& runner) {
   std::vector<std::string> out;
   const auto slash = runner.rfind('/');
@@ -842,10 +846,8 @@ std::vector<std::string> find_runner_bytecode(const std::string& runner) {
     const std::string_view n = e->d_name;
     if (!n.starts_with("toolsandbox_runner.") || !n.ends_with(".pyc")) continue;
     const std::string path = dir + "/" + std::string(n);
-    struct stat st{};
-    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & (S_IWGRP | S_IWOTH)) &&
-        (st.st_mode & S_IROTH))
-      out.push_back(path);
+    struct stat st{};  // not a link: its name here is its name in the sandbox
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && root_owned_readonly_file(path)) out.push_back(path);
   }
   ::closedir(d);
   std::sort(out.begin(), out.end());

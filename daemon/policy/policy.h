@@ -150,9 +150,14 @@ _toolsandbox_main()
 inline constexpr std::string_view kRunnerBoot =
     "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run()\n";
 
-// The runner's bytecode beside `runner` (a host path): the regular files
-// __pycache__/toolsandbox_runner.*.pyc owned by root and writable by no one
-// else, as the runner itself must be.
+// Whether `p` (links followed) is a regular file owned by root, readable by
+// all and writable by no one else: what the runner, its bytecode and the
+// venv builder must be.
+bool root_owned_readonly_file(const std::string& p);
+
+// The runner's bytecode beside `runner` (a host path): the files
+// __pycache__/toolsandbox_runner.*.pyc that are root_owned_readonly_file
+// and not links (`runner`'s own links are resolved: resolve_host_paths).
 std::vector<std::string> find_runner_bytecode(const std::string& runner);
 
 // What the file system of a run under `p` is made of (isolate/fs_table.h);

@@ -97,12 +97,6 @@ Status make_read_only(int dir, unsigned depth) {
   return {};
 }
 
-bool is_python_name(std::string_view n) {
-  if (n == "python" || n == "python3") return true;
-  if (!n.starts_with("python3.") || n.size() == 8) return false;
-  return n.substr(8).find_first_not_of("0123456789") == std::string_view::npos;
-}
-
 }  // namespace
 
 bool reserved_path(std::string_view path) {

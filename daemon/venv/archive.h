@@ -47,6 +47,15 @@ struct ArchiveLimits {
   std::size_t max_manifest = 1u << 20;
 };
 
+// Whether `name` is one of a venv's interpreter names: python, python3 or
+// python3.N (what the daemon links in bin/, and a policy with "packages"
+// may name as its interpreter).
+inline bool is_python_name(std::string_view n) {
+  if (n == "python" || n == "python3") return true;
+  if (!n.starts_with("python3.") || n.size() == 8) return false;
+  return n.substr(8).find_first_not_of("0123456789") == std::string_view::npos;
+}
+
 // Whether the archive may not hold `path`: pyvenv.cfg (at the root or in
 // bin/), lib64, and in bin/ python, python3, python3.N and any *._pth.
 bool reserved_path(std::string_view path);
