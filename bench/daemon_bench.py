@@ -3,15 +3,17 @@
 
 Starts its own toolsandboxd on a temporary socket (or uses --socket), then:
 
-  1. Latency, interleaved rounds (order rotated every round, 5 warm-ups):
+  1. Latency, interleaved rounds (a fresh random order every round, 5 warm-ups):
        bare-script   /venv/bin/python3 - < SCRIPT      (the work, no sandbox)
        execute       the same SCRIPT through the daemon (script mode)
        bare-tool     /venv/bin/python3 - < equivalent tool-call script
        run_tool      the same tool through the daemon (tool mode, runner)
-     reporting median/p95 and the overhead over the bare twin.
-  2. Throughput at concurrency 1, 8 and 32: a fixed number of runs through
-     the daemon (execute mode) vs the same number of bare runs with the
-     same concurrency; runs per second and the ratio.
+     reporting median/p95 and the overhead over the bare twin, and the
+     median CPU time of a run (bare: RUSAGE_CHILDREN; through the daemon:
+     the run record's cpu_ms, the sandbox's whole cgroup) against the twin's.
+  2. Throughput at concurrency 1, 8 and 32, in both modes: a fixed number
+     of runs through the daemon vs the same number of bare runs of the
+     twin with the same concurrency; runs per second and the ratio.
 
 --compare OLD_BUILD runs a second daemon built from another revision (the
 previous design) in the same interleaved rounds and throughput runs, and
@@ -27,7 +29,9 @@ import concurrent.futures as cf
 import json
 import os
 import shutil
+import resource
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,12 +59,27 @@ TOOL = "def add(a, b):\n    return a + b\n"
 BARE_TOOL = TOOL + "import json\nprint(json.dumps(add(**json.loads('{\"a\": 2, \"b\": 3}'))))\n"
 
 
-def bare(script: str) -> float:
+# CPU time of each latency run, ms, by variant: a bare run's from
+# RUSAGE_CHILDREN (the rounds run one process at a time), a daemon run's
+# from its record (the sandbox's cgroup: the tool, the runner and init).
+CPU_MS: dict[str, list[float]] = {}
+
+
+def children_cpu_ms() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (ru.ru_utime + ru.ru_stime) * 1e3
+
+
+def bare(script: str, variant: str = "") -> float:
+    c0 = children_cpu_ms()
     t0 = time.perf_counter_ns()
     r = subprocess.run([VENV_PY, "-"], input=script.encode(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = (time.perf_counter_ns() - t0) / 1e6
     if r.returncode != 0:
         raise RuntimeError("bare run failed")
-    return (time.perf_counter_ns() - t0) / 1e6
+    if variant:
+        CPU_MS.setdefault(variant, []).append(children_cpu_ms() - c0)
+    return wall
 
 
 def start_daemon(build: Path, tmp: Path, concurrency: int, tag: str = "",
@@ -112,50 +131,59 @@ def main() -> int:
         old_client = Client(old_sock)
     report = {"n": args.n, "load_before": os.getloadavg(), "machine": os.uname().release}
     try:
-        def execute(c):
-            return lambda: timed(lambda: c.execute(SCRIPT, tool_name="add", organization_id="bench"))
+        def execute(c, variant=""):
+            return lambda: timed(lambda: c.execute(SCRIPT, tool_name="add", organization_id="bench"), variant)
 
-        def run_tool(c):
+        def run_tool(c, variant=""):
             return lambda: timed(lambda: c.run_tool(TOOL, tool_name="add", args={"a": 2, "b": 3},
-                                                    organization_id="bench"))
+                                                    organization_id="bench"), variant)
         variants = {
-            "bare-script": lambda: bare(SCRIPT),
-            "execute": execute(client),
-            "bare-tool": lambda: bare(BARE_TOOL),
-            "run_tool": run_tool(client),
+            "bare-script": lambda: bare(SCRIPT, "bare-script"),
+            "execute": execute(client, "execute"),
+            "bare-tool": lambda: bare(BARE_TOOL, "bare-tool"),
+            "run_tool": run_tool(client, "run_tool"),
         }
         if old_client:
-            variants["execute@old"] = execute(old_client)
-            variants["run_tool@old"] = run_tool(old_client)
-        lat = interleave.rounds(variants, args.n)
+            variants["execute@old"] = execute(old_client, "execute@old")
+            variants["run_tool@old"] = run_tool(old_client, "run_tool@old")
+        lat = interleave.rounds(variants, args.n, before_rounds=CPU_MS.clear)
+        cpu = {name: statistics.median(v) for name, v in CPU_MS.items() if v}
         report["latency_ms"] = lat
-        print("| variant | median ms | p95 ms | overhead vs bare twin |")
-        print("|---|---:|---:|---:|")
+        report["cpu_ms_median"] = cpu
+        print("| variant | median ms | p95 ms | overhead vs bare twin | CPU ms, median | CPU vs bare twin |")
+        print("|---|---:|---:|---:|---:|---:|")
         for name, twin in (("bare-script", None), ("execute", "bare-script"), ("bare-tool", None), ("run_tool", "bare-tool")):
             m = lat[name]["median"]
             over = "" if twin is None else "%+.2f ms (x%.2f)" % (m - lat[twin]["median"], m / lat[twin]["median"])
-            print("| %s | %.2f | %.2f | %s |" % (name, m, lat[name]["p95"], over))
+            cpu_ratio = "" if twin is None else "x%.2f" % (cpu[name] / cpu[twin])
+            print("| %s | %.2f | %.2f | %s | %.2f | %s |" % (name, m, lat[name]["p95"], over, cpu[name], cpu_ratio))
         if old_client:
-            print("\n| variant | this build, median ms | %s, median ms | this / old |" % args.compare)
-            print("|---|---:|---:|---:|")
+            print("\n| variant | this build, median ms | %s, median ms | this / old | CPU ms, this / old |" % args.compare)
+            print("|---|---:|---:|---:|---:|")
             for name in ("execute", "run_tool"):
                 m, o = lat[name]["median"], lat[name + "@old"]["median"]
-                print("| %s | %.2f | %.2f | %+.2f ms (x%.3f) |" % (name, m, o, m - o, m / o))
+                print("| %s | %.2f | %.2f | %+.2f ms (x%.3f) | %.2f / %.2f |" % (name, m, o, m - o, m / o, cpu[name],
+                                                                               cpu[name + "@old"]))
 
         thr = {}
-        print("\n| concurrency | daemon runs/s | bare runs/s | daemon/bare |")
-        print("|---:|---:|---:|---:|")
-        for c in (1, 8, 32):
-            d = throughput(c, args.throughput_runs, lambda: client.execute(SCRIPT, tool_name="add", organization_id="bench"))
-            b = throughput(c, args.throughput_runs, lambda: bare(SCRIPT))
-            thr[c] = {"daemon": d, "bare": b, "ratio": d / b}
-            line = "| %d | %.1f | %.1f | %.0f %% |" % (c, d, b, 100 * d / b)
-            if old_client:
-                o = throughput(c, args.throughput_runs,
-                               lambda: old_client.execute(SCRIPT, tool_name="add", organization_id="bench"))
-                thr[c]["old"] = o
-                line += " old design: %.1f runs/s (this / old %.0f %%) |" % (o, 100 * d / o)
-            print(line)
+        print("\n| mode | concurrency | daemon runs/s | bare runs/s | daemon/bare |")
+        print("|---|---:|---:|---:|---:|")
+        calls = {
+            "execute": (lambda c: c.execute(SCRIPT, tool_name="add", organization_id="bench"), SCRIPT),
+            "run_tool": (lambda c: c.run_tool(TOOL, tool_name="add", args={"a": 2, "b": 3}, organization_id="bench"),
+                         BARE_TOOL),
+        }
+        for mode, (call, twin) in calls.items():
+            for c in (1, 8, 32):
+                d = throughput(c, args.throughput_runs, lambda: call(client))
+                b = throughput(c, args.throughput_runs, lambda: bare(twin))
+                thr["%s@%d" % (mode, c)] = {"daemon": d, "bare": b, "ratio": d / b}
+                line = "| %s | %d | %.1f | %.1f | %.0f %% |" % (mode, c, d, b, 100 * d / b)
+                if old_client:
+                    o = throughput(c, args.throughput_runs, lambda: call(old_client))
+                    thr["%s@%d" % (mode, c)]["old"] = o
+                    line += " old design: %.1f runs/s (this / old %.0f %%) |" % (o, 100 * d / o)
+                print(line)
         report["throughput_runs_per_s"] = thr
         report["load_after"] = os.getloadavg()
         print("\nload average before %s, after %s" % (report["load_before"], report["load_after"]))
@@ -170,12 +198,15 @@ def main() -> int:
     return 0
 
 
-def timed(fn) -> float:
+def timed(fn, variant: str = "") -> float:
     t0 = time.perf_counter_ns()
     r = fn()
+    wall = (time.perf_counter_ns() - t0) / 1e6
     if r.status != "success":
         raise RuntimeError("daemon run failed: %r" % (r.func_return,))
-    return (time.perf_counter_ns() - t0) / 1e6
+    if variant:
+        CPU_MS.setdefault(variant, []).append(float(r.record["cpu_ms"]))
+    return wall
 
 
 def throughput(concurrency: int, runs: int, fn) -> float:

@@ -11,7 +11,7 @@ egress tests do (it builds the same test network: tests/egress):
 The outer process brings up the test network (a "daemon" and a "world"
 namespace joined by one veth pair, routed nowhere else), then runs this
 script again inside the daemon's namespace with the test's /etc/hosts, where
-it starts a daemon and measures, in interleaved rounds (order rotated every
+it starts a daemon and measures, in interleaved rounds (a fresh random order every
 round, after warm-ups), each variant running the same Python program:
 
   noop: print("ok")

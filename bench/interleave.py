@@ -3,6 +3,7 @@ summary (bench/README.md, "Method")."""
 
 from __future__ import annotations
 
+import random
 import statistics
 from typing import Callable
 
@@ -16,18 +17,26 @@ def pct(v: list[float], p: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
-def rounds(variants: dict[str, Callable[[], float]], n: int, warmups: int = 5) -> dict[str, dict[str, float]]:
+def rounds(variants: dict[str, Callable[[], float]], n: int, warmups: int = 5,
+           seed: int = 20261204, before_rounds: Callable[[], None] | None = None) -> dict[str, dict[str, float]]:
     """`warmups` untimed runs of each variant, then n rounds running each
-    once, the order rotated by one every round so that drift spreads over
-    all of them. Each variant returns its own time in ms. Returns median,
-    p10, p90 and p95 per variant."""
+    once, in a fresh random order every round (seeded: the same orders on
+    every run), so that drift spreads over all of them and no variant always
+    follows the same one. (A rotated order keeps each variant's predecessor:
+    a variant that always ran after the same one carried what that one left
+    behind, such as a busy or an idle host.) Each variant returns its own
+    time in ms; `before_rounds` is called between the warm-ups and the
+    rounds. Returns median, p10, p90 and p95 per variant."""
     names = list(variants)
     for _ in range(warmups):
         for name in names:
             variants[name]()
+    if before_rounds:
+        before_rounds()  # after the warm-ups
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(n):
-        for name in names[i % len(names):] + names[:i % len(names)]:
+    order = random.Random(seed)
+    for _ in range(n):
+        for name in order.sample(names, len(names)):
             samples[name].append(variants[name]())
     return {name: {"median": statistics.median(s), "p95": pct(s, 0.95), "p10": pct(s, 0.1), "p90": pct(s, 0.9)}
             for name, s in samples.items()}

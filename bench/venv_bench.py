@@ -21,7 +21,7 @@ to the result:
   build     the first run with pip_requirements ["tsbtool"]: the venv is
             built in a build sandbox, cached, then the tool runs in it.
             Timed once, before the rounds; build_ms comes from the run record.
-  then in interleaved rounds (order rotated every round, after warm-ups):
+  then in interleaved rounds (a fresh random order every round, after warm-ups):
     none    run_tool with no requirements: the policy's venv at /venv
     cached  run_tool with pip_requirements ["tsbtool"]: the cached venv at
             /venv (every run checks the record: the same key, not built)

@@ -79,9 +79,10 @@ Result<UniqueFd> plan_memfd(const std::string& data) {
 struct Pipe {
   UniqueFd r, w;
 };
-Result<Pipe> make_pipe() {
+Result<Pipe> make_pipe(bool stream_socket = false) {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Error::from_errno("pipe2");
+  if ((stream_socket ? ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) : ::pipe2(fds, O_CLOEXEC)) != 0)
+    return Error::from_errno(stream_socket ? "socketpair" : "pipe2");
   return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
 }
 Status set_nonblock(int fd) {
@@ -476,14 +477,11 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   if (!leaf.ok()) return std::move(leaf).error().wrap("creating the run's cgroup");
   sb->leaf_ = std::move(leaf).value();
 
-  auto in = make_pipe(), out = make_pipe(), err = make_pipe(), rep = make_pipe(), sync = make_pipe(),
+  auto in = make_pipe(spec.stdin_socket), out = make_pipe(), err = make_pipe(), rep = make_pipe(), sync = make_pipe(),
        watch = make_pipe();
   for (auto* p : {&in, &out, &err, &rep, &sync, &watch})
     if (!p->ok()) return std::move(*p).error().wrap("creating pipes");
-  TSB_TRY(set_nonblock(in->w.get()), "stdin pipe");
-  TSB_TRY(set_nonblock(out->r.get()), "stdout pipe");
-  TSB_TRY(set_nonblock(err->r.get()), "stderr pipe");
-  TSB_TRY(set_nonblock(rep->r.get()), "report pipe");
+  for (int fd : {in->w.get(), out->r.get(), err->r.get(), rep->r.get()}) TSB_TRY(set_nonblock(fd), "the run's pipes");
   // Egress: init sends the proxy's listener it made in the sandbox's network
   // namespace over this pair, to the front end (isolate/plan.h).
   int egress[2] = {-1, -1};

@@ -48,6 +48,9 @@ struct RunSpec {
   std::vector<std::string> argv;   // argv[0]: absolute, or searched in the env's PATH
   std::vector<std::string> env;    // exactly the tool's environment, "KEY=VALUE"
   std::string stdin_data;          // bytes fed to the tool's stdin, then EOF
+  // stdin is one end of a stream socket pair instead of a pipe: the tool
+  // mode's result channel (protocol/letta.h), read and written both ways.
+  bool stdin_socket = false;
   // The file system, row by row (isolate/fs_table.h builds it): required.
   std::shared_ptr<const FsTable> fs;
   NetworkMode network = NetworkMode::None;

@@ -659,6 +659,64 @@ Result<std::string> make_nonce_frame(std::string_view nonce, const nlohmann::jso
   return frame;
 }
 
+namespace {
+
+// The runner's payload (a frame's decoded base64, or the result channel's
+// bytes), checked against the shape in letta.h. `what` starts each error.
+Result<NonceFrame> parse_runner_payload(std::string_view text, std::string_view what) {
+  auto bad = [&](std::string_view why) { return Error::invalid(std::string(what) + ": " + std::string(why), EBADMSG); };
+  if (!json_nesting_within(text)) return bad("payload is nested too deeply");
+  // The runner writes the payload with Python's json.dumps: non-finite
+  // floats as NaN/Infinity and lone surrogates as \u escapes, which the
+  // document below holds approximately (null, U+FFFD) and the exact text
+  // keeps as they are.
+  nlohmann::json payload = parse_json_bounded(text);
+  if (payload.is_discarded())
+    if (auto rewritten = rewrite_python_json_extensions(text)) payload = parse_json_bounded(*rewritten);
+  if (payload.is_discarded()) return bad("payload is not JSON");
+  if (!payload.is_object()) return bad("payload is not an object");
+  for (auto it = payload.begin(); it != payload.end(); ++it) {
+    if (it.key() != "results" && it.key() != "agent_state" && it.key() != "error") return bad("unexpected payload key");
+  }
+  if (!payload.contains("results") || !payload.contains("agent_state")) {
+    return bad("payload lacks \"results\" or \"agent_state\"");
+  }
+
+  NonceFrame f;
+  f.results = std::move(payload["results"]);
+  f.agent_state = std::move(payload["agent_state"]);
+  const PayloadText exact = payload_text(text);
+  f.results_text.assign(exact.results);
+  if (exact.agent_state_kind == JsonKind::Object) f.agent_state_text.assign(exact.agent_state);
+  if (!f.agent_state.is_null() && !f.agent_state.is_object()) return bad("agent_state is not an object");
+  if (auto it = payload.find("error"); it != payload.end()) {
+    if (!it->is_object()) return bad("error is not an object");
+    auto kind = get_string(*it, "kind");
+    auto name = get_string(*it, "name");
+    auto message = get_string(*it, "message");
+    if (!kind || !name || !message || (*kind != "tool" && *kind != "request")) {
+      return bad("error lacks a valid kind, name or message");
+    }
+    if (!f.results.is_null() || !f.agent_state.is_null()) return bad("error frame carries a result");
+    bool raised = false;
+    if (auto r = it->find("raised"); r != it->end()) {
+      if (!r->is_boolean()) return bad("error.raised is not a boolean");
+      raised = r->get<bool>();
+    }
+    f.error = RunnerError{std::move(*kind), std::move(*name), std::move(*message), raised};
+  }
+  return f;
+}
+
+void set_stdout_text(NonceFrame& f, std::string_view stdout_bytes) {
+  auto text = utf8_decode_replace(stdout_bytes);
+  f.stdout_text = std::move(text.text);
+  f.stdout_invalid_utf8 = text.had_invalid;
+  if (text.had_invalid) f.stdout_decode_error = python_utf8_decode_error(stdout_bytes);
+}
+
+}  // namespace
+
 Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_bytes, std::string_view nonce) {
   if (!is_valid_nonce(nonce)) return Error::invalid("nonce must be 32 lowercase hex characters");
   std::string start_tok(kNonceFrameStart);
@@ -683,48 +741,9 @@ Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_by
 
   auto decoded = b64decode_validate(stdout_bytes.substr(body, end - body));
   if (!decoded.ok()) return std::move(decoded).error().wrap("runner result frame: base64");
-  if (!json_nesting_within(*decoded)) return bad_frame("payload is nested too deeply");
-  // The runner writes the payload with Python's json.dumps: non-finite
-  // floats as NaN/Infinity and lone surrogates as \u escapes, which the
-  // document below holds approximately (null, U+FFFD) and the exact text
-  // keeps as they are.
-  nlohmann::json payload = parse_json_bounded(*decoded);
-  if (payload.is_discarded())
-    if (auto rewritten = rewrite_python_json_extensions(*decoded)) payload = parse_json_bounded(*rewritten);
-  if (payload.is_discarded()) return bad_frame("payload is not JSON");
-  if (!payload.is_object()) return bad_frame("payload is not an object");
-  for (auto it = payload.begin(); it != payload.end(); ++it) {
-    if (it.key() != "results" && it.key() != "agent_state" && it.key() != "error") {
-      return bad_frame("unexpected payload key");
-    }
-  }
-  if (!payload.contains("results") || !payload.contains("agent_state")) {
-    return bad_frame("payload lacks \"results\" or \"agent_state\"");
-  }
-
-  NonceFrame f;
-  f.results = std::move(payload["results"]);
-  f.agent_state = std::move(payload["agent_state"]);
-  const PayloadText exact = payload_text(*decoded);
-  f.results_text.assign(exact.results);
-  if (exact.agent_state_kind == JsonKind::Object) f.agent_state_text.assign(exact.agent_state);
-  if (!f.agent_state.is_null() && !f.agent_state.is_object()) return bad_frame("agent_state is not an object");
-  if (auto it = payload.find("error"); it != payload.end()) {
-    if (!it->is_object()) return bad_frame("error is not an object");
-    auto kind = get_string(*it, "kind");
-    auto name = get_string(*it, "name");
-    auto message = get_string(*it, "message");
-    if (!kind || !name || !message || (*kind != "tool" && *kind != "request")) {
-      return bad_frame("error lacks a valid kind, name or message");
-    }
-    if (!f.results.is_null() || !f.agent_state.is_null()) return bad_frame("error frame carries a result");
-    bool raised = false;
-    if (auto r = it->find("raised"); r != it->end()) {
-      if (!r->is_boolean()) return bad_frame("error.raised is not a boolean");
-      raised = r->get<bool>();
-    }
-    f.error = RunnerError{std::move(*kind), std::move(*name), std::move(*message), raised};
-  }
+  auto parsed = parse_runner_payload(*decoded, "runner result frame");
+  if (!parsed.ok()) return std::move(parsed).error();
+  NonceFrame f = std::move(parsed).value();
 
   // The runner writes one "\n" before and one after the frame so it sits on
   // its own line; those two bytes belong to the frame.
@@ -734,11 +753,31 @@ Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_by
   if (after.starts_with('\n')) after.remove_prefix(1);
   std::string rest(before);
   rest += after;
-  auto text = utf8_decode_replace(rest);
-  f.stdout_text = std::move(text.text);
-  f.stdout_invalid_utf8 = text.had_invalid;
-  if (text.had_invalid) f.stdout_decode_error = python_utf8_decode_error(rest);
+  set_stdout_text(f, rest);
   return std::optional<NonceFrame>(std::move(f));
+}
+
+// ---------------------------------------------------------------------------
+// Result channel
+// ---------------------------------------------------------------------------
+
+std::optional<bool> parse_channel_declaration(std::string_view bytes) {
+  if (bytes == kChannelDeclaredNo) return false;
+  if (bytes == kChannelDeclaredYes) return true;
+  return std::nullopt;
+}
+
+std::string channel_part_header(std::size_t size) {
+  const auto n = static_cast<std::uint32_t>(size);
+  return {static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8), static_cast<char>(n)};
+}
+
+Result<NonceFrame> parse_channel_result(std::string_view payload, std::string_view stdout_bytes) {
+  auto parsed = parse_runner_payload(payload, "runner result");
+  if (!parsed.ok()) return std::move(parsed).error();
+  NonceFrame f = std::move(parsed).value();
+  set_stdout_text(f, stdout_bytes);
+  return f;
 }
 
 namespace {

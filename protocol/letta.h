@@ -251,4 +251,42 @@ struct NonceFrame {
 // printing after it (a leftover grandchild) would win.
 Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_bytes, std::string_view nonce);
 
+// ---------------------------------------------------------------------------
+// The result channel (local tool mode: the runner's run_channel)
+// ---------------------------------------------------------------------------
+//
+// In a local sandbox the runner's stdin is one end of a stream socket pair,
+// the front end holds the other, and the request and the result travel on
+// it; stdout and stderr are the tool's alone. In order:
+//   1. front end: the first part, header + {"tool_name", "source_code"}
+//      (or {"unpickle": "<base64>"}), header = the part's size, 4 bytes
+//      big-endian;
+//   2. runner: a declaration, kChannelDeclaredYes when the function declares
+//      agent_state (and for an unpickle request), else kChannelDeclaredNo,
+//      written before any code but the runner's and the standard library's
+//      runs in its process;
+//   3. front end: the second part, header + {"args", "json_schema",
+//      "agent_state", "agent_id", "env"} with agent_state null unless
+//      declared ("{}" for an unpickle request), then shutdown(SHUT_WR);
+//   4. runner: the payload (the frame payload's shape above, as JSON text),
+//      then EOF when its process ends.
+// The tool runs in the runner's own process, so it can write to the
+// channel: that only does what returning a value does, as long as an
+// agent_state is accepted back only when declared (shape_tool_result).
+// A run with no declaration never gets the second part: the agent state
+// and the environment's secrets never reach a runner that did not start.
+inline constexpr std::string_view kChannelDeclaredNo = "TSB1 agent_state=0\n";
+inline constexpr std::string_view kChannelDeclaredYes = "TSB1 agent_state=1\n";
+inline constexpr std::size_t kChannelDeclarationSize = kChannelDeclaredNo.size();
+static_assert(kChannelDeclaredYes.size() == kChannelDeclarationSize);
+
+// true, false, or nullopt for anything but one of the two declarations.
+std::optional<bool> parse_channel_declaration(std::string_view bytes);
+// The 4-byte big-endian header of a part of `size` bytes (< 4 GiB).
+std::string channel_part_header(std::size_t size);
+// The payload read from the channel (the whole of it, to EOF), and the
+// run's stdout, which is all the tool's (stdout_text): the shape checks of
+// extract_nonce_frame, errors named "runner result: ...".
+Result<NonceFrame> parse_channel_result(std::string_view payload, std::string_view stdout_bytes);
+
 }  // namespace tsb::protocol

@@ -34,65 +34,93 @@ std::string signal_text(int sig) {
 
 }  // namespace
 
+namespace {
+
+// One member of a JSON object built by object_text: its value JSON-quoted
+// (a string), or spliced in as it is (JSON text: the client's args,
+// json_schema and agent_state, so no value is re-encoded and numbers stay as
+// written).
+struct Member {
+  std::string_view name;
+  std::string_view value;
+  bool quoted = false;
+};
+
+// {"name":value,...}, sized exactly once (for a request of tens of
+// megabytes a growing string would briefly hold two copies); as a part of
+// the result channel, its header first.
+std::string object_text(std::initializer_list<Member> members, bool channel_part = false) {
+  std::size_t size = 2 + (members.size() ? members.size() - 1 : 0);  // braces, commas
+  for (const Member& m : members)
+    size += lp::json_quoted_size(m.name) + 1 + (m.quoted ? lp::json_quoted_size(m.value) : m.value.size());
+  std::string out;
+  out.reserve(size + (channel_part ? 4 : 0));
+  if (channel_part) out = lp::channel_part_header(size);
+  out += '{';
+  for (const Member& m : members) {
+    if (&m != members.begin()) out += ',';
+    lp::append_json_quoted(out, m.name);
+    out += ':';
+    if (m.quoted) lp::append_json_quoted(out, m.value);
+    else out += m.value;
+  }
+  out += '}';
+  return out;
+}
+
+std::string env_text(const std::map<std::string, std::string>& env) {
+  std::string out = "{";
+  for (const auto& [k, v] : env) {
+    if (out.size() > 1) out += ',';
+    lp::append_json_quoted(out, k);
+    out += ':';
+    lp::append_json_quoted(out, v);
+  }
+  return out += '}';
+}
+
+Member agent_id_member(const protocol::CommonRunFields& c) {
+  return c.agent_id ? Member{"agent_id", *c.agent_id, true} : Member{"agent_id", "null"};
+}
+
+}  // namespace
+
 std::string runner_request_text(const protocol::RunToolRequest& t, std::string_view nonce,
                                 const std::map<std::string, std::string>& env) {
-  const auto& c = t.common;
   // The runner gives agent_state only to a function that declares it, which
   // it decides from the syntax tree; a source without the word cannot
   // declare it, so the state (the agent's secrets) is not sent at all.
   // This matters where the request is decoded by code the tool may read
-  // (an E2B sandbox's kernel); locally the runner's parent holds it.
-  std::size_t env_size = 2;  // {}
-  for (const auto& [k, v] : env) env_size += lp::json_quoted_size(k) + 1 + lp::json_quoted_size(v) + 1;
-  if (!env.empty()) --env_size;  // no comma after the last
-  const std::string_view agent_state =
-      t.source_code.find("agent_state") == std::string::npos ? std::string_view("null") : std::string_view(t.agent_state);
-  struct Part {
-    std::string_view name;  // with its quotes, colon and leading separator
-    std::size_t size;
-  };
-  const Part parts[] = {
-      {"{\"nonce\":", lp::json_quoted_size(nonce)},
-      {",\"tool_name\":", lp::json_quoted_size(c.tool_name)},
-      {",\"source_code\":", lp::json_quoted_size(t.source_code)},
-      {",\"args\":", t.args.size()},
-      {",\"json_schema\":", t.json_schema.size()},
-      {",\"agent_state\":", agent_state.size()},
-      {",\"agent_id\":", c.agent_id ? lp::json_quoted_size(*c.agent_id) : std::string_view("null").size()},
-      {",\"env\":", env_size},
-  };
-  std::size_t size = 1;  // the closing brace
-  for (const Part& p : parts) size += p.name.size() + p.size;
-  // Sized exactly once: for a request of tens of megabytes a growing string
-  // would briefly hold two copies.
-  std::string out;
-  out.reserve(size);
-  out += parts[0].name;
-  lp::append_json_quoted(out, nonce);
-  out += parts[1].name;
-  lp::append_json_quoted(out, c.tool_name);
-  out += parts[2].name;
-  lp::append_json_quoted(out, t.source_code);
-  out += parts[3].name;
-  out += t.args;
-  out += parts[4].name;
-  out += t.json_schema;
-  out += parts[5].name;
-  out += agent_state;
-  out += parts[6].name;
-  if (c.agent_id) lp::append_json_quoted(out, *c.agent_id);
-  else out += "null";
-  out += parts[7].name;
-  out += '{';
-  for (auto it = env.begin(); it != env.end(); ++it) {
-    if (it != env.begin()) out += ',';
-    lp::append_json_quoted(out, it->first);
-    out += ':';
-    lp::append_json_quoted(out, it->second);
-  }
-  out += '}';
-  out += '}';
-  return out;
+  // (an E2B sandbox's kernel).
+  const bool may_declare = t.source_code.find("agent_state") != std::string::npos;
+  const std::string env_json = env_text(env);
+  return object_text({{"nonce", nonce, true},
+                      {"tool_name", t.common.tool_name, true},
+                      {"source_code", t.source_code, true},
+                      {"args", t.args},
+                      {"json_schema", t.json_schema},
+                      {"agent_state", may_declare ? std::string_view(t.agent_state) : "null"},
+                      agent_id_member(t.common),
+                      {"env", env_json}});
+}
+
+std::string runner_channel_first(const protocol::RunToolRequest& t) {
+  return object_text({{"tool_name", t.common.tool_name, true}, {"source_code", t.source_code, true}}, true);
+}
+
+std::string runner_channel_second(const protocol::RunToolRequest& t, bool declared,
+                                  const std::map<std::string, std::string>& env) {
+  const std::string env_json = env_text(env);
+  return object_text({{"args", t.args},
+                      {"json_schema", t.json_schema},
+                      {"agent_state", declared ? std::string_view(t.agent_state) : "null"},
+                      agent_id_member(t.common),
+                      {"env", env_json}},
+                     true);
+}
+
+std::string runner_channel_unpickle(std::string_view payload_base64) {
+  return object_text({{"unpickle", payload_base64, true}}, true);
 }
 
 std::string python_float_str(double v) {
@@ -110,7 +138,8 @@ std::string python_float_str(double v) {
   return std::to_string(v);
 }
 
-Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run, const DecodedPickle* decoded) {
+Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run, const DecodedPickle* decoded,
+                         const ChannelOutcome* channel) {
   Shaped out;
   json& r = out.result;
   const std::string& name = ctx.tool_name;
@@ -257,26 +286,63 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
     return out;
   }
 
-  // Tool mode: only the frame carrying this run's nonce counts.
-  out.extra["framing"] = "nonce";
-  auto frame = lp::extract_nonce_frame(run.stdout_data, ctx.nonce);
-  if (!frame.ok()) {
+  // Tool mode: the runner's result, from its channel or from the frame
+  // carrying this run's nonce; nothing on stdout counts in the first case,
+  // nothing but that frame in the second.
+  const auto corrupted = [&](const std::string& why) {
     r["func_return"] = lp::friendly_error_msg(name, "Exception", std::string(lp::kCorruptedOutputMessage));
     r["stdout"] = json::array({run.stdout_data});
-    r["stderr"] = json::array({frame.error().message});
-    out.extra["frame_error"] = frame.error().message;
+    r["stderr"] = json::array({why});
+    out.extra["frame_error"] = why;
     return out;
-  }
-  if (!frame->has_value()) {
-    // The runner never wrote its frame: it was killed, or the tool killed it.
+  };
+  // The runner never sent its result: it was killed, the tool killed it or
+  // ended its process first.
+  const auto no_result = [&]() {
     if (auto e = lp::python_utf8_decode_error(run.stdout_data)) return decode_failure(*e);
     r["stdout"] = as_list(run.stdout_data);
     r["stderr"] = as_list(run.stderr_data);
-    r["func_return"] = failure_from_stderr(name, run.stderr_data, fallback_name.empty() ? "RuntimeError" : fallback_name,
-                                           fallback_msg.empty() ? "the tool ended without returning a result" : fallback_msg);
+    if (ctx.channel && success_exit && channel && channel->declared) {
+      // Status 0 with no result (os._exit(0) in the tool): Letta's script
+      // ended with status 0 before writing one, a success returning None.
+      r["status"] = "success";
+      return out;
+    }
+    std::string why = fallback_msg;
+    if (why.empty())
+      why = ctx.channel && run.reason == EndReason::Exited
+                ? "the tool's process exited with status " + std::to_string(run.exit_code) + " before returning a result"
+                : "the tool ended without returning a result";
+    r["func_return"] = failure_from_stderr(name, run.stderr_data, fallback_name.empty() ? "RuntimeError" : fallback_name, why);
     return out;
+  };
+  lp::NonceFrame f;
+  if (ctx.channel) {
+    out.extra["framing"] = "channel";
+    if (!channel || !channel->declared || channel->result_total == 0) return no_result();
+    if (channel->result_total > ctx.result_cap) {
+      // As a print of that size would: the run ends in error, here with its
+      // output intact.
+      r["func_return"] = lp::friendly_error_msg(name, "RuntimeError", "the tool's result of " +
+                                                    std::to_string(channel->result_total) + " bytes is larger than the "
+                                                    "policy's limit of " + format_size(ctx.result_cap) + " (limits.stdout)");
+      r["stdout"] = as_list(run.stdout_data);
+      r["stderr"] = as_list(run.stderr_data);
+      out.extra["result_bytes"] = channel->result_total;
+      return out;
+    }
+    auto parsed = lp::parse_channel_result(channel->result, run.stdout_data);
+    if (!parsed.ok()) return corrupted(parsed.error().message);
+    f = std::move(parsed).value();
+    if (!*channel->declared && !f.agent_state.is_null())
+      return corrupted("runner result: an agent_state from a function that does not declare agent_state");
+  } else {
+    out.extra["framing"] = "nonce";
+    auto frame = lp::extract_nonce_frame(run.stdout_data, ctx.nonce);
+    if (!frame.ok()) return corrupted(frame.error().message);
+    if (!frame->has_value()) return no_result();
+    f = std::move(**frame);
   }
-  const lp::NonceFrame& f = **frame;
   if (f.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
   if (f.stdout_decode_error) return decode_failure(*f.stdout_decode_error);
   r["stdout"] = as_list(f.stdout_text);
@@ -295,8 +361,8 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
   r["status"] = success_exit ? "success" : "error";
   r["func_return"] = f.results;
   r["agent_state"] = f.agent_state;
-  out.func_return_text = f.results_text;
-  if (!f.agent_state.is_null()) out.agent_state_text = f.agent_state_text;
+  out.func_return_text = std::move(f.results_text);
+  if (!f.agent_state.is_null()) out.agent_state_text = std::move(f.agent_state_text);
   return out;
 }
 

@@ -21,8 +21,13 @@ struct ShapeContext {
   std::string tool_name;
   double timeout_s = 60;                  // the effective wall-clock limit, for messages
   std::optional<std::string> fingerprint; // sandbox_config_fingerprint, when computable
-  bool tool_mode = false;                 // run_tool: parse the nonce frame
-  std::string nonce;                      // tool mode
+  bool tool_mode = false;                 // run_tool: the runner's result
+  // Tool mode: the result came on the result channel (a local sandbox:
+  // ChannelOutcome), at most result_cap bytes of it; else in the frame
+  // carrying `nonce` on stdout (an E2B cell).
+  bool channel = false;
+  std::uint64_t result_cap = 0;
+  std::string nonce;
   // Script mode: which of Letta's generators wrote the script (its parser is
   // the one that applies). Letta's current one, and tool mode, which stands
   // for it: output that is not UTF-8 fails as it fails in Letta.
@@ -53,25 +58,42 @@ struct DecodedPickle {
   std::string failure;  // without a frame
 };
 
+// What came back on a run's result channel (protocol/letta.h, "The result
+// channel"; daemon/core/spawner_link.h carries it).
+struct ChannelOutcome {
+  std::optional<bool> declared;  // no (valid) declaration came: nullopt
+  std::string result;            // the first result_cap bytes sent
+  std::uint64_t result_total = 0;
+};
+
 // `decoded`: for a run whose payload is a pickle, its decoding, if any.
+// `channel`: a channel-mode tool run's channel (null: nothing came).
 Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
-                         const DecodedPickle* decoded = nullptr);
+                         const DecodedPickle* decoded = nullptr, const ChannelOutcome* channel = nullptr);
 
 // Script mode: the pickle payload (base64) that shape_tool_result would
 // answer from a decoding of, when there is one: the shaping itself decides
 // (end reason, Letta's UTF-8 checks, the frame, the script's generator).
 std::optional<std::string> pickle_payload_to_decode(const ShapeContext& ctx, const isolate::RunResult& run);
 
-// The request the trusted runner reads on its stdin (tool mode), for a local
-// sandbox or an E2B cell alike: the tool's source, its arguments as data and
-// a fresh nonce (daemon/runner/toolsandbox_runner.py documents the fields;
-// absent ones are null). One JSON object, built by concatenation: the
-// strings JSON-escaped, args, json_schema and agent_state spliced in as the
-// client sent them, so no value is re-encoded (numbers stay as written) and
-// the text is about the size of the request it comes from.
+// The request the trusted runner reads on its stdin in an E2B cell: the
+// tool's source, its arguments as data and a fresh nonce
+// (daemon/runner/toolsandbox_runner.py documents the fields; absent ones
+// are null). One JSON object, built by concatenation: the strings
+// JSON-escaped, args, json_schema and agent_state spliced in as the client
+// sent them, so no value is re-encoded (numbers stay as written) and the
+// text is about the size of the request it comes from.
 // `env`: variables the runner sets for the tool only (its "env" member).
 std::string runner_request_text(const protocol::RunToolRequest& t, std::string_view nonce,
                                 const std::map<std::string, std::string>& env = {});
+// The same request in a local sandbox, as the result channel's two parts
+// (protocol/letta.h), each with its header: tool_name and source_code; then
+// the rest, with agent_state only when the runner declared it.
+std::string runner_channel_first(const protocol::RunToolRequest& t);
+std::string runner_channel_second(const protocol::RunToolRequest& t, bool declared,
+                                  const std::map<std::string, std::string>& env = {});
+// An unpickle request's first part; its second is channel_part_header(2) + "{}".
+std::string runner_channel_unpickle(std::string_view payload_base64);
 
 // Python's str() of a float, for Letta's timeout message ("180.0", "1.5").
 std::string python_float_str(double v);

@@ -12,7 +12,7 @@
 #include <cstdlib>
 
 #include "daemon/policy/jsonc.h"
-#include "isolate/base/random.h"
+#include "daemon/policy/units.h"
 #include "protocol/letta.h"
 #include "protocol/pyjson.h"
 
@@ -420,9 +420,15 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   order.env = p.env;
   order.timeout = p.timeout;
   std::string stdin_data;
+  std::optional<ChannelExchange> channel;
   if (p.tool_mode) {
+    // The runner's request and result travel on its result channel
+    // (protocol/letta.h); stdout and stderr are the tool's alone.
     order.mode = spawn::RunMode::Tool;
-    stdin_data = std::move(p.runner_request);
+    const auto& t = std::get<protocol::RunToolRequest>(p.request->body);
+    channel = ChannelExchange{runner_channel_first(t),
+                              [&t, env = p.runner_env](bool declared) { return runner_channel_second(t, declared, env); },
+                              pol.limits.stdout_bytes};
   } else {
     // The script arrives on stdin, so no size limit of argv applies and it
     // never touches a file system.
@@ -548,14 +554,11 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     order.venv = venv_key;
   }
 
-  // Where the result frame starts: kept past the output cap, so a run that
-  // prints more than the cap still returns its result (capped_output.h).
+  // Script mode: where Letta's result frame starts, kept past the output
+  // cap, so a run that prints more than the cap still returns its result
+  // (capped_output.h). A tool's result never is in its output.
   std::vector<std::string> frame_tokens;
-  if (p.tool_mode) {
-    // With the newline the runner writes before its frame, which belongs to it.
-    frame_tokens.push_back("\n" + std::string(protocol::kNonceFrameStart) + p.shape.nonce +
-                           std::string(protocol::kNonceFrameClose));
-  } else {
+  if (!p.tool_mode) {
     frame_tokens.emplace_back(protocol::kBinaryMarker);
     frame_tokens.emplace_back(protocol::kLegacyStartMarker);
   }
@@ -572,7 +575,8 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     }
   } stop_proxy{proxy};
   LinkRun ran = co_await link_.run(std::move(order), std::move(stdin_data), pol.limits.stdout_bytes,
-                                   pol.limits.stderr_bytes, std::move(frame_tokens), *p.cancel, proxy.get());
+                                   pol.limits.stderr_bytes, std::move(frame_tokens), *p.cancel, proxy.get(), {},
+                                   std::move(channel));
   if (proxy) {
     proxy->stop();
     out.record["egress"] = proxy->summary();
@@ -592,6 +596,7 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     co_return out;
   }
   out.run = std::move(ran.result);
+  out.channel = std::move(ran.channel);
   if (out.run.reason == isolate::EndReason::SetupFailed && !out.run.error.empty())
     spdlog::error("run {}: {}", out.run.run_id.empty() ? "-" : out.run.run_id, out.run.error);
   if (!p.tool_mode) co_await decode_pickle(p, out);
@@ -619,13 +624,12 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   // Decoding takes milliseconds (a payload's values are capped); it gets
   // the run's own limit, at most 10 s.
   order.timeout = std::min(p.timeout, std::chrono::milliseconds(10'000));
-  const std::string nonce = random_hex(16);
-  // Base64 needs no JSON escaping.
-  std::string request = "{\"nonce\":\"" + nonce + "\",\"unpickle\":\"" + *payload + "\"}";
-  std::vector<std::string> frame_tokens{"\n" + std::string(protocol::kNonceFrameStart) + nonce +
-                                        std::string(protocol::kNonceFrameClose)};
-  LinkRun ran = co_await link_.run(std::move(order), std::move(request), pol.limits.stdout_bytes,
-                                   pol.limits.stderr_bytes, std::move(frame_tokens), *p.cancel);
+  // On its result channel, as a tool's request; its result is at most
+  // what the script's own stdout held.
+  ChannelExchange channel{runner_channel_unpickle(*payload),
+                          [](bool) { return protocol::channel_part_header(2) + "{}"; }, pol.limits.stdout_bytes};
+  LinkRun ran = co_await link_.run(std::move(order), {}, pol.limits.stdout_bytes, pol.limits.stderr_bytes, {},
+                                   *p.cancel, nullptr, {}, std::move(channel));
   if (ran.refused) {
     d.failure = ran.refused->message;
     co_return;
@@ -633,14 +637,18 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   const isolate::RunResult& r = ran.result;
   out.record["pickle_decode_run_id"] = r.run_id;
   out.audit += " pickle_decode_run_id=" + (r.run_id.empty() ? std::string("-") : r.run_id);
-  auto frame = protocol::extract_nonce_frame(r.stdout_data, nonce);
-  if (!frame.ok()) {
-    d.failure = frame.error().message;
-  } else if (!frame->has_value()) {
-    d.failure = r.reason == EndReason::Exited ? std::string("the decoder wrote no result")
-                                              : "the decoder's run ended: " + std::string(isolate::to_string(r.reason));
+  const ChannelOutcome* ch = ran.channel ? &*ran.channel : nullptr;
+  if (r.reason != EndReason::Exited) {
+    d.failure = "the decoder's run ended: " + std::string(isolate::to_string(r.reason));
+  } else if (!ch || ch->result_total == 0) {
+    d.failure = "the decoder wrote no result";
+  } else if (ch->result_total > ch->result.size()) {
+    d.failure = "the decoded result is larger than the policy's limit of " + format_size(pol.limits.stdout_bytes) +
+                " (limits.stdout)";
+  } else if (auto f = protocol::parse_channel_result(ch->result, r.stdout_data); !f.ok()) {
+    d.failure = f.error().message;
   } else {
-    d.frame = std::move(**frame);
+    d.frame = std::move(f).value();
   }
 }
 

@@ -130,8 +130,14 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   out.runner_path = runner_path;
   if (out.tool_mode) {
     if (runner_path.empty()) return Refusal{ErrorCode::Internal, "the tool runner is not installed on this host"};
-    out.shape.nonce = random_hex(16);
-    out.runner_request = runner_request_text(std::get<protocol::RunToolRequest>(req.body), out.shape.nonce, out.runner_env);
+    // A local sandbox's runner answers on its result channel, built by the
+    // backend; an E2B cell's in a frame marked with a fresh nonce.
+    out.shape.channel = out.placement.backend == Backend::Local;
+    out.shape.result_cap = pol.limits.stdout_bytes;
+    if (!out.shape.channel) {
+      out.shape.nonce = random_hex(16);
+      out.runner_request = runner_request_text(std::get<protocol::RunToolRequest>(req.body), out.shape.nonce, out.runner_env);
+    }
   }
   if (!out.cancel) out.cancel = std::make_shared<CancelSignal>();
   if (!out.client_gone) out.client_gone = [] { return false; };
@@ -154,7 +160,8 @@ std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRu
     keep("func_return", out.func_return_text);
     keep("agent_state", out.agent_state_text);
   } else {
-    auto shaped = shape_tool_result(p.shape, out.run, out.decoded ? &*out.decoded : nullptr);
+    auto shaped = shape_tool_result(p.shape, out.run, out.decoded ? &*out.decoded : nullptr,
+                                    out.channel ? &*out.channel : nullptr);
     result = std::move(shaped.result);
     for (auto it = shaped.extra.begin(); it != shaped.extra.end(); ++it) record[it.key()] = it.value();
     keep("func_return", shaped.func_return_text);

@@ -4,7 +4,8 @@
 //   prepare_run   once per request: placement (organization, policy,
 //                 backend), the sandbox-config fingerprint, the tool's
 //                 environment checked against the policy, the effective
-//                 timeout, the runner's request and nonce (tool mode).
+//                 timeout, the runner's request and nonce (tool mode on
+//                 E2B; a local runner's result channel is the backend's).
 //   RunBackend::run  the backend's own work (a local sandbox, an E2B cell, ...).
 //                 It stops the run when PreparedRun::cancel is requested
 //                 (the client went away, the daemon stops).
@@ -86,7 +87,8 @@ struct PreparedRun {
   std::optional<double> timeout_requested_s;
   // Tool name, timeout for messages, fingerprint, mode, nonce, limits.
   ShapeContext shape;
-  // Tool mode: the trusted runner on the host, and what it reads on stdin.
+  // Tool mode: the trusted runner on the host, and what it reads on stdin
+  // in an E2B cell (a local one gets its request on its result channel).
   std::string runner_path;
   std::string runner_request;
   // Requested when the client goes away or the daemon stops.
@@ -123,6 +125,8 @@ struct BackendRun {
   std::string agent_state_text;
   // Script mode, a pickle payload: its decoding (LocalBackend).
   std::optional<DecodedPickle> decoded;
+  // Tool mode in a local sandbox: what came on the result channel.
+  std::optional<ChannelOutcome> channel;
   // Run-record fields the backend adds or overrides.
   nlohmann::json record = nlohmann::json::object();
   // For the record, the totals and the audit line when the backend ended

@@ -1,6 +1,7 @@
 #include "daemon/core/spawner_link.h"
 #include "daemon/core/capped_output.h"
 #include "daemon/egress/proxy.h"
+#include "protocol/letta.h"
 
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 #include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/use_awaitable.hpp>
+#include <asio/read.hpp>
 #include <asio/write.hpp>
 #include <cstdlib>
 
@@ -162,7 +164,7 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
 asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                           std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
                                           CancelSignal& cancel, egress::RunProxy* egress,
-                                          StdoutSink stdout_sink) {
+                                          StdoutSink stdout_sink, std::optional<ChannelExchange> channel) {
   auto p = std::make_shared<Pending>(io_);
   const std::uint64_t id = order.id = ++next_id_;
   pending_.emplace(id, p);
@@ -204,13 +206,47 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
   }
   isolate::RunResult& r = p->result;
   if (egress && p->egress) egress->start(std::move(p->egress), r.run_id);
-  if (!p->fds.empty()) {
+  std::shared_ptr<ChannelOutcome> outcome;
+  if (!p->fds.empty() && channel) {
+    // The result channel: a reader like stdout and stderr. Any failure
+    // (the runner died, it sent something else) ends the exchange; what
+    // came so far is what the shaping sees.
+    outcome = std::make_shared<ChannelOutcome>();
+    ++p->readers;
+    asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, ChannelExchange ex, std::shared_ptr<Pending> p,
+                           std::shared_ptr<ChannelOutcome> o) -> asio::awaitable<void> {
+      stream sd(io, fd.release());
+      std::string declaration(protocol::kChannelDeclarationSize, '\0');
+      if (!std::get<0>(co_await asio::async_write(sd, asio::buffer(ex.first), tuple_awaitable)) &&
+          !std::get<0>(co_await asio::async_read(sd, asio::buffer(declaration), tuple_awaitable)))
+        o->declared = protocol::parse_channel_declaration(declaration);
+      ex.first = {};
+      // Once Ended came nothing reads a second part, and run() may have
+      // returned (with the request `second` reads from).
+      if (o->declared && !p->ended) {
+        std::string second = ex.second(*o->declared);
+        auto [ec, n] = co_await asio::async_write(sd, asio::buffer(second), tuple_awaitable);
+        second = {};  // not held while the tool runs
+        ::shutdown(sd.native_handle(), SHUT_WR);  // the runner reads no more
+        std::array<char, 65536> buf;
+        while (!ec) {
+          std::tie(ec, n) = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
+          if (o->result.size() < ex.cap) o->result.append(buf.data(), std::min<std::uint64_t>(n, ex.cap - o->result.size()));
+          o->result_total += n;
+        }
+      }
+      --p->readers;
+      p->poke();
+    }(io_, std::move(p->fds[0]), std::move(*channel), p, outcome), asio::detached);
+  } else if (!p->fds.empty()) {
     // stdin: written, then closed (EOF). EPIPE when the tool never reads it
     // is fine (the front end ignores SIGPIPE: daemon/frontend/main.cc).
     asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, std::string data) -> asio::awaitable<void> {
       stream sd(io, fd.release());
       if (!data.empty()) co_await asio::async_write(sd, asio::buffer(data), tuple_awaitable);
     }(io_, std::move(p->fds[0]), std::move(stdin_data)), asio::detached);
+  }
+  if (!p->fds.empty()) {
     // stdout, stderr: the first `cap` bytes kept, and past them only a
     // result frame (capped_output.h); the run goes on, and the rest is read
     // and dropped, so this process's memory stays bounded.
@@ -232,7 +268,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
     auto output = std::make_shared<Output>(Output{{CappedOutput(stdout_cap, std::move(stdout_frame_tokens)),
                                                    CappedOutput(stderr_cap, {})},
                                                   std::move(stdout_sink)});
-    p->readers = 2;
+    p->readers += 2;
     for (int i = 0; i < 2; ++i) {
       asio::co_spawn(io_, [](SpawnerLink& link, std::uint64_t id, UniqueFd fd, std::shared_ptr<Pending> p,
                              std::shared_ptr<Output> o, int i) -> asio::awaitable<void> {
@@ -276,6 +312,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
       *sinks[i].total = s.total();
       *sinks[i].data = std::move(s).take();
     }
+    if (outcome) out.channel = std::move(*outcome);
   } else {
     // Ended without Started (the spawn failed; nothing ran), or Started
     // without its pipes (ended at once).

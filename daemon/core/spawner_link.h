@@ -19,6 +19,7 @@
 #include <string>
 
 #include "daemon/core/cancel.h"
+#include "daemon/core/letta_result.h"
 #include "daemon/spawner/front_codec.h"
 #include "isolate/base/result.h"
 #include "isolate/base/unique_fd.h"
@@ -30,9 +31,19 @@ class RunProxy;
 
 namespace tsb::core {
 
+// A tool run's result channel (protocol/letta.h, "The result channel"):
+// the run's stdin is its socket. The first part is written at once, the
+// second once the runner has declared whether its function takes
+// agent_state; what the runner then sends is kept up to `cap` bytes.
+struct ChannelExchange {
+  std::string first;                              // with its header
+  std::function<std::string(bool declared)> second;  // likewise
+  std::uint64_t cap = 0;
+};
 struct LinkRun {
   std::optional<spawn::Refused> refused;  // the spawner did not run it
   isolate::RunResult result;              // otherwise: what happened, output included
+  std::optional<ChannelOutcome> channel;  // with a ChannelExchange
 };
 
 class SpawnerLink {
@@ -53,10 +64,13 @@ class SpawnerLink {
   // `stdout_sink` (a venv build, daemon/venv/cache.h): stdout is handed
   // to it as it arrives instead of being kept; when it returns false the
   // run is killed (and the rest read and dropped).
+  // With `channel`, stdin is the run's result channel and stdin_data is
+  // not used.
   using StdoutSink = std::function<bool(std::string_view)>;
   asio::awaitable<LinkRun> run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
-                               CancelSignal& cancel, egress::RunProxy* egress = nullptr, StdoutSink stdout_sink = {});
+                               CancelSignal& cancel, egress::RunProxy* egress = nullptr, StdoutSink stdout_sink = {},
+                               std::optional<ChannelExchange> channel = std::nullopt);
   // Ready (READY=1), with a status text (STATUS=...; "" for none): passed
   // on to systemd by the spawner (the only process systemd listens to).
   void notify_ready(std::string_view status);

@@ -148,7 +148,7 @@ _toolsandbox_main()
 // its bytecode comes from __pycache__ (daemon/runner/toolsandbox_runner.py,
 // "Invocation"), and run.
 inline constexpr std::string_view kRunnerBoot =
-    "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run()\n";
+    "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run_channel()\n";
 
 // Whether `p` (links followed) is a regular file owned by root, readable by
 // all and writable by no one else: what the runner, its bytecode and the

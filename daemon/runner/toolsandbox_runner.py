@@ -7,11 +7,18 @@ travel as JSON data, never as spliced source text. Standard library only.
 Invocation
 ==========
 
-    /venv/bin/python3 -I -S -B -u -X utf8 -c "<import and run>" < request-pipe
+Two ways, one per place the runner runs:
 
-where the -c line (kRunnerBoot in daemon/policy/policy.h) appends
-/opt/toolsandbox/runner to the end of sys.path (after the standard library),
-imports this module and calls run(). Imported rather than run as a script,
+    /venv/bin/python3 -I -S -B -u -X utf8 -c "<import and run_channel()>" <&result-channel
+    python3 -I -S -B -u -X utf8 toolsandbox_runner.py < request-pipe      (run())
+
+In a local sandbox, the -c line (kRunnerBoot in daemon/policy/policy.h)
+appends /opt/toolsandbox/runner to the end of sys.path (after the standard
+library), imports this module and calls run_channel(): the "channel mode",
+one process, request and result on the stream socket that is its stdin
+(see "Channel mode" below). In an E2B cell, which has no such socket, the
+file runs as a script and calls run(): the "nonce mode" described first
+below, two processes, the result in a frame on stdout. Imported rather than run as a script,
 its bytecode comes from __pycache__/toolsandbox_runner.<tag>.pyc beside it,
 compiled at build time as a "checked-hash" .pyc (PEP 552): used only while it
 matches this source, else the source is compiled in memory as a script would
@@ -23,10 +30,11 @@ is the same program.
          Required: the runner refuses to start without it.
 -S       Do not process site-packages at startup. Required. The venv's
          site-packages (and their .pth files, which may run code) are added by
-         the tool process only, after the fork described below, with the same
-         site.main() call a normal start would make; so the venv stays fully
-         importable for the tool while no venv code ever runs in the process
-         that holds the nonce. (Without -S, -I alone would also keep the venv's
+         the tool process only, with the same site.main() call a normal start
+         would make: in the nonce mode after the fork described below, so no
+         venv code ever runs in the process that holds the nonce; in the
+         channel mode after the runner's declaration. The venv stays fully
+         importable for the tool. (Without -S, -I alone would also keep the venv's
          site-packages: site.py reads <venv>/pyvenv.cfg; checked on Python 3.11.)
 -B       Write no .pyc files.
 -u       Unbuffered stdout/stderr: output written before a timeout kill is not
@@ -37,8 +45,8 @@ is the same program.
 stdin must be a pipe or a socket, never a regular file: a tool could re-read a
 file from offset 0 and learn the nonce.
 
-Request (one JSON object on stdin, read to EOF)
-===============================================
+Nonce mode (run()). Request: one JSON object on stdin, read to EOF
+==================================================================
 
     {"nonce":       "<32 lowercase hex>",       required, fresh per run
      "tool_name":   "<Python identifier>",      required
@@ -149,8 +157,51 @@ missing function: error.kind "request"); 3 no frame was written (stdin not a
 pipe, unreadable request, no valid nonce, runner started without -I -S, the
 runner could not protect itself or write to stdout).
 
-Threat model
-============
+Channel mode (run_channel())
+============================
+
+stdin must be a stream socket: one end of a pair whose other end the daemon
+holds (protocol/letta.h, "The result channel"). The runner moves it off fd 0
+(close-on-exec; the tool reads EOF from stdin), then:
+
+1. reads the first part: a 4-byte big-endian length (at most 1 GiB), then
+   {"tool_name", "source_code"}, or {"unpickle": "<base64>"};
+2. writes its declaration, b"TSB1 agent_state=1\n" when the function
+   declares agent_state (_declared_params; always for unpickle), else
+   b"TSB1 agent_state=0\n", before any code but its own and the standard
+   library's has run in its process;
+3. reads the second part, likewise: {"args", "json_schema", "agent_state",
+   "agent_id", "env"} (the fields above; the daemon sends agent_state only
+   after a "1"), or {} for unpickle;
+4. runs the tool in this same process, as the nonce mode's tool process
+   does (site.main(), the tool module as __main__, its source file, the
+   namespace, the env), and writes the payload (as above, JSON text) on
+   the socket;
+5. ends as Letta's script ends, without the interpreter's teardown:
+   non-daemon threads joined, atexit handlers run, stdio flushed, the
+   source file removed, os._exit with the exit status above.
+
+stdout and stderr carry the tool's output only: nothing in them is the
+result. A request the runner cannot read ends it with status 3 and no
+payload; a request it can read but not run, with a "request" error payload
+and status 2.
+
+Threat model (channel mode)
+===========================
+
+What must hold is the same as below: no result the tool did not return, no
+agent_state from a tool that does not declare it. No secret is needed for
+the first: the result's channel is not the tool's output, so nothing the
+tool prints counts. The tool can write to the channel itself (the
+descriptor is in its process); that only chooses its own result, which
+returning a value does too. The daemon accepts an agent_state only after a
+"1" declaration, which this runner writes before the tool's source is even
+compiled, so a tool that does not declare agent_state never receives the
+agent's state and cannot return one. docs/SECURITY.md ("Tool mode: the
+result channel") weighs the two modes.
+
+Threat model (nonce mode)
+=========================
 
 The tool is hostile and runs with the runner's uid. What must hold: nothing
 the tool does or prints can make the engine accept a result the tool did not
@@ -216,6 +267,12 @@ FRAME_CLOSE = b">>"
 _REQUEST_FIELDS = frozenset(
     ["nonce", "tool_name", "source_code", "args", "json_schema", "agent_state", "agent_id", "env"]
 )
+# Channel mode (run_channel): the request in two parts, the declaration between them.
+_FIRST_PART_FIELDS = frozenset(["tool_name", "source_code"])
+_SECOND_PART_FIELDS = frozenset(["args", "json_schema", "agent_state", "agent_id", "env"])
+_PART_HEADER = struct.Struct(">I")
+_MAX_PART_BYTES = 1 << 30  # the daemon sends far less (its request limit)
+CHANNEL_DECLARATION = b"TSB1 agent_state=%d\n"
 _MAX_RESULT_DEPTH = 200  # nesting depth kept as JSON; deeper values fall back to str()
 _MSG_HEADER = struct.Struct(">Q")  # child -> parent: length, then JSON
 # Bounds the parent's memory only: the engine's stdout cap (1 MiB by default)
@@ -334,8 +391,9 @@ def _declared_params(source, tool_name):
     return names
 
 
-def _validate_request(req):
-    """Check the request and build what the child receives (no nonce)."""
+def _validate_request(req, declared=None):
+    """Check the request and build what the tool process receives (no
+    nonce). declared: _declared_params of its source, when known already."""
     import keyword
 
     unknown = sorted(set(req) - _REQUEST_FIELDS)
@@ -382,7 +440,8 @@ def _validate_request(req):
                 % (tool_name, ", ".join(map(repr, extra))),
             )
 
-    declared = _declared_params(source, tool_name)
+    if declared is None:
+        declared = _declared_params(source, tool_name)
     inject_agent_state = "agent_state" in declared
     inject_agent_id = "agent_id" in declared
     for name, injected in (("agent_state", inject_agent_state), ("agent_id", inject_agent_id)):
@@ -793,9 +852,20 @@ def _serialize_result(value, err_fd):
         return _safe_str(value)
 
 
-def _send(res_fd, msg):
-    body = json.dumps(msg, ensure_ascii=True, allow_nan=True).encode("ascii")
-    _write_all(res_fd, _MSG_HEADER.pack(len(body)) + body)
+def _payload_bytes(msg):
+    return json.dumps(msg, ensure_ascii=True, allow_nan=True, separators=(",", ":")).encode("ascii")
+
+
+def _encode_result(msg, err_fd):
+    """(the JSON text the runner sends on, the message it holds): msg, or
+    where json.dumps refuses its value as it would in Letta's script (an
+    integer past sys.get_int_max_str_digits()), the error the run fails with."""
+    try:
+        return _payload_bytes(msg), msg
+    except ValueError as e:
+        _error_line(err_fd, "ValueError", _safe_str(e))
+        msg = _error_payload("tool", "ValueError", _safe_str(e), raised=True)
+        return _payload_bytes(msg), msg
 
 
 def _source_path():
@@ -1435,17 +1505,19 @@ def _decode_pickle(b64, err_fd):
     return {"results": _serialize_result(plain, err_fd), "agent_state": state or None}
 
 
-def _child_main(from_parent, to_parent):
-    # Before anything else: the tool must never read the request stream. An
-    # empty pipe gives the tool (and its subprocesses) EOF on stdin.
+def _empty_stdin():
+    """fd 0 becomes an empty pipe: the tool (and its subprocesses) read EOF
+    from stdin, never the request stream."""
     r, w = os.pipe()
     os.close(w)
     os.dup2(r, 0)
     os.close(r)
 
-    # The tool process, and only it, gets the venv's site-packages, exactly as
-    # a normal start without -S would have set them up. This and the imports
-    # below need no request, so they overlap with the parent's work.
+
+def _tool_process_setup():
+    """What the tool's process does before it runs the tool: the venv's
+    site-packages, exactly as a normal start without -S would have set them
+    up, and the modules _run_tool needs."""
     if sys.flags.no_site:
         import site
 
@@ -1453,6 +1525,19 @@ def _child_main(from_parent, to_parent):
     import linecache  # noqa: F401  (used by _run_tool)
     import types  # noqa: F401
     import typing  # noqa: F401
+
+
+def _run_request(req, err_fd):
+    """The tool's message for a validated request: a decoded pickle or the
+    tool's own result."""
+    return _decode_pickle(req["unpickle"], err_fd) if "unpickle" in req else _run_tool(req, err_fd)
+
+
+def _child_main(from_parent, to_parent):
+    # Before anything else: the tool must never read the request stream.
+    _empty_stdin()
+    # This needs no request, so it overlaps with the parent's work.
+    _tool_process_setup()
 
     data = _read_all(from_parent)
     os.close(from_parent)
@@ -1463,15 +1548,10 @@ def _child_main(from_parent, to_parent):
 
     # The tool may rebind fd 2 or sys.stderr; tracebacks still go to the real one.
     err_fd = os.dup(2)
-    msg = _decode_pickle(req["unpickle"], err_fd) if "unpickle" in req else _run_tool(req, err_fd)
+    msg = _run_request(req, err_fd)
     try:
-        try:
-            _send(to_parent, msg)
-        except ValueError as e:
-            # What json.dumps raises in Letta's script for the same value (an
-            # integer past sys.get_int_max_str_digits()): the run fails so.
-            _error_line(err_fd, "ValueError", _safe_str(e))
-            _send(to_parent, _error_payload("tool", "ValueError", _safe_str(e), raised=True))
+        body, _ = _encode_result(msg, err_fd)
+        _write_all(to_parent, _MSG_HEADER.pack(len(body)) + body)
     except (OSError, ValueError) as e:
         _error_line(err_fd, "RuntimeError", "cannot send the result to the runner: %s" % _safe_str(e))
         _flush_std()
@@ -1483,16 +1563,168 @@ def _child_main(from_parent, to_parent):
 
 
 # ---------------------------------------------------------------------------
+# Channel mode: one process, the result on its own descriptor
+# ---------------------------------------------------------------------------
 
 
-def main():
+def _read_exact(fd, n):
+    chunks = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError("the request ended early")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_part(fd):
+    """One part of a channel request: a 4-byte big-endian length, then that
+    many bytes of one JSON object."""
+    (n,) = _PART_HEADER.unpack(_read_exact(fd, _PART_HEADER.size))
+    if n > _MAX_PART_BYTES:
+        raise ValueError("a request part of %d bytes (at most %d)" % (n, _MAX_PART_BYTES))
+    part = _loads_request(_read_exact(fd, n))
+    if not isinstance(part, dict):
+        raise ValueError("a request part is not a JSON object")
+    return part
+
+
+def _first_part_params(first):
+    """The parameters the request's function declares, from its first part
+    alone (_declared_params); none for a first part that is not a usable
+    tool request, whose error is reported once the second part is in."""
+    tool_name, source = first.get("tool_name"), first.get("source_code")
+    if "unpickle" in first or not isinstance(tool_name, str) or not isinstance(source, str):
+        return set()
+    return _declared_params(source, tool_name)
+
+
+def _channel_request(first, second, params):
+    """The whole request from its two parts: (what the tool process runs,
+    whether agent_state comes back), or RequestError."""
+    if "unpickle" in first:
+        if second:
+            raise RequestError("ValueError", "an unpickle request has no second part")
+        return _validate_unpickle_request(first), True
+    unknown = sorted(set(first) - _FIRST_PART_FIELDS) + sorted(set(second) - _SECOND_PART_FIELDS)
+    if unknown:
+        raise RequestError("ValueError", "unknown request field(s): " + ", ".join(map(repr, unknown)))
+    req = dict(first)
+    req.update(second)
+    return _validate_request(req, params)
+
+
+def _lean_exit(code, source_file):
+    """The end of the tool's process, as the end of Letta's script without
+    the interpreter's teardown: non-daemon threads joined, atexit handlers
+    run, stdio flushed; then the source file removed and _exit. (A tool that
+    ends the process itself, with os._exit, leaves its source file in the
+    run's working directory, a tmpfs of its own that ends with the run.)"""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    _flush_std()
+    if source_file is not None:
+        try:
+            os.unlink(source_file)
+        except OSError:
+            pass
+    os._exit(code)
+
+
+def _stdin_mode():
+    """What both modes check first; stdin's st_mode."""
     if not sys.flags.isolated or not sys.flags.no_site:
         raise Fatal("the runner must be started with python3 -I -S")
     try:
-        st = os.fstat(0)
+        return os.fstat(0).st_mode
     except OSError:
         raise Fatal("stdin is closed") from None
-    if not (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+
+
+def _as_program(body):
+    """Run body() as the whole program: its exit status, or 3 with one
+    error line when it cannot start. Never returns."""
+    try:
+        code = body()
+    except Fatal as e:
+        _error_line(2, "ToolsandboxRunnerError", str(e))
+        code = EXIT_NO_FRAME
+    _flush_std()
+    os._exit(code)
+
+
+def _channel_main():
+    if not stat.S_ISSOCK(_stdin_mode()):
+        raise Fatal("stdin must be the result channel, a stream socket")
+    # The channel moves off fd 0 (close-on-exec: no program the tool runs
+    # inherits it); the tool reads EOF from stdin, as in the nonce mode.
+    chan = os.dup(0)
+    _empty_stdin()
+    try:
+        first = _read_part(chan)
+        params = _first_part_params(first)
+        # An unpickle request's agent_state comes back as decoded. Written
+        # before any code but the runner's and the standard library's has
+        # run in this process: the daemon trusts it.
+        declared = "unpickle" in first or "agent_state" in params
+        _write_all(chan, CHANNEL_DECLARATION % int(declared))
+        second = _read_part(chan)
+    except (OSError, EOFError, ValueError, RecursionError, MemoryError) as e:
+        raise Fatal("cannot read the request: %s" % e) from None
+
+    try:
+        req, inject_agent_state = _channel_request(first, second, params)
+    except RequestError as e:
+        _error_line(2, e.name, e.message)
+        _write_all(chan, _payload_bytes(_error_payload("request", e.name, e.message)))
+        return EXIT_REQUEST_ERROR
+    del first, second
+
+    source_file = req["source_file"] = None if "unpickle" in req else _source_path()
+    _tool_process_setup()
+    # The tool may rebind fd 2 or sys.stderr; tracebacks still go to the real one.
+    err_fd = os.dup(2)
+    msg = _run_request(req, err_fd)
+    del req
+    if not inject_agent_state:
+        msg["agent_state"] = None
+    body, msg = _encode_result(msg, err_fd)
+    err = msg.get("error")
+    code = EXIT_OK if err is None else EXIT_REQUEST_ERROR if err["kind"] == "request" else EXIT_TOOL_ERROR
+    try:
+        _write_all(chan, body)
+        os.close(chan)
+    except (OSError, ValueError) as e:
+        _error_line(err_fd, "RuntimeError", "cannot send the result: %s" % _safe_str(e))
+        code = EXIT_TOOL_ERROR  # never a clean exit without a result
+    del msg
+    _lean_exit(code, source_file)
+
+
+def run_channel():
+    """The runner as the daemon starts it in a local sandbox (kRunnerBoot):
+    the request and the result on the stream socket that is its stdin (see
+    "Channel mode" above). Never returns."""
+    _as_program(_channel_main)
+
+
+# ---------------------------------------------------------------------------
+
+
+def main():
+    mode = _stdin_mode()
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
         raise Fatal("stdin must be a pipe or a socket")
 
     to_child_r, to_child_w = os.pipe()
@@ -1512,18 +1744,13 @@ def main():
 
 
 def run():
-    """The runner as a program (the daemon's -c line imports this module and
-    calls it; running this file as a script does the same). Never returns."""
+    """The runner in the nonce mode, as a program (an E2B cell runs this file
+    as a script). Never returns."""
     # Only the parent returns from main(): the child leaves through sys.exit()
-    # inside _child_main, with a normal interpreter shutdown.
-    try:
-        code = main()
-    except Fatal as e:
-        _error_line(2, "ToolsandboxRunnerError", str(e))
-        code = EXIT_NO_FRAME
-    # The parent wrote everything with os.write and runs no user code; skip
+    # inside _child_main, with a normal interpreter shutdown. The parent
+    # wrote everything with os.write and runs no user code; it skips
     # interpreter finalization (a few ms on every run).
-    os._exit(code)
+    _as_program(main)
 
 
 if __name__ == "__main__":

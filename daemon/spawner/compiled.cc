@@ -162,6 +162,7 @@ isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::st
   s.sandbox_gid = p.gid;
   s.hostname = p.hostname;
   s.workdir = p.workdir;
+  s.stdin_socket = mode == RunMode::Tool;  // the runner's result channel (protocol/letta.h)
   return s;
 }
 

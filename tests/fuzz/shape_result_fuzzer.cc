@@ -1,15 +1,17 @@
 // Result shaping (core::shape_tool_result): an engine RunResult with fuzzed
 // stdout, stderr, end reason, exit status and limits, turned into Letta's
 // ToolExecutionResult in script mode (Letta's framings) or tool mode (our
-// runner's nonce frame).
+// runner's nonce frame, or its result channel).
 //
 // The input is read with FuzzedDataProvider: first the fixed-size fields,
 // then the tool name, stderr, and the stdout pieces. In tool mode stdout is
 // prefix + (optionally) a nonce frame around a fuzzed payload, built with the
 // run's real nonce, + suffix, so that mutations reach the payload checks of
-// extract_nonce_frame. Invariants: the result has Letta's fields with their
-// types, its status is "success" or "error", and a run that did not exit on
-// its own is never a success.
+// extract_nonce_frame; or, on the result channel, a fuzzed declaration and
+// the payload as the channel's bytes. Invariants: the result has Letta's
+// fields with their types, its status is "success" or "error", a run that
+// did not exit on its own is never a success, and a channel run whose
+// runner said its function does not declare agent_state returns none.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstddef>
@@ -40,7 +42,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   tsb::core::ShapeContext ctx;
   tsb::isolate::RunResult run;
   ctx.tool_mode = fdp.ConsumeBool();
+  ctx.channel = ctx.tool_mode && fdp.ConsumeBool();
+  ctx.result_cap = fdp.ConsumeIntegralInRange<std::uint64_t>(0, 1 << 15);
   ctx.nonce = std::string(kNonce);
+  tsb::core::ChannelOutcome channel;
+  const int declared = fdp.ConsumeIntegralInRange<int>(0, 2);
+  if (declared < 2) channel.declared = declared == 1;
   ctx.timeout_s = fdp.ConsumeFloatingPointInRange<double>(0.001, 86400.0);
   if (fdp.ConsumeBool()) ctx.fingerprint = "1234567890";
   ctx.memory_limit = fdp.ConsumeIntegral<std::uint64_t>();
@@ -58,7 +65,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   run.error = fdp.ConsumeRandomLengthString(256);
   run.stderr_data = fdp.ConsumeRandomLengthString(1 << 14);
   std::string out = fdp.ConsumeRandomLengthString(1 << 14);
-  if (ctx.tool_mode && with_frame) {
+  if (ctx.channel && with_frame) {
+    channel.result = fdp.ConsumeRandomLengthString(1 << 14);
+    channel.result_total = channel.result.size();
+  } else if (ctx.tool_mode && with_frame) {
     const std::string payload = fdp.ConsumeRandomLengthString(1 << 14);
     out += "\n";
     out += p::kNonceFrameStart;
@@ -75,7 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   run.stdout_total_bytes = run.stdout_data.size();
   run.stderr_total_bytes = run.stderr_data.size();
 
-  const tsb::core::Shaped shaped = tsb::core::shape_tool_result(ctx, run);
+  const tsb::core::Shaped shaped = tsb::core::shape_tool_result(ctx, run, nullptr, ctx.channel ? &channel : nullptr);
   const nlohmann::json& r = shaped.result;
   TSB_FUZZ_CHECK(r.is_object(), "the result is not an object");
   TSB_FUZZ_CHECK(r.contains("status") && r["status"].is_string(), "no status");
@@ -91,6 +101,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                    "a run that ended by " + std::string(tsb::isolate::to_string(run.reason)) + " with exit code " +
                        std::to_string(run.exit_code) + " is a success");
   }
+  if (ctx.channel && channel.declared != true)
+    TSB_FUZZ_CHECK(r["agent_state"].is_null(), "an agent_state from a runner that did not declare it");
   // What the daemon sends: encoded with invalid UTF-8 replaced, never thrown.
   (void)p::encode_ok("id", "result", r);
   (void)shaped.extra.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -182,7 +182,7 @@ class ClientEndToEnd(unittest.TestCase):
         self.assertEqual(r.func_return, 42)
         self.assertEqual(r.stdout, ["adding 2 40\n"])
         self.assertEqual(r.stderr, [])
-        self.assertEqual(r.record["framing"], "nonce")
+        self.assertEqual(r.record["framing"], "channel")
         self.assertEqual(r.record["backend"], "local")
         self.assertEqual(r.record["policy"], "default")
         self.assertTrue(r.record["policy_fingerprint"].startswith("sha256:"))

@@ -1,27 +1,49 @@
-"""Tests for daemon/runner/toolsandbox_runner.py.
+"""Tests for daemon/runner/toolsandbox_runner.py, in both of its modes.
 
 Run with either of:
 
-    /usr/bin/python3 -m unittest discover -s tests/python -p test_runner.py -v
-    /usr/bin/python3 tests/python/test_runner.py -v
-    /usr/bin/python3 -m pytest tests/python/test_runner.py     (if pytest is installed)
+    /usr/bin/python3 -m unittest discover -s tests/python -p 'test_runner*.py' -v
+    /usr/bin/python3 tests/python/test_runner.py -v          (nonce mode only)
+    /usr/bin/python3 -m pytest tests/python/test_runner.py tests/python/test_runner_channel.py
 
-The runner is started the way the engine starts it (python3 -I -S -B -u -X
-utf8, request on a stdin pipe). TSB_RUNNER_PYTHON selects the interpreter
-(default /usr/bin/python3). The frame parser below mirrors
-extract_nonce_frame in protocol/letta.cc; tests/unit/letta_test.cc checks the
-C++ side against the real runner too.
+The runner is started the way its users start it (python3 -I -S -B -u -X
+utf8 -c BOOT), in one of its two modes:
+
+- nonce mode (run(), what E2B cells use): the request is one JSON object on
+  a stdin pipe and the result is a frame with the request's nonce on stdout.
+  The frame parser below mirrors extract_nonce_frame in protocol/letta.cc.
+- channel mode (run_channel(), what the daemon uses for every local
+  sandbox): stdin is one end of a socket pair; run_tool sends the request's
+  first part, reads the runner's declaration, sends the second part (the
+  agent state only when declared, as the daemon does) and reads the payload
+  from the socket to EOF, while stdout is all the tool's (protocol/letta.h,
+  "The result channel").
+
+Every test class derives from RunnerCase, whose `mode` (set into the module
+global MODE by setUp) selects what run_tool does. The classes here run in
+nonce mode; tests/python/test_runner_channel.py subclasses each of them with
+mode = "channel", so the whole suite runs once per mode. A test that is about
+one mode only (the frame, the nonce, the two processes of the nonce mode, a
+channel's declaration or parts) is marked @nonce_only or @channel_only and
+skipped, with its reason, in the other. tests/unit/letta_test.cc and
+tests/unit/result_channel_test.cc check the C++ side against the real runner
+too. TSB_RUNNER_PYTHON selects the interpreter (default /usr/bin/python3).
 """
 
 import base64
+import functools
 import json
 import os
 import re
 import secrets
+import selectors
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import uuid
 
@@ -33,7 +55,20 @@ FLAGS = ["-I", "-S", "-B", "-u", "-X", "utf8"]
 # from its directory, put after the standard library, and run.
 BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\ntoolsandbox_runner.run()\n"
         % os.path.dirname(RUNNER))
+CHANNEL_BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\ntoolsandbox_runner.run_channel()\n"
+                % os.path.dirname(RUNNER))
 PROGRAM = ["-c", BOOT]
+CHANNEL_PROGRAM = ["-c", CHANNEL_BOOT]
+TIMEOUT = 60  # seconds, per runner started
+
+# The channel's declarations (kChannelDeclaredNo/Yes in protocol/letta.h).
+DECLARED_NO = b"TSB1 agent_state=0\n"
+DECLARED_YES = b"TSB1 agent_state=1\n"
+DECLARATION_SIZE = 19
+FIRST_PART_FIELDS = ("tool_name", "source_code", "unpickle")
+
+# The mode run_tool speaks: "nonce" or "channel", set by RunnerCase.setUp.
+MODE = "nonce"
 
 sys.path.insert(0, HERE)
 from letta_reference import parse_stderr_error_msg as letta_parse_stderr_error_msg  # noqa: E402
@@ -45,6 +80,25 @@ LETTA_MARKER = uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-start-marker
 
 class FrameError(Exception):
     pass
+
+
+# Integers of any size in this process's json, as the daemon forwards them
+# (Python 3.11+ refuses more than 4300 digits by default): the runner's own
+# switch for it (imported without writing bytecode beside the runner).
+sys.path.insert(0, os.path.dirname(RUNNER))
+_write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+from toolsandbox_runner import _ExactIntegers as _AnyIntegers  # noqa: E402
+sys.dont_write_bytecode = _write_bytecode
+
+
+def dumps(obj):
+    with _AnyIntegers():
+        return json.dumps(obj).encode()
+
+
+def loads(data):
+    with _AnyIntegers():
+        return json.loads(data)
 
 
 def extract_frame(out, nonce):
@@ -63,7 +117,7 @@ def extract_frame(out, nonce):
         raise FrameError("unterminated")
     if out.count(end) != 1:
         raise FrameError("end marker occurs more than once")
-    payload = json.loads(base64.b64decode(out[i + len(start) : j], validate=True))
+    payload = loads(base64.b64decode(out[i + len(start) : j], validate=True))
     before, after = out[:i], out[j + len(end) :]
     if before.endswith(b"\n"):
         before = before[:-1]
@@ -73,11 +127,23 @@ def extract_frame(out, nonce):
 
 
 class Run:
-    def __init__(self, proc, nonce):
+    """proc: a finished subprocess (returncode, stdout, stderr as bytes).
+    nonce mode: the payload is the frame's in stdout. channel mode (channel
+    is what the socket carried): the declaration is its first 19 bytes, the
+    payload the rest (None when nothing came), stdout all the tool's."""
+
+    def __init__(self, proc, nonce, channel=None):
         self.code = proc.returncode
         self.raw_stdout = proc.stdout
         self.stderr = proc.stderr.decode("utf-8", "replace")
-        self.payload, rest = extract_frame(proc.stdout, nonce)
+        if channel is None:
+            self.declaration = None
+            self.payload, rest = extract_frame(proc.stdout, nonce)
+        else:
+            self.declaration = channel[:DECLARATION_SIZE]
+            rest_of_channel = channel[DECLARATION_SIZE:]
+            self.payload = loads(rest_of_channel) if rest_of_channel else None
+            rest = proc.stdout
         self.stdout = rest.decode("utf-8", "replace")
 
     @property
@@ -89,11 +155,143 @@ class Run:
         return self.payload.get("error")
 
     def __repr__(self):
-        return "Run(code=%r, payload=%r, stdout=%r, stderr=%r)" % (self.code, self.payload, self.stdout, self.stderr)
+        return "Run(code=%r, declaration=%r, payload=%r, stdout=%r, stderr=%r)" % (
+            self.code, self.declaration, self.payload, self.stdout, self.stderr)
+
+
+def part(body):
+    """A channel request part: 4-byte big-endian length, then the JSON text
+    (body: an object, or the text itself as bytes)."""
+    data = body if isinstance(body, bytes) else dumps(body)
+    return struct.pack(">I", len(data)) + data
+
+
+def _shutdown_write(sock):
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the runner is gone
+
+
+def channel_exchange(cmd, first, second, *, cwd=None, timeout=TIMEOUT):
+    """Start cmd with stdin one end of a socket pair and speak the channel
+    on the other: write `first` (bytes, header included), read the
+    declaration, then write second(declaration) (bytes, or None to send no
+    more) and shut down the writing side. Everything (the socket both ways,
+    stdout, stderr) is served from one selector loop, so neither side blocks
+    the other whatever the sizes. Returns (CompletedProcess, channel bytes).
+    The process is killed, and TimeoutExpired raised, after `timeout`."""
+    ours, theirs = socket.socketpair()
+    try:
+        proc = subprocess.Popen(cmd, stdin=theirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    deadline = time.monotonic() + timeout
+    received = {"chan": bytearray(), "out": bytearray(), "err": bytearray()}
+    sending = memoryview(first)
+    second_done = False  # the second part was decided (sent, or none)
+    sel = selectors.DefaultSelector()
+    try:
+        ours.setblocking(False)
+        for f, name in ((proc.stdout, "out"), (proc.stderr, "err")):
+            os.set_blocking(f.fileno(), False)
+            sel.register(f, selectors.EVENT_READ, name)
+        chan_events = lambda: selectors.EVENT_READ | (selectors.EVENT_WRITE if sending else 0)  # noqa: E731
+        sel.register(ours, chan_events(), "chan")
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                proc.kill()
+                proc.wait()
+                raise subprocess.TimeoutExpired(cmd, timeout)
+            for key, events in sel.select(left):
+                if key.data != "chan":
+                    try:
+                        chunk = os.read(key.fd, 1 << 16)
+                    except BlockingIOError:
+                        continue
+                    if chunk:
+                        received[key.data] += chunk
+                    else:
+                        sel.unregister(key.fileobj)
+                    continue
+                if events & selectors.EVENT_WRITE and sending:
+                    try:
+                        sending = sending[ours.send(sending[: 1 << 20]) :]
+                    except BlockingIOError:
+                        pass
+                    except (BrokenPipeError, ConnectionResetError):
+                        sending = memoryview(b"")  # the runner is gone: it reads no more
+                    else:
+                        if not sending and second_done:
+                            _shutdown_write(ours)
+                eof = False
+                if events & selectors.EVENT_READ:
+                    try:
+                        chunk = ours.recv(1 << 16)
+                    except BlockingIOError:
+                        chunk = None
+                    except ConnectionResetError:
+                        chunk = b""
+                    if chunk:
+                        received["chan"] += chunk
+                    elif chunk == b"":
+                        eof = True
+                if not second_done and len(received["chan"]) >= DECLARATION_SIZE and not sending:
+                    second_done = True
+                    data = second(bytes(received["chan"][:DECLARATION_SIZE]))
+                    if data is not None:
+                        sending = memoryview(data)
+                        if not sending:
+                            _shutdown_write(ours)
+                if eof:
+                    sel.unregister(ours)
+                else:
+                    sel.modify(ours, chan_events(), "chan")
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    finally:
+        sel.close()
+        ours.close()
+        proc.stdout.close()
+        proc.stderr.close()
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+    done = subprocess.CompletedProcess(cmd, proc.returncode, bytes(received["out"]), bytes(received["err"]))
+    return done, bytes(received["chan"])
+
+
+def run_channel(first, second, *, python=PYTHON, flags=FLAGS, prefix=()):
+    """A channel-mode run from raw parts (see channel_exchange), in a working
+    directory of its own. Returns a Run with .declaration, .cwd and
+    .left_in_cwd."""
+    cmd = [*prefix, python, *flags, *CHANNEL_PROGRAM]
+    with tempfile.TemporaryDirectory() as cwd:
+        proc, chan = channel_exchange(cmd, first, second, cwd=cwd)
+        run = Run(proc, None, channel=chan)
+        run.cwd = cwd
+        run.left_in_cwd = sorted(os.listdir(cwd))
+    return run
 
 
 def run_tool(source, tool_name, args=None, *, json_schema=None, agent_state=None, agent_id=None,
-             request=None, nonce=None, prefix=(), flags=FLAGS, stdin_file=None):
+             request=None, nonce=None, prefix=(), flags=FLAGS, stdin_file=None, python=PYTHON,
+             send_agent_state="declared", on_declaration=None):
+    """Run one request in the mode of the running test (MODE). The request is
+    built from the arguments, or given whole as `request` (with a nonce,
+    ignored in channel mode). In channel mode it is split as the daemon
+    splits it: tool_name, source_code or unpickle in the first part, the rest
+    in the second, whose agent_state is sent only when the runner declared
+    it, else null (send_agent_state="always" sends it anyway); on_declaration,
+    if given, is called with the declaration as it arrives."""
     nonce = nonce if nonce is not None else secrets.token_hex(16)
     if request is None:
         request = {"nonce": nonce, "tool_name": tool_name, "source_code": source}
@@ -105,8 +303,22 @@ def run_tool(source, tool_name, args=None, *, json_schema=None, agent_state=None
             request["agent_state"] = agent_state
         if agent_id is not None:
             request["agent_id"] = agent_id
-    data = json.dumps(request).encode()
-    cmd = [*prefix, PYTHON, *flags, *PROGRAM]
+    if MODE == "channel":
+        assert stdin_file is None, "the channel mode's stdin is the channel"
+        first = {k: v for k, v in request.items() if k in FIRST_PART_FIELDS}
+        rest = {k: v for k, v in request.items() if k not in FIRST_PART_FIELDS and k != "nonce"}
+
+        def second(declaration):
+            if on_declaration is not None:
+                on_declaration(declaration)
+            if "agent_state" in rest and declaration != DECLARED_YES and send_agent_state != "always":
+                rest["agent_state"] = None
+            return part(rest)
+
+        return run_channel(part(first), second, python=python, flags=flags, prefix=prefix)
+    assert MODE == "nonce", MODE
+    data = dumps(request)
+    cmd = [*prefix, python, *flags, *PROGRAM]
     # A working directory of its own, as the sandbox's: the runner writes the
     # tool's source there (and removes it).
     with tempfile.TemporaryDirectory() as cwd:
@@ -114,9 +326,9 @@ def run_tool(source, tool_name, args=None, *, json_schema=None, agent_state=None
             stdin_file.write(data)
             stdin_file.flush()
             stdin_file.seek(0)
-            proc = subprocess.run(cmd, stdin=stdin_file, capture_output=True, timeout=60, cwd=cwd)
+            proc = subprocess.run(cmd, stdin=stdin_file, capture_output=True, timeout=TIMEOUT, cwd=cwd)
         else:
-            proc = subprocess.run(cmd, input=data, capture_output=True, timeout=60, cwd=cwd)
+            proc = subprocess.run(cmd, input=data, capture_output=True, timeout=TIMEOUT, cwd=cwd)
         run = Run(proc, nonce if isinstance(nonce, str) else "")
         run.cwd = cwd
         run.left_in_cwd = sorted(os.listdir(cwd))
@@ -127,23 +339,55 @@ def schema(*names):
     return {"name": "t", "parameters": {"type": "object", "properties": {n: {"type": "string"} for n in names}}}
 
 
-class RunnerBasics(unittest.TestCase):
+class RunnerCase(unittest.TestCase):
+    """Base of every test class: run_tool speaks `mode` ("nonce" here;
+    test_runner_channel.py subclasses each class with "channel")."""
+
+    mode = "nonce"
+
+    def setUp(self):
+        global MODE
+        super().setUp()
+        MODE = self.mode
+        self.addCleanup(globals().__setitem__, "MODE", "nonce")
+
+
+def _only(mode, why):
+    def decorate(test):
+        @functools.wraps(test)
+        def wrapper(self, *args, **kwargs):
+            if self.mode != mode:
+                self.skipTest("%s mode only: %s" % (mode, why))
+            return test(self, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def nonce_only(why):
+    """A test of what only the nonce mode has (skipped in channel mode)."""
+    return _only("nonce", why)
+
+
+def channel_only(why):
+    """A test of what only the channel mode has (skipped in nonce mode)."""
+    return _only("channel", why)
+
+
+class RunnerBasics(RunnerCase):
     def test_integers_of_any_size_arrive_exact(self):
         # The daemon forwards the client's digits as they are; more than
         # Python's default 4300 digits must still reach the tool exact, and
         # the tool's own conversions keep the interpreter's default limit.
-        digits = "9" * 5000
-        nonce = secrets.token_hex(16)
+        # (run_tool's json writes the 5000 digits of x as they are.)
+        value = 10 ** 5000 - 1
         src = ("import sys\n"
                "def t(x):\n"
                "    limit = sys.get_int_max_str_digits() if hasattr(sys, 'get_int_max_str_digits') else 0\n"
                "    return [x % 1000003, (x + 1).bit_length(), limit]\n")
-        data = ('{"nonce": "%s", "tool_name": "t", "source_code": %s, "args": {"x": %s}}'
-                % (nonce, json.dumps(src), digits)).encode()
-        proc = subprocess.run([PYTHON, *FLAGS, *PROGRAM], input=data, capture_output=True, timeout=60)
-        r = Run(proc, nonce)
+        r = run_tool(src, "t", {"x": value})
         self.assertEqual(r.code, 0, r)
-        value = 10 ** 5000 - 1
         limit = getattr(sys, "int_info").default_max_str_digits if hasattr(sys.int_info, "default_max_str_digits") else 0
         self.assertEqual(r.results, [value % 1000003, (value + 1).bit_length(), limit])
 
@@ -266,10 +510,51 @@ class RunnerBasics(unittest.TestCase):
         r = run_tool(src, "f")
         self.assertEqual(r.code, 0, r)
         self.assertEqual(r.stdout, "during\nat exit\n")
-        self.assertTrue(r.raw_stdout.endswith(b">>\n"))
+        if self.mode == "nonce":
+            self.assertTrue(r.raw_stdout.endswith(b">>\n"))
+        else:  # no frame: stdout is the tool's alone
+            self.assertEqual(r.raw_stdout, b"during\nat exit\n")
+
+    def test_threads_joined_and_atexit_run_before_the_end(self):
+        # As at the end of Letta's script: non-daemon threads are joined,
+        # then atexit handlers run; the source file is gone afterwards,
+        # whether the tool returned or raised.
+        src = ("import atexit, threading, time\n"
+               "atexit.register(print, 'atexit')\n"
+               "def f(fail):\n"
+               "    def late():\n"
+               "        time.sleep(0.3)\n"
+               "        print('thread')\n"
+               "    threading.Thread(target=late).start()\n"
+               "    if fail:\n"
+               "        raise KeyError('k')\n"
+               "    return 'returned'\n")
+        r = run_tool(src, "f", {"fail": False})
+        self.assertEqual((r.code, r.payload), (0, {"results": "returned", "agent_state": None}), r)
+        self.assertEqual(r.stdout, "thread\natexit\n")
+        self.assertEqual(r.left_in_cwd, [])
+        r = run_tool(src, "f", {"fail": True})
+        self.assertEqual((r.code, r.error["name"]), (1, "KeyError"), r)
+        self.assertEqual(r.stdout, "thread\natexit\n")
+        self.assertEqual(r.left_in_cwd, [])
+
+    def test_large_args_output_and_results(self):
+        # MBs in every direction at once: the request, stdout, stderr and
+        # the result.
+        big = "x" * (4 << 20)
+        src = ("import sys\n"
+               "def f(s):\n"
+               "    sys.stdout.write('o' * (2 << 20))\n"
+               "    sys.stderr.write('e' * (1 << 20))\n"
+               "    return [len(s), s + s[::-1]]\n")
+        r = run_tool(src, "f", {"s": big})
+        self.assertEqual(r.code, 0, r.code)
+        self.assertEqual(r.results, [len(big), big + big])
+        self.assertEqual(r.stdout, "o" * (2 << 20))
+        self.assertEqual(r.stderr, "e" * (1 << 20))
 
 
-class AgentState(unittest.TestCase):
+class AgentState(RunnerCase):
     STATE = {"id": "agent-1", "memory": {"blocks": [{"label": "human", "value": "Ann"}]},
              "secrets": {"API_KEY": "s3cr3t"}}
 
@@ -306,6 +591,48 @@ class AgentState(unittest.TestCase):
         self.assertEqual(r.results, [[], 0])
         self.assertIsNone(r.payload["agent_state"])
 
+    @channel_only("the declaration that decides what the second part holds")
+    def test_declaration_says_whether_agent_state_is_declared(self):
+        # 1 exactly when the function (any def of the tool's name, as
+        # Letta's parse_function_arguments finds it) has a positional-or-
+        # keyword agent_state parameter, and for every unpickle request.
+        cases = [
+            ("def f(a):\n    return a\n", "f", DECLARED_NO),
+            ("def f(agent_state):\n    return 1\n", "f", DECLARED_YES),
+            ("def f(a, agent_state=None):\n    return 1\n", "f", DECLARED_YES),
+            ("async def f(agent_state):\n    return 1\n", "f", DECLARED_YES),
+            ("class C:\n    def f(self, agent_state):\n        pass\ndef f():\n    return 1\n", "f", DECLARED_YES),
+            ("def f(*, agent_state=None):\n    return 1\n", "f", DECLARED_NO),
+            ("def f(agent_state=None, /):\n    return 1\n", "f", DECLARED_NO),
+            ("def f(**agent_state):\n    return 1\n", "f", DECLARED_NO),
+            ("def g(agent_state):\n    return 1\n", "f", DECLARED_NO),
+            ("def f(agent_state:\n", "f", DECLARED_NO),  # unparsable: declares nothing
+            ("def f(agent_id):\n    return agent_id\n", "f", DECLARED_NO),
+        ]
+        for src, name, declaration in cases:
+            r = run_tool(src, name, agent_state=self.STATE)
+            self.assertEqual(r.declaration, declaration, (src, r))
+        r = unpickle(__import__("pickle").dumps({"results": 1, "agent_state": None}))
+        self.assertEqual((r.declaration, r.code), (DECLARED_YES, 0), r)
+        # The declaration comes before the second part is sent, whatever it holds.
+        r = unpickle("not base64!")
+        self.assertEqual(r.declaration, DECLARED_YES, r)
+
+    @channel_only("the daemon never sends agent_state to a runner that did not declare it; "
+                  "this sends it anyway")
+    def test_undeclared_tool_never_gets_one_sent_anyway(self):
+        src = ("import gc\n"
+               "def f(**kw):\n"
+               "    hits = [o for o in gc.get_objects() if isinstance(o, dict) and 's3cr3t' in str(o.get('API_KEY', ''))]\n"
+               "    return [sorted(kw), len(hits), agent_state is None]\n")
+        r = run_tool(src, "f", {}, agent_state=self.STATE, send_agent_state="always")
+        self.assertEqual(r.declaration, DECLARED_NO, r)
+        self.assertEqual(r.code, 0, r)
+        self.assertEqual(r.results, [[], 0, True])
+        self.assertIsNone(r.payload["agent_state"])
+
+    @nonce_only("the forged message goes to the pipe from the tool process to the runner's parent, "
+                "which the channel mode does not have (see test_tool_writing_its_own_payload_to_the_channel)")
     def test_undeclared_tool_cannot_return_one(self):
         # The tool writes a forged result message, with an agent_state, to
         # every pipe it holds, then dies: the runner drops the agent_state.
@@ -321,6 +648,34 @@ class AgentState(unittest.TestCase):
                "    os._exit(0)\n")
         r = run_tool(src, "f", agent_state=self.STATE)
         self.assertIsNone(r.payload["agent_state"], r)
+
+    @channel_only("the tool runs in the runner's own process, which holds the channel")
+    def test_tool_writing_its_own_payload_to_the_channel(self):
+        # The tool finds the channel among its descriptors, writes a payload
+        # of its own and ends its process before the runner writes one. The
+        # payload is taken as it is (documented: protocol/letta.h, "The
+        # result channel"), which does what returning the value does...
+        src = ("import json, os, stat\n"
+               "def f():\n"
+               "    body = json.dumps(%r).encode()\n"
+               "    for fd in map(int, os.listdir('/proc/self/fd')):\n"
+               "        try:\n"
+               "            if fd > 2 and stat.S_ISSOCK(os.fstat(fd).st_mode):\n"
+               "                os.write(fd, body)\n"
+               "        except OSError:\n"
+               "            pass\n"
+               "    os._exit(0)\n")
+        forged = run_tool(src % {"results": "x", "agent_state": None}, "f", agent_state=self.STATE)
+        returned = run_tool("def f():\n    return 'x'\n", "f", agent_state=self.STATE)
+        self.assertEqual((forged.code, forged.declaration, forged.payload),
+                         (returned.code, returned.declaration, returned.payload), forged)
+        self.assertEqual(forged.payload, {"results": "x", "agent_state": None})
+        # ... and an agent_state in it comes from a runner that declared none:
+        # the daemon refuses that result (shape_tool_result).
+        r = run_tool(src % {"results": "x", "agent_state": {"memory": "pwned"}}, "f", agent_state=self.STATE)
+        self.assertEqual(r.code, 0, r)
+        self.assertEqual(r.declaration, DECLARED_NO)
+        self.assertEqual(r.payload, {"results": "x", "agent_state": {"memory": "pwned"}})
 
     def test_reserved_names(self):
         r = run_tool("def f(agent_state):\n    return 1\n", "f", {"agent_state": {"x": 1}})
@@ -355,7 +710,7 @@ class _Model:
                 "__pydantic_fields_set__": set(self.__dict__), "__pydantic_private__": None}
 
 
-class Unpickle(unittest.TestCase):
+class Unpickle(RunnerCase):
     """The decoder for pickle payloads of older Letta scripts: plain data,
     never a class or call the payload names."""
 
@@ -459,7 +814,7 @@ class Unpickle(unittest.TestCase):
         self.assertIsNone(r.payload["agent_state"])
 
 
-class Errors(unittest.TestCase):
+class Errors(RunnerCase):
     def test_exception_letta_compatible_stderr(self):
         src = "def divide(a, b):\n    return a / b\n"
         r = run_tool(src, "divide", {"a": 1, "b": 0})
@@ -520,6 +875,8 @@ class Errors(unittest.TestCase):
         r = run_tool("def f(agent_state=None, /):\n    return agent_state\n", "f", agent_state={"memory": {}})
         self.assertEqual(r.payload, {"results": None, "agent_state": None})
 
+    @nonce_only("the runner's parent process reports how its tool process died; in channel mode the "
+                "tool's process is the runner (see test_tool_killed_leaves_no_payload)")
     def test_tool_killed(self):
         r = run_tool("import os, signal\ndef f():\n    os.kill(os.getpid(), signal.SIGKILL)\n", "f")
         self.assertEqual(r.code, 1, r)
@@ -527,11 +884,30 @@ class Errors(unittest.TestCase):
         self.assertIn("signal 9 (SIGKILL)", r.error["message"])
         self.assertEqual(letta_parse_stderr_error_msg(r.stderr)[0], "RuntimeError")
 
+    @channel_only("the tool's process is the runner: the daemon reads the death from the status")
+    def test_tool_killed_leaves_no_payload(self):
+        r = run_tool("import os, signal\ndef f():\n    print('before')\n    os.kill(os.getpid(), signal.SIGKILL)\n", "f")
+        self.assertEqual((r.code, r.declaration, r.payload), (-9, DECLARED_NO, None), r)
+        self.assertEqual(r.stdout, "before\n")
+
+    @nonce_only("the runner's parent process reports the tool process's status; in channel mode the "
+                "tool's process is the runner (see test_tool_os_exit_ends_the_runner)")
     def test_tool_os_exit(self):
         r = run_tool("import os\ndef f():\n    os._exit(5)\n", "f")
         self.assertEqual(r.code, 1, r)
         self.assertIn("status 5", r.error["message"])
 
+    @channel_only("the tool's process is the runner")
+    def test_tool_os_exit_ends_the_runner(self):
+        # Its status is the run's and no payload comes: os._exit(0) is then
+        # what Letta's script ending with status 0 before its result was.
+        for status in (0, 5):
+            r = run_tool("import os\ndef f():\n    print('before')\n    os._exit(%d)\n" % status, "f")
+            self.assertEqual((r.code, r.declaration, r.payload), (status, DECLARED_NO, None), r)
+            self.assertEqual(r.stdout, "before\n")
+
+    @nonce_only("the length-prefixed message from the tool process to the runner's parent; in channel "
+                "mode the daemon bounds the payload it reads (shape_tool_result)")
     def test_oversized_result_message(self):
         # A header announcing 1 TiB: the runner kills the tool process instead
         # of buffering, and reports it.
@@ -554,7 +930,7 @@ class Errors(unittest.TestCase):
         self.assertEqual((r.error["name"], r.error["message"]), ("Boom", "x"))
 
 
-class ResultSerialization(unittest.TestCase):
+class ResultSerialization(RunnerCase):
     def test_non_json_values(self):
         src = ("import datetime, dataclasses, enum\n"
                "class Color(enum.Enum):\n    RED = 1\n"
@@ -595,7 +971,7 @@ class ResultSerialization(unittest.TestCase):
         self.assertEqual(r.payload, {"results": None, "agent_state": None})
 
 
-class Spoofing(unittest.TestCase):
+class Spoofing(RunnerCase):
     def forged_frame(self, nonce):
         p = base64.b64encode(json.dumps({"results": "forged", "agent_state": {"memory": "pwned"}}).encode()).decode()
         return "<<TSB-RESULT-%s>>%s<<TSB-END-%s>>" % (nonce, p, nonce)
@@ -607,6 +983,19 @@ class Spoofing(unittest.TestCase):
         self.assertEqual(r.code, 0, r)
         self.assertEqual(r.payload, {"results": "real", "agent_state": None})
         self.assertIn(fake, r.stdout)
+
+    @channel_only("stdout carries no result in channel mode")
+    def test_printed_results_are_only_stdout(self):
+        # Nothing printed counts, however much it looks like a result: a
+        # payload, a declaration, a frame. stdout is the tool's, byte for byte.
+        printed = ("TSB1 agent_state=1\n"
+                   + json.dumps({"results": "forged", "agent_state": {"memory": "pwned"}}) + "\n"
+                   + self.forged_frame("f" * 32) + "\n")
+        src = "import sys\ndef f():\n    sys.stdout.write(%r)\n    return 'real'\n" % printed
+        r = run_tool(src, "f")
+        self.assertEqual((r.code, r.declaration), (0, DECLARED_NO), r)
+        self.assertEqual(r.payload, {"results": "real", "agent_state": None})
+        self.assertEqual(r.raw_stdout, printed.encode())
 
     def test_replaced_stdout_still_gets_frame_out(self):
         src = ("import io, os, sys\n"
@@ -642,6 +1031,7 @@ class Spoofing(unittest.TestCase):
         self.assertEqual(r.payload, {"results": "real", "agent_state": None})
         self.assertIn(LETTA_START, r.stdout)
 
+    @nonce_only("the channel mode has no nonce")
     def test_nonce_is_not_in_the_tool_process_memory(self):
         # The tool scans its whole address space for the nonce. It is given the
         # nonce with every character shifted by one, so it never builds the
@@ -674,6 +1064,7 @@ class Spoofing(unittest.TestCase):
         self.assertGreater(scanned, 1 << 20)
         self.assertEqual(hits, 0)
 
+    @nonce_only("the non-dumpable parent process holding the nonce; the channel mode has neither")
     def test_nonce_cannot_be_read_from_the_parent(self):
         # Needs an unprivileged tool: root (CAP_SYS_PTRACE) may read any
         # process. When the tests run as root, drop to nobody with setpriv.
@@ -701,7 +1092,8 @@ class Spoofing(unittest.TestCase):
                                      "maps": "PermissionError", "mem": "PermissionError"})
 
 
-class Invocation(unittest.TestCase):
+class Invocation(RunnerCase):
+    @nonce_only("in channel mode stdin must be the socket (see test_stdin_must_be_the_channel)")
     def test_stdin_must_be_a_pipe(self):
         with tempfile.TemporaryFile() as f:
             r = run_tool("def f():\n    return 1\n", "f", stdin_file=f)
@@ -713,13 +1105,82 @@ class Invocation(unittest.TestCase):
         r = run_tool("def f():\n    return 1\n", "f", flags=["-I"])
         self.assertEqual(r.code, 3, r)
         self.assertIsNone(r.payload)
+        if self.mode == "channel":
+            self.assertEqual(r.declaration, b"")
 
+    @channel_only("the channel mode's stdin")
+    def test_stdin_must_be_the_channel(self):
+        first = part({"tool_name": "f", "source_code": "def f():\n    return 1\n"})
+        second = part({})
+        with tempfile.TemporaryFile() as f:
+            f.write(first + second)
+            f.flush()
+            for stdin in (first + second, f):
+                if stdin is f:
+                    f.seek(0)
+                    proc = subprocess.run([PYTHON, *FLAGS, *CHANNEL_PROGRAM], stdin=f, capture_output=True,
+                                          timeout=TIMEOUT)
+                else:
+                    proc = subprocess.run([PYTHON, *FLAGS, *CHANNEL_PROGRAM], input=stdin, capture_output=True,
+                                          timeout=TIMEOUT)
+                self.assertEqual((proc.returncode, proc.stdout), (3, b""), proc)
+                self.assertIn(b"stdin must be the result channel", proc.stderr)
+
+    @channel_only("the channel's parts")
+    def test_unusable_parts(self):
+        # No usable request: status 3, and nothing on the channel but the
+        # declaration, if the first part was read.
+        src = part({"tool_name": "f", "source_code": "def f():\n    return 1\n"})
+        for first, message in ((part(b"{nope"), "cannot read the request"),
+                               (part(b"[1]"), "not a JSON object"),
+                               (part(b"{}")[:5], "ended early"),  # then EOF
+                               (b"\0\0", "ended early")):
+            r = self._first_then_eof(first)
+            self.assertEqual((r.code, r.declaration, r.payload, r.raw_stdout), (3, b"", None, b""), (first, r))
+            self.assertIn(message, r.stderr)
+        for second, message in ((part(b"{nope"), "cannot read the request"),
+                                (part(b"null"), "not a JSON object"),
+                                (b"", "ended early"),  # no second part, EOF
+                                (part({})[:-1], "ended early")):
+            r = run_channel(src, lambda d: second)
+            self.assertEqual((r.code, r.declaration, r.payload, r.raw_stdout), (3, DECLARED_NO, None, b""), (second, r))
+            self.assertIn(message, r.stderr)
+
+    def _first_then_eof(self, first):
+        # The first part, then EOF on the channel: the runner reads no more.
+        cmd = [PYTHON, *FLAGS, *CHANNEL_PROGRAM]
+        ours, theirs = socket.socketpair()
+        with ours:
+            with theirs:
+                proc = subprocess.Popen(cmd, stdin=theirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            ours.sendall(first)
+            ours.shutdown(socket.SHUT_WR)
+            out, err = proc.communicate(timeout=TIMEOUT)
+            chan = ours.recv(1 << 16)
+        return Run(subprocess.CompletedProcess(cmd, proc.returncode, out, err), None, channel=chan)
+
+    @channel_only("the channel's parts")
+    def test_oversized_first_part_is_refused_unread(self):
+        # A header claiming more than 1 GiB: refused at once, without reading
+        # on (the channel stays open here: a runner reading on would wait).
+        start = time.monotonic()
+        r = run_channel(struct.pack(">I", (1 << 30) + 1) + b"{", lambda d: part({}))
+        self.assertEqual((r.code, r.declaration, r.payload), (3, b"", None), r)
+        self.assertIn("a request part of %d bytes (at most %d)" % ((1 << 30) + 1, 1 << 30), r.stderr)
+        self.assertLess(time.monotonic() - start, TIMEOUT / 2)
+        # 1 GiB itself is read (here it ends early).
+        r = self._first_then_eof(struct.pack(">I", 1 << 30) + b"{")
+        self.assertEqual((r.code, r.declaration, r.payload), (3, b"", None), r)
+        self.assertIn("ended early", r.stderr)
+
+    @nonce_only("the channel mode has no nonce")
     def test_bad_nonce(self):
         r = run_tool("def f():\n    return 1\n", "f", nonce="ABC")
         self.assertEqual(r.code, 3, r)
         self.assertIsNone(r.payload)
         self.assertEqual(r.raw_stdout, b"")
 
+    @nonce_only("running the file as a script calls run(), the nonce mode")
     def test_runs_as_a_script_too(self):
         # python3 -I -S ... toolsandbox_runner.py is the same program (E2B
         # sandboxes run it so).
@@ -730,6 +1191,7 @@ class Invocation(unittest.TestCase):
         self.assertEqual(r.code, 0, r)
         self.assertEqual(r.results, 42)
 
+    @nonce_only("a nonce-mode request (see test_unusable_parts)")
     def test_not_json(self):
         proc = subprocess.run([PYTHON, *FLAGS, *PROGRAM], input=b"{nope", capture_output=True, timeout=60)
         self.assertEqual(proc.returncode, 3)
@@ -748,27 +1210,32 @@ class Invocation(unittest.TestCase):
                                   capture_output=True, text=True, check=True).stdout.strip()
             with open(os.path.join(site, "tsb_probe_mod.py"), "w") as f:
                 f.write("VALUE = 'from the venv'\n")
+            ran = os.path.join(d, "pth-ran")
             with open(os.path.join(site, "tsb_probe.pth"), "w") as f:
-                f.write("import os, sys; sys.stderr.write('PTH %d\\n' % os.getpid())\n")
+                f.write("import os, sys; sys.stderr.write('PTH %%d\\n' %% os.getpid()); open(%r, 'a').close()\n"
+                        % ran)
             src = "import os, tsb_probe_mod\ndef f():\n    return [tsb_probe_mod.VALUE, os.getpid()]\n"
-            nonce = secrets.token_hex(16)
-            req = {"nonce": nonce, "tool_name": "f", "source_code": src}
-            proc = subprocess.run([os.path.join(venv, "bin", "python3"), *FLAGS, *PROGRAM],
-                                  input=json.dumps(req).encode(), capture_output=True, timeout=60)
-            r = Run(proc, nonce)
+            # In channel mode: no venv code has run when the declaration comes.
+            pth_before_declaration = []
+            r = run_tool(src, "f", python=os.path.join(venv, "bin", "python3"),
+                         on_declaration=lambda d: pth_before_declaration.append(os.path.exists(ran)))
         self.assertEqual(r.code, 0, r)
         value, tool_pid = r.results
         self.assertEqual(value, "from the venv")
         # Debian's site.py processes a venv's .pth files twice on any start;
-        # what matters is that every run happened in the tool process.
+        # what matters is that every run happened in the tool process (in
+        # channel mode the runner's own, once the declaration is out).
         pth_pids = re.findall(r"PTH (\d+)", r.stderr)
         self.assertTrue(pth_pids)
         self.assertEqual(set(pth_pids), {str(tool_pid)})
+        if self.mode == "channel":
+            self.assertEqual((r.declaration, pth_before_declaration), (DECLARED_NO, [False]))
 
 
-class FrameParser(unittest.TestCase):
+class FrameParser(RunnerCase):
     """The reference parser above must reject what the C++ one rejects."""
 
+    @nonce_only("the nonce frame's parser (no runner runs)")
     def test_duplicates_rejected(self):
         nonce = "a" * 32
         frame = b"\n<<TSB-RESULT-" + nonce.encode() + b">>e30=<<TSB-END-" + nonce.encode() + b">>\n"

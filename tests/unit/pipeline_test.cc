@@ -56,9 +56,11 @@ class Pipeline : public testing::Test {
   // The "default" policy of set_, with this environment allow-list.
   void allow_env(std::vector<std::string> allow) {
     auto set = std::make_shared<PolicySet>(*set_);
-    Policy pol = *set->policies["default"];
-    pol.env_allow = std::move(allow);
-    set->policies["default"] = std::make_shared<const Policy>(pol);
+    for (const char* name : {"default", "remote"}) {
+      Policy pol = *set->policies[name];
+      pol.env_allow = allow;
+      set->policies[name] = std::make_shared<const Policy>(pol);
+    }
     set_ = set;
   }
 
@@ -229,16 +231,29 @@ TEST_F(Pipeline, RefusalsComeBeforeAnyBackend) {
   }
 }
 
-TEST_F(Pipeline, ToolModeGetsAFreshNonceAndTheRunnersRequest) {
+// A local runner answers on its result channel, which the backend builds:
+// no nonce, no request text. An E2B cell's runner gets a fresh nonce and
+// the request that carries it.
+TEST_F(Pipeline, ToolModeUsesTheChannelLocallyAndAFreshNonceOnE2B) {
   auto req = request(run_tool());
+  PreparedRun l;
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "/runner.py", l));
+  EXPECT_TRUE(l.tool_mode);
+  EXPECT_TRUE(l.shape.channel);
+  EXPECT_EQ(l.shape.result_cap, l.policy().limits.stdout_bytes);
+  EXPECT_TRUE(l.shape.nonce.empty());
+  EXPECT_TRUE(l.runner_request.empty());
+  EXPECT_EQ(l.runner_path, "/runner.py");
+
+  auto remote = request(run_tool({{"policy", "remote"}}));
   PreparedRun a, b;
-  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "/runner.py", a));
-  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "/runner.py", b));
-  EXPECT_TRUE(a.tool_mode);
+  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, true, "/runner.py", a));
+  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, true, "/runner.py", b));
+  EXPECT_EQ(a.placement.backend, Backend::E2B);
+  EXPECT_FALSE(a.shape.channel);
   EXPECT_EQ(a.shape.nonce.size(), 32u);
   EXPECT_NE(a.shape.nonce, b.shape.nonce);
   EXPECT_NE(a.runner_request.find(a.shape.nonce), std::string::npos);
-  EXPECT_EQ(a.runner_path, "/runner.py");
 }
 
 TEST_F(Pipeline, StartUpVariablesGoToTheToolNotTheRunner) {
@@ -256,8 +271,14 @@ TEST_F(Pipeline, StartUpVariablesGoToTheToolNotTheRunner) {
   EXPECT_EQ(p.env.at("API_KEY"), "k");
   EXPECT_EQ(p.runner_env, (std::map<std::string, std::string>{{"LD_PRELOAD", "/x.so"}, {"PYTHONPATH", "/p"}}));
   for (const auto& e : p.sandbox_env) EXPECT_FALSE(e.starts_with("LD_PRELOAD=") || e.starts_with("PYTHONPATH=")) << e;
-  EXPECT_NE(p.runner_request.find(R"("env":{"LD_PRELOAD":"/x.so","PYTHONPATH":"/p"})"), std::string::npos)
-      << p.runner_request;
+  // Locally they travel in the channel's second part (the backend builds
+  // it from runner_env); on E2B in the runner's request.
+  EXPECT_TRUE(p.runner_request.empty());
+  auto remote = request(run_tool({{"policy", "remote"}, {"env", {{"LD_PRELOAD", "/x.so"}, {"PYTHONPATH", "/p"}}}}));
+  PreparedRun cell;
+  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, true, "/runner.py", cell));
+  EXPECT_NE(cell.runner_request.find(R"("env":{"LD_PRELOAD":"/x.so","PYTHONPATH":"/p"})"), std::string::npos)
+      << cell.runner_request;
   // A name the policy does not allow is refused, start-up variable or not.
   allow_env({"API_KEY"});
   PreparedRun q;

@@ -680,6 +680,12 @@ TEST(SchemaResponses, RecordFieldsSetByTheServerAreDeclared) {
   // Literal framing values written there are declared too.
   for (const auto& f : captures(src, R"(record\[\"framing\"\]\s*=\s*\"([a-z0-9-]+)\")"))
     EXPECT_TRUE(strings_of(props["framing"]["enum"]).count(f)) << f;
+  // And what the shaping adds to the record (Shaped::extra).
+  const std::string shaping = read_text(std::string(TSB_SOURCE_DIR) + "/daemon/core/letta_result.cc");
+  EXPECT_FALSE(captures(shaping, R"(extra\[\"([a-z_0-9]+)\"\])").empty());
+  for (const auto& k : captures(shaping, R"(extra\[\"([a-z_0-9]+)\"\])")) EXPECT_TRUE(props.contains(k)) << k;
+  for (const auto& f : captures(shaping, R"(extra\[\"framing\"\]\s*=\s*\"([a-z0-9-]+)\")"))
+    EXPECT_TRUE(strings_of(props["framing"]["enum"]).count(f)) << f;
 }
 
 // Runs of every kind, shaped as the server shapes them.
@@ -688,6 +694,7 @@ struct Shaping {
   core::ShapeContext ctx;
   isolate::RunResult run;
   std::optional<core::DecodedPickle> decoded;  // a pickle payload's decoding
+  std::optional<core::ChannelOutcome> channel;  // a local tool run's result channel
 };
 
 std::string binary_frame(const std::string& payload) {
@@ -810,12 +817,38 @@ std::vector<Shaping> shapings() {
     r.exit_code = 1;
     r.stdout_data = make_nonce_frame(std::string(32, 'b'), json{{"results", 1}, {"agent_state", nullptr}}).value();
   });
+  // A local runner's result channel.
+  auto channel = [&](const std::string& what, std::optional<bool> declared, const std::string& result, int exit_code,
+                     std::uint64_t total = 0) {
+    add(what, true, [&](auto& r) {
+      r.exit_code = exit_code;
+      r.stdout_data = "printed\n";
+      if (exit_code == 1) r.stderr_data = traceback;
+    });
+    Shaping& s = out.back();
+    s.ctx.channel = true;
+    s.ctx.nonce.clear();
+    s.ctx.result_cap = 1 << 20;
+    core::ChannelOutcome& c = s.channel.emplace();
+    c.declared = declared;
+    c.result = result;
+    c.result_total = total ? total : result.size();
+  };
+  channel("run_tool channel success", false, R"({"results":5,"agent_state":null})", 0);
+  channel("run_tool channel agent_state", true, R"({"results":"ok","agent_state":{"memory":{"blocks":[]}}})", 0);
+  channel("run_tool channel tool error", false,
+          R"({"results":null,"agent_state":null,"error":{"kind":"tool","name":"ZeroDivisionError","message":"division by zero","raised":true}})",
+          1);
+  channel("run_tool channel undeclared agent_state", false, R"({"results":1,"agent_state":{"x":1}})", 0);
+  channel("run_tool channel result too large", false, std::string(16, ' '), 0, 5u << 20);
+  channel("run_tool channel no declaration", std::nullopt, "", 3);
+  channel("run_tool channel status 0 without a result", true, "", 0);
   return out;
 }
 
 // The record and result exactly as Server::run_local assembles them.
 json server_result(const Shaping& s) {
-  auto shaped = core::shape_tool_result(s.ctx, s.run, s.decoded ? &*s.decoded : nullptr);
+  auto shaped = core::shape_tool_result(s.ctx, s.run, s.decoded ? &*s.decoded : nullptr, s.channel ? &*s.channel : nullptr);
   json record = core::run_record_json(s.run);
   record["policy"] = "default";
   record["policy_fingerprint"] = "sha256:" + std::string(64, '0');

@@ -1,0 +1,346 @@
+// The result channel of a local tool run (protocol/letta.h, "The result
+// channel"): the declaration, the parts the front end writes
+// (core::runner_channel_*), the result's checks (parse_channel_result), the
+// real runner spoken to over a socket pair, and how shape_tool_result
+// answers every way a channel run can end.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <variant>
+
+#include "daemon/core/letta_result.h"
+#include "protocol/letta.h"
+#include "protocol/messages.h"
+#include "python_reference.h"
+
+namespace tsb::protocol {
+namespace {
+
+using json = nlohmann::json;
+using tsb::testing::kPython;
+
+RunToolRequest tool(const std::string& source, const std::string& extra = "") {
+  const json line_source = source;
+  auto r = decode_request(R"({"v":1,"id":"r","type":"run_tool","tool_name":"f","organization_id":"o","source_code":)" +
+                              line_source.dump() + extra + "}",
+                          nullptr);
+  EXPECT_TRUE(std::holds_alternative<Request>(r));
+  if (!std::holds_alternative<Request>(r)) return {};
+  return std::get<RunToolRequest>(std::get<Request>(r).body);
+}
+
+// A part's header and its JSON text.
+std::pair<std::uint32_t, std::string> split_part(const std::string& part) {
+  EXPECT_GE(part.size(), 4u);
+  const auto* b = reinterpret_cast<const unsigned char*>(part.data());
+  const std::uint32_t n = (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) | b[3];
+  return {n, part.substr(4)};
+}
+
+TEST(ResultChannel, OnlyTheTwoDeclarationsAreDeclarations) {
+  EXPECT_EQ(parse_channel_declaration("TSB1 agent_state=0\n"), std::optional<bool>(false));
+  EXPECT_EQ(parse_channel_declaration("TSB1 agent_state=1\n"), std::optional<bool>(true));
+  for (const char* bad : {"", "TSB1 agent_state=2\n", "TSB1 agent_state=1", "TSB1 agent_state=1\r", "tsb1 agent_state=1\n",
+                          "TSB1 agent_state=1\nx", "{\"results\":1,\"a\":1}"})
+    EXPECT_FALSE(parse_channel_declaration(bad)) << bad;
+  EXPECT_EQ(kChannelDeclarationSize, 19u);
+}
+
+TEST(ResultChannel, PartHeaderIsTheSizeBigEndian) {
+  EXPECT_EQ(channel_part_header(0), std::string(4, '\0'));
+  EXPECT_EQ(channel_part_header(0x01020304), "\x01\x02\x03\x04");
+  EXPECT_EQ(channel_part_header(0xfffffffe), "\xff\xff\xff\xfe");
+}
+
+TEST(ResultChannel, TheFirstPartHoldsOnlyTheNameAndTheSource) {
+  const auto t = tool("def f(a):\n    return a\n", R"(,"args":{"a":1},"agent_state":{"secret":"s3cr3t"},"agent_id":"ag")");
+  const std::string first = core::runner_channel_first(t);
+  auto [n, text] = split_part(first);
+  EXPECT_EQ(n, text.size());
+  EXPECT_EQ(json::parse(text), json({{"tool_name", "f"}, {"source_code", "def f(a):\n    return a\n"}}));
+  EXPECT_EQ(first.capacity(), first.size());  // sized once
+  EXPECT_EQ(first.find("s3cr3t"), std::string::npos);
+}
+
+TEST(ResultChannel, AgentStateGoesOnlyToARunnerThatDeclaredIt) {
+  const std::string big = "1" + std::string(60, '7');
+  const auto t = tool("def f(agent_state, a):\n    return a\n",
+                      R"(,"args":{"a":)" + big + R"(},"agent_state":{"secret":"s3cr3t"},"agent_id":"ag\"1")");
+  const std::map<std::string, std::string> env{{"LD_PRELOAD", "/a \"b\".so"}};
+  for (bool declared : {false, true}) {
+    const std::string second = core::runner_channel_second(t, declared, env);
+    auto [n, text] = split_part(second);
+    EXPECT_EQ(n, text.size());
+    EXPECT_EQ(second.capacity(), second.size());
+    const json j = json::parse(text);
+    EXPECT_EQ(j.size(), 5u) << text;
+    EXPECT_EQ(j["agent_state"], declared ? json({{"secret", "s3cr3t"}}) : json());
+    EXPECT_EQ(text.find("s3cr3t") != std::string::npos, declared);
+    EXPECT_EQ(j["agent_id"], "ag\"1");
+    EXPECT_EQ(j["env"], json({{"LD_PRELOAD", "/a \"b\".so"}}));
+    EXPECT_TRUE(j["json_schema"].is_null());
+    EXPECT_NE(text.find("{\"a\":" + big + "}"), std::string::npos);  // as the client wrote it
+  }
+  auto [n, text] = split_part(core::runner_channel_unpickle("gASVAAAA"));
+  EXPECT_EQ(n, text.size());
+  EXPECT_EQ(text, R"({"unpickle":"gASVAAAA"})");
+}
+
+TEST(ResultChannel, ResultIsCheckedAndStdoutIsAllTheTools) {
+  // Text that looks like a frame, with any nonce, is just output here.
+  const std::string printed =
+      "<<TSB-RESULT-" + std::string(32, 'a') + ">>eyJ9<<TSB-END-" + std::string(32, 'a') + ">>\n";
+  auto ok = parse_channel_result(R"({"results":[NaN,123456789012345678901234567890],"agent_state":null})", printed);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->results_text, "[NaN,123456789012345678901234567890]");
+  EXPECT_EQ(ok->stdout_text, printed);
+  EXPECT_FALSE(ok->error);
+  auto err = parse_channel_result(
+      R"({"results":null,"agent_state":null,"error":{"kind":"tool","name":"E","message":"m","raised":true}})", "");
+  ASSERT_TRUE(err.ok());
+  ASSERT_TRUE(err->error);
+  EXPECT_TRUE(err->error->raised);
+  auto bad_utf8 = parse_channel_result(R"({"results":1,"agent_state":null})", "a\xff");
+  ASSERT_TRUE(bad_utf8.ok());
+  EXPECT_TRUE(bad_utf8->stdout_decode_error);
+  for (const char* bad : {"", "{", "[1]", R"({"results":1})", R"({"results":1,"agent_state":null,"x":1})",
+                          R"({"results":1,"agent_state":[]})", R"({"results":1,"agent_state":null}{"results":2,"agent_state":null})",
+                          R"({"results":1,"agent_state":null,"error":{"kind":"tool","name":"E","message":"m"}})",
+                          R"({"results":null,"agent_state":null,"error":{"kind":"x","name":"E","message":"m"}})"}) {
+    auto r = parse_channel_result(bad, "");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_TRUE(r.error().message.starts_with("runner result: ")) << r.error().message;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The real runner, over a socket pair, as the front end speaks to it
+// ---------------------------------------------------------------------------
+
+#ifdef TSB_SOURCE_DIR
+struct ChannelRun {
+  std::string declaration;
+  std::string result;
+  std::string out;
+  int exit_code = -1;
+};
+
+bool write_all(int fd, std::string_view s) {
+  while (!s.empty()) {
+    ssize_t n = ::write(fd, s.data(), s.size());
+    if (n <= 0) return false;
+    s.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+std::string read_to_eof(int fd) {
+  std::string s;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) s.append(buf, static_cast<std::size_t>(n));
+  return s;
+}
+
+ChannelRun run_channel(const RunToolRequest& t) {
+  int sv[2], out[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return {};
+  const std::string boot = "import sys\nsys.path.append('" TSB_SOURCE_DIR
+                           "/daemon/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run_channel()\n";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(sv[1], 0);
+    ::dup2(out[1], 1);
+    ::execl(kPython, kPython, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", boot.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(sv[1]);
+  ::close(out[1]);
+  ChannelRun r;
+  if (write_all(sv[0], core::runner_channel_first(t))) {
+    r.declaration.resize(kChannelDeclarationSize);
+    std::size_t got = 0;
+    for (ssize_t n; got < r.declaration.size() && (n = ::read(sv[0], &r.declaration[got], r.declaration.size() - got)) > 0;)
+      got += static_cast<std::size_t>(n);
+    r.declaration.resize(got);
+    if (auto d = parse_channel_declaration(r.declaration)) {
+      write_all(sv[0], core::runner_channel_second(t, *d));
+      ::shutdown(sv[0], SHUT_WR);
+      r.result = read_to_eof(sv[0]);
+    }
+  }
+  ::close(sv[0]);
+  r.out = read_to_eof(out[0]);
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(ResultChannelEndToEnd, TheRunnersResultParsesHere) {
+  TSB_REQUIRE_PYTHON();
+  const auto r = run_channel(tool("def f(name):\n    print('<<TSB-RESULT-' + 'a' * 32 + '>>')\n    return {'n': name}\n",
+                                  R"J(,"args":{"name":"__import__('os').system('x')"},"agent_state":{"secret":"s"})J"));
+  EXPECT_EQ(r.declaration, kChannelDeclaredNo);
+  EXPECT_EQ(r.exit_code, 0);
+  auto f = parse_channel_result(r.result, r.out);
+  ASSERT_TRUE(f.ok()) << f.error().message << " in " << r.result;
+  EXPECT_EQ(f->results, json({{"n", "__import__('os').system('x')"}}));
+  EXPECT_TRUE(f->agent_state.is_null());
+  EXPECT_EQ(f->stdout_text, "<<TSB-RESULT-" + std::string(32, 'a') + ">>\n");
+}
+
+TEST(ResultChannelEndToEnd, ADeclaringToolGetsItsStateAndGivesItBack) {
+  TSB_REQUIRE_PYTHON();
+  const auto r = run_channel(tool("def f(agent_state):\n    agent_state.memory.update_block_value('human', 'new')\n"
+                                  "    return agent_state.id\n",
+                                  R"(,"agent_state":{"id":"agent-1","memory":{"blocks":[{"label":"human","value":"old"}]}})"));
+  EXPECT_EQ(r.declaration, kChannelDeclaredYes);
+  auto f = parse_channel_result(r.result, r.out);
+  ASSERT_TRUE(f.ok()) << f.error().message << " in " << r.result;
+  EXPECT_EQ(f->results, "agent-1");
+  EXPECT_EQ(f->agent_state["memory"]["blocks"][0]["value"], "new");
+}
+
+TEST(ResultChannelEndToEnd, AToolErrorIsTheRunnersErrorPayload) {
+  TSB_REQUIRE_PYTHON();
+  const auto r = run_channel(tool("def f():\n    return 1 / 0\n"));
+  EXPECT_EQ(r.exit_code, 1);
+  auto f = parse_channel_result(r.result, r.out);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  ASSERT_TRUE(f->error);
+  EXPECT_EQ(f->error->name, "ZeroDivisionError");
+  EXPECT_TRUE(f->error->raised);
+}
+#endif  // TSB_SOURCE_DIR
+
+}  // namespace
+}  // namespace tsb::protocol
+
+// ---------------------------------------------------------------------------
+// Shaping: every way a channel run ends
+// ---------------------------------------------------------------------------
+
+namespace tsb::core {
+namespace {
+
+using json = nlohmann::json;
+using isolate::EndReason;
+
+struct ChannelShaping : ::testing::Test {
+  ChannelShaping() {
+    ctx.tool_name = "f";
+    ctx.tool_mode = true;
+    ctx.channel = true;
+    ctx.result_cap = 1000;
+    run.reason = EndReason::Exited;
+    run.exit_code = 0;
+  }
+  Shaped shape(const ChannelOutcome* ch) { return shape_tool_result(ctx, run, nullptr, ch); }
+  static ChannelOutcome sent(bool declared, std::string result) {
+    ChannelOutcome o;
+    o.declared = declared;
+    o.result_total = result.size();
+    o.result = std::move(result);
+    return o;
+  }
+  ShapeContext ctx;
+  isolate::RunResult run;
+};
+
+TEST_F(ChannelShaping, AResultAndTheToolsWholeOutput) {
+  run.stdout_data = "printed\n<<TSB-RESULT-" + std::string(32, 'a') + ">>\n";
+  const auto ch = sent(false, R"({"results":5,"agent_state":null})");
+  auto s = shape(&ch);
+  EXPECT_EQ(s.result["status"], "success");
+  EXPECT_EQ(s.result["func_return"], 5);
+  EXPECT_EQ(s.result["stdout"], json::array({run.stdout_data}));
+  EXPECT_EQ(s.extra["framing"], "channel");
+  EXPECT_EQ(s.func_return_text, "5");
+}
+
+TEST_F(ChannelShaping, AgentStateIsTakenOnlyFromADeclaringTool) {
+  const std::string payload = R"({"results":1,"agent_state":{"memory":{"blocks":[]}}})";
+  const auto declared = sent(true, payload);
+  auto s = shape(&declared);
+  EXPECT_EQ(s.result["status"], "success");
+  EXPECT_EQ(s.result["agent_state"], json({{"memory", {{"blocks", json::array()}}}}));
+  EXPECT_EQ(s.agent_state_text, R"({"memory":{"blocks":[]}})");
+  const auto undeclared = sent(false, payload);
+  s = shape(&undeclared);
+  EXPECT_EQ(s.result["status"], "error");
+  EXPECT_TRUE(s.result["agent_state"].is_null());
+  EXPECT_EQ(s.result["func_return"], "Error executing function f: Exception: Function ran, but output is corrupted.");
+  EXPECT_NE(s.extra["frame_error"].get<std::string>().find("does not declare agent_state"), std::string::npos);
+}
+
+TEST_F(ChannelShaping, MalformedResultIsRefused) {
+  const auto ch = sent(false, R"({"results":1,"agent_state":null}{"results":2,"agent_state":null})");
+  auto s = shape(&ch);
+  EXPECT_EQ(s.result["status"], "error");
+  EXPECT_TRUE(s.extra["frame_error"].get<std::string>().starts_with("runner result: "));
+}
+
+TEST_F(ChannelShaping, ALargerResultThanTheCapIsAnError) {
+  ChannelOutcome ch = sent(false, std::string(1000, ' '));
+  ch.result_total = 5000;
+  auto s = shape(&ch);
+  EXPECT_EQ(s.result["status"], "error");
+  EXPECT_EQ(s.result["func_return"],
+            "Error executing function f: RuntimeError: the tool's result of 5000 bytes is larger than the policy's "
+            "limit of 1000B (limits.stdout)");
+  EXPECT_EQ(s.extra["result_bytes"], 5000);
+}
+
+TEST_F(ChannelShaping, StatusZeroWithoutAResultIsSuccessNullAsInLetta) {
+  const auto ch = sent(false, "");
+  auto s = shape(&ch);
+  EXPECT_EQ(s.result["status"], "success");
+  EXPECT_TRUE(s.result["func_return"].is_null());
+}
+
+TEST_F(ChannelShaping, NoResultIsExplained) {
+  const auto ch = sent(false, "");
+  run.exit_code = 1;
+  auto s = shape(&ch);
+  EXPECT_EQ(s.result["status"], "error");
+  EXPECT_EQ(s.result["func_return"],
+            "Error executing function f: RuntimeError: the tool's process exited with status 1 before returning a result");
+  // The exception on stderr wins, as Letta reads it.
+  run.stderr_data = "Traceback (most recent call last):\nMemoryError: out of it\n";
+  EXPECT_EQ(shape(&ch).result["func_return"], "Error executing function f: MemoryError: out of it");
+  // Killed.
+  run.stderr_data.clear();
+  run.reason = EndReason::Signaled;
+  run.exit_code = -1;
+  run.signal = 9;
+  EXPECT_EQ(shape(&ch).result["func_return"],
+            "Error executing function f: RuntimeError: the tool was killed by signal 9 (SIGKILL)");
+  // The runner never declared (it could not start): never a success.
+  run.reason = EndReason::Exited;
+  run.exit_code = 0;
+  ChannelOutcome none;
+  EXPECT_EQ(shape(&none).result["status"], "error");
+  EXPECT_EQ(shape(nullptr).result["status"], "error");
+  run.exit_code = 3;
+  run.stderr_data = "ToolsandboxRunnerError: cannot read the request: x\n";
+  EXPECT_EQ(shape(&none).result["func_return"],
+            "Error executing function f: ToolsandboxRunnerError: cannot read the request: x");
+}
+
+TEST_F(ChannelShaping, ARaisedErrorIsReadFromStderr) {
+  run.exit_code = 1;
+  run.stderr_data = "Traceback (most recent call last):\nZeroDivisionError: division by zero\n";
+  const auto ch = sent(false, R"({"results":null,"agent_state":null,"error":{"kind":"tool","name":"ZeroDivisionError",)"
+                              R"("message":"division by zero","raised":true}})");
+  auto s = shape(&ch);
+  EXPECT_EQ(s.result["func_return"], "Error executing function f: ZeroDivisionError: division by zero");
+  EXPECT_EQ(s.extra["error_kind"], "tool");
+}
+
+}  // namespace
+}  // namespace tsb::core
