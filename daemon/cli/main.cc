@@ -22,7 +22,8 @@ void usage(std::FILE* out) {
   std::fputs(
       "usage: toolsandbox run [--policy NAME|FILE] [--timeout S] [--memory SIZE] [--network none|host]\n"
       "                       [--venv DIR] [--bind SRC:DST[:rw]]... [--env NAME=VALUE]... [--stdin FILE|-]\n"
-      "                       [--json] [--cgroup-parent PATH] [--state-dir DIR] -- CMD [ARGS...]\n"
+      "                       [--json] [--cgroup-parent PATH] [--state-dir DIR]\n"
+      "                       [--seccomp-cache DIR|--no-seccomp-cache] -- CMD [ARGS...]\n"
       "       toolsandbox exec SCRIPT.py [--org ID] [--env NAME=VALUE]... [--timeout S] [--socket PATH] [--json]\n"
       "       toolsandbox call TOOL.py [--args JSON] [--function NAME] [--agent-state FILE] [--org ID] [--json]\n"
       "       toolsandbox status [--socket PATH] [--json]\n"

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "daemon/cli/cli.h"
+#include "daemon/cli/seccomp_cache.h"
 #include "daemon/policy/seccomp_profile.h"
 #include "daemon/policy/policy.h"
 #include "daemon/core/result_json.h"
@@ -48,6 +49,7 @@ int cmd_run(const std::vector<std::string>& args) {
   std::vector<std::string> binds, envs;
   std::vector<std::string> cmd;
   bool json = false;
+  std::string seccomp_cache(kSeccompCacheDir);
   isolate::EngineConfig cfg;
 
   static const std::vector<OptionSpec> kOptions = {
@@ -62,6 +64,8 @@ int cmd_run(const std::vector<std::string>& args) {
       {"env", "NAME=VALUE"},
       {"cgroup-parent", "a path"},
       {"state-dir", "a directory"},
+      {"seccomp-cache", "a directory"},
+      {"no-seccomp-cache", nullptr},
   };
   auto err = parse_options(args, kOptions, /*operands_after_dashdash_only=*/true,
                            [&](const std::string& name, const std::string& v) -> std::optional<std::string> {
@@ -76,17 +80,36 @@ int cmd_run(const std::vector<std::string>& args) {
                              else if (name == "env") envs.push_back(v);
                              else if (name == "cgroup-parent") cfg.cgroup_parent = v;
                              else if (name == "state-dir") cfg.state_dir = v;
+                             else if (name == "seccomp-cache") seccomp_cache = v;
+                             else if (name == "no-seccomp-cache") seccomp_cache.clear();
                              return std::nullopt;
                            },
                            &cmd);
   if (err) return fail_usage(err->starts_with("--") ? *err : *err + " (commands go after --)");
   if (cmd.empty()) return fail_usage("no command given (toolsandbox run [options] -- CMD ARGS...)");
 
+  // The profile is compiled below, or found compiled (seccomp_cache.h).
   core::PolicyContext ctx;
+  ctx.compile = false;
   auto policy = resolve_policy(policy_ref, ctx);
   if (!policy.ok()) {
     std::fprintf(stderr, "toolsandbox run: %s\n", policy.error().message.c_str());
     return kExitUsage;
+  }
+  const auto compiled = [&](std::string_view what, const CompileFn& compile) {
+    return seccomp_cache.empty() ? compile() : cached_or_compiled(seccomp_cache, what, compile, "toolsandbox run");
+  };
+  auto program = compiled("policy " + policy->fingerprint, [&] { return policy::compile_seccomp(*policy->seccomp_profile); });
+  if (!program.ok()) {
+    std::fprintf(stderr, "toolsandbox run: policy %s: compiling seccomp: %s\n", policy->name.c_str(),
+                 program.error().message.c_str());
+    return kExitUsage;
+  }
+  policy->seccomp = std::move(program).value();
+  auto init_filter = compiled("init", [] { return policy::compile_init_filter(); });
+  if (!init_filter.ok()) {
+    std::fprintf(stderr, "toolsandbox run: compiling the init filter: %s\n", init_filter.error().message.c_str());
+    return kExitSetup;
   }
   isolate::RunSpec spec = core::run_spec_from(*policy);
   isolate::FsInputs fs = core::fs_inputs_from(*policy);
@@ -163,7 +186,7 @@ int cmd_run(const std::vector<std::string>& args) {
     spec.stdin_data = std::move(data);
   }
 
-  auto engine = policy::create_engine(cfg);
+  auto engine = policy::create_engine(cfg, std::move(init_filter).value());
   if (!engine.ok()) {
     std::fprintf(stderr, "toolsandbox run: %s\n", engine.error().message.c_str());
     return kExitSetup;

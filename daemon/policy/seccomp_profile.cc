@@ -947,11 +947,15 @@ Result<std::shared_ptr<const SeccompProgram>> compile_init_filter() {
   return compile_seccomp(profile);
 }
 
-Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig config) {
-  auto filter = compile_init_filter();
-  if (!filter.ok()) return std::move(filter).error().wrap("compiling the init filter");
+Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig config,
+                                                       std::shared_ptr<const SeccompProgram> init_filter) {
+  if (!init_filter) {
+    auto filter = compile_init_filter();
+    if (!filter.ok()) return std::move(filter).error().wrap("compiling the init filter");
+    init_filter = std::move(filter).value();
+  }
   TSB_TRY(prepare_engine(config, ::getpid()), "engine");
-  return isolate::Engine::create(std::move(config), std::move(filter).value());
+  return isolate::Engine::create(std::move(config), std::move(init_filter));
 }
 
 Status prepare_engine(isolate::EngineConfig& config, pid_t engine_pid) {

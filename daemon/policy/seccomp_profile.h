@@ -104,9 +104,12 @@ Result<std::shared_ptr<const SeccompProgram>> compile_seccomp(const SeccompProfi
 // a reaper needs (wait, signals, write of one report, exit).
 Result<std::shared_ptr<const SeccompProgram>> compile_init_filter();
 
-// isolate::Engine::create with the init's filter compiled here: the one way
-// the daemon, the command line, the tests and the benchmarks make an engine.
-Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig config);
+// isolate::Engine::create with the init's filter compiled here (or given,
+// compiled by compile_init_filter earlier: the command line's cache): the
+// one way the daemon, the command line, the tests and the benchmarks make
+// an engine.
+Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig config,
+                                                       std::shared_ptr<const SeccompProgram> init_filter = nullptr);
 
 // What the engine needs prepared on the host, done or worked out here
 // (isolate/prepare.h): where the cgroup parent is (the engine makes it
