@@ -50,6 +50,8 @@ struct RunSpec {
   std::string stdin_data;          // bytes fed to the tool's stdin, then EOF
   // stdin is one end of a stream socket pair instead of a pipe: the tool
   // mode's result channel (protocol/letta.h), read and written both ways.
+  // (Every tool-mode run has it: a venv build's builder too, which reads
+  // its stdin to EOF as it would a pipe's.)
   bool stdin_socket = false;
   // The file system, row by row (isolate/fs_table.h builds it): required.
   std::shared_ptr<const FsTable> fs;

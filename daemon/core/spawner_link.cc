@@ -220,13 +220,13 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
       if (!std::get<0>(co_await asio::async_write(sd, asio::buffer(ex.first), tuple_awaitable)) &&
           !std::get<0>(co_await asio::async_read(sd, asio::buffer(declaration), tuple_awaitable)))
         o->declared = protocol::parse_channel_declaration(declaration);
-      ex.first = {};
+      std::string().swap(ex.first);  // freed, not only emptied
       // Once Ended came nothing reads a second part, and run() may have
       // returned (with the request `second` reads from).
       if (o->declared && !p->ended) {
         std::string second = ex.second(*o->declared);
         auto [ec, n] = co_await asio::async_write(sd, asio::buffer(second), tuple_awaitable);
-        second = {};  // not held while the tool runs
+        std::string().swap(second);  // not held while the tool runs
         ::shutdown(sd.native_handle(), SHUT_WR);  // the runner reads no more
         std::array<char, 65536> buf;
         while (!ec) {

@@ -178,8 +178,10 @@ holds (protocol/letta.h, "The result channel"). The runner moves it off fd 0
    namespace, the env), and writes the payload (as above, JSON text) on
    the socket;
 5. ends as Letta's script ends, without the interpreter's teardown:
-   non-daemon threads joined, atexit handlers run, stdio flushed, the
-   source file removed, os._exit with the exit status above.
+   non-daemon threads joined, atexit handlers run, stdio and every file
+   object left open for writing flushed, the source file removed, os._exit
+   with the exit status above (what it skips: __del__ of objects still
+   alive, see _lean_exit).
 
 stdout and stderr carry the tool's output only: nothing in them is the
 result. A request the runner cannot read ends it with status 3 and no
@@ -1615,12 +1617,45 @@ def _channel_request(first, second, params):
     return _validate_request(req, params)
 
 
-def _lean_exit(code, source_file):
+def _watch_written_files():
+    """A flag set once the tool opens a file object for writing (the "open"
+    audit event of io.open, the only kind with a buffer of its own): then,
+    and only then, _lean_exit looks for open file objects to flush."""
+    opened = [False]
+
+    def hook(event, args):
+        if event == "open" and not opened[0] and isinstance(args[1], str) and any(c in args[1] for c in "wax+"):
+            opened[0] = True
+
+    sys.addaudithook(hook)
+    return opened
+
+
+def _flush_files():
+    """Flush every open file object, as the interpreter's teardown would
+    have when it finalized them: data a tool wrote to a file it never
+    closed (a module-level log in a writable bind) is not lost."""
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except Exception:
+                pass
+
+
+def _lean_exit(code, source_file, files_opened):
     """The end of the tool's process, as the end of Letta's script without
     the interpreter's teardown: non-daemon threads joined, atexit handlers
-    run, stdio flushed; then the source file removed and _exit. (A tool that
-    ends the process itself, with os._exit, leaves its source file in the
-    run's working directory, a tmpfs of its own that ends with the run.)"""
+    run, stdio and (when the tool opened any for writing) every open file
+    object flushed; then the source file removed and _exit. What the
+    teardown also did and this does not: run __del__ of objects still alive
+    (which Python does not promise at exit either). A tool that ends the
+    process itself, with os._exit, leaves its source file in the run's
+    working directory, a tmpfs of its own that ends with the run."""
     threading = sys.modules.get("threading")
     if threading is not None:
         try:
@@ -1633,6 +1668,8 @@ def _lean_exit(code, source_file):
         atexit._run_exitfuncs()
     except BaseException:
         pass
+    if files_opened[0]:
+        _flush_files()
     _flush_std()
     if source_file is not None:
         try:
@@ -1693,6 +1730,7 @@ def _channel_main():
 
     source_file = req["source_file"] = None if "unpickle" in req else _source_path()
     _tool_process_setup()
+    files_opened = _watch_written_files()
     # The tool may rebind fd 2 or sys.stderr; tracebacks still go to the real one.
     err_fd = os.dup(2)
     msg = _run_request(req, err_fd)
@@ -1709,7 +1747,7 @@ def _channel_main():
         _error_line(err_fd, "RuntimeError", "cannot send the result: %s" % _safe_str(e))
         code = EXIT_TOOL_ERROR  # never a clean exit without a result
     del msg
-    _lean_exit(code, source_file)
+    _lean_exit(code, source_file, files_opened)
 
 
 def run_channel():

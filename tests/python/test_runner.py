@@ -538,6 +538,26 @@ class RunnerBasics(RunnerCase):
         self.assertEqual(r.stdout, "thread\natexit\n")
         self.assertEqual(r.left_in_cwd, [])
 
+    def test_files_left_open_are_flushed_at_the_end(self):
+        # Letta's script ends with the interpreter's teardown, which flushes
+        # a file object the tool never closed (a log kept at module level);
+        # the channel mode's lean exit must not lose that data either. A
+        # file opened only for reading, and none at all, change nothing.
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "log.txt")
+            src = ("log = open(%r, 'a')\n"
+                   "text = open(%r, 'w', encoding='utf-8', buffering=1 << 20)\n"
+                   "def f(n):\n"
+                   "    log.write('kept %%d\\n' %% n)\n"
+                   "    text.write('\u00e9' * n)\n"
+                   "    return n\n" % (path, path + ".2"))
+            r = run_tool(src, "f", {"n": 3})
+            self.assertEqual((r.code, r.results), (0, 3), r)
+            with open(path) as f:
+                self.assertEqual(f.read(), "kept 3\n")
+            with open(path + ".2", encoding="utf-8") as f:
+                self.assertEqual(f.read(), "\u00e9" * 3)
+
     def test_large_args_output_and_results(self):
         # MBs in every direction at once: the request, stdout, stderr and
         # the result.
