@@ -1624,7 +1624,9 @@ def _watch_written_files():
     opened = [False]
 
     def hook(event, args):
-        if event == "open" and not opened[0] and isinstance(args[1], str) and any(c in args[1] for c in "wax+"):
+        if event == "open" and not opened[0] and len(args) > 1 and isinstance(args[1], str) and any(
+            c in args[1] for c in "wax+"
+        ):
             opened[0] = True
 
     sys.addaudithook(hook)
