@@ -3,7 +3,8 @@
 //
 //   tsb-bench-engine [--n 200] [--payload "/usr/bin/python3 -S -c pass"] [--json FILE]
 //
-// Interleaves four variants, n rounds, the order rotated every round, 5
+// Interleaves four variants, n rounds, a fresh random order every round
+// (seeded: the same orders on every run), 5
 // warm-ups each: the bare payload (posix_spawn + wait), the payload through
 // the engine (spawn + supervise to the end, cleanup included) as shipped,
 // where read-only host directories are overlays the engine makes
@@ -24,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -149,12 +151,18 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "variant %s fails\n", v[k].name);
         return 1;
       }
-  for (int round = 0; round < n; ++round)
-    for (int j = 0; j < kVariants; ++j) {
-      int k = (round + j) % kVariants;
+  // A rotated order would keep each variant's predecessor, and what it
+  // leaves behind (a busy or an idle host): a random one does not.
+  std::mt19937 order_rng(20261204);
+  std::vector<int> order(kVariants);
+  for (int k = 0; k < kVariants; ++k) order[k] = k;
+  for (int round = 0; round < n; ++round) {
+    std::shuffle(order.begin(), order.end(), order_rng);
+    for (int k : order) {
       double ms = run_variant(k);
       if (ms >= 0) v[k].ms.push_back(ms);
     }
+  }
 
   double base = pct(v[0].ms, 0.5);
   std::ostringstream js;

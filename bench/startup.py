@@ -8,9 +8,10 @@ prefix costs. Method (docs/BENCHMARKS.md relies on it):
   * 5 warm-up runs per variant, not counted; the first one also checks that
     the variant works: a variant whose command fails is reported as failed,
     with its stderr, and never timed;
-  * then n interleaved rounds: each variant once per round, the order rotated
-    by one every round, so slow drift (thermal, page cache, noisy
-    neighbours) spreads evenly over the variants;
+  * then n interleaved rounds: each variant once per round, in a fresh
+    random order every round (seeded: the same orders on every run), so slow
+    drift (thermal, page cache, noisy neighbours) spreads evenly over the
+    variants and none always runs right after the same other one;
   * each run is timed with time.perf_counter_ns() around subprocess.run(),
     stdout and stderr to /dev/null;
   * reported per variant: n, median, p10, p90, p95 (ms), and the overhead
@@ -36,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import shlex
 import shutil
 import statistics
@@ -124,11 +126,11 @@ def warm_up(v: Variant, payload: list[str], count: int) -> None:
 
 def measure(variants: list[Variant], payload: list[str], rounds: int, progress: bool) -> None:
     live = [v for v in variants if not v.failed]
+    order = random.Random(20261204)
     for r in range(rounds):
         if not live:
             return
-        k = r % len(live)
-        for v in live[k:] + live[:k]:
+        for v in order.sample(live, len(live)):
             argv = v.argv(payload)
             ns, status, _ = run_once(argv)
             if status != 0:
@@ -255,7 +257,7 @@ def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [
         f"Payload `{report['payload']}`; n = {report['n']} interleaved rounds, "
-        f"{report['warmups']} warm-ups per variant, order rotated each round; "
+        f"{report['warmups']} warm-ups per variant, a random order each round; "
         f"wall time of `subprocess.run()`, stdout to /dev/null.",
         "",
         f"Machine: kernel {m['kernel']}, {m['cpu']}, {m['nproc']} CPUs, "
