@@ -76,7 +76,8 @@ Status store_cached_program(const std::string& dir, const std::string& key, cons
   if (!is_key(key)) return Error::invalid("not a cache key: '" + key + "'");
   if (program.insns.empty() || program.insns.size() > kMaxInsns) return Error::invalid("not a loadable program");
   // Its parent too (/var/cache/toolsandbox), as systemd/toolsandboxd.tmpfiles makes it.
-  const std::string parent = dir.substr(0, dir.find_last_of('/'));
+  const std::size_t slash = dir.find_last_of('/');
+  const std::string parent = slash == std::string::npos || slash == 0 ? std::string() : dir.substr(0, slash);
   if (!parent.empty() && ::mkdir(parent.c_str(), 0711) != 0 && errno != EEXIST)
     return Error::from_errno("mkdir '" + parent + "'");
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Error::from_errno("mkdir '" + dir + "'");
