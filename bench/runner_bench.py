@@ -34,6 +34,7 @@ import json
 import os
 import resource
 import secrets
+import shutil
 import socket
 import statistics
 import struct
@@ -152,7 +153,7 @@ def main() -> int:
         m = lat[name]["median"]
         print("| %s | %.2f | %.2f | x%.2f | %.2f | x%.2f |" % (name, m, lat[name]["p95"], m / lat["letta"]["median"],
                                                              cpu[name], cpu[name] / cpu["letta"]))
-    os.rmdir(cwd) if not os.listdir(cwd) else None
+    shutil.rmtree(cwd, ignore_errors=True)
     return 0
 
 

@@ -767,10 +767,11 @@ std::optional<bool> parse_channel_declaration(std::string_view bytes) {
   return std::nullopt;
 }
 
-std::string channel_part_header(std::size_t size) {
-  const auto n = static_cast<std::uint32_t>(size);
+std::string big_endian_u32(std::uint32_t n) {
   return {static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8), static_cast<char>(n)};
 }
+
+std::string channel_part_header(std::size_t size) { return big_endian_u32(static_cast<std::uint32_t>(size)); }
 
 Result<NonceFrame> parse_channel_result(std::string_view payload, std::string_view stdout_bytes) {
   auto parsed = parse_runner_payload(payload, "runner result");

@@ -282,8 +282,12 @@ static_assert(kChannelDeclaredYes.size() == kChannelDeclarationSize);
 
 // true, false, or nullopt for anything but one of the two declarations.
 std::optional<bool> parse_channel_declaration(std::string_view bytes);
-// The 4-byte big-endian header of a part of `size` bytes (< 4 GiB).
+// The 4-byte big-endian header of a part of `size` bytes (< 4 GiB):
+// big_endian_u32 of it.
 std::string channel_part_header(std::size_t size);
+// n as 4 bytes, most significant first (the length of a part here, of a
+// frame in Letta's binary framing, of a Connect envelope for E2B).
+std::string big_endian_u32(std::uint32_t n);
 // The payload read from the channel (the whole of it, to EOF), and the
 // run's stdout, which is all the tool's (stdout_text): the shape checks of
 // extract_nonce_frame, errors named "runner result: ...".

@@ -116,15 +116,6 @@ std::string trim_ws(std::string_view s) {
 
 std::string tail(const std::string& s, std::size_t n) { return s.size() <= n ? s : "..." + s.substr(s.size() - n); }
 
-std::string be32(std::uint32_t n) {
-  std::string out(4, '\0');
-  out[0] = static_cast<char>(n >> 24);
-  out[1] = static_cast<char>(n >> 16);
-  out[2] = static_cast<char>(n >> 8);
-  out[3] = static_cast<char>(n);
-  return out;
-}
-
 // The fixed tool-mode cell. Data reaches it only as one base64 literal
 // (its alphabet cannot end a string literal), decoded inside: the runner's
 // source, the runner's request (with the nonce), the tool's environment,
@@ -696,7 +687,7 @@ asio::awaitable<bool> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const st
   r.headers.emplace_back("Authorization", "Basic dXNlcjo=");  // base64("user:"): run as the sandbox's user
   r.headers.emplace_back("Keepalive-Ping-Interval", kEnvdKeepalive);
   r.headers.emplace_back("Connect-Timeout-Ms", std::to_string(ctx.remaining().count()));
-  r.body = std::string(1, '\0') + be32(static_cast<std::uint32_t>(msg.size())) + msg;
+  r.body = std::string(1, '\0') + protocol::big_endian_u32(static_cast<std::uint32_t>(msg.size())) + msg;
   r.timeout = ctx.remaining();
   r.stall_timeout = kEnvdStall;
   r.cancel = ctx.cancel;
