@@ -280,6 +280,16 @@ inline constexpr std::string_view kChannelDeclaredYes = "TSB1 agent_state=1\n";
 inline constexpr std::size_t kChannelDeclarationSize = kChannelDeclaredNo.size();
 static_assert(kChannelDeclaredYes.size() == kChannelDeclarationSize);
 
+// Warm sandboxes (the runner's run_pooled and await_script): the runner
+// starts before any request, with the policy's fixed environment only, and
+// writes kChannelReady on its stdin socket once it waits. The hand-over
+// starts with the front end's environ part, header + {"environ": {NAME:
+// value}} (the request's variables a cold start would have had from
+// execve), which the runner adopts (os.environ and /proc/self/environ);
+// then tool mode goes on as above from step 1, and script mode sends the
+// script and shutdown(SHUT_WR).
+inline constexpr std::string_view kChannelReady = "TSB1 ready\n";
+
 // true, false, or nullopt for anything but one of the two declarations.
 std::optional<bool> parse_channel_declaration(std::string_view bytes);
 // The 4-byte big-endian header of a part of `size` bytes (< 4 GiB):

@@ -123,6 +123,11 @@ std::string runner_channel_unpickle(std::string_view payload_base64) {
   return object_text({{"unpickle", payload_base64, true}}, true);
 }
 
+std::string runner_environ_part(const std::map<std::string, std::string>& environ) {
+  const std::string env_json = env_text(environ);
+  return object_text({{"environ", env_json}}, true);
+}
+
 std::string python_float_str(double v) {
   if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e16) {
     char buf[64];

@@ -94,6 +94,9 @@ std::string runner_channel_second(const protocol::RunToolRequest& t, bool declar
                                   const std::map<std::string, std::string>& env = {});
 // An unpickle request's first part; its second is channel_part_header(2) + "{}".
 std::string runner_channel_unpickle(std::string_view payload_base64);
+// A warm sandbox's first part (protocol/letta.h, kChannelReady): the
+// variables of the run's environment beyond the policy's fixed ones.
+std::string runner_environ_part(const std::map<std::string, std::string>& environ);
 
 // Python's str() of a float, for Letta's timeout message ("180.0", "1.5").
 std::string python_float_str(double v);

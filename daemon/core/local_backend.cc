@@ -328,6 +328,29 @@ asio::awaitable<void> LocalBackend::finish_runs(std::chrono::steady_clock::time_
   }
 }
 
+asio::awaitable<nlohmann::json> LocalBackend::warm_status() {
+  auto st = co_await link_.pool_state();
+  if (!st) co_return json{{"error", "the sandbox spawner did not answer"}};
+  json pools = json::array();
+  std::uint64_t ready = 0, starting = 0, hits = 0, misses = 0;
+  for (const auto& p : st->pools) {
+    pools.push_back({{"policy", p.policy},
+                     {"mode", p.mode == spawn::RunMode::Tool ? "run_tool" : "execute"},
+                     {"venv", p.venv.empty() ? json() : json(p.venv)},
+                     {"warm", p.ready},
+                     {"starting", p.starting},
+                     {"target", p.target},
+                     {"hits", p.hits},
+                     {"misses", p.misses},
+                     {"lost", p.lost}});
+    ready += p.ready, starting += p.starting, hits += p.hits, misses += p.misses;
+  }
+  // Hits and misses of pools since the last reload (a reload ends them);
+  // in_use: warm runs in flight now.
+  co_return json{{"warm", ready}, {"starting", starting}, {"in_use", link_.warm_runs()}, {"hits", hits},
+                 {"misses", misses}, {"pools", pools}};
+}
+
 nlohmann::json LocalBackend::engine_status() const {
   const spawn::Hello& h = link_.hello();
   const isolate::EngineFeatures& f = h.features;
@@ -425,6 +448,9 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     // The runner's request and result travel on its result channel
     // (protocol/letta.h); stdout and stderr are the tool's alone.
     order.mode = spawn::RunMode::Tool;
+    // A warm runner takes the same request: the variables that change how
+    // a program starts are the tool's (runner_env), never its own.
+    order.warm = true;
     const auto& t = std::get<protocol::RunToolRequest>(p.request->body);
     channel = ChannelExchange{runner_channel_first(t),
                               [&t, env = p.runner_env](bool declared) { return runner_channel_second(t, declared, env); },
@@ -434,6 +460,10 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     // never touches a file system.
     order.mode = spawn::RunMode::Script;
     stdin_data = std::get<protocol::ExecuteRequest>(p.request->body).script;
+    // A warm interpreter started without the request's variables: one that
+    // changes how a program starts (PYTHONPATH, LD_PRELOAD) runs cold.
+    order.warm = std::none_of(p.env.begin(), p.env.end(),
+                              [](const auto& kv) { return changes_how_a_program_starts(kv.first); });
   }
 
   // Requirements (Letta's pip_requirements, the sandbox config's and the
@@ -597,6 +627,8 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   }
   out.run = std::move(ran.result);
   out.channel = std::move(ran.channel);
+  out.record["warm"] = ran.warm;
+  if (ran.warm) out.audit += " warm=yes";
   if (out.run.reason == isolate::EndReason::SetupFailed && !out.run.error.empty())
     spdlog::error("run {}: {}", out.run.run_id.empty() ? "-" : out.run.run_id, out.run.error);
   if (!p.tool_mode) co_await decode_pickle(p, out);
@@ -624,6 +656,7 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   // Decoding takes milliseconds (a payload's values are capped); it gets
   // the run's own limit, at most 10 s.
   order.timeout = std::min(p.timeout, std::chrono::milliseconds(10'000));
+  order.warm = true;
   // On its result channel, as a tool's request; its result is at most
   // what the script's own stdout held.
   ChannelExchange channel{runner_channel_unpickle(*payload),

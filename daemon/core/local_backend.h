@@ -53,6 +53,9 @@ class LocalBackend final : public RunBackend {
   std::uint64_t abandoned_in_queue() const noexcept { return abandoned_in_queue_; }
   // The engine's part of `status`.
   nlohmann::json engine_status() const;
+  // The warm pools (status "warm_pool"): the spawner's answer, and the
+  // warm runs in flight.
+  asio::awaitable<nlohmann::json> warm_status();
   // The egress proxy's part of `status` (daemon/egress/proxy.h).
   nlohmann::json egress_status() const { return egress_.status(); }
 

@@ -511,7 +511,11 @@ asio::awaitable<void> Server::serve(socket_t sock, Peer peer) {
 }
 
 asio::awaitable<std::string> Server::dispatch(const protocol::Request& req, const Peer& peer, socket_t& sock) {
-  if (std::holds_alternative<protocol::StatusRequest>(req.body)) co_return protocol::encode_ok(req.id, "status", status_json());
+  if (std::holds_alternative<protocol::StatusRequest>(req.body)) {
+    json st = status_json();
+    st["warm_pool"] = co_await local_->warm_status();
+    co_return protocol::encode_ok(req.id, "status", st);
+  }
   co_return co_await run_request(req, peer, sock);
 }
 

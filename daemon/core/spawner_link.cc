@@ -22,6 +22,17 @@ namespace {
 using stream = asio::posix::stream_descriptor;
 constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
 
+// A warm sandbox's hand-over on its stdin socket (nothing for a cold one):
+// its ready line read, then `environ_part` written. False when the sandbox
+// is not there to take it (it ended; its Ended says why).
+asio::awaitable<bool> hand_over(stream& sd, const std::string& environ_part) {
+  if (environ_part.empty()) co_return true;
+  std::string ready(protocol::kChannelReady.size(), '\0');
+  auto [ec, n] = co_await asio::async_read(sd, asio::buffer(ready), tuple_awaitable);
+  if (ec || ready != protocol::kChannelReady) co_return false;
+  co_return !std::get<0>(co_await asio::async_write(sd, asio::buffer(environ_part), tuple_awaitable));
+}
+
 }  // namespace
 
 // One run in flight: what the spawner said so far, and the run's own
@@ -39,8 +50,26 @@ struct SpawnerLink::Pending {
   int readers = 0;
   bool kill_sent = false;
   bool no_stdio = false;  // Started came without its descriptors
+  bool warm = false;      // Started said: a warm sandbox
   void poke() { wake.cancel(); }
 };
+
+struct SpawnerLink::PoolQuestion {
+  explicit PoolQuestion(asio::io_context& io) : wake(io) {}
+  asio::steady_timer wake;
+  std::optional<spawn::PoolState> answer;
+};
+
+asio::awaitable<std::optional<spawn::PoolState>> SpawnerLink::pool_state() {
+  auto q = std::make_shared<PoolQuestion>(io_);
+  if (!sd_.is_open() || !send(spawn::encode_pools_question()).ok()) co_return std::nullopt;
+  // Stays queued even when the wait runs out: the answer that comes later
+  // is its own, not the next question's.
+  pool_questions_.push_back(q);
+  q->wake.expires_after(std::chrono::seconds(2));
+  co_await q->wake.async_wait(tuple_awaitable);
+  co_return std::move(q->answer);
+}
 
 SpawnerLink::SpawnerLink(asio::io_context& io, UniqueFd control) : io_(io), control_(std::move(control)), sd_(io) {}
 
@@ -111,6 +140,8 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
           fds.clear();
         }
         it->second->answered = true;
+        it->second->warm = s->warm;
+        warm_runs_ += s->warm ? 1 : 0;
         it->second->result.run_id = s->run_id;
         it->second->result.host_uid = s->host_uid;
         it->second->fds = std::move(fds);
@@ -151,6 +182,18 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
         if (on_reload) on_reload(*applied, fds.empty() ? UniqueFd() : std::move(fds[0]));
         break;
       }
+      case spawn::Msg::PoolState: {
+        auto st = spawn::decode_pool_state(*m);
+        if (!st.ok() || pool_questions_.empty()) {
+          spdlog::error("spawner: an unexpected or malformed PoolState message");
+          break;
+        }
+        auto q = std::move(pool_questions_.front());
+        pool_questions_.pop_front();
+        q->answer = std::move(st).value();
+        q->wake.cancel();
+        break;
+      }
       default: spdlog::error("spawner: unknown message type {}", static_cast<int>(spawn::message_type(*m)));
     }
   }
@@ -181,6 +224,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
         p->kill_sent = true;
         (void)l.send(spawn::encode(spawn::Kill{id}));
       }
+      l.warm_runs_ -= p->warm ? 1 : 0;
       l.pending_.erase(id);
     }
   } forget{*this, id, p};
@@ -206,6 +250,10 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
   }
   isolate::RunResult& r = p->result;
   if (egress && p->egress) egress->start(std::move(p->egress), r.run_id);
+  out.warm = p->warm;
+  // A warm sandbox's hand-over comes first: the run's environment, once
+  // its runner said it is ready; then what a cold run's stdin gets.
+  std::string handover = p->warm ? runner_environ_part(order.env) : std::string();
   std::shared_ptr<ChannelOutcome> outcome;
   if (!p->fds.empty() && channel) {
     // The result channel: a reader like stdout and stderr. Any failure
@@ -214,10 +262,11 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
     outcome = std::make_shared<ChannelOutcome>();
     ++p->readers;
     asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, ChannelExchange ex, std::shared_ptr<Pending> p,
-                           std::shared_ptr<ChannelOutcome> o) -> asio::awaitable<void> {
+                           std::shared_ptr<ChannelOutcome> o, std::string handover) -> asio::awaitable<void> {
       stream sd(io, fd.release());
       std::string declaration(protocol::kChannelDeclarationSize, '\0');
-      if (!std::get<0>(co_await asio::async_write(sd, asio::buffer(ex.first), tuple_awaitable)) &&
+      if (co_await hand_over(sd, handover) &&
+          !std::get<0>(co_await asio::async_write(sd, asio::buffer(ex.first), tuple_awaitable)) &&
           !std::get<0>(co_await asio::async_read(sd, asio::buffer(declaration), tuple_awaitable)))
         o->declared = protocol::parse_channel_declaration(declaration);
       std::string().swap(ex.first);  // freed, not only emptied
@@ -237,14 +286,17 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
       }
       --p->readers;
       p->poke();
-    }(io_, std::move(p->fds[0]), std::move(*channel), p, outcome), asio::detached);
+    }(io_, std::move(p->fds[0]), std::move(*channel), p, outcome, std::move(handover)), asio::detached);
   } else if (!p->fds.empty()) {
     // stdin: written, then closed (EOF). EPIPE when the tool never reads it
-    // is fine (the front end ignores SIGPIPE: daemon/frontend/main.cc).
-    asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, std::string data) -> asio::awaitable<void> {
+    // is fine (the front end ignores SIGPIPE: daemon/frontend/main.cc). A
+    // warm sandbox's is a socket: shut for writing, for its EOF.
+    asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, std::string data, std::string handover) -> asio::awaitable<void> {
       stream sd(io, fd.release());
+      if (!co_await hand_over(sd, handover)) co_return;
       if (!data.empty()) co_await asio::async_write(sd, asio::buffer(data), tuple_awaitable);
-    }(io_, std::move(p->fds[0]), std::move(stdin_data)), asio::detached);
+      if (!handover.empty()) ::shutdown(sd.native_handle(), SHUT_WR);
+    }(io_, std::move(p->fds[0]), std::move(stdin_data), std::move(handover)), asio::detached);
   }
   if (!p->fds.empty()) {
     // stdout, stderr: the first `cap` bytes kept, and past them only a

@@ -12,6 +12,7 @@
 #include <asio/io_context.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/steady_timer.hpp>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -44,6 +45,7 @@ struct LinkRun {
   std::optional<spawn::Refused> refused;  // the spawner did not run it
   isolate::RunResult result;              // otherwise: what happened, output included
   std::optional<ChannelOutcome> channel;  // with a ChannelExchange
+  bool warm = false;                      // a warm sandbox of the policy's pool ran it
 };
 
 class SpawnerLink {
@@ -65,12 +67,20 @@ class SpawnerLink {
   // to it as it arrives instead of being kept; when it returns false the
   // run is killed (and the rest read and dropped).
   // With `channel`, stdin is the run's result channel and stdin_data is
-  // not used.
+  // not used. A warm sandbox (the order allowed one and the spawner gave
+  // one) first gets the hand-over: the order's environment, after its
+  // runner said it is ready (protocol/letta.h, kChannelReady).
   using StdoutSink = std::function<bool(std::string_view)>;
   asio::awaitable<LinkRun> run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
                                CancelSignal& cancel, egress::RunProxy* egress = nullptr, StdoutSink stdout_sink = {},
                                std::optional<ChannelExchange> channel = std::nullopt);
+  // The spawner's warm pools as they are now; nullopt when it did not
+  // answer within 2 s.
+  asio::awaitable<std::optional<spawn::PoolState>> pool_state();
+  // Runs in flight in a warm sandbox.
+  unsigned warm_runs() const noexcept { return warm_runs_; }
+
   // Ready (READY=1), with a status text (STATUS=...; "" for none): passed
   // on to systemd by the spawner (the only process systemd listens to).
   void notify_ready(std::string_view status);
@@ -81,6 +91,7 @@ class SpawnerLink {
 
  private:
   struct Pending;
+  struct PoolQuestion;
   asio::awaitable<void> receive_loop();
   Status send(const std::string& msg);
 
@@ -90,6 +101,8 @@ class SpawnerLink {
   spawn::Hello hello_;
   std::uint64_t next_id_ = 0;
   std::map<std::uint64_t, std::shared_ptr<Pending>> pending_;
+  std::deque<std::shared_ptr<PoolQuestion>> pool_questions_;
+  unsigned warm_runs_ = 0;  // answered in the order asked
 };
 
 }  // namespace tsb::core

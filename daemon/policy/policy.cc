@@ -242,6 +242,23 @@ Status parse_packages(ObjectReader o, PackagesPolicy& k) {
   return o.done();
 }
 
+Status parse_warm_pool(ObjectReader o, WarmPool& w) {
+  TSB_TRY(o.object("\"warm_pool\""), "warm_pool");
+  auto max = o.number("max", 0, 0, 64);
+  if (!max.ok()) return std::move(max).error();
+  auto min = o.number("min", 0, 0, *max);
+  if (!min.ok()) return std::move(min).error();
+  w.max = static_cast<std::uint32_t>(*max);
+  w.min = static_cast<std::uint32_t>(*min);
+  if (const json* v = o.get("idle")) {
+    auto d = parse_duration(*v);
+    if (!d.ok() || d->count() < 1000 || d->count() > 86'400'000)
+      return o.error("idle", "must be a duration from 1s to 24h, like \"300s\"");
+    w.idle = *d;
+  }
+  return o.done();
+}
+
 json packages_json(const PackagesPolicy& k) {
   return {{"allow", k.allow},
           {"max_requirements", k.max_requirements},
@@ -544,6 +561,12 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
                    "needs \"filesystem\": {\"venv\"}: a tool's own venv takes its place at /venv"), "policy");
   }
 
+  if (const json* v = root.get("warm_pool"); v && !v->is_null()) {
+    TSB_TRY(parse_warm_pool(ObjectReader(doc, *v, "/warm_pool"), p.warm), "policy");
+    TSB_TRY(expect(p.backend == Backend::Local || p.warm.max == 0, root.where("warm_pool"),
+                   "applies to the local backend (E2B makes its own sandboxes)"), "policy");
+  }
+
   if (const json* v = root.get("environment")) {
     ObjectReader env(doc, *v, "/environment");
     TSB_TRY(env.object("\"environment\""), "policy");
@@ -716,6 +739,8 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
                      {"hostname", p.hostname}};
   if (p.network == isolate::NetworkMode::Egress) p.canonical["egress"] = egress_json(p.egress);
   if (p.packages.enabled) p.canonical["packages"] = packages_json(p.packages);
+  if (p.warm.max > 0)
+    p.canonical["warm_pool"] = {{"max", p.warm.max}, {"min", p.warm.min}, {"idle", format_duration(p.warm.idle)}};
   p.fingerprint = "sha256:" + sha256_hex(p.canonical.dump());
   return p;
 }
@@ -886,6 +911,9 @@ spawn::SpawnPolicy spawn_policy_fields(const Policy& p) {
   s.seccomp = p.seccomp;
   s.uid = p.uid;
   s.gid = p.gid;
+  s.warm_min = p.warm.min;
+  s.warm_max = p.warm.max;
+  s.warm_idle = p.warm.idle;
   return s;
 }
 
@@ -970,7 +998,7 @@ Result<spawn::SpawnPolicy> to_build_spawn_policy(const Policy& p, const std::str
 Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner, const std::string& venv_cache) {
   spawn::SpawnPolicy s = spawn_policy_fields(p);
   auto& script = s.modes[static_cast<int>(spawn::RunMode::Script)];
-  script.argv = {p.interpreter, "-c", std::string(kScriptMain)};
+  script.argv = {p.interpreter, "-c", script_launcher(false)};
   isolate::FsInputs in = fs_inputs_from(p, runner);
   isolate::resolve_host_paths(in);
   const std::string resolved_runner = in.runner;
@@ -980,12 +1008,25 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
   script.fs = std::move(fs).value();
   auto& tool = s.modes[static_cast<int>(spawn::RunMode::Tool)];
   if (!runner.empty()) {
-    tool.argv = {p.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", std::string(kRunnerBoot)};
+    const std::vector<std::string> flags = {p.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", "-c"};
+    tool.argv = flags;
+    tool.argv.emplace_back(kRunnerBoot);
     in.runner = resolved_runner;
     in.runner_bytecode = find_runner_bytecode(resolved_runner);
     auto tfs = isolate::build_fs_table(in);
     if (!tfs.ok()) return std::move(tfs).error().wrap("policy '" + p.name + "'");
     tool.fs = std::move(tfs).value();
+    if (p.warm.max > 0) {
+      // Warm sandboxes take their hand-over through the runner, in both
+      // modes: a script run of this policy sees it too, cold or warm, so
+      // the two look alike.
+      tool.pooled_argv = flags;
+      tool.pooled_argv.emplace_back(kRunnerPooledBoot);
+      tool.pooled_keyed_argv = flags;
+      tool.pooled_keyed_argv.emplace_back(kRunnerPooledKeyedBoot);
+      script.pooled_argv = script.pooled_keyed_argv = {p.interpreter, "-c", script_launcher(true)};
+      script.fs = tool.fs;
+    }
   } else {
     tool.fs = script.fs;
   }
@@ -1002,6 +1043,34 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
       m->fs = std::move(t);
     }
   return s;
+}
+
+std::string script_launcher(bool pooled) {
+  // Cold: the script is stdin. Pooled: the runner (at the sandbox path of
+  // isolate::kRunnerSandboxPath's directory, first on sys.path for the
+  // import only, then forgotten) waits for the hand-over and returns it.
+  static constexpr std::string_view kRead = "    source = sys.stdin.buffer.read()\n";
+  static constexpr std::string_view kAwait =
+      "    sys.path.insert(0, '/opt/toolsandbox/runner')\n"
+      "    import toolsandbox_runner\n"
+      "    del sys.path[0], sys.modules['toolsandbox_runner']\n"
+      "    source = toolsandbox_runner.await_script()\n"
+      "    del toolsandbox_runner\n";
+  static constexpr std::string_view kRun = R"PY(    path = os.path.join(os.getcwd(), "tmp%s.py" % os.urandom(4).hex())
+    try:
+        with open(path, "xb") as f:
+            f.write(source)
+    except OSError:
+        pass
+    sys.argv[0] = path
+    sys.path[0] = os.path.dirname(path)
+    main = sys.modules["__main__"]
+    del main._toolsandbox_main
+    main.__file__ = path
+    exec(compile(source, path, "exec"), main.__dict__)
+_toolsandbox_main()
+)PY";
+  return "def _toolsandbox_main():\n    import os, sys\n" + std::string(pooled ? kAwait : kRead) + std::string(kRun);
 }
 
 isolate::RunSpec run_spec_from(const Policy& p) { return spawn::run_spec_from(spawn_policy_fields(p), spawn::RunMode::Script); }

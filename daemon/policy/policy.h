@@ -69,6 +69,15 @@ struct PackagesPolicy {
   std::string index_settings() const;
 };
 
+// Warm sandboxes (policies/README.md, "warm_pool"): per mode and venv, up
+// to `max` sandboxes made before their request, each used once. The pool
+// grows by one on every run that finds it empty, keeps at least `min`, and
+// shrinks by one for every `idle` without a run.
+struct WarmPool {
+  std::uint32_t min = 0, max = 0;  // max 0: no pool
+  std::chrono::milliseconds idle{300'000};
+};
+
 struct Policy {
   std::string name;         // file stem ("default"), or as registered
   std::string source;       // path, or "embedded:<name>"
@@ -81,6 +90,7 @@ struct Policy {
   isolate::NetworkMode network = isolate::NetworkMode::None;
   EgressRules egress;                          // network "egress" only
   PackagesPolicy packages;
+  WarmPool warm;
   std::map<std::string, std::string> env_set;  // fixed values, always present
   std::vector<std::string> env_allow;          // names (or PREFIX_*) a request may set
   std::string seccomp_source;                  // profile path, or "<inline>"
@@ -124,31 +134,27 @@ Result<std::vector<std::string>> build_environment(const Policy& p, const std::m
 // script), and runs it as __main__ with that __file__, sys.argv[0] and
 // sys.path[0] (the script's directory, as for `python3 FILE`). Its
 // own names stay in a function, so the script's namespace is a fresh main
-// module's.
-inline constexpr std::string_view kScriptMain = R"PY(def _toolsandbox_main():
-    import os, sys
-    source = sys.stdin.buffer.read()
-    path = os.path.join(os.getcwd(), "tmp%s.py" % os.urandom(4).hex())
-    try:
-        with open(path, "xb") as f:
-            f.write(source)
-    except OSError:
-        pass
-    sys.argv[0] = path
-    sys.path[0] = os.path.dirname(path)
-    main = sys.modules["__main__"]
-    del main._toolsandbox_main
-    main.__file__ = path
-    exec(compile(source, path, "exec"), main.__dict__)
-_toolsandbox_main()
-)PY";
+// module's. `pooled`: the same, started before its request in a warm
+// sandbox, with the runner read-only at /opt/toolsandbox/runner: it takes
+// the hand-over there (the request's environment, then the script on the
+// channel that is its stdin; toolsandbox_runner.await_script) and then does
+// what the cold one does.
+std::string script_launcher(bool pooled);
 
 // Tool mode's program (-c, after -I -S -B -u -X utf8): the runner imported
 // from its directory, put after the standard library on sys.path, so that
 // its bytecode comes from __pycache__ (daemon/runner/toolsandbox_runner.py,
-// "Invocation"), and run.
+// "Invocation"), and run: run_channel() when started for a request,
+// run_pooled() in a warm sandbox; with the policy's own venv (the
+// operator's), a warm runner sets up its site-packages before the
+// hand-over, with a per-tool venv after its declaration, as a cold one.
 inline constexpr std::string_view kRunnerBoot =
     "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run_channel()\n";
+inline constexpr std::string_view kRunnerPooledBoot =
+    "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\n"
+    "toolsandbox_runner.run_pooled(site_packages=True)\n";
+inline constexpr std::string_view kRunnerPooledKeyedBoot =
+    "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run_pooled()\n";
 
 // Whether `p` (links followed) is a regular file owned by root, readable by
 // all and writable by no one else: what the runner, its bytecode and the

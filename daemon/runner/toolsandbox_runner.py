@@ -1516,14 +1516,24 @@ def _empty_stdin():
     os.close(r)
 
 
+_site_packages_set_up = False
+
+
 def _tool_process_setup():
     """What the tool's process does before it runs the tool: the venv's
     site-packages, exactly as a normal start without -S would have set them
-    up, and the modules _run_tool needs."""
-    if sys.flags.no_site:
+    up (once: a warm runner may have done it before its hand-over), and the
+    modules _run_tool needs."""
+    global _site_packages_set_up
+    if sys.flags.no_site and not _site_packages_set_up:
         import site
 
         site.main()
+        _site_packages_set_up = True
+    _tool_process_setup_imports()
+
+
+def _tool_process_setup_imports():
     import linecache  # noqa: F401  (used by _run_tool)
     import types  # noqa: F401
     import typing  # noqa: F401
@@ -1703,13 +1713,20 @@ def _as_program(body):
     os._exit(code)
 
 
-def _channel_main():
-    if not stat.S_ISSOCK(_stdin_mode()):
-        raise Fatal("stdin must be the result channel, a stream socket")
-    # The channel moves off fd 0 (close-on-exec: no program the tool runs
-    # inherits it); the tool reads EOF from stdin, as in the nonce mode.
+def _take_channel():
+    """The result channel, moved off fd 0 (close-on-exec: no program the
+    tool runs inherits it); the tool reads EOF from stdin, as in the nonce
+    mode."""
     chan = os.dup(0)
     _empty_stdin()
+    return chan
+
+
+def _channel_main(chan=None):
+    if chan is None:
+        if not stat.S_ISSOCK(_stdin_mode()):
+            raise Fatal("stdin must be the result channel, a stream socket")
+        chan = _take_channel()
     try:
         first = _read_part(chan)
         params = _first_part_params(first)
@@ -1757,6 +1774,148 @@ def run_channel():
     the request and the result on the stream socket that is its stdin (see
     "Channel mode" above). Never returns."""
     _as_program(_channel_main)
+
+
+# ---------------------------------------------------------------------------
+# Pooled mode: a sandbox made before its request
+# ---------------------------------------------------------------------------
+
+# Written on the channel once a pooled runner is ready for its request.
+CHANNEL_READY = b"TSB1 ready\n"
+_PR_SET_MM = 35
+_PR_SET_MM_MAP = 14
+_environ_block = None  # the environment /proc/self/environ shows after a hand-over
+
+
+class _Environ:
+    """The process environment a request brings, made what a cold start's
+    execve would have made it. A pooled process starts with the policy's
+    fixed variables only; the request's (the daemon checked them against
+    the policy) arrive at hand-over. They go into os.environ (and so, by
+    putenv, into the C environment every program the tool starts inherits)
+    and into the block /proc/self/environ shows, moved there with
+    prctl(PR_SET_MM, PR_SET_MM_MAP), which needs no capability (Linux 3.18+
+    with CONFIG_CHECKPOINT_RESTORE). Set up, and tried once with the block
+    the process started with, before the runner says it is ready: where the
+    kernel refuses it, the pooled sandbox ends before any request reaches
+    it."""
+
+    # struct prctl_mm_map (linux/prctl.h)
+    _FIELDS = ("start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
+               "arg_start", "arg_end", "env_start", "env_end", "auxv")
+
+    def __init__(self):
+        import ctypes
+
+        self._ct = ctypes
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._libc.sbrk.restype = ctypes.c_void_p
+        self._libc.sbrk.argtypes = [ctypes.c_ssize_t]
+        self._libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+
+        class MmMap(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_uint64) for n in self._FIELDS] + [
+                ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+
+        self._map = m = MmMap()
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+
+        def field(n):  # proc(5) numbers them from 1; `fields` starts at 3 (state)
+            return int(fields[n - 3])
+
+        m.start_code, m.end_code, m.start_stack = field(26), field(27), field(28)
+        (m.start_data, m.end_data, m.start_brk, m.arg_start, m.arg_end, m.env_start,
+         m.env_end) = (field(n) for n in range(45, 52))
+        m.exe_fd = 0xFFFFFFFF  # -1: /proc/self/exe unchanged (that one needs a capability)
+        self._set(m.env_start, m.env_end)
+
+    def _set(self, start, end):
+        m = self._map
+        m.env_start, m.env_end = start, end
+        m.brk = self._libc.sbrk(0)  # the current break, read last: nothing allocates between
+        if self._libc.prctl(_PR_SET_MM, _PR_SET_MM_MAP, self._ct.addressof(m), self._ct.sizeof(m), 0) != 0:
+            raise Fatal("cannot set the process environment (prctl PR_SET_MM_MAP): %s"
+                        % os.strerror(self._ct.get_errno()))
+
+    def adopt(self, part):
+        """The environ part of a hand-over: {"environ": {"NAME": "value"}},
+        names the process does not have yet (the policy's fixed ones stay)."""
+        environ = part.get("environ") if isinstance(part, dict) and set(part) == {"environ"} else None
+        if not isinstance(environ, dict):
+            raise Fatal("the hand-over's first part is not {\"environ\": {...}}")
+        for k, v in environ.items():
+            if (not isinstance(v, str) or not k or "=" in k or "\0" in k or "\0" in v or k in os.environ):
+                raise Fatal("the hand-over's environment holds a name or value a start could not have")
+            os.environ[k] = v
+        block = b"".join(k + b"=" + v + b"\0" for k, v in os.environb.items())
+        buf = self._ct.create_string_buffer(block, max(1, len(block)))
+        start = self._ct.addressof(buf)
+        self._set(start, start + len(block))
+        global _environ_block
+        _environ_block = buf  # the kernel reads it from here on, for the life of the process
+
+
+def _await_hand_over(tool=False, site_packages=False):
+    """A pooled runner's wait: the channel taken off fd 0, what the run
+    needs loaded, "ready" written, then the request's environment adopted.
+    Returns the channel. For a tool: the standard library's modules the
+    run uses; and with site_packages, the venv's site-packages set up now,
+    as the cold runner's tool process does after its declaration (the
+    daemon asks for it only with the policy's own venv, the operator's:
+    code of a per-tool venv never runs before the declaration)."""
+    chan = _take_channel()
+    environ = _Environ()
+    if tool:
+        import _ast  # noqa: F401  (_declared_params)
+        import atexit  # noqa: F401  (_lean_exit)
+        import keyword  # noqa: F401  (_validate_request)
+        import base64, hashlib, pickle  # noqa: F401,E401  (the modules of Letta's namespace, _run_tool)
+
+        if site_packages:
+            _tool_process_setup()
+        else:
+            _tool_process_setup_imports()
+    _write_all(chan, CHANNEL_READY)
+    try:
+        environ.adopt(_read_part(chan))
+    except (OSError, EOFError, ValueError, RecursionError, MemoryError) as e:
+        raise Fatal("cannot read the hand-over: %s" % e) from None
+    return chan
+
+
+def run_pooled(site_packages=False):
+    """The runner in a pooled sandbox (kRunnerPooledBoot): started before
+    any request exists, it waits on its channel for the hand-over, then is
+    the channel mode's runner (site_packages: see _await_hand_over). Never
+    returns."""
+
+    def body():
+        if not stat.S_ISSOCK(_stdin_mode()):
+            raise Fatal("stdin must be the result channel, a stream socket")
+        return _channel_main(_await_hand_over(tool=True, site_packages=site_packages))
+
+    _as_program(body)
+
+
+def await_script():
+    """Script mode in a pooled sandbox (the launcher of
+    daemon/policy/policy.h, script_launcher(true)): the hand-over as for a
+    tool, then the script, read to EOF. Returns its bytes; the launcher
+    runs it as a cold start's launcher would. The interpreter was started
+    as for a cold script (not -I -S: the venv's site-packages are set up
+    before the request, as they would be before the script is read)."""
+    try:
+        if not stat.S_ISSOCK(os.fstat(0).st_mode):
+            raise Fatal("stdin must be the hand-over channel, a stream socket")
+        chan = _await_hand_over(tool=False)
+        source = _read_all(chan)
+        os.close(chan)
+        return source
+    except (Fatal, OSError) as e:
+        _error_line(2, "ToolsandboxRunnerError", str(e))
+        _flush_std()
+        os._exit(EXIT_NO_FRAME)
 
 
 # ---------------------------------------------------------------------------

@@ -133,8 +133,13 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
     p.gid = r.u32();
     for (auto& m : p.modes) {
       m.argv = r.strs(64, kMaxValue);
+      m.pooled_argv = r.strs(64, kMaxValue);
+      m.pooled_keyed_argv = r.strs(64, kMaxValue);
       m.fs = get_table(r);
     }
+    p.warm_max = r.upto(64);
+    p.warm_min = r.upto(p.warm_max);
+    p.warm_idle = std::chrono::milliseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
     s.policies.push_back(std::move(p));
   }
   if (!r.done()) return Error::invalid("the compiled policy set is malformed", EPROTO);
@@ -146,10 +151,11 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
   return s;
 }
 
-isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv) {
+isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv, bool pooled) {
   isolate::RunSpec s;
-  s.argv = p.modes[static_cast<int>(mode)].argv;
-  s.fs = p.modes[static_cast<int>(mode)].fs;
+  const SpawnPolicy::Mode& m = p.modes[static_cast<int>(mode)];
+  s.argv = !pooled ? m.argv : venv.empty() ? m.pooled_argv : m.pooled_keyed_argv;
+  s.fs = m.fs;
   if (!venv.empty()) {  // a per-tool venv (the caller checked the key): in the cache its row names
     auto fs = std::make_shared<isolate::FsTable>(*s.fs);
     for (auto& e : *fs) e.source = e.keyed ? e.data + "/" + venv : e.source;
@@ -162,7 +168,7 @@ isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::st
   s.sandbox_gid = p.gid;
   s.hostname = p.hostname;
   s.workdir = p.workdir;
-  s.stdin_socket = mode == RunMode::Tool;  // the runner's result channel (protocol/letta.h)
+  s.stdin_socket = mode == RunMode::Tool || pooled;  // the runner's result channel (protocol/letta.h)
   return s;
 }
 
@@ -231,6 +237,7 @@ Result<RunOrder> decode_run(std::string_view b) {
   m.env = get_map(r, kMaxEnvVars);
   m.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
   m.venv = r.str(64);
+  m.warm = r.flag();
   return finish_message(r, std::move(m), "run");
 }
 
@@ -240,6 +247,21 @@ std::string encode(const Started& m) {
   w.u64(m.id);
   w.str(m.run_id);
   w.u32(m.host_uid);
+  w.u8(m.warm ? 1 : 0);
+  return w.take();
+}
+
+std::string encode(const PoolState& m) {
+  Writer w;
+  w.u8(static_cast<std::uint8_t>(Msg::PoolState));
+  w.u32(static_cast<std::uint32_t>(m.pools.size()));
+  for (const auto& p : m.pools) {
+    w.str(p.policy);
+    w.u8(static_cast<std::uint8_t>(p.mode));
+    w.str(p.venv);
+    for (std::uint32_t v : {p.ready, p.starting, p.target}) w.u32(v);
+    for (std::uint64_t v : {p.hits, p.misses, p.lost}) w.u64(v);
+  }
   return w.take();
 }
 

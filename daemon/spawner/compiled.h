@@ -44,15 +44,22 @@ struct SpawnPolicy {
   // command does not run here (tool mode when no runner is installed).
   struct Mode {
     std::vector<std::string> argv;
+    // The command of a warm sandbox of this mode (none: no pool), with the
+    // policy's venv and with a per-tool one.
+    std::vector<std::string> pooled_argv, pooled_keyed_argv;
     std::shared_ptr<const isolate::FsTable> fs;
   };
   Mode modes[2];
+  // Warm sandboxes (core::WarmPool): per mode and venv, at most warm_max.
+  std::uint32_t warm_min = 0, warm_max = 0;
+  std::chrono::milliseconds warm_idle{300'000};
 };
 
 // The RunSpec of a run of `p` in `mode`: everything the policy decides
 // (env and stdin left to the run). The one place a policy becomes an
-// engine's spec.
-isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv = "");
+// engine's spec. `pooled`: a warm sandbox's (its pooled command; stdin the
+// hand-over's socket in both modes).
+isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv = "", bool pooled = false);
 
 struct CompiledSet {
   isolate::EngineConfig engine;
@@ -107,12 +114,20 @@ struct RunOrder {
   std::map<std::string, std::string> env;  // the request's part only
   std::chrono::milliseconds timeout{0};
   std::string venv;  // a per-tool venv's key (64 hex digits), or "" for the policy's venv
+  // A warm sandbox of the policy's pool may take it (a run whose
+  // environment changes nothing of how a program starts: the pooled one
+  // started without it).
+  bool warm = false;
 };
 
 struct Started {
   std::uint64_t id = 0;
   std::string run_id;
   std::uint32_t host_uid = 0;
+  // A warm sandbox: its stdin is the hand-over's socket, where the runner
+  // says it is ready and takes the request's environment first
+  // (protocol/letta.h, "Warm sandboxes").
+  bool warm = false;
   // Descriptors, in this order: stdin (write end), stdout, stderr (read ends).
 };
 
@@ -140,11 +155,24 @@ struct Kill {
   std::uint64_t id = 0;
 };
 
+// The answer to Pools: each warm pool (policy, mode, venv) as it is now.
+struct PoolState {
+  struct Pool {
+    std::string policy;
+    RunMode mode = RunMode::Tool;
+    std::string venv;
+    std::uint32_t ready = 0, starting = 0, target = 0;
+    std::uint64_t hits = 0, misses = 0, lost = 0;  // lost: ended before a hand-over
+  };
+  std::vector<Pool> pools;
+};
+
 // The spawner's half; the front end's is daemon/spawner/front_codec.h.
 std::string encode(const Hello& m);
 std::string encode(const Started& m);
 std::string encode(const Refused& m);
 std::string encode(const Ended& m);
+std::string encode(const PoolState& m);
 // `applied`: the spawner's new set is in force (else it kept the old one).
 std::string encode_reload(bool applied);
 

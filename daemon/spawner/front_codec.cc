@@ -101,8 +101,13 @@ std::string encode_compiled_set(const CompiledSet& s) {
     w.u32(p.gid);
     for (const auto& m : p.modes) {
       w.strs(m.argv);
+      w.strs(m.pooled_argv);
+      w.strs(m.pooled_keyed_argv);
       put_table(w, m.fs ? *m.fs : isolate::FsTable{});
     }
+    w.u8(static_cast<std::uint8_t>(p.warm_max));
+    w.u8(static_cast<std::uint8_t>(p.warm_min));
+    w.u64(static_cast<std::uint64_t>(p.warm_idle.count()));
   }
   return w.take();
 }
@@ -131,6 +136,7 @@ std::string encode(const RunOrder& m) {
   put_map(w, m.env);
   w.u64(static_cast<std::uint64_t>(m.timeout.count()));
   w.str(m.venv);
+  w.u8(m.warm ? 1 : 0);
   return w.take();
 }
 
@@ -140,8 +146,26 @@ Result<Started> decode_started(std::string_view b) {
   m.id = r.u64();
   m.run_id = r.str(kMaxName);
   m.host_uid = r.u32();
+  m.warm = r.flag();
   return finish_message(r, std::move(m), "started");
 }
+
+Result<PoolState> decode_pool_state(std::string_view b) {
+  Reader r = open_message(b, Msg::PoolState);
+  PoolState m;
+  for (std::uint32_t i = 0, n = r.count(1u << 16, 16); i < n && r.ok(); ++i) {
+    PoolState::Pool p;
+    p.policy = r.str(kMaxName);
+    p.mode = static_cast<RunMode>(r.upto(1));
+    p.venv = r.str(64);
+    for (std::uint32_t* v : {&p.ready, &p.starting, &p.target}) *v = r.u32();
+    for (std::uint64_t* v : {&p.hits, &p.misses, &p.lost}) *v = r.u64();
+    m.pools.push_back(std::move(p));
+  }
+  return finish_message(r, std::move(m), "pool state");
+}
+
+std::string encode_pools_question() { return std::string(1, static_cast<char>(Msg::Pools)); }
 
 Result<Refused> decode_refused(std::string_view b) {
   Reader r = open_message(b, Msg::Refused);

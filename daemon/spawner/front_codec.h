@@ -26,6 +26,9 @@ Result<Started> decode_started(std::string_view b);
 Result<Refused> decode_refused(std::string_view b);
 Result<Ended> decode_ended(std::string_view b);
 Result<bool> decode_reload(std::string_view b);
+Result<PoolState> decode_pool_state(std::string_view b);
+// The question the spawner answers with a PoolState.
+std::string encode_pools_question();
 // The front end's view of an end: the measurements, and the end reason and
 // sentence classified from the observations (isolate/outcome.h).
 isolate::RunResult run_result_from(const Ended& e);

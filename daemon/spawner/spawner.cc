@@ -389,30 +389,138 @@ void Spawner::handle_run(const std::string& msg) {
   spec.limits.wall_timeout = o.timeout;
   spec.env = environment_of(p->env_set, o.env);
 
-  auto spawned = engine_->spawn(spec);
-  if (!spawned.ok()) {
-    spdlog::error("spawn failed: {}", spawned.error().message);
-    Ended e;
-    e.id = o.id;
-    e.observations.engine_error = spawned.error().message;
-    e.observations.engine_errno = spawned.error().code;
-    send(encode(e));
-    return;
-  }
+  // A warm sandbox when there is one (a ready one first); a run that finds
+  // none grows the pool by one, and so does one that takes the last.
   Live l;
   l.id = o.id;
-  l.sb = std::move(spawned).value();
-  UniqueFd in = l.sb->take_stdin(), out = l.sb->take_stdout(), err = l.sb->take_stderr();
-  const isolate::Limits& lim = l.sb->limits();
-  l.wall_deadline = l.sb->started() + lim.wall_timeout;
-  l.cpu_limited = lim.cpu_time.count() > 0;
-  l.next_cpu_check = Clock::now();
+  UniqueFd in, out, err, egress;
+  if (Pool* pool = o.warm ? pool_for(*p, o.mode, o.venv) : nullptr) {
+    pool->last_run = Clock::now();
+    auto it = std::find_if(pool->idle.begin(), pool->idle.end(), [](const Pooled& w) { return w.ready; });
+    if (it == pool->idle.end()) it = pool->idle.begin();
+    if (it != pool->idle.end()) {
+      l.sb = std::move(it->sb);
+      in = std::move(it->in), out = std::move(it->out), err = std::move(it->err), egress = std::move(it->egress);
+      pool->idle.erase(it);
+      ++pool->hits;
+      l.cpu_before = l.sb->cgroup().cpu_usage();
+    } else {
+      ++pool->misses;
+    }
+    if (pool->idle.empty()) pool->target = std::min<std::uint32_t>(pool->target + 1, p->warm_max);
+  }
+  const bool warm = l.sb != nullptr;
+  if (!warm) {
+    auto spawned = engine_->spawn(spec);
+    if (!spawned.ok()) {
+      spdlog::error("spawn failed: {}", spawned.error().message);
+      Ended e;
+      e.id = o.id;
+      e.observations.engine_error = spawned.error().message;
+      e.observations.engine_errno = spawned.error().code;
+      send(encode(e));
+      return;
+    }
+    l.sb = std::move(spawned).value();
+    in = l.sb->take_stdin(), out = l.sb->take_stdout(), err = l.sb->take_stderr(), egress = l.sb->take_egress();
+  }
+  const auto now = Clock::now();
+  l.started = warm ? now : l.sb->started();
+  l.wall_deadline = l.started + o.timeout;
+  l.cpu_limited = l.sb->limits().cpu_time.count() > 0;
+  l.next_cpu_check = now;
   l.socket_limited = l.sb->socket_memory_is_limited();
-  l.next_socket_check = Clock::now() + milliseconds(100);
-  const UniqueFd egress = l.sb->take_egress();  // network egress: the fourth
-  const int fds[4] = {in.get(), out.get(), err.get(), egress.get()};
-  send(encode(Started{o.id, l.sb->run_id(), l.sb->host_uid()}), fds, egress ? 4 : 3);
+  l.next_socket_check = now + milliseconds(100);
+  const int fds[4] = {in.get(), out.get(), err.get(), egress.get()};  // network egress: the fourth
+  send(encode(Started{o.id, l.sb->run_id(), l.sb->host_uid(), warm}), fds, egress ? 4 : 3);
   runs_.emplace(o.id, std::move(l));
+}
+
+Spawner::Pool* Spawner::pool_for(const SpawnPolicy& p, RunMode mode, const std::string& venv) {
+  // Only the policies in force (not the set before a reload) have pools.
+  const auto& ps = set_.policies;
+  if (p.warm_max == 0 || p.modes[static_cast<int>(mode)].pooled_argv.empty() || &p < ps.data() ||
+      &p >= ps.data() + ps.size())
+    return nullptr;
+  auto [it, made] = pools_.try_emplace(p.fingerprint + (mode == RunMode::Tool ? "/tool/" : "/script/") + venv);
+  Pool& pool = it->second;
+  if (made) {
+    pool.policy = &p;
+    pool.mode = mode;
+    pool.venv = venv;
+    pool.target = p.warm_min;
+    pool.last_run = Clock::now();
+  }
+  return &pool;
+}
+
+void Spawner::fill(Pool& pool) {
+  const SpawnPolicy& p = *pool.policy;
+  isolate::RunSpec spec = run_spec_from(p, pool.mode, pool.venv, /*pooled=*/true);
+  // init's own backstop counts from the spawn: room for the longest wait
+  // in the pool (idle: older ones are replaced) and then the longest run.
+  spec.limits.wall_timeout = p.warm_idle + p.limits.wall_timeout;
+  spec.env = environment_of(p.env_set, {});
+  auto spawned = engine_->spawn(spec);
+  if (!spawned.ok()) {
+    spdlog::error("warm pool of policy {}: spawn failed: {}", q(p.name), spawned.error().message);
+    ++pool.lost;
+    pool.paused_until = Clock::now() + std::chrono::seconds(10);
+    return;
+  }
+  Pooled w;
+  w.seq = ++pooled_seq_;
+  w.sb = std::move(spawned).value();
+  w.in = w.sb->take_stdin(), w.out = w.sb->take_stdout(), w.err = w.sb->take_stderr(), w.egress = w.sb->take_egress();
+  pool.idle.push_back(std::move(w));
+}
+
+void Spawner::tend_pools(Clock::time_point now, bool quiet) {
+  // A policy's own pools (no per-tool venv) with a min exist from the start.
+  for (const SpawnPolicy& p : set_.policies)
+    for (RunMode m : {RunMode::Script, RunMode::Tool})
+      if (p.warm_min > 0) (void)pool_for(p, m, "");
+  for (auto& [key, pool] : pools_) {
+    const SpawnPolicy& p = *pool.policy;
+    // One smaller for every idle period without a run, down to min; none
+    // older than that period (init's backstop counts from its spawn).
+    if (now - pool.last_run >= p.warm_idle && pool.target > p.warm_min) {
+      --pool.target;
+      pool.last_run = now;
+    }
+    std::erase_if(pool.idle, [&](const Pooled& w) { return now - w.sb->started() >= p.warm_idle; });
+    while (pool.idle.size() > pool.target) pool.idle.erase(pool.idle.begin());
+  }
+  // A per-tool venv's pool that shrank to nothing is forgotten.
+  std::erase_if(pools_, [](const auto& kv) { return kv.second.target == 0 && !kv.second.venv.empty(); });
+  if (!quiet) return;
+  if (Pool* pool = next_to_fill(now)) {
+    fill(*pool);
+    last_fill_ = now;
+  }
+}
+
+Spawner::Pool* Spawner::next_to_fill(Clock::time_point now) {
+  // The refill's budget: one sandbox starting at a time, made on a turn
+  // with no message waiting (tend_pools), none while stopping, at most
+  // max_concurrent_runs warm in all. The emptiest pool first.
+  // A spawn holds this loop for milliseconds: while runs are in flight
+  // (their ends, and new requests, would wait for it) one refill at most
+  // every kRefillUnderLoad.
+  std::size_t live = 0;
+  for (const auto& [id, l] : runs_) live += l.orphan ? 0 : 1;
+  if (live > 0 && now - last_fill_ < kRefillUnderLoad) return nullptr;
+  std::size_t total = 0;
+  Pool* emptiest = nullptr;
+  for (auto& [key, pool] : pools_) {
+    total += pool.idle.size();
+    for (const Pooled& w : pool.idle)
+      if (!w.ready) return nullptr;
+    if (pool.idle.size() < pool.target && now >= pool.paused_until &&
+        (!emptiest || pool.target - pool.idle.size() > emptiest->target - emptiest->idle.size()))
+      emptiest = &pool;
+  }
+  return stopping_ || total >= set_.max_concurrent_runs ? nullptr : emptiest;
 }
 
 void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds) {
@@ -442,6 +550,20 @@ void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds)
       if (it != runs_.end() && !it->second.orphan) it->second.sb->cancel();  // else ended: its Ended is on the way
       return;
     }
+    case Msg::Pools: {
+      if (msg.size() != 1) return refuse(0, RefuseCode::Malformed, "malformed pools message");
+      PoolState st;
+      for (const auto& [key, pool] : pools_) {
+        PoolState::Pool& e = st.pools.emplace_back();
+        e.policy = pool.policy->name;
+        e.mode = pool.mode;
+        e.venv = pool.venv;
+        for (const Pooled& w : pool.idle) ++(w.ready ? e.ready : e.starting);
+        e.target = pool.target;
+        e.hits = pool.hits, e.misses = pool.misses, e.lost = pool.lost;
+      }
+      return send(encode(st));
+    }
     case Msg::Notify: {
       auto n = decode_notify(msg);
       if (!n.ok()) return refuse(0, RefuseCode::Malformed, n.error().message);
@@ -463,7 +585,7 @@ void Spawner::finish(Live& l) {
   isolate::Sandbox& sb = *l.sb;
   Ended e;
   e.id = l.id;
-  e.wall = Clock::now() - sb.started();
+  e.wall = Clock::now() - l.started;
   (void)sb.reap();
   e.run_id = sb.run_id();
   e.host_uid = sb.host_uid();
@@ -473,7 +595,7 @@ void Spawner::finish(Live& l) {
   l.obs.pids_max_hits = cs.pids_max_hits;
   l.obs.socket_limit_reached = sb.cgroup().socket_limit_reached();
   l.obs.cancelled = sb.cancelled();
-  e.cpu = cs.cpu;
+  e.cpu = cs.cpu - std::min(cs.cpu, l.cpu_before);
   e.peak_memory_bytes = cs.peak_memory_bytes;
   // One non-blocking attempt; a leaf still busy goes to the engine's
   // pending clean-up with the Sandbox, collected on later turns.
@@ -492,7 +614,7 @@ void Spawner::check_limits(Clock::time_point now) {
       // The earliest the budget can run out is what is left over the quota:
       // the next look is then, not a polling interval.
       const auto limit = std::chrono::duration_cast<std::chrono::nanoseconds>(l.sb->limits().cpu_time);
-      const auto used = l.sb->cgroup().cpu_usage();
+      const auto used = l.sb->cgroup().cpu_usage() - l.cpu_before;
       if (used >= limit) {
         l.obs.cpu_exceeded = true;
         l.sb->kill();
@@ -511,8 +633,10 @@ void Spawner::check_limits(Clock::time_point now) {
   }
 }
 
-milliseconds Spawner::poll_timeout(Clock::time_point now) const {
-  auto next = now + milliseconds(1000);  // retired leaves are collected at least this often
+milliseconds Spawner::poll_timeout(Clock::time_point now) {
+  auto next = now + milliseconds(1000);  // retired leaves (and idle pools) are looked at at least this often
+  if (next_to_fill(now)) return milliseconds(0);  // a refill is due: on the next quiet turn
+  if (!pools_.empty()) next = std::min(next, last_fill_ + kRefillUnderLoad);
   for (const auto& [id, l] : runs_) {
     if (!l.obs.timed_out) next = std::min(next, l.wall_deadline);
     if (l.cpu_limited && !l.obs.cpu_exceeded) next = std::min(next, l.next_cpu_check);
@@ -557,7 +681,9 @@ void Spawner::reload() {
   } else {
     // Engine, socket and front end user need a restart; policies, the
     // tool runner (its row and command), the key file and the run limit
-    // change now.
+    // change now. Warm sandboxes were made under the old set (its policies,
+    // its venvs as they were): all end; the new set fills its own pools.
+    pools_.clear();
     previous_ = std::move(set_.policies);
     previous_until_ = Clock::now() + kPreviousSetLifetime;
     set_.policies = std::move(set->policies);
@@ -610,6 +736,14 @@ int Spawner::run() {
       pf.push_back({l.sb->pidfd(), POLLIN, 0});
       ids.push_back(id);
     }
+    // Warm sandboxes: each one's end, and whether it is ready yet.
+    std::vector<std::pair<Pool*, std::uint64_t>> warm;
+    for (auto& [key, pool] : pools_)
+      for (const Pooled& w : pool.idle) {
+        pf.push_back({w.sb->pidfd(), POLLIN, 0});
+        pf.push_back({w.ready ? -1 : w.in.get(), POLLIN, 0});
+        warm.emplace_back(&pool, w.seq);
+      }
     auto now = Clock::now();
     auto timeout = poll_timeout(now);
     if (fe_pid_ < 0 && !stopping_) timeout = std::min(timeout, std::chrono::ceil<milliseconds>(restart_at - now));
@@ -628,6 +762,7 @@ int Spawner::run() {
           spdlog::info("signal {}: stopping", si.ssi_signo);
           sd_notify(0, "STOPPING=1");
           stopping_ = true;
+          pools_.clear();
           // The front end drains (shutdown_grace), then exits; past that and
           // a margin it is killed.
           stop_deadline_ = now + set_.shutdown_grace + std::chrono::seconds(15);
@@ -660,6 +795,26 @@ int Spawner::run() {
       finish(it->second);
       runs_.erase(it);
     }
+    for (std::size_t i = 0, at = 3 + ids.size(); i < warm.size(); ++i, at += 2) {
+      auto& [pool, seq] = warm[i];
+      auto it = std::find_if(pool->idle.begin(), pool->idle.end(), [&](const Pooled& w) { return w.seq == seq; });
+      if (it == pool->idle.end()) continue;  // handed over meanwhile
+      if (pf[at].revents & (POLLIN | POLLHUP | POLLERR)) {
+        // Ended before its hand-over: a pool whose sandboxes keep doing
+        // that (a runner that cannot start there) pauses for a minute.
+        pool->idle.erase(it);
+        ++pool->lost;
+        if (++pool->lost_in_a_row >= 3) {
+          spdlog::error("warm pool of policy {}: 3 warm sandboxes in a row ended before their use; none made for 60 s",
+                        q(pool->policy->name));
+          pool->paused_until = now + std::chrono::seconds(60);
+          pool->lost_in_a_row = 0;
+        }
+      } else if (pf[at + 1].revents & POLLIN) {
+        it->ready = true;
+        pool->lost_in_a_row = 0;
+      }
+    }
     if (fe_pidfd_ && (pf[2].revents & POLLIN)) {
       const bool was_ready = fe_ready_;
       front_end_gone();
@@ -690,6 +845,7 @@ int Spawner::run() {
       stop_deadline_ = Clock::time_point::max();
     }
     check_limits(now);
+    tend_pools(now, n == 0 || !(pf[1].revents & POLLIN));
     (void)engine_->collect_retired();
   }
   (void)engine_->drain_retired(std::chrono::seconds(2));

@@ -10,6 +10,15 @@
 //            run's stdin, stdout and stderr go to the front end (SCM_RIGHTS).
 //   Kill     the front end wants a run ended (client gone, output over cap).
 //   Ended    sent when pid 1 of the run has exited: the engine's RunResult.
+//   Pools    the warm pools as they are (PoolState).
+//
+// Warm sandboxes: a policy with a warm_pool gets, per mode and venv, up to
+// its max sandboxes made before any request, with the policy's fixed
+// environment only, each waiting on its stdin socket. A Run that allows it
+// takes one (Started says so) and its wall-clock and CPU-time limits count
+// from then; none is ever used twice. They are made one at a time, on a
+// turn of the loop with no message waiting, and never past
+// max_concurrent_runs in all; a reload or a stop ends them all.
 //
 // The wall-clock and CPU-time limits and the kill are enforced here, in one
 // poll loop (no threads: the engine calls clone3). A front end that dies
@@ -63,6 +72,8 @@ class Spawner {
     std::uint64_t id = 0;
     std::unique_ptr<isolate::Sandbox> sb;
     isolate::Observations obs;
+    std::chrono::steady_clock::time_point started;  // the spawn, or a warm sandbox's hand-over
+    std::chrono::nanoseconds cpu_before{0};         // a warm sandbox's CPU time before its hand-over
     std::chrono::steady_clock::time_point wall_deadline;
     std::chrono::steady_clock::time_point next_cpu_check;
     std::chrono::steady_clock::time_point next_socket_check;
@@ -70,6 +81,28 @@ class Spawner {
     bool socket_limited = false;
     bool orphan = false;  // its front end is gone: no one to tell
   };
+
+  // A warm sandbox (see above), and its pool.
+  struct Pooled {
+    std::uint64_t seq = 0;
+    std::unique_ptr<isolate::Sandbox> sb;
+    UniqueFd in, out, err, egress;
+    bool ready = false;  // its runner wrote on the socket: it waits for the hand-over
+  };
+  struct Pool {
+    const SpawnPolicy* policy = nullptr;  // in set_ (pools end at a reload)
+    RunMode mode = RunMode::Tool;
+    std::string venv;
+    std::vector<Pooled> idle;
+    std::uint32_t target = 0;
+    std::chrono::steady_clock::time_point last_run, paused_until;
+    std::uint64_t hits = 0, misses = 0, lost = 0;
+    unsigned lost_in_a_row = 0;
+  };
+  Pool* pool_for(const SpawnPolicy& p, RunMode mode, const std::string& venv);
+  void tend_pools(std::chrono::steady_clock::time_point now, bool quiet);
+  Pool* next_to_fill(std::chrono::steady_clock::time_point now);
+  void fill(Pool& pool);
 
   Status start_front_end();
   void front_end_gone();
@@ -80,7 +113,7 @@ class Spawner {
   void check_limits(std::chrono::steady_clock::time_point now);
   void reload();
   void send(const std::string& msg, const int* fds = nullptr, std::size_t nfds = 0);
-  std::chrono::milliseconds poll_timeout(std::chrono::steady_clock::time_point now) const;
+  std::chrono::milliseconds poll_timeout(std::chrono::steady_clock::time_point now);
   const SpawnPolicy* find_policy(const std::string& name, const std::string& fingerprint) const;
   UniqueFd open_key_file() const;
 
@@ -108,6 +141,10 @@ class Spawner {
   std::vector<std::chrono::steady_clock::time_point> restarts_;
   std::map<std::uint64_t, Live> runs_;  // by the front end's id; orphans keep theirs
   std::uint64_t orphan_seq_ = 0;
+  std::map<std::string, Pool> pools_;  // by fingerprint, mode and venv
+  std::uint64_t pooled_seq_ = 0;
+  std::chrono::steady_clock::time_point last_fill_{};
+  static constexpr std::chrono::milliseconds kRefillUnderLoad{250};
 };
 
 }  // namespace tsb::spawn

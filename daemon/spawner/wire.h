@@ -42,9 +42,12 @@ Result<T> finish_message(const Reader& r, T v, std::string_view what) {
   return v;
 }
 
-// Message types. Front end -> spawner: Run, Kill, Notify. Spawner -> front
-// end: Hello (first), Started, Refused, Ended, Reload.
-enum class Msg : std::uint8_t { Hello = 1, Run = 2, Started = 3, Refused = 4, Ended = 5, Kill = 6, Reload = 7, Notify = 8 };
+// Message types. Front end -> spawner: Run, Kill, Notify, Pools (a
+// question). Spawner -> front end: Hello (first), Started, Refused, Ended,
+// Reload, PoolState (the answer to Pools).
+enum class Msg : std::uint8_t {
+  Hello = 1, Run = 2, Started = 3, Refused = 4, Ended = 5, Kill = 6, Reload = 7, Notify = 8, Pools = 9, PoolState = 10
+};
 
 // The largest message either side sends or accepts (a Run carries the tool's
 // environment: at most 4096 variables, which execve bounds far below this).
@@ -57,7 +60,7 @@ inline constexpr std::size_t kMaxEnvVars = 4096 + 2;
 // The largest value (an environment value, a message).
 inline constexpr std::size_t kMaxValue = 1u << 20;
 // The first bytes of a compiled set: its format and version.
-inline constexpr std::string_view kSetMagic = "TSBSET2\n";
+inline constexpr std::string_view kSetMagic = "TSBSET3\n";
 
 // What a run is: the trusted tool runner reading a request on stdin, or a
 // Python script on stdin to the script launcher (kScriptMain,

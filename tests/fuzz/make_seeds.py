@@ -243,8 +243,8 @@ def wmap(m): return u32(len(m)) + b"".join(wstr(k) + wstr(v) for k, v in sorted(
 def wstrs(v): return u32(len(v)) + b"".join(wstr(x) for x in v)
 
 
-def run_order(id_, policy, fp, mode, env, timeout_ms, venv=b""):
-    return u8(2) + u64(id_) + wstr(policy) + wstr(fp) + u8(mode) + wmap(env) + u64(timeout_ms) + wstr(venv)
+def run_order(id_, policy, fp, mode, env, timeout_ms, venv=b"", warm=0):
+    return u8(2) + u64(id_) + wstr(policy) + wstr(fp) + u8(mode) + wmap(env) + u64(timeout_ms) + wstr(venv) + u8(warm)
 
 
 def program(name, insns):
@@ -281,12 +281,16 @@ def compiled_set():
     policy = (wstr(b"default") + wstr(b"sha256:" + b"ab" * 32) + u8(1) + limits + wstr(b"/work") + wstr(b"sandbox")
               + u8(0) + wmap({b"PATH": b"/venv/bin:/usr/bin", b"HOME": b"/work"}) + wstrs([b"LETTA_*", b"TZ"])
               + program(b"seccomp/default.json", allow) + u32(1000) + u32(1000)
-              + wstrs([b"/venv/bin/python3", b"-c", b"pass"]) + fs_table(None)
-              + wstrs([b"/venv/bin/python3", b"-I", b"/opt/toolsandbox/runner/toolsandbox_runner.py"]) + fs_table(runner))
+              + wstrs([b"/venv/bin/python3", b"-c", b"pass"]) + wstrs([b"/venv/bin/python3", b"-c", b"pooled"]) * 2
+              + fs_table(runner)
+              + wstrs([b"/venv/bin/python3", b"-I", b"/opt/toolsandbox/runner/toolsandbox_runner.py"])
+              + wstrs([b"/venv/bin/python3", b"-I", b"-c", b"run_pooled(site_packages=True)"])
+              + wstrs([b"/venv/bin/python3", b"-I", b"-c", b"run_pooled()"]) + fs_table(runner)
+              + u8(4) + u8(1) + u64(300000))  # warm_pool: max, min, idle
     placement = (u8(1) + wstr(b"/toolsandbox") + u32(2) + wstr(b"memory") + wstr(b"/sys/fs/cgroup/memory/toolsandbox")
                  + wstr(b"pids") + wstr(b"/sys/fs/cgroup/pids/toolsandbox")
                  + wstrs([b"/sys/fs/cgroup/memory/toolsandbox", b"/sys/fs/cgroup/pids/toolsandbox"]) + wstr(b"") + wstrs([]))
-    return (b"TSBSET2\n" + placement + wstr(b"/run/toolsandbox") + u32(1 << 30) + u32(1024)
+    return (b"TSBSET3\n" + placement + wstr(b"/run/toolsandbox") + u32(1 << 30) + u32(1024)
             + wstr(b"/usr/libexec/toolsandbox/toolsandbox-init") + wstr(b"run") + wstrs([b"run.4242.00c0ffee-7"]) + u8(1) + u32(1000)
             + program(b"<sandbox init filter>", allow)
             + wstr(b"/run/toolsandboxd/toolsandboxd.sock") + u32(0o660) + u32(995) + wstr(b"toolsandboxd") + u32(999)
@@ -301,8 +305,10 @@ def spawn_wire():
     write(d, "run-tool-env.bin", b"\x01" + run_order(7, b"default", fp, 1, {b"LETTA_AGENT_ID": b"agent-1", b"TZ": b"UTC"},
                                                      1500))
     write(d, "run-duplicate-env.bin", b"\x01" + u8(2) + u64(3) + wstr(b"default") + wstr(fp) + u8(0) + u32(2)
-          + wstr(b"A") + wstr(b"1") + wstr(b"A") + wstr(b"2") + u64(1000) + wstr(b""))
-    write(d, "run-venv.bin", b"\x01" + run_order(8, b"default", fp, 1, {}, 1500, b"0123456789abcdef" * 4))
+          + wstr(b"A") + wstr(b"1") + wstr(b"A") + wstr(b"2") + u64(1000) + wstr(b"") + u8(0))
+    write(d, "run-venv.bin", b"\x01" + run_order(8, b"default", fp, 1, {}, 1500, b"0123456789abcdef" * 4, warm=1))
+    write(d, "run-bad-warm.bin", b"\x01" + run_order(9, b"default", fp, 1, {}, 1500, warm=2))
+    write(d, "pools.bin", b"\x01" + u8(9))
     write(d, "run-truncated.bin", b"\x01" + good[:-2])
     write(d, "run-trailing.bin", b"\x01" + good + b"junk")
     write(d, "run-bad-mode.bin", b"\x01" + run_order(1, b"default", fp, 9, {}, 1))

@@ -35,9 +35,13 @@ s::CompiledSet sample_set() {
   p.hostname = "sandbox";
   tsb::isolate::FsInputs in;
   in.binds = {{"/srv/a", "/a", true, false}};
-  p.modes[0] = {{"/venv/bin/python3", "-c", "pass"}, *tsb::isolate::build_fs_table(in)};
+  p.modes[0] = {{"/venv/bin/python3", "-c", "pass"}, {}, {}, *tsb::isolate::build_fs_table(in)};
   in.runner = "/runner.py";
-  p.modes[1] = {{"/venv/bin/python3", "/opt/runner.py"}, *tsb::isolate::build_fs_table(in)};
+  p.modes[1] = {{"/venv/bin/python3", "/opt/runner.py"}, {"/venv/bin/python3", "-c", "run_pooled(True)"},
+                {"/venv/bin/python3", "-c", "run_pooled()"}, *tsb::isolate::build_fs_table(in)};
+  p.warm_max = 3;
+  p.warm_min = 1;
+  p.warm_idle = std::chrono::milliseconds(5000);
   c.policies.push_back(p);
   return c;
 }
@@ -65,6 +69,12 @@ TEST(SpawnWire, CompiledSetRoundTrips) {
   EXPECT_EQ(bind->kind, tsb::isolate::FsEntry::kBind);
   EXPECT_EQ(bind->source, "/srv/a");
   EXPECT_EQ(p.modes[1].argv.back(), "/opt/runner.py");
+  EXPECT_EQ(p.modes[1].pooled_argv.back(), "run_pooled(True)");
+  EXPECT_EQ(p.modes[1].pooled_keyed_argv.back(), "run_pooled()");
+  EXPECT_TRUE(p.modes[0].pooled_argv.empty());
+  EXPECT_EQ(p.warm_max, 3u);
+  EXPECT_EQ(p.warm_min, 1u);
+  EXPECT_EQ(p.warm_idle.count(), 5000);
   EXPECT_EQ(d->engine.cgroups.hierarchies.at(0).base, "/sys/fs/cgroup/memory/toolsandbox");
   EXPECT_EQ(d->engine.cgroups.mode, tsb::isolate::CgroupMode::V1);
   EXPECT_EQ(p.env_set.at("PATH"), "/bin");
@@ -92,6 +102,13 @@ TEST(SpawnWire, CompiledSetRefusesWhatTheSpawnerCannotUse) {
   table->erase(table->begin());
   c.policies[0].modes[1].fs = table;
   EXPECT_FALSE(s::decode_compiled_set(s::encode_compiled_set(c)).ok()) << "a table starts with its root";
+  c = sample_set();
+  c.policies[0].warm_min = 4;  // more than its max
+  EXPECT_FALSE(s::decode_compiled_set(s::encode_compiled_set(c)).ok()) << "warm_pool min above max";
+  c = sample_set();
+  c.policies[0].warm_max = 65;
+  c.policies[0].warm_min = 0;
+  EXPECT_FALSE(s::decode_compiled_set(s::encode_compiled_set(c)).ok()) << "warm_pool max above 64";
 }
 
 TEST(SpawnWire, TheFuzzSeedsAreWhatTheyClaim) {
@@ -109,12 +126,35 @@ TEST(SpawnWire, TheFuzzSeedsAreWhatTheyClaim) {
   auto venv = s::decode_run(corpus("run-venv.bin"));
   ASSERT_TRUE(venv.ok());
   EXPECT_EQ(venv->venv, std::string("0123456789abcdef") + "0123456789abcdef" + "0123456789abcdef" + "0123456789abcdef");
+  EXPECT_TRUE(venv->warm);
+  EXPECT_FALSE(tool->warm);
   for (const char* bad : {"run-duplicate-env.bin", "run-truncated.bin", "run-trailing.bin", "run-bad-mode.bin",
-                          "run-huge-length.bin"})
+                          "run-huge-length.bin", "run-bad-warm.bin"})
     EXPECT_FALSE(s::decode_run(corpus(bad)).ok()) << bad;
   EXPECT_TRUE(s::decode_kill(corpus("kill.bin")).ok());
   EXPECT_FALSE(s::decode_kill(corpus("kill-trailing.bin")).ok());
   EXPECT_TRUE(s::decode_notify(corpus("notify.bin")).ok());
+  EXPECT_EQ(corpus("pools.bin"), s::encode_pools_question());
+}
+
+TEST(SpawnWire, StartedAndPoolStateRoundTrip) {
+  auto st = s::decode_started(s::encode(s::Started{4, "r9", 1u << 30, true}));
+  ASSERT_TRUE(st.ok());
+  EXPECT_TRUE(st->warm);
+  EXPECT_EQ(st->run_id, "r9");
+  s::PoolState ps;
+  ps.pools.push_back({"default", s::RunMode::Script, "", 2, 1, 3, 10, 4, 1});
+  ps.pools.push_back({"tools", s::RunMode::Tool, std::string(64, 'a'), 0, 0, 1, 0, 1, 0});
+  const std::string bytes = s::encode(ps);
+  auto d = s::decode_pool_state(bytes);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  ASSERT_EQ(d->pools.size(), 2u);
+  EXPECT_EQ(d->pools[0].ready, 2u);
+  EXPECT_EQ(d->pools[0].starting, 1u);
+  EXPECT_EQ(d->pools[0].hits, 10u);
+  EXPECT_EQ(d->pools[1].mode, s::RunMode::Tool);
+  EXPECT_EQ(d->pools[1].venv, std::string(64, 'a'));
+  for (std::size_t n = 0; n < bytes.size(); ++n) EXPECT_FALSE(s::decode_pool_state(bytes.substr(0, n)).ok()) << n;
 }
 
 TEST(SpawnWire, MessagesRoundTripAndRefuseOtherTypes) {
