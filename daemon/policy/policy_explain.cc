@@ -545,6 +545,15 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
            "            bound read-only; least recently used venvs no run holds are removed past the cache's cap\n";
   }
 
+  if (p.warm.max > 0) {
+    out << "\nWarm pool (sandboxes made before their request, each used by one run)\n";
+    out << "  size      up to " << p.warm.max << " per mode and venv, at least " << p.warm.min << "; one fewer for every "
+        << format_duration(p.warm.idle) << " without a run, and none older\n";
+    out << "  waiting   the policy's fixed environment only: the request's variables, code, arguments and\n"
+           "            agent_state arrive at the hand-over; timeout and CPU time count from it\n";
+    out << "  scripts   see the runner read-only at /opt/toolsandbox/runner, cold or warm\n";
+  }
+
   // What every run gets from the engine, whatever the policy says, and
   // what depends on the kernel of the host.
   out << "\nEvery run (engine, not policy)\n";

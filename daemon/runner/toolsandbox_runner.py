@@ -1820,6 +1820,10 @@ class _Environ:
         self._map = m = MmMap()
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
+        # The block execve made, as it was (not os.environ, which the
+        # interpreter's start may have added to: LC_CTYPE, by PEP 538).
+        with open("/proc/self/environ", "rb") as f:
+            self._started_with = f.read()
 
         def field(n):  # proc(5) numbers them from 1; `fields` starts at 3 (state)
             return int(fields[n - 3])
@@ -1848,7 +1852,10 @@ class _Environ:
             if (not isinstance(v, str) or not k or "=" in k or "\0" in k or "\0" in v or k in os.environ):
                 raise Fatal("the hand-over's environment holds a name or value a start could not have")
             os.environ[k] = v
-        block = b"".join(k + b"=" + v + b"\0" for k, v in os.environb.items())
+        # What execve would have made of the policy's variables, then the
+        # request's: the block the process started with, and the new ones.
+        block = self._started_with + b"".join(
+            os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in environ.items())
         buf = self._ct.create_string_buffer(block, max(1, len(block)))
         start = self._ct.addressof(buf)
         self._set(start, start + len(block))

@@ -323,3 +323,56 @@ TEST_F(EngineTest, DaemonAuditLineHasNoSecrets) {
   EXPECT_NE(log.find("audit run_id="), std::string::npos) << log;
   for (const char* secret : {"ARG-SECRET", "ENV-SECRET", "STATE-SECRET"}) EXPECT_EQ(log.find(secret), std::string::npos) << secret;
 }
+
+// Warm sandboxes on this machine's cgroup version (the VM lane runs this on
+// v2): made before their request, handed over once, limits and CPU time
+// from the hand-over, the request's environment adopted as a cold start's.
+TEST_F(EngineTest, DaemonWarmPoolHandsOverOnce) {
+  std::string dir = "/tmp/tsb-e2e-warm-" + tsb::random_hex(4);
+  ASSERT_EQ(std::system(("cp -r " + std::string(TSB_SOURCE_DIR) + "/policies " + dir).c_str()), 0);
+  std::string text;
+  {
+    std::ifstream in(dir + "/default.json");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string at = "\"network\": \"none\",";
+  ASSERT_NE(text.find(at), std::string::npos);
+  text.replace(text.find(at), at.size(), at + "\n  \"warm_pool\": { \"max\": 1, \"min\": 1 },");
+  std::ofstream(dir + "/default.json") << text;
+  Daemon d(json{{"policies_dir", dir}, {"organizations", dir + "/organizations.json"}});
+  auto warm_count = [&] {
+    auto st = d.request({{"v", 1}, {"id", "s"}, {"type", "status"}});
+    return st["status"]["warm_pool"].value("warm", 0);
+  };
+  // Both modes' pools of the default policy, ready (seconds under the VM
+  // lane's emulated CPU).
+  for (int i = 0; i < 3000 && warm_count() < 2; ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_GE(warm_count(), 2) << d.log_text();
+  const std::string tool =
+      "import os\ndef f(n: int) -> dict:\n"
+      "    return {'n': n, 'v': os.environ.get('LETTA_AGENT_ID'),\n"
+      "            'proc': 'LETTA_AGENT_ID=agent-w' in open('/proc/self/environ').read().split('\\0')}\n";
+  auto r1 = d.request(run_tool(tool, "f", {{"n", 1}}, {{"agent_id", "agent-w"}}));
+  ASSERT_TRUE(r1.value("ok", false)) << r1.dump() << d.log_text();
+  const json& rec = r1["result"]["record"];
+  EXPECT_TRUE(rec.value("warm", false)) << rec.dump();
+  EXPECT_EQ(r1["result"]["func_return"], (json{{"n", 1}, {"v", "agent-w"}, {"proc", true}})) << r1.dump();
+  // The next run: a sandbox of its own (the used one is gone), warm again
+  // once the pool refilled.
+  for (int i = 0; i < 3000 && warm_count() < 2; ++i) std::this_thread::sleep_for(20ms);
+  auto r2 = d.request(run_tool(tool, "f", {{"n", 2}}));
+  ASSERT_TRUE(r2.value("ok", false)) << r2.dump();
+  EXPECT_TRUE(r2["result"]["record"].value("warm", false)) << r2.dump();
+  EXPECT_NE(r2["result"]["record"]["run_id"], rec["run_id"]);
+  EXPECT_EQ(r2["result"]["func_return"]["v"], nullptr) << r2.dump();
+  // Script mode, warm: a cold start's argv and exit status.
+  for (int i = 0; i < 3000 && warm_count() < 2; ++i) std::this_thread::sleep_for(20ms);
+  auto s = d.request(execute("import sys\nprint(__name__, sys.argv[0].endswith('.py'))\nsys.exit(4)\n"));
+  ASSERT_TRUE(s.value("ok", false)) << s.dump();
+  EXPECT_TRUE(s["result"]["record"].value("warm", false)) << s.dump();
+  EXPECT_EQ(s["result"]["record"]["exit_code"], 4) << s.dump();
+  EXPECT_EQ(s["result"]["stdout"], json::array({"__main__ True\n"})) << s.dump();
+  auto st = d.request({{"v", 1}, {"id", "s"}, {"type", "status"}});
+  EXPECT_EQ(st["status"]["warm_pool"].value("hits", 0), 3) << st.dump();
+  std::system(("rm -rf " + dir).c_str());
+}

@@ -18,14 +18,19 @@ utf8 -c BOOT), in one of its two modes:
   agent state only when declared, as the daemon does) and reads the payload
   from the socket to EOF, while stdout is all the tool's (protocol/letta.h,
   "The result channel").
+- pooled mode (run_pooled(), a warm sandbox's runner): the channel mode
+  after a hand-over: the runner writes its ready line first, run_channel
+  sends the environ part before the first part (protocol/letta.h, "Warm
+  sandboxes").
 
 Every test class derives from RunnerCase, whose `mode` (set into the module
 global MODE by setUp) selects what run_tool does. The classes here run in
 nonce mode; tests/python/test_runner_channel.py subclasses each of them with
-mode = "channel", so the whole suite runs once per mode. A test that is about
-one mode only (the frame, the nonce, the two processes of the nonce mode, a
-channel's declaration or parts) is marked @nonce_only or @channel_only and
-skipped, with its reason, in the other. tests/unit/letta_test.cc and
+mode = "channel" and mode = "pooled", so the whole suite runs once per mode. A
+test that is about one mode only (the frame, the nonce, the two processes of
+the nonce mode, a channel's declaration or parts) is marked @nonce_only or
+@channel_only (the channel and pooled modes) and skipped, with its reason, in
+the others. tests/unit/letta_test.cc and
 tests/unit/result_channel_test.cc check the C++ side against the real runner
 too. TSB_RUNNER_PYTHON selects the interpreter (default /usr/bin/python3).
 """
@@ -57,8 +62,13 @@ BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\ntoolsandbox
         % os.path.dirname(RUNNER))
 CHANNEL_BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\ntoolsandbox_runner.run_channel()\n"
                 % os.path.dirname(RUNNER))
+POOLED_BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\n"
+               "toolsandbox_runner.run_pooled(site_packages=True)\n" % os.path.dirname(RUNNER))
 PROGRAM = ["-c", BOOT]
 CHANNEL_PROGRAM = ["-c", CHANNEL_BOOT]
+POOLED_PROGRAM = ["-c", POOLED_BOOT]
+# A warm runner's ready line (kChannelReady in protocol/letta.h).
+READY = b"TSB1 ready\n"
 TIMEOUT = 60  # seconds, per runner started
 
 # The channel's declarations (kChannelDeclaredNo/Yes in protocol/letta.h).
@@ -173,14 +183,16 @@ def _shutdown_write(sock):
         pass  # the runner is gone
 
 
-def channel_exchange(cmd, first, second, *, cwd=None, timeout=TIMEOUT):
+def channel_exchange(cmd, first, second, *, cwd=None, timeout=TIMEOUT, ready=False):
     """Start cmd with stdin one end of a socket pair and speak the channel
     on the other: write `first` (bytes, header included), read the
     declaration, then write second(declaration) (bytes, or None to send no
     more) and shut down the writing side. Everything (the socket both ways,
     stdout, stderr) is served from one selector loop, so neither side blocks
     the other whatever the sizes. Returns (CompletedProcess, channel bytes).
-    The process is killed, and TimeoutExpired raised, after `timeout`."""
+    The process is killed, and TimeoutExpired raised, after `timeout`.
+    ready: a warm runner's, whose channel starts with its ready line (left
+    out of the bytes returned; missing when it ended before it)."""
     ours, theirs = socket.socketpair()
     try:
         proc = subprocess.Popen(cmd, stdin=theirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
@@ -240,9 +252,10 @@ def channel_exchange(cmd, first, second, *, cwd=None, timeout=TIMEOUT):
                         received["chan"] += chunk
                     elif chunk == b"":
                         eof = True
-                if not second_done and len(received["chan"]) >= DECLARATION_SIZE and not sending:
+                skip = len(READY) if ready and received["chan"].startswith(READY) else 0
+                if not second_done and len(received["chan"]) >= skip + DECLARATION_SIZE and not sending:
                     second_done = True
-                    data = second(bytes(received["chan"][:DECLARATION_SIZE]))
+                    data = second(bytes(received["chan"][skip:skip + DECLARATION_SIZE]))
                     if data is not None:
                         sending = memoryview(data)
                         if not sending:
@@ -266,16 +279,37 @@ def channel_exchange(cmd, first, second, *, cwd=None, timeout=TIMEOUT):
             proc.kill()
             proc.wait()
     done = subprocess.CompletedProcess(cmd, proc.returncode, bytes(received["out"]), bytes(received["err"]))
-    return done, bytes(received["chan"])
+    chan = bytes(received["chan"])
+    return done, chan[len(READY):] if ready and chan.startswith(READY) else chan
 
 
-def run_channel(first, second, *, python=PYTHON, flags=FLAGS, prefix=()):
+def environ_part(environ):
+    return part({"environ": environ})
+
+
+def channel_exchange_env(cmd, first, second, cwd, env):
+    """channel_exchange for a warm runner, started with exactly `env`."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        return channel_exchange(cmd, first, second, cwd=cwd, ready=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def run_channel(first, second, *, python=PYTHON, flags=FLAGS, prefix=(), environ=None):
     """A channel-mode run from raw parts (see channel_exchange), in a working
     directory of its own. Returns a Run with .declaration, .cwd and
-    .left_in_cwd."""
-    cmd = [*prefix, python, *flags, *CHANNEL_PROGRAM]
+    .left_in_cwd. In pooled mode the runner is a warm one, and `first`
+    follows the environ part of `environ` (default: none)."""
+    pooled = MODE == "pooled"
+    cmd = [*prefix, python, *flags, *(POOLED_PROGRAM if pooled else CHANNEL_PROGRAM)]
+    if pooled:
+        first = environ_part(environ or {}) + first
     with tempfile.TemporaryDirectory() as cwd:
-        proc, chan = channel_exchange(cmd, first, second, cwd=cwd)
+        proc, chan = channel_exchange(cmd, first, second, cwd=cwd, ready=pooled)
         run = Run(proc, None, channel=chan)
         run.cwd = cwd
         run.left_in_cwd = sorted(os.listdir(cwd))
@@ -303,7 +337,7 @@ def run_tool(source, tool_name, args=None, *, json_schema=None, agent_state=None
             request["agent_state"] = agent_state
         if agent_id is not None:
             request["agent_id"] = agent_id
-    if MODE == "channel":
+    if MODE in ("channel", "pooled"):
         assert stdin_file is None, "the channel mode's stdin is the channel"
         first = {k: v for k, v in request.items() if k in FIRST_PART_FIELDS}
         rest = {k: v for k, v in request.items() if k not in FIRST_PART_FIELDS and k != "nonce"}
@@ -353,10 +387,12 @@ class RunnerCase(unittest.TestCase):
 
 
 def _only(mode, why):
+    modes = ("channel", "pooled") if mode == "channel" else (mode,)
+
     def decorate(test):
         @functools.wraps(test)
         def wrapper(self, *args, **kwargs):
-            if self.mode != mode:
+            if self.mode not in modes:
                 self.skipTest("%s mode only: %s" % (mode, why))
             return test(self, *args, **kwargs)
 
@@ -371,7 +407,8 @@ def nonce_only(why):
 
 
 def channel_only(why):
-    """A test of what only the channel mode has (skipped in nonce mode)."""
+    """A test of what only the channel mode has (skipped in nonce mode; run
+    in pooled mode, which is the channel mode after a hand-over)."""
     return _only("channel", why)
 
 
@@ -1125,7 +1162,7 @@ class Invocation(RunnerCase):
         r = run_tool("def f():\n    return 1\n", "f", flags=["-I"])
         self.assertEqual(r.code, 3, r)
         self.assertIsNone(r.payload)
-        if self.mode == "channel":
+        if self.mode != "nonce":
             self.assertEqual(r.declaration, b"")
 
     @channel_only("the channel mode's stdin")
@@ -1250,6 +1287,114 @@ class Invocation(RunnerCase):
         self.assertEqual(set(pth_pids), {str(tool_pid)})
         if self.mode == "channel":
             self.assertEqual((r.declaration, pth_before_declaration), (DECLARED_NO, [False]))
+        elif self.mode == "pooled":
+            # A warm runner of the policy's own venv (the operator's) sets its
+            # site-packages up before the hand-over; one of a per-tool venv
+            # does not (PooledHandOver.test_a_per_tool_venv_runs_after_the_declaration).
+            self.assertEqual((r.declaration, pth_before_declaration), (DECLARED_NO, [True]))
+
+
+class PooledHandOver(unittest.TestCase):
+    """What only a warm runner does: its ready line, then the environ part,
+    adopted as a cold start's environment (run_pooled, await_script)."""
+
+    ENV_TOOL = ("import os, subprocess\n"
+                "def f():\n"
+                "    proc = open('/proc/self/environ', 'rb').read().decode()\n"
+                "    child = subprocess.run(['/usr/bin/env', '-0'], capture_output=True, env=None).stdout.decode()\n"
+                "    return [dict(os.environ), proc, child]\n")
+
+    def exchange(self, first, second=lambda d: part({}), program=POOLED_PROGRAM, env=None, python=PYTHON):
+        with tempfile.TemporaryDirectory() as cwd:
+            cmd = [python, *FLAGS, *program]
+            done, chan = channel_exchange_env(cmd, first, second, cwd,
+                                              env if env is not None else {"FIXED": "1", "LANG": "C.UTF-8"})
+        return Run(done, None, channel=chan), done
+
+    def test_the_environment_is_a_cold_starts(self):
+        first = environ_part({"A_NEW": "x y", "B_NEW": "é"}) + part({"tool_name": "f", "source_code": self.ENV_TOOL})
+        r, _ = self.exchange(first)
+        self.assertEqual(r.code, 0, r)
+        environ, proc, child = r.results
+        self.assertEqual(list(environ.items()), [("FIXED", "1"), ("LANG", "C.UTF-8"), ("A_NEW", "x y"), ("B_NEW", "é")])
+        self.assertEqual(proc, "FIXED=1\0LANG=C.UTF-8\0A_NEW=x y\0B_NEW=é\0")
+        self.assertEqual(child, proc)
+
+    def test_an_environ_part_no_start_could_have_is_refused(self):
+        tool = part({"tool_name": "f", "source_code": "def f():\n    return 1\n"})
+        for bad in (environ_part({"FIXED": "2"}), environ_part({"A": 1}), environ_part({"A=B": "1"}),
+                    environ_part({"A": "x\0y"}), environ_part({"": "1"}), part({"environ": []}),
+                    part({"environ": {}, "more": 1}), part([1])):
+            r, _ = self.exchange(bad + tool)
+            self.assertEqual((r.code, r.declaration, r.payload), (3, b"", None), (bad, r))
+
+    def test_ready_before_any_request(self):
+        ours, theirs = socket.socketpair()
+        with ours:
+            with theirs:
+                proc = subprocess.Popen([PYTHON, *FLAGS, *POOLED_PROGRAM], stdin=theirs, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE)
+            ours.settimeout(TIMEOUT)
+            self.assertEqual(ours.recv(len(READY), socket.MSG_WAITALL), READY)
+            ours.shutdown(socket.SHUT_WR)  # EOF before any hand-over
+            _, err = proc.communicate(timeout=TIMEOUT)
+        self.assertEqual(proc.returncode, 3)
+        self.assertIn(b"cannot read the hand-over", err)
+
+    def test_a_per_tool_venv_runs_after_the_declaration(self):
+        # run_pooled() without site_packages (a per-tool venv's pool): its
+        # .pth code runs in the tool's process after the declaration, as in
+        # a cold start.
+        keyed = ["-c", POOLED_BOOT.replace("site_packages=True", "")]
+        with tempfile.TemporaryDirectory() as d:
+            venv = os.path.join(d, "venv")
+            if subprocess.run([PYTHON, "-m", "venv", "--without-pip", venv], capture_output=True).returncode != 0:
+                self.skipTest("cannot create a venv")
+            site = subprocess.run([os.path.join(venv, "bin", "python3"), "-I", "-c",
+                                   "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            ran = os.path.join(d, "pth-ran")
+            with open(os.path.join(site, "tsb_probe.pth"), "w") as f:
+                f.write("import os; open(%r, 'a').close()\n" % ran)
+            seen = []
+
+            def second(declaration):
+                seen.append((declaration, os.path.exists(ran)))
+                return part({})
+
+            first = environ_part({}) + part({"tool_name": "f", "source_code": "def f():\n    return 1\n"})
+            r, _ = self.exchange(first, second, program=keyed, python=os.path.join(venv, "bin", "python3"))
+            self.assertEqual(r.code, 0, r)
+            self.assertEqual(seen, [(DECLARED_NO, False)])
+            self.assertTrue(os.path.exists(ran), r)
+
+    def test_a_pooled_script_runs_as_a_cold_one(self):
+        # The launcher of daemon/policy/policy.h, script_launcher(True), with
+        # the runner where the sandbox has it replaced by this checkout's.
+        boot = ("def _toolsandbox_main():\n    import os, sys\n"
+                "    sys.path.insert(0, %r)\n    import toolsandbox_runner\n"
+                "    del sys.path[0], sys.modules['toolsandbox_runner']\n"
+                "    source = toolsandbox_runner.await_script()\n    del toolsandbox_runner\n"
+                "    path = os.path.join(os.getcwd(), 'tmp%%s.py' %% os.urandom(4).hex())\n"
+                "    with open(path, 'xb') as f:\n        f.write(source)\n"
+                "    sys.argv[0] = path\n    sys.path[0] = os.path.dirname(path)\n"
+                "    main = sys.modules['__main__']\n    del main._toolsandbox_main\n    main.__file__ = path\n"
+                "    exec(compile(source, path, 'exec'), main.__dict__)\n_toolsandbox_main()\n") % os.path.dirname(RUNNER)
+        script = (b"names = sorted(k for k in globals() if not k.startswith('__'))\n"
+                  b"import os, sys\nprint(__name__, names, "
+                  b"os.environ['NEW'], open('/proc/self/environ','rb').read().count(b'NEW=v'), sys.stdin.read() == '')\n"
+                  b"sys.exit(5)\n")
+        ours, theirs = socket.socketpair()
+        with tempfile.TemporaryDirectory() as cwd, ours:
+            with theirs:
+                proc = subprocess.Popen([PYTHON, "-c", boot], stdin=theirs, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, cwd=cwd, env={"FIXED": "1"})
+            self.assertEqual(ours.recv(len(READY), socket.MSG_WAITALL), READY)
+            ours.sendall(environ_part({"NEW": "v"}) + script)
+            ours.shutdown(socket.SHUT_WR)
+            out, err = proc.communicate(timeout=TIMEOUT)
+        self.assertEqual(proc.returncode, 5, err)
+        self.assertEqual(out, b"__main__ [] v 1 True\n")
 
 
 class FrameParser(RunnerCase):

@@ -1,9 +1,10 @@
-"""The whole of test_runner.py again, in the runner's channel mode.
+"""The whole of test_runner.py again, in the runner's channel and pooled modes.
 
 For every test class of test_runner.py (each a RunnerCase) this module
 defines a subclass named Channel<Name> with mode = "channel": run_tool then
 starts the runner with run_channel() and speaks the result channel over a
-socket pair (see test_runner.py). Tests of one mode only are skipped in the
+socket pair (see test_runner.py); and Pooled<Name> with mode = "pooled": a
+warm runner (run_pooled()), its hand-over, then the same channel. Tests of one mode only are skipped in the
 other by their @nonce_only / @channel_only marks, each with its reason.
 
 test_runner is imported as a module (not `from test_runner import *`), so
@@ -25,9 +26,10 @@ def _channel_classes():
     classes = {}
     for name, cls in sorted(vars(base).items()):
         if isinstance(cls, type) and issubclass(cls, base.RunnerCase) and cls is not base.RunnerCase:
-            channel = type("Channel" + name, (cls,), {"mode": "channel", "__module__": __name__,
-                                                     "__doc__": cls.__doc__})
-            classes[channel.__name__] = channel
+            for mode in ("channel", "pooled"):
+                sub = type(mode.capitalize() + name, (cls,), {"mode": mode, "__module__": __name__,
+                                                           "__doc__": cls.__doc__})
+                classes[sub.__name__] = sub
     return classes
 
 

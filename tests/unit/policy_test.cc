@@ -984,6 +984,50 @@ TEST(PolicyRunner, ToolModeImportsTheRunnerAndShowsItsBytecode) {
     EXPECT_EQ(e.path.find("/opt/toolsandbox/runner"), std::string::npos) << e.path;
 }
 
+// A warm pool: pooled commands for both modes (the policy's venv sets up its
+// site-packages before the hand-over, a per-tool venv's after the
+// declaration), the runner shown to script runs too, the pool in the
+// fingerprint; bounds refused where they are written.
+TEST(PolicyWarmPool, PooledCommandsAndTheRunnerForScripts) {
+  TempDir t;
+  const std::string runner = t.write("runner/toolsandbox_runner.py", "def run(): pass\n");
+  auto cold = load_text(t, R"({"version": 1})");
+  auto p = load_text(t, R"({"version": 1, "warm_pool": {"max": 3, "min": 1, "idle": "90s"}})");
+  ASSERT_TRUE(p.ok() && cold.ok()) << (p.ok() ? cold.error().message : p.error().message);
+  EXPECT_EQ(p->warm.max, 3u);
+  EXPECT_EQ(p->warm.min, 1u);
+  EXPECT_EQ(p->warm.idle.count(), 90'000);
+  EXPECT_NE(p->fingerprint, cold->fingerprint);
+  EXPECT_EQ(p->canonical["warm_pool"], (nlohmann::json{{"max", 3}, {"min", 1}, {"idle", "90s"}}));
+  EXPECT_FALSE(cold->canonical.contains("warm_pool")) << "no pool: the fingerprints of policies without one stay";
+  auto sp = to_spawn_policy(*p, runner);
+  ASSERT_TRUE(sp.ok()) << sp.error().message;
+  EXPECT_EQ(sp->warm_max, 3u);
+  const auto& tool = sp->modes[static_cast<int>(spawn::RunMode::Tool)];
+  const auto& script = sp->modes[static_cast<int>(spawn::RunMode::Script)];
+  EXPECT_EQ(tool.pooled_argv.back(), std::string(kRunnerPooledBoot));
+  EXPECT_EQ(tool.pooled_keyed_argv.back(), std::string(kRunnerPooledKeyedBoot));
+  EXPECT_NE(kRunnerPooledBoot.find("site_packages=True"), std::string::npos);
+  EXPECT_EQ(kRunnerPooledKeyedBoot.find("site_packages"), std::string::npos);
+  EXPECT_EQ(script.pooled_argv.back(), script_launcher(true));
+  EXPECT_EQ(script.argv.back(), script_launcher(false));
+  EXPECT_NE(script_launcher(true).find("await_script()"), std::string::npos);
+  EXPECT_NE(script_launcher(false).find("sys.stdin.buffer.read()"), std::string::npos);
+  bool runner_row = false;
+  for (const auto& e : *script.fs) runner_row = runner_row || e.path == isolate::kRunnerSandboxPath;
+  EXPECT_TRUE(runner_row) << "a pooled script takes its hand-over through the runner";
+  // Without a pool: no pooled command, and script runs see no runner.
+  auto csp = to_spawn_policy(*cold, runner);
+  ASSERT_TRUE(csp.ok());
+  EXPECT_TRUE(csp->modes[0].pooled_argv.empty() && csp->modes[1].pooled_argv.empty());
+  for (const char* bad : {R"({"version": 1, "warm_pool": {"max": 65}})", R"({"version": 1, "warm_pool": {"max": 2, "min": 3}})",
+                          R"({"version": 1, "warm_pool": {"max": 2, "idle": "0.5s"}})",
+                          R"({"version": 1, "warm_pool": {"max": 2, "size": 3}})",
+                          R"({"version": 1, "backend": "e2b", "warm_pool": {"max": 2}})"})
+    EXPECT_FALSE(load_text(t, bad).ok()) << bad;
+  EXPECT_TRUE(load_text(t, R"({"version": 1, "warm_pool": null})").ok());
+}
+
 TEST(PolicyPackages, TheVenvRowIsKeyedAndTheBuildPolicyIsItsOwn) {
   TempDir t;
   auto p = load_text(t, R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/wheels",

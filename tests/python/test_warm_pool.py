@@ -1,0 +1,319 @@
+"""Warm sandboxes (policies/README.md, "warm_pool") against a real toolsandboxd.
+
+    /usr/bin/python3 -m unittest tests/python/test_warm_pool.py -v
+
+What must hold:
+  - a warm sandbox is used by one run and never again (a file one run leaves
+    in its /tmp, its pid namespace and its run id are the next one's never);
+  - no request data is in a warm sandbox before its hand-over: the waiting
+    runners' environment is the policy's fixed one, and a secret a run was
+    given is in no other sandbox's memory afterwards;
+  - the wall-clock timeout and the CPU time count from the hand-over;
+  - a reload ends every warm sandbox (the old pool drains);
+  - a warm run shows what a cold one shows (os.environ, /proc/self/environ,
+    a subprocess's environment, argv, __name__, exit status, output);
+  - a burst larger than the pool runs cold, never fails.
+
+Warm sandboxes are found from the host by their command line (the runner's
+run_pooled or await_script) and read as root through /proc. Needs root (see
+daemon_fixture.py): skipped otherwise, failed under CI=true.
+"""
+
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import shutil
+import time
+import unittest
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import daemon_fixture as F  # noqa: E402
+
+ORG = "org-warm-tests"
+BASE = os.path.join(F.REPO, "policies", "default.json")
+
+ENV_TOOL = (
+    "import os, subprocess\n\n"
+    "def env_view() -> dict:\n"
+    "    proc = open('/proc/self/environ', 'rb').read().decode()\n"
+    "    child = subprocess.run(['/usr/bin/env', '-0'], capture_output=True).stdout.decode()\n"
+    "    return {'environ': dict(os.environ), 'proc': proc, 'child': child, 'pid': os.getpid()}\n"
+)
+MARK_TOOL = (
+    "import os\n\n"
+    "def mark(tag: str) -> dict:\n"
+    "    seen = sorted(n for n in os.listdir('/tmp') if n.startswith('mark-'))\n"
+    "    open('/tmp/mark-' + tag, 'w').close()\n"
+    "    return {'seen': seen, 'pidns': os.readlink('/proc/self/ns/pid'), 'pid': os.getpid()}\n"
+)
+SECRET_TOOL = "def keep(secret: str) -> int:\n    global KEPT\n    KEPT = secret * 4\n    return len(KEPT)\n"
+SLEEP_TOOL = "import time\n\ndef nap(s: float) -> str:\n    time.sleep(s)\n    return 'rested'\n"
+ADD_TOOL = "def add(a: int, b: int) -> int:\n    return a + b\n"
+SCRIPT_VIEW = (
+    "import os, sys\n"
+    "print(repr(sys.argv[0].startswith(os.getcwd() + '/tmp')), __name__, os.environ.get('WARM_VAR'))\n"
+    "print('to stderr', file=sys.stderr)\n"
+    "print(open('/proc/self/environ', 'rb').read().decode().count('WARM_VAR='))\n"
+    "sys.exit(3)\n"
+)
+
+
+def write_policies(tmp):
+    pol = os.path.join(tmp, "policies")
+    os.mkdir(pol)
+
+    def write(name, extra):
+        with open(os.path.join(pol, name + ".json"), "w") as f:
+            json.dump({"version": 1, "include": BASE, **extra}, f)
+
+    allow = {"environment": {"allow": ["LETTA_*", "WARM_*", "PYTHONPATH"]}}
+    write("warm", {"warm_pool": {"max": 2, "min": 2, "idle": "300s"}, **allow})
+    write("cold", allow)
+    write("short", {"warm_pool": {"max": 1, "min": 1}, "limits": {"wall_timeout": "2s"}, **allow})
+    orgs = {"version": 1, "default": {"privileged": False, "policy": "warm",
+                                      "allowed_policies": ["warm", "cold", "short"]}}
+    with open(os.path.join(pol, "organizations.json"), "w") as f:
+        json.dump(orgs, f)
+    return pol
+
+
+def parent(pid):
+    with open("/proc/%d/stat" % pid, "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
+def descends_from(pid, ancestor):
+    try:
+        while pid > 1:
+            pid = parent(pid)
+            if pid == ancestor:
+                return True
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def pooled_runners(daemon):
+    """{pid: (mode, environ)} of every warm sandbox's waiting runner of `daemon`."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or not descends_from(int(name), daemon.proc.pid):
+            continue
+        try:
+            with open("/proc/%s/cmdline" % name, "rb") as f:
+                cmd = f.read()
+            if b"run_pooled(" not in cmd and b"await_script()" not in cmd:
+                continue
+            with open("/proc/%s/environ" % name, "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        out[int(name)] = ("tool" if b"run_pooled(" in cmd else "script", env)
+    return out
+
+
+def memory_holds(pid, needle: bytes) -> bool:
+    """Whether any readable mapping of `pid` holds `needle` (read as root)."""
+    with open("/proc/%d/maps" % pid) as maps, open("/proc/%d/mem" % pid, "rb", 0) as mem:
+        for line in maps:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if "r" not in line.split()[1] or hi - lo > (1 << 30):
+                continue
+            try:
+                mem.seek(lo)
+                if needle in mem.read(hi - lo):
+                    return True
+            except (OSError, ValueError, OverflowError):
+                continue
+    return False
+
+
+class WarmPool(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        F.require_daemon()
+        cls.tmp = tempfile.mkdtemp(prefix="tsb-warm-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
+        os.chmod(cls.tmp, 0o755)
+        cls.policies = write_policies(cls.tmp)
+        cls.daemon = F.start_daemon(cls, policies_dir=cls.policies, max_concurrent_runs=8,
+                                    organizations=os.path.join(cls.policies, "organizations.json"))
+        cls.client = cls.daemon.client()
+
+    def wait_warm(self, policy="warm", mode="run_tool", n=None):
+        def ready(st):
+            pools = [p for p in st["warm_pool"]["pools"] if p["policy"] == policy and p["mode"] == mode and not p["venv"]]
+            return pools and pools[0]["warm"] >= (pools[0]["target"] if n is None else n) > 0
+        return self.daemon.wait_for(ready, 30, "a ready warm pool of %s (%s)" % (policy, mode))
+
+    def tool(self, src, name, args, policy="warm", **kw):
+        return self.client.run_tool(src, tool_name=name, args=args, organization_id=ORG, policy=policy, **kw)
+
+    def test_status_reports_the_pools(self):
+        st = self.wait_warm()
+        wp = st["warm_pool"]
+        self.assertGreaterEqual(wp["warm"], 2)
+        modes = {(p["policy"], p["mode"]) for p in wp["pools"]}
+        self.assertIn(("warm", "run_tool"), modes)
+        self.assertIn(("warm", "execute"), modes)
+        self.assertNotIn("cold", {p["policy"] for p in wp["pools"]})
+        hits = wp["hits"]
+        self.assertEqual(self.tool(ADD_TOOL, "add", {"a": 2, "b": 3}).func_return, 5)
+        self.assertEqual(self.daemon.status()["warm_pool"]["hits"], hits + 1)
+
+    def test_a_warm_sandbox_is_never_used_twice(self):
+        seen_ns, seen_runs = set(), set()
+        for i in range(5):
+            self.wait_warm()
+            r = self.tool(MARK_TOOL, "mark", {"tag": str(i)})
+            self.assertEqual(r.status, "success", r.stderr)
+            self.assertTrue(r.record["warm"], r.record)
+            self.assertEqual(r.func_return["seen"], [], "a file of an earlier run is in this one's /tmp")
+            self.assertNotIn(r.func_return["pidns"], seen_ns)
+            self.assertNotIn(r.record["run_id"], seen_runs)
+            seen_ns.add(r.func_return["pidns"])
+            seen_runs.add(r.record["run_id"])
+
+    def test_no_request_data_before_the_hand_over(self):
+        self.wait_warm()
+        self.wait_warm(mode="execute")
+        waiting = pooled_runners(self.daemon)
+        self.assertGreaterEqual(len(waiting), 4, waiting)
+        fixed = None
+        for pid, (mode, env) in waiting.items():
+            names = sorted(v.split(b"=", 1)[0] for v in env.split(b"\0") if v)
+            self.assertNotIn(b"LETTA_AGENT_ID", names)
+            self.assertFalse([n for n in names if n.startswith(b"WARM_")], names)
+            fixed = fixed or names
+            self.assertEqual(names, fixed, "every waiting runner has the policy's fixed variables only")
+        secret = "warm-secret-" + uuid.uuid4().hex
+        r = self.tool(SECRET_TOOL, "keep", {"secret": secret}, env={"WARM_SECRET": secret}, agent_id="agent-" + secret)
+        self.assertEqual(r.status, "success", r.stderr)
+        self.assertTrue(r.record["warm"])
+        # The sandboxes that waited beside it, and the ones made since, hold
+        # nothing of it.
+        left = pooled_runners(self.daemon)
+        self.assertTrue(left)
+        for pid in left:
+            try:
+                self.assertFalse(memory_holds(pid, secret.encode()), "warm sandbox %d holds another run's secret" % pid)
+            except FileNotFoundError:
+                pass  # handed over or ended meanwhile
+
+    def test_a_warm_run_sees_what_a_cold_run_sees(self):
+        self.wait_warm()
+        env = {"WARM_A": "1", "WARM_B": "two words", "PYTHONPATH": "/nowhere"}
+        warm = self.tool(ENV_TOOL, "env_view", {}, env=env, agent_id="agent-1")
+        cold = self.tool(ENV_TOOL, "env_view", {}, policy="cold", env=env, agent_id="agent-1")
+        self.assertEqual((warm.status, cold.status), ("success", "success"), (warm.stderr, cold.stderr))
+        self.assertTrue(warm.record["warm"])
+        self.assertFalse(cold.record["warm"])
+        w, c = warm.func_return, cold.func_return
+        self.assertEqual(w["environ"], c["environ"])
+        self.assertEqual(w["proc"], c["proc"], "/proc/self/environ differs")
+        self.assertEqual(w["child"], c["child"], "a subprocess's environment differs")
+        self.assertIn("WARM_B=two words\0", w["proc"])
+        self.assertNotIn("PYTHONPATH", w["proc"], "a variable that changes how a program starts is the tool's only")
+        self.assertEqual(w["environ"]["PYTHONPATH"], "/nowhere")
+
+    def test_a_warm_script_runs_as_a_cold_one(self):
+        self.wait_warm(mode="execute")
+        env = {"WARM_VAR": "x"}
+        runs = [self.client.execute(SCRIPT_VIEW, tool_name="s", organization_id=ORG, policy=p, env=env)
+                for p in ("warm", "cold")]
+        warm, cold = runs
+        self.assertTrue(warm.record["warm"])
+        self.assertFalse(cold.record["warm"])
+        for r in runs:
+            self.assertEqual(r.record["exit_code"], 3)
+            self.assertEqual(r.stdout, ["True __main__ x\n1\n"])
+            self.assertEqual(r.stderr, ["to stderr\n"])
+        # A variable that changes how the interpreter starts: never warm.
+        r = self.client.execute("import sys\nprint(sys.path[1])\n", tool_name="s", organization_id=ORG, policy="warm",
+                                env={"PYTHONPATH": "/from-request"})
+        self.assertFalse(r.record["warm"])
+        self.assertEqual(r.stdout, ["/from-request\n"])
+
+    def test_limits_count_from_the_hand_over(self):
+        st = self.wait_warm(policy="short")
+        pool = [p for p in st["warm_pool"]["pools"] if p["policy"] == "short" and p["mode"] == "run_tool"][0]
+        self.assertGreaterEqual(pool["warm"], 1)
+        time.sleep(2.5)  # the waiting sandbox is now older than the policy's 2 s timeout
+        r = self.tool(SLEEP_TOOL, "nap", {"s": 1.0}, policy="short")
+        self.assertEqual(r.status, "success", r.stderr)
+        self.assertTrue(r.record["warm"])
+        self.assertEqual(r.func_return, "rested")
+        self.wait_warm(policy="short")
+        t0 = time.monotonic()
+        r = self.tool(SLEEP_TOOL, "nap", {"s": 30.0}, policy="short")
+        took = time.monotonic() - t0
+        self.assertTrue(r.record["warm"])
+        self.assertEqual(r.record["end_reason"], "timeout", r.record)
+        self.assertLess(took, 15)
+        self.assertGreaterEqual(r.record["wall_ms"], 1900, r.record)
+        # CPU time: the warm-up (an interpreter start, the runner's imports)
+        # is not the run's; a cold run's record counts its own start.
+        self.wait_warm()
+        warm = self.tool(ADD_TOOL, "add", {"a": 1, "b": 2})
+        cold = self.tool(ADD_TOOL, "add", {"a": 1, "b": 2}, policy="cold")
+        self.assertTrue(warm.record["warm"])
+        self.assertLess(warm.record["cpu_ms"], cold.record["cpu_ms"] / 2, (warm.record, cold.record))
+
+    def test_a_burst_larger_than_the_pool_runs_cold(self):
+        self.wait_warm()
+        with ThreadPoolExecutor(max_workers=6) as ex:
+            runs = list(ex.map(lambda i: self.tool(ADD_TOOL, "add", {"a": i, "b": 1}), range(6)))
+        self.assertEqual([r.func_return for r in runs], [i + 1 for i in range(6)])
+        warm = sum(1 for r in runs if r.record["warm"])
+        self.assertGreaterEqual(warm, 1)
+        self.assertGreaterEqual(len(runs) - warm, 1, "6 runs at once cannot all have found a warm sandbox of 2")
+
+
+class WarmPoolReload(unittest.TestCase):
+    """A daemon of its own: the reload changes the policy."""
+
+    @classmethod
+    def setUpClass(cls):
+        F.require_daemon()
+        cls.tmp = tempfile.mkdtemp(prefix="tsb-warm-reload-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
+        os.chmod(cls.tmp, 0o755)
+        cls.policies = write_policies(cls.tmp)
+        cls.daemon = F.start_daemon(cls, policies_dir=cls.policies,
+                                    organizations=os.path.join(cls.policies, "organizations.json"))
+
+    def test_a_reload_drains_the_old_pool(self):
+        d = self.daemon
+        st = d.wait_for(lambda s: s["warm_pool"]["warm"] >= 5, 30, "the pools to fill")
+        before = set(pooled_runners(self.daemon))
+        self.assertGreaterEqual(len(before), 5)
+        # The policy changes (a variable the runs get), and the daemon reloads.
+        path = os.path.join(self.policies, "warm.json")
+        with open(path) as f:
+            doc = json.load(f)
+        doc["environment"]["set"] = {"WARM_GENERATION": "2"}
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        old_fp = st["policies"]["warm"]
+        d.proc.send_signal(signal.SIGHUP)
+        st = d.wait_for(lambda s: s["policies"]["warm"] != old_fp and s["warm_pool"]["warm"] >= 2, 30,
+                        "the reload and new warm sandboxes")
+        deadline = time.monotonic() + 10
+        while before & set(pooled_runners(self.daemon)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertFalse(before & set(pooled_runners(self.daemon)), "a warm sandbox of the old policies outlived the reload")
+        self.assertEqual(st["warm_pool"]["hits"], 0, "the new pools start afresh")
+        r = d.client().run_tool(ENV_TOOL, tool_name="env_view", args={}, organization_id=ORG)
+        self.assertTrue(r.record["warm"])
+        self.assertEqual(r.record["policy_fingerprint"], st["policies"]["warm"])
+        self.assertEqual(r.func_return["environ"].get("WARM_GENERATION"), "2")
+
+
+if __name__ == "__main__":
+    unittest.main()
