@@ -4,7 +4,8 @@
 
 What must hold:
   - a warm sandbox is used by one run and never again (a file one run leaves
-    in its /tmp, its pid namespace and its run id are the next one's never);
+    in its /tmp, a value it leaves in its interpreter and its run id are
+    never the next one's);
   - no request data is in a warm sandbox before its hand-over: the waiting
     runners' environment is the policy's fixed one, and a secret a run was
     given is in no other sandbox's memory afterwards;
@@ -46,11 +47,13 @@ ENV_TOOL = (
     "    return {'environ': dict(os.environ), 'proc': proc, 'child': child, 'pid': os.getpid()}\n"
 )
 MARK_TOOL = (
-    "import os\n\n"
+    "import builtins, os\n\n"
     "def mark(tag: str) -> dict:\n"
     "    seen = sorted(n for n in os.listdir('/tmp') if n.startswith('mark-'))\n"
     "    open('/tmp/mark-' + tag, 'w').close()\n"
-    "    return {'seen': seen, 'pidns': os.readlink('/proc/self/ns/pid'), 'pid': os.getpid()}\n"
+    "    before = getattr(builtins, 'tsb_mark', None)\n"
+    "    builtins.tsb_mark = tag\n"
+    "    return {'seen': seen, 'before': before, 'pid': os.getpid()}\n"
 )
 SECRET_TOOL = "def keep(secret: str) -> int:\n    global KEPT\n    KEPT = secret * 4\n    return len(KEPT)\n"
 SLEEP_TOOL = "import time\n\ndef nap(s: float) -> str:\n    time.sleep(s)\n    return 'rested'\n"
@@ -168,16 +171,15 @@ class WarmPool(unittest.TestCase):
         self.assertEqual(self.daemon.status()["warm_pool"]["hits"], hits + 1)
 
     def test_a_warm_sandbox_is_never_used_twice(self):
-        seen_ns, seen_runs = set(), set()
+        seen_runs = set()
         for i in range(5):
             self.wait_warm()
             r = self.tool(MARK_TOOL, "mark", {"tag": str(i)})
             self.assertEqual(r.status, "success", r.stderr)
             self.assertTrue(r.record["warm"], r.record)
             self.assertEqual(r.func_return["seen"], [], "a file of an earlier run is in this one's /tmp")
-            self.assertNotIn(r.func_return["pidns"], seen_ns)
+            self.assertIsNone(r.func_return["before"], "the interpreter of an earlier run ran this one")
             self.assertNotIn(r.record["run_id"], seen_runs)
-            seen_ns.add(r.func_return["pidns"])
             seen_runs.add(r.record["run_id"])
 
     def test_no_request_data_before_the_hand_over(self):
