@@ -1054,7 +1054,7 @@ std::string script_launcher(bool pooled) {
       "    sys.path.insert(0, '/opt/toolsandbox/runner')\n"
       "    import toolsandbox_runner\n"
       "    del sys.path[0], sys.modules['toolsandbox_runner']\n"
-      "    source = toolsandbox_runner.await_script()\n"
+      "    source, watch = toolsandbox_runner.await_script()\n"
       "    del toolsandbox_runner\n";
   static constexpr std::string_view kRun = R"PY(    path = os.path.join(os.getcwd(), "tmp%s.py" % os.urandom(4).hex())
     try:
@@ -1068,9 +1068,14 @@ std::string script_launcher(bool pooled) {
     del main._toolsandbox_main
     main.__file__ = path
     exec(compile(source, path, "exec"), main.__dict__)
-_toolsandbox_main()
 )PY";
-  return "def _toolsandbox_main():\n    import os, sys\n" + std::string(pooled ? kAwait : kRead) + std::string(kRun);
+  // A warm script that ran to its end ends as a program does, without the
+  // interpreter's teardown (toolsandbox_runner._script_end).
+  static constexpr std::string_view kEnd = "    end()\n";
+  std::string run(kRun);
+  if (pooled) run.insert(run.find("    exec("), "    end = watch()\n");
+  return "def _toolsandbox_main():\n    import os, sys\n" + std::string(pooled ? kAwait : kRead) + run +
+         std::string(pooled ? kEnd : "") + "_toolsandbox_main()\n";
 }
 
 isolate::RunSpec run_spec_from(const Policy& p) { return spawn::run_spec_from(spawn_policy_fields(p), spawn::RunMode::Script); }

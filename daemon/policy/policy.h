@@ -138,7 +138,9 @@ Result<std::vector<std::string>> build_environment(const Policy& p, const std::m
 // sandbox, with the runner read-only at /opt/toolsandbox/runner: it takes
 // the hand-over there (the request's environment, then the script on the
 // channel that is its stdin; toolsandbox_runner.await_script) and then does
-// what the cold one does.
+// what the cold one does, except that a script that ran to its end (no
+// exception, no sys.exit) ends without the interpreter's teardown
+// (toolsandbox_runner._script_end).
 std::string script_launcher(bool pooled);
 
 // Tool mode's program (-c, after -I -S -B -u -X utf8): the runner imported

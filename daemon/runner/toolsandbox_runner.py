@@ -1866,18 +1866,21 @@ class _Environ:
 def _await_hand_over(tool=False, site_packages=False):
     """A pooled runner's wait: the channel taken off fd 0, what the run
     needs loaded, "ready" written, then the request's environment adopted.
-    Returns the channel. For a tool: the standard library's modules the
-    run uses; and with site_packages, the venv's site-packages set up now,
+    Returns the channel. For a tool also the standard library's modules the
+    runner uses; and with site_packages, the venv's site-packages set up now,
     as the cold runner's tool process does after its declaration (the
     daemon asks for it only with the policy's own venv, the operator's:
     code of a per-tool venv never runs before the declaration)."""
     chan = _take_channel()
     environ = _Environ()
+    # The standard library modules Letta's namespace (_run_tool) and Letta's
+    # generated scripts import: loaded now, they cost the run nothing.
+    import base64, hashlib, pickle, typing  # noqa: F401,E401
+
     if tool:
         import _ast  # noqa: F401  (_declared_params)
         import atexit  # noqa: F401  (_lean_exit)
         import keyword  # noqa: F401  (_validate_request)
-        import base64, hashlib, pickle  # noqa: F401,E401  (the modules of Letta's namespace, _run_tool)
 
         if site_packages:
             _tool_process_setup()
@@ -1889,6 +1892,41 @@ def _await_hand_over(tool=False, site_packages=False):
     except (OSError, EOFError, ValueError, RecursionError, MemoryError) as e:
         raise Fatal("cannot read the hand-over: %s" % e) from None
     return chan
+
+
+def _watch_script():
+    """From here on the script's: the file objects it opens for writing are
+    watched (_watch_written_files). Returns the script's end."""
+    files_opened = _watch_written_files()
+    return lambda: _script_end(files_opened)
+
+
+def _script_end(files_opened):
+    """A warm script that ran to its end: the end of a Python program (what
+    Py_FinalizeEx does that a program can see: non-daemon threads joined,
+    atexit handlers run, stdio and every file object left open for writing
+    flushed), then _exit(0) without the interpreter's teardown (the
+    modules the hand-over loaded made it the longest part of a short
+    script's run). What it skips: __del__ of objects still alive, which
+    Python does not promise at exit either. A script that raises, or calls
+    sys.exit, never gets here: the interpreter ends it as a cold one, with
+    the same traceback and status; so does one whose stdio cannot be
+    flushed (the interpreter then reports that, with status 120)."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading._shutdown()
+    import atexit
+
+    atexit._run_exitfuncs()
+    if files_opened[0]:
+        _flush_files()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            if f is not None:
+                f.flush()
+        except BaseException:
+            return  # the interpreter's own exit reports it
+    os._exit(0)
 
 
 def run_pooled(site_packages=False):
@@ -1908,17 +1946,21 @@ def run_pooled(site_packages=False):
 def await_script():
     """Script mode in a pooled sandbox (the launcher of
     daemon/policy/policy.h, script_launcher(true)): the hand-over as for a
-    tool, then the script, read to EOF. Returns its bytes; the launcher
-    runs it as a cold start's launcher would. The interpreter was started
-    as for a cold script (not -I -S: the venv's site-packages are set up
-    before the request, as they would be before the script is read)."""
+    tool, then the script, read to EOF. Returns its bytes and _watch_script,
+    which the launcher calls just before it runs the script (as a cold
+    start's launcher would), for the function it calls when the script has
+    run to its end without raising (_script_end).
+    The interpreter was started as for a cold script (not -I -S: the venv's
+    site-packages are set up before the request, as they would be before
+    the script is read)."""
     try:
         if not stat.S_ISSOCK(os.fstat(0).st_mode):
             raise Fatal("stdin must be the hand-over channel, a stream socket")
         chan = _await_hand_over(tool=False)
         source = _read_all(chan)
         os.close(chan)
-        return source
+        return source, _watch_script
+
     except (Fatal, OSError) as e:
         _error_line(2, "ToolsandboxRunnerError", str(e))
         _flush_std()

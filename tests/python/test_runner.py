@@ -1368,34 +1368,6 @@ class PooledHandOver(unittest.TestCase):
             self.assertEqual(seen, [(DECLARED_NO, False)])
             self.assertTrue(os.path.exists(ran), r)
 
-    def test_a_pooled_script_runs_as_a_cold_one(self):
-        # The launcher of daemon/policy/policy.h, script_launcher(True), with
-        # the runner where the sandbox has it replaced by this checkout's.
-        boot = ("def _toolsandbox_main():\n    import os, sys\n"
-                "    sys.path.insert(0, %r)\n    import toolsandbox_runner\n"
-                "    del sys.path[0], sys.modules['toolsandbox_runner']\n"
-                "    source = toolsandbox_runner.await_script()\n    del toolsandbox_runner\n"
-                "    path = os.path.join(os.getcwd(), 'tmp%%s.py' %% os.urandom(4).hex())\n"
-                "    with open(path, 'xb') as f:\n        f.write(source)\n"
-                "    sys.argv[0] = path\n    sys.path[0] = os.path.dirname(path)\n"
-                "    main = sys.modules['__main__']\n    del main._toolsandbox_main\n    main.__file__ = path\n"
-                "    exec(compile(source, path, 'exec'), main.__dict__)\n_toolsandbox_main()\n") % os.path.dirname(RUNNER)
-        script = (b"names = sorted(k for k in globals() if not k.startswith('__'))\n"
-                  b"import os, sys\nprint(__name__, names, "
-                  b"os.environ['NEW'], open('/proc/self/environ','rb').read().count(b'NEW=v'), sys.stdin.read() == '')\n"
-                  b"sys.exit(5)\n")
-        ours, theirs = socket.socketpair()
-        with tempfile.TemporaryDirectory() as cwd, ours:
-            with theirs:
-                proc = subprocess.Popen([PYTHON, "-c", boot], stdin=theirs, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, cwd=cwd, env={"FIXED": "1"})
-            self.assertEqual(ours.recv(len(READY), socket.MSG_WAITALL), READY)
-            ours.sendall(environ_part({"NEW": "v"}) + script)
-            ours.shutdown(socket.SHUT_WR)
-            out, err = proc.communicate(timeout=TIMEOUT)
-        self.assertEqual(proc.returncode, 5, err)
-        self.assertEqual(out, b"__main__ [] v 1 True\n")
-
 
 class FrameParser(RunnerCase):
     """The reference parser above must reject what the C++ one rejects."""

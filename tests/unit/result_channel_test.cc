@@ -3,6 +3,7 @@
 // (core::runner_channel_*), the result's checks (parse_channel_result), the
 // real runner spoken to over a socket pair, and how shape_tool_result
 // answers every way a channel run can end.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <sys/socket.h>
@@ -10,9 +11,11 @@
 #include <unistd.h>
 
 #include <string>
+#include <tuple>
 #include <variant>
 
 #include "daemon/core/letta_result.h"
+#include "daemon/policy/policy.h"
 #include "protocol/letta.h"
 #include "protocol/messages.h"
 #include "python_reference.h"
@@ -215,6 +218,97 @@ TEST(ResultChannelEndToEnd, AToolErrorIsTheRunnersErrorPayload) {
   ASSERT_TRUE(f->error);
   EXPECT_EQ(f->error->name, "ZeroDivisionError");
   EXPECT_TRUE(f->error->raised);
+}
+// Script mode's launcher, cold (the script on a pipe) and warm (the
+// hand-over on a socket pair: ready, the environ part, the script): the
+// same output, exit status and error line for a script that ends, exits
+// or raises; the warm one's short end (no teardown) still joins threads,
+// runs atexit handlers and flushes what the script left open.
+struct ScriptRun {
+  std::string out, err, log;  // log: what the script left in log.txt
+  int exit_code = -1;
+};
+
+ScriptRun run_launcher(bool warm, const std::string& script) {
+  std::string launcher = core::script_launcher(warm);
+  const std::string at = "/opt/toolsandbox/runner";
+  if (warm) launcher.replace(launcher.find(at), at.size(), TSB_SOURCE_DIR "/daemon/runner");
+  int in[2], out[2], err[2];
+  if ((warm ? ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) : ::pipe2(in, O_CLOEXEC)) != 0 ||
+      ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+    return {};
+  char dir[] = "/tmp/tsb-launcher-XXXXXX";
+  if (!::mkdtemp(dir)) return {};
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(warm ? in[1] : in[0], 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    if (::chdir(dir) != 0) ::_exit(127);
+    char lang[] = "LANG=C.UTF-8";
+    char* env[] = {lang, nullptr};
+    ::execle(kPython, kPython, "-c", launcher.c_str(), static_cast<char*>(nullptr), env);
+    ::_exit(127);
+  }
+  const int ours = warm ? in[0] : in[1];
+  ::close(warm ? in[1] : in[0]);
+  ::close(out[1]);
+  ::close(err[1]);
+  if (warm) {
+    std::string ready(kChannelReady.size(), '\0');
+    if (::recv(ours, ready.data(), ready.size(), MSG_WAITALL) != static_cast<ssize_t>(ready.size()) || ready != kChannelReady)
+      ADD_FAILURE() << "no ready line: " << ready;
+    write_all(ours, core::runner_environ_part({{"NEW", "v"}}));
+  }
+  write_all(ours, script);
+  ::close(ours);
+  ScriptRun r;
+  r.out = read_to_eof(out[0]);
+  r.err = read_to_eof(err[0]);
+  ::close(out[0]);
+  ::close(err[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const int log = ::open((std::string(dir) + "/log.txt").c_str(), O_RDONLY | O_CLOEXEC);
+  if (log >= 0) {
+    r.log = read_to_eof(log);
+    ::close(log);
+  }
+  std::system(("rm -rf " + std::string(dir)).c_str());
+  return r;
+}
+
+std::string last_line(const std::string& s) {
+  auto end = s.find_last_not_of('\n');
+  if (end == std::string::npos) return "";
+  auto start = s.rfind('\n', end);
+  return s.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+TEST(WarmScriptLauncher, EndsAsTheColdOne) {
+  TSB_REQUIRE_PYTHON();
+  const std::string common =
+      "names = sorted(k for k in globals() if not k.startswith('__'))\n"
+      "import atexit, os, sys, threading\n"
+      "print(__name__, os.path.basename(sys.argv[0]).startswith('tmp'), sys.path[0] == os.getcwd(), names[:1])\n"
+      "atexit.register(lambda: print('atexit ran'))\n"
+      "threading.Thread(target=lambda: (__import__('time').sleep(0.2), print('thread done'))).start()\n"
+      "log = open('log.txt', 'w')\nlog.write('left open')\n"
+      "sys.stdout.write('unflushed')\n";
+  for (const auto& [tail, code, err_line] :
+       {std::tuple<std::string, int, std::string>{"", 0, ""}, {"sys.exit(5)\n", 5, ""},
+        {"raise ValueError('bad value')\n", 1, "ValueError: bad value"}}) {
+    const ScriptRun cold = run_launcher(false, common + tail), warm = run_launcher(true, common + tail);
+    EXPECT_EQ(cold.exit_code, code) << cold.err;
+    EXPECT_EQ(warm.exit_code, code) << warm.err;
+    EXPECT_EQ(warm.out, cold.out) << tail;
+    EXPECT_EQ(cold.out, "__main__ True True []\nunflushedthread done\natexit ran\n") << cold.err;
+    EXPECT_EQ(warm.log, "left open");
+    EXPECT_EQ(cold.log, "left open");
+    EXPECT_EQ(last_line(warm.err), err_line) << warm.err;
+    EXPECT_EQ(last_line(cold.err), err_line) << cold.err;
+  }
 }
 #endif  // TSB_SOURCE_DIR
 

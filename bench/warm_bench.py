@@ -1,0 +1,214 @@
+#!/usr/bin/python3
+"""Warm sandboxes (policies/README.md, "warm_pool"): a Letta tool call through
+the daemon from client to result, warm and cold, beside bare Python and
+bubblewrap running Letta's own script for the same call, in the same
+interleaved rounds (bench/interleave.py: a fresh random order every round,
+after warm-ups).
+
+Variants:
+  bare           /var/lib/toolsandbox/venv/bin/python3 - < Letta's generated
+                 script for add(2, 3) (tests/python/letta_reference.py): what
+                 letta-server runs in its local sandbox
+  bwrap          the same, under bwrap --unshare-all (a read-only /, its own
+                 /dev and /proc)
+  run_tool       the tool through the daemon, policy "cold" (no pool)
+  run_tool-warm  the same, policy "warm" (a pool of 4 per mode)
+  execute        Letta's script through the daemon (script mode), "cold"
+  execute-warm   the same, "warm"
+
+Both policies are the shipped default.json plus, for "warm", a warm_pool
+{"max": 4, "min": 4}. Between rounds the benchmark waits until the warm pools
+are full again (status warm_pool), so a warm variant measures a hit; the
+wait is not timed. A burst larger than the pool follows: --burst runs at
+once against a pool of 4, counting warm and cold runs and any error.
+
+Reports median, p10 and p90 of each, each against bare, the median CPU time
+of a run (bare: RUSAGE_CHILDREN; the daemon's: the run record's cpu_ms, the
+sandbox's cgroup from the hand-over on; none for bwrap, whose process is
+reaped inside its own pid namespace), and the load average before and after. --json FILE keeps it all.
+
+Standard library only, as root: /usr/bin/python3 bench/warm_bench.py [--n 100] [--build build] [--burst 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "clients" / "python"))
+sys.path.insert(0, str(REPO / "tests" / "python"))
+from toolsandbox_client import Client  # noqa: E402
+from letta_reference import generate_script  # noqa: E402
+
+import interleave  # noqa: E402  (bench/, beside this file)
+
+VENV_PY = "/var/lib/toolsandbox/venv/bin/python3"
+TOOL = "def add(a: int, b: int) -> int:\n    return a + b\n"
+SCHEMA = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                                          "b": {"type": "integer"}}}}
+ARGS = {"a": 2, "b": 3}
+LETTA_SCRIPT = generate_script("add", TOOL, ARGS, SCHEMA)
+BWRAP = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--die-with-parent"]
+CPU_MS: dict[str, list[float]] = {}
+ORG = "bench"
+
+
+def children_cpu_ms() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (ru.ru_utime + ru.ru_stime) * 1e3
+
+
+def process(name: str, prefix: list[str]) -> float:
+    c0 = children_cpu_ms()
+    t0 = time.perf_counter_ns()
+    r = subprocess.run([*prefix, VENV_PY, "-"], input=LETTA_SCRIPT.encode(), stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL)
+    wall = (time.perf_counter_ns() - t0) / 1e6
+    if r.returncode != 0 or b"5" not in r.stdout:
+        raise RuntimeError("%s: the run failed (status %d)" % (name, r.returncode))
+    CPU_MS.setdefault(name, []).append(children_cpu_ms() - c0)
+    return wall
+
+
+def daemon_run(client: Client, name: str, mode: str, policy: str, warm: bool) -> float:
+    t0 = time.perf_counter_ns()
+    if mode == "run_tool":
+        r = client.run_tool(TOOL, tool_name="add", args=ARGS, json_schema=SCHEMA, organization_id=ORG, policy=policy)
+    else:
+        r = client.execute(LETTA_SCRIPT, tool_name="add", organization_id=ORG, policy=policy)
+    wall = (time.perf_counter_ns() - t0) / 1e6
+    if r.status != "success" or str(r.func_return) != "5":  # (Letta's script returns str(result))
+        raise RuntimeError("%s: %r %r" % (name, r.func_return, r.stderr))
+    if r.record.get("warm") != warm:
+        raise RuntimeError("%s: the run was %s" % (name, "warm" if r.record.get("warm") else "cold"))
+    CPU_MS.setdefault(name, []).append(float(r.record["cpu_ms"]))
+    return wall
+
+
+def write_policies(tmp: Path) -> Path:
+    pol = tmp / "policies"
+    pol.mkdir()
+    base = str(REPO / "policies" / "default.json")
+    (pol / "cold.json").write_text(json.dumps({"version": 1, "include": base}))
+    (pol / "warm.json").write_text(json.dumps({"version": 1, "include": base,
+                                               "warm_pool": {"max": 4, "min": 4, "idle": "600s"}}))
+    (pol / "organizations.json").write_text(json.dumps({
+        "version": 1, "default": {"privileged": False, "policy": "cold", "allowed_policies": ["cold", "warm"]}}))
+    return pol
+
+
+def start_daemon(build: Path, tmp: Path) -> tuple[subprocess.Popen, str]:
+    sock = str(tmp / "d.sock")
+    os.chmod(tmp, 0o711)
+    pol = write_policies(tmp)
+    cfg = {"version": 1, "socket": {"path": sock}, "max_concurrent_runs": 16, "max_queued_runs": 1024,
+           "policies_dir": str(pol), "organizations": str(pol / "organizations.json"),
+           "engine": {"state_dir": str(tmp / "state"), "cgroup_parent": "/toolsandbox-bench-warm"}}
+    (tmp / "config.json").write_text(json.dumps(cfg))
+    log = open(tmp / "log", "wb")
+    proc = subprocess.Popen([str(build / "bin" / "toolsandboxd"), "--config", str(tmp / "config.json")],
+                            stdout=log, stderr=log)
+    for _ in range(2000):
+        if os.path.exists(sock):
+            try:
+                Client(sock).status()
+                return proc, sock
+            except Exception:
+                pass
+        time.sleep(0.01)
+    raise RuntimeError("the daemon did not start; see " + str(tmp / "log"))
+
+
+def wait_full(client: Client, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        pools = [p for p in client.status()["warm_pool"]["pools"] if p["policy"] == "warm" and not p["venv"]]
+        if len(pools) == 2 and all(p["warm"] >= p["target"] for p in pools):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("the warm pools did not fill: %r" % pools)
+        time.sleep(0.01)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--build", type=Path, default=REPO / "build")
+    ap.add_argument("--burst", type=int, default=16)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if shutil.which("bwrap") is None:
+        sys.exit("bwrap is not installed (scripts/lib.sh installs bubblewrap)")
+    tmp = Path(tempfile.mkdtemp(prefix="tsb-bench-warm-", dir="/run" if os.access("/run", os.W_OK) else None))
+    proc, sock = start_daemon(args.build, tmp)
+    client = Client(sock)
+    report = {"n": args.n, "load_before": os.getloadavg(), "machine": os.uname().release}
+    try:
+        wait_full(client)
+        variants = {
+            "bare": lambda: process("bare", []),
+            "bwrap": lambda: process("bwrap", BWRAP),
+            "run_tool": lambda: daemon_run(client, "run_tool", "run_tool", "cold", False),
+            "run_tool-warm": lambda: daemon_run(client, "run_tool-warm", "run_tool", "warm", True),
+            "execute": lambda: daemon_run(client, "execute", "execute", "cold", False),
+            "execute-warm": lambda: daemon_run(client, "execute-warm", "execute", "warm", True),
+        }
+        lat = interleave.rounds(variants, args.n, before_rounds=CPU_MS.clear, between_rounds=lambda: wait_full(client))
+        cpu = {name: statistics.median(v) for name, v in CPU_MS.items() if v}
+        report["latency_ms"], report["cpu_ms_median"] = lat, cpu
+        base = lat["bare"]["median"]
+        print("| variant | median ms | p10 ms | p90 ms | / bare | CPU ms, median | CPU / bare |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for name in variants:
+            m = lat[name]
+            # bwrap's sandboxed process is reaped inside its pid namespace:
+            # RUSAGE_CHILDREN does not see its CPU time.
+            cpu_cols = "- | -" if name == "bwrap" else "%.2f | x%.2f" % (cpu[name], cpu[name] / cpu["bare"])
+            print("| %s | %.2f | %.2f | %.2f | x%.3f | %s |" % (
+                name, m["median"], m["p10"], m["p90"], m["median"] / base, cpu_cols))
+
+        # A burst larger than the pool: every run answers; those that found
+        # no warm sandbox ran cold.
+        wait_full(client)
+        outcome = {"warm": 0, "cold": 0, "failed": 0}
+
+        def one(i: int) -> None:
+            try:
+                r = client.run_tool(TOOL, tool_name="add", args={"a": i, "b": 1}, organization_id=ORG, policy="warm")
+                ok = r.status == "success" and r.func_return == i + 1
+                outcome["failed" if not ok else "warm" if r.record.get("warm") else "cold"] += 1
+            except Exception:  # noqa: BLE001  (counted: the point is that none fails)
+                outcome["failed"] += 1
+
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(max_workers=args.burst) as ex:
+            list(ex.map(one, range(args.burst)))
+        outcome["seconds"] = time.perf_counter() - t0
+        report["burst"] = dict(outcome, runs=args.burst, pool=4)
+        print("\nburst of %d run_tool at once, pool of 4: %d warm, %d cold, %d failed, %.2f s" % (
+            args.burst, outcome["warm"], outcome["cold"], outcome["failed"], outcome["seconds"]))
+        report["load_after"] = os.getloadavg()
+        print("load average before %s, after %s" % (report["load_before"], report["load_after"]))
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2))
+        return 1 if outcome["failed"] else 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
