@@ -511,11 +511,8 @@ asio::awaitable<void> Server::serve(socket_t sock, Peer peer) {
 }
 
 asio::awaitable<std::string> Server::dispatch(const protocol::Request& req, const Peer& peer, socket_t& sock) {
-  if (std::holds_alternative<protocol::StatusRequest>(req.body)) {
-    json st = status_json();
-    st["warm_pool"] = co_await local_->warm_status();
-    co_return protocol::encode_ok(req.id, "status", st);
-  }
+  if (std::holds_alternative<protocol::StatusRequest>(req.body))
+    co_return protocol::encode_ok(req.id, "status", status_json(co_await local_->warm_status()));
   co_return co_await run_request(req, peer, sock);
 }
 
@@ -612,7 +609,7 @@ asio::awaitable<std::string> Server::run_request(const protocol::Request& req, c
   co_return line;
 }
 
-json Server::status_json() const {
+json Server::status_json(json warm_pool) const {
   json totals = json::object();
   for (const auto& [k, v] : totals_) totals[k] = v;
   json pols = json::object();
@@ -639,6 +636,7 @@ json Server::status_json() const {
           {"engine", local_->engine_status()},
           {"egress", local_->egress_status()},
           {"venvs", local_->venv_status()},
+          {"warm_pool", std::move(warm_pool)},
           {"policies", pols},
           {"e2b_configured", cfg_.e2b.enabled},
           {"e2b", e2b_ ? e2b_->status_json() : json()},

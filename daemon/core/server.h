@@ -116,7 +116,8 @@ class Server {
   // policies and E2B key (its new file's descriptor) follow.
   void reload(UniqueFd e2b_key);
   void notify_ready(std::string_view status);
-  nlohmann::json status_json() const;
+  // `warm_pool`: the spawner's answer (LocalBackend::warm_status).
+  nlohmann::json status_json(nlohmann::json warm_pool) const;
 
   // Completes only when the peer has closed its end entirely (true), or
   // when cancelled (false).

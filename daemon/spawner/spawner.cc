@@ -444,6 +444,12 @@ Spawner::Pool* Spawner::pool_for(const SpawnPolicy& p, RunMode mode, const std::
     return nullptr;
   auto [it, made] = pools_.try_emplace(p.fingerprint + (mode == RunMode::Tool ? "/tool/" : "/script/") + venv);
   Pool& pool = it->second;
+  // However many per-tool venvs the front end names, the pools' own
+  // bookkeeping stays bounded.
+  if (made && pools_.size() > kMaxPools) {
+    pools_.erase(it);
+    return nullptr;
+  }
   if (made) {
     pool.policy = &p;
     pool.mode = mode;
@@ -848,6 +854,7 @@ int Spawner::run() {
     tend_pools(now, n == 0 || !(pf[1].revents & POLLIN));
     (void)engine_->collect_retired();
   }
+  pools_.clear();
   (void)engine_->drain_retired(std::chrono::seconds(2));
   spdlog::info("stopped");
   return fe_exit_;

@@ -145,6 +145,7 @@ class Spawner {
   std::uint64_t pooled_seq_ = 0;
   std::chrono::steady_clock::time_point last_fill_{};
   static constexpr std::chrono::milliseconds kRefillUnderLoad{250};
+  static constexpr std::size_t kMaxPools = 1024;
 };
 
 }  // namespace tsb::spawn

@@ -647,7 +647,7 @@ TEST(SchemaResponses, EncodedErrorsValidate) {
 TEST(SchemaResponses, StatusFieldsMatchTheServer) {
   // The keys of Server::status_json(), read from its source.
   std::string src = read_text(std::string(TSB_SOURCE_DIR) + "/daemon/core/server.cc");
-  auto start = src.find("json Server::status_json()");
+  auto start = src.find("json Server::status_json(");
   ASSERT_NE(start, std::string::npos);
   auto end = src.find("\n}\n", start);
   std::string body = src.substr(start, end - start);
