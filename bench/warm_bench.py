@@ -20,14 +20,18 @@ Both policies are the shipped default.json plus, for "warm", a warm_pool
 {"max": 4, "min": 4}. Between rounds the benchmark waits until the warm pools
 are full again (status warm_pool), so a warm variant measures a hit; the
 wait is not timed. A burst larger than the pool follows: --burst runs at
-once against a pool of 4, counting warm and cold runs and any error.
+once against a pool of 4, counting warm and cold runs and any error; and
+with --throughput-runs R, runs per second at each --concurrency (R runs
+each): bare, run_tool and execute of the cold policy, run_tool of the warm
+one, each against bare.
 
 Reports median, p10 and p90 of each, each against bare, the median CPU time
 of a run (bare: RUSAGE_CHILDREN; the daemon's: the run record's cpu_ms, the
 sandbox's cgroup from the hand-over on; none for bwrap, whose process is
 reaped inside its own pid namespace), and the load average before and after. --json FILE keeps it all.
 
-Standard library only, as root: /usr/bin/python3 bench/warm_bench.py [--n 100] [--build build] [--burst 16]
+Standard library only, as root:
+  /usr/bin/python3 bench/warm_bench.py [--n 100] [--build build] [--burst 16] [--throughput-runs 96]
 """
 
 from __future__ import annotations
@@ -97,6 +101,13 @@ def daemon_run(client: Client, name: str, mode: str, policy: str, warm: bool) ->
     return wall
 
 
+def throughput(concurrency: int, runs: int, fn) -> float:
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(max_workers=concurrency) as ex:
+        list(ex.map(lambda _: fn(), range(runs)))
+    return runs / (time.perf_counter() - t0)
+
+
 def write_policies(tmp: Path) -> Path:
     pol = tmp / "policies"
     pol.mkdir()
@@ -147,6 +158,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--build", type=Path, default=REPO / "build")
     ap.add_argument("--burst", type=int, default=16)
+    ap.add_argument("--throughput-runs", type=int, default=0, help="runs per throughput measurement (0: none)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if shutil.which("bwrap") is None:
@@ -178,6 +191,30 @@ def main() -> int:
             cpu_cols = "- | -" if name == "bwrap" else "%.2f | x%.2f" % (cpu[name], cpu[name] / cpu["bare"])
             print("| %s | %.2f | %.2f | %.2f | x%.3f | %s |" % (
                 name, m["median"], m["p10"], m["p90"], m["median"] / base, cpu_cols))
+
+        # Throughput: a fixed number of runs at a given concurrency, the
+        # daemon's modes (cold policy, and the warm one: its pool of 4 is
+        # what it is) against as many bare runs at the same concurrency.
+        if args.throughput_runs:
+            thr = {}
+            print("\n| concurrency | variant | runs/s | / bare |")
+            print("|---:|---|---:|---:|")
+            for conc in args.concurrency:
+                calls = {
+                    "bare": lambda: process("bare", []),
+                    "run_tool": lambda: daemon_run(client, "t", "run_tool", "cold", False),
+                    "run_tool-warm-policy": lambda: client.run_tool(TOOL, tool_name="add", args=ARGS, json_schema=SCHEMA,
+                                                                    organization_id=ORG, policy="warm"),
+                    "execute": lambda: daemon_run(client, "t", "execute", "cold", False),
+                }
+                got = {}
+                for name, call in calls.items():
+                    wait_full(client)
+                    got[name] = throughput(conc, args.throughput_runs, call)
+                for name, v in got.items():
+                    print("| %d | %s | %.1f | %.0f %% |" % (conc, name, v, 100 * v / got["bare"]))
+                thr[str(conc)] = got
+            report["throughput_runs_per_s"] = thr
 
         # A burst larger than the pool: every run answers; those that found
         # no warm sandbox ran cold.
