@@ -1877,6 +1877,11 @@ def _await_hand_over(tool=False, site_packages=False):
     # generated scripts import: loaded now, they cost the run nothing.
     import base64, hashlib, pickle, typing  # noqa: F401,E401
 
+    # An interpreter's first compile sets up the parser (most of a
+    # millisecond): done now, for the declaration's parse and the tool's
+    # or the script's compile.
+    compile("pass\n", "<warm-up>", "exec")
+    compile(b"pass\n", "<warm-up>", "exec")
     if tool:
         import _ast  # noqa: F401  (_declared_params)
         import atexit  # noqa: F401  (_lean_exit)
