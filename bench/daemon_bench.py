@@ -83,7 +83,10 @@ def bare(script: str, variant: str = "") -> float:
 
 
 def start_daemon(build: Path, tmp: Path, concurrency: int, tag: str = "",
-                 uid_base: int = 1 << 30) -> tuple[subprocess.Popen, str]:
+                 uid_base: int = 1 << 30, extra: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """A daemon of `build` in `tmp`, answering on its socket; `extra`: more
+    of its configuration (policies_dir, organizations). Also used by the
+    other daemon benchmarks."""
     sock = str(tmp / "d.sock")
     os.chmod(tmp, 0o711)
     cfg = {
@@ -95,6 +98,7 @@ def start_daemon(build: Path, tmp: Path, concurrency: int, tag: str = "",
         # their own uid ranges.
         "engine": {"state_dir": str(tmp / "state"), "cgroup_parent": "/toolsandbox-bench-daemon" + tag,
                    "uid_base": uid_base},
+        **(extra or {}),
     }
     (tmp / "config.json").write_text(json.dumps(cfg))
     log = open(tmp / "log", "wb")

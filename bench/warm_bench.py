@@ -57,6 +57,7 @@ from toolsandbox_client import Client  # noqa: E402
 from letta_reference import generate_script  # noqa: E402
 
 import interleave  # noqa: E402  (bench/, beside this file)
+from daemon_bench import start_daemon, throughput  # noqa: E402
 
 VENV_PY = "/var/lib/toolsandbox/venv/bin/python3"
 TOOL = "def add(a: int, b: int) -> int:\n    return a + b\n"
@@ -101,13 +102,6 @@ def daemon_run(client: Client, name: str, mode: str, policy: str, warm: bool) ->
     return wall
 
 
-def throughput(concurrency: int, runs: int, fn) -> float:
-    t0 = time.perf_counter()
-    with cf.ThreadPoolExecutor(max_workers=concurrency) as ex:
-        list(ex.map(lambda _: fn(), range(runs)))
-    return runs / (time.perf_counter() - t0)
-
-
 def write_policies(tmp: Path) -> Path:
     pol = tmp / "policies"
     pol.mkdir()
@@ -118,28 +112,6 @@ def write_policies(tmp: Path) -> Path:
     (pol / "organizations.json").write_text(json.dumps({
         "version": 1, "default": {"privileged": False, "policy": "cold", "allowed_policies": ["cold", "warm"]}}))
     return pol
-
-
-def start_daemon(build: Path, tmp: Path) -> tuple[subprocess.Popen, str]:
-    sock = str(tmp / "d.sock")
-    os.chmod(tmp, 0o711)
-    pol = write_policies(tmp)
-    cfg = {"version": 1, "socket": {"path": sock}, "max_concurrent_runs": 16, "max_queued_runs": 1024,
-           "policies_dir": str(pol), "organizations": str(pol / "organizations.json"),
-           "engine": {"state_dir": str(tmp / "state"), "cgroup_parent": "/toolsandbox-bench-warm"}}
-    (tmp / "config.json").write_text(json.dumps(cfg))
-    log = open(tmp / "log", "wb")
-    proc = subprocess.Popen([str(build / "bin" / "toolsandboxd"), "--config", str(tmp / "config.json")],
-                            stdout=log, stderr=log)
-    for _ in range(2000):
-        if os.path.exists(sock):
-            try:
-                Client(sock).status()
-                return proc, sock
-            except Exception:
-                pass
-        time.sleep(0.01)
-    raise RuntimeError("the daemon did not start; see " + str(tmp / "log"))
 
 
 def wait_full(client: Client, timeout: float = 60.0) -> None:
@@ -165,7 +137,9 @@ def main() -> int:
     if shutil.which("bwrap") is None:
         sys.exit("bwrap is not installed (scripts/lib.sh installs bubblewrap)")
     tmp = Path(tempfile.mkdtemp(prefix="tsb-bench-warm-", dir="/run" if os.access("/run", os.W_OK) else None))
-    proc, sock = start_daemon(args.build, tmp)
+    pol = write_policies(tmp)
+    proc, sock = start_daemon(args.build, tmp, 16, "-warm",
+                              extra={"policies_dir": str(pol), "organizations": str(pol / "organizations.json")})
     client = Client(sock)
     report = {"n": args.n, "load_before": os.getloadavg(), "machine": os.uname().release}
     try:

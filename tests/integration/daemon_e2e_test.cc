@@ -45,6 +45,14 @@ std::string binary_frame_script(const std::string& payload_json) {
          "sys.stdout.buffer.flush()\n";
 }
 
+// A copy of the source tree's policies in a directory of its own, and the
+// text of its default.json (for the test to change and write back).
+std::string copy_policies(const std::string& dir) {
+  if (std::system(("cp -r " + std::string(TSB_SOURCE_DIR) + "/policies " + dir).c_str()) != 0) return "";
+  std::ifstream in(dir + "/default.json");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 }  // namespace
 
 using tsb::testing::EngineTest;
@@ -261,12 +269,8 @@ TEST_F(EngineTest, DaemonClientDisconnectKillsTheRun) {
 // pipe holds, so the front end is still writing when the reader goes away.
 TEST_F(EngineTest, DaemonRunThatNeverReadsItsInputLeavesTheFrontEndUp) {
   std::string dir = "/tmp/tsb-e2e-epipe-" + tsb::random_hex(4);
-  ASSERT_EQ(std::system(("cp -r " + std::string(TSB_SOURCE_DIR) + "/policies " + dir).c_str()), 0);
-  std::string text;
-  {
-    std::ifstream in(dir + "/default.json");
-    text.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string text = copy_policies(dir);
+  ASSERT_FALSE(text.empty());
   const std::string from = "\"interpreter\": \"/venv/bin/python3\"";
   auto at = text.find(from);
   ASSERT_NE(at, std::string::npos);
@@ -329,12 +333,8 @@ TEST_F(EngineTest, DaemonAuditLineHasNoSecrets) {
 // from the hand-over, the request's environment adopted as a cold start's.
 TEST_F(EngineTest, DaemonWarmPoolHandsOverOnce) {
   std::string dir = "/tmp/tsb-e2e-warm-" + tsb::random_hex(4);
-  ASSERT_EQ(std::system(("cp -r " + std::string(TSB_SOURCE_DIR) + "/policies " + dir).c_str()), 0);
-  std::string text;
-  {
-    std::ifstream in(dir + "/default.json");
-    text.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string text = copy_policies(dir);
+  ASSERT_FALSE(text.empty());
   const std::string at = "\"network\": \"none\",";
   ASSERT_NE(text.find(at), std::string::npos);
   text.replace(text.find(at), at.size(), at + "\n  \"warm_pool\": { \"max\": 1, \"min\": 1 },");

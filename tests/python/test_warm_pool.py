@@ -137,16 +137,21 @@ def memory_holds(pid, needle: bytes) -> bool:
     return False
 
 
+def start(test_class, **config):
+    """A daemon of the test class's own over write_policies' policies."""
+    F.require_daemon()
+    test_class.tmp = tempfile.mkdtemp(prefix="tsb-warm-")
+    test_class.addClassCleanup(shutil.rmtree, test_class.tmp, True)
+    os.chmod(test_class.tmp, 0o755)
+    test_class.policies = write_policies(test_class.tmp)
+    test_class.daemon = F.start_daemon(test_class, policies_dir=test_class.policies,
+                                       organizations=os.path.join(test_class.policies, "organizations.json"), **config)
+
+
 class WarmPool(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        F.require_daemon()
-        cls.tmp = tempfile.mkdtemp(prefix="tsb-warm-")
-        cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
-        os.chmod(cls.tmp, 0o755)
-        cls.policies = write_policies(cls.tmp)
-        cls.daemon = F.start_daemon(cls, policies_dir=cls.policies, max_concurrent_runs=8,
-                                    organizations=os.path.join(cls.policies, "organizations.json"))
+        start(cls, max_concurrent_runs=8)
         cls.client = cls.daemon.client()
 
     def wait_warm(self, policy="warm", mode="run_tool", n=None):
@@ -282,13 +287,7 @@ class WarmPoolReload(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        F.require_daemon()
-        cls.tmp = tempfile.mkdtemp(prefix="tsb-warm-reload-")
-        cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
-        os.chmod(cls.tmp, 0o755)
-        cls.policies = write_policies(cls.tmp)
-        cls.daemon = F.start_daemon(cls, policies_dir=cls.policies,
-                                    organizations=os.path.join(cls.policies, "organizations.json"))
+        start(cls)
 
     def test_a_reload_drains_the_old_pool(self):
         d = self.daemon
