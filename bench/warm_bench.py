@@ -117,7 +117,7 @@ def write_policies(tmp: Path) -> Path:
 def wait_full(client: Client, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        pools = [p for p in client.status()["warm_pool"]["pools"] if p["policy"] == "warm" and not p["venv"]]
+        pools = [p for p in client.status()["warm_pool"]["pools"] if p["policy"] == "warm"]
         if len(pools) == 2 and all(p["warm"] >= p["target"] for p in pools):
             return
         if time.monotonic() > deadline:

@@ -336,7 +336,6 @@ asio::awaitable<nlohmann::json> LocalBackend::warm_status() {
   for (const auto& p : st->pools) {
     pools.push_back({{"policy", p.policy},
                      {"mode", p.mode == spawn::RunMode::Tool ? "run_tool" : "execute"},
-                     {"venv", p.venv.empty() ? json() : json(p.venv)},
                      {"warm", p.ready},
                      {"starting", p.starting},
                      {"target", p.target},
@@ -448,9 +447,10 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     // The runner's request and result travel on its result channel
     // (protocol/letta.h); stdout and stderr are the tool's alone.
     order.mode = spawn::RunMode::Tool;
-    // A warm runner takes the same request: the variables that change how
-    // a program starts are the tool's (runner_env), never its own.
-    order.warm = true;
+    // A warm runner takes the same request (the variables that change how
+    // a program starts are the tool's, runner_env, in both), unless one it
+    // would have read as it started is set (read_at_start).
+    order.warm = std::none_of(p.env.begin(), p.env.end(), [](const auto& kv) { return read_at_start(kv.first); });
     const auto& t = std::get<protocol::RunToolRequest>(p.request->body);
     channel = ChannelExchange{runner_channel_first(t),
                               [&t, env = p.runner_env](bool declared) { return runner_channel_second(t, declared, env); },
@@ -461,9 +461,9 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     order.mode = spawn::RunMode::Script;
     stdin_data = std::get<protocol::ExecuteRequest>(p.request->body).script;
     // A warm interpreter started without the request's variables: one that
-    // changes how a program starts (PYTHONPATH, LD_PRELOAD) runs cold.
-    order.warm = std::none_of(p.env.begin(), p.env.end(),
-                              [](const auto& kv) { return changes_how_a_program_starts(kv.first); });
+    // it would have read as it started (PYTHONPATH, LD_PRELOAD, TZ, LANG)
+    // runs cold.
+    order.warm = std::none_of(p.env.begin(), p.env.end(), [](const auto& kv) { return read_at_start(kv.first); });
   }
 
   // Requirements (Letta's pip_requirements, the sandbox config's and the

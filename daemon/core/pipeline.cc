@@ -37,6 +37,11 @@ bool changes_how_a_program_starts(std::string_view name) {
   return std::find(std::begin(kNamed), std::end(kNamed), name) != std::end(kNamed);
 }
 
+bool read_at_start(std::string_view name) {
+  return changes_how_a_program_starts(name) || name == "LANG" || name == "LANGUAGE" || name.starts_with("LC_") ||
+         name == "TZ" || name == "HOME";
+}
+
 std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& peer,
                                    std::shared_ptr<const PolicySet> policies, bool e2b_configured,
                                    const std::string& runner_path, PreparedRun& out) {

@@ -103,6 +103,11 @@ struct PreparedRun {
 // LD_*, MALLOC_*, PYTHON* and the other variables glibc ignores for setuid
 // programs: what the trusted runner must not start with.
 bool changes_how_a_program_starts(std::string_view name);
+// Those, and what a program reads from its environment once, as it starts
+// (the locale: LANG, LANGUAGE, LC_*; TZ; HOME, for Python's user site): a
+// warm sandbox, started without the request's variables, cannot show a
+// run that sets one what a cold start would. Such a run is cold.
+bool read_at_start(std::string_view name);
 
 std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& peer,
                                    std::shared_ptr<const PolicySet> policies, bool e2b_configured,

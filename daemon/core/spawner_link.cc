@@ -55,20 +55,30 @@ struct SpawnerLink::Pending {
 };
 
 struct SpawnerLink::PoolQuestion {
-  explicit PoolQuestion(asio::io_context& io) : wake(io) {}
-  asio::steady_timer wake;
+  explicit PoolQuestion(asio::io_context&) {}
+  std::chrono::steady_clock::time_point asked = std::chrono::steady_clock::now();
+  std::vector<asio::steady_timer*> waiting;  // the status requests waiting for it, woken by the answer
+  bool answered = false;
   std::optional<spawn::PoolState> answer;
 };
 
 asio::awaitable<std::optional<spawn::PoolState>> SpawnerLink::pool_state() {
-  auto q = std::make_shared<PoolQuestion>(io_);
-  if (!sd_.is_open() || !send(spawn::encode_pools_question()).ok()) co_return std::nullopt;
-  // Stays queued even when the wait runs out: the answer that comes later
-  // is its own, not the next question's.
-  pool_questions_.push_back(q);
-  q->wake.expires_after(std::chrono::seconds(2));
-  co_await q->wake.async_wait(tuple_awaitable);
-  co_return std::move(q->answer);
+  // One question at a time, whatever the number of status requests: those
+  // that come while it is asked share its answer (the spawner's answers
+  // never pile up in the socket).
+  std::shared_ptr<PoolQuestion> q = pool_questions_.empty() ? nullptr : pool_questions_.back();
+  if (!q || q->answered || std::chrono::steady_clock::now() >= q->asked + std::chrono::seconds(2)) {
+    q = std::make_shared<PoolQuestion>(io_);
+    if (!sd_.is_open() || !send(spawn::encode_pools_question()).ok()) co_return std::nullopt;
+    // Stays queued even when the wait runs out: the answer that comes
+    // later is its own, not the next question's.
+    pool_questions_.push_back(q);
+  }
+  asio::steady_timer wait(io_, q->asked + std::chrono::seconds(2));
+  q->waiting.push_back(&wait);
+  co_await wait.async_wait(tuple_awaitable);
+  std::erase(q->waiting, &wait);
+  co_return q->answer;
 }
 
 SpawnerLink::SpawnerLink(asio::io_context& io, UniqueFd control) : io_(io), control_(std::move(control)), sd_(io) {}
@@ -191,7 +201,8 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
         auto q = std::move(pool_questions_.front());
         pool_questions_.pop_front();
         q->answer = std::move(st).value();
-        q->wake.cancel();
+        q->answered = true;
+        for (asio::steady_timer* t : q->waiting) t->cancel();
         break;
       }
       default: spdlog::error("spawner: unknown message type {}", static_cast<int>(spawn::message_type(*m)));

@@ -1022,9 +1022,7 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
       // the two look alike.
       tool.pooled_argv = flags;
       tool.pooled_argv.emplace_back(kRunnerPooledBoot);
-      tool.pooled_keyed_argv = flags;
-      tool.pooled_keyed_argv.emplace_back(kRunnerPooledKeyedBoot);
-      script.pooled_argv = script.pooled_keyed_argv = {p.interpreter, "-c", script_launcher(true)};
+      script.pooled_argv = {p.interpreter, "-c", script_launcher(true)};
       script.fs = tool.fs;
     }
   } else {

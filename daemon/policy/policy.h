@@ -69,7 +69,7 @@ struct PackagesPolicy {
   std::string index_settings() const;
 };
 
-// Warm sandboxes (policies/README.md, "warm_pool"): per mode and venv, up
+// Warm sandboxes (policies/README.md, "warm_pool"): per mode (the policy's own venv), up
 // to `max` sandboxes made before their request, each used once. The pool
 // grows by one on every run that finds it empty, keeps at least `min`, and
 // shrinks by one for every `idle` without a run.
@@ -147,15 +147,11 @@ std::string script_launcher(bool pooled);
 // from its directory, put after the standard library on sys.path, so that
 // its bytecode comes from __pycache__ (daemon/runner/toolsandbox_runner.py,
 // "Invocation"), and run: run_channel() when started for a request,
-// run_pooled() in a warm sandbox; with the policy's own venv (the
-// operator's), a warm runner sets up its site-packages before the
-// hand-over, with a per-tool venv after its declaration, as a cold one.
+// run_pooled() in a warm sandbox (which has the policy's own venv, the
+// operator's, and sets up its site-packages before the hand-over).
 inline constexpr std::string_view kRunnerBoot =
     "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run_channel()\n";
 inline constexpr std::string_view kRunnerPooledBoot =
-    "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\n"
-    "toolsandbox_runner.run_pooled(site_packages=True)\n";
-inline constexpr std::string_view kRunnerPooledKeyedBoot =
     "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run_pooled()\n";
 
 // Whether `p` (links followed) is a regular file owned by root, readable by

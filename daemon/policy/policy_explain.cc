@@ -547,7 +547,7 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
 
   if (p.warm.max > 0) {
     out << "\nWarm pool (sandboxes made before their request, each used by one run)\n";
-    out << "  size      up to " << p.warm.max << " per mode and venv, at least " << p.warm.min << "; one fewer for every "
+    out << "  size      up to " << p.warm.max << " per mode, at least " << p.warm.min << "; one fewer for every "
         << format_duration(p.warm.idle) << " without a run, and none older\n";
     out << "  waiting   the policy's fixed environment only: the request's variables, code, arguments and\n"
            "            agent_state arrive at the hand-over; timeout and CPU time count from it\n";

@@ -1683,6 +1683,7 @@ def _lean_exit(code, source_file, files_opened):
     if files_opened[0]:
         _flush_files()
     _flush_std()
+    _flush_c_stdio()
     if source_file is not None:
         try:
             os.unlink(source_file)
@@ -1863,14 +1864,14 @@ class _Environ:
         _environ_block = buf  # the kernel reads it from here on, for the life of the process
 
 
-def _await_hand_over(tool=False, site_packages=False):
+def _await_hand_over(tool=False):
     """A pooled runner's wait: the channel taken off fd 0, what the run
     needs loaded, "ready" written, then the request's environment adopted.
     Returns the channel. For a tool also the standard library's modules the
-    runner uses; and with site_packages, the venv's site-packages set up now,
-    as the cold runner's tool process does after its declaration (the
-    daemon asks for it only with the policy's own venv, the operator's:
-    code of a per-tool venv never runs before the declaration)."""
+    runner uses, and the venv's site-packages set up now, which the cold
+    runner's tool process does after its declaration: warm sandboxes have
+    the policy's own venv only (the operator's, root's), never a per-tool
+    one, whose code never runs before the declaration."""
     chan = _take_channel()
     environ = _Environ()
     # The standard library modules Letta's namespace (_run_tool) and Letta's
@@ -1887,10 +1888,7 @@ def _await_hand_over(tool=False, site_packages=False):
         import atexit  # noqa: F401  (_lean_exit)
         import keyword  # noqa: F401  (_validate_request)
 
-        if site_packages:
-            _tool_process_setup()
-        else:
-            _tool_process_setup_imports()
+        _tool_process_setup()
     _write_all(chan, CHANNEL_READY)
     try:
         environ.adopt(_read_part(chan))
@@ -1919,7 +1917,10 @@ def _script_end(files_opened):
     flushed (the interpreter then reports that, with status 120)."""
     threading = sys.modules.get("threading")
     if threading is not None:
-        threading._shutdown()
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass  # as the interpreter's teardown, which ignores it
     import atexit
 
     atexit._run_exitfuncs()
@@ -1931,19 +1932,31 @@ def _script_end(files_opened):
                 f.flush()
         except BaseException:
             return  # the interpreter's own exit reports it
+    _flush_c_stdio()
     os._exit(0)
 
 
-def run_pooled(site_packages=False):
+def _flush_c_stdio():
+    """What C code (an extension's printf) left in C's stdio buffers, which
+    exit() would flush and _exit does not. Through ctypes when a run has it
+    loaded (a warm one always)."""
+    ctypes = sys.modules.get("ctypes")
+    if ctypes is not None:
+        try:
+            ctypes.CDLL(None).fflush(None)
+        except (OSError, AttributeError):
+            pass
+
+
+def run_pooled():
     """The runner in a pooled sandbox (kRunnerPooledBoot): started before
     any request exists, it waits on its channel for the hand-over, then is
-    the channel mode's runner (site_packages: see _await_hand_over). Never
-    returns."""
+    the channel mode's runner. Never returns."""
 
     def body():
         if not stat.S_ISSOCK(_stdin_mode()):
             raise Fatal("stdin must be the result channel, a stream socket")
-        return _channel_main(_await_hand_over(tool=True, site_packages=site_packages))
+        return _channel_main(_await_hand_over(tool=True))
 
     _as_program(body)
 

@@ -134,7 +134,6 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
     for (auto& m : p.modes) {
       m.argv = r.strs(64, kMaxValue);
       m.pooled_argv = r.strs(64, kMaxValue);
-      m.pooled_keyed_argv = r.strs(64, kMaxValue);
       m.fs = get_table(r);
     }
     p.warm_max = r.upto(64);
@@ -154,7 +153,7 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
 isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv, bool pooled) {
   isolate::RunSpec s;
   const SpawnPolicy::Mode& m = p.modes[static_cast<int>(mode)];
-  s.argv = !pooled ? m.argv : venv.empty() ? m.pooled_argv : m.pooled_keyed_argv;
+  s.argv = pooled ? m.pooled_argv : m.argv;
   s.fs = m.fs;
   if (!venv.empty()) {  // a per-tool venv (the caller checked the key): in the cache its row names
     auto fs = std::make_shared<isolate::FsTable>(*s.fs);
@@ -258,7 +257,6 @@ std::string encode(const PoolState& m) {
   for (const auto& p : m.pools) {
     w.str(p.policy);
     w.u8(static_cast<std::uint8_t>(p.mode));
-    w.str(p.venv);
     for (std::uint32_t v : {p.ready, p.starting, p.target}) w.u32(v);
     for (std::uint64_t v : {p.hits, p.misses, p.lost}) w.u64(v);
   }

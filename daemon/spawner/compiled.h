@@ -44,13 +44,11 @@ struct SpawnPolicy {
   // command does not run here (tool mode when no runner is installed).
   struct Mode {
     std::vector<std::string> argv;
-    // The command of a warm sandbox of this mode (none: no pool), with the
-    // policy's venv and with a per-tool one.
-    std::vector<std::string> pooled_argv, pooled_keyed_argv;
+    std::vector<std::string> pooled_argv;  // the command of a warm sandbox of this mode; none: no pool
     std::shared_ptr<const isolate::FsTable> fs;
   };
   Mode modes[2];
-  // Warm sandboxes (core::WarmPool): per mode and venv, at most warm_max.
+  // Warm sandboxes (core::WarmPool): per mode, at most warm_max.
   std::uint32_t warm_min = 0, warm_max = 0;
   std::chrono::milliseconds warm_idle{300'000};
 };
@@ -58,7 +56,7 @@ struct SpawnPolicy {
 // The RunSpec of a run of `p` in `mode`: everything the policy decides
 // (env and stdin left to the run). The one place a policy becomes an
 // engine's spec. `pooled`: a warm sandbox's (its pooled command; stdin the
-// hand-over's socket in both modes).
+// hand-over's socket in both modes; the policy's own venv).
 isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv = "", bool pooled = false);
 
 struct CompiledSet {
@@ -155,12 +153,11 @@ struct Kill {
   std::uint64_t id = 0;
 };
 
-// The answer to Pools: each warm pool (policy, mode, venv) as it is now.
+// The answer to Pools: each warm pool (policy, mode) as it is now.
 struct PoolState {
   struct Pool {
     std::string policy;
     RunMode mode = RunMode::Tool;
-    std::string venv;
     std::uint32_t ready = 0, starting = 0, target = 0;
     std::uint64_t hits = 0, misses = 0, lost = 0;  // lost: ended before a hand-over
   };

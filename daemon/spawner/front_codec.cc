@@ -102,7 +102,6 @@ std::string encode_compiled_set(const CompiledSet& s) {
     for (const auto& m : p.modes) {
       w.strs(m.argv);
       w.strs(m.pooled_argv);
-      w.strs(m.pooled_keyed_argv);
       put_table(w, m.fs ? *m.fs : isolate::FsTable{});
     }
     w.u8(static_cast<std::uint8_t>(p.warm_max));
@@ -157,7 +156,6 @@ Result<PoolState> decode_pool_state(std::string_view b) {
     PoolState::Pool p;
     p.policy = r.str(kMaxName);
     p.mode = static_cast<RunMode>(r.upto(1));
-    p.venv = r.str(64);
     for (std::uint32_t* v : {&p.ready, &p.starting, &p.target}) *v = r.u32();
     for (std::uint64_t* v : {&p.hits, &p.misses, &p.lost}) *v = r.u64();
     m.pools.push_back(std::move(p));

@@ -389,25 +389,31 @@ void Spawner::handle_run(const std::string& msg) {
   spec.limits.wall_timeout = o.timeout;
   spec.env = environment_of(p->env_set, o.env);
 
-  // A warm sandbox when there is one (a ready one first); a run that finds
-  // none grows the pool by one, and so does one that takes the last.
+  // A warm sandbox when there is a ready one still alive (the oldest
+  // first); a run that finds none grows the pool by one, and so does one
+  // that takes the last. Only the policy's own venv has pools.
   Live l;
   l.id = o.id;
   UniqueFd in, out, err, egress;
-  if (Pool* pool = o.warm ? pool_for(*p, o.mode, o.venv) : nullptr) {
+  if (Pool* pool = o.warm && o.venv.empty() ? pool_for(*p, o.mode) : nullptr) {
     pool->last_run = Clock::now();
-    auto it = std::find_if(pool->idle.begin(), pool->idle.end(), [](const Pooled& w) { return w.ready; });
-    if (it == pool->idle.end()) it = pool->idle.begin();
-    if (it != pool->idle.end()) {
-      l.sb = std::move(it->sb);
-      in = std::move(it->in), out = std::move(it->out), err = std::move(it->err), egress = std::move(it->egress);
-      pool->idle.erase(it);
-      ++pool->hits;
-      l.cpu_before = l.sb->cgroup().cpu_usage();
-    } else {
-      ++pool->misses;
+    for (auto it = pool->idle.begin(); it != pool->idle.end() && !l.sb;) {
+      pollfd ended{it->sb->pidfd(), POLLIN, 0};
+      if (!it->ready) {
+        ++it;
+      } else if (::poll(&ended, 1, 0) != 0) {
+        it = pool->idle.erase(it);  // ended since the last turn: its loss is counted there
+        ++pool->lost;
+      } else {
+        l.sb = std::move(it->sb);
+        in = std::move(it->in), out = std::move(it->out), err = std::move(it->err), egress = std::move(it->egress);
+        pool->idle.erase(it);
+        l.cpu_before = l.sb->cgroup().cpu_usage();
+      }
     }
-    if (pool->idle.empty()) pool->target = std::min<std::uint32_t>(pool->target + 1, p->warm_max);
+    ++(l.sb ? pool->hits : pool->misses);
+    if (std::none_of(pool->idle.begin(), pool->idle.end(), [](const Pooled& w) { return w.ready; }))
+      pool->target = std::min<std::uint32_t>(pool->target + 1, p->warm_max);
   }
   const bool warm = l.sb != nullptr;
   if (!warm) {
@@ -436,24 +442,17 @@ void Spawner::handle_run(const std::string& msg) {
   runs_.emplace(o.id, std::move(l));
 }
 
-Spawner::Pool* Spawner::pool_for(const SpawnPolicy& p, RunMode mode, const std::string& venv) {
+Spawner::Pool* Spawner::pool_for(const SpawnPolicy& p, RunMode mode) {
   // Only the policies in force (not the set before a reload) have pools.
   const auto& ps = set_.policies;
   if (p.warm_max == 0 || p.modes[static_cast<int>(mode)].pooled_argv.empty() || &p < ps.data() ||
       &p >= ps.data() + ps.size())
     return nullptr;
-  auto [it, made] = pools_.try_emplace(p.fingerprint + (mode == RunMode::Tool ? "/tool/" : "/script/") + venv);
+  auto [it, made] = pools_.try_emplace(p.fingerprint + (mode == RunMode::Tool ? "/tool" : "/script"));
   Pool& pool = it->second;
-  // However many per-tool venvs the front end names, the pools' own
-  // bookkeeping stays bounded.
-  if (made && pools_.size() > kMaxPools) {
-    pools_.erase(it);
-    return nullptr;
-  }
   if (made) {
     pool.policy = &p;
     pool.mode = mode;
-    pool.venv = venv;
     pool.target = p.warm_min;
     pool.last_run = Clock::now();
   }
@@ -462,7 +461,7 @@ Spawner::Pool* Spawner::pool_for(const SpawnPolicy& p, RunMode mode, const std::
 
 void Spawner::fill(Pool& pool) {
   const SpawnPolicy& p = *pool.policy;
-  isolate::RunSpec spec = run_spec_from(p, pool.mode, pool.venv, /*pooled=*/true);
+  isolate::RunSpec spec = run_spec_from(p, pool.mode, "", /*pooled=*/true);
   // init's own backstop counts from the spawn: room for the longest wait
   // in the pool (idle: older ones are replaced) and then the longest run.
   spec.limits.wall_timeout = p.warm_idle + p.limits.wall_timeout;
@@ -482,10 +481,10 @@ void Spawner::fill(Pool& pool) {
 }
 
 void Spawner::tend_pools(Clock::time_point now, bool quiet) {
-  // A policy's own pools (no per-tool venv) with a min exist from the start.
+  // Pools with a min exist from the start.
   for (const SpawnPolicy& p : set_.policies)
     for (RunMode m : {RunMode::Script, RunMode::Tool})
-      if (p.warm_min > 0) (void)pool_for(p, m, "");
+      if (p.warm_min > 0 && !stopping_) (void)pool_for(p, m);
   for (auto& [key, pool] : pools_) {
     const SpawnPolicy& p = *pool.policy;
     // One smaller for every idle period without a run, down to min; none
@@ -494,11 +493,15 @@ void Spawner::tend_pools(Clock::time_point now, bool quiet) {
       --pool.target;
       pool.last_run = now;
     }
-    std::erase_if(pool.idle, [&](const Pooled& w) { return now - w.sb->started() >= p.warm_idle; });
+    // One that never became ready in kMaxStart is lost: it would hold every
+    // refill back.
+    std::erase_if(pool.idle, [&](const Pooled& w) {
+      const auto age = now - w.sb->started();
+      pool.lost += !w.ready && age >= kMaxStart;
+      return age >= p.warm_idle || (!w.ready && age >= kMaxStart);
+    });
     while (pool.idle.size() > pool.target) pool.idle.erase(pool.idle.begin());
   }
-  // A per-tool venv's pool that shrank to nothing is forgotten.
-  std::erase_if(pools_, [](const auto& kv) { return kv.second.target == 0 && !kv.second.venv.empty(); });
   if (!quiet) return;
   if (Pool* pool = next_to_fill(now)) {
     fill(*pool);
@@ -516,6 +519,9 @@ Spawner::Pool* Spawner::next_to_fill(Clock::time_point now) {
   std::size_t live = 0;
   for (const auto& [id, l] : runs_) live += l.orphan ? 0 : 1;
   if (live > 0 && now - last_fill_ < kRefillUnderLoad) return nullptr;
+  // Warm sandboxes hold uid slots too: never so many that runs lack one.
+  const std::size_t room = std::min<std::size_t>(set_.max_concurrent_runs,
+                                                 set_.engine.uid_slots - std::min(set_.engine.uid_slots, set_.max_concurrent_runs));
   std::size_t total = 0;
   Pool* emptiest = nullptr;
   for (auto& [key, pool] : pools_) {
@@ -526,7 +532,7 @@ Spawner::Pool* Spawner::next_to_fill(Clock::time_point now) {
         (!emptiest || pool.target - pool.idle.size() > emptiest->target - emptiest->idle.size()))
       emptiest = &pool;
   }
-  return stopping_ || total >= set_.max_concurrent_runs ? nullptr : emptiest;
+  return stopping_ || total >= room ? nullptr : emptiest;
 }
 
 void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds) {
@@ -563,7 +569,6 @@ void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds)
         PoolState::Pool& e = st.pools.emplace_back();
         e.policy = pool.policy->name;
         e.mode = pool.mode;
-        e.venv = pool.venv;
         for (const Pooled& w : pool.idle) ++(w.ready ? e.ready : e.starting);
         e.target = pool.target;
         e.hits = pool.hits, e.misses = pool.misses, e.lost = pool.lost;
@@ -642,7 +647,7 @@ void Spawner::check_limits(Clock::time_point now) {
 milliseconds Spawner::poll_timeout(Clock::time_point now) {
   auto next = now + milliseconds(1000);  // retired leaves (and idle pools) are looked at at least this often
   if (next_to_fill(now)) return milliseconds(0);  // a refill is due: on the next quiet turn
-  if (!pools_.empty()) next = std::min(next, last_fill_ + kRefillUnderLoad);
+  if (next_to_fill(last_fill_ + kRefillUnderLoad)) next = std::min(next, last_fill_ + kRefillUnderLoad);  // held back
   for (const auto& [id, l] : runs_) {
     if (!l.obs.timed_out) next = std::min(next, l.wall_deadline);
     if (l.cpu_limited && !l.obs.cpu_exceeded) next = std::min(next, l.next_cpu_check);
@@ -743,12 +748,13 @@ int Spawner::run() {
       ids.push_back(id);
     }
     // Warm sandboxes: each one's end, and whether it is ready yet.
-    std::vector<std::pair<Pool*, std::uint64_t>> warm;
+    // (By key: a reload or a stop below ends every pool.)
+    std::vector<std::pair<std::string, std::uint64_t>> warm;
     for (auto& [key, pool] : pools_)
       for (const Pooled& w : pool.idle) {
         pf.push_back({w.sb->pidfd(), POLLIN, 0});
         pf.push_back({w.ready ? -1 : w.in.get(), POLLIN, 0});
-        warm.emplace_back(&pool, w.seq);
+        warm.emplace_back(key, w.seq);
       }
     auto now = Clock::now();
     auto timeout = poll_timeout(now);
@@ -802,8 +808,10 @@ int Spawner::run() {
       runs_.erase(it);
     }
     for (std::size_t i = 0, at = 3 + ids.size(); i < warm.size(); ++i, at += 2) {
-      auto& [pool, seq] = warm[i];
-      auto it = std::find_if(pool->idle.begin(), pool->idle.end(), [&](const Pooled& w) { return w.seq == seq; });
+      auto found = pools_.find(warm[i].first);
+      if (found == pools_.end()) continue;  // ended by a reload or the stop
+      Pool* pool = &found->second;
+      auto it = std::find_if(pool->idle.begin(), pool->idle.end(), [&](const Pooled& w) { return w.seq == warm[i].second; });
       if (it == pool->idle.end()) continue;  // handed over meanwhile
       if (pf[at].revents & (POLLIN | POLLHUP | POLLERR)) {
         // Ended before its hand-over: a pool whose sandboxes keep doing

@@ -12,13 +12,15 @@
 //   Ended    sent when pid 1 of the run has exited: the engine's RunResult.
 //   Pools    the warm pools as they are (PoolState).
 //
-// Warm sandboxes: a policy with a warm_pool gets, per mode and venv, up to
-// its max sandboxes made before any request, with the policy's fixed
-// environment only, each waiting on its stdin socket. A Run that allows it
-// takes one (Started says so) and its wall-clock and CPU-time limits count
-// from then; none is ever used twice. They are made one at a time, on a
-// turn of the loop with no message waiting, and never past
-// max_concurrent_runs in all; a reload or a stop ends them all.
+// Warm sandboxes: a policy with a warm_pool gets, per mode, up to its max
+// sandboxes made before any request (with the policy's own venv: a
+// per-tool venv's run is always cold), with the policy's fixed environment
+// only, each waiting on its stdin socket. A Run that allows it takes a
+// ready one still alive (Started says so) and its wall-clock and CPU-time
+// limits count from then; none is ever used twice. They are made one at a
+// time, on a turn of the loop with no message waiting, never past
+// max_concurrent_runs in all nor so many that runs would lack a uid slot;
+// a reload or a stop ends them all.
 //
 // The wall-clock and CPU-time limits and the kill are enforced here, in one
 // poll loop (no threads: the engine calls clone3). A front end that dies
@@ -92,14 +94,13 @@ class Spawner {
   struct Pool {
     const SpawnPolicy* policy = nullptr;  // in set_ (pools end at a reload)
     RunMode mode = RunMode::Tool;
-    std::string venv;
     std::vector<Pooled> idle;
     std::uint32_t target = 0;
     std::chrono::steady_clock::time_point last_run, paused_until;
     std::uint64_t hits = 0, misses = 0, lost = 0;
     unsigned lost_in_a_row = 0;
   };
-  Pool* pool_for(const SpawnPolicy& p, RunMode mode, const std::string& venv);
+  Pool* pool_for(const SpawnPolicy& p, RunMode mode);
   void tend_pools(std::chrono::steady_clock::time_point now, bool quiet);
   Pool* next_to_fill(std::chrono::steady_clock::time_point now);
   void fill(Pool& pool);
@@ -141,11 +142,11 @@ class Spawner {
   std::vector<std::chrono::steady_clock::time_point> restarts_;
   std::map<std::uint64_t, Live> runs_;  // by the front end's id; orphans keep theirs
   std::uint64_t orphan_seq_ = 0;
-  std::map<std::string, Pool> pools_;  // by fingerprint, mode and venv
+  std::map<std::string, Pool> pools_;  // by fingerprint and mode
   std::uint64_t pooled_seq_ = 0;
   std::chrono::steady_clock::time_point last_fill_{};
   static constexpr std::chrono::milliseconds kRefillUnderLoad{250};
-  static constexpr std::size_t kMaxPools = 1024;
+  static constexpr std::chrono::seconds kMaxStart{30};  // a warm sandbox not ready by then is lost
 };
 
 }  // namespace tsb::spawn

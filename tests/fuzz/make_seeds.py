@@ -281,10 +281,9 @@ def compiled_set():
     policy = (wstr(b"default") + wstr(b"sha256:" + b"ab" * 32) + u8(1) + limits + wstr(b"/work") + wstr(b"sandbox")
               + u8(0) + wmap({b"PATH": b"/venv/bin:/usr/bin", b"HOME": b"/work"}) + wstrs([b"LETTA_*", b"TZ"])
               + program(b"seccomp/default.json", allow) + u32(1000) + u32(1000)
-              + wstrs([b"/venv/bin/python3", b"-c", b"pass"]) + wstrs([b"/venv/bin/python3", b"-c", b"pooled"]) * 2
+              + wstrs([b"/venv/bin/python3", b"-c", b"pass"]) + wstrs([b"/venv/bin/python3", b"-c", b"pooled"])
               + fs_table(runner)
               + wstrs([b"/venv/bin/python3", b"-I", b"/opt/toolsandbox/runner/toolsandbox_runner.py"])
-              + wstrs([b"/venv/bin/python3", b"-I", b"-c", b"run_pooled(site_packages=True)"])
               + wstrs([b"/venv/bin/python3", b"-I", b"-c", b"run_pooled()"]) + fs_table(runner)
               + u8(4) + u8(1) + u64(300000))  # warm_pool: max, min, idle
     placement = (u8(1) + wstr(b"/toolsandbox") + u32(2) + wstr(b"memory") + wstr(b"/sys/fs/cgroup/memory/toolsandbox")

@@ -63,7 +63,7 @@ BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\ntoolsandbox
 CHANNEL_BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\ntoolsandbox_runner.run_channel()\n"
                 % os.path.dirname(RUNNER))
 POOLED_BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\n"
-               "toolsandbox_runner.run_pooled(site_packages=True)\n" % os.path.dirname(RUNNER))
+               "toolsandbox_runner.run_pooled()\n" % os.path.dirname(RUNNER))
 PROGRAM = ["-c", BOOT]
 CHANNEL_PROGRAM = ["-c", CHANNEL_BOOT]
 POOLED_PROGRAM = ["-c", POOLED_BOOT]
@@ -1288,9 +1288,9 @@ class Invocation(RunnerCase):
         if self.mode == "channel":
             self.assertEqual((r.declaration, pth_before_declaration), (DECLARED_NO, [False]))
         elif self.mode == "pooled":
-            # A warm runner of the policy's own venv (the operator's) sets its
-            # site-packages up before the hand-over; one of a per-tool venv
-            # does not (PooledHandOver.test_a_per_tool_venv_runs_after_the_declaration).
+            # A warm runner (of the policy's own venv, the operator's: warm
+            # sandboxes never have a per-tool one) sets its site-packages up
+            # before the hand-over.
             self.assertEqual((r.declaration, pth_before_declaration), (DECLARED_NO, [True]))
 
 
@@ -1340,33 +1340,6 @@ class PooledHandOver(unittest.TestCase):
             _, err = proc.communicate(timeout=TIMEOUT)
         self.assertEqual(proc.returncode, 3)
         self.assertIn(b"cannot read the hand-over", err)
-
-    def test_a_per_tool_venv_runs_after_the_declaration(self):
-        # run_pooled() without site_packages (a per-tool venv's pool): its
-        # .pth code runs in the tool's process after the declaration, as in
-        # a cold start.
-        keyed = ["-c", POOLED_BOOT.replace("site_packages=True", "")]
-        with tempfile.TemporaryDirectory() as d:
-            venv = os.path.join(d, "venv")
-            if subprocess.run([PYTHON, "-m", "venv", "--without-pip", venv], capture_output=True).returncode != 0:
-                self.skipTest("cannot create a venv")
-            site = subprocess.run([os.path.join(venv, "bin", "python3"), "-I", "-c",
-                                   "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
-            ran = os.path.join(d, "pth-ran")
-            with open(os.path.join(site, "tsb_probe.pth"), "w") as f:
-                f.write("import os; open(%r, 'a').close()\n" % ran)
-            seen = []
-
-            def second(declaration):
-                seen.append((declaration, os.path.exists(ran)))
-                return part({})
-
-            first = environ_part({}) + part({"tool_name": "f", "source_code": "def f():\n    return 1\n"})
-            r, _ = self.exchange(first, second, program=keyed, python=os.path.join(venv, "bin", "python3"))
-            self.assertEqual(r.code, 0, r)
-            self.assertEqual(seen, [(DECLARED_NO, False)])
-            self.assertTrue(os.path.exists(ran), r)
 
 
 class FrameParser(RunnerCase):

@@ -75,7 +75,7 @@ def write_policies(tmp):
         with open(os.path.join(pol, name + ".json"), "w") as f:
             json.dump({"version": 1, "include": BASE, **extra}, f)
 
-    allow = {"environment": {"allow": ["LETTA_*", "WARM_*", "PYTHONPATH"]}}
+    allow = {"environment": {"allow": ["LETTA_*", "WARM_*", "PYTHONPATH", "TZ", "LC_*"]}}
     write("warm", {"warm_pool": {"max": 2, "min": 2, "idle": "300s"}, **allow})
     write("cold", allow)
     write("short", {"warm_pool": {"max": 1, "min": 1}, "limits": {"wall_timeout": "2s"}, **allow})
@@ -156,7 +156,7 @@ class WarmPool(unittest.TestCase):
 
     def wait_warm(self, policy="warm", mode="run_tool", n=None):
         def ready(st):
-            pools = [p for p in st["warm_pool"]["pools"] if p["policy"] == policy and p["mode"] == mode and not p["venv"]]
+            pools = [p for p in st["warm_pool"]["pools"] if p["policy"] == policy and p["mode"] == mode]
             return pools and pools[0]["warm"] >= (pools[0]["target"] if n is None else n) > 0
         return self.daemon.wait_for(ready, 30, "a ready warm pool of %s (%s)" % (policy, mode))
 
@@ -228,6 +228,13 @@ class WarmPool(unittest.TestCase):
         self.assertIn("WARM_B=two words\0", w["proc"])
         self.assertNotIn("PYTHONPATH", w["proc"], "a variable that changes how a program starts is the tool's only")
         self.assertEqual(w["environ"]["PYTHONPATH"], "/nowhere")
+        # Variables a program reads as it starts (the zone, the locale): a
+        # warm interpreter started without them, so such a run is cold.
+        for var in ({"TZ": "Asia/Tokyo"}, {"LC_ALL": "C.UTF-8"}):
+            self.wait_warm()
+            r = self.tool(ENV_TOOL, "env_view", {}, env=var)
+            self.assertEqual(r.status, "success", r.stderr)
+            self.assertFalse(r.record["warm"], var)
 
     def test_a_warm_script_runs_as_a_cold_one(self):
         self.wait_warm(mode="execute")

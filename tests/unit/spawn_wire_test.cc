@@ -35,10 +35,10 @@ s::CompiledSet sample_set() {
   p.hostname = "sandbox";
   tsb::isolate::FsInputs in;
   in.binds = {{"/srv/a", "/a", true, false}};
-  p.modes[0] = {{"/venv/bin/python3", "-c", "pass"}, {}, {}, *tsb::isolate::build_fs_table(in)};
+  p.modes[0] = {{"/venv/bin/python3", "-c", "pass"}, {}, *tsb::isolate::build_fs_table(in)};
   in.runner = "/runner.py";
-  p.modes[1] = {{"/venv/bin/python3", "/opt/runner.py"}, {"/venv/bin/python3", "-c", "run_pooled(True)"},
-                {"/venv/bin/python3", "-c", "run_pooled()"}, *tsb::isolate::build_fs_table(in)};
+  p.modes[1] = {{"/venv/bin/python3", "/opt/runner.py"}, {"/venv/bin/python3", "-c", "run_pooled()"},
+                *tsb::isolate::build_fs_table(in)};
   p.warm_max = 3;
   p.warm_min = 1;
   p.warm_idle = std::chrono::milliseconds(5000);
@@ -69,8 +69,7 @@ TEST(SpawnWire, CompiledSetRoundTrips) {
   EXPECT_EQ(bind->kind, tsb::isolate::FsEntry::kBind);
   EXPECT_EQ(bind->source, "/srv/a");
   EXPECT_EQ(p.modes[1].argv.back(), "/opt/runner.py");
-  EXPECT_EQ(p.modes[1].pooled_argv.back(), "run_pooled(True)");
-  EXPECT_EQ(p.modes[1].pooled_keyed_argv.back(), "run_pooled()");
+  EXPECT_EQ(p.modes[1].pooled_argv.back(), "run_pooled()");
   EXPECT_TRUE(p.modes[0].pooled_argv.empty());
   EXPECT_EQ(p.warm_max, 3u);
   EXPECT_EQ(p.warm_min, 1u);
@@ -143,8 +142,8 @@ TEST(SpawnWire, StartedAndPoolStateRoundTrip) {
   EXPECT_TRUE(st->warm);
   EXPECT_EQ(st->run_id, "r9");
   s::PoolState ps;
-  ps.pools.push_back({"default", s::RunMode::Script, "", 2, 1, 3, 10, 4, 1});
-  ps.pools.push_back({"tools", s::RunMode::Tool, std::string(64, 'a'), 0, 0, 1, 0, 1, 0});
+  ps.pools.push_back({"default", s::RunMode::Script, 2, 1, 3, 10, 4, 1});
+  ps.pools.push_back({"tools", s::RunMode::Tool, 0, 0, 1, 0, 1, 0});
   const std::string bytes = s::encode(ps);
   auto d = s::decode_pool_state(bytes);
   ASSERT_TRUE(d.ok()) << d.error().message;
@@ -153,7 +152,6 @@ TEST(SpawnWire, StartedAndPoolStateRoundTrip) {
   EXPECT_EQ(d->pools[0].starting, 1u);
   EXPECT_EQ(d->pools[0].hits, 10u);
   EXPECT_EQ(d->pools[1].mode, s::RunMode::Tool);
-  EXPECT_EQ(d->pools[1].venv, std::string(64, 'a'));
   for (std::size_t n = 0; n < bytes.size(); ++n) EXPECT_FALSE(s::decode_pool_state(bytes.substr(0, n)).ok()) << n;
 }
 
