@@ -340,14 +340,19 @@ TEST_F(EngineTest, DaemonWarmPoolHandsOverOnce) {
   text.replace(text.find(at), at.size(), at + "\n  \"warm_pool\": { \"max\": 1, \"min\": 1 },");
   std::ofstream(dir + "/default.json") << text;
   Daemon d(json{{"policies_dir", dir}, {"organizations", dir + "/organizations.json"}});
-  auto warm_count = [&] {
+  // Both modes' pools of the default policy ready (privileged.json, which
+  // includes it, has pools too): seconds under the VM lane's emulated CPU.
+  auto ready = [&] {
     auto st = d.request({{"v", 1}, {"id", "s"}, {"type", "status"}});
-    return st["status"]["warm_pool"].value("warm", 0);
+    int n = 0;
+    for (const auto& p : st["status"]["warm_pool"]["pools"]) n += p["policy"] == "default" && p.value("warm", 0) > 0;
+    return n == 2;
   };
-  // Both modes' pools of the default policy, ready (seconds under the VM
-  // lane's emulated CPU).
-  for (int i = 0; i < 3000 && warm_count() < 2; ++i) std::this_thread::sleep_for(20ms);
-  ASSERT_GE(warm_count(), 2) << d.log_text();
+  auto wait_ready = [&] {
+    for (int i = 0; i < 3000 && !ready(); ++i) std::this_thread::sleep_for(20ms);
+  };
+  wait_ready();
+  ASSERT_TRUE(ready()) << d.log_text();
   const std::string tool =
       "import os\ndef f(n: int) -> dict:\n"
       "    return {'n': n, 'v': os.environ.get('LETTA_AGENT_ID'),\n"
@@ -359,14 +364,14 @@ TEST_F(EngineTest, DaemonWarmPoolHandsOverOnce) {
   EXPECT_EQ(r1["result"]["func_return"], (json{{"n", 1}, {"v", "agent-w"}, {"proc", true}})) << r1.dump();
   // The next run: a sandbox of its own (the used one is gone), warm again
   // once the pool refilled.
-  for (int i = 0; i < 3000 && warm_count() < 2; ++i) std::this_thread::sleep_for(20ms);
+  wait_ready();
   auto r2 = d.request(run_tool(tool, "f", {{"n", 2}}));
   ASSERT_TRUE(r2.value("ok", false)) << r2.dump();
   EXPECT_TRUE(r2["result"]["record"].value("warm", false)) << r2.dump();
   EXPECT_NE(r2["result"]["record"]["run_id"], rec["run_id"]);
   EXPECT_EQ(r2["result"]["func_return"]["v"], nullptr) << r2.dump();
   // Script mode, warm: a cold start's argv and exit status.
-  for (int i = 0; i < 3000 && warm_count() < 2; ++i) std::this_thread::sleep_for(20ms);
+  wait_ready();
   auto s = d.request(execute("import sys\nprint(__name__, sys.argv[0].endswith('.py'))\nsys.exit(4)\n"));
   ASSERT_TRUE(s.value("ok", false)) << s.dump();
   EXPECT_TRUE(s["result"]["record"].value("warm", false)) << s.dump();
