@@ -39,7 +39,7 @@ bool changes_how_a_program_starts(std::string_view name) {
 
 bool read_at_start(std::string_view name) {
   return changes_how_a_program_starts(name) || name == "LANG" || name == "LANGUAGE" || name.starts_with("LC_") ||
-         name == "TZ" || name == "HOME";
+         name == "TZ" || name == "HOME" || name.starts_with("OPENSSL_");
 }
 
 std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& peer,

@@ -104,9 +104,11 @@ struct PreparedRun {
 // programs: what the trusted runner must not start with.
 bool changes_how_a_program_starts(std::string_view name);
 // Those, and what a program reads from its environment once, as it starts
-// (the locale: LANG, LANGUAGE, LC_*; TZ; HOME, for Python's user site): a
-// warm sandbox, started without the request's variables, cannot show a
-// run that sets one what a cold start would. Such a run is cold.
+// or loads (the locale: LANG, LANGUAGE, LC_*; TZ; HOME, for Python's user
+// site; OPENSSL_*, read when hashlib, which a warm runner has loaded,
+// starts OpenSSL): a warm sandbox, started without the request's
+// variables, cannot show a run that sets one what a cold start would. Such
+// a run is cold.
 bool read_at_start(std::string_view name);
 
 std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& peer,

@@ -55,7 +55,6 @@ struct SpawnerLink::Pending {
 };
 
 struct SpawnerLink::PoolQuestion {
-  explicit PoolQuestion(asio::io_context&) {}
   std::chrono::steady_clock::time_point asked = std::chrono::steady_clock::now();
   std::vector<asio::steady_timer*> waiting;  // the status requests waiting for it, woken by the answer
   bool answered = false;
@@ -68,7 +67,7 @@ asio::awaitable<std::optional<spawn::PoolState>> SpawnerLink::pool_state() {
   // never pile up in the socket).
   std::shared_ptr<PoolQuestion> q = pool_questions_.empty() ? nullptr : pool_questions_.back();
   if (!q || q->answered || std::chrono::steady_clock::now() >= q->asked + std::chrono::seconds(2)) {
-    q = std::make_shared<PoolQuestion>(io_);
+    q = std::make_shared<PoolQuestion>();
     if (!sd_.is_open() || !send(spawn::encode_pools_question()).ok()) co_return std::nullopt;
     // Stays queued even when the wait runs out: the answer that comes
     // later is its own, not the next question's.

@@ -1683,7 +1683,6 @@ def _lean_exit(code, source_file, files_opened):
     if files_opened[0]:
         _flush_files()
     _flush_std()
-    _flush_c_stdio()
     if source_file is not None:
         try:
             os.unlink(source_file)
@@ -1911,7 +1910,10 @@ def _script_end(files_opened):
     flushed), then _exit(0) without the interpreter's teardown (the
     modules the hand-over loaded made it the longest part of a short
     script's run). What it skips: __del__ of objects still alive, which
-    Python does not promise at exit either. A script that raises, or calls
+    Python does not promise at exit either, and flushing what C code left
+    in C stdio's buffers of files it opened (stdout and stderr are
+    unbuffered under -u or PYTHONUNBUFFERED, which the shipped policies
+    set). A script that raises, or calls
     sys.exit, never gets here: the interpreter ends it as a cold one, with
     the same traceback and status; so does one whose stdio cannot be
     flushed (the interpreter then reports that, with status 120)."""
@@ -1926,26 +1928,13 @@ def _script_end(files_opened):
     atexit._run_exitfuncs()
     if files_opened[0]:
         _flush_files()
-    for f in (sys.stdout, sys.stderr):
+    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             if f is not None:
                 f.flush()
         except BaseException:
             return  # the interpreter's own exit reports it
-    _flush_c_stdio()
     os._exit(0)
-
-
-def _flush_c_stdio():
-    """What C code (an extension's printf) left in C's stdio buffers, which
-    exit() would flush and _exit does not. Through ctypes when a run has it
-    loaded (a warm one always)."""
-    ctypes = sys.modules.get("ctypes")
-    if ctypes is not None:
-        try:
-            ctypes.CDLL(None).fflush(None)
-        except (OSError, AttributeError):
-            pass
 
 
 def run_pooled():

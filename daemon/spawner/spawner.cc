@@ -398,12 +398,15 @@ void Spawner::handle_run(const std::string& msg) {
   if (Pool* pool = o.warm && o.venv.empty() ? pool_for(*p, o.mode) : nullptr) {
     pool->last_run = Clock::now();
     for (auto it = pool->idle.begin(); it != pool->idle.end() && !l.sb;) {
-      pollfd ended{it->sb->pidfd(), POLLIN, 0};
+      // Ended since the last turn: init's pidfd, or the runner's end of the
+      // socket closed (the runner is gone, init not yet).
+      pollfd ended[2] = {{it->sb->pidfd(), POLLIN, 0}, {it->in.get(), POLLRDHUP, 0}};
       if (!it->ready) {
         ++it;
-      } else if (::poll(&ended, 1, 0) != 0) {
-        it = pool->idle.erase(it);  // ended since the last turn: its loss is counted there
+      } else if (::poll(ended, 2, 0) != 0) {
+        it = pool->idle.erase(it);
         ++pool->lost;
+        ++pool->lost_in_a_row;
       } else {
         l.sb = std::move(it->sb);
         in = std::move(it->in), out = std::move(it->out), err = std::move(it->err), egress = std::move(it->egress);
@@ -753,7 +756,9 @@ int Spawner::run() {
     for (auto& [key, pool] : pools_)
       for (const Pooled& w : pool.idle) {
         pf.push_back({w.sb->pidfd(), POLLIN, 0});
-        pf.push_back({w.ready ? -1 : w.in.get(), POLLIN, 0});
+        // Readable: its ready line (never read here); hung up: its runner
+        // is gone, even while init still lives.
+        pf.push_back({w.in.get(), static_cast<short>(w.ready ? POLLRDHUP : POLLIN | POLLRDHUP), 0});
         warm.emplace_back(key, w.seq);
       }
     auto now = Clock::now();
@@ -813,7 +818,7 @@ int Spawner::run() {
       Pool* pool = &found->second;
       auto it = std::find_if(pool->idle.begin(), pool->idle.end(), [&](const Pooled& w) { return w.seq == warm[i].second; });
       if (it == pool->idle.end()) continue;  // handed over meanwhile
-      if (pf[at].revents & (POLLIN | POLLHUP | POLLERR)) {
+      if ((pf[at].revents & (POLLIN | POLLHUP | POLLERR)) || (pf[at + 1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
         // Ended before its hand-over: a pool whose sandboxes keep doing
         // that (a runner that cannot start there) pauses for a minute.
         pool->idle.erase(it);

@@ -79,8 +79,11 @@ def write_policies(tmp):
     write("warm", {"warm_pool": {"max": 2, "min": 2, "idle": "300s"}, **allow})
     write("cold", allow)
     write("short", {"warm_pool": {"max": 1, "min": 1}, "limits": {"wall_timeout": "2s"}, **allow})
+    # Its warm runners end at once (the interpreter is /bin/true): they are
+    # lost before they are ready, and the pool pauses.
+    write("broken", {"warm_pool": {"max": 1, "min": 1}, "interpreter": "/bin/true", "packages": None, **allow})
     orgs = {"version": 1, "default": {"privileged": False, "policy": "warm",
-                                      "allowed_policies": ["warm", "cold", "short"]}}
+                                      "allowed_policies": ["warm", "cold", "short", "broken"]}}
     with open(os.path.join(pol, "organizations.json"), "w") as f:
         json.dump(orgs, f)
     return pol
@@ -278,6 +281,19 @@ class WarmPool(unittest.TestCase):
         cold = self.tool(ADD_TOOL, "add", {"a": 1, "b": 2}, policy="cold")
         self.assertTrue(warm.record["warm"])
         self.assertLess(warm.record["cpu_ms"], cold.record["cpu_ms"] / 2, (warm.record, cold.record))
+
+    def test_a_pool_whose_sandboxes_end_before_their_use_pauses(self):
+        def lost():
+            pools = [p for p in self.daemon.status()["warm_pool"]["pools"] if p["policy"] == "broken"]
+            return sum(p["lost"] for p in pools), sum(p["warm"] for p in pools)
+
+        self.daemon.wait_for(lambda st: lost()[0] >= 6, 30, "both pools of the broken policy to lose 3 each")
+        time.sleep(2)
+        self.assertEqual(lost(), (6, 0), "three in a row, then a pause: no more warm sandboxes made and lost")
+        r = self.client.execute("print(1)\n", tool_name="s", organization_id=ORG, policy="broken")
+        self.assertFalse(r.record["warm"])
+        self.assertEqual(r.record["exit_code"], 0)
+        self.assertIn("3 warm sandboxes in a row ended before their use", self.daemon.log())
 
     def test_a_burst_larger_than_the_pool_runs_cold(self):
         self.wait_warm()
