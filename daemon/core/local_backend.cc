@@ -447,10 +447,6 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     // The runner's request and result travel on its result channel
     // (protocol/letta.h); stdout and stderr are the tool's alone.
     order.mode = spawn::RunMode::Tool;
-    // A warm runner takes the same request (the variables that change how
-    // a program starts are the tool's, runner_env, in both), unless one it
-    // would have read as it started is set (read_at_start).
-    order.warm = std::none_of(p.env.begin(), p.env.end(), [](const auto& kv) { return read_at_start(kv.first); });
     const auto& t = std::get<protocol::RunToolRequest>(p.request->body);
     channel = ChannelExchange{runner_channel_first(t),
                               [&t, env = p.runner_env](bool declared) { return runner_channel_second(t, declared, env); },
@@ -460,11 +456,12 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
     // never touches a file system.
     order.mode = spawn::RunMode::Script;
     stdin_data = std::get<protocol::ExecuteRequest>(p.request->body).script;
-    // A warm interpreter started without the request's variables: one that
-    // it would have read as it started (PYTHONPATH, LD_PRELOAD, TZ, LANG)
-    // runs cold.
-    order.warm = std::none_of(p.env.begin(), p.env.end(), [](const auto& kv) { return read_at_start(kv.first); });
   }
+  // A warm sandbox started without the request's variables: a run that sets
+  // one a program reads as it starts (PYTHONPATH, LD_PRELOAD, TZ, LANG)
+  // is cold. (In tool mode those that change how a program starts are the
+  // tool's, runner_env, warm or cold.)
+  order.warm = std::none_of(p.env.begin(), p.env.end(), [](const auto& kv) { return read_at_start(kv.first); });
 
   // Requirements (Letta's pip_requirements, the sandbox config's and the
   // tool's): checked before anything waits; the venv is found or built

@@ -384,10 +384,8 @@ void Spawner::handle_run(const std::string& msg) {
   if (!o.venv.empty() && (o.venv.size() != 64 || o.venv.find_first_not_of("0123456789abcdef") != std::string::npos ||
                           std::none_of(rows.begin(), rows.end(), [](const isolate::FsEntry& e) { return e.keyed; })))
     return refuse(o.id, RefuseCode::OutOfBounds, "policy '" + p->name + "' takes no per-tool venv of that name");
-  isolate::RunSpec spec = run_spec_from(*p, o.mode, o.venv);
-  if (spec.argv.empty()) return refuse(o.id, RefuseCode::OutOfBounds, "the tool runner is not installed on this host");
-  spec.limits.wall_timeout = o.timeout;
-  spec.env = environment_of(p->env_set, o.env);
+  if (p->modes[static_cast<int>(o.mode)].argv.empty())
+    return refuse(o.id, RefuseCode::OutOfBounds, "the tool runner is not installed on this host");
 
   // A warm sandbox when there is a ready one still alive (the oldest
   // first); a run that finds none grows the pool by one, and so does one
@@ -420,6 +418,9 @@ void Spawner::handle_run(const std::string& msg) {
   }
   const bool warm = l.sb != nullptr;
   if (!warm) {
+    isolate::RunSpec spec = run_spec_from(*p, o.mode, o.venv);
+    spec.limits.wall_timeout = o.timeout;
+    spec.env = environment_of(p->env_set, o.env);
     auto spawned = engine_->spawn(spec);
     if (!spawned.ok()) {
       spdlog::error("spawn failed: {}", spawned.error().message);

@@ -183,7 +183,7 @@ def _shutdown_write(sock):
         pass  # the runner is gone
 
 
-def channel_exchange(cmd, first, second, *, cwd=None, timeout=TIMEOUT, ready=False):
+def channel_exchange(cmd, first, second, *, cwd=None, timeout=TIMEOUT, ready=False, env=None):
     """Start cmd with stdin one end of a socket pair and speak the channel
     on the other: write `first` (bytes, header included), read the
     declaration, then write second(declaration) (bytes, or None to send no
@@ -192,10 +192,11 @@ def channel_exchange(cmd, first, second, *, cwd=None, timeout=TIMEOUT, ready=Fal
     the other whatever the sizes. Returns (CompletedProcess, channel bytes).
     The process is killed, and TimeoutExpired raised, after `timeout`.
     ready: a warm runner's, whose channel starts with its ready line (left
-    out of the bytes returned; missing when it ended before it)."""
+    out of the bytes returned; missing when it ended before it). env: the
+    process's whole environment (default: this process's)."""
     ours, theirs = socket.socketpair()
     try:
-        proc = subprocess.Popen(cmd, stdin=theirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
+        proc = subprocess.Popen(cmd, stdin=theirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env)
     except BaseException:
         ours.close()
         raise
@@ -285,18 +286,6 @@ def channel_exchange(cmd, first, second, *, cwd=None, timeout=TIMEOUT, ready=Fal
 
 def environ_part(environ):
     return part({"environ": environ})
-
-
-def channel_exchange_env(cmd, first, second, cwd, env):
-    """channel_exchange for a warm runner, started with exactly `env`."""
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        return channel_exchange(cmd, first, second, cwd=cwd, ready=True)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def run_channel(first, second, *, python=PYTHON, flags=FLAGS, prefix=(), environ=None):
@@ -1307,8 +1296,8 @@ class PooledHandOver(unittest.TestCase):
     def exchange(self, first, second=lambda d: part({}), program=POOLED_PROGRAM, env=None, python=PYTHON):
         with tempfile.TemporaryDirectory() as cwd:
             cmd = [python, *FLAGS, *program]
-            done, chan = channel_exchange_env(cmd, first, second, cwd,
-                                              env if env is not None else {"FIXED": "1", "LANG": "C.UTF-8"})
+            done, chan = channel_exchange(cmd, first, second, cwd=cwd, ready=True,
+                                          env=env if env is not None else {"FIXED": "1", "LANG": "C.UTF-8"})
         return Run(done, None, channel=chan), done
 
     def test_the_environment_is_a_cold_starts(self):
