@@ -17,9 +17,11 @@ Variants:
   execute-warm   the same, "warm"
 
 Both policies are the shipped default.json plus, for "warm", a warm_pool
-{"max": 4, "min": 4}. Between rounds the benchmark waits until the warm pools
-are full again (status warm_pool), so a warm variant measures a hit; the
-wait is not timed. A burst larger than the pool follows: --burst runs at
+{"max": 4, "min": 4}. Before every run of every variant the benchmark waits
+until the warm pools are full again (status warm_pool), so a warm variant
+measures a hit and no variant, bare included, runs beside a refill (the
+daemon makes one once it has been quiet for a moment, docs/ARCHITECTURE.md
+"Warm pools"); the wait is not timed. A burst larger than the pool follows: --burst runs at
 once against a pool of 4, counting warm and cold runs and any error; and
 with --throughput-runs R, runs per second at each --concurrency (R runs
 each): bare, run_tool and execute of the cold policy, run_tool of the warm
@@ -115,10 +117,11 @@ def write_policies(tmp: Path) -> Path:
 
 
 def wait_full(client: Client, timeout: float = 60.0) -> None:
+    """Until both pools of "warm" have their target ready and none starting."""
     deadline = time.monotonic() + timeout
     while True:
         pools = [p for p in client.status()["warm_pool"]["pools"] if p["policy"] == "warm"]
-        if len(pools) == 2 and all(p["warm"] >= p["target"] for p in pools):
+        if len(pools) == 2 and all(p["warm"] >= p["target"] and p["starting"] == 0 for p in pools):
             return
         if time.monotonic() > deadline:
             raise RuntimeError("the warm pools did not fill: %r" % pools)
@@ -144,7 +147,7 @@ def main() -> int:
     report = {"n": args.n, "load_before": os.getloadavg(), "machine": os.uname().release}
     try:
         wait_full(client)
-        variants = {
+        timed = {
             "bare": lambda: process("bare", []),
             "bwrap": lambda: process("bwrap", BWRAP),
             "run_tool": lambda: daemon_run(client, "run_tool", "run_tool", "cold", False),
@@ -152,7 +155,8 @@ def main() -> int:
             "execute": lambda: daemon_run(client, "execute", "execute", "cold", False),
             "execute-warm": lambda: daemon_run(client, "execute-warm", "execute", "warm", True),
         }
-        lat = interleave.rounds(variants, args.n, before_rounds=CPU_MS.clear, between_rounds=lambda: wait_full(client))
+        variants = {name: (lambda run=run: (wait_full(client), run())[1]) for name, run in timed.items()}
+        lat = interleave.rounds(variants, args.n, before_rounds=CPU_MS.clear)
         cpu = {name: statistics.median(v) for name, v in CPU_MS.items() if v}
         report["latency_ms"], report["cpu_ms_median"] = lat, cpu
         base = lat["bare"]["median"]

@@ -1,6 +1,7 @@
 #include "isolate/cgroup.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -234,6 +235,21 @@ Status CgroupLeaf::kill_all() {
     for (pid_t p : list_pids(file("freezer", "cgroup.procs"))) ::kill(p, SIGKILL);
     (void)write_text_file(freezer, "THAWED");
   }
+  return {};
+}
+
+Status CgroupLeaf::to_foreground() {
+  // Called before the run's request exists: the runner waits, nothing in
+  // the leaf forks. Only a thread still SCHED_IDLE is changed (to the
+  // policy every process starts with): a thread id reused since the
+  // listing by a real-time or normal thread is never touched.
+  auto tids = read_text_file(owner_->mode_ == CgroupMode::V2 ? path(0) + "/cgroup.threads" : file("pids", "tasks"));
+  if (!tids.ok()) return std::move(tids).error().wrap("listing the warm sandbox's threads");
+  std::istringstream in(*tids);
+  const struct sched_param normal {};
+  for (pid_t tid; in >> tid;)
+    if (::sched_getscheduler(tid) == SCHED_IDLE && ::sched_setscheduler(tid, SCHED_OTHER, &normal) != 0 && errno != ESRCH)
+      return Error::from_errno("making the warm sandbox's runner SCHED_OTHER");
   return {};
 }
 

@@ -120,6 +120,9 @@ class CgroupLeaf {
   // failcnt on every version). Always false on v2, which charges socket
   // memory to memory.max (an OOM kill there).
   bool socket_limit_reached() const;
+  // A warm sandbox's hand-over (RunSpec::background): every thread of the
+  // leaf that runs SCHED_IDLE runs SCHED_OTHER again.
+  Status to_foreground();
   // One non-blocking attempt: kill what is left, remove the directories.
   // False when the kernel still counts exiting processes in it (EBUSY).
   Result<bool> try_remove();

@@ -511,6 +511,7 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   w.i32(egress[1]);
   w.u32(static_cast<std::uint32_t>((wall + slack).count() / 1000 + 1));
   w.u8(spec.network == NetworkMode::Host ? kNetworkHost : egress[1] < 0 ? kNetworkOwn : kNetworkEgress);
+  w.u8(spec.background ? 1 : 0);
   w.cstr(staging_root_);
   w.cstr(spec.hostname);
   w.cstr(spec.workdir);

@@ -62,6 +62,12 @@ struct RunSpec {
   std::string hostname = "sandbox";
   std::string workdir = "/work";
   Limits limits;
+  // A warm sandbox made ahead of its run: its tool process (the runner,
+  // waiting for the hand-over) runs SCHED_IDLE, so that making it takes CPU
+  // no run in flight wants; Sandbox::to_foreground ends that at the
+  // hand-over. Init and the set-up before the tool's execve are not
+  // affected (the engine's spawn never waits on them).
+  bool background = false;
 };
 
 // Fixed paths inside every sandbox.

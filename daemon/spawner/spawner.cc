@@ -397,11 +397,12 @@ void Spawner::handle_run(const std::string& msg) {
     pool->last_run = Clock::now();
     for (auto it = pool->idle.begin(); it != pool->idle.end() && !l.sb;) {
       // Ended since the last turn: init's pidfd, or the runner's end of the
-      // socket closed (the runner is gone, init not yet).
+      // socket closed (the runner is gone, init not yet). Its runner waited
+      // SCHED_IDLE: it now runs as a cold run's would.
       pollfd ended[2] = {{it->sb->pidfd(), POLLIN, 0}, {it->in.get(), POLLRDHUP, 0}};
       if (!it->ready) {
         ++it;
-      } else if (::poll(ended, 2, 0) != 0) {
+      } else if (::poll(ended, 2, 0) != 0 || !it->sb->cgroup().to_foreground().ok()) {
         it = pool->idle.erase(it);
         ++pool->lost;
         ++pool->lost_in_a_row;
@@ -505,38 +506,48 @@ void Spawner::tend_pools(Clock::time_point now, bool quiet) {
       return age >= p.warm_idle || (!w.ready && age >= kMaxStart);
     });
     while (pool.idle.size() > pool.target) pool.idle.erase(pool.idle.begin());
+    if (pool.idle.size() >= pool.target) pool.full_at = now;
   }
   if (!quiet) return;
-  if (Pool* pool = next_to_fill(now)) {
+  Clock::time_point due;
+  if (Pool* pool = next_to_fill(now, due)) {
     fill(*pool);
     last_fill_ = now;
   }
 }
 
-Spawner::Pool* Spawner::next_to_fill(Clock::time_point now) {
+Spawner::Pool* Spawner::next_to_fill(Clock::time_point now, Clock::time_point& due) {
   // The refill's budget: one sandbox starting at a time, made on a turn
   // with no message waiting (tend_pools), none while stopping, at most
-  // max_concurrent_runs warm in all. The emptiest pool first.
-  // A spawn holds this loop for milliseconds: while runs are in flight
-  // (their ends, and new requests, would wait for it) one refill at most
-  // every kRefillUnderLoad.
+  // max_concurrent_runs warm in all.
+  const Clock::time_point never = due = Clock::time_point::max();
   std::size_t live = 0;
   for (const auto& [id, l] : runs_) live += l.orphan ? 0 : 1;
-  if (live > 0 && now - last_fill_ < kRefillUnderLoad) return nullptr;
   // Warm sandboxes hold uid slots too: never so many that runs lack one.
   const std::size_t room = std::min<std::size_t>(set_.max_concurrent_runs,
                                                  set_.engine.uid_slots - std::min(set_.engine.uid_slots, set_.max_concurrent_runs));
   std::size_t total = 0;
-  Pool* emptiest = nullptr;
-  for (auto& [key, pool] : pools_) {
+  for (const auto& [key, pool] : pools_) {
     total += pool.idle.size();
     for (const Pooled& w : pool.idle)
-      if (!w.ready) return nullptr;
-    if (pool.idle.size() < pool.target && now >= pool.paused_until &&
-        (!emptiest || pool.target - pool.idle.size() > emptiest->target - emptiest->idle.size()))
-      emptiest = &pool;
+      if (!w.ready) return nullptr;  // its readiness (or loss) wakes the loop
   }
-  return stopping_ || total >= room ? nullptr : emptiest;
+  if (stopping_ || total >= room) return nullptr;
+  // A spawn holds this loop for milliseconds (more on v1 after idle, its
+  // cgroup migration), and the runner's start takes CPU: a refill waits
+  // until no run is in flight and none began or ended for kRefillQuiet. A
+  // pool short of its target for kRefillUnderLoad gets one anyway, at most
+  // one every kRefillUnderLoad. Then the emptiest pool first.
+  const Clock::time_point quiet = live == 0 ? last_activity_ + kRefillQuiet : never;
+  Pool* next = nullptr;
+  for (auto& [key, pool] : pools_) {
+    const auto at = std::max({now, pool.paused_until,
+                              std::min(quiet, std::max(pool.full_at, last_fill_) + kRefillUnderLoad)});
+    if (pool.idle.size() < pool.target &&
+        (at < due || (at == due && next && pool.target - pool.idle.size() > next->target - next->idle.size())))
+      next = &pool, due = at;
+  }
+  return due <= now ? next : nullptr;
 }
 
 void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds) {
@@ -558,7 +569,7 @@ void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds)
     return;
   }
   switch (message_type(msg)) {
-    case Msg::Run: return handle_run(msg);
+    case Msg::Run: last_activity_ = Clock::now(); return handle_run(msg);
     case Msg::Kill: {
       auto k = decode_kill(msg);
       if (!k.ok()) return refuse(0, RefuseCode::Malformed, k.error().message);
@@ -617,6 +628,7 @@ void Spawner::finish(Live& l) {
   if (auto done = sb.try_remove_cgroup(); !done.ok()) l.obs.cleanup_error = done.error().message;
   e.observations = std::move(l.obs);
   if (!l.orphan) send(encode(e));
+  last_activity_ = Clock::now();
 }
 
 void Spawner::check_limits(Clock::time_point now) {
@@ -650,8 +662,9 @@ void Spawner::check_limits(Clock::time_point now) {
 
 milliseconds Spawner::poll_timeout(Clock::time_point now) {
   auto next = now + milliseconds(1000);  // retired leaves (and idle pools) are looked at at least this often
-  if (next_to_fill(now)) return milliseconds(0);  // a refill is due: on the next quiet turn
-  if (next_to_fill(last_fill_ + kRefillUnderLoad)) next = std::min(next, last_fill_ + kRefillUnderLoad);  // held back
+  Clock::time_point fill_at;
+  (void)next_to_fill(now, fill_at);  // a refill due now: 0, on the next quiet turn
+  next = std::min(next, fill_at);
   for (const auto& [id, l] : runs_) {
     if (!l.obs.timed_out) next = std::min(next, l.wall_deadline);
     if (l.cpu_limited && !l.obs.cpu_exceeded) next = std::min(next, l.next_cpu_check);

@@ -18,9 +18,10 @@
 // only, each waiting on its stdin socket. A Run that allows it takes a
 // ready one still alive (Started says so) and its wall-clock and CPU-time
 // limits count from then; none is ever used twice. They are made one at a
-// time, on a turn of the loop with no message waiting, never past
-// max_concurrent_runs in all nor so many that runs would lack a uid slot;
-// a reload or a stop ends them all.
+// time, when no run has been in flight for a moment (or, for a pool short
+// for a while, at a slow pace), never past max_concurrent_runs in all nor
+// so many that runs would lack a uid slot; their runners wait SCHED_IDLE.
+// A reload or a stop ends them all.
 //
 // The wall-clock and CPU-time limits and the kill are enforced here, in one
 // poll loop (no threads: the engine calls clone3). A front end that dies
@@ -97,12 +98,15 @@ class Spawner {
     std::vector<Pooled> idle;
     std::uint32_t target = 0;
     std::chrono::steady_clock::time_point last_run, paused_until;
+    std::chrono::steady_clock::time_point full_at;  // the last turn it had its target
     std::uint64_t hits = 0, misses = 0, lost = 0;
     unsigned lost_in_a_row = 0;
   };
   Pool* pool_for(const SpawnPolicy& p, RunMode mode);
   void tend_pools(std::chrono::steady_clock::time_point now, bool quiet);
-  Pool* next_to_fill(std::chrono::steady_clock::time_point now);
+  // The pool to refill now, if any; `due`: when the next refill may start
+  // (max: none wanted).
+  Pool* next_to_fill(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::time_point& due);
   void fill(Pool& pool);
 
   Status start_front_end();
@@ -145,6 +149,8 @@ class Spawner {
   std::map<std::string, Pool> pools_;  // by fingerprint and mode
   std::uint64_t pooled_seq_ = 0;
   std::chrono::steady_clock::time_point last_fill_{};
+  std::chrono::steady_clock::time_point last_activity_{};  // a Run received, an Ended sent
+  static constexpr std::chrono::milliseconds kRefillQuiet{20};
   static constexpr std::chrono::milliseconds kRefillUnderLoad{250};
   static constexpr std::chrono::seconds kMaxStart{30};  // a warm sandbox not ready by then is lost
 };

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/seccomp.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -135,6 +136,15 @@ int set_rlimit(int resource, uint64_t value) noexcept {
     if (errno != EINTR) fail(Stage::InitReady);
   }
   ::close(4);
+
+  // A warm sandbox's runner waits at the lowest priority there is: every
+  // other task preempts it, until the engine hands it its run and makes it
+  // SCHED_OTHER again. Lowering needs no privilege; the filter below
+  // denies raising it back (and any other scheduling change).
+  if (plan.background) {
+    struct sched_param sp {};
+    if (::sched_setscheduler(0, SCHED_IDLE, &sp) != 0) fail(Stage::Background);
+  }
 
   // Seccomp comes last: every step above may use syscalls the filter
   // refuses. The program was compiled once for the policy, by the engine's

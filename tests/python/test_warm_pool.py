@@ -11,6 +11,8 @@ What must hold:
     given is in no other sandbox's memory afterwards;
   - the wall-clock timeout and the CPU time count from the hand-over;
   - a reload ends every warm sandbox (the old pool drains);
+  - a waiting runner is SCHED_IDLE (its start takes only CPU no one else
+    wants), a run's processes, warm or cold, are SCHED_OTHER;
   - a warm run shows what a cold one shows (os.environ, /proc/self/environ,
     a subprocess's environment, argv, __name__, exit status, output);
   - a burst larger than the pool runs cold, never fails.
@@ -58,6 +60,20 @@ MARK_TOOL = (
 SECRET_TOOL = "def keep(secret: str) -> int:\n    global KEPT\n    KEPT = secret * 4\n    return len(KEPT)\n"
 SLEEP_TOOL = "import time\n\ndef nap(s: float) -> str:\n    time.sleep(s)\n    return 'rested'\n"
 ADD_TOOL = "def add(a: int, b: int) -> int:\n    return a + b\n"
+# The scheduling policy (/proc/<pid>/stat field 41) of the tool's process,
+# of a thread it starts and of a subprocess.
+SCHED_TOOL = (
+    "import subprocess, threading\n\n"
+    "def of(stat):\n"
+    "    return int(stat.rsplit(')', 1)[1].split()[38])\n\n"
+    "def policies() -> list:\n"
+    "    seen = []\n"
+    "    t = threading.Thread(target=lambda: seen.append(of(open('/proc/thread-self/stat').read())))\n"
+    "    t.start()\n"
+    "    t.join()\n"
+    "    child = subprocess.run(['/bin/cat', '/proc/self/stat'], capture_output=True, text=True).stdout\n"
+    "    return [of(open('/proc/self/stat').read()), seen[0], of(child)]\n"
+)
 SCRIPT_VIEW = (
     "import os, sys\n"
     "print(repr(sys.argv[0].startswith(os.getcwd() + '/tmp')), __name__, os.environ.get('WARM_VAR'))\n"
@@ -215,6 +231,29 @@ class WarmPool(unittest.TestCase):
                 self.assertFalse(memory_holds(pid, secret.encode()), "warm sandbox %d holds another run's secret" % pid)
             except FileNotFoundError:
                 pass  # handed over or ended meanwhile
+
+    def test_a_warm_sandbox_waits_sched_idle_and_runs_as_a_cold_one(self):
+        self.wait_warm()
+        self.wait_warm(mode="execute")
+        waiting = pooled_runners(self.daemon)
+        self.assertTrue(waiting)
+        for pid in waiting:
+            try:
+                self.assertEqual(os.sched_getscheduler(pid), os.SCHED_IDLE, "waiting runner %d" % pid)
+                self.assertEqual(os.sched_getscheduler(parent(pid)), os.SCHED_OTHER, "the sandbox's init")
+            except ProcessLookupError:
+                pass  # handed over or ended meanwhile
+        warm = self.tool(SCHED_TOOL, "policies", {})
+        cold = self.tool(SCHED_TOOL, "policies", {}, policy="cold")
+        self.assertTrue(warm.record["warm"])
+        for r in (warm, cold):
+            self.assertEqual(r.status, "success", r.stderr)
+            self.assertEqual(r.func_return, [os.SCHED_OTHER] * 3, r.record)
+        self.wait_warm(mode="execute")
+        r = self.client.execute("print(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[38])\n",
+                                tool_name="s", organization_id=ORG, policy="warm")
+        self.assertTrue(r.record["warm"])
+        self.assertEqual(r.stdout, ["%d\n" % os.SCHED_OTHER])
 
     def test_a_warm_run_sees_what_a_cold_run_sees(self):
         self.wait_warm()
