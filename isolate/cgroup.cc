@@ -1,7 +1,6 @@
 #include "isolate/cgroup.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -152,6 +151,7 @@ Result<std::unique_ptr<CgroupLeaf>> Cgroups::create_leaf(const std::string& name
       std::uint64_t quota = std::max<std::uint64_t>(1000, kCpuPeriodUs * lim.cpu_quota_millicpus / 1000);
       TSB_TRY(w("cpu.max", std::to_string(quota) + " " + std::to_string(kCpuPeriodUs)), "setting the CPU quota");
     }
+    if (lim.idle && exists(d + "/cpu.idle")) TSB_TRY(w("cpu.idle", "1"), "making the leaf cpu.idle");
     has_memory_peak_ = exists(d + "/memory.peak");
     has_cgroup_kill_ = exists(d + "/cgroup.kill");
     return leaf;
@@ -186,6 +186,7 @@ Result<std::unique_ptr<CgroupLeaf>> Cgroups::create_leaf(const std::string& name
     TSB_TRY(w("cpu", "cpu.cfs_period_us", std::to_string(kCpuPeriodUs)), "setting the CPU period");
     TSB_TRY(w("cpu", "cpu.cfs_quota_us", std::to_string(quota)), "setting the CPU quota");
   }
+  if (lim.idle && exists(leaf->file("cpu", "cpu.idle"))) TSB_TRY(w("cpu", "cpu.idle", "1"), "making the leaf cpu.idle");
   return leaf;
 }
 
@@ -239,18 +240,8 @@ Status CgroupLeaf::kill_all() {
 }
 
 Status CgroupLeaf::to_foreground() {
-  // Called before the run's request exists: the runner waits, nothing in
-  // the leaf forks. Only a thread still SCHED_IDLE is changed (to the
-  // policy every process starts with): a thread id reused since the
-  // listing by a real-time or normal thread is never touched.
-  auto tids = read_text_file(owner_->mode_ == CgroupMode::V2 ? path(0) + "/cgroup.threads" : file("pids", "tasks"));
-  if (!tids.ok()) return std::move(tids).error().wrap("listing the warm sandbox's threads");
-  std::istringstream in(*tids);
-  const struct sched_param normal {};
-  for (pid_t tid; in >> tid;)
-    if (::sched_getscheduler(tid) == SCHED_IDLE && ::sched_setscheduler(tid, SCHED_OTHER, &normal) != 0 && errno != ESRCH)
-      return Error::from_errno("making the warm sandbox's runner SCHED_OTHER");
-  return {};
+  const std::string f = owner_->mode_ == CgroupMode::V2 ? path(0) + "/cpu.idle" : file("cpu", "cpu.idle");
+  return exists(f) ? write_text_file(f, "0") : Status{};
 }
 
 std::chrono::nanoseconds CgroupLeaf::cpu_usage() const {

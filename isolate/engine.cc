@@ -468,6 +468,7 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   cl.memory_bytes = spec.limits.memory_bytes;
   cl.pids = spec.limits.pids;
   cl.cpu_quota_millicpus = spec.limits.cpu_quota_millicpus;
+  cl.idle = spec.background;
   // "<prefix>.<pid>.<instance>-<n>": the instance tag names this engine
   // (its lock file says whether it is alive); the pid is for people, and
   // for engines without a lock file.
@@ -511,7 +512,6 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   w.i32(egress[1]);
   w.u32(static_cast<std::uint32_t>((wall + slack).count() / 1000 + 1));
   w.u8(spec.network == NetworkMode::Host ? kNetworkHost : egress[1] < 0 ? kNetworkOwn : kNetworkEgress);
-  w.u8(spec.background ? 1 : 0);
   w.cstr(staging_root_);
   w.cstr(spec.hostname);
   w.cstr(spec.workdir);

@@ -18,9 +18,6 @@
 //   u8    network: 0 the host's (nothing to do), 1 a namespace of its own
 //         (bring lo up), 2 egress (lo up, then a listener on
 //         127.0.0.1:kEgressProxyPort sent over the egress socket)
-//   u8    background: 1 for a warm sandbox made ahead of its run, whose
-//         tool process runs SCHED_IDLE until the engine hands it over
-//         (Sandbox::to_foreground); 0 otherwise
 //   text  staging directory (where the root tmpfs is attached, a host path)
 //   text  hostname, working directory
 //   u32   the tool's uid, gid (inside the sandbox)

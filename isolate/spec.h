@@ -62,11 +62,9 @@ struct RunSpec {
   std::string hostname = "sandbox";
   std::string workdir = "/work";
   Limits limits;
-  // A warm sandbox made ahead of its run: its tool process (the runner,
-  // waiting for the hand-over) runs SCHED_IDLE, so that making it takes CPU
-  // no run in flight wants; Sandbox::to_foreground ends that at the
-  // hand-over. Init and the set-up before the tool's execve are not
-  // affected (the engine's spawn never waits on them).
+  // A warm sandbox made ahead of its run: its cgroup leaf is cpu.idle (see
+  // CgroupLimits::idle) until CgroupLeaf::to_foreground at the hand-over,
+  // so that making it takes only CPU time no run in flight wants.
   bool background = false;
 };
 

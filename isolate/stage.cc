@@ -41,7 +41,6 @@ const char* stage_name(Stage s) noexcept {
     case Stage::InitReady: return "init-ready";
     case Stage::Plan: return "plan";
     case Stage::Egress: return "egress-listener";
-    case Stage::Background: return "background";
     case Stage::kCount: break;
   }
   return "unknown";

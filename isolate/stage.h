@@ -41,7 +41,6 @@ enum class Stage : int {
   InitReady,       // the tool waiting until the sandbox init runs
   Plan,            // toolsandbox-init reading the plan the engine wrote
   Egress,          // the egress proxy's listener, made and handed over
-  Background,      // SCHED_IDLE for a warm sandbox's tool process
   kCount
 };
 

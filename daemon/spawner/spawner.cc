@@ -397,15 +397,16 @@ void Spawner::handle_run(const std::string& msg) {
     pool->last_run = Clock::now();
     for (auto it = pool->idle.begin(); it != pool->idle.end() && !l.sb;) {
       // Ended since the last turn: init's pidfd, or the runner's end of the
-      // socket closed (the runner is gone, init not yet). Its runner waited
-      // SCHED_IDLE: it now runs as a cold run's would.
+      // socket closed (the runner is gone, init not yet). Its leaf waited
+      // cpu.idle: it is now scheduled as a cold run's.
       pollfd ended[2] = {{it->sb->pidfd(), POLLIN, 0}, {it->in.get(), POLLRDHUP, 0}};
+      Status fg;
       if (!it->ready) {
         ++it;
-      } else if (::poll(ended, 2, 0) != 0 || !it->sb->cgroup().to_foreground().ok()) {
+      } else if (::poll(ended, 2, 0) != 0 || !(fg = it->sb->cgroup().to_foreground()).ok()) {
+        if (!fg.ok()) spdlog::error("warm pool of policy {}: hand-over: {}", q(p->name), fg.error().message);
         it = pool->idle.erase(it);
-        ++pool->lost;
-        ++pool->lost_in_a_row;
+        lose(*pool, Clock::now());
       } else {
         l.sb = std::move(it->sb);
         in = std::move(it->in), out = std::move(it->out), err = std::move(it->err), egress = std::move(it->egress);
@@ -483,6 +484,18 @@ void Spawner::fill(Pool& pool) {
   w.sb = std::move(spawned).value();
   w.in = w.sb->take_stdin(), w.out = w.sb->take_stdout(), w.err = w.sb->take_stderr(), w.egress = w.sb->take_egress();
   pool.idle.push_back(std::move(w));
+}
+
+void Spawner::lose(Pool& pool, Clock::time_point now) {
+  // A pool whose sandboxes keep ending before their use (a runner that
+  // cannot start there), or cannot be handed over, pauses for a minute.
+  ++pool.lost;
+  if (++pool.lost_in_a_row >= 3) {
+    spdlog::error("warm pool of policy {}: 3 warm sandboxes in a row ended before their use; none made for 60 s",
+                  q(pool.policy->name));
+    pool.paused_until = now + std::chrono::seconds(60);
+    pool.lost_in_a_row = 0;
+  }
 }
 
 void Spawner::tend_pools(Clock::time_point now, bool quiet) {
@@ -833,16 +846,8 @@ int Spawner::run() {
       auto it = std::find_if(pool->idle.begin(), pool->idle.end(), [&](const Pooled& w) { return w.seq == warm[i].second; });
       if (it == pool->idle.end()) continue;  // handed over meanwhile
       if ((pf[at].revents & (POLLIN | POLLHUP | POLLERR)) || (pf[at + 1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-        // Ended before its hand-over: a pool whose sandboxes keep doing
-        // that (a runner that cannot start there) pauses for a minute.
-        pool->idle.erase(it);
-        ++pool->lost;
-        if (++pool->lost_in_a_row >= 3) {
-          spdlog::error("warm pool of policy {}: 3 warm sandboxes in a row ended before their use; none made for 60 s",
-                        q(pool->policy->name));
-          pool->paused_until = now + std::chrono::seconds(60);
-          pool->lost_in_a_row = 0;
-        }
+        pool->idle.erase(it);  // ended before its hand-over
+        lose(*pool, now);
       } else if (pf[at + 1].revents & POLLIN) {
         it->ready = true;
         pool->lost_in_a_row = 0;

@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/seccomp.h>
-#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -93,9 +92,11 @@ int set_rlimit(int resource, uint64_t value) noexcept {
   // Resource limits per process (the cgroup holds the run-wide ones): no
   // core dumps, file size, open files; RLIMIT_NPROC counts exactly this
   // run's processes (its host uids are its own), a second fence behind
-  // pids.max; RLIMIT_CPU a backstop (the engine measures the whole cgroup).
+  // pids.max; RLIMIT_CPU a backstop (the engine measures the whole cgroup);
+  // RLIMIT_NICE 0, whatever the daemon was given: no process of the run
+  // can raise its priority above the one it starts with.
   // Lowering needs no privilege.
-  if (set_rlimit(RLIMIT_CORE, 0) != 0 || set_rlimit(RLIMIT_FSIZE, plan.file_size) != 0 ||
+  if (set_rlimit(RLIMIT_CORE, 0) != 0 || set_rlimit(RLIMIT_NICE, 0) != 0 || set_rlimit(RLIMIT_FSIZE, plan.file_size) != 0 ||
       set_rlimit(RLIMIT_NOFILE, plan.open_files) != 0 || set_rlimit(RLIMIT_NPROC, plan.pids) != 0 ||
       (plan.cpu_time_ms > 0 && set_rlimit(RLIMIT_CPU, (plan.cpu_time_ms + 999) / 1000 + 1) != 0))
     fail(Stage::Rlimits);
@@ -136,15 +137,6 @@ int set_rlimit(int resource, uint64_t value) noexcept {
     if (errno != EINTR) fail(Stage::InitReady);
   }
   ::close(4);
-
-  // A warm sandbox's runner waits at the lowest priority there is: every
-  // other task preempts it, until the engine hands it its run and makes it
-  // SCHED_OTHER again. Lowering needs no privilege; the filter below
-  // denies raising it back (and any other scheduling change).
-  if (plan.background) {
-    struct sched_param sp {};
-    if (::sched_setscheduler(0, SCHED_IDLE, &sp) != 0) fail(Stage::Background);
-  }
 
   // Seccomp comes last: every step above may use syscalls the filter
   // refuses. The program was compiled once for the policy, by the engine's

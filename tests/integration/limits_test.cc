@@ -141,6 +141,7 @@ TEST_F(EngineTest, StderrFloodIsCappedToo) {
 TEST_F(EngineTest, RlimitsAreApplied) {
   auto j = probe1({"rlimits"});
   EXPECT_EQ(j["CORE"]["hard"], 0);
+  EXPECT_EQ(j["NICE"]["hard"], 0) << "no process of the run may raise its priority";
   EXPECT_EQ(j["NOFILE"]["hard"], policy_->limits.open_files);
   EXPECT_EQ(j["FSIZE"]["hard"], policy_->limits.file_size_bytes);
 }

@@ -31,7 +31,6 @@ struct PlanIn {
   int egress = -1;
   std::uint32_t backstop = 70;
   std::uint8_t network = tsb::isolate::kNetworkOwn;
-  std::uint8_t background = 1;
   std::string staging = "/run/toolsandbox/root", hostname = "sandbox", workdir = "/work";
   std::vector<std::string> argv = {"/venv/bin/python3", "-c", "pass"}, envp = {"PATH=/venv/bin:/usr/bin", "HOME=/work"};
   std::string tool_filter = std::string(sizeof(sock_filter) * 2, '\x01'), init_filter = std::string(sizeof(sock_filter), '\x02');
@@ -49,7 +48,6 @@ struct PlanIn {
     w.i32(egress);
     w.u32(backstop);
     w.u8(network);
-    w.u8(background);
     w.cstr(staging);
     w.cstr(hostname);
     w.cstr(workdir);
@@ -96,7 +94,6 @@ TEST(PlanReader, ReadsThePlanAsDocumented) {
   EXPECT_EQ(p.root_fd, 10);
   EXPECT_EQ(p.backstop_s, 70u);
   EXPECT_EQ(p.network, tsb::isolate::kNetworkOwn);
-  EXPECT_EQ(p.background, 1);
   EXPECT_EQ(p.egress_fd, -1);
   EXPECT_STREQ(p.staging, "/run/toolsandbox/root");
   EXPECT_STREQ(p.workdir, "/work");
@@ -147,7 +144,6 @@ TEST(PlanReader, RefusesAnythingElse) {
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.magic = 0x70627373; })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.fds[7] = -1; }))) << "a descriptor the plan needs";
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.network = 3; })));
-  EXPECT_FALSE(reads(variant([](PlanIn& p) { p.background = 2; })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.network = tsb::isolate::kNetworkEgress; })))
       << "egress without its socket";
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.egress = 12; }))) << "a socket without egress";
