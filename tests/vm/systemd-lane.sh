@@ -351,6 +351,41 @@ reload_keeps_main() {
 	[ "$before" = "$after" ] && [ "$(prop ActiveState)" = active ]
 }
 
+# A warm pool under the unit (its capabilities, its delegated cgroup): a
+# policy with a pool of one, allowed by a replaced organizations.json and
+# loaded by a reload; a call gets a warm sandbox (record.warm), whose leaf
+# waited cpu.idle; then the files are put back.
+warm_pool_hands_over() {
+	local dir=${config%/*}/policies ok=1 ready=0
+	cp "$dir/organizations.json" "$work/organizations.json.orig" || return 1
+	printf '{"version": 1, "include": "default.json", "warm_pool": {"max": 1, "min": 1}}\n' >"$dir/lanewarm.json"
+	printf '{"version": 1, "default": {"privileged": false, "policy": "default", "allowed_policies": ["default", "lanewarm"]}}\n' \
+		>"$dir/organizations.json"
+	systemctl reload toolsandboxd.service || ok=0
+	for _ in $(seq 1 300); do
+		if timeout 60 "$cli" status --json 2>/dev/null | python3 -c '
+import json, sys
+pools = json.load(sys.stdin)["status"]["warm_pool"]["pools"]
+sys.exit(not [p for p in pools if p["policy"] == "lanewarm" and p["mode"] == "run_tool" and p["warm"] >= 1])'; then
+			ready=1
+			break
+		fi
+		sleep 0.2
+	done
+	echo "warm pool ready: $ready"
+	local idle
+	idle=$(for f in /sys/fs/cgroup$(prop ControlGroup)/run.*/cpu.idle; do cat "$f"; done | sort -u | tr '\n' ' ')
+	echo "cpu.idle of the waiting leaves: $idle"
+	[ "$idle" = "1 " ] || ok=0
+	printf 'def add(a: int, b: int) -> int:\n    return a + b\n' >"$work/add.py"
+	timeout 120 "$cli" call "$work/add.py" --args '{"a": 40, "b": 2}' --policy lanewarm --json >"$work/warm.out" 2>&1 || ok=0
+	cat "$work/warm.out"
+	grep -q '"warm": *true' "$work/warm.out" && grep -q '"func_return": *42' "$work/warm.out" || ok=0
+	cp "$work/organizations.json.orig" "$dir/organizations.json" && rm -f "$dir/lanewarm.json"
+	systemctl reload toolsandboxd.service && timeout 60 "$cli" status >/dev/null || ok=0
+	[ "$ready" = 1 ] && [ "$ok" = 1 ]
+}
+
 socket_survives_service_stop() {
 	local before after
 	before=$(prop MainPID)
@@ -444,6 +479,7 @@ check "the installed Python client answers (python3 -m toolsandbox_client status
 check "the unit's memory settings are in force (OOMPolicy, oom_score_adj, MemoryMax)" oom_settings
 check "a memory bomb run is OOM-killed; the service stays active and serving" memory_bomb_keeps_service
 check "systemctl reload keeps the main process" reload_keeps_main
+check "a warm pool fills and hands over under the unit" warm_pool_hands_over
 check "after stopping the service the socket activates a new instance" socket_survives_service_stop
 check "with OOMPolicy=stop the same bomb stops the service (what continue prevents)" oompolicy_stop_would_stop_it
 check "an OOM of the whole service (MemoryMax=) kills the run, not the daemon" service_oom_takes_the_run
