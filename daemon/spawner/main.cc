@@ -9,7 +9,6 @@
 // defaults. SIGHUP reloads; SIGTERM and SIGINT stop after in-flight runs
 // (shutdown_grace). docs/ARCHITECTURE.md, "Privilege separation".
 #include <getopt.h>
-#include <malloc.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -57,14 +56,6 @@ std::string find_front_end() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Every spawn builds a plan of a few hundred KiB (the files copied into
-  // the sandbox). From fresh mmap()ed memory each time (glibc's default for
-  // blocks that size), that is a page fault per page, and a TLB shootdown
-  // at the munmap, on every run; kept in the heap, the pages stay. Measured:
-  // about 15 % more cold runs per second at 32 clients on a 2-core host
-  // (docs/BENCHMARKS.md).
-  ::mallopt(M_MMAP_THRESHOLD, 8 << 20);
-  ::mallopt(M_TRIM_THRESHOLD, 32 << 20);
   tsb::spawn::SpawnerOptions opts;
   opts.config_path = std::string(TSB_SYSCONFDIR) + "/toolsandboxd.json";
   bool explicit_config = false, check_only = false;
