@@ -151,7 +151,6 @@ Result<std::unique_ptr<CgroupLeaf>> Cgroups::create_leaf(const std::string& name
       std::uint64_t quota = std::max<std::uint64_t>(1000, kCpuPeriodUs * lim.cpu_quota_millicpus / 1000);
       TSB_TRY(w("cpu.max", std::to_string(quota) + " " + std::to_string(kCpuPeriodUs)), "setting the CPU quota");
     }
-    if (lim.idle && exists(d + "/cpu.idle")) TSB_TRY(w("cpu.idle", "1"), "making the leaf cpu.idle");
     has_memory_peak_ = exists(d + "/memory.peak");
     has_cgroup_kill_ = exists(d + "/cgroup.kill");
     return leaf;
@@ -186,7 +185,6 @@ Result<std::unique_ptr<CgroupLeaf>> Cgroups::create_leaf(const std::string& name
     TSB_TRY(w("cpu", "cpu.cfs_period_us", std::to_string(kCpuPeriodUs)), "setting the CPU period");
     TSB_TRY(w("cpu", "cpu.cfs_quota_us", std::to_string(quota)), "setting the CPU quota");
   }
-  if (lim.idle && exists(leaf->file("cpu", "cpu.idle"))) TSB_TRY(w("cpu", "cpu.idle", "1"), "making the leaf cpu.idle");
   return leaf;
 }
 
@@ -237,11 +235,6 @@ Status CgroupLeaf::kill_all() {
     (void)write_text_file(freezer, "THAWED");
   }
   return {};
-}
-
-Status CgroupLeaf::to_foreground() {
-  const std::string f = owner_->mode_ == CgroupMode::V2 ? path(0) + "/cpu.idle" : file("cpu", "cpu.idle");
-  return exists(f) ? write_text_file(f, "0") : Status{};
 }
 
 std::chrono::nanoseconds CgroupLeaf::cpu_usage() const {

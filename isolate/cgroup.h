@@ -47,10 +47,6 @@ struct CgroupLimits {
   std::uint64_t memory_bytes = 0;       // 0 = leave unset
   std::uint64_t pids = 0;               // 0 = leave unset
   std::uint32_t cpu_quota_millicpus = 0;  // 0 = leave unset
-  // cpu.idle 1 (Linux 5.15+, v1 and v2; nothing where the file is absent):
-  // the leaf is scheduled as SCHED_IDLE against its siblings, every other
-  // run, and what runs in it is preempted by theirs.
-  bool idle = false;
 };
 
 struct CgroupStats {
@@ -124,9 +120,6 @@ class CgroupLeaf {
   // failcnt on every version). Always false on v2, which charges socket
   // memory to memory.max (an OOM kill there).
   bool socket_limit_reached() const;
-  // A warm sandbox's hand-over (RunSpec::background): cpu.idle 0, the leaf
-  // scheduled as any run's.
-  Status to_foreground();
   // One non-blocking attempt: kill what is left, remove the directories.
   // False when the kernel still counts exiting processes in it (EBUSY).
   Result<bool> try_remove();

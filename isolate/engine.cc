@@ -468,7 +468,6 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   cl.memory_bytes = spec.limits.memory_bytes;
   cl.pids = spec.limits.pids;
   cl.cpu_quota_millicpus = spec.limits.cpu_quota_millicpus;
-  cl.idle = spec.background;
   // "<prefix>.<pid>.<instance>-<n>": the instance tag names this engine
   // (its lock file says whether it is alive); the pid is for people, and
   // for engines without a lock file.

@@ -62,10 +62,6 @@ struct RunSpec {
   std::string hostname = "sandbox";
   std::string workdir = "/work";
   Limits limits;
-  // A warm sandbox made ahead of its run: its cgroup leaf is cpu.idle (see
-  // CgroupLimits::idle) until CgroupLeaf::to_foreground at the hand-over,
-  // so that making it takes only CPU time no run in flight wants.
-  bool background = false;
 };
 
 // Fixed paths inside every sandbox.

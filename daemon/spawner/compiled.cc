@@ -168,7 +168,6 @@ isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::st
   s.hostname = p.hostname;
   s.workdir = p.workdir;
   s.stdin_socket = mode == RunMode::Tool || pooled;  // the runner's result channel (protocol/letta.h)
-  s.background = pooled;
   return s;
 }
 

@@ -397,14 +397,11 @@ void Spawner::handle_run(const std::string& msg) {
     pool->last_run = Clock::now();
     for (auto it = pool->idle.begin(); it != pool->idle.end() && !l.sb;) {
       // Ended since the last turn: init's pidfd, or the runner's end of the
-      // socket closed (the runner is gone, init not yet). Its leaf waited
-      // cpu.idle: it is now scheduled as a cold run's.
+      // socket closed (the runner is gone, init not yet).
       pollfd ended[2] = {{it->sb->pidfd(), POLLIN, 0}, {it->in.get(), POLLRDHUP, 0}};
-      Status fg;
       if (!it->ready) {
         ++it;
-      } else if (::poll(ended, 2, 0) != 0 || !(fg = it->sb->cgroup().to_foreground()).ok()) {
-        if (!fg.ok()) spdlog::error("warm pool of policy {}: hand-over: {}", q(p->name), fg.error().message);
+      } else if (::poll(ended, 2, 0) != 0) {
         it = pool->idle.erase(it);
         lose(*pool, Clock::now());
       } else {
@@ -488,7 +485,7 @@ void Spawner::fill(Pool& pool) {
 
 void Spawner::lose(Pool& pool, Clock::time_point now) {
   // A pool whose sandboxes keep ending before their use (a runner that
-  // cannot start there), or cannot be handed over, pauses for a minute.
+  // cannot start there) pauses for a minute.
   ++pool.lost;
   if (++pool.lost_in_a_row >= 3) {
     spdlog::error("warm pool of policy {}: 3 warm sandboxes in a row ended before their use; none made for 60 s",

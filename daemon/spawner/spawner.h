@@ -20,7 +20,7 @@
 // limits count from then; none is ever used twice. They are made one at a
 // time, when no run has been in flight for a moment (or, for a pool short
 // for a while, at a slow pace), never past max_concurrent_runs in all nor
-// so many that runs would lack a uid slot; their leaves wait cpu.idle.
+// so many that runs would lack a uid slot.
 // A reload or a stop ends them all.
 //
 // The wall-clock and CPU-time limits and the kill are enforced here, in one
@@ -104,7 +104,7 @@ class Spawner {
   };
   Pool* pool_for(const SpawnPolicy& p, RunMode mode);
   void tend_pools(std::chrono::steady_clock::time_point now, bool quiet);
-  void lose(Pool& pool, std::chrono::steady_clock::time_point now);  // one ended or failed before its use
+  void lose(Pool& pool, std::chrono::steady_clock::time_point now);  // one ended before its use
   // The pool to refill now, if any; `due`: when the next refill may start
   // (max: none wanted).
   Pool* next_to_fill(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::time_point& due);

@@ -93,10 +93,13 @@ int set_rlimit(int resource, uint64_t value) noexcept {
   // core dumps, file size, open files; RLIMIT_NPROC counts exactly this
   // run's processes (its host uids are its own), a second fence behind
   // pids.max; RLIMIT_CPU a backstop (the engine measures the whole cgroup);
-  // RLIMIT_NICE 0, whatever the daemon was given: no process of the run
-  // can raise its priority above the one it starts with.
+  // RLIMIT_NICE and RLIMIT_RTPRIO 0, whatever the daemon was given: no
+  // process of the run can raise its priority above the one it starts
+  // with, nor take a real-time policy (the default seccomp profile allows
+  // sched_setscheduler, as the kernel then refuses both).
   // Lowering needs no privilege.
-  if (set_rlimit(RLIMIT_CORE, 0) != 0 || set_rlimit(RLIMIT_NICE, 0) != 0 || set_rlimit(RLIMIT_FSIZE, plan.file_size) != 0 ||
+  if (set_rlimit(RLIMIT_CORE, 0) != 0 || set_rlimit(RLIMIT_NICE, 0) != 0 || set_rlimit(RLIMIT_RTPRIO, 0) != 0 ||
+      set_rlimit(RLIMIT_FSIZE, plan.file_size) != 0 ||
       set_rlimit(RLIMIT_NOFILE, plan.open_files) != 0 || set_rlimit(RLIMIT_NPROC, plan.pids) != 0 ||
       (plan.cpu_time_ms > 0 && set_rlimit(RLIMIT_CPU, (plan.cpu_time_ms + 999) / 1000 + 1) != 0))
     fail(Stage::Rlimits);

@@ -11,9 +11,6 @@ What must hold:
     given is in no other sandbox's memory afterwards;
   - the wall-clock timeout and the CPU time count from the hand-over;
   - a reload ends every warm sandbox (the old pool drains);
-  - a warm sandbox's leaf is cpu.idle while it waits (its start takes only
-    CPU no other run wants) and not once handed over; a run's processes,
-    warm or cold, are SCHED_OTHER;
   - a warm run shows what a cold one shows (os.environ, /proc/self/environ,
     a subprocess's environment, argv, __name__, exit status, output);
   - a burst larger than the pool runs cold, never fails.
@@ -61,20 +58,6 @@ MARK_TOOL = (
 SECRET_TOOL = "def keep(secret: str) -> int:\n    global KEPT\n    KEPT = secret * 4\n    return len(KEPT)\n"
 SLEEP_TOOL = "import time\n\ndef nap(s: float) -> str:\n    time.sleep(s)\n    return 'rested'\n"
 ADD_TOOL = "def add(a: int, b: int) -> int:\n    return a + b\n"
-# The scheduling policy (/proc/<pid>/stat field 41) of the tool's process,
-# of a thread it starts and of a subprocess.
-SCHED_TOOL = (
-    "import subprocess, threading\n\n"
-    "def of(stat):\n"
-    "    return int(stat.rsplit(')', 1)[1].split()[38])\n\n"
-    "def policies() -> list:\n"
-    "    seen = []\n"
-    "    t = threading.Thread(target=lambda: seen.append(of(open('/proc/thread-self/stat').read())))\n"
-    "    t.start()\n"
-    "    t.join()\n"
-    "    child = subprocess.run(['/bin/cat', '/proc/self/stat'], capture_output=True, text=True).stdout\n"
-    "    return [of(open('/proc/self/stat').read()), seen[0], of(child)]\n"
-)
 SCRIPT_VIEW = (
     "import os, sys\n"
     "print(repr(sys.argv[0].startswith(os.getcwd() + '/tmp')), __name__, os.environ.get('WARM_VAR'))\n"
@@ -139,18 +122,6 @@ def pooled_runners(daemon):
             continue
         out[int(name)] = ("tool" if b"run_pooled(" in cmd else "script", env)
     return out
-
-
-def cpu_idle(pid):
-    """cpu.idle of the cgroup leaf of `pid`, read on the host: v1's cpu
-    hierarchy, or v2's one."""
-    with open("/proc/%d/cgroup" % pid) as f:
-        lines = [line.rstrip("\n").split(":", 2) for line in f]
-    for _, ctrls, path in lines:
-        if "cpu" in ctrls.split(",") or (ctrls == "" and len(lines) == 1):
-            with open(os.path.join("/sys/fs/cgroup", ctrls, path.lstrip("/"), "cpu.idle")) as f:
-                return int(f.read())
-    raise OSError("no cpu controller for pid %d" % pid)
 
 
 def memory_holds(pid, needle: bytes) -> bool:
@@ -244,43 +215,6 @@ class WarmPool(unittest.TestCase):
                 self.assertFalse(memory_holds(pid, secret.encode()), "warm sandbox %d holds another run's secret" % pid)
             except FileNotFoundError:
                 pass  # handed over or ended meanwhile
-
-    def test_a_warm_sandbox_waits_cpu_idle_and_runs_as_a_cold_one(self):
-        self.wait_warm()
-        self.wait_warm(mode="execute")
-        waiting = pooled_runners(self.daemon)
-        self.assertTrue(waiting)
-        for pid in waiting:
-            try:
-                self.assertEqual(cpu_idle(pid), 1, "the leaf of waiting runner %d" % pid)
-            except OSError:
-                pass  # handed over or ended meanwhile
-        # While a warm run runs, its leaf is scheduled as any run's.
-        mark = "WARM_MARK=" + uuid.uuid4().hex
-        seen = None
-        with ThreadPoolExecutor(max_workers=1) as ex:
-            run = ex.submit(self.tool, SLEEP_TOOL, "nap", {"s": 3.0}, env=dict([mark.split("=")]))
-            deadline = time.monotonic() + 20
-            while seen is None and time.monotonic() < deadline and not run.done():
-                for pid, (mode, env) in pooled_runners(self.daemon).items():
-                    if mark.encode() in env.split(b"\0"):
-                        try:
-                            seen = cpu_idle(pid)
-                        except OSError:
-                            pass
-                time.sleep(0.05)
-            r = run.result()
-        self.assertEqual(r.status, "success", r.stderr)
-        self.assertTrue(r.record["warm"])
-        self.assertEqual(seen, 0, "the warm run's leaf is still cpu.idle (None: the run was not found)")
-        # Its processes' own scheduling policy is a cold run's.
-        self.wait_warm()
-        warm = self.tool(SCHED_TOOL, "policies", {})
-        cold = self.tool(SCHED_TOOL, "policies", {}, policy="cold")
-        self.assertTrue(warm.record["warm"])
-        for r in (warm, cold):
-            self.assertEqual(r.status, "success", r.stderr)
-            self.assertEqual(r.func_return, [os.SCHED_OTHER] * 3, r.record)
 
     def test_a_warm_run_sees_what_a_cold_run_sees(self):
         self.wait_warm()
