@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "isolate/plan.h"  // kMaxCopiedFileBytes
 #include "isolate/stage.h"
 
 namespace tsb::isolate {
@@ -61,9 +62,5 @@ struct FsEntry {
 inline constexpr std::uint8_t kFsKindLast = FsEntry::kReadOnly;
 
 using FsTable = std::vector<FsEntry>;
-
-// Read-only host files up to this size are copied into the root tmpfs
-// rather than bound (a bind shows its host path in mountinfo).
-inline constexpr std::uint64_t kMaxCopiedFileBytes = 256u << 10;
 
 }  // namespace tsb::isolate

@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "isolate/base/file.h"
 #include "isolate/base/wire.h"
 #include "isolate/plan.h"
 
@@ -175,15 +174,16 @@ struct Steps {
     }
     const bool dir = S_ISDIR(sb.st_mode);
     if (!dir && !writable && S_ISREG(sb.st_mode) && static_cast<std::uint64_t>(sb.st_size) <= kMaxCopiedFileBytes) {
-      auto data = read_file("/proc/self/fd/" + std::to_string(f.get()),
-                            {.max_bytes = kMaxCopiedFileBytes, .regular_only = true});
-      if (data.ok()) {
-        // Read-only like the bind it replaces; its exec bits are kept.
-        copied += data->size();
-        step(Op::kWriteFile, e, "", *data, -1, 0, static_cast<std::uint32_t>(sb.st_mode & 0555));
+      // Init copies it from this descriptor (the bytes never pass through
+      // this process or the plan); read-only like the bind it replaces,
+      // its exec bits kept.
+      UniqueFd r(::open(("/proc/self/fd/" + std::to_string(f.get())).c_str(), O_RDONLY | O_NOCTTY | O_CLOEXEC));
+      if (r) {
+        copied += static_cast<std::uint64_t>(sb.st_size);
+        step(Op::kCopyFile, e, "", "", r.get(), 0, static_cast<std::uint32_t>(sb.st_mode & 0555));
+        out.fds.push_back(std::move(r));
         return {};
       }
-      if (e.optional) return {};
     }
     auto v = open_view(f.get(), src, dir, writable, ctx);
     if (!v.ok()) return std::move(v).error();

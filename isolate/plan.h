@@ -26,7 +26,8 @@
 //   bytes the tool's seccomp program, the init's seccomp program (sock_filter arrays)
 //   u32   step count, then each step:
 //           u8 Op, u8 Stage, u8 flags (kStepDir, kStepOptional), u32 mode,
-//           i32 fd (kAttach: a detached mount; -1 with `err`), i32 err,
+//           i32 fd (kAttach: a detached mount, -1 with `err`; kCopyFile: a
+//           host file opened read-only), i32 err,
 //           text path (a sandbox path), text source, bytes data
 //
 // Header only, no library includes: toolsandbox-init is a static program
@@ -38,9 +39,14 @@
 namespace tsb::isolate {
 
 inline constexpr std::uint32_t kPlanMagic = 0x70627374;  // "tsbp"
-// A plan larger than this is refused by init (copies are at most 256 KiB
-// each, an environment a few MiB).
+// A plan larger than this is refused by init (an environment is a few
+// MiB; host files travel as descriptors, not in the plan).
 inline constexpr std::uint64_t kMaxPlanBytes = 64ull << 20;
+
+// Read-only host files up to this size are copied into the root tmpfs
+// rather than bound (a bind shows its host path in mountinfo): the engine
+// opens each and init copies it (kCopyFile).
+inline constexpr std::uint64_t kMaxCopiedFileBytes = 256u << 10;
 
 // What toolsandbox-init does for one step, in order, before pivot_root.
 enum class Op : std::uint8_t {
@@ -52,8 +58,9 @@ enum class Op : std::uint8_t {
   kMask,       // when path exists: bind source (a sandbox path) over it, read-only
   kReadOnly,   // when path exists: bind it over itself, read-only
   kBootId,     // a new file at path (mode) holding a random boot id
+  kCopyFile,   // a new file at path (mode) holding what the regular file fd holds, at most kMaxCopiedFileBytes
 };
-inline constexpr std::uint8_t kOpLast = static_cast<std::uint8_t>(Op::kBootId);
+inline constexpr std::uint8_t kOpLast = static_cast<std::uint8_t>(Op::kCopyFile);
 inline constexpr std::uint8_t kStepDir = 1;       // kAttach: the mount is a directory
 inline constexpr std::uint8_t kStepOptional = 2;  // kAttach with fd -1: skip instead of failing
 

@@ -13,6 +13,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/random.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -119,6 +120,40 @@ int write_new_file(int dir, const char* name, const char* data, size_t len, unsi
   return write_all(f.fd, data, len) ? 0 : -1;
 }
 
+// A new file holding what the host file `from` (opened by the engine)
+// holds. In the kernel (sendfile) where `from`'s file system allows it,
+// else read and written through a buffer. A file that grew past
+// kMaxCopiedFileBytes since the engine measured it fails (EFBIG) instead
+// of being cut short.
+int copy_new_file(int dir, const char* name, int from, unsigned mode) noexcept {
+  Fd f{::openat(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode)};
+  if (f.fd < 0) return -1;
+  off_t off = 0;
+  bool in_kernel = true;
+  for (;;) {
+    const size_t want = static_cast<size_t>(kMaxCopiedFileBytes + 1 - static_cast<std::uint64_t>(off));
+    ssize_t n;
+    if (in_kernel) {
+      n = ::sendfile(f.fd, from, &off, want);
+      if (n < 0 && off == 0 && (errno == EINVAL || errno == ENOSYS)) {
+        in_kernel = false;
+        continue;
+      }
+    } else {
+      char buf[8192];
+      n = ::pread(from, buf, want < sizeof buf ? want : sizeof buf, off);
+      if (n > 0 && !write_all(f.fd, buf, static_cast<unsigned long>(n))) return -1;
+      if (n > 0) off += n;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? -1 : 0;
+    if (static_cast<std::uint64_t>(off) > kMaxCopiedFileBytes) {
+      errno = EFBIG;
+      return -1;
+    }
+  }
+}
+
 // A version-4 UUID in the kernel's boot_id text form, at random.
 int write_boot_id(int dir, const char* name, unsigned mode) noexcept {
   unsigned char r[16];
@@ -175,6 +210,8 @@ int run_step(int root, const Step& s) noexcept {
       return write_new_file(dir.fd, name, s.data, s.len, s.mode);
     case Op::kBootId:
       return write_boot_id(dir.fd, name, s.mode);
+    case Op::kCopyFile:
+      return copy_new_file(dir.fd, name, s.fd, s.mode);
     case Op::kAttach: {
       // A mount the engine made (a tmpfs, a view of a host directory) with
       // its attributes set already: it only needs a place. A host path the

@@ -189,6 +189,36 @@ TEST_F(EngineTest, LinksLeftInAWritableBindAreNeverFollowed) {
   for (const auto& d : {shared, inner, outside, secret_dir}) std::filesystem::remove_all(d);
 }
 
+// A read-only host file up to kMaxCopiedFileBytes is a copy in the root
+// tmpfs, made by init from a descriptor the engine opened: every byte (NULs
+// included, the largest size allowed), the exec bits, and no mount of its
+// own in mountinfo.
+TEST_F(EngineTest, SmallHostFilesAreCopiedWhole) {
+  const std::string dir = "/run/tsb-test-copy";
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string big(tsb::isolate::kMaxCopiedFileBytes, '\0');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 2654435761u) >> 13);
+  std::ofstream(dir + "/big.bin", std::ios::binary) << big;
+  std::ofstream(dir + "/small.txt") << "small\n";
+  ::chmod((dir + "/big.bin").c_str(), 0755);
+  ::chmod((dir + "/small.txt").c_str(), 0644);
+  auto r = run(spec({"/bin/sh", "-c",
+                     "cat /data/big.bin; stat -c '%a %s' /data/big.bin /data/small.txt; cat /data/small.txt; "
+                     "grep -c ' /data/' /proc/self/mountinfo"},
+                    [&](tsb::isolate::FsInputs& in) {
+                      in.binds.push_back({dir + "/big.bin", "/data/big.bin", false, false});
+                      in.binds.push_back({dir + "/small.txt", "/data/small.txt", false, false});
+                    }));
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(r.reason, EndReason::Exited) << describe(r);
+  ASSERT_GE(r.stdout_data.size(), big.size()) << describe(r);
+  EXPECT_TRUE(r.stdout_data.compare(0, big.size(), big) == 0) << "the copy differs from the host file";
+  EXPECT_EQ(r.stdout_data.substr(big.size()),
+            "555 " + std::to_string(big.size()) + "\n444 6\nsmall\n0\n")
+      << "exec bits, sizes, content, or a mount of their own";
+}
+
 TEST_F(EngineTest, CmdlineIsMaskedAndBootIdIsPerRun) {
   auto c = probe1({"readfile", "/proc/cmdline", "4096"});
   if (c["ok"].get<bool>()) EXPECT_EQ(c["bytes"], 0) << c.dump();

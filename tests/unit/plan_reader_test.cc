@@ -39,6 +39,7 @@ struct PlanIn {
       {Op::kWriteFile, Stage::MountSkeleton, 0, 0644, -1, 0, "/etc/ld.so.cache", "", std::string("bin\0ary", 7)},
       {Op::kAttach, Stage::MountBind, tsb::isolate::kStepOptional, 0, -1, 2, "/lib32", "", ""},
       {Op::kMask, Stage::MaskProc, 0, 0, -1, 0, "/proc/kcore", "/.masked", ""},
+      {Op::kCopyFile, Stage::MountSkeleton, 0, 0444, 12, 0, "/etc/hosts", "", ""},
   };
 
   std::string bytes() const {
@@ -106,7 +107,7 @@ TEST(PlanReader, ReadsThePlanAsDocumented) {
   EXPECT_EQ(p.envp[2], nullptr);
   EXPECT_EQ(p.tool_filter.len, 2);
   EXPECT_EQ(p.init_filter.len, 1);
-  ASSERT_EQ(p.nsteps, 4u);
+  ASSERT_EQ(p.nsteps, 5u);
   EXPECT_EQ(p.steps[0].op, Op::kAttach);
   EXPECT_TRUE(p.steps[0].dir);
   EXPECT_EQ(p.steps[0].fd, 11);
@@ -116,6 +117,8 @@ TEST(PlanReader, ReadsThePlanAsDocumented) {
   EXPECT_TRUE(p.steps[2].optional);
   EXPECT_EQ(p.steps[2].err, 2);
   EXPECT_STREQ(p.steps[3].source, "/.masked");
+  EXPECT_EQ(p.steps[4].op, Op::kCopyFile);
+  EXPECT_EQ(p.steps[4].fd, 12);
   init::release_plan(&p);
 }
 
@@ -165,4 +168,5 @@ TEST(PlanReader, RefusesAnythingElse) {
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[0].flags = 4; })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[0].path = "usr"; }))) << "a step outside the sandbox's root";
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[3].source = std::string("/.m\0asked", 9); })));
+  EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[4].fd = -1; }))) << "a copy without its host file";
 }
