@@ -110,7 +110,9 @@ defines before the tool's source: the names of `from typing import *`, the
 modules pickle, sys, base64, struct, hashlib and os, json as _letta_json,
 `Letta` and `client` (None), `agent_state` (the injected state, else None),
 `agent_id` when injected, and each argument as a global; so tools that use
-Optional, List or os without importing them keep working.
+Optional, List or os without importing them keep working. pickle, base64
+and hashlib are imported at the tool's first use of them (_letta_modules),
+not before: a tool that never uses them does not pay for them.
 
 Output
 ======
@@ -1159,6 +1161,57 @@ def _apply_tool_env(env):
         sys.path[at:at] = [os.path.abspath(p) for p in extra]
 
 
+class _ModuleOnFirstUse(type(sys)):  # types.ModuleType
+    """A module of Letta's script's imports that the tool has not used yet.
+    Its first use (an attribute read or set, dir(), repr()) imports the
+    real module, puts it in the tool's global in its place (unless the
+    tool has rebound that name), and forwards; from then on the global is
+    the module itself. What a tool can tell apart: type() of the name, and
+    sys.modules without that module until its first use."""
+
+    def __init__(self, name, namespace, global_name):
+        super().__init__(name)
+        _LAZY[id(self)] = (namespace, global_name, self)
+
+    def __getattribute__(self, attr):
+        return getattr(_module_of(self), attr)
+
+    def __setattr__(self, attr, value):
+        setattr(_module_of(self), attr, value)
+
+    def __delattr__(self, attr):
+        delattr(_module_of(self), attr)
+
+    def __dir__(self):
+        return dir(_module_of(self))
+
+    def __repr__(self):
+        return repr(_module_of(self))
+
+
+_LAZY = {}  # id(stand-in) -> (the tool's globals, the name, the stand-in)
+
+
+def _module_of(stand_in):
+    namespace, global_name, _ = _LAZY[id(stand_in)]
+    real = __import__(type(sys).__getattribute__(stand_in, "__name__"))
+    if namespace.get(global_name) is stand_in:
+        namespace[global_name] = real
+    return real
+
+
+def _letta_modules(namespace):
+    """The modules Letta's script imports before every tool, under the names
+    it gives them (import pickle, sys, base64, struct, hashlib, os; import
+    json as _letta_json). Those the runner has imported already are the
+    modules themselves; pickle, base64 and hashlib (OpenSSL's library),
+    which cost a tool that uses none of them about a sixth of its run's
+    CPU, are imported on their first use."""
+    namespace.update(sys=sys, os=os, struct=struct, _letta_json=json)
+    for name in ("pickle", "base64", "hashlib"):
+        namespace[name] = sys.modules.get(name) or _ModuleOnFirstUse(name, namespace, name)
+
+
 def _run_tool(req, err_fd):
     """Execute the tool module and call the function. Returns the message for
     the parent."""
@@ -1192,8 +1245,8 @@ def _run_tool(req, err_fd):
         # `client` (None without letta_client and LETTA_API_KEY),
         # `agent_state` (the injected state, else None), `agent_id` when
         # injected, and each argument as a global.
-        exec("from typing import *\nimport pickle, sys, base64, struct, hashlib, os\nimport json as _letta_json",
-             module.__dict__)
+        exec("from typing import *", module.__dict__)
+        _letta_modules(module.__dict__)
         state = None
         if req["inject_agent_state"]:
             state = _agent_state_for_tool(req["agent_state"], module.__dict__)

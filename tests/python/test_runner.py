@@ -502,6 +502,40 @@ class RunnerBasics(RunnerCase):
         self.assertEqual(r.code, 0, r)
         self.assertEqual(r.results, {"x": [1]})
 
+    def test_lettas_imports_are_there_without_importing(self):
+        # Letta's script imports pickle, sys, base64, struct, hashlib, os and
+        # json (as _letta_json) before the tool: a tool may use them without
+        # importing them. pickle, base64 and hashlib are imported on first use
+        # only; that use gets the real module, which then replaces the
+        # stand-in in the tool's globals.
+        src = ("import sys as _s\n"
+               "def f():\n"
+               "    before = [m in _s.modules for m in ('pickle', 'base64', 'hashlib')]\n"
+               "    out = [hashlib.sha256(b'x').hexdigest()[:8], base64.b64encode(b'ab').decode(),\n"
+               "           pickle.loads(pickle.dumps({'k': 1})), _letta_json.dumps([1]), struct.pack('>H', 1).hex(),\n"
+               "           os.sep, sys.maxsize > 0]\n"
+               "    same = [globals()[m] is _s.modules[m] for m in ('pickle', 'base64', 'hashlib')]\n"
+               "    return [before, out, same, isinstance(pickle, type(_s)), repr(base64).startswith(\"<module 'base64'\")]\n")
+        r = run_tool(src, "f")
+        self.assertEqual(r.code, 0, r)
+        before, out, same, is_module, rep = r.results
+        self.assertEqual(out, ["2d711642", "YWI=", {"k": 1}, "[1]", "0001", "/", True])
+        self.assertEqual(same, [True, True, True])
+        if self.mode != "pooled":  # (a warm runner imports them before its hand-over, at no cost to the run)
+            self.assertEqual(before, [False, False, False], "imported before the tool used them")
+        self.assertTrue(is_module and rep)
+        # A tool that rebinds a name keeps its value; one that sets an
+        # attribute before any other use sets it on the real module.
+        src = ("def f():\n"
+               "    global pickle\n"
+               "    base64.tsb_mark = 7\n"
+               "    import base64 as real\n"
+               "    pickle = 'mine'\n"
+               "    return [real.tsb_mark, pickle, sorted(set(dir(hashlib)) & {'sha256', 'md5'})]\n")
+        r = run_tool(src, "f")
+        self.assertEqual(r.code, 0, r)
+        self.assertEqual(r.results, [7, "mine", ["md5", "sha256"]])
+
     def test_module_is_main_like_lettas_script(self):
         # Letta's script is the main program: its __main__ block runs (after
         # the module's code, before the call), __file__ is a .py file in the
