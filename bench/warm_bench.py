@@ -26,8 +26,12 @@ daemon makes one once it has been quiet for a moment, docs/ARCHITECTURE.md
 "Warm pools"); the wait is not timed. A burst larger than the pool follows: --burst runs at
 once against a pool of 4, counting warm and cold runs and any error; and
 with --throughput-runs R, runs per second at each --concurrency (R runs
-each): bare, run_tool and execute of the cold policy, run_tool of the warm
-one, each against bare.
+each): bare, bwrap, and both modes under each policy (under "warm" a run
+takes a warm sandbox when one is ready, else runs cold), each against bare. Throughput is measured in --throughput-rounds
+rounds, each running every variant once in a fresh random order; the table
+gives each variant's median runs/s, its median ratio to the bare run of
+the same round, and the lowest and highest of those ratios (on a busy
+2-CPU host one phase alone moves by several percent).
 
 Reports median, p10 and p90 of each, each against bare, the median CPU time
 of a run (bare: RUSAGE_CHILDREN; the daemon's: the run record's cpu_ms, the
@@ -44,6 +48,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
+import random
 import resource
 import shutil
 import signal
@@ -106,6 +111,12 @@ def daemon_run(client: Client, name: str, mode: str, policy: str, warm: bool) ->
     return wall
 
 
+def succeeded(r):
+    if r.status != "success" or str(r.func_return) != "5":
+        raise RuntimeError("a throughput run failed: %r %r" % (r.func_return, r.stderr))
+    return r
+
+
 def write_policies(tmp: Path) -> Path:
     pol = tmp / "policies"
     pol.mkdir()
@@ -137,6 +148,7 @@ def main() -> int:
     ap.add_argument("--burst", type=int, default=16)
     ap.add_argument("--throughput-runs", type=int, default=0, help="runs per throughput measurement (0: none)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--throughput-rounds", type=int, default=5, help="interleaved rounds of throughput phases")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if shutil.which("bwrap") is None:
@@ -179,23 +191,32 @@ def main() -> int:
         # what it is) against as many bare runs at the same concurrency.
         if args.throughput_runs:
             thr = {}
-            print("\n| concurrency | variant | runs/s | / bare |")
-            print("|---:|---|---:|---:|")
+            print("\n| concurrency | variant | runs/s, median | / bare, median | / bare, lowest-highest |")
+            print("|---:|---|---:|---:|---:|")
             for conc in args.concurrency:
                 calls = {
                     "bare": lambda: process("bare", []),
+                    "bwrap": lambda: process("bwrap", BWRAP),
                     "run_tool": lambda: daemon_run(client, "t", "run_tool", "cold", False),
-                    "run_tool-warm-policy": lambda: client.run_tool(TOOL, tool_name="add", args=ARGS, json_schema=SCHEMA,
-                                                                    organization_id=ORG, policy="warm"),
+                    "run_tool-warm-policy": lambda: succeeded(client.run_tool(
+                        TOOL, tool_name="add", args=ARGS, json_schema=SCHEMA, organization_id=ORG, policy="warm")),
                     "execute": lambda: daemon_run(client, "t", "execute", "cold", False),
+                    "execute-warm-policy": lambda: succeeded(client.execute(
+                        LETTA_SCRIPT, tool_name="add", organization_id=ORG, policy="warm")),
                 }
-                got = {}
-                for name, call in calls.items():
-                    wait_full(client)
-                    got[name] = throughput(conc, args.throughput_runs, call)
-                for name, v in got.items():
-                    print("| %d | %s | %.1f | %.0f %% |" % (conc, name, v, 100 * v / got["bare"]))
-                thr[str(conc)] = got
+                rounds = []
+                for _ in range(args.throughput_rounds):
+                    got = {}
+                    for name in random.sample(list(calls), len(calls)):
+                        wait_full(client)
+                        got[name] = throughput(conc, args.throughput_runs, calls[name])
+                    rounds.append(got)
+                for name in calls:
+                    ratios = [r[name] / r["bare"] for r in rounds]
+                    print("| %d | %s | %.1f | %.0f %% | %.0f-%.0f %% |" % (
+                        conc, name, statistics.median(r[name] for r in rounds), 100 * statistics.median(ratios),
+                        100 * min(ratios), 100 * max(ratios)))
+                thr[str(conc)] = rounds
             report["throughput_runs_per_s"] = thr
 
         # A burst larger than the pool: every run answers; those that found
