@@ -176,14 +176,16 @@ struct Steps {
     if (!dir && !writable && S_ISREG(sb.st_mode) && static_cast<std::uint64_t>(sb.st_size) <= kMaxCopiedFileBytes) {
       // Init copies it from this descriptor (the bytes never pass through
       // this process or the plan); read-only like the bind it replaces,
-      // its exec bits kept.
-      UniqueFd r(::open(("/proc/self/fd/" + std::to_string(f.get())).c_str(), O_RDONLY | O_NOCTTY | O_CLOEXEC));
-      if (r) {
-        copied += static_cast<std::uint64_t>(sb.st_size);
+      // its exec bits kept. Non-blocking: no lease holder can stall the
+      // open. Budgeted at the most init copies (until EOF, at most
+      // kMaxCopiedFileBytes), so a file grown since fstat still fits.
+      if (UniqueFd r(::open(("/proc/self/fd/" + std::to_string(f.get())).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)); r) {
+        copied += kMaxCopiedFileBytes;
         step(Op::kCopyFile, e, "", "", r.get(), 0, static_cast<std::uint32_t>(sb.st_mode & 0555));
         out.fds.push_back(std::move(r));
         return {};
       }
+      if (e.optional) return {};
     }
     auto v = open_view(f.get(), src, dir, writable, ctx);
     if (!v.ok()) return std::move(v).error();

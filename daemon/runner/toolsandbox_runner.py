@@ -111,8 +111,9 @@ modules pickle, sys, base64, struct, hashlib and os, json as _letta_json,
 `Letta` and `client` (None), `agent_state` (the injected state, else None),
 `agent_id` when injected, and each argument as a global; so tools that use
 Optional, List or os without importing them keep working. pickle, base64
-and hashlib are imported at the tool's first use of them (_letta_modules),
-not before: a tool that never uses them does not pay for them.
+and hashlib are imported only when the tool's code names them, or at its
+first use of one it reaches otherwise (_letta_modules): a tool that never
+uses them does not pay for them.
 
 Output
 ======
@@ -1162,16 +1163,17 @@ def _apply_tool_env(env):
 
 
 class _ModuleOnFirstUse(type(sys)):  # types.ModuleType
-    """A module of Letta's script's imports that the tool has not used yet.
-    Its first use (an attribute read or set, dir(), repr()) imports the
-    real module, puts it in the tool's global in its place (unless the
-    tool has rebound that name), and forwards; from then on the global is
-    the module itself. What a tool can tell apart: type() of the name, and
-    sys.modules without that module until its first use."""
+    """One of Letta's script's imports that the tool's code never names
+    (_letta_modules), reachable only through globals(), eval() or another
+    module. Its first use (an attribute read or set, dir(), repr())
+    imports the real module, puts it in the tool's global in its place
+    (unless the tool has rebound that name), and forwards to it. What a
+    tool can tell apart: type() of the object, and sys.modules without
+    that module until its first use."""
 
-    def __init__(self, name, namespace, global_name):
+    def __init__(self, name, namespace):
         super().__init__(name)
-        _LAZY[id(self)] = (namespace, global_name, self)
+        _LAZY[id(self)] = [namespace, name, self, None]
 
     def __getattribute__(self, attr):
         return getattr(_module_of(self), attr)
@@ -1189,27 +1191,49 @@ class _ModuleOnFirstUse(type(sys)):  # types.ModuleType
         return repr(_module_of(self))
 
 
-_LAZY = {}  # id(stand-in) -> (the tool's globals, the name, the stand-in)
+_LAZY = {}  # id(stand-in) -> [the tool's globals, the name, the stand-in, the real module once imported]
 
 
 def _module_of(stand_in):
-    namespace, global_name, _ = _LAZY[id(stand_in)]
-    real = __import__(type(sys).__getattribute__(stand_in, "__name__"))
-    if namespace.get(global_name) is stand_in:
-        namespace[global_name] = real
+    entry = _LAZY[id(stand_in)]
+    namespace, name, _, real = entry
+    if real is None:
+        real = __import__(name)
+        if isinstance(real, _ModuleOnFirstUse):  # the tool put a stand-in in sys.modules
+            raise ImportError("module %r is not available" % name, name=name)
+        entry[3] = real
+    if namespace.get(name) is stand_in:
+        namespace[name] = real
     return real
 
 
-def _letta_modules(namespace):
+def _names_in(code):
+    """Every name the code objects of a compiled module mention (co_names:
+    globals, attributes, imports), nested functions and classes included."""
+    names, todo = set(), [code]
+    while todo:
+        c = todo.pop()
+        names.update(c.co_names)
+        todo.extend(k for k in c.co_consts if isinstance(k, type(c)))
+    return names
+
+
+def _letta_modules(namespace, names):
     """The modules Letta's script imports before every tool, under the names
     it gives them (import pickle, sys, base64, struct, hashlib, os; import
-    json as _letta_json). Those the runner has imported already are the
-    modules themselves; pickle, base64 and hashlib (OpenSSL's library),
-    which cost a tool that uses none of them about a sixth of its run's
-    CPU, are imported on their first use."""
+    json as _letta_json). Those the runner has imported already, and those
+    the tool's code names, are the modules themselves. pickle, base64 and
+    hashlib (OpenSSL's library) cost a tool that uses none of them about a
+    sixth of its run's CPU: one the code never names is a stand-in that
+    imports it on first use. (Named ones are real so that what inspects
+    the tool's globals by type, as cloudpickle does when it pickles a
+    function by value, sees modules.)"""
     namespace.update(sys=sys, os=os, struct=struct, _letta_json=json)
     for name in ("pickle", "base64", "hashlib"):
-        namespace[name] = sys.modules.get(name) or _ModuleOnFirstUse(name, namespace, name)
+        module = sys.modules.get(name)
+        if module is None and name in names:
+            module = __import__(name)
+        namespace[name] = module if module is not None else _ModuleOnFirstUse(name, namespace)
 
 
 def _run_tool(req, err_fd):
@@ -1245,8 +1269,9 @@ def _run_tool(req, err_fd):
         # `client` (None without letta_client and LETTA_API_KEY),
         # `agent_state` (the injected state, else None), `agent_id` when
         # injected, and each argument as a global.
+        code = compile(source, filename, "exec", dont_inherit=True)
         exec("from typing import *", module.__dict__)
-        _letta_modules(module.__dict__)
+        _letta_modules(module.__dict__, _names_in(code))
         state = None
         if req["inject_agent_state"]:
             state = _agent_state_for_tool(req["agent_state"], module.__dict__)
@@ -1254,7 +1279,6 @@ def _run_tool(req, err_fd):
         if req["inject_agent_id"]:
             module.__dict__["agent_id"] = req["agent_id"]
         module.__dict__.update(req["args"])
-        code = compile(source, filename, "exec", dont_inherit=True)
         exec(code, module.__dict__)
     except BaseException as e:
         return _report_exception(e, err_fd, filename)

@@ -210,8 +210,10 @@ int run_step(int root, const Step& s) noexcept {
       return write_new_file(dir.fd, name, s.data, s.len, s.mode);
     case Op::kBootId:
       return write_boot_id(dir.fd, name, s.mode);
-    case Op::kCopyFile:
-      return copy_new_file(dir.fd, name, s.fd, s.mode);
+    case Op::kCopyFile: {
+      Fd host{s.fd};  // the host file's descriptor is closed as soon as it is copied
+      return copy_new_file(dir.fd, name, host.fd, s.mode);
+    }
     case Op::kAttach: {
       // A mount the engine made (a tmpfs, a view of a host directory) with
       // its attributes set already: it only needs a place. A host path the

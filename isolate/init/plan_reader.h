@@ -171,7 +171,7 @@ inline bool read_plan(const char* buf, size_t len, Plan* p) {
     s.path = c.cstr(true);
     s.source = c.cstr(true);
     s.data = c.cstr(false, &s.len);
-    if (c.ok() && (s.path[0] != '/' || (s.op == Op::kCopyFile && s.fd < 0))) return false;
+    if (c.ok() && (s.path[0] != '/' || (s.op == Op::kCopyFile && s.fd < 3))) return false;
   }
   return c.done();
 }

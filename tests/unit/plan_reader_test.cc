@@ -169,4 +169,5 @@ TEST(PlanReader, RefusesAnythingElse) {
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[0].path = "usr"; }))) << "a step outside the sandbox's root";
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[3].source = std::string("/.m\0asked", 9); })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[4].fd = -1; }))) << "a copy without its host file";
+  EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[4].fd = 2; }))) << "a copy from init's own stdio";
 }
