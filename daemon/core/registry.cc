@@ -70,6 +70,18 @@ Result<Organizations> load_organizations(const std::string& path_in) {
   return o;
 }
 
+std::string policy_set_warning(const DaemonConfig& cfg, const PolicySet& set) {
+  std::vector<std::string> pooled;
+  for (const auto& [name, p] : set.policies)
+    if (p->backend == Backend::Local && p->warm.max > 0) pooled.push_back("\"" + name + "\"");
+  if (pooled.empty() || cfg.engine.uid_slots > cfg.max_concurrent_runs) return "";
+  std::string names;
+  for (const auto& n : pooled) names += (names.empty() ? "" : ", ") + n;
+  return "the warm pools of " + names + " stay empty: engine.uid_slots (" + std::to_string(cfg.engine.uid_slots) +
+         ") leaves no uid slot beyond max_concurrent_runs (" + std::to_string(cfg.max_concurrent_runs) +
+         "), and every warm sandbox holds one; raise engine.uid_slots";
+}
+
 Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg) {
   auto set = std::make_shared<PolicySet>();
   PolicyContext ctx;

@@ -36,6 +36,12 @@ struct PolicySet {
 
 Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg);
 
+// What an operator must hear about a set that loads but cannot work as
+// written ("" when nothing): a warm pool in a daemon whose engine.uid_slots
+// leaves no uid slot beyond max_concurrent_runs, so the pool stays empty
+// (every warm sandbox holds a slot, and runs keep max_concurrent_runs).
+std::string policy_set_warning(const DaemonConfig& cfg, const PolicySet& set);
+
 // Where and how one run goes (the legacy Letta rule, letta-sandbox.md §1):
 // a privileged organization runs locally; one that is not goes to E2B when
 // E2B is configured, else runs locally under its (strict) policy. A policy

@@ -213,6 +213,7 @@ int main(int argc, char** argv) {
       spdlog::info("configuration: {}", cfg->source);
     for (const auto& [name, p] : (*set)->policies)
       spdlog::info("policy {} {} ({})", quoted_for_message(name), p->fingerprint, p->source);
+    if (auto w = tsb::core::policy_set_warning(*cfg, **set); !w.empty()) spdlog::warn("{}", w);
     auto compiled = compile(*cfg, **set, a.setup && a.mode == Mode::Compile);
     if (!compiled.ok()) {
       spdlog::critical("{}", compiled.error().message);

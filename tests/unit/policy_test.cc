@@ -396,6 +396,24 @@ TEST_F(PlaceRun, AnE2BPolicyAlwaysGoesToE2B) {
   EXPECT_EQ(r->backend, Backend::E2B);
 }
 
+// A warm pool that can never fill (every warm sandbox holds a uid slot,
+// and runs keep max_concurrent_runs of them) is said, not left silent.
+TEST_F(PlaceRun, WarmPoolWithoutSpareUidSlotsIsWarnedAbout) {
+  DaemonConfig cfg;
+  cfg.max_concurrent_runs = 64;
+  cfg.engine.uid_slots = 64;
+  EXPECT_EQ(policy_set_warning(cfg, set_), "") << "no policy has a pool";
+  Policy warm = *set_.policies.at("default");
+  warm.name = "warm";
+  warm.warm.max = 4;
+  set_.policies["warm"] = std::make_shared<const Policy>(warm);
+  EXPECT_EQ(policy_set_warning(cfg, set_),
+            "the warm pools of \"warm\" stay empty: engine.uid_slots (64) leaves no uid slot beyond "
+            "max_concurrent_runs (64), and every warm sandbox holds one; raise engine.uid_slots");
+  cfg.engine.uid_slots = 65;
+  EXPECT_EQ(policy_set_warning(cfg, set_), "");
+}
+
 TEST(Organizations, StrictWithPositions) {
   TempDir t;
   auto ok = load_organizations(t.write("o.json", R"({"version": 1, "organizations": {"a": {"privileged": true, "policy": "privileged"}}})"));
