@@ -27,8 +27,9 @@ daemon makes one once it has been quiet for a moment, docs/ARCHITECTURE.md
 once against a pool of 4, counting warm and cold runs and any error; and
 with --throughput-runs R, runs per second at each --concurrency (R runs
 each): bare, bwrap, and both modes under each policy (under "warm" a run
-takes a warm sandbox when one is ready, else runs cold), each against bare. Throughput is measured in --throughput-rounds
-rounds, each running every variant once in a fresh random order; the table
+takes a warm sandbox when one is ready, else runs cold), each against
+bare. Throughput is measured in --throughput-rounds rounds, each running
+every variant once in a fresh random order; the table
 gives each variant's median runs/s, its median ratio to the bare run of
 the same round, and the lowest and highest of those ratios (on a busy
 2-CPU host one phase alone moves by several percent).

@@ -71,12 +71,10 @@ Result<Organizations> load_organizations(const std::string& path_in) {
 }
 
 std::string policy_set_warning(const DaemonConfig& cfg, const PolicySet& set) {
-  std::vector<std::string> pooled;
-  for (const auto& [name, p] : set.policies)
-    if (p->backend == Backend::Local && p->warm.max > 0) pooled.push_back("\"" + name + "\"");
-  if (pooled.empty() || cfg.engine.uid_slots > cfg.max_concurrent_runs) return "";
   std::string names;
-  for (const auto& n : pooled) names += (names.empty() ? "" : ", ") + n;
+  for (const auto& [name, p] : set.policies)
+    if (p->backend == Backend::Local && p->warm.max > 0) names += (names.empty() ? "\"" : ", \"") + name + "\"";
+  if (names.empty() || cfg.engine.uid_slots > cfg.max_concurrent_runs) return "";
   return "the warm pools of " + names + " stay empty: engine.uid_slots (" + std::to_string(cfg.engine.uid_slots) +
          ") leaves no uid slot beyond max_concurrent_runs (" + std::to_string(cfg.max_concurrent_runs) +
          "), and every warm sandbox holds one; raise engine.uid_slots";
