@@ -11,6 +11,11 @@ Variants:
                  letta-server runs in its local sandbox
   bwrap          the same, under bwrap --unshare-all (a read-only /, its own
                  /dev and /proc)
+  unshare        the same, under unshare(1) with the seven namespaces a
+                 sandbox here gets (user, pid, mount, net, ipc, uts,
+                 cgroup) and nothing else: no root built, no cgroup leaf,
+                 no seccomp filter, no init. The kernel's cost of fresh
+                 namespaces alone, a floor no sandbox with them goes below
   run_tool       the tool through the daemon, policy "cold" (no pool)
   run_tool-warm  the same, policy "warm" (a pool of 4 per mode)
   execute        Letta's script through the daemon (script mode), "cold"
@@ -26,7 +31,7 @@ daemon makes one once it has been quiet for a moment, docs/ARCHITECTURE.md
 "Warm pools"); the wait is not timed. A burst larger than the pool follows: --burst runs at
 once against a pool of 4, counting warm and cold runs and any error; and
 with --throughput-runs R, runs per second at each --concurrency (R runs
-each): bare, bwrap, and both modes under each policy (under "warm" a run
+each): bare, bwrap, unshare, and both modes under each policy (under "warm" a run
 takes a warm sandbox when one is ready, else runs cold), each against
 bare. Throughput is measured in --throughput-rounds rounds, each running
 every variant once in a fresh random order; the table
@@ -36,8 +41,8 @@ the same round, and the lowest and highest of those ratios (on a busy
 
 Reports median, p10 and p90 of each, each against bare, the median CPU time
 of a run (bare: RUSAGE_CHILDREN; the daemon's: the run record's cpu_ms, the
-sandbox's cgroup from the hand-over on; none for bwrap, whose process is
-reaped inside its own pid namespace), and the load average before and after. --json FILE keeps it all.
+sandbox's cgroup from the hand-over on; none for bwrap and unshare, whose
+process is reaped inside its own pid namespace), and the load average before and after. --json FILE keeps it all.
 
 Standard library only, as root:
   /usr/bin/python3 bench/warm_bench.py [--n 100] [--build build] [--burst 16] [--throughput-runs 96]
@@ -76,6 +81,8 @@ SCHEMA = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"
 ARGS = {"a": 2, "b": 3}
 LETTA_SCRIPT = generate_script("add", TOOL, ARGS, SCHEMA)
 BWRAP = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--die-with-parent"]
+UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child",
+           "--mount", "--net", "--ipc", "--uts", "--cgroup"]
 CPU_MS: dict[str, list[float]] = {}
 ORG = "bench"
 
@@ -165,6 +172,7 @@ def main() -> int:
         timed = {
             "bare": lambda: process("bare", []),
             "bwrap": lambda: process("bwrap", BWRAP),
+            "unshare": lambda: process("unshare", UNSHARE),
             "run_tool": lambda: daemon_run(client, "run_tool", "run_tool", "cold", False),
             "run_tool-warm": lambda: daemon_run(client, "run_tool-warm", "run_tool", "warm", True),
             "execute": lambda: daemon_run(client, "execute", "execute", "cold", False),
@@ -181,9 +189,10 @@ def main() -> int:
         print("|---|---:|---:|---:|---:|---:|---:|")
         for name in variants:
             m = lat[name]  # (execute-warm-next: CPU of its timed run only)
-            # bwrap's sandboxed process is reaped inside its pid namespace:
+            # bwrap's and unshare's process is reaped inside its pid namespace:
             # RUSAGE_CHILDREN does not see its CPU time.
-            cpu_cols = "- | -" if name == "bwrap" else "%.2f | x%.2f" % (cpu[name], cpu[name] / cpu["bare"])
+            cpu_cols = ("- | -" if name in ("bwrap", "unshare")
+                        else "%.2f | x%.2f" % (cpu[name], cpu[name] / cpu["bare"]))
             print("| %s | %.2f | %.2f | %.2f | x%.3f | %s |" % (
                 name, m["median"], m["p10"], m["p90"], m["median"] / base, cpu_cols))
 
@@ -198,6 +207,7 @@ def main() -> int:
                 calls = {
                     "bare": lambda: process("bare", []),
                     "bwrap": lambda: process("bwrap", BWRAP),
+                    "unshare": lambda: process("unshare", UNSHARE),
                     "run_tool": lambda: daemon_run(client, "t", "run_tool", "cold", False),
                     "run_tool-warm-policy": lambda: succeeded(client.run_tool(
                         TOOL, tool_name="add", args=ARGS, json_schema=SCHEMA, organization_id=ORG, policy="warm")),
