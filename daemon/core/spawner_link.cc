@@ -96,18 +96,51 @@ Status SpawnerLink::handshake() {
 }
 
 void SpawnerLink::start() {
+  int size = 0;
+  socklen_t len = sizeof size;
+  if (::getsockopt(control_.get(), SOL_SOCKET, SO_SNDBUF, &size, &len) == 0 && size > 0) sndbuf_ = size;
   sd_.assign(control_.release());
   asio::co_spawn(io_, receive_loop(), asio::detached);
 }
 
-Status SpawnerLink::send(const std::string& msg) {
-  // The spawner reads its socket on every turn of its loop: a blocking send
-  // waits for nothing in practice. EMSGSIZE: larger than the socket's
-  // buffer allows (a huge environment); any other failure means the spawner
-  // is gone, which the receive loop handles.
-  auto st = spawn::send_message(sd_.native_handle(), msg);
-  if (!st.ok() && st.error().code != EMSGSIZE) spdlog::error("spawner socket: {}", st.error().message);
-  return st;
+Status SpawnerLink::send(std::string msg) {
+  // The descriptor is non-blocking (asio makes it so for its waits): a
+  // full socket answers EAGAIN, and the message waits its turn. EMSGSIZE:
+  // larger than the socket's buffer allows (a huge environment); any other
+  // failure means the spawner is gone, which the receive loop handles.
+  if (!sd_.is_open()) return Error::invalid("the spawner's socket is closed", EPIPE);
+  // What the kernel refuses whatever the room (unix(7): a datagram larger
+  // than the send buffer, less its overhead), refused before it is queued.
+  if (msg.size() > spawn::kMaxMessage || msg.size() + 32 > sndbuf_)
+    return Error::invalid("message too large for the spawner socket", EMSGSIZE);
+  if (unsent_.empty()) {
+    auto st = spawn::send_message(sd_.native_handle(), msg, nullptr, 0, MSG_DONTWAIT);
+    if (st.ok() || st.error().code != EAGAIN) {
+      if (!st.ok() && st.error().code != EMSGSIZE) spdlog::error("spawner socket: {}", st.error().message);
+      return st;
+    }
+    // (Queued first: co_spawn may start the flush right here.)
+    unsent_.push_back(std::move(msg));
+    asio::co_spawn(io_, flush_queued(), asio::detached);
+    return {};
+  }
+  unsent_.push_back(std::move(msg));
+  return {};
+}
+
+asio::awaitable<void> SpawnerLink::flush_queued() {
+  // A unix socket is writable again once a quarter of its buffer is free;
+  // sendmsg then takes any message the buffer's size allows.
+  while (!unsent_.empty()) {
+    auto [ec] = co_await sd_.async_wait(stream::wait_write, tuple_awaitable);
+    if (ec) co_return;  // closed: the spawner is gone, and this process ends
+    while (!unsent_.empty()) {
+      auto st = spawn::send_message(sd_.native_handle(), unsent_.front(), nullptr, 0, MSG_DONTWAIT);
+      if (!st.ok() && st.error().code == EAGAIN) break;
+      if (!st.ok()) spdlog::error("spawner socket: {}", st.error().message);
+      unsent_.pop_front();
+    }
+  }
 }
 
 void SpawnerLink::notify_ready(std::string_view status) {
@@ -131,7 +164,10 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
         auto s = spawn::decode_started(*m);
         auto it = s.ok() ? pending_.find(s->id) : pending_.end();
         if (it == pending_.end()) {
+          // A run no one waits for any more (its request's coroutine ended
+          // before its Started came): it must not run on unread.
           spdlog::error("spawner: an unexpected or malformed Started message");
+          if (s.ok()) (void)send(spawn::encode(spawn::Kill{s->id}));
           break;
         }
         // A fourth: network egress (isolate/plan.h).

@@ -93,7 +93,13 @@ class SpawnerLink {
   struct Pending;
   struct PoolQuestion;
   asio::awaitable<void> receive_loop();
-  Status send(const std::string& msg);
+  // Sends a message, or queues it behind those not sent yet when the
+  // socket has no room (the spawner busy spawning while orders with large
+  // environments wait): queued messages go out in order as room comes, so
+  // none is lost and none overtakes another. Fails only for a message
+  // larger than the socket can ever take (EMSGSIZE) or a spawner gone.
+  Status send(std::string msg);
+  asio::awaitable<void> flush_queued();
 
   asio::io_context& io_;
   UniqueFd control_;
@@ -102,6 +108,8 @@ class SpawnerLink {
   std::uint64_t next_id_ = 0;
   std::map<std::uint64_t, std::shared_ptr<Pending>> pending_;
   std::deque<std::shared_ptr<PoolQuestion>> pool_questions_;
+  std::deque<std::string> unsent_;  // waiting for room in the socket, oldest first
+  std::size_t sndbuf_ = 212992;     // the socket's send buffer (SO_SNDBUF), read at start
   unsigned warm_runs_ = 0;  // answered in the order asked
 };
 

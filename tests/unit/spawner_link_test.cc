@@ -1,0 +1,138 @@
+// The front end's link to the root spawner (daemon/core/spawner_link.h),
+// against a fake spawner on the other end of a SOCK_SEQPACKET pair: what
+// it sends when the socket is full.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "daemon/core/spawner_link.h"
+#include "daemon/spawner/compiled.h"
+#include "daemon/spawner/front_codec.h"
+
+namespace tsb::core {
+namespace {
+
+// Orders with large environments that find the socket full (the spawner
+// busy spawning, reading nothing) wait their turn: none is refused as
+// "not reachable", none overtakes another, and a cancel's Kill that comes
+// meanwhile is not lost but follows its run's order.
+TEST(SpawnerLinkTest, MessagesThatFindTheSocketFullWaitTheirTurn) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd spawner(sv[1]);
+  const int small = 65536;  // the kernel doubles it: 128 KiB, three 40 KiB orders
+  ASSERT_EQ(::setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  spawn::Hello hello;
+  hello.instance = "test";
+  ASSERT_TRUE(spawn::send_message(spawner.get(), spawn::encode(hello)).ok());
+
+  asio::io_context io;
+  SpawnerLink link(io, UniqueFd(sv[0]));
+  ASSERT_TRUE(link.handshake().ok());
+  link.start();
+
+  constexpr int kRuns = 6;
+  constexpr std::size_t kEnvBytes = 40000;
+  CancelSignal cancels[kRuns];
+  std::vector<LinkRun> outs(kRuns);
+  int done = 0;
+  for (int i = 0; i < kRuns; ++i)
+    asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
+      spawn::RunOrder o;
+      o.policy = "p";
+      o.fingerprint = "f";
+      o.env = {{"BIG", std::string(kEnvBytes, static_cast<char>('a' + i))}};
+      o.timeout = std::chrono::seconds(1);
+      outs[i] = co_await link.run(std::move(o), "", 1024, 1024, {}, cancels[i]);
+      ++done;
+    }, asio::detached);
+  auto pump = [&](auto until, int rounds) {
+    for (int k = 0; k < rounds && !until(); ++k) io.run_one_for(std::chrono::milliseconds(5));
+  };
+  pump([] { return false; }, 40);  // every order sent or queued; the spawner reads nothing yet
+  ASSERT_EQ(done, 0) << "a run was answered before the spawner read anything";
+  cancels[4].request();  // its order is still queued: the Kill goes after it
+  pump([] { return false; }, 20);
+
+  // The spawner reads: every order, in order, whole; the Kill after run 5's.
+  std::vector<std::uint64_t> ids;
+  std::uint64_t killed = 0;
+  std::size_t kill_at = 0;
+  for (int k = 0; k < 400 && (ids.size() < kRuns || killed == 0); ++k) {
+    std::vector<UniqueFd> fds;
+    auto m = spawn::receive_message(spawner.get(), &fds, MSG_DONTWAIT);
+    if (!m.ok()) {
+      ASSERT_EQ(m.error().code, EAGAIN) << m.error().message;
+      io.run_one_for(std::chrono::milliseconds(5));  // room now: the link sends what it queued
+      continue;
+    }
+    if (spawn::message_type(*m) == spawn::Msg::Kill) {
+      auto kill = spawn::decode_kill(*m);
+      ASSERT_TRUE(kill.ok());
+      killed = kill->id, kill_at = ids.size();
+      continue;
+    }
+    auto order = spawn::decode_run(*m);
+    ASSERT_TRUE(order.ok()) << order.error().message;
+    ASSERT_EQ(order->env.at("BIG"), std::string(kEnvBytes, static_cast<char>('a' + ids.size())));
+    ids.push_back(order->id);
+  }
+  ASSERT_EQ(ids.size(), static_cast<std::size_t>(kRuns));
+  for (int i = 1; i < kRuns; ++i) EXPECT_LT(ids[i - 1], ids[i]);
+  EXPECT_EQ(killed, ids[4]);
+  EXPECT_GE(kill_at, 5u);
+
+  // The spawner answers each; every run sees its own answer.
+  for (int i = 0; i < kRuns; ++i)
+    ASSERT_TRUE(spawn::send_message(spawner.get(), spawn::encode(spawn::Refused{ids[i], spawn::RefuseCode::Busy,
+                                                                                "busy " + std::to_string(i)}))
+                    .ok());
+  pump([&] { return done == kRuns; }, 400);
+  ASSERT_EQ(done, kRuns);
+  for (int i = 0; i < kRuns; ++i) {
+    ASSERT_TRUE(outs[i].refused);
+    EXPECT_EQ(outs[i].refused->code, spawn::RefuseCode::Busy) << outs[i].refused->message;
+    EXPECT_EQ(outs[i].refused->message, "busy " + std::to_string(i));
+  }
+}
+
+// A message larger than the socket can ever take is refused at once, even
+// behind queued ones, and says so (EMSGSIZE): the front end answers that
+// run "too large" instead of waiting for a send that cannot happen.
+TEST(SpawnerLinkTest, AnOrderLargerThanTheSocketIsRefusedAtOnce) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd spawner(sv[1]);
+  const int small = 65536;
+  ASSERT_EQ(::setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  ASSERT_TRUE(spawn::send_message(spawner.get(), spawn::encode(spawn::Hello{})).ok());
+  asio::io_context io;
+  SpawnerLink link(io, UniqueFd(sv[0]));
+  ASSERT_TRUE(link.handshake().ok());
+  link.start();
+  CancelSignal cancel;
+  std::optional<LinkRun> out;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    spawn::RunOrder o;
+    o.policy = "p";
+    o.fingerprint = "f";
+    o.env = {{"BIG", std::string(200000, 'x')}};
+    out = co_await link.run(std::move(o), "", 1024, 1024, {}, cancel);
+  }, asio::detached);
+  for (int k = 0; k < 100 && !out; ++k) io.run_one_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(out && out->refused);
+  EXPECT_EQ(out->refused->code, spawn::RefuseCode::OutOfBounds) << out->refused->message;
+  std::vector<UniqueFd> fds;
+  auto m = spawn::receive_message(spawner.get(), &fds, MSG_DONTWAIT);
+  ASSERT_FALSE(m.ok());  // nothing was sent
+  EXPECT_EQ(m.error().code, EAGAIN);
+}
+
+}  // namespace
+}  // namespace tsb::core
