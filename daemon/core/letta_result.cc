@@ -85,6 +85,10 @@ Member agent_id_member(const protocol::CommonRunFields& c) {
 
 }  // namespace
 
+bool source_may_declare_agent_state(std::string_view source) {
+  return source.find("agent_state") != std::string_view::npos;
+}
+
 std::string runner_request_text(const protocol::RunToolRequest& t, std::string_view nonce,
                                 const std::map<std::string, std::string>& env) {
   // The runner gives agent_state only to a function that declares it, which
@@ -92,7 +96,7 @@ std::string runner_request_text(const protocol::RunToolRequest& t, std::string_v
   // declare it, so the state (the agent's secrets) is not sent at all.
   // This matters where the request is decoded by code the tool may read
   // (an E2B sandbox's kernel).
-  const bool may_declare = t.source_code.find("agent_state") != std::string::npos;
+  const bool may_declare = source_may_declare_agent_state(t.source_code);
   const std::string env_json = env_text(env);
   return object_text({{"nonce", nonce, true},
                       {"tool_name", t.common.tool_name, true},
@@ -347,6 +351,8 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
     if (!frame.ok()) return corrupted(frame.error().message);
     if (!frame->has_value()) return no_result();
     f = std::move(**frame);
+    if (!ctx.may_declare && !f.agent_state.is_null())
+      return corrupted("runner result: an agent_state from a function that does not declare agent_state");
   }
   if (f.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
   if (f.stdout_decode_error) return decode_failure(*f.stdout_decode_error);

@@ -28,6 +28,10 @@ struct ShapeContext {
   bool channel = false;
   std::uint64_t result_cap = 0;
   std::string nonce;
+  // Nonce mode: the tool's source names agent_state, so the request
+  // carried it (runner_request_text) and a frame may carry it back; a
+  // frame with one from a source that cannot declare it is not the runner's.
+  bool may_declare = false;
   // Script mode: which of Letta's generators wrote the script (its parser is
   // the one that applies). Letta's current one, and tool mode, which stands
   // for it: output that is not UTF-8 fails as it fails in Letta.
@@ -75,6 +79,10 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
 // answer from a decoding of, when there is one: the shaping itself decides
 // (end reason, Letta's UTF-8 checks, the frame, the script's generator).
 std::optional<std::string> pickle_payload_to_decode(const ShapeContext& ctx, const isolate::RunResult& run);
+
+// Whether a tool's source can declare agent_state (it names it): else its
+// request carries none, and its result may carry none.
+bool source_may_declare_agent_state(std::string_view source);
 
 // The request the trusted runner reads on its stdin in an E2B cell: the
 // tool's source, its arguments as data and a fresh nonce

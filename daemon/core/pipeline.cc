@@ -141,6 +141,7 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
     out.shape.result_cap = pol.limits.stdout_bytes;
     if (!out.shape.channel) {
       out.shape.nonce = random_hex(16);
+      out.shape.may_declare = source_may_declare_agent_state(std::get<protocol::RunToolRequest>(req.body).source_code);
       out.runner_request = runner_request_text(std::get<protocol::RunToolRequest>(req.body), out.shape.nonce, out.runner_env);
     }
   }

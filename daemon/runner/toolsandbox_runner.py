@@ -222,10 +222,13 @@ So the nonce never enters the tool's address space:
    parent forwards to it over a private pipe, without the nonce. The nonce is
    only ever read by the parent, after the fork, so it is not in the memory the
    child inherited either.
-2. The parent makes itself non-dumpable (prctl(PR_SET_DUMPABLE, 0) through
-   ctypes) before reading stdin. A same-uid process can then no longer
+2. The runner makes itself non-dumpable (prctl(PR_SET_DUMPABLE, 0) through
+   ctypes) before the fork, so the parent is from the first instruction the
+   child runs (its site.main() runs the venv's .pth files, which would
+   otherwise race the parent). A same-uid process can then no longer
    ptrace it, read /proc/<parent>/mem or open its /proc/<parent>/fd/0.
-   If that call fails the runner exits without running the tool.
+   If that call fails the runner exits without running the tool. The child
+   makes itself dumpable again first thing, as a tool's process normally is.
 3. The parent never executes tool or venv code (-S, see above); it only
    parses the source with ast to see which parameters the function declares.
 4. The child sends {results, agent_state} or {error} back over a private
@@ -342,8 +345,8 @@ def _error_payload(kind, name, message, raised=False):
 # ---------------------------------------------------------------------------
 
 
-def _make_non_dumpable():
-    # ctypes is only imported here, in the parent, after the fork.
+def _set_dumpable(dumpable):
+    # ctypes is only imported here, just before the fork (nonce mode only).
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -351,9 +354,9 @@ def _make_non_dumpable():
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     prctl.restype = ctypes.c_int
     PR_SET_DUMPABLE = 4
-    if prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    if prctl(PR_SET_DUMPABLE, dumpable, 0, 0, 0) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, "prctl(PR_SET_DUMPABLE, 0): " + os.strerror(err))
+        raise OSError(err, "prctl(PR_SET_DUMPABLE, %d): %s" % (dumpable, os.strerror(err)))
 
 
 def _valid_nonce(nonce):
@@ -656,12 +659,6 @@ def _loads_request(data):
 
 
 def _parent_main(pid, to_child, from_child):
-    try:
-        _make_non_dumpable()
-    except (OSError, ImportError, AttributeError) as e:
-        _abort_child(pid, to_child)
-        raise Fatal("cannot make the runner non-dumpable: %s" % e) from None
-
     try:
         data = _read_all(0)
         req = _loads_request(data)
@@ -1625,6 +1622,11 @@ def _run_request(req, err_fd):
 def _child_main(from_parent, to_parent):
     # Before anything else: the tool must never read the request stream.
     _empty_stdin()
+    # Dumpable again, as a tool's process is (the parent stays not).
+    try:
+        _set_dumpable(1)
+    except OSError:
+        pass  # only less usual for the tool (no core dump), never weaker
     # This needs no request, so it overlaps with the parent's work.
     _tool_process_setup()
 
@@ -2059,6 +2061,12 @@ def main():
     if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
         raise Fatal("stdin must be a pipe or a socket")
 
+    # Non-dumpable before the fork: the child's first venv code (a .pth
+    # file in its site.main()) runs while the parent still reads stdin.
+    try:
+        _set_dumpable(0)
+    except (OSError, ImportError, AttributeError) as e:
+        raise Fatal("cannot make the runner non-dumpable: %s" % e) from None
     to_child_r, to_child_w = os.pipe()
     from_child_r, from_child_w = os.pipe()
     try:

@@ -1174,6 +1174,50 @@ class Spoofing(RunnerCase):
         self.assertEqual(r.results, {"fd/0": "PermissionError", "environ": "PermissionError",
                                      "maps": "PermissionError", "mem": "PermissionError"})
 
+    @nonce_only("the non-dumpable parent process holding the nonce; the channel mode has neither")
+    def test_venv_code_at_start_cannot_read_the_parents_stdin(self):
+        # The tool process's first venv code (a .pth file run by its
+        # site.main()) starts while the parent still reads its request: the
+        # parent must be non-dumpable from before the fork, or that code
+        # opens /proc/<parent>/fd/0 and reads the nonce before the parent.
+        # strace holds every prctl for 0.3 s, so that a parent that makes
+        # itself non-dumpable only after the fork loses the race for sure.
+        strace = shutil.which("strace")
+        if strace is None:
+            self.skipTest("strace is not installed (scripts/lib.sh installs it)")
+        prefix = ()
+        if os.geteuid() == 0:
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                self.skipTest("running as root without setpriv")
+            prefix = (setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--")
+        prefix += (strace, "-f", "-qq", "-o", "/dev/null", "-e", "trace=prctl", "-e", "inject=prctl:delay_enter=300000")
+        # The runner's stdin a pipe of that same user's (one of root's is
+        # mode 0600 root's, which /proc/<pid>/fd/0 would not open anyway).
+        prefix += ("/bin/sh", "-c", 'cat | exec "$0" "$@"')
+        with tempfile.TemporaryDirectory() as d:
+            os.chmod(d, 0o755)  # the venv, for nobody
+            venv = os.path.join(d, "venv")
+            made = subprocess.run([PYTHON, "-m", "venv", "--without-pip", venv], capture_output=True)
+            if made.returncode != 0:
+                self.skipTest("cannot create a venv: %s" % made.stderr.decode(errors="replace"))
+            site = subprocess.run([os.path.join(venv, "bin", "python3"), "-I", "-c",
+                                   "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            with open(os.path.join(site, "tsb_steal.pth"), "w") as f:
+                f.write("import os, sys; exec(%r)\n" % (
+                    "try:\n"
+                    "    os.close(os.open('/proc/%d/fd/0' % os.getppid(), os.O_RDONLY))\n"
+                    "    got = 'OPENED'\n"
+                    "except OSError as e:\n"
+                    "    got = type(e).__name__\n"
+                    "sys.stderr.write('STEAL %s\\n' % got)\n"))
+            r = run_tool("def f():\n    return 1\n", "f", python=os.path.join(venv, "bin", "python3"), prefix=prefix)
+        self.assertEqual(r.code, 0, r)
+        steals = re.findall(r"STEAL (\w+)", r.stderr)
+        self.assertTrue(steals, r.stderr)
+        self.assertEqual(set(steals), {"PermissionError"}, r.stderr)
+
 
 class Invocation(RunnerCase):
     @nonce_only("in channel mode stdin must be the socket (see test_stdin_must_be_the_channel)")

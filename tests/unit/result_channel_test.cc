@@ -372,6 +372,26 @@ TEST_F(ChannelShaping, AgentStateIsTakenOnlyFromADeclaringTool) {
   EXPECT_NE(s.extra["frame_error"].get<std::string>().find("does not declare agent_state"), std::string::npos);
 }
 
+// The nonce frame (an E2B cell): a source that does not name agent_state
+// was sent none, so a frame that carries one is not the runner's.
+TEST_F(ChannelShaping, ANonceFrameCarriesAgentStateOnlyForASourceThatCanDeclareIt) {
+  ctx.channel = false;
+  ctx.nonce = std::string(32, 'c');
+  run.stdout_data =
+      "printed\n" + protocol::make_nonce_frame(ctx.nonce, json{{"results", 1}, {"agent_state", {{"x", 1}}}}).value();
+  ctx.may_declare = true;
+  auto s = shape(nullptr);
+  EXPECT_EQ(s.result["status"], "success");
+  EXPECT_EQ(s.result["agent_state"], json({{"x", 1}}));
+  ctx.may_declare = false;
+  s = shape(nullptr);
+  EXPECT_EQ(s.result["status"], "error");
+  EXPECT_TRUE(s.result["agent_state"].is_null());
+  EXPECT_NE(s.extra["frame_error"].get<std::string>().find("does not declare agent_state"), std::string::npos);
+  EXPECT_TRUE(source_may_declare_agent_state("def f(agent_state):\n    pass\n"));
+  EXPECT_FALSE(source_may_declare_agent_state("def f(x):\n    pass\n"));
+}
+
 TEST_F(ChannelShaping, MalformedResultIsRefused) {
   const auto ch = sent(false, R"({"results":1,"agent_state":null}{"results":2,"agent_state":null})");
   auto s = shape(&ch);

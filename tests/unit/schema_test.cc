@@ -719,6 +719,7 @@ std::vector<Shaping> shapings() {
     s.ctx.timeout_s = 60;
     s.ctx.tool_mode = tool_mode;
     s.ctx.nonce = nonce;
+    s.ctx.may_declare = true;
     s.ctx.memory_limit = 512u << 20;
     s.ctx.pids_limit = 64;
     s.ctx.fingerprint = fp;
