@@ -649,6 +649,19 @@ void Server::reload(UniqueFd e2b_key) {
   // defaults would replace the allowed peers, limits and policies). Only a
   // daemon that started on the embedded defaults, because there was no file,
   // stays on them while there is still none.
+  // Called once the spawner's new set is in force: a failure here (the
+  // front end's user cannot read a file the root helper could, a file
+  // edited again since) leaves the two on different sets. Said loudly: once
+  // the spawner drops its previous set, runs of a policy that changed are
+  // refused until a reload both sides take.
+  auto parted = [this](const std::string& why) {
+    // (The spawner keeps its previous set for a minute: kPreviousSetLifetime.)
+    spdlog::critical("reload: keeping the current configuration and policies here, although the spawner took the "
+                     "new ones: {}; runs of a policy that changed are refused a minute from now, until a reload "
+                     "this side can follow",
+                     why);
+    notify_ready("");
+  };
   auto cfg = load_daemon_config(config_path_, /*optional=*/false);
   if (!cfg.ok()) {
     if (cfg.error().code == ENOENT && cfg_.source == DaemonConfig{}.source) {
@@ -656,23 +669,17 @@ void Server::reload(UniqueFd e2b_key) {
       notify_ready("");
       return;
     }
-    spdlog::error("reload: keeping the current configuration and policies: {}", cfg.error().message);
-    notify_ready("");
-    return;
+    return parted(cfg.error().message);
   }
   auto set = load_policy_set(*cfg);
   if (!set.ok()) {
-    spdlog::error("reload: keeping the current configuration and policies: {}", set.error().message);
-    notify_ready("");
-    return;
+    return parted(set.error().message);
   }
   // The E2B key is re-read (and its file checked) before anything changes.
   if (cfg->e2b.enabled) {
     if (!e2b_) e2b_ = std::make_unique<E2BBackend>(io_, cfg->e2b);
     if (auto st = e2b_->reconfigure(cfg->e2b, std::move(e2b_key)); !st.ok()) {
-      spdlog::error("reload: keeping the current configuration and policies: {}", st.error().message);
-      notify_ready("");
-      return;
+      return parted(st.error().message);
     }
   }
   // Engine settings (cgroup parent, uid range) and the socket need a restart.

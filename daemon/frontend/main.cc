@@ -30,6 +30,7 @@
 #include <string>
 
 #include "daemon/core/config.h"
+#include "daemon/core/e2b.h"
 #include "daemon/core/registry.h"
 #include "daemon/core/server.h"
 #include "daemon/core/spawner_link.h"
@@ -93,6 +94,12 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
   out.front_end_uid = pw->pw_uid;
   out.front_end_gid = pw->pw_gid;
   out.e2b_key_file = cfg.e2b.enabled ? cfg.e2b.api_key_file : "";
+  // The front end refuses a key file of the wrong owner or mode: so does the
+  // set, or a reload would be in force in the spawner and refused by the
+  // front end, the two then parting ways on the policies.
+  if (cfg.e2b.enabled)
+    if (auto st = tsb::core::check_e2b_api_key_file(cfg.e2b.api_key_file); !st.ok())
+      return std::move(st).error().wrap("e2b.api_key_file");
   const std::string runner = tsb::core::find_runner(cfg.runner_path);
   out.max_concurrent_runs = cfg.max_concurrent_runs;
   out.shutdown_grace = cfg.shutdown_grace;

@@ -804,6 +804,10 @@ TEST_F(E2BTest, E2BRefusesAnApiKeyFileOthersCanRead) {
     ::chmod(fake_->key_file().c_str(), 0640);
     ::kill(d.pid(), SIGHUP);
     EXPECT_TRUE(wait_log("keeping the current configuration and policies")) << d.log_text();
+    // Refused by the compile helper, so the spawner keeps its set too (the
+    // two never part ways on the policies).
+    EXPECT_NE(d.log_text().find("e2b.api_key_file: '" + fake_->key_file() + "' must not be accessible"),
+              std::string::npos) << d.log_text();
     auto r = d.request(run_tool("def f():\n    return 1\n", "f"));
     EXPECT_EQ(r["result"]["func_return"], 1) << r.dump();
     ::chmod(fake_->key_file().c_str(), 0600);
