@@ -51,6 +51,9 @@ struct SpawnerLink::Pending {
   bool kill_sent = false;
   bool no_stdio = false;  // Started came without its descriptors
   bool warm = false;      // Started said: a warm sandbox
+  // run() gave up on it (the spawner overdue) and returned: what it lent
+  // the run's coroutines (the request, the stdout sink) may be gone.
+  bool abandoned = false;
   void poke() { wake.cancel(); }
 };
 
@@ -287,8 +290,28 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
     p->kill_sent = true;
     (void)send(spawn::encode(spawn::Kill{id}));
   });
+  // The spawner ends every run by its timeout, which it enforces itself: a
+  // run with no end a margin past it means a spawner that hangs. The
+  // client is told so rather than left waiting for ever, and the run is
+  // killed should the spawner come back. (`wake` expires then; every poke
+  // before only cancels the wait.)
+  p->wake.expires_at(std::chrono::steady_clock::now() + order.timeout + overdue_margin_);
+  const auto overdue = [&] {
+    spdlog::critical("run {}: the sandbox spawner has not ended it {} s past its timeout: it may be hung", id,
+                     overdue_margin_.count() / 1000);
+    if (!p->kill_sent) {
+      p->kill_sent = true;
+      (void)send(spawn::encode(spawn::Kill{id}));
+    }
+    p->abandoned = p->ended = true;  // (ended: the channel's second part is not asked for)
+    LinkRun out;
+    out.refused = spawn::Refused{id, spawn::RefuseCode::Unavailable,
+                                 "the sandbox spawner did not end the run in time (it may be hung)"};
+    return out;
+  };
 
-  while (!p->answered) co_await p->wake.async_wait(tuple_awaitable);
+  while (!p->answered)
+    if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable))) co_return overdue();
   LinkRun out;
   if (p->refused) {
     out.refused = std::move(p->refused);
@@ -377,6 +400,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
           if (ec) break;  // EOF or error: this stream is over
           const std::string_view chunk(buf.data(), n);
           if (i == 0 && o->sink) {
+            if (p->abandoned) continue;
             if (!o->sink_refused && !o->sink(chunk)) {
               o->sink_refused = true;
               if (!p->kill_sent && !p->ended) {
@@ -394,7 +418,8 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
                      asio::detached);
     }
     p->fds.clear();
-    while (!p->ended) co_await p->wake.async_wait(tuple_awaitable);
+    while (!p->ended)
+      if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable))) co_return overdue();
     // Every writer is gone once pid 1 has exited: the pipes reach EOF at
     // once. Bounded anyway (a pipe held open by something that escaped).
     if (p->readers > 0) {
@@ -414,7 +439,8 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
   } else {
     // Ended without Started (the spawn failed; nothing ran), or Started
     // without its pipes (ended at once).
-    while (!p->ended) co_await p->wake.async_wait(tuple_awaitable);
+    while (!p->ended)
+      if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable))) co_return overdue();
     if (p->no_stdio) {
       r.reason = isolate::EndReason::SetupFailed;
       r.exit_code = -1;

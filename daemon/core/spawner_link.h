@@ -12,6 +12,7 @@
 #include <asio/io_context.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/steady_timer.hpp>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -80,6 +81,9 @@ class SpawnerLink {
   asio::awaitable<std::optional<spawn::PoolState>> pool_state();
   // Runs in flight in a warm sandbox.
   unsigned warm_runs() const noexcept { return warm_runs_; }
+  // How long past a run's timeout its end may take before the spawner
+  // counts as hung for it (a minute; tests shorten it).
+  void set_overdue_margin(std::chrono::milliseconds m) { overdue_margin_ = m; }
 
   // Ready (READY=1), with a status text (STATUS=...; "" for none): passed
   // on to systemd by the spawner (the only process systemd listens to).
@@ -111,6 +115,7 @@ class SpawnerLink {
   std::deque<std::string> unsent_;  // waiting for room in the socket, oldest first
   std::size_t sndbuf_ = 212992;     // the socket's send buffer (SO_SNDBUF), read at start
   unsigned warm_runs_ = 0;  // answered in the order asked
+  std::chrono::milliseconds overdue_margin_{60'000};
 };
 
 }  // namespace tsb::core

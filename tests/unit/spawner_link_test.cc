@@ -1,13 +1,16 @@
 // The front end's link to the root spawner (daemon/core/spawner_link.h),
 // against a fake spawner on the other end of a SOCK_SEQPACKET pair: what
 // it sends when the socket is full.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -132,6 +135,70 @@ TEST(SpawnerLinkTest, AnOrderLargerThanTheSocketIsRefusedAtOnce) {
   auto m = spawn::receive_message(spawner.get(), &fds, MSG_DONTWAIT);
   ASSERT_FALSE(m.ok());  // nothing was sent
   EXPECT_EQ(m.error().code, EAGAIN);
+}
+
+}  // namespace
+}  // namespace tsb::core
+
+namespace tsb::core {
+namespace {
+
+// A spawner that never answers (hung): the run is given up a margin past
+// its timeout, said so, and killed should the spawner come back; the
+// client is not left waiting for ever.
+TEST(SpawnerLinkTest, ARunTheSpawnerNeverEndsIsGivenUpPastItsTimeout) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd spawner(sv[1]);
+  ASSERT_TRUE(spawn::send_message(spawner.get(), spawn::encode(spawn::Hello{})).ok());
+  asio::io_context io;
+  SpawnerLink link(io, UniqueFd(sv[0]));
+  ASSERT_TRUE(link.handshake().ok());
+  link.set_overdue_margin(std::chrono::milliseconds(200));
+  link.start();
+  for (bool started : {false, true}) {
+    SCOPED_TRACE(started ? "after Started" : "before any answer");
+    CancelSignal cancel;
+    std::optional<LinkRun> out;
+    const auto t0 = std::chrono::steady_clock::now();
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      spawn::RunOrder o;
+      o.policy = "p";
+      o.fingerprint = "f";
+      o.timeout = std::chrono::milliseconds(100);
+      out = co_await link.run(std::move(o), "", 1024, 1024, {}, cancel);
+    }, asio::detached);
+    for (int k = 0; k < 10; ++k) io.run_one_for(std::chrono::milliseconds(5));
+    std::vector<UniqueFd> fds;
+    auto m = spawn::receive_message(spawner.get(), &fds, MSG_DONTWAIT);
+    ASSERT_TRUE(m.ok());
+    auto order = spawn::decode_run(*m);
+    ASSERT_TRUE(order.ok());
+    if (started) {  // stdio as the spawner sends it; then nothing more
+      int a[2], b[2], c[2];
+      ASSERT_EQ(::pipe2(a, O_CLOEXEC), 0);
+      ASSERT_EQ(::pipe2(b, O_CLOEXEC), 0);
+      ASSERT_EQ(::pipe2(c, O_CLOEXEC), 0);
+      UniqueFd keep[] = {UniqueFd(a[0]), UniqueFd(b[1]), UniqueFd(c[1])};  // the run's ends, held open
+      const int give[] = {a[1], b[0], c[0]};
+      ASSERT_TRUE(spawn::send_message(spawner.get(), spawn::encode(spawn::Started{order->id, "run", 1, false}), give, 3)
+                      .ok());
+      for (int fd : give) ::close(fd);
+      for (int k = 0; k < 400 && !out; ++k) io.run_one_for(std::chrono::milliseconds(5));
+    } else {
+      for (int k = 0; k < 400 && !out; ++k) io.run_one_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(out);
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+    ASSERT_TRUE(out->refused);
+    EXPECT_EQ(out->refused->code, spawn::RefuseCode::Unavailable);
+    EXPECT_NE(out->refused->message.find("did not end the run in time"), std::string::npos) << out->refused->message;
+    m = spawn::receive_message(spawner.get(), &fds, MSG_DONTWAIT);
+    ASSERT_TRUE(m.ok()) << "no Kill";
+    auto kill = spawn::decode_kill(*m);
+    ASSERT_TRUE(kill.ok());
+    EXPECT_EQ(kill->id, order->id);
+  }
 }
 
 }  // namespace
