@@ -41,8 +41,9 @@ the same round, and the lowest and highest of those ratios (on a busy
 
 Reports median, p10 and p90 of each, each against bare, the median CPU time
 of a run (bare: RUSAGE_CHILDREN; the daemon's: the run record's cpu_ms, the
-sandbox's cgroup from the hand-over on; none for bwrap and unshare, whose
-process is reaped inside its own pid namespace), and the load average before and after. --json FILE keeps it all.
+sandbox's cgroup from the hand-over on; unshare's includes its own, as it
+waits for its child; none for bwrap, whose process is reaped inside its
+own pid namespace), and the load average before and after. --json FILE keeps it all.
 
 Standard library only, as root:
   /usr/bin/python3 bench/warm_bench.py [--n 100] [--build build] [--burst 16] [--throughput-runs 96]
@@ -189,10 +190,9 @@ def main() -> int:
         print("|---|---:|---:|---:|---:|---:|---:|")
         for name in variants:
             m = lat[name]  # (execute-warm-next: CPU of its timed run only)
-            # bwrap's and unshare's process is reaped inside its pid namespace:
+            # bwrap's sandboxed process is reaped inside its pid namespace:
             # RUSAGE_CHILDREN does not see its CPU time.
-            cpu_cols = ("- | -" if name in ("bwrap", "unshare")
-                        else "%.2f | x%.2f" % (cpu[name], cpu[name] / cpu["bare"]))
+            cpu_cols = "- | -" if name == "bwrap" else "%.2f | x%.2f" % (cpu[name], cpu[name] / cpu["bare"])
             print("| %s | %.2f | %.2f | %.2f | x%.3f | %s |" % (
                 name, m["median"], m["p10"], m["p90"], m["median"] / base, cpu_cols))
 

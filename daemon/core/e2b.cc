@@ -196,14 +196,6 @@ Status key_file_owner_and_mode(const std::string& p, const struct stat& st) {
 
 }  // namespace
 
-Status check_e2b_api_key_file(const std::string& path) {
-  if (path.empty() || path[0] != '/') return Error::invalid("api_key_file must be an absolute path");
-  struct stat st{};
-  if (::lstat(path.c_str(), &st) != 0) return Error::from_errno("'" + path + "'");
-  if (!S_ISREG(st.st_mode)) return Error::invalid("'" + path + "' is not a regular file", EINVAL);
-  return key_file_owner_and_mode(path, st);
-}
-
 Result<std::string> read_e2b_api_key(const std::string& path, int fd) {
   if (path.empty() || path[0] != '/') return Error::invalid("api_key_file must be an absolute path");
   ReadRules rules{.max_bytes = 8192, .regular_only = true, .no_follow = true};

@@ -58,11 +58,6 @@ std::string e2b_sandbox_base_url(const E2BConfig& cfg, std::string_view sandbox_
 // one token of printable ASCII. Messages never contain the file's content.
 // `fd`: the file already opened (by the spawner, which may read it), else -1.
 Result<std::string> read_e2b_api_key(const std::string& path, int fd = -1);
-// The same rules for the file itself (a regular file, not a symlink, whose
-// owner and mode read_e2b_api_key accepts), without reading its content:
-// what the compile helper checks, so that the spawner never takes a set
-// whose key file the front end would then refuse.
-Status check_e2b_api_key_file(const std::string& path);
 
 // The fixed program run as the cell in tool mode; "@BLOB@" stands for the
 // base64 literal. Exposed for tests.

@@ -612,7 +612,9 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   if (ran.refused) {
     // The spawner checks every order against its own copy of the policy:
     // a refusal here is a reload between placement and start (the policy
-    // is gone), its own run limit, or its stopping.
+    // is gone), its own run limit, or its stopping; or the link's own (an
+    // order too large for the socket, not sent, or not answered a minute
+    // past its timeout: daemon/core/spawner_link.h).
     using spawn::RefuseCode;
     const RefuseCode rc = ran.refused->code;
     ErrorCode code = rc == RefuseCode::Busy ? ErrorCode::Busy

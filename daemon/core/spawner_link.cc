@@ -106,7 +106,7 @@ void SpawnerLink::start() {
   asio::co_spawn(io_, receive_loop(), asio::detached);
 }
 
-Status SpawnerLink::send(std::string msg) {
+Status SpawnerLink::send(std::string msg, std::uint64_t run) {
   // The descriptor is non-blocking (asio makes it so for its waits): a
   // full socket answers EAGAIN, and the message waits its turn. EMSGSIZE:
   // larger than the socket's buffer allows (a huge environment); any other
@@ -123,11 +123,11 @@ Status SpawnerLink::send(std::string msg) {
       return st;
     }
     // (Queued first: co_spawn may start the flush right here.)
-    unsent_.push_back(std::move(msg));
+    unsent_.emplace_back(run, std::move(msg));
     asio::co_spawn(io_, flush_queued(), asio::detached);
     return {};
   }
-  unsent_.push_back(std::move(msg));
+  unsent_.emplace_back(run, std::move(msg));
   return {};
 }
 
@@ -138,9 +138,19 @@ asio::awaitable<void> SpawnerLink::flush_queued() {
     auto [ec] = co_await sd_.async_wait(stream::wait_write, tuple_awaitable);
     if (ec) co_return;  // closed: the spawner is gone, and this process ends
     while (!unsent_.empty()) {
-      auto st = spawn::send_message(sd_.native_handle(), unsent_.front(), nullptr, 0, MSG_DONTWAIT);
+      auto st = spawn::send_message(sd_.native_handle(), unsent_.front().second, nullptr, 0, MSG_DONTWAIT);
       if (!st.ok() && st.error().code == EAGAIN) break;
-      if (!st.ok()) spdlog::error("spawner socket: {}", st.error().message);
+      if (!st.ok()) {
+        // (The spawner gone, or no kernel memory for the message.) A run
+        // whose order this was is refused now, not left to its deadline.
+        spdlog::error("spawner socket: {}", st.error().message);
+        if (auto it = pending_.find(unsent_.front().first); it != pending_.end() && !it->second->answered) {
+          it->second->answered = true;
+          it->second->refused = spawn::Refused{it->first, spawn::RefuseCode::Unavailable,
+                                               "the sandbox spawner is not reachable: " + st.error().message};
+          it->second->poke();
+        }
+      }
       unsent_.pop_front();
     }
   }
@@ -277,7 +287,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
       l.pending_.erase(id);
     }
   } forget{*this, id, p};
-  if (auto st = send(spawn::encode(order)); !st.ok()) {
+  if (auto st = send(spawn::encode(order), id); !st.ok()) {
     LinkRun out;
     out.refused = spawn::Refused{id, st.error().code == EMSGSIZE ? spawn::RefuseCode::OutOfBounds : spawn::RefuseCode::Unavailable,
                                  st.error().code == EMSGSIZE
@@ -303,15 +313,31 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
       p->kill_sent = true;
       (void)send(spawn::encode(spawn::Kill{id}));
     }
+    const bool started = p->answered && !p->refused;
     p->abandoned = p->ended = true;  // (ended: the channel's second part is not asked for)
     LinkRun out;
-    out.refused = spawn::Refused{id, spawn::RefuseCode::Unavailable,
-                                 "the sandbox spawner did not end the run in time (it may be hung)"};
+    if (!started) {
+      out.refused = spawn::Refused{id, spawn::RefuseCode::Unavailable,
+                                   "the sandbox spawner did not answer the run in time (it may be hung)"};
+      return out;
+    }
+    // It ran: a run, with its record (its output up to now is not waited for).
+    out.warm = p->warm;
+    out.result.run_id = p->result.run_id;
+    out.result.host_uid = p->result.host_uid;
+    out.result.reason = isolate::EndReason::Cancelled;
+    out.result.error = "the sandbox spawner did not end the run " + std::to_string(overdue_margin_.count() / 1000) +
+                       " s past its timeout (it may be hung): the run was given up and killed";
     return out;
+  };
+  // An expiry that raced an answer (its completion already queued when the
+  // answer's poke came) is no expiry.
+  const auto expired = [&](bool waited_for_end) {
+    return waited_for_end ? !p->ended : !p->answered;
   };
 
   while (!p->answered)
-    if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable))) co_return overdue();
+    if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable)) && expired(false)) co_return overdue();
   LinkRun out;
   if (p->refused) {
     out.refused = std::move(p->refused);
@@ -419,7 +445,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
     }
     p->fds.clear();
     while (!p->ended)
-      if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable))) co_return overdue();
+      if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable)) && expired(true)) co_return overdue();
     // Every writer is gone once pid 1 has exited: the pipes reach EOF at
     // once. Bounded anyway (a pipe held open by something that escaped).
     if (p->readers > 0) {
@@ -440,7 +466,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
     // Ended without Started (the spawn failed; nothing ran), or Started
     // without its pipes (ended at once).
     while (!p->ended)
-      if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable))) co_return overdue();
+      if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable)) && expired(true)) co_return overdue();
     if (p->no_stdio) {
       r.reason = isolate::EndReason::SetupFailed;
       r.exit_code = -1;

@@ -102,7 +102,9 @@ class SpawnerLink {
   // environments wait): queued messages go out in order as room comes, so
   // none is lost and none overtakes another. Fails only for a message
   // larger than the socket can ever take (EMSGSIZE) or a spawner gone.
-  Status send(std::string msg);
+  // `run`: the run whose order it is (0: none), refused should its queued
+  // order fail to go out.
+  Status send(std::string msg, std::uint64_t run = 0);
   asio::awaitable<void> flush_queued();
 
   asio::io_context& io_;
@@ -112,7 +114,7 @@ class SpawnerLink {
   std::uint64_t next_id_ = 0;
   std::map<std::uint64_t, std::shared_ptr<Pending>> pending_;
   std::deque<std::shared_ptr<PoolQuestion>> pool_questions_;
-  std::deque<std::string> unsent_;  // waiting for room in the socket, oldest first
+  std::deque<std::pair<std::uint64_t, std::string>> unsent_;  // (run, message) waiting for room, oldest first
   std::size_t sndbuf_ = 212992;     // the socket's send buffer (SO_SNDBUF), read at start
   unsigned warm_runs_ = 0;  // answered in the order asked
   std::chrono::milliseconds overdue_margin_{60'000};

@@ -94,12 +94,14 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
   out.front_end_uid = pw->pw_uid;
   out.front_end_gid = pw->pw_gid;
   out.e2b_key_file = cfg.e2b.enabled ? cfg.e2b.api_key_file : "";
-  // The front end refuses a key file of the wrong owner or mode: so does the
-  // set, or a reload would be in force in the spawner and refused by the
-  // front end, the two then parting ways on the policies.
+  // The front end refuses a key file of the wrong owner or mode, or one
+  // that holds no single key: so does the set (read here, as uid 0 with no
+  // capability, and forgotten), or a reload would be in force in the
+  // spawner and refused by the front end, the two then parting ways on the
+  // policies.
   if (cfg.e2b.enabled)
-    if (auto st = tsb::core::check_e2b_api_key_file(cfg.e2b.api_key_file); !st.ok())
-      return std::move(st).error().wrap("e2b.api_key_file");
+    if (auto k = tsb::core::read_e2b_api_key(cfg.e2b.api_key_file); !k.ok())
+      return std::move(k).error().wrap("e2b.api_key_file");
   const std::string runner = tsb::core::find_runner(cfg.runner_path);
   out.max_concurrent_runs = cfg.max_concurrent_runs;
   out.shutdown_grace = cfg.shutdown_grace;
