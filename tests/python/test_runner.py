@@ -374,6 +374,27 @@ class RunnerCase(unittest.TestCase):
         MODE = self.mode
         self.addCleanup(globals().__setitem__, "MODE", "nonce")
 
+    def unprivileged(self):
+        """What runs a command as nobody when the tests run as root (root,
+        with CAP_SYS_PTRACE, may read any process): a prefix, or ()."""
+        if os.geteuid() != 0:
+            return ()
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            self.skipTest("running as root without setpriv")
+        return (setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--")
+
+    def make_venv(self, d):
+        """A venv (no pip) in directory d: its path and its site-packages."""
+        venv = os.path.join(d, "venv")
+        made = subprocess.run([PYTHON, "-m", "venv", "--without-pip", venv], capture_output=True)
+        if made.returncode != 0:
+            self.skipTest("cannot create a venv: %s" % made.stderr.decode(errors="replace"))
+        site = subprocess.run([os.path.join(venv, "bin", "python3"), "-I", "-c",
+                               "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        return venv, site
+
 
 def _only(mode, why):
     modes = ("channel", "pooled") if mode == "channel" else (mode,)
@@ -1151,12 +1172,7 @@ class Spoofing(RunnerCase):
     def test_nonce_cannot_be_read_from_the_parent(self):
         # Needs an unprivileged tool: root (CAP_SYS_PTRACE) may read any
         # process. When the tests run as root, drop to nobody with setpriv.
-        prefix = ()
-        if os.geteuid() == 0:
-            setpriv = shutil.which("setpriv")
-            if setpriv is None:
-                self.skipTest("running as root without setpriv")
-            prefix = (setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--")
+        prefix = self.unprivileged()
         src = ("import os\n"
                "def steal():\n"
                "    ppid = os.getppid()\n"
@@ -1185,25 +1201,14 @@ class Spoofing(RunnerCase):
         strace = shutil.which("strace")
         if strace is None:
             self.skipTest("strace is not installed (scripts/lib.sh installs it)")
-        prefix = ()
-        if os.geteuid() == 0:
-            setpriv = shutil.which("setpriv")
-            if setpriv is None:
-                self.skipTest("running as root without setpriv")
-            prefix = (setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--")
+        prefix = self.unprivileged()
         prefix += (strace, "-f", "-qq", "-o", "/dev/null", "-e", "trace=prctl", "-e", "inject=prctl:delay_enter=300000")
         # The runner's stdin a pipe of that same user's (one of root's is
         # mode 0600 root's, which /proc/<pid>/fd/0 would not open anyway).
         prefix += ("/bin/sh", "-c", 'cat | exec "$0" "$@"')
         with tempfile.TemporaryDirectory() as d:
             os.chmod(d, 0o755)  # the venv, for nobody
-            venv = os.path.join(d, "venv")
-            made = subprocess.run([PYTHON, "-m", "venv", "--without-pip", venv], capture_output=True)
-            if made.returncode != 0:
-                self.skipTest("cannot create a venv: %s" % made.stderr.decode(errors="replace"))
-            site = subprocess.run([os.path.join(venv, "bin", "python3"), "-I", "-c",
-                                   "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
+            venv, site = self.make_venv(d)
             with open(os.path.join(site, "tsb_steal.pth"), "w") as f:
                 f.write("import os, sys; exec(%r)\n" % (
                     "try:\n"
@@ -1328,13 +1333,7 @@ class Invocation(RunnerCase):
         # A venv whose site-packages holds a module and a .pth file: the tool
         # imports the module, and the .pth code runs in the tool process only.
         with tempfile.TemporaryDirectory() as d:
-            venv = os.path.join(d, "venv")
-            made = subprocess.run([PYTHON, "-m", "venv", "--without-pip", venv], capture_output=True)
-            if made.returncode != 0:
-                self.skipTest("cannot create a venv: %s" % made.stderr.decode(errors="replace"))
-            site = subprocess.run([os.path.join(venv, "bin", "python3"), "-I", "-c",
-                                   "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
+            venv, site = self.make_venv(d)
             with open(os.path.join(site, "tsb_probe_mod.py"), "w") as f:
                 f.write("VALUE = 'from the venv'\n")
             ran = os.path.join(d, "pth-ran")
