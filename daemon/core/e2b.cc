@@ -174,32 +174,26 @@ std::string e2b_sandbox_base_url(const E2BConfig& cfg, std::string_view id, int 
   return "https://" + std::to_string(port) + "-" + std::string(id) + "." + domain;
 }
 
-namespace {
-
-// Under $CREDENTIALS_DIRECTORY (systemd's LoadCredential=) systemd protects
-// the file; anywhere else it must be root's alone.
-Status key_file_owner_and_mode(const std::string& p, const struct stat& st) {
-  bool credential = false;
-  if (const char* cd = std::getenv("CREDENTIALS_DIRECTORY"); cd && cd[0] == '/') {
-    std::string dir(cd);
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    credential = p.size() > dir.size() + 1 && p.compare(0, dir.size(), dir) == 0 && p[dir.size()] == '/';
-  }
-  if (credential) return {};
-  if (st.st_uid != 0) return Error::invalid("'" + p + "' must be owned by root", EPERM);
-  if (st.st_mode & 077)
-    return Error::invalid("'" + p + "' must not be accessible by group or others (mode " + mode_string(st.st_mode) +
-                              "); chmod 0600 it, or pass it with systemd's LoadCredential=",
-                          EPERM);
-  return {};
-}
-
-}  // namespace
-
 Result<std::string> read_e2b_api_key(const std::string& path, int fd) {
   if (path.empty() || path[0] != '/') return Error::invalid("api_key_file must be an absolute path");
+  // Under $CREDENTIALS_DIRECTORY (systemd's LoadCredential=) systemd
+  // protects the file; anywhere else it must be root's alone.
   ReadRules rules{.max_bytes = 8192, .regular_only = true, .no_follow = true};
-  rules.check = key_file_owner_and_mode;
+  rules.check = [](const std::string& p, const struct stat& st) -> Status {
+    bool credential = false;
+    if (const char* cd = std::getenv("CREDENTIALS_DIRECTORY"); cd && cd[0] == '/') {
+      std::string dir(cd);
+      while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+      credential = p.size() > dir.size() + 1 && p.compare(0, dir.size(), dir) == 0 && p[dir.size()] == '/';
+    }
+    if (credential) return {};
+    if (st.st_uid != 0) return Error::invalid("'" + p + "' must be owned by root", EPERM);
+    if (st.st_mode & 077)
+      return Error::invalid("'" + p + "' must not be accessible by group or others (mode " + mode_string(st.st_mode) +
+                                "); chmod 0600 it, or pass it with systemd's LoadCredential=",
+                            EPERM);
+    return {};
+  };
   auto read = fd >= 0 ? read_opened_file(fd, path, rules) : read_file(path, rules);
   if (!read.ok()) {
     if (read.error().code == EFBIG) return Error::invalid("'" + path + "' is too large to hold an API key");

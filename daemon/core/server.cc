@@ -644,24 +644,24 @@ json Server::status_json(json warm_pool) const {
 }
 
 void Server::reload(UniqueFd e2b_key) {
-  // A reload never falls back to the embedded defaults: a configuration
-  // file that is missing or unreadable keeps the set in force (the embedded
-  // defaults would replace the allowed peers, limits and policies). Only a
-  // daemon that started on the embedded defaults, because there was no file,
-  // stays on them while there is still none.
   // Called once the spawner's new set is in force: a failure here (the
   // front end's user cannot read a file the root helper could, a file
   // edited again since) leaves the two on different sets. Said loudly: once
-  // the spawner drops its previous set, runs of a policy that changed are
-  // refused until a reload both sides take.
+  // the spawner drops its previous set (after a minute,
+  // kPreviousSetLifetime), runs of a policy that changed are refused until
+  // a reload both sides take.
   auto parted = [this](const std::string& why) {
-    // (The spawner keeps its previous set for a minute: kPreviousSetLifetime.)
     spdlog::critical("reload: keeping the current configuration and policies here, although the spawner took the "
                      "new ones: {}; runs of a policy that changed are refused a minute from now, until a reload "
                      "this side can follow",
                      why);
     notify_ready("");
   };
+  // A reload never falls back to the embedded defaults: a configuration
+  // file that is missing or unreadable keeps the set in force (the embedded
+  // defaults would replace the allowed peers, limits and policies). Only a
+  // daemon that started on the embedded defaults, because there was no file,
+  // stays on them while there is still none.
   auto cfg = load_daemon_config(config_path_, /*optional=*/false);
   if (!cfg.ok()) {
     if (cfg.error().code == ENOENT && cfg_.source == DaemonConfig{}.source) {
