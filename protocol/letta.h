@@ -1,7 +1,13 @@
 // Letta compatibility: what letta-server computes around a sandboxed tool run,
 // reproduced exactly, plus the result frame of our own runner.
 //
-// Reference: /work/shared/reference/letta-sandbox.md (sections cited as §N).
+// Reference: the public letta-ai/letta source (letta 0.16.8, the last release
+// of the server): letta/services/tool_sandbox/ (base.py: the current script
+// generator and its binary frame; local_sandbox.py: the frame's parser and the
+// result of a local run; e2b_sandbox.py), letta/services/tool_executor/
+// (tool_execution_sandbox.py: the legacy generator and its text markers),
+// letta/schemas/sandbox_config.py (SandboxConfig.fingerprint) and
+// letta/utils.py (the error strings). Each part below names what it follows.
 // Everything here is pure logic: no I/O, no processes.
 #pragma once
 
@@ -17,7 +23,7 @@
 namespace tsb::protocol {
 
 // ---------------------------------------------------------------------------
-// Sandbox config fingerprint (§6)
+// Sandbox config fingerprint (SandboxConfig.fingerprint, letta/schemas/sandbox_config.py)
 // ---------------------------------------------------------------------------
 
 // str(int.from_bytes(bytes, "big")): the decimal value of a big-endian
@@ -34,7 +40,9 @@ Result<std::string> sandbox_config_fingerprint(std::string_view type, std::strin
                                                const nlohmann::json& config);
 
 // ---------------------------------------------------------------------------
-// Letta's result framings (§5), for stdout produced by Letta-generated scripts
+// Letta's result framings, for stdout produced by Letta-generated scripts: the
+// legacy text markers (tool_execution_sandbox.py) and the binary frame
+// (tool_sandbox/base.py, parsed by local_sandbox.py)
 // ---------------------------------------------------------------------------
 
 // Legacy text markers: str(uuid5(NAMESPACE_DNS, "local-sandbox-result-{start,end}-marker")).
@@ -60,14 +68,14 @@ struct ParsedOutput {
   [[nodiscard]] bool found() const { return framing != Framing::kNone; }
 
   // Letta would raise while extracting or decoding the frame and report an
-  // internal error (§3): status "error", func_return =
-  // get_friendly_error_msg(name, error_name, error_message), stderr =
-  // [error_message], stdout = [""] (stdout_text below still holds the whole
-  // stdout, so the caller can choose). error_name/error_message are what Letta's
-  // exception would carry; for an md5 mismatch that is exactly ("Exception",
-  // kCorruptedOutputMessage). Other cases give Letta's exception type and a
-  // message close to Python's (the exact text of e.g. a JSONDecodeError is
-  // not reproduced).
+  // internal error (AsyncToolSandboxLocal.run in local_sandbox.py): status
+  // "error", func_return = get_friendly_error_msg(name, error_name,
+  // error_message), stderr = [error_message], stdout = [""] (stdout_text below
+  // still holds the whole stdout, so the caller can choose).
+  // error_name/error_message are what Letta's exception would carry; for an
+  // md5 mismatch that is exactly ("Exception", kCorruptedOutputMessage). Other
+  // cases give Letta's exception type and a message close to Python's (the
+  // exact text of e.g. a JSONDecodeError is not reproduced).
   bool corrupted = false;
   // Binary framing: the frame's md5 matched, so Letta went on to decode the
   // stdout around it before it read the payload (a decode error comes first).
@@ -158,7 +166,7 @@ Result<std::string> b64decode_validate(std::string_view s);
 std::string b64encode(std::string_view bytes);
 
 // ---------------------------------------------------------------------------
-// Error strings (§8)
+// Error strings (letta/utils.py: get_friendly_error_msg, parse_stderr_error_msg)
 // ---------------------------------------------------------------------------
 
 inline constexpr std::size_t kMaxErrorMessageChars = 1000;  // MAX_ERROR_MESSAGE_CHAR_LIMIT

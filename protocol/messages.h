@@ -52,7 +52,8 @@ struct ProtocolError {
   std::string message;
 };
 
-// A Letta sandbox config, for the fingerprint (letta-sandbox.md §6).
+// A Letta sandbox config, for the fingerprint (SandboxConfig.fingerprint in
+// letta-ai/letta's letta/schemas/sandbox_config.py).
 struct SandboxConfig {
   std::string type;               // "local" | "e2b" | ...
   nlohmann::json config;          // the config dict as Letta stores it

@@ -33,15 +33,13 @@ Result<std::chrono::milliseconds> duration(ObjectReader& r, const char* k, std::
 
 }  // namespace
 
-Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional) {
+Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional, SourceFiles* files) {
   DaemonConfig c;
-  struct stat st{};
-  if (::stat(path.c_str(), &st) != 0) {
-    if (optional && errno == ENOENT) return c;
-    return Error::from_errno("configuration '" + path + "'");
+  auto text = read_policy_text(path, files);
+  if (!text.ok()) {
+    if (optional && text.error().code == ENOENT) return c;
+    return std::move(text).error().wrap("configuration");
   }
-  auto text = read_policy_text(path);
-  if (!text.ok()) return std::move(text).error();
   auto doc = parse_jsonc(*text, path);
   if (!doc.ok()) return std::move(doc).error();
   if (!doc->value.is_object()) return Error::invalid(doc->where("") + ": the configuration must be an object");

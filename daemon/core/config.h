@@ -15,6 +15,8 @@
 
 namespace tsb::core {
 
+class SourceFiles;
+
 struct E2BConfig {
   bool enabled = false;           // true when an API key file is configured
   std::string api_key_file;       // readable only by the daemon, or a systemd credential
@@ -67,7 +69,8 @@ struct DaemonConfig {
 // small request and its answer never wait for the global budget.
 inline constexpr std::size_t kConnectionAllowance = 64u << 10;
 
-// Loads `path`; a missing file with `optional` gives the defaults.
-Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional);
+// Loads `path` (through `files` when given: daemon/policy/sources.h); a
+// missing file with `optional` gives the defaults.
+Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional, SourceFiles* files = nullptr);
 
 }  // namespace tsb::core

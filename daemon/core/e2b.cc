@@ -922,7 +922,8 @@ asio::awaitable<bool> E2BBackend::execute(RunCtx& ctx, Sandbox& sb, const std::s
 
 namespace {
 
-// Letta's E2B conventions for script mode (letta-sandbox.md §3, §7): lists
+// Letta's E2B conventions for script mode (AsyncToolSandboxE2B.run in
+// letta-ai/letta's letta/services/tool_sandbox/e2b_sandbox.py): lists
 // of stream chunks; the payload is base64 JSON in the main result's text (or
 // Letta's legacy text framing in stdout); a kernel error gives the friendly
 // message from its name and value and its traceback appended to stderr.
@@ -1246,7 +1247,8 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
       out.record["error"] = fail.message;
     } else {
       // backend_error / setup_failed: Letta's manager would report the
-      // exception the E2B SDK raised (letta-sandbox.md §3, "Exceptions").
+      // exception the E2B SDK raised (ToolExecutionManager, Letta's
+      // letta/services/tool_executor/tool_execution_manager.py).
       run.reason = isolate::EndReason::Exited;
       out.end_reason = fail.end_reason;
       out.record["exit_code"] = nullptr;

@@ -1,6 +1,11 @@
 // The E2B backend: runs a request in an E2B cloud sandbox instead of a
-// local one. Wire protocol: /work/shared/reference/e2b-protocol.md; design,
-// failure handling and what happens to each sandbox: docs/E2B.md.
+// local one. Wire protocol, as E2B documents it and its Python SDKs (e2b,
+// e2b-code-interpreter) speak it: the control-plane REST API (the OpenAPI
+// spec, spec/openapi.yml in e2b-dev/infra and e2b-dev/E2B), envd's
+// Connect-RPC process API (spec/envd/process/process.proto in e2b-dev/E2B)
+// and the code interpreter's /execute stream (template/server/ in
+// e2b-dev/code-interpreter). Design, failure handling and what happens to
+// each sandbox: docs/E2B.md.
 //
 // Flow of one run: validate (env against the policy, pip requirements as
 // plain PEP 508 specifiers) -> take a sandbox (an idle one of this daemon

@@ -1,5 +1,6 @@
 // Shapes an engine RunResult into Letta's ToolExecutionResult, exactly as
-// letta-server's local sandbox would (letta-sandbox.md §3, §5, §8), for
+// letta-server's local sandbox would (AsyncToolSandboxLocal.run in
+// letta-ai/letta's letta/services/tool_sandbox/local_sandbox.py), for
 // both the script mode (Letta's framings) and the tool mode (our runner's
 // nonce frame). Pure: no I/O.
 #pragma once

@@ -1,10 +1,9 @@
 #include "daemon/core/registry.h"
 
-#include <dirent.h>
-
 #include <algorithm>
 
 #include "daemon/policy/jsonc.h"
+#include "daemon/policy/sources.h"
 
 namespace tsb::core {
 namespace {
@@ -40,9 +39,9 @@ const OrgEntry& Organizations::lookup(const std::string& id) const {
   return it == orgs.end() ? fallback : it->second;
 }
 
-Result<Organizations> load_organizations(const std::string& path_in) {
+Result<Organizations> load_organizations(const std::string& path_in, SourceFiles* files) {
   std::string path = path_in.empty() ? "embedded:organizations.json" : path_in;
-  auto text = read_policy_text(path);
+  auto text = read_policy_text(path, files);
   if (!text.ok()) return std::move(text).error().wrap("organizations");
   auto doc = parse_jsonc(*text, path);
   if (!doc.ok()) return std::move(doc).error();
@@ -80,30 +79,24 @@ std::string policy_set_warning(const DaemonConfig& cfg, const PolicySet& set) {
          "), and every warm sandbox holds one; raise engine.uid_slots";
 }
 
-Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg) {
+Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg, SourceFiles* files) {
   auto set = std::make_shared<PolicySet>();
   PolicyContext ctx;
   ctx.bind_allowlist = cfg.bind_allowlist;
-  std::vector<std::string> names;
-  if (cfg.policies_dir.empty()) {
-    names = {"default", "privileged"};
-  } else {
-    DIR* d = ::opendir(cfg.policies_dir.c_str());
-    if (!d) return Error::from_errno("policies directory '" + cfg.policies_dir + "'");
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n.size() > 5 && n.compare(n.size() - 5, 5, ".json") == 0 && n != "organizations.json" && n[0] != '.')
-        names.push_back(n.substr(0, n.size() - 5));
-    }
-    ::closedir(d);
-    std::sort(names.begin(), names.end());
+  SourceFiles disk;  // without a record: the file system, read directly
+  ctx.files = files ? files : &disk;
+  std::vector<std::string> names = {"default", "privileged"};
+  if (!cfg.policies_dir.empty()) {
+    auto listed = ctx.files->policy_names(cfg.policies_dir);
+    if (!listed.ok()) return std::move(listed).error();
+    names = std::move(listed).value();
   }
   for (const auto& n : names) {
     auto p = load_named_policy(n, cfg.policies_dir, ctx);
     if (!p.ok()) return std::move(p).error();
     set->policies[n] = std::make_shared<const Policy>(std::move(p).value());
   }
-  auto orgs = load_organizations(cfg.organizations_file);
+  auto orgs = load_organizations(cfg.organizations_file, ctx.files);
   if (!orgs.ok()) return std::move(orgs).error();
   set->orgs = std::move(orgs).value();
   auto check = [&](const OrgEntry& e, const std::string& who) -> Status {

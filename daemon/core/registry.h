@@ -27,14 +27,14 @@ struct Organizations {
   const OrgEntry& lookup(const std::string& id) const;
 };
 
-Result<Organizations> load_organizations(const std::string& path);  // "" = embedded
+Result<Organizations> load_organizations(const std::string& path, SourceFiles* files = nullptr);  // "" = embedded
 
 struct PolicySet {
   std::map<std::string, std::shared_ptr<const Policy>> policies;
   Organizations orgs;
 };
 
-Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg);
+Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg, SourceFiles* files = nullptr);
 
 // What an operator must hear about a set that loads but cannot work as
 // written ("" when nothing): a warm pool in a daemon whose engine.uid_slots
@@ -42,7 +42,8 @@ Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg
 // (every warm sandbox holds a slot, and runs keep max_concurrent_runs).
 std::string policy_set_warning(const DaemonConfig& cfg, const PolicySet& set);
 
-// Where and how one run goes (the legacy Letta rule, letta-sandbox.md §1):
+// Where and how one run goes (the legacy Letta rule, ToolExecutionSandbox in
+// letta-ai/letta's letta/services/tool_executor/tool_execution_sandbox.py):
 // a privileged organization runs locally; one that is not goes to E2B when
 // E2B is configured, else runs locally under its (strict) policy. A policy
 // whose backend is "e2b" always goes to E2B.

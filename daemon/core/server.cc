@@ -26,6 +26,7 @@
 #include "daemon/policy/units.h"
 #include "isolate/base/hash.h"
 #include "daemon/policy/jsonc.h"
+#include "daemon/policy/sources.h"
 #include "isolate/supervise.h"
 #include "protocol/letta.h"
 
@@ -245,8 +246,8 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
     local_->open_venv_cache(cfg_.venvs.cache_dir, cfg_.venvs.max_bytes);
   if (cfg_.e2b.enabled) e2b_ = std::make_unique<E2BBackend>(io_, cfg_.e2b);
   budget_.limit = cfg_.max_buffered_bytes;
-  link_->on_reload = [this](bool applied, UniqueFd key) {
-    if (applied) return reload(std::move(key));
+  link_->on_reload = [this](bool applied, UniqueFd sources, UniqueFd key) {
+    if (applied) return reload(std::move(sources), std::move(key));
     // The spawner kept its set (its log says why): so does this side, and
     // the two stay the same set.
     spdlog::error("reload: the spawner kept the configuration and policies in force; so does the front end");
@@ -643,13 +644,13 @@ json Server::status_json(json warm_pool) const {
           {"shutting_down", shutting_down_}};
 }
 
-void Server::reload(UniqueFd e2b_key) {
-  // Called once the spawner's new set is in force: a failure here (the
-  // front end's user cannot read a file the root helper could, a file
-  // edited again since) leaves the two on different sets. Said loudly: once
-  // the spawner drops its previous set (after a minute,
-  // kPreviousSetLifetime), runs of a policy that changed are refused until
-  // a reload both sides take.
+void Server::reload(UniqueFd sources, UniqueFd e2b_key) {
+  // Called once the spawner's new set is in force, with the record of the
+  // files the compile helper read for it: this side loads the same bytes.
+  // A failure here (a record that cannot be read, an E2B key refused)
+  // leaves the two on different sets. Said loudly: once the spawner drops
+  // its previous set (after a minute, kPreviousSetLifetime), runs of a
+  // policy that changed are refused until a reload both sides take.
   auto parted = [this](const std::string& why) {
     spdlog::critical("reload: keeping the current configuration and policies here, although the spawner took the "
                      "new ones: {}; runs of a policy that changed are refused a minute from now, until a reload "
@@ -657,21 +658,12 @@ void Server::reload(UniqueFd e2b_key) {
                      why);
     notify_ready("");
   };
-  // A reload never falls back to the embedded defaults: a configuration
-  // file that is missing or unreadable keeps the set in force (the embedded
-  // defaults would replace the allowed peers, limits and policies). Only a
-  // daemon that started on the embedded defaults, because there was no file,
-  // stays on them while there is still none.
-  auto cfg = load_daemon_config(config_path_, /*optional=*/false);
-  if (!cfg.ok()) {
-    if (cfg.error().code == ENOENT && cfg_.source == DaemonConfig{}.source) {
-      spdlog::info("reload: no configuration file at '{}': still on the embedded defaults", config_path_);
-      notify_ready("");
-      return;
-    }
-    return parted(cfg.error().message);
-  }
-  auto set = load_policy_set(*cfg);
+  if (!sources) return parted("the spawner sent no record of the files");
+  auto files = read_source_record(sources.get());
+  if (!files.ok()) return parted(files.error().message);
+  auto cfg = load_daemon_config(config_path_, /*optional=*/false, &*files);
+  if (!cfg.ok()) return parted(cfg.error().message);
+  auto set = load_policy_set(*cfg, &*files);
   if (!set.ok()) {
     return parted(set.error().message);
   }

@@ -113,8 +113,9 @@ class Server {
   asio::awaitable<void> shutdown_sequence();
   bool peer_allowed(const Peer& p) const;
   // The spawner reloaded (SIGHUP goes to it): this side's configuration,
-  // policies and E2B key (its new file's descriptor) follow.
-  void reload(UniqueFd e2b_key);
+  // policies (from the compile helper's record) and E2B key (its new
+  // file's descriptor) follow.
+  void reload(UniqueFd sources, UniqueFd e2b_key);
   void notify_ready(std::string_view status);
   // `warm_pool`: the spawner's answer (LocalBackend::warm_status).
   nlohmann::json status_json(nlohmann::json warm_pool) const;

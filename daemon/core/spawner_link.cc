@@ -237,7 +237,10 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
           spdlog::error("spawner: a malformed Reload message");
           break;
         }
-        if (on_reload) on_reload(*applied, fds.empty() ? UniqueFd() : std::move(fds[0]));
+        // Applied: the record of the files, then the E2B key file if any.
+        if (on_reload)
+          on_reload(*applied, fds.size() > 0 ? std::move(fds[0]) : UniqueFd(),
+                    fds.size() > 1 ? std::move(fds[1]) : UniqueFd());
         break;
       }
       case spawn::Msg::PoolState: {

@@ -89,9 +89,10 @@ class SpawnerLink {
   // on to systemd by the spawner (the only process systemd listens to).
   void notify_ready(std::string_view status);
 
-  // The spawner's reload: whether its new set is in force, and the new E2B
-  // key file's descriptor, if any.
-  std::function<void(bool applied, UniqueFd key)> on_reload;
+  // The spawner's reload: whether its new set is in force and, when it is,
+  // the compile helper's record of the files (daemon/policy/sources.h) and
+  // the new E2B key file's descriptor, if any.
+  std::function<void(bool applied, UniqueFd sources, UniqueFd key)> on_reload;
 
  private:
   struct Pending;

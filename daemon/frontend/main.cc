@@ -1,17 +1,19 @@
 // toolsandboxd-frontend: the unprivileged side of toolsandboxd, started by
 // the root spawner (daemon/spawner/), never by hand.
 //
-//   --serve --config FILE [--config-optional] --listen-fd N --control-fd N
+//   --serve --config FILE --sources-fd N --listen-fd N --control-fd N
 //           [--e2b-key-fd N]
 //       the front end: the listening socket, peers, the protocol, Letta
 //       shaping, E2B, audit and counters. Refuses to run with uid 0, any
 //       capability, or without no_new_privs; loads its own seccomp filter.
-//   --compile --config FILE [--config-optional] [--setup]
-//       the compile helper: loads the configuration and policies and writes
+//       Opens no configuration or policy file: it loads them from the
+//       compile helper's record (--sources-fd, daemon/policy/sources.h).
+//   --compile --config FILE [--config-optional] [--setup] --sources-fd N
+//       the compile helper: loads the configuration and policies, writes
 //       the compiled set the spawner reads (daemon/spawner/compiled.h) to
-//       stdout; with --setup (the spawner's start), first prepares what the
-//       engine needs on the host (isolate/prepare.h). Run as uid 0 with no
-//       capability.
+//       stdout and the record of the files it read to the memfd N; with
+//       --setup (the spawner's start), first prepares what the engine needs
+//       on the host (isolate/prepare.h). Run as uid 0 with no capability.
 //   --check --config FILE [--config-optional]
 //       loads and reports, writes nothing (toolsandboxd --check).
 #include <getopt.h>
@@ -36,6 +38,7 @@
 #include "daemon/core/spawner_link.h"
 #include "daemon/frontend/confine.h"
 #include "daemon/policy/seccomp_profile.h"
+#include "daemon/policy/sources.h"
 #include "isolate/base/quote.h"
 #include "daemon/spawner/front_codec.h"
 
@@ -50,7 +53,7 @@ struct Args {
   std::string config;
   bool config_optional = false;
   bool setup = false;
-  int listen_fd = -1, control_fd = -1, e2b_key_fd = -1;
+  int listen_fd = -1, control_fd = -1, e2b_key_fd = -1, sources_fd = -1;
 };
 
 bool parse_fd(const char* s, int* out) {
@@ -144,12 +147,12 @@ int main(int argc, char** argv) {
       {"check", no_argument, nullptr, 'k'},       {"config", required_argument, nullptr, 'c'},
       {"config-optional", no_argument, nullptr, 'o'}, {"listen-fd", required_argument, nullptr, 'l'},
       {"control-fd", required_argument, nullptr, 'f'}, {"e2b-key-fd", required_argument, nullptr, 'e'},
-      {"setup", no_argument, nullptr, 'S'},
+      {"setup", no_argument, nullptr, 'S'},       {"sources-fd", required_argument, nullptr, 'r'},
       {nullptr, 0, nullptr, 0},
   };
   constexpr const char* kUsage =
       "usage: toolsandboxd-frontend --serve|--compile [--setup]|--check --config FILE [--config-optional]\n"
-      "       [--listen-fd N --control-fd N [--e2b-key-fd N]]\n"
+      "       [--sources-fd N] [--listen-fd N --control-fd N [--e2b-key-fd N]]\n"
       "(started by toolsandboxd; not meant to be run by hand)\n";
   opterr = 0;
   for (int c; (c = ::getopt_long(argc, argv, "", kOptions, nullptr)) != -1;) {
@@ -163,7 +166,11 @@ int main(int argc, char** argv) {
       case 'l':
       case 'f':
       case 'e':
-        if (!parse_fd(optarg, c == 'l' ? &a.listen_fd : c == 'f' ? &a.control_fd : &a.e2b_key_fd)) {
+      case 'r':
+        if (!parse_fd(optarg, c == 'l'   ? &a.listen_fd
+                              : c == 'f' ? &a.control_fd
+                              : c == 'e' ? &a.e2b_key_fd
+                                         : &a.sources_fd)) {
           std::fprintf(stderr, "toolsandboxd-frontend: '%s' is not a descriptor number\n", optarg);
           return 2;
         }
@@ -175,6 +182,7 @@ int main(int argc, char** argv) {
     }
   }
   if (a.mode == Mode::None || a.config.empty() || optind < argc ||
+      (a.mode != Mode::Check && a.sources_fd < 0) ||
       (a.mode == Mode::Serve && (a.listen_fd < 0 || a.control_fd < 0))) {
     std::fputs(kUsage, stderr);
     return 2;
@@ -205,12 +213,26 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  auto cfg = tsb::core::load_daemon_config(a.config, a.config_optional);
+  // The compile helper reads the files (and records them); the front end
+  // loads the record it made, and reads no file.
+  tsb::core::SourceFiles files;
+  if (a.mode == Mode::Serve) {
+    auto rec = tsb::core::read_source_record(a.sources_fd);
+    if (!rec.ok()) {
+      spdlog::critical("front end: {}", rec.error().message);
+      return 1;
+    }
+    files = std::move(rec).value();
+    ::close(a.sources_fd);
+  }
+  // Serving, a missing file is one the helper was allowed to miss: the
+  // record says whether it existed.
+  auto cfg = tsb::core::load_daemon_config(a.config, a.config_optional || a.mode == Mode::Serve, &files);
   if (!cfg.ok()) {
     spdlog::critical("{}", cfg.error().message);
     return 1;
   }
-  auto set = tsb::core::load_policy_set(*cfg);
+  auto set = tsb::core::load_policy_set(*cfg, &files);
   if (!set.ok()) {
     spdlog::critical("{}", set.error().message);
     return 1;
@@ -229,6 +251,10 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (a.mode == Mode::Check) return 0;
+    if (auto st = tsb::core::write_source_record(a.sources_fd, files); !st.ok()) {
+      spdlog::critical("{}", st.error().message);
+      return 1;
+    }
     return write_all(STDOUT_FILENO, tsb::spawn::encode_compiled_set(*compiled)) == 0 ? 0 : 1;
   }
 

@@ -1,4 +1,5 @@
 #include "daemon/policy/policy.h"
+#include "daemon/policy/sources.h"
 
 #include <dirent.h>
 #include "daemon/venv/archive.h"
@@ -657,10 +658,10 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
       // with the policies it came with, else the embedded one. Only a
       // missing file falls back: one that exists but is refused (owner,
       // mode) or unreadable is an error, never silently replaced.
-      auto text = read_policy_text(full);
+      auto text = read_policy_text(full, ctx.files);
       if (!text.ok() && from_default_dir && text.error().code == ENOENT) {
         full = std::string(kEmbedded) + profile_path;
-        text = read_policy_text(full);
+        text = read_policy_text(full, ctx.files);
       }
       if (!text.ok()) return Error::invalid(where_profile + ": seccomp profile: " + text.error().message, text.error().code);
       p.seccomp_source = full;
@@ -760,7 +761,8 @@ const char* to_string(isolate::NetworkMode n) noexcept {
 
 bool Policy::env_name_allowed(std::string_view n) const { return spawn::env_name_allowed(env_allow, n); }
 
-Result<std::string> read_policy_text(const std::string& path) {
+Result<std::string> read_policy_text(const std::string& path, SourceFiles* files) {
+  if (files && !is_embedded(path)) return files->read(path);
   if (is_embedded(path)) {
     auto text = embedded_file(path.substr(std::strlen(kEmbedded)));
     if (!text) return Error::invalid("no embedded file '" + path.substr(std::strlen(kEmbedded)) + "'", ENOENT);
@@ -782,7 +784,7 @@ Result<std::string> read_policy_text(const std::string& path) {
 }
 
 Result<Policy> load_policy(const std::string& path, const PolicyContext& ctx) {
-  auto text = read_policy_text(path);
+  auto text = read_policy_text(path, ctx.files);
   if (!text.ok()) return std::move(text).error().wrap("policy");
   auto doc = parse_jsonc(*text, path);
   if (!doc.ok()) return std::move(doc).error();
@@ -796,7 +798,7 @@ Result<Policy> load_policy(const std::string& path, const PolicyContext& ctx) {
     if (!inc.is_string() || inc.get<std::string>().empty())
       return Error::invalid(doc->where("/include") + ": must be the path of another policy file");
     include_path = join(dir_of(path), inc.get<std::string>());
-    itext = read_policy_text(include_path);
+    itext = read_policy_text(include_path, ctx.files);
     if (!itext->ok()) return Error::invalid(doc->where("/include") + ": " + itext->error().message, itext->error().code);
     idoc = parse_jsonc(**itext, include_path);
     if (!idoc->ok()) return std::move(*idoc).error().wrap("included from " + doc->where("/include"));

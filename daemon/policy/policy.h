@@ -21,6 +21,8 @@
 
 namespace tsb::core {
 
+class SourceFiles;
+
 enum class Backend { Local, E2B };
 const char* to_string(Backend b) noexcept;
 // "none", "host", "egress": as a policy names it.
@@ -112,12 +114,14 @@ struct Policy {
 struct PolicyContext {
   std::vector<std::string> bind_allowlist;  // host path prefixes
   bool compile = true;                      // compile seccomp (off for pure checks in tests)
+  // Where files are read (daemon/policy/sources.h): null, the file system.
+  SourceFiles* files = nullptr;
 };
 
 // Reads files from disk, or from the set embedded in the binary when the
 // path starts with "embedded:" (policies/ of the source tree, see
-// daemon/policy/embedded.h).
-Result<std::string> read_policy_text(const std::string& path);
+// daemon/policy/embedded.h); through `files` when given.
+Result<std::string> read_policy_text(const std::string& path, SourceFiles* files = nullptr);
 
 Result<Policy> load_policy(const std::string& path, const PolicyContext& ctx);
 // `name` resolves to a file in `dir` ("<dir>/<name>.json"); with dir empty,

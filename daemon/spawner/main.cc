@@ -98,8 +98,10 @@ int main(int argc, char** argv) {
     spdlog::critical("toolsandboxd must run as root (it creates namespaces, cgroups and id maps)");
     return 1;
   }
+  tsb::UniqueFd sources;
   auto set = tsb::spawn::compile_policies(opts, !explicit_config,
-                                          check_only ? tsb::spawn::Compile::kCheck : tsb::spawn::Compile::kSetup);
+                                          check_only ? tsb::spawn::Compile::kCheck : tsb::spawn::Compile::kSetup,
+                                          &sources);
   if (!set.ok()) {
     spdlog::critical("{}", set.error().message);
     return 1;
@@ -113,7 +115,7 @@ int main(int argc, char** argv) {
   }
   spdlog::info("engine: {}", (*engine)->cgroups().describe());
   for (const auto& note : (*engine)->startup_notes()) spdlog::warn("engine: {}", note);
-  tsb::spawn::Spawner spawner(opts, std::move(set).value(), std::move(engine).value());
+  tsb::spawn::Spawner spawner(opts, std::move(set).value(), std::move(sources), std::move(engine).value());
   if (auto st = spawner.open_listener(); !st.ok()) {
     spdlog::critical("{}", st.error().message);
     return 1;

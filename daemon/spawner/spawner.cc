@@ -6,6 +6,7 @@
 #include <linux/securebits.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -126,7 +127,7 @@ std::string describe_status(int st) {
 
 }  // namespace
 
-Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Compile what) {
+Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Compile what, UniqueFd* sources) {
   const bool check_only = what == Compile::kCheck;
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return Error::from_errno("pipe");
@@ -134,7 +135,15 @@ Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Com
   std::vector<std::string> args = {o.front_end, check_only ? "--check" : "--compile", "--config", o.config_path};
   if (optional) args.emplace_back("--config-optional");
   if (what == Compile::kSetup) args.emplace_back("--setup");
-  auto launched = launch(std::move(args), {{w.get(), STDOUT_FILENO}}, 0, 0);
+  std::vector<std::pair<int, int>> fds = {{w.get(), STDOUT_FILENO}};
+  UniqueFd record;
+  if (!check_only) {
+    record.reset(::memfd_create("toolsandboxd-sources", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!record) return Error::from_errno("memfd_create (the record of the files)");
+    args.insert(args.end(), {"--sources-fd", "3"});
+    fds.emplace_back(record.get(), 3);
+  }
+  auto launched = launch(std::move(args), fds, 0, 0);
   if (!launched.ok()) return std::move(launched).error().wrap("the compile helper");
   const pid_t pid = *launched;
   w.reset();
@@ -166,11 +175,18 @@ Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Com
     return Error::invalid("loading the configuration and policies failed (" + o.front_end + " " + describe_status(*st) +
                           "; its messages are above)");
   if (check_only) return CompiledSet{};
-  return decode_compiled_set(out);
+  auto set = decode_compiled_set(out);
+  if (!set.ok()) return set;
+  // Sealed once the helper is gone: no one can write it again, and the
+  // front end checks the seals before it reads.
+  if (::fcntl(record.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+    return Error::from_errno("sealing the record of the files");
+  *sources = std::move(record);
+  return set;
 }
 
-Spawner::Spawner(SpawnerOptions opts, CompiledSet set, std::unique_ptr<isolate::Engine> engine)
-    : opts_(std::move(opts)), set_(std::move(set)), engine_(std::move(engine)) {}
+Spawner::Spawner(SpawnerOptions opts, CompiledSet set, UniqueFd sources, std::unique_ptr<isolate::Engine> engine)
+    : opts_(std::move(opts)), set_(std::move(set)), sources_(std::move(sources)), engine_(std::move(engine)) {}
 
 Spawner::~Spawner() {
   // Only the socket we created, and only if the path still names it.
@@ -276,15 +292,15 @@ Status Spawner::start_front_end() {
       if (::setsockopt(fd, SOL_SOCKET, forced, &sz, sizeof sz) != 0 && ::setsockopt(fd, SOL_SOCKET, plain, &sz, sizeof sz) != 0)
         return Error::from_errno("sizing the front end's socket");
   UniqueFd key = open_key_file();
-  std::vector<std::string> args = {opts_.front_end, "--serve", "--config", opts_.config_path, "--listen-fd", "3",
-                                   "--control-fd", "4"};
+  std::vector<std::string> args = {opts_.front_end, "--serve",   "--config", opts_.config_path, "--listen-fd",
+                                   "3",              "--control-fd", "4",      "--sources-fd",    "5"};
   if (key) {
     args.emplace_back("--e2b-key-fd");
-    args.emplace_back("5");
+    args.emplace_back("6");
   }
   const uid_t uid = set_.front_end_uid;
-  std::vector<std::pair<int, int>> fds = {{listener_.get(), 3}, {theirs.get(), 4}};
-  if (key) fds.emplace_back(key.get(), 5);
+  std::vector<std::pair<int, int>> fds = {{listener_.get(), 3}, {theirs.get(), 4}, {sources_.get(), 5}};
+  if (key) fds.emplace_back(key.get(), 6);
   auto launched = launch(std::move(args), fds, uid, set_.front_end_gid);
   if (!launched.ok()) return std::move(launched).error().wrap("the front end");
   const pid_t pid = *launched;
@@ -712,7 +728,8 @@ void Spawner::front_end_gone() {
 void Spawner::reload() {
   spdlog::info("SIGHUP: reloading the configuration and policies");
   sd_notify(0, "RELOADING=1");  // READY=1 comes from the front end once it has followed
-  auto set = compile_policies(opts_, /*optional=*/false, Compile::kPolicies);
+  UniqueFd sources;
+  auto set = compile_policies(opts_, /*optional=*/false, Compile::kPolicies, &sources);
   const bool applied = set.ok();
   if (!set.ok()) {
     spdlog::error("reload: keeping the current configuration and policies: {}", set.error().message);
@@ -728,13 +745,14 @@ void Spawner::reload() {
     set_.e2b_key_file = set->e2b_key_file;
     set_.max_concurrent_runs = set->max_concurrent_runs;
     set_.shutdown_grace = set->shutdown_grace;
+    sources_ = std::move(sources);
     for (const SpawnPolicy& p : set_.policies) spdlog::info("policy {} {}", q(p.name), p.fingerprint);
   }
-  // The front end follows: its own view of the same files (and the E2B
-  // key) when the new set is in force here, nothing when it is not.
+  // The front end follows, from the same record of the same files (and
+  // the E2B key), when the new set is in force here; nothing when it is not.
   UniqueFd key = applied ? open_key_file() : UniqueFd();
-  int k = key.get();
-  send(encode_reload(applied), key ? &k : nullptr, key ? 1 : 0);
+  const int fds[2] = {sources_.get(), key.get()};
+  send(encode_reload(applied), applied ? fds : nullptr, applied ? (key ? 2 : 1) : 0);
 }
 
 int Spawner::run() {

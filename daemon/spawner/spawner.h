@@ -54,13 +54,15 @@ struct SpawnerOptions {
 // and reads its compiled set. `optional`: a missing configuration file
 // gives the embedded defaults. kSetup (the start): the helper also prepares
 // what the engine needs on the host (isolate/prepare.h); kCheck: the helper
-// prints what it loaded and nothing is read back.
+// prints what it loaded and nothing is read back. `sources` (not with
+// kCheck) gets the helper's record of the files it read, in a sealed memfd
+// that this process passes to the front end and never reads.
 enum class Compile { kSetup, kPolicies, kCheck };
-Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Compile what);
+Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Compile what, UniqueFd* sources);
 
 class Spawner {
  public:
-  Spawner(SpawnerOptions opts, CompiledSet set, std::unique_ptr<isolate::Engine> engine);
+  Spawner(SpawnerOptions opts, CompiledSet set, UniqueFd sources, std::unique_ptr<isolate::Engine> engine);
   ~Spawner();
 
   // The socket systemd passed, or one bound at the compiled socket path.
@@ -125,6 +127,7 @@ class Spawner {
 
   SpawnerOptions opts_;
   CompiledSet set_;
+  UniqueFd sources_;  // the record of the files set_ was compiled from
   // The set before the last reload, for kPreviousSetLifetime: a run the
   // front end prepared under it (queued while the reload happened) still
   // starts under the policy it was placed with.

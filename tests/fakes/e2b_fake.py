@@ -2,7 +2,10 @@
 """A fake E2B service for offline tests of toolsandboxd's E2B backend.
 
 Standard library only. Listens on 127.0.0.1 and nowhere else. One listener
-serves every plane (reference: /work/shared/reference/e2b-protocol.md §8):
+serves every plane, as the e2b and e2b-code-interpreter Python SDKs call them
+(references: E2B's OpenAPI spec, spec/openapi.yml in e2b-dev/infra; envd's
+spec/envd/process/process.proto in e2b-dev/E2B; the code interpreter's server,
+template/server/ in e2b-dev/code-interpreter):
 
 Control plane (requires the X-API-KEY header to equal the configured key):
     POST   /sandboxes                    -> 201 Sandbox
@@ -20,10 +23,10 @@ routed by any of:
     - the Host header {port}-{id}.{domain}
     - the E2b-Sandbox-Id and E2b-Sandbox-Port headers
   port 49999 (code interpreter):
-    POST   /execute                      -> NDJSON stream (§5)
+    POST   /execute                      -> NDJSON stream (as template/server/ streams it)
     POST   /contexts, DELETE /contexts/{id}, GET /health
   port 49983 (envd):
-    POST   /process.Process/Start        -> Connect envelopes (§6); runs nothing:
+    POST   /process.Process/Start        -> Connect envelopes (process.proto Start); runs nothing:
                                             a pip install of an allowed name
                                             succeeds, anything else fails
     GET    /health                       -> 204

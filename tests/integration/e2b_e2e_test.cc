@@ -249,7 +249,8 @@ json execute(const std::string& script, json extra = json::object()) {
 json e2b_config(const std::string& tag) { return {{"type", "e2b"}, {"config", {{"timeout", 300}, {"tag", tag}}}}; }
 
 // A script as Letta generates it for E2B: the last expression is the base64
-// of the JSON payload (letta-sandbox.md §4 step 10).
+// of the JSON payload (_render_sandbox_code in Letta's
+// letta/services/tool_sandbox/base.py, without the binary frame).
 std::string letta_e2b_script(const std::string& payload_json, const std::string& before = "print('before')\n") {
   return "import base64, json\n" + before + "_p = " + json(payload_json).dump() +
          "\nbase64.b64encode(_p.encode('utf-8')).decode('utf-8')\n";
@@ -286,7 +287,7 @@ TEST_F(E2BTest, E2BPlacementPrivilegedLocalOthersRemote) {
   ASSERT_TRUE(rec(r)["sandbox_id"].is_string());
   EXPECT_EQ(fake_->creates(), 1u);
 
-  // What the sandbox was created with (e2b-protocol.md §3).
+  // What the sandbox was created with (POST /sandboxes in E2B's OpenAPI spec).
   auto creates = fake_->requests_where("POST", "/sandboxes");
   ASSERT_FALSE(creates.empty());
   json body = json::parse(creates[0]["body"].get<std::string>());

@@ -94,10 +94,12 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 class Daemon:
-    def __init__(self, wrap=(), **overrides):
+    def __init__(self, wrap=(), binary=None, **overrides):
         # wrap: a command the daemon runs under (tests/egress: a mount and a
-        # network namespace of the test's making).
+        # network namespace of the test's making); binary: another
+        # toolsandboxd than the build's.
         self.wrap = list(wrap)
+        self.binary = binary
         self.overrides = overrides
         self.proc = None
         self.tmp = None
@@ -155,7 +157,7 @@ class Daemon:
         env = dict(os.environ)
         env[HOST_ONLY_VAR] = HOST_ONLY_VALUE
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.wrap + [daemon_binary(), "--config", cfg_path], stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(self.wrap + [self.binary or daemon_binary(), "--config", cfg_path], stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + ready_timeout
         while True:
@@ -312,7 +314,8 @@ def sleep_request(seconds: float = 30, request_id: str = "sleeper", org: str = "
             "source_code": SLEEP_TOOL, "args": {"seconds": seconds}}
 
 
-# Letta's markers (letta-sandbox.md section 5), computed as Letta does.
+# Letta's markers (letta/services/tool_sandbox/base.py and the legacy
+# letta/services/tool_executor/tool_execution_sandbox.py), computed as Letta does.
 LETTA_START = str(uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-start-marker"))
 LETTA_END = str(uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-end-marker"))
 LETTA_MARKER = uuid.uuid5(uuid.NAMESPACE_DNS, "local-sandbox-result-start-marker").bytes

@@ -78,7 +78,8 @@ SNEAKY_TOOL = (
     "    return 'honest: ' + str(globals().get('agent_state'))\n" % (LETTA_START, LETTA_END)
 )
 
-# The worked example of letta-sandbox.md section 6.
+# Letta's SandboxConfig.fingerprint() of its default local config
+# (letta/schemas/sandbox_config.py), worked out once.
 FP_ORG = "org-00000000-0000-4000-8000-000000000000"
 FP_CONFIG = {"type": "local", "config": {"pip_requirements": [], "sandbox_dir": "/root/.letta/tool_execution_dir",
                                          "use_venv": False, "venv_name": "venv"}}

@@ -8,7 +8,8 @@
 //   golden/explain-*.txt                `policy explain` of the shipped
 //                                       policies, without "[host]" lines;
 //   golden/compare-default-moby.txt     `policy explain default --compare`
-//                                       against Moby's default profile;
+//                                       against Moby's default profile, the
+//                                       copy in reference/ (see its README);
 //   check/NAME.cmd + check/NAME.expected  a `toolsandbox policy` command line
 //                                       (the verb and its operands, "*.json"
 //                                       expanded as a shell would) run by the
@@ -55,7 +56,7 @@ namespace fs = std::filesystem;
 
 const std::string kCorpus = TSB_SOURCE_DIR "/tests/policies";
 const std::string kShipped = TSB_SOURCE_DIR "/policies";
-const std::string kMobyProfile = TSB_SOURCE_DIR "/../shared/reference/moby-default-seccomp.json";
+const std::string kMobyProfile = TSB_SOURCE_DIR "/tests/policies/reference/moby-default-seccomp.json";
 
 // The allow-lists the corpora are written for.
 const std::vector<std::string> kBadAllowlist = {"/srv/tools"};
@@ -303,10 +304,8 @@ INSTANTIATE_TEST_SUITE_P(Shipped, PolicyGoldenExplain, testing::Values("default"
 
 TEST(PolicyGoldenMoby, LoadsCompilesAndCompares) {
   const std::string text = read_file(kMobyProfile);
-  if (text.empty()) {
-    GTEST_SKIP() << "\n\n    *** SKIPPED: the Moby reference profile is missing at " << kMobyProfile
-                 << "\n    *** (expected in the shared reference folder next to the repository)\n";
-  }
+  ASSERT_FALSE(text.empty()) << "cannot read the Moby reference profile " << kMobyProfile
+                             << " (it is part of the repository: tests/policies/reference/)";
   if (policy::seccomp_native_arch() != "SCMP_ARCH_X86_64") GTEST_SKIP() << "the snapshot is for x86_64";
   policy::SeccompParseOptions lenient;
   lenient.unresolvable_syscalls = policy::SeccompParseOptions::UnresolvableSyscalls::SkipInAllowRules;

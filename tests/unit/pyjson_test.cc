@@ -177,7 +177,8 @@ class JsonGen {
 // ---------------------------------------------------------------------------
 
 TEST(PyJson, ReferenceDocumentExample) {
-  // letta-sandbox.md §6: {"b":"é\x7f/\n"} -> {"b":"\u00e9\u007f/\n"}
+  // Python's json.dumps(sort_keys=True, separators=(",", ":")), as Letta's
+  // SandboxConfig.fingerprint() calls it: {"b":"é\x7f/\n"} -> {"b":"\u00e9\u007f/\n"}
   ojson j = {{"b", "\xc3\xa9\x7f/\n"}};
   EXPECT_EQ(dumps_sorted(j), R"({"b":"\u00e9\u007f/\n"})");
 }

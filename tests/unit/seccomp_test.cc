@@ -41,7 +41,7 @@ namespace tsb::policy {
 namespace {
 
 const std::string kDefaultProfile = TSB_SOURCE_DIR "/policies/seccomp/default.json";
-const std::string kMobyProfile = TSB_SOURCE_DIR "/../shared/reference/moby-default-seccomp.json";
+const std::string kMobyProfile = TSB_SOURCE_DIR "/tests/policies/reference/moby-default-seccomp.json";
 
 // "libseccomp 2.5.4": messages name the version that could not resolve a name.
 std::string lsc() {
@@ -555,10 +555,8 @@ TEST(SeccompCompile, DefaultProfileRefusesWhatItMust) {
 // the best available test of format coverage.
 TEST(SeccompCompile, MobyProfile) {
   const std::string text = read_file(kMobyProfile);
-  if (text.empty()) {
-    GTEST_SKIP() << "\n\n    *** SKIPPED: the Moby reference profile is missing at " << kMobyProfile
-                 << "\n    *** (expected from the shared reference folder next to the repository)\n";
-  }
+  ASSERT_FALSE(text.empty()) << "cannot read the Moby reference profile " << kMobyProfile
+                             << " (it is part of the repository: tests/policies/reference/)";
   if (seccomp_native_arch() != "SCMP_ARCH_X86_64") GTEST_SKIP() << "expectations are for x86_64";
   SeccompParseOptions strict;
   strict.kernel_release = "6.1.0";

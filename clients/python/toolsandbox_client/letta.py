@@ -39,7 +39,8 @@ them without the daemon.
 
 Environment
 -----------
-Letta's layering (letta-sandbox.md section 7) minus the server's own
+Letta's layering (AsyncToolSandboxBase._gather_env_vars in
+letta/services/tool_sandbox/base.py) minus the server's own
 environment, which never reaches a tool: the sandbox config's variables, then
 `sandbox_env_vars`, then the agent's variables
 (agent_state.get_agent_env_vars_as_dict()), then `additional_env_vars`, then
