@@ -99,8 +99,8 @@ Result<SourceFiles> SourceFiles::decode(std::string_view record) {
 }
 
 Result<SourceFiles> read_source_record(int fd) {
-  // Sealed by the spawner before it is passed on: no one can change it
-  // while it is read, or after.
+  // Sealed by the compile helper (write_source_record): no one can change
+  // it while it is read, or after.
   const int seals = ::fcntl(fd, F_GET_SEALS);
   constexpr int kWanted = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
   if (seals < 0 || (seals & kWanted) != kWanted)
@@ -130,6 +130,10 @@ Status write_source_record(int fd, const SourceFiles& files) {
     if (n <= 0) return Error::from_errno("writing the record of the configuration and policy files");
     off += static_cast<std::size_t>(n);
   }
+  // Sealed before the helper exits: from then on no one can change it, and
+  // the front end checks the seals before it reads.
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+    return Error::from_errno("sealing the record of the configuration and policy files");
   return {};
 }
 

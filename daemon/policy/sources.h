@@ -2,12 +2,15 @@
 //
 // The compile helper (uid 0, no capability) reads the configuration, every
 // policy, include, seccomp profile and the organizations table through a
-// recording SourceFiles; the record goes, sealed in a memfd the root
-// spawner never parses, to the front end, which loads the same files from
+// recording SourceFiles; the record goes, in a sealed memfd the root
+// spawner never reads, to the front end, which loads the same files from
 // it with the same code and opens none of them. The two halves cannot see
 // different sets: not after an edit between two readings, not for a file
 // only root may read. Embedded files ("embedded:...") are read from the
 // binary both halves share and are not recorded.
+//
+// The helper writes and seals the record in a memfd the spawner made; the
+// spawner keeps it for each front end it starts and sends it with a reload.
 #pragma once
 
 #include <map>
@@ -47,7 +50,8 @@ class SourceFiles {
 // The record of a sealed memfd (written by the compile helper, passed on
 // by the spawner), read without moving its offset.
 Result<SourceFiles> read_source_record(int fd);
-// Writes `files`' record to `fd` (the compile helper's side).
+// Writes `files`' record to the memfd `fd` and seals it (the compile
+// helper's side).
 Status write_source_record(int fd, const SourceFiles& files);
 
 }  // namespace tsb::core

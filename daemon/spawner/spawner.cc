@@ -21,6 +21,8 @@
 #include <csignal>
 #include <cstring>
 
+#include "isolate/base/file.h"
+
 
 extern char** environ;
 
@@ -128,45 +130,24 @@ std::string describe_status(int st) {
 }  // namespace
 
 Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Compile what, UniqueFd* sources) {
-  const bool check_only = what == Compile::kCheck;
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return Error::from_errno("pipe");
-  UniqueFd r(p[0]), w(p[1]);
-  std::vector<std::string> args = {o.front_end, check_only ? "--check" : "--compile", "--config", o.config_path};
+  // The helper writes the compiled set (its stdout) and the record of the
+  // files it read, which it seals, into memfds of this process's.
+  UniqueFd set_fd(::memfd_create("toolsandboxd-set", MFD_CLOEXEC));
+  UniqueFd record(::memfd_create("toolsandboxd-sources", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!set_fd || !record) return Error::from_errno("memfd_create (the compile helper's output)");
+  std::vector<std::string> args = {o.front_end, what == Compile::kCheck ? "--check" : "--compile", "--config",
+                                   o.config_path, "--sources-fd", "3"};
   if (optional) args.emplace_back("--config-optional");
   if (what == Compile::kSetup) args.emplace_back("--setup");
-  std::vector<std::pair<int, int>> fds = {{w.get(), STDOUT_FILENO}};
-  UniqueFd record;
-  if (!check_only) {
-    record.reset(::memfd_create("toolsandboxd-sources", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-    if (!record) return Error::from_errno("memfd_create (the record of the files)");
-    args.insert(args.end(), {"--sources-fd", "3"});
-    fds.emplace_back(record.get(), 3);
-  }
-  auto launched = launch(std::move(args), fds, 0, 0);
+  auto launched = launch(std::move(args), {{set_fd.get(), STDOUT_FILENO}, {record.get(), 3}}, 0, 0);
   if (!launched.ok()) return std::move(launched).error().wrap("the compile helper");
   const pid_t pid = *launched;
-  w.reset();
   // Bounded: a helper stuck on a file system or a name lookup must not hold
-  // the spawner (at a reload, its loop waits for this) for long.
-  std::string out;
-  char buf[65536];
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
-  bool timed_out = false;
-  for (;;) {
-    const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
-    pollfd pfd{r.get(), POLLIN, 0};
-    if (left <= 0 || ::poll(&pfd, 1, static_cast<int>(left)) == 0) {
-      timed_out = true;
-      break;
-    }
-    ssize_t n = ::read(r.get(), buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-    if (out.size() > (256u << 20)) break;  // never: sets are kilobytes
-  }
-  r.reset();
+  // the spawner (at a reload, its loop waits for this) for long. No signal
+  // has a handler here: poll is not interrupted.
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  pollfd pfd{pidfd.get(), POLLIN, 0};
+  const bool timed_out = !pidfd || ::poll(&pfd, 1, 30000) != 1;
   if (timed_out) ::kill(pid, SIGKILL);
   auto st = wait_child(pid);
   if (timed_out) return Error::invalid("the compile helper did not finish within 30 s (killed)", ETIMEDOUT);
@@ -174,15 +155,12 @@ Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Com
   if (!WIFEXITED(*st) || WEXITSTATUS(*st) != 0)
     return Error::invalid("loading the configuration and policies failed (" + o.front_end + " " + describe_status(*st) +
                           "; its messages are above)");
-  if (check_only) return CompiledSet{};
-  auto set = decode_compiled_set(out);
-  if (!set.ok()) return set;
-  // Sealed once the helper is gone: no one can write it again, and the
-  // front end checks the seals before it reads.
-  if (::fcntl(record.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
-    return Error::from_errno("sealing the record of the files");
+  if (what == Compile::kCheck) return CompiledSet{};
+  auto out = ::lseek(set_fd.get(), 0, SEEK_SET) == 0 ? read_opened_file(set_fd.get(), "the compiled set", {.max_bytes = 256u << 20})
+                                                     : Error::from_errno("lseek (the compiled set)");
+  if (!out.ok()) return std::move(out).error();
   *sources = std::move(record);
-  return set;
+  return decode_compiled_set(*out);
 }
 
 Spawner::Spawner(SpawnerOptions opts, CompiledSet set, UniqueFd sources, std::unique_ptr<isolate::Engine> engine)

@@ -55,8 +55,8 @@ struct SpawnerOptions {
 // gives the embedded defaults. kSetup (the start): the helper also prepares
 // what the engine needs on the host (isolate/prepare.h); kCheck: the helper
 // prints what it loaded and nothing is read back. `sources` (not with
-// kCheck) gets the helper's record of the files it read, in a sealed memfd
-// that this process passes to the front end and never reads.
+// kCheck) gets the helper's record of the files it read, in a memfd the
+// helper sealed, which this process passes to the front end and never reads.
 enum class Compile { kSetup, kPolicies, kCheck };
 Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Compile what, UniqueFd* sources);
 
