@@ -20,8 +20,8 @@
 //                          that are inert in a toolsandboxd sandbox).
 //
 // Every verb takes --config FILE (the daemon configuration whose
-// bind_allowlist applies; default /etc/toolsandboxd/toolsandboxd.json when it
-// exists) and --bind-allow PATH (repeatable, added to that allow-list).
+// bind_allowlist applies; default <sysconfdir>/toolsandboxd/toolsandboxd.json,
+// as toolsandboxd's, when it exists) and --bind-allow PATH (repeatable, added to that allow-list).
 // Output goes to stdout, errors to stderr; both are stable (sorted, no
 // timestamps, paths as given) so they can be diffed and kept in review.
 #include <dirent.h>

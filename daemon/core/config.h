@@ -1,5 +1,5 @@
 // toolsandboxd configuration: one JSON-with-comments file (default
-// /etc/toolsandboxd/toolsandboxd.json), every key optional with a secure
+// <sysconfdir>/toolsandboxd/toolsandboxd.json), every key optional with a secure
 // default. Documented key by key in docs/CONFIGURATION.md.
 #pragma once
 

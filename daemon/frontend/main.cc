@@ -22,6 +22,7 @@
 #include <grp.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <asio/io_context.hpp>
@@ -62,6 +63,22 @@ bool parse_fd(const char* s, int* out) {
   if (!*s || *end || v < 3 || v > 1024) return false;
   *out = static_cast<int>(v);
   return true;
+}
+
+// What a local policy's sandboxes need of the host that no set-up step
+// makes: its venv, with the interpreter the policy runs from it. A start
+// without it could serve nothing; it is named, with the command that
+// makes it.
+tsb::Status check_venv(const tsb::core::Policy& p) {
+  if (p.backend != tsb::core::Backend::Local || p.venv.empty()) return {};
+  const std::string venv_dir = std::string(tsb::isolate::kVenvPath) + "/";
+  std::string need = p.venv;
+  if (p.interpreter.starts_with(venv_dir)) need += "/" + p.interpreter.substr(venv_dir.size());
+  struct stat st{};
+  if (::stat(need.c_str(), &st) == 0) return {};
+  return tsb::Error::from_errno("policy " + quoted_for_message(p.name) + ": its venv needs " + need +
+                                " (create the venv: /usr/bin/python3 -m venv " + p.venv +
+                                "; ./scripts/start.sh makes the default one)");
 }
 
 tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg, const tsb::core::PolicySet& set,
@@ -110,6 +127,7 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
   out.shutdown_grace = cfg.shutdown_grace;
   for (const auto& [name, p] : set.policies) {
     if (!p->seccomp) return Error::invalid("policy " + quoted_for_message(name) + " has no compiled seccomp program");
+    TSB_TRY(check_venv(*p), "the host");
     auto sp = tsb::core::to_spawn_policy(*p, runner, cfg.venvs.cache_dir);
     if (!sp.ok()) return std::move(sp).error();
     out.policies.push_back(std::move(sp).value());

@@ -5,8 +5,9 @@
 // Loads the configuration and policies through the compile helper, creates
 // the engine and the listening socket, and runs the unprivileged front end
 // (toolsandboxd-frontend) that serves clients. Without --config it reads
-// /etc/toolsandboxd/toolsandboxd.json if present, else the embedded
-// defaults. SIGHUP reloads; SIGTERM and SIGINT stop after in-flight runs
+// TSB_SYSCONFDIR/toolsandboxd.json if present (/etc/toolsandboxd for a
+// /usr prefix, /usr/local/etc/toolsandboxd for /usr/local; --help says),
+// else the embedded defaults. SIGHUP reloads; SIGTERM and SIGINT stop after in-flight runs
 // (shutdown_grace). docs/ARCHITECTURE.md, "Privilege separation".
 #include <getopt.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -75,7 +76,10 @@ int main(int argc, char** argv) {
         break;
       case 'k': check_only = true; break;
       case 'V': std::printf("toolsandboxd %s\n", TSB_VERSION); return 0;
-      case 'h': std::fputs(kUsage, stdout); return 0;
+      case 'h':
+        std::printf("%sdefault configuration: %s (the embedded defaults when it does not exist)\n", kUsage,
+                    opts.config_path.c_str());
+        return 0;
       default: std::fputs(kUsage, stderr); return 2;  // getopt said what was wrong
     }
   }
