@@ -402,6 +402,15 @@ TEST_F(PlaceRun, WarmPoolWithoutSpareUidSlotsIsWarnedAbout) {
   DaemonConfig cfg;
   cfg.max_concurrent_runs = 64;
   cfg.engine.uid_slots = 64;
+  // The shipped policies have pools.
+  EXPECT_EQ(policy_set_warning(cfg, set_),
+            "the warm pools of \"default\", \"privileged\" stay empty: engine.uid_slots (64) leaves no uid slot "
+            "beyond max_concurrent_runs (64), and every warm sandbox holds one; raise engine.uid_slots");
+  for (const char* name : {"default", "privileged"}) {
+    Policy cold = *set_.policies.at(name);
+    cold.warm.max = 0;
+    set_.policies[name] = std::make_shared<const Policy>(cold);
+  }
   EXPECT_EQ(policy_set_warning(cfg, set_), "") << "no policy has a pool";
   Policy warm = *set_.policies.at("default");
   warm.name = "warm";
