@@ -335,9 +335,10 @@ TEST_F(EngineTest, DaemonWarmPoolHandsOverOnce) {
   std::string dir = "/tmp/tsb-e2e-warm-" + tsb::random_hex(4);
   std::string text = copy_policies(dir);
   ASSERT_FALSE(text.empty());
-  const std::string at = "\"network\": \"none\",";
+  // The shipped pool, made one sandbox per mode.
+  const std::string at = "\"warm_pool\": { \"max\": 4, \"min\": 1, \"idle\": \"300s\" },";
   ASSERT_NE(text.find(at), std::string::npos);
-  text.replace(text.find(at), at.size(), at + "\n  \"warm_pool\": { \"max\": 1, \"min\": 1 },");
+  text.replace(text.find(at), at.size(), "\"warm_pool\": { \"max\": 1, \"min\": 1 },");
   std::ofstream(dir + "/default.json") << text;
   Daemon d(json{{"policies_dir", dir}, {"organizations", dir + "/organizations.json"}});
   // Both modes' pools of the default policy ready (privileged.json, which

@@ -213,7 +213,9 @@ TEST_F(EngineTest, PrivsepSpawnerRefusesWhatThePolicyDoesNotAllow) {
 }
 
 TEST_F(EngineTest, PrivsepKilledFrontEndEndsItsRunsAndServiceResumes) {
-  Daemon d;
+  // No warm sandboxes (no uid slot beyond the runs' ones): the sandbox
+  // processes counted below are then the runs' alone.
+  Daemon d(json{{"max_concurrent_runs", 8}, {"engine", {{"uid_slots", 8}}}});
   ASSERT_TRUE(d.status().is_object()) << d.log_text();
   const pid_t fe = front_end_of(d.pid());
   ASSERT_GT(fe, 0);

@@ -75,7 +75,7 @@ class OneReading(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="tsb-one-reading-")
         os.chmod(cls.tmp, 0o755)
         cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
-        build_bin = os.path.dirname(F.daemon_binary())
+        build_bin = os.path.dirname(os.path.abspath(F.daemon_binary()))
         # The daemon's copy, and its front end: strace around the real one.
         cls.bin = os.path.join(cls.tmp, "bin")
         os.mkdir(cls.bin, 0o755)

@@ -77,7 +77,7 @@ def write_policies(tmp):
 
     allow = {"environment": {"allow": ["LETTA_*", "WARM_*", "PYTHONPATH", "TZ", "LC_*"]}}
     write("warm", {"warm_pool": {"max": 2, "min": 2, "idle": "300s"}, **allow})
-    write("cold", allow)
+    write("cold", {"warm_pool": {"max": 0, "min": 0}, **allow})  # the shipped default has a pool
     write("short", {"warm_pool": {"max": 1, "min": 1}, "limits": {"wall_timeout": "2s"}, **allow})
     # Its warm runners end at once (the interpreter is /bin/true): they are
     # lost before they are ready, and the pool pauses.
