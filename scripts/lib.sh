@@ -118,11 +118,16 @@ grant_front_end_access() {
   done
 }
 
+# build [TARGET...]: everything, or only the targets named.
 build() {
-  log "building in $TSB_BUILD"
+  log "building in $TSB_BUILD${1:+ ($*)}"
   cmake -S "$TSB_ROOT" -B "$TSB_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  cmake --build "$TSB_BUILD" -j "$(nproc)"
+  cmake --build "$TSB_BUILD" -j "$(nproc)" ${1:+--target "$@"}
 }
+
+# What the daemon and the command line need, and nothing of the tests:
+# what scripts/start.sh builds.
+TSB_PROGRAMS=(toolsandboxd toolsandboxd-frontend toolsandbox toolsandbox-init tsb_runner_bytecode)
 
 # The sanitizer and fuzz trees are built with -O1 -g1 and asserts on: line
 # tables are all a sanitizer report needs, and on the 2-core CI machine this
@@ -273,12 +278,14 @@ run_fuzz_tier() {
   "$TSB_ROOT/tests/fuzz/run-fuzz.sh" --build "$build" --all
 }
 
+# setup_all [TARGET...]: the whole set-up; the build of only the targets
+# named, if any.
 setup_all() {
   require_root
   install_packages
   make_users
   make_venv
   make_venv_cache
-  build
+  build "$@"
   grant_front_end_access
 }

@@ -8,6 +8,6 @@
 #   build/bin/toolsandbox status
 #   build/bin/toolsandbox call examples/add.py --args '{"a": 2, "b": 3}'
 source "$(dirname "$0")/lib.sh"
-setup_all
+setup_all "${TSB_PROGRAMS[@]}"
 log "starting toolsandboxd (embedded defaults); socket /run/toolsandboxd/toolsandboxd.sock"
 exec "$TSB_BUILD/bin/toolsandboxd" "$@"

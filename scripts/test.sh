@@ -65,6 +65,18 @@ tier "python tests (runner, client, Letta adapter; end-to-end against a real dae
 (cd "$TSB_ROOT" && TSB_BUILD="$TSB_BUILD" /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python)
 tier_done
 
+# The README as a newcomer types it, from a fresh clone under /tmp: the start
+# command (it builds the programs of the clone), every console block's
+# commands and answers, Ctrl-C, and the systemd section's build and install
+# into a DESTDIR (a second build of the programs, prefix /usr).
+if [ "${TSB_SKIP_README:-}" = 1 ]; then
+  log "!!! SKIPPING the README tier (TSB_SKIP_README=1): the README's commands were not run"
+else
+  tier "the README's commands, from a fresh clone (tests/readme/check_readme.py)" readme
+  /usr/bin/python3 "$TSB_ROOT/tests/readme/check_readme.py"
+  tier_done
+fi
+
 tier "egress reachability (inside the outer guard, in network namespaces of its own)" egress
 run_egress_tier "$TSB_BUILD"
 tier_done

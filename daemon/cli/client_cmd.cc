@@ -94,8 +94,11 @@ int report(const json& resp, bool as_json) {
     for (const auto& s : r["stderr"]) std::fputs(s.get<std::string>().c_str(), stderr);
     std::printf("%s\n", core::dump_json(r["func_return"]).c_str());
     const json& rec = r["record"];
-    std::fprintf(stderr, "[%s: %s, %.1f ms, policy %s]\n", r.value("status", "?").c_str(),
-                 rec.value("end_reason", "?").c_str(), rec.value("wall_ms", 0.0), rec.value("policy", "?").c_str());
+    // A local run says whether it took a warm sandbox (policies/README.md,
+    // "warm_pool"); E2B's records have no such field.
+    const char* warm = !rec.contains("warm") ? "" : rec.value("warm", false) ? ", warm" : ", cold";
+    std::fprintf(stderr, "[%s: %s, %.1f ms, policy %s%s]\n", r.value("status", "?").c_str(),
+                 rec.value("end_reason", "?").c_str(), rec.value("wall_ms", 0.0), rec.value("policy", "?").c_str(), warm);
   }
   return r.value("status", "") == "success" ? 0 : 1;
 }
