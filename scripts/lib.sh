@@ -68,6 +68,17 @@ make_venv() {
   fi
   # Readable by the sandboxes' unprivileged ids, writable by root only.
   chmod 0755 "$(dirname "$TSB_VENV")" "$TSB_VENV"
+  # Letta's script mode serializes results with pydantic 2, which Debian 12
+  # does not package: installed from the wheel directory when an operator
+  # put its wheels there, else said (docs/CONFIGURATION.md, "The default venv").
+  if ! "$TSB_VENV/bin/python3" -c 'import pydantic, sys; sys.exit(int(pydantic.VERSION.split(".")[0]) < 2)' 2>/dev/null; then
+    if ls /var/lib/toolsandbox/wheels/pydantic-2*.whl >/dev/null 2>&1; then
+      log "installing pydantic 2 into the default venv from /var/lib/toolsandbox/wheels"
+      "$TSB_VENV/bin/pip" install --quiet --no-index --find-links /var/lib/toolsandbox/wheels 'pydantic>=2'
+    else
+      log "note: the default venv has no pydantic 2 (Debian 12 packages none): Letta's script-mode results come back as strings, tool mode's are typed (docs/CONFIGURATION.md, \"The default venv\")"
+    fi
+  fi
 }
 
 # The users of systemd/toolsandboxd.sysusers, for runs outside systemd (the
@@ -92,8 +103,9 @@ make_venv_cache() {
   install -d -m 0755 -o root -g root /var/lib/toolsandbox/wheels
 }
 
-# The daemon's front end runs as the toolsandboxd user and reads what the
-# test daemons name in the checkout (policies/, the runner): from a checkout
+# The daemon's front end runs as the toolsandboxd user and reads the runner
+# the test daemons name in the checkout (it reads no configuration or
+# policy file: the compile helper hands it those): from a checkout
 # under a private directory (/root) that user gets through, read-only, by
 # an ACL entry for it alone on each directory in the way. Nothing else
 # changes, and a checkout it can already read is left as it is.
@@ -110,7 +122,7 @@ grant_front_end_access() {
       d=$(dirname "$d")
     done
   done
-  for d in policies tests/policies daemon/runner; do
+  for d in daemon/runner; do
     if ! as_front_end test -r "$TSB_ROOT/$d/." || [ -n "$(as_front_end find "$TSB_ROOT/$d" ! -readable 2>/dev/null | head -1)" ]; then
       log "letting the toolsandboxd user read $TSB_ROOT/$d (ACL u:toolsandboxd:rX)"
       setfacl -R -m u:toolsandboxd:rX "$TSB_ROOT/$d"

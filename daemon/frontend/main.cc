@@ -67,8 +67,8 @@ bool parse_fd(const char* s, int* out) {
 
 // What a local policy's sandboxes need of the host that no set-up step
 // makes: its venv, with the interpreter the policy runs from it. A start
-// without it could serve nothing; it is named, with the command that
-// makes it.
+// (or a reload, or --check) without it is refused: its runs could only
+// fail. It is named, with the command that makes it.
 tsb::Status check_venv(const tsb::core::Policy& p) {
   if (p.backend != tsb::core::Backend::Local || p.venv.empty()) return {};
   const std::string venv_dir = std::string(tsb::isolate::kVenvPath) + "/";
@@ -76,7 +76,8 @@ tsb::Status check_venv(const tsb::core::Policy& p) {
   if (p.interpreter.starts_with(venv_dir)) need += "/" + p.interpreter.substr(venv_dir.size());
   struct stat st{};
   if (::stat(need.c_str(), &st) == 0) return {};
-  return tsb::Error::from_errno("policy " + quoted_for_message(p.name) + ": its venv needs " + need +
+  const int err = errno;
+  return tsb::Error::from_errno(err, "policy " + quoted_for_message(p.name) + ": its venv needs " + need +
                                 " (create the venv: /usr/bin/python3 -m venv " + p.venv +
                                 "; ./scripts/start.sh makes the default one)");
 }

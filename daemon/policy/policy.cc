@@ -762,7 +762,7 @@ const char* to_string(isolate::NetworkMode n) noexcept {
 bool Policy::env_name_allowed(std::string_view n) const { return spawn::env_name_allowed(env_allow, n); }
 
 Result<std::string> read_policy_text(const std::string& path, SourceFiles* files) {
-  if (files && !is_embedded(path)) return files->read(path);
+  if (files) return files->read(path);  // embedded files too, from the binary
   if (is_embedded(path)) {
     auto text = embedded_file(path.substr(std::strlen(kEmbedded)));
     if (!text) return Error::invalid("no embedded file '" + path.substr(std::strlen(kEmbedded)) + "'", ENOENT);

@@ -123,6 +123,10 @@ Result<SourceFiles> read_source_record(int fd) {
 
 Status write_source_record(int fd, const SourceFiles& files) {
   const std::string b = files.encode();
+  // What the front end could not read back (past the decoder's bounds)
+  // fails here, in the helper: the spawner then keeps the set in force.
+  if (b.size() > kMaxRecord || !SourceFiles::decode(b).ok())
+    return Error::invalid("the configuration and policy files are too many or too large for one record", EFBIG);
   std::size_t off = 0;
   while (off < b.size()) {
     ssize_t n = ::pwrite(fd, b.data() + off, b.size() - off, static_cast<off_t>(off));

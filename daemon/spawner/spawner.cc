@@ -150,7 +150,7 @@ Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Com
   const bool timed_out = !pidfd || ::poll(&pfd, 1, 30000) != 1;
   if (timed_out) ::kill(pid, SIGKILL);
   auto st = wait_child(pid);
-  if (timed_out) return Error::invalid("the compile helper did not finish within 30 s (killed)", ETIMEDOUT);
+  if (timed_out) return Error::invalid("the compile helper did not finish within 30 s, or could not be waited for (killed)", ETIMEDOUT);
   if (!st.ok()) return std::move(st).error();
   if (!WIFEXITED(*st) || WEXITSTATUS(*st) != 0)
     return Error::invalid("loading the configuration and policies failed (" + o.front_end + " " + describe_status(*st) +

@@ -46,6 +46,19 @@ def traces(prefix):
     return out
 
 
+def children(pid):
+    with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+        return [int(x) for x in f.read().split()]
+
+
+def cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def role(text):
     """'front end', 'compile helper' or None, from the trace's execve line."""
     for line in text.splitlines():
@@ -135,17 +148,38 @@ class OneReading(unittest.TestCase):
         self.assertEqual(r2.record["policy_fingerprint"], st["policies"]["default"])
         self.assertIn("reloaded configuration", d.log())
 
+        # A front end that dies is started again, with the record in force:
+        # the reloaded one, still read by no one but the helper.
+        front = [pid for pid in children(spawner) if b"--serve" in cmdline(pid)]
+        self.assertEqual(len(front), 1)
+        real = [pid for pid in children(front[0]) if b"--serve" in cmdline(pid)]  # strace's tracee
+        self.assertEqual(len(real), 1)
+        os.kill(real[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            again = [pid for pid in children(spawner) if b"--serve" in cmdline(pid) and pid != front[0]]
+            if again:
+                break
+            time.sleep(0.05)
+        self.assertTrue(again, "no new front end:\n" + d.log())
+        st2 = d.wait_for(lambda s: True, 60, "the new front end")
+        self.assertEqual(st2["policies"]["default"], st["policies"]["default"])
+        self.assertEqual(self.run_hostname().stdout, ["reloaded\n"])
+
         names = [os.path.join(d.tmp, "toolsandboxd.json"), self.policies]
+        # A file opened by a name relative to a directory descriptor shows
+        # only its own name.
+        names += ["toolsandboxd.json", "default.json", "privileged.json", "organizations.json"]
         d.stop()
         t = traces(self.prefix)
         roles = {pid: role(text) for pid, text in t.items()}
         fronts = [pid for pid, r in roles.items() if r == "front end"]
         helpers = [pid for pid, r in roles.items() if r == "compile helper"]
-        self.assertEqual(len(fronts), 1, roles)
+        self.assertEqual(len(fronts), 2, "the first and the restarted one: %s" % roles)
         self.assertEqual(len(helpers), 2, "the start's and the reload's: %s" % roles)
         # The helpers read them: the trace would show the front end's reads.
         for pid in helpers:
-            self.assertTrue(touched(t[pid], names), "the compile helper's trace names no file:\n" + t[pid][:4000])
+            self.assertTrue(touched(t[pid], names[:2]), "the compile helper's trace names no file:\n" + t[pid][:4000])
         # The front end: nothing of them (nor its threads, whose traces
         # have no execve of their own).
         for pid in set(t) - set(helpers):
