@@ -65,7 +65,7 @@ def make_tree(tmp: str) -> tuple[str, str, str]:
     """Wheels, policies and the venv cache under tmp; returns their paths."""
     from wheels import make_wheel
 
-    user = pwd.getpwnam("toolsandboxd")  # the front end's user (scripts/setup.sh)
+    user = pwd.getpwnam("toolsandboxd")  # the front end's user (scripts/lib.sh, make_users)
     wheels = os.path.join(tmp, "wheels")
     os.mkdir(wheels)
     make_wheel(wheels, "tsbdep", "2.0")
@@ -116,7 +116,7 @@ def main() -> int:
     try:
         pwd.getpwnam("toolsandboxd")
     except KeyError:
-        print("venv_bench: no toolsandboxd user (scripts/setup.sh creates it)", file=sys.stderr)
+        print("venv_bench: no toolsandboxd user (the set-up of scripts/start.sh or scripts/test.sh creates it)", file=sys.stderr)
         return 2
 
     tmp = tempfile.mkdtemp(prefix="tsb-venv-bench-")

@@ -76,10 +76,7 @@ int main(int argc, char** argv) {
         break;
       case 'k': check_only = true; break;
       case 'V': std::printf("toolsandboxd %s\n", TSB_VERSION); return 0;
-      case 'h':
-        std::printf("%sdefault configuration: %s (the embedded defaults when it does not exist)\n", kUsage,
-                    opts.config_path.c_str());
-        return 0;
+      case 'h': std::printf("%sdefault configuration: %s\n", kUsage, opts.config_path.c_str()); return 0;
       default: std::fputs(kUsage, stderr); return 2;  // getopt said what was wrong
     }
   }

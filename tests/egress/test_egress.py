@@ -675,7 +675,7 @@ class VenvIndexTest(unittest.TestCase):
         try:
             user = pwd.getpwnam("toolsandboxd")  # the daemon's front end, whose the cache is
         except KeyError:
-            reason = "no toolsandboxd user (scripts/setup.sh creates it)"
+            reason = "no toolsandboxd user (the set-up of scripts/start.sh or scripts/test.sh creates it)"
             if F.must_run():
                 raise AssertionError(reason)
             raise unittest.SkipTest(reason)

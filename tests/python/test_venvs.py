@@ -47,7 +47,7 @@ def front_end_user():
             return pwd.getpwnam(name)
         except KeyError:
             pass
-    raise unittest.SkipTest("no toolsandboxd user (scripts/setup.sh creates it)")
+    raise unittest.SkipTest("no toolsandboxd user (the set-up of scripts/start.sh or scripts/test.sh creates it)")
 
 
 def write_policies(tmp, wheels, hang_wheels, build_timeout="120s"):
