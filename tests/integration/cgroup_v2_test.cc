@@ -303,8 +303,13 @@ TEST_F(CgroupV2Test, DaemonWithParentSelfRunsBesideItsSupervisorLeaf) {
               {"shutdown_grace", "2s"},
               {"policies_dir", std::string(TSB_SOURCE_DIR) + "/policies"},
               {"organizations", std::string(TSB_SOURCE_DIR) + "/policies/organizations.json"},
+              // No warm sandboxes (no uid slot beyond the runs'): the leaves
+              // below are the supervisor's and the run's alone. The systemd
+              // lane checks the same layout with the shipped pools.
+              {"max_concurrent_runs", 8},
               {"engine", {{"state_dir", "/run/tsb-self"},
                           {"cgroup_parent", "self"},
+                          {"uid_slots", 8},
                           {"init", std::string(TSB_BIN_DIR) + "/toolsandbox-init"}}}};
   std::ofstream(cfgfile) << cfg.dump(2);
   pid_t d = ::fork();

@@ -180,21 +180,34 @@ cgroup_layout() {
 }
 
 call_tool() {
-	local cg pid leaf
+	local cg pid leaf waiting="" now
 	cg=/sys/fs/cgroup$(prop ControlGroup)
 	pid=$(prop MainPID)
+	run_leaves() { find "$cg" -mindepth 1 -maxdepth 1 -type d -name "run.$pid.*" | sort; }
+	# The shipped default policy keeps warm sandboxes waiting, each in a
+	# leaf of its own beside the supervisor: once the pool is full (the same
+	# leaves twice, a second apart), those are the waiting ones.
+	for _ in $(seq 1 120); do
+		now=$(run_leaves)
+		[ -n "$now" ] && [ "$now" = "$waiting" ] && break
+		waiting=$now
+		sleep 1
+	done
+	echo "leaves of waiting warm sandboxes: $(echo $waiting)"
 	cat >"$work/tool.py" <<-'EOF'
 	import time
 	def add_slowly(a: int, b: int) -> int:
 	    time.sleep(3)
 	    return a + b
 	EOF
-	timeout 300 "$cli" call "$work/tool.py" --args '{"a": 40, "b": 2}' --json >"$work/call.out" 2>&1 &
+	# A cold run (a request that sets TZ never takes a sandbox started
+	# before it): its leaf is the one that appears.
+	timeout 300 "$cli" call "$work/tool.py" --args '{"a": 40, "b": 2}' --env TZ=UTC --json >"$work/call.out" 2>&1 &
 	local client=$!
 	# While the tool sleeps: its leaf beside the supervisor, init inside.
 	leaf=""
 	for _ in $(seq 1 300); do
-		leaf=$(find "$cg" -mindepth 1 -maxdepth 1 -type d -name "run.$pid.*" | head -1)
+		leaf=$(comm -13 <(echo "$waiting") <(run_leaves) | head -1)
 		[ -n "$leaf" ] && [ -n "$(cat "$leaf/cgroup.procs")" ] && break
 		sleep 0.1
 	done
@@ -221,10 +234,12 @@ call_tool() {
 		echo "leaves: $(cd "$cg" && find . -mindepth 1 -maxdepth 1 -type d | sort | tr '\n' ' ')"
 		timeout 60 "$cli" status
 	fi
-	[ "$rc" = 0 ] && grep -q '"func_return": *42' "$work/call.out" && [ "$leaf_ok" = 1 ] || return 1
-	# The finished run's leaf is removed; only the supervisor stays.
+	[ "$rc" = 0 ] && grep -q '"func_return": *42' "$work/call.out" && grep -q '"warm": *false' "$work/call.out" &&
+		[ "$leaf_ok" = 1 ] || return 1
+	# The finished run's leaf is removed; the supervisor and the waiting
+	# warm sandboxes' leaves stay.
 	for _ in $(seq 1 100); do
-		[ "$(find "$cg" -mindepth 1 -maxdepth 1 -type d | wc -l)" = 1 ] && return 0
+		[ ! -d "$leaf" ] && [ "$(run_leaves)" = "$waiting" ] && [ -d "$cg/supervisor" ] && return 0
 		sleep 0.1
 	done
 	echo "leaves left after the run: $(ls "$cg")"
