@@ -23,8 +23,8 @@ Variants:
   execute-warm-next  execute-warm right after an untimed warm run_tool:
                  a run that meets the pool's refill of the one before
 
-Both policies are the shipped default.json plus, for "warm", a warm_pool
-{"max": 4, "min": 4}. Before every run of every variant the benchmark waits
+Both policies are the shipped default.json, with its own warm pool turned
+off for "cold" and resized for "warm" (a warm_pool {"max": 4, "min": 4}). Before every run of every variant the benchmark waits
 until the warm pools are full again (status warm_pool), so a warm variant
 measures a hit and no variant, bare included, runs beside a refill (the
 daemon makes one once it has been quiet for a moment, docs/ARCHITECTURE.md
@@ -130,7 +130,8 @@ def write_policies(tmp: Path) -> Path:
     pol = tmp / "policies"
     pol.mkdir()
     base = str(REPO / "policies" / "default.json")
-    (pol / "cold.json").write_text(json.dumps({"version": 1, "include": base}))
+    # The shipped default has a pool of its own: "cold" turns it off.
+    (pol / "cold.json").write_text(json.dumps({"version": 1, "include": base, "warm_pool": {"max": 0, "min": 0}}))
     (pol / "warm.json").write_text(json.dumps({"version": 1, "include": base,
                                                "warm_pool": {"max": 4, "min": 4, "idle": "600s"}}))
     (pol / "organizations.json").write_text(json.dumps({
