@@ -30,9 +30,12 @@
 #include <string>
 #include <vector>
 
+#include "daemon/compile/spawn_policy.h"
 #include "daemon/policy/policy.h"
 #include "daemon/policy/seccomp_profile.h"
-#include "isolate/engine.h"
+#include "isolate/engine/engine.h"
+#include "daemon/compile/host.h"
+#include "isolate/supervise/outcome.h"
 
 extern char** environ;
 

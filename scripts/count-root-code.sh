@@ -88,14 +88,27 @@ for root, _, names in os.walk(build):
         with open(os.path.join(root, n), errors="replace") as f:
             text = f.read().replace("\\\n", " ")
         items = text.split(":", 1)[1].split() if ":" in text else []
-        if items:
-            deps.setdefault(os.path.realpath(items[0]), set()).update(
-                os.path.realpath(i) for i in items[1:])
+        # Relative names are relative to where the compiler ran: the target's
+        # own build directory (Makefiles: the one above CMakeFiles/) or the
+        # build tree's top (Ninja).
+        cwd = root.split(os.sep + "CMakeFiles" + os.sep)[0]
+        def resolve(i):
+            if os.path.isabs(i):
+                return os.path.realpath(i)
+            for base in (cwd, build):
+                if os.path.exists(os.path.join(base, i)):
+                    return os.path.realpath(os.path.join(base, i))
+            return os.path.realpath(os.path.join(cwd, i))
+        # A tree reconfigured after a move may keep an older object of the
+        # same source elsewhere: the newest dependency file wins.
+        mtime = os.path.getmtime(os.path.join(root, n))
+        if items and mtime >= deps.get(resolve(items[0]), (0, None))[0]:
+            deps[resolve(items[0])] = (mtime, {resolve(i) for i in items[1:]})
 counted = set(sources)
 for s in sources:
     if s not in deps:
         sys.exit(f"count-root-code.sh: no dependency file for {os.path.relpath(s, src)} in {build}")
-    counted.update(h for h in deps[s] if first_party(h))
+    counted.update(h for h in deps[s][1] if first_party(h))
 
 def code_lines(path):
     """Lines with code once comments are removed (strings and raw strings kept)."""

@@ -12,7 +12,7 @@
 
 #include "daemon/cli/cli.h"
 #include "isolate/base/file.h"
-#include "daemon/core/result_json.h"
+#include "protocol/record.h"
 #include "isolate/base/random.h"
 #include "isolate/base/result.h"
 #include "isolate/base/unique_fd.h"

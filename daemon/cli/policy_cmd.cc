@@ -32,12 +32,12 @@
 #include <set>
 
 #include "daemon/cli/cli.h"
-#include "daemon/core/config.h"
+#include "daemon/policy/config.h"
 #include "daemon/policy/embedded.h"
 #include "daemon/policy/policy.h"
 #include "daemon/policy/policy_explain.h"
 #include "daemon/policy/policy_lint.h"
-#include "daemon/core/registry.h"
+#include "daemon/policy/registry.h"
 #include "daemon/policy/jsonc.h"
 
 namespace tsb::cli {
@@ -124,7 +124,7 @@ struct OrgsRef {
 // Whether an operand is an organizations file rather than a policy:
 //   - the NAME "organizations" (the installed file, else the embedded one),
 //     or a file named organizations.json, which the daemon never loads as a
-//     policy either (daemon/core/registry.cc, load_policy_set);
+//     policy either (daemon/policy/registry.cc, load_policy_set);
 //   - or a file whose top level has "organizations" or "default", keys only
 //     an organizations file has (policies/schema/organizations.schema.json).
 // A file that cannot be read or parsed is not sniffed: the policy loader

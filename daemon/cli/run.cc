@@ -9,15 +9,17 @@
 #include <iterator>
 #include <sstream>
 
+#include "daemon/compile/spawn_policy.h"
 #include "daemon/cli/cli.h"
 #include "daemon/cli/seccomp_cache.h"
 #include "daemon/policy/seccomp_profile.h"
 #include "daemon/policy/policy.h"
-#include "daemon/core/result_json.h"
+#include "protocol/record.h"
 #include "daemon/policy/units.h"
-#include "isolate/engine.h"
-#include "isolate/prepare.h"
+#include "isolate/engine/engine.h"
+#include "daemon/compile/prepare.h"
 #include "daemon/policy/jsonc.h"
+#include "daemon/compile/host.h"
 
 namespace tsb::cli {
 namespace {
@@ -134,7 +136,7 @@ int cmd_run(const std::vector<std::string>& args) {
     else return fail_usage("--network must be none or host");
     fs.network = spec.network;
   }
-  // The proxy of network egress is the daemon's (daemon/egress/proxy.h):
+  // The proxy of network egress is the daemon's (daemon/frontend/egress/proxy.h):
   // a sandbox of this command would have a listener no one accepts on.
   if (spec.network == isolate::NetworkMode::Egress)
     return fail_usage("policy '" + policy->name + "' uses network \"egress\", whose proxy is the daemon's: run the tool "

@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "isolate/base/file.h"
-#include "isolate/base/hash.h"
+#include "daemon/common/hash.h"
 #include "isolate/base/random.h"
 #include "isolate/base/unique_fd.h"
 

@@ -21,7 +21,7 @@
 #include <string_view>
 
 #include "isolate/base/result.h"
-#include "isolate/seccomp.h"
+#include "isolate/engine/seccomp.h"
 
 namespace tsb::cli {
 

@@ -17,8 +17,8 @@
 #include <ctime>
 
 #include "daemon/cli/cli.h"
-#include "daemon/core/config.h"
-#include "daemon/core/result_json.h"
+#include "daemon/policy/config.h"
+#include "protocol/record.h"
 #include "daemon/policy/units.h"
 #include "daemon/venv/cache.h"
 #include "isolate/base/random.h"

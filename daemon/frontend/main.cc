@@ -10,10 +10,10 @@
 //       compile helper's record (--sources-fd, daemon/policy/sources.h).
 //   --compile --config FILE [--config-optional] [--setup] --sources-fd N
 //       the compile helper: loads the configuration and policies, writes
-//       the compiled set the spawner reads (daemon/spawner/compiled.h) to
+//       the compiled set the spawner reads (daemon/wire/compiled.h) to
 //       stdout and the record of the files it read to the memfd N; with
 //       --setup (the spawner's start), first prepares what the engine needs
-//       on the host (isolate/prepare.h). Run as uid 0 with no capability.
+//       on the host (daemon/compile/prepare.h). Run as uid 0 with no capability.
 //   --check --config FILE [--config-optional]
 //       loads and reports, writes nothing (toolsandboxd --check).
 #include <getopt.h>
@@ -32,16 +32,17 @@
 #include <cstring>
 #include <string>
 
-#include "daemon/core/config.h"
-#include "daemon/core/e2b.h"
-#include "daemon/core/registry.h"
-#include "daemon/core/server.h"
-#include "daemon/core/spawner_link.h"
+#include "daemon/policy/config.h"
+#include "daemon/frontend/e2b/e2b.h"
+#include "daemon/policy/registry.h"
+#include "daemon/frontend/server.h"
+#include "daemon/frontend/local/spawner_link.h"
 #include "daemon/frontend/confine.h"
 #include "daemon/policy/seccomp_profile.h"
 #include "daemon/policy/sources.h"
-#include "isolate/base/quote.h"
-#include "daemon/spawner/front_codec.h"
+#include "daemon/compile/helper.h"
+#include "daemon/common/quote.h"
+#include "daemon/frontend/local/front_codec.h"
 
 namespace {
 
@@ -63,98 +64,6 @@ bool parse_fd(const char* s, int* out) {
   if (!*s || *end || v < 3 || v > 1024) return false;
   *out = static_cast<int>(v);
   return true;
-}
-
-// What a local policy's sandboxes need of the host that no set-up step
-// makes: its venv, with the interpreter the policy runs from it. A start
-// (or a reload, or --check) without it is refused: its runs could only
-// fail. It is named, with the command that makes it.
-tsb::Status check_venv(const tsb::core::Policy& p) {
-  if (p.backend != tsb::core::Backend::Local || p.venv.empty()) return {};
-  const std::string venv_dir = std::string(tsb::isolate::kVenvPath) + "/";
-  std::string need = p.venv;
-  if (p.interpreter.starts_with(venv_dir)) need += "/" + p.interpreter.substr(venv_dir.size());
-  struct stat st{};
-  if (::stat(need.c_str(), &st) == 0) return {};
-  const int err = errno;
-  return tsb::Error::from_errno(err, "policy " + quoted_for_message(p.name) + ": its venv needs " + need +
-                                " (create the venv: /usr/bin/python3 -m venv " + p.venv +
-                                "; ./scripts/start.sh makes the default one)");
-}
-
-tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg, const tsb::core::PolicySet& set,
-                                              bool setup) {
-  using tsb::Error;
-  tsb::spawn::CompiledSet out;
-  out.engine = cfg.engine;
-  // What the engine needs from the host, read here: the root spawner
-  // parses no text.
-  // At the spawner's start (not at a reload: engine settings need a
-  // restart), what the engine needs on the host is prepared here, with no
-  // capability: the spawner's root process creates none of it.
-  if (setup) {
-    if (auto st = tsb::policy::prepare_engine(out.engine, ::getppid()); !st.ok()) return std::move(st).error().wrap("engine");
-  }
-  auto init = tsb::policy::compile_init_filter();
-  if (!init.ok()) return std::move(init).error().wrap("compiling the init filter");
-  out.init_filter = std::move(init).value();
-  out.socket_path = cfg.socket_path;
-  out.socket_mode = cfg.socket_mode;
-  if (!cfg.socket_group.empty()) {
-    group* g = ::getgrnam(cfg.socket_group.c_str());
-    if (!g) return Error::invalid("socket group " + quoted_for_message(cfg.socket_group) + " does not exist");
-    out.socket_gid = g->gr_gid;
-  }
-  passwd* pw = ::getpwnam(cfg.front_end_user.c_str());
-  if (!pw)
-    return Error::invalid("front_end_user: no user " + quoted_for_message(cfg.front_end_user) +
-                          " (systemd-sysusers creates it from toolsandboxd.sysusers; or useradd --system " +
-                          cfg.front_end_user + ")");
-  if (pw->pw_uid == 0) return Error::invalid("front_end_user: " + quoted_for_message(cfg.front_end_user) + " is uid 0");
-  out.front_end_user = cfg.front_end_user;
-  out.front_end_uid = pw->pw_uid;
-  out.front_end_gid = pw->pw_gid;
-  out.e2b_key_file = cfg.e2b.enabled ? cfg.e2b.api_key_file : "";
-  // The front end refuses a key file of the wrong owner or mode, or one
-  // that holds no single key: so does the set (read here, as uid 0 with no
-  // capability, and forgotten), or a reload would be in force in the
-  // spawner and refused by the front end, the two then parting ways on the
-  // policies.
-  if (cfg.e2b.enabled)
-    if (auto k = tsb::core::read_e2b_api_key(cfg.e2b.api_key_file); !k.ok())
-      return std::move(k).error().wrap("e2b.api_key_file");
-  const std::string runner = tsb::core::find_runner(cfg.runner_path);
-  out.max_concurrent_runs = cfg.max_concurrent_runs;
-  out.shutdown_grace = cfg.shutdown_grace;
-  for (const auto& [name, p] : set.policies) {
-    if (!p->seccomp) return Error::invalid("policy " + quoted_for_message(name) + " has no compiled seccomp program");
-    TSB_TRY(check_venv(*p), "the host");
-    auto sp = tsb::core::to_spawn_policy(*p, runner, cfg.venvs.cache_dir);
-    if (!sp.ok()) return std::move(sp).error();
-    out.policies.push_back(std::move(sp).value());
-    out.policies.back().name = name;
-    // Per-tool venvs: the policy's build policy, when the builder is
-    // installed (without it, a run with requirements is told so).
-    const std::string builder = tsb::core::find_venv_builder(runner);
-    if (p->packages.enabled && p->backend == tsb::core::Backend::Local && !builder.empty()) {
-      auto bp = tsb::core::to_build_spawn_policy(*p, builder);
-      if (!bp.ok()) return std::move(bp).error();
-      out.policies.push_back(std::move(bp).value());
-      out.policies.back().name = name + "/build";
-    }
-  }
-  return out;
-}
-
-int write_all(int fd, const std::string& b) {
-  std::size_t off = 0;
-  while (off < b.size()) {
-    ssize_t n = ::write(fd, b.data() + off, b.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    off += static_cast<std::size_t>(n);
-  }
-  return 0;
 }
 
 }  // namespace
@@ -256,26 +165,12 @@ int main(int argc, char** argv) {
     spdlog::critical("{}", set.error().message);
     return 1;
   }
-  if (a.mode != Mode::Serve) {
-    if (cfg->source == tsb::core::DaemonConfig{}.source)
-      spdlog::info("configuration: {} (no file at '{}'; SIGHUP loads it once it exists)", cfg->source, a.config);
-    else
-      spdlog::info("configuration: {}", cfg->source);
-    for (const auto& [name, p] : (*set)->policies)
-      spdlog::info("policy {} {} ({})", quoted_for_message(name), p->fingerprint, p->source);
-    if (auto w = tsb::core::policy_set_warning(*cfg, **set); !w.empty()) spdlog::warn("{}", w);
-    auto compiled = compile(*cfg, **set, a.setup && a.mode == Mode::Compile);
-    if (!compiled.ok()) {
-      spdlog::critical("{}", compiled.error().message);
-      return 1;
-    }
-    if (a.mode == Mode::Check) return 0;
-    if (auto st = tsb::core::write_source_record(a.sources_fd, files); !st.ok()) {
-      spdlog::critical("{}", st.error().message);
-      return 1;
-    }
-    return write_all(STDOUT_FILENO, tsb::spawn::encode_compiled_set(*compiled)) == 0 ? 0 : 1;
-  }
+  if (a.mode != Mode::Serve)
+    return tsb::compile::run_helper(a.config, *cfg, **set, files,
+                                    a.mode == Mode::Check ? tsb::compile::HelperMode::kCheck
+                                    : a.setup             ? tsb::compile::HelperMode::kSetup
+                                                          : tsb::compile::HelperMode::kCompile,
+                                    a.sources_fd);
 
   // A write to a run's stdin pipe after the run ended (killed, or it never
   // read its input) must fail with EPIPE, not kill the front end: the

@@ -1,5 +1,5 @@
 #include "daemon/policy/jsonc.h"
-#include "isolate/base/quote.h"
+#include "daemon/common/quote.h"
 
 #include <algorithm>
 #include <cerrno>

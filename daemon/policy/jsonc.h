@@ -15,7 +15,7 @@
 // multi-byte character is one column.
 #pragma once
 
-#include "isolate/base/quote.h"  // quoted_for_message, for every user of located errors
+#include "daemon/common/quote.h"  // quoted_for_message, for every user of located errors
 
 #include <map>
 #include <string>

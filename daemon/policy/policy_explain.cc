@@ -14,10 +14,10 @@
 
 #include "daemon/policy/policy_lint.h"
 #include "daemon/policy/units.h"
-#include "isolate/engine.h"
+#include "isolate/engine/engine.h"
 #include "daemon/policy/jsonc.h"
-#include "isolate/fs_table.h"
-#include "isolate/plan.h"
+#include "daemon/policy/fs_table.h"
+#include "isolate/engine/plan.h"
 #include "daemon/policy/syscall_groups.h"
 
 namespace tsb::core {
@@ -231,10 +231,10 @@ std::string cpus_text(std::uint32_t millicpus) {
 }
 
 // ---------------------------------------------------------------------------
-// File system: the rows of the one table (isolate/fs_table.h).
+// File system: the rows of the one table (daemon/policy/fs_table.h).
 
 // What the engine does with a host path on this machine, as it decides per
-// run (isolate/mounts.cc): a "[host]" sentence.
+// run (isolate/engine/mounts.cc): a "[host]" sentence.
 std::string host_fact(const isolate::FsEntry& e) {
   const std::string& path = e.kind == isolate::FsEntry::kSystem ? e.path : e.source;
   const std::string missing = e.optional ? "skipped" : "the run would fail";

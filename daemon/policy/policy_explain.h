@@ -9,7 +9,7 @@
 // same as `policy lint` (daemon/policy/policy_lint.h).
 //
 // The syscall vocabulary is daemon/policy/syscall_groups.h; the file-system
-// rows are the one table (isolate/fs_table.h) the engine and
+// rows are the one table (daemon/policy/fs_table.h) the engine and
 // toolsandbox-init execute, reasons included, so the page cannot drift from
 // what is built.
 #pragma once

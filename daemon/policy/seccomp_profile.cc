@@ -19,10 +19,9 @@
 #include <vector>
 
 #include "isolate/base/file.h"
-#include "isolate/base/hash.h"
+#include "daemon/common/hash.h"
 #include "daemon/policy/jsonc.h"
 #include "isolate/base/unique_fd.h"
-#include "isolate/prepare.h"
 
 namespace tsb::policy {
 namespace {
@@ -945,28 +944,6 @@ Result<std::shared_ptr<const SeccompProgram>> compile_init_filter() {
   rule.where = profile.source;
   profile.rules.push_back(std::move(rule));
   return compile_seccomp(profile);
-}
-
-Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig config,
-                                                       std::shared_ptr<const SeccompProgram> init_filter) {
-  if (!init_filter) {
-    auto filter = compile_init_filter();
-    if (!filter.ok()) return std::move(filter).error().wrap("compiling the init filter");
-    init_filter = std::move(filter).value();
-  }
-  TSB_TRY(prepare_engine(config, ::getpid()), "engine");
-  return isolate::Engine::create(std::move(config), std::move(init_filter));
-}
-
-Status prepare_engine(isolate::EngineConfig& config, pid_t engine_pid) {
-  TSB_TRY(isolate::check_proc(), "engine");
-  auto cgroups = isolate::prepare_cgroups(config.cgroup_parent);
-  if (!cgroups.ok()) return std::move(cgroups).error().wrap("setting up cgroups");
-  config.cgroups = std::move(cgroups).value();
-  TSB_TRY(isolate::prepare_state_dir(config.state_dir), "state directory");
-  config.stale_leaves = isolate::find_stale_leaves(config.cgroups, config.leaf_prefix, config.state_dir, engine_pid);
-  config.init_path = isolate::find_init(config.init_path);
-  return {};
 }
 
 }  // namespace tsb::policy

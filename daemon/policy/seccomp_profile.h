@@ -1,6 +1,6 @@
 // Seccomp profiles in the OCI/Moby JSON format: parsed strictly and
 // compiled once per policy with libseccomp into the plain program the engine
-// loads in the sandbox (isolate/seccomp.h). Also the sandbox init's own
+// loads in the sandbox (isolate/engine/seccomp.h). Also the sandbox init's own
 // fixed filter.
 #pragma once
 
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "isolate/base/result.h"
-#include "isolate/engine.h"
-#include "isolate/seccomp.h"
+#include "isolate/engine/engine.h"
+#include "isolate/engine/seccomp.h"
 
 namespace tsb::policy {
 
@@ -68,7 +68,7 @@ struct SeccompParseOptions {
   std::string kernel_release;  // compared with minKernel; "" = uname(2)
 };
 
-// The engine's plain program type (isolate/seccomp.h).
+// The engine's plain program type (isolate/engine/seccomp.h).
 using isolate::SeccompProgram;
 
 // Parse a profile (JSON, comments allowed). Strict: unknown keys, wrong
@@ -103,20 +103,5 @@ Result<std::shared_ptr<const SeccompProgram>> compile_seccomp(const SeccompProfi
 // The small fixed filter the sandbox init (pid 1) loads on itself: only what
 // a reaper needs (wait, signals, write of one report, exit).
 Result<std::shared_ptr<const SeccompProgram>> compile_init_filter();
-
-// isolate::Engine::create with the init's filter compiled here (or given,
-// compiled by compile_init_filter earlier: the command line's cache): the
-// one way the daemon, the command line, the tests and the benchmarks make
-// an engine.
-Result<std::unique_ptr<isolate::Engine>> create_engine(isolate::EngineConfig config,
-                                                       std::shared_ptr<const SeccompProgram> init_filter = nullptr);
-
-// What the engine needs prepared on the host, done or worked out here
-// (isolate/prepare.h): where the cgroup parent is (the engine makes it
-// ready), the state directory, the leaves of engines that are gone (`engine_pid`:
-// the engine's pid, which a dead engine's leaves may carry after a
-// restart), toolsandbox-init's path when none is configured. The set-up
-// helper does it for the root spawner.
-Status prepare_engine(isolate::EngineConfig& config, pid_t engine_pid);
 
 }  // namespace tsb::policy

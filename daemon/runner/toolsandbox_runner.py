@@ -164,7 +164,7 @@ Channel mode (run_channel())
 ============================
 
 stdin must be a stream socket: one end of a pair whose other end the daemon
-holds (protocol/letta.h, "The result channel"). The runner moves it off fd 0
+holds (daemon/frontend/letta/letta.h, "The result channel"). The runner moves it off fd 0
 (close-on-exec; the tool reads EOF from stdin), then:
 
 1. reads the first part: a 4-byte big-endian length (at most 1 GiB), then
@@ -244,7 +244,7 @@ reports as an error), and leave a grandchild writing to stdout after the
 frame (text after the frame is returned as stdout; a write that lands inside
 the frame, possible for frames larger than PIPE_BUF, breaks the frame's
 base64 and the run fails). The engine accepts a frame only if it occurs
-exactly once (see extract_nonce_frame in protocol/letta.h).
+exactly once (see extract_nonce_frame in daemon/frontend/letta/letta.h).
 
 What this relies on from the sandbox: the tool has no CAP_SYS_PTRACE (with it,
 non-dumpable does not stop /proc/<pid>/mem or ptrace; as root outside a user

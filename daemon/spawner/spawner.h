@@ -1,5 +1,5 @@
 // The root spawner: the only part of toolsandboxd that keeps root. It holds
-// the compiled policy set (daemon/spawner/compiled.h), the engine, its
+// the compiled policy set (daemon/wire/compiled.h), the engine, its
 // cgroups and uid slots, and the listening socket; it starts the
 // unprivileged front end and serves its run requests over a socketpair.
 //
@@ -38,10 +38,10 @@
 #include <string>
 #include <vector>
 
-#include "daemon/spawner/compiled.h"
+#include "daemon/wire/compiled.h"
 #include "isolate/base/result.h"
 #include "isolate/base/unique_fd.h"
-#include "isolate/engine.h"
+#include "isolate/engine/engine.h"
 
 namespace tsb::spawn {
 
@@ -53,7 +53,7 @@ struct SpawnerOptions {
 // Runs the compile helper (uid 0, every capability dropped, no_new_privs)
 // and reads its compiled set. `optional`: a missing configuration file
 // gives the embedded defaults. kSetup (the start): the helper also prepares
-// what the engine needs on the host (isolate/prepare.h); kCheck: the helper
+// what the engine needs on the host (daemon/compile/prepare.h); kCheck: the helper
 // prints what it loaded and nothing is read back. `sources` (not with
 // kCheck) gets the helper's record of the files it read, in a memfd the
 // helper sealed, which this process passes to the front end and never reads.

@@ -27,7 +27,7 @@
 // leftovers (at open).
 //
 // Not thread-safe: one event loop per process. Single-flight builds and
-// waiting are the caller's (daemon/core/local_backend.cc).
+// waiting are the caller's (daemon/frontend/local/local_backend.cc).
 #pragma once
 
 #include <chrono>

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <map>
 
-#include "isolate/base/hash.h"
+#include "daemon/common/hash.h"
 
 namespace tsb::venv {
 

@@ -1,6 +1,6 @@
 // A closed binary encoding: the one codec of every format the root
 // spawner reads or writes (the compiled policy set and the messages of
-// daemon/spawner/wire.h, the plan a sandbox is built from: isolate/plan.h).
+// daemon/wire/wire.h, the plan a sandbox is built from: isolate/engine/plan.h).
 //
 // Integers are little-endian and fixed-size; strings are a u32 length and
 // the bytes (cstr: the bytes and a NUL, for a reader that hands out C

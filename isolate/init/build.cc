@@ -336,7 +336,7 @@ void build_sandbox(const Plan& plan) noexcept {
   Fd top{::open(plan.staging, O_PATH | O_DIRECTORY | O_CLOEXEC)};
   FAIL_IF(top.fd < 0, Stage::MountRoot);
 
-  // 3. The file-system table's steps (isolate/fs_table.h): skeleton, /etc
+  // 3. The file-system table's steps (daemon/policy/fs_table.h): skeleton, /etc
   //    stubs and copies, read-only views of the system directories and the
   //    venv, tmpfs /tmp and working dir, /proc with masks, a minimal /dev.
   for (uint32_t i = 0; i < plan.nsteps; ++i) FAIL_IF(run_step(top.fd, plan.steps[i]) != 0, plan.steps[i].stage);

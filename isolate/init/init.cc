@@ -6,7 +6,7 @@
 // runs in a fresh address space (no copy of the engine's memory: other
 // runs' requests, keys) and outside the root process:
 //
-//   1. read the plan (isolate/plan.h) the engine wrote for this run;
+//   1. read the plan (isolate/engine/plan.h) the engine wrote for this run;
 //   2. build the sandbox (build.cc) as the root of its user namespace;
 //   3. fork the tool (tool.cc), which drops every privilege and waits;
 //   4. drop every privilege of its own, load its own seccomp filter, and

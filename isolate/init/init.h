@@ -1,10 +1,10 @@
 // toolsandbox-init's parts: building the sandbox from its plan (build.cc),
 // the tool process (tool.cc), pid 1 (init.cc). libc only; every failure is
-// one Report {stage, errno} on the report pipe (isolate/stage.h), then exit.
+// one Report {stage, errno} on the report pipe (isolate/engine/stage.h), then exit.
 #pragma once
 
 #include "isolate/init/plan_reader.h"
-#include "isolate/stage.h"
+#include "isolate/engine/stage.h"
 
 namespace tsb::isolate::init {
 

@@ -1,4 +1,4 @@
-// toolsandbox-init's reader of the plan (isolate/plan.h). The plan comes
+// toolsandbox-init's reader of the plan (isolate/engine/plan.h). The plan comes
 // from the engine, which is trusted; the reader still checks every length,
 // count and value, so that a plan it accepts is one the steps can use
 // (every text NUL-terminated with no NUL inside, every op and stage known,
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "isolate/plan.h"
-#include "isolate/stage.h"
+#include "isolate/engine/plan.h"
+#include "isolate/engine/stage.h"
 
 namespace tsb::isolate::init {
 

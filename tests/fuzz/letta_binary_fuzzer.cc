@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <string>
 
-#include "isolate/base/hash.h"
+#include "daemon/common/hash.h"
 #include "tests/fuzz/letta_common.h"
 
 namespace p = tsb::protocol;

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "protocol/letta.h"
+#include "daemon/frontend/letta/letta.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace tsb::fuzz {

@@ -18,7 +18,7 @@ deterministic: the same tree gives the same files.
   letta_binary/  stdout with Letta's binary frame: good, bad md5, truncated,
                  pickle payload, and the reassembled form;
   shape_result/  inputs laid out as shape_result_fuzzer.cc reads them;
-  spawn_wire/    the root spawner's inputs (daemon/spawner/compiled.h): run
+  spawn_wire/    the root spawner's inputs (daemon/wire/compiled.h): run
                  orders, kills, notifications, a compiled set, and broken
                  forms of each, behind the selector byte of spawn_wire_fuzzer.cc.
 """
@@ -234,7 +234,7 @@ def shape_result():
               + fdp_string(b"partial") + tail(reason % 2, reason, 137 if reason else 0, 0))
 
 
-# The spawner's closed formats, little-endian (daemon/spawner/wire.h).
+# The spawner's closed formats, little-endian (daemon/wire/wire.h).
 def u8(v): return struct.pack("<B", v)
 def u32(v): return struct.pack("<I", v)
 def u64(v): return struct.pack("<Q", v)
@@ -253,7 +253,7 @@ def program(name, insns):
 
 
 def fs_row(kind, stage, path, source=b"", data=b"", size=0, inodes=0, mode=0o755, flags=0):
-    # isolate/fs.h: FsEntry::Kind, isolate/stage.h: Stage; flags 1 tool_owned, 2 noexec, 4 optional, 8 keyed
+    # isolate/engine/fs.h: FsEntry::Kind, isolate/engine/stage.h: Stage; flags 1 tool_owned, 2 noexec, 4 optional, 8 keyed
     return u8(kind) + u8(stage) + u8(flags) + wstr(path) + wstr(source) + wstr(data) + u64(size) + u32(inodes) + u32(mode)
 
 

@@ -1,5 +1,5 @@
 // The policy loader (daemon/policy/policy.h) and the organizations loader
-// (daemon/core/registry.h), fed one file each.
+// (daemon/policy/registry.h), fed one file each.
 //
 // Both loaders take a path, not a buffer (they check the opened file's owner
 // and mode, and resolve includes and seccomp profiles next to it), so each
@@ -26,7 +26,7 @@
 #include "daemon/policy/policy.h"
 #include "daemon/policy/policy_explain.h"
 #include "daemon/policy/policy_lint.h"
-#include "daemon/core/registry.h"
+#include "daemon/policy/registry.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <variant>
 
-#include "daemon/core/letta_result.h"
+#include "daemon/frontend/letta/result.h"
 #include "protocol/messages.h"
 #include "tests/fuzz/fuzz_check.h"
 

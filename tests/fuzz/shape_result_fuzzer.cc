@@ -18,8 +18,8 @@
 #include <cstdint>
 #include <string>
 
-#include "daemon/core/letta_result.h"
-#include "protocol/letta.h"
+#include "daemon/frontend/letta/result.h"
+#include "daemon/frontend/letta/letta.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// The root spawner's decoders (daemon/spawner/compiled.h): everything the
+// The root spawner's decoders (daemon/wire/compiled.h): everything the
 // spawner reads from a process it does not trust. The first byte picks the
 // decoder: 0 the compiled set (the compile helper's output), 1 a message
 // from the front end (Run, Kill or Notify, by its own type byte).
@@ -15,7 +15,8 @@
 #include <string>
 #include <string_view>
 
-#include "daemon/spawner/front_codec.h"
+#include "daemon/compile/set_codec.h"
+#include "daemon/frontend/local/front_codec.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace s = tsb::spawn;

@@ -27,8 +27,8 @@
 #include <set>
 #include <thread>
 
-#include "isolate/cgroup.h"
-#include "isolate/prepare.h"
+#include "isolate/engine/cgroup.h"
+#include "daemon/compile/prepare.h"
 #include "isolate/base/random.h"
 #include "tests/integration/harness.h"
 

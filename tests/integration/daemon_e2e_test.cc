@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "isolate/base/random.h"
-#include "protocol/letta.h"
+#include "daemon/frontend/letta/letta.h"
 #include "tests/integration/harness.h"
 
 using nlohmann::json;

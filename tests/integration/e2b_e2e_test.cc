@@ -18,9 +18,9 @@
 #include <set>
 #include <thread>
 
-#include "daemon/core/e2b.h"
+#include "daemon/frontend/e2b/e2b.h"
 #include "isolate/base/random.h"
-#include "protocol/letta.h"
+#include "daemon/frontend/letta/letta.h"
 #include "tests/integration/harness.h"
 
 using nlohmann::json;

@@ -20,10 +20,11 @@
 #include <fstream>
 #include <thread>
 
-#include "isolate/cgroup.h"
+#include "isolate/engine/cgroup.h"
 #include "daemon/policy/seccomp_profile.h"
-#include "isolate/engine.h"
+#include "isolate/engine/engine.h"
 #include "tests/integration/harness.h"
+#include "daemon/compile/host.h"
 
 using namespace tsb::testing;
 using namespace std::chrono_literals;

@@ -1,3 +1,4 @@
+#include "daemon/compile/spawn_policy.h"
 #include "tests/integration/harness.h"
 #include "daemon/policy/seccomp_profile.h"
 
@@ -18,6 +19,7 @@
 #include <thread>
 
 #include "isolate/base/random.h"
+#include "daemon/compile/host.h"
 
 namespace tsb::testing {
 

@@ -19,7 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/policy/policy.h"
-#include "isolate/engine.h"
+#include "isolate/engine/engine.h"
+#include "isolate/supervise/outcome.h"
 
 namespace tsb::testing {
 

@@ -188,7 +188,7 @@ TEST_F(EngineTest, PrivsepSpawnerRefusesWhatThePolicyDoesNotAllow) {
     got[line.substr(0, sp)] = sp == std::string::npos ? "" : line.substr(sp + 1);
   }
   EXPECT_EQ(got["hello"], "ok");
-  // Refusal codes (daemon/spawner/wire.h): 1 malformed, 2 unknown policy, 3 out of bounds.
+  // Refusal codes (daemon/wire/wire.h): 1 malformed, 2 unknown policy, 3 out of bounds.
   const std::map<std::string, std::string> refused = {
       {"empty", "refused:1"},           {"unknown-type", "refused:1"},     {"truncated", "refused:1"},
       {"trailing", "refused:1"},        {"huge-length", "refused:1"},      {"bad-mode", "refused:1"},

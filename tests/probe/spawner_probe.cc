@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/spawner/front_codec.h"
-#include "isolate/outcome.h"
+#include "daemon/frontend/local/front_codec.h"
+#include "isolate/supervise/outcome.h"
 
 using namespace tsb;
 using namespace tsb::spawn;

@@ -1,4 +1,4 @@
-"""The Python cells the E2B backend sends (daemon/core/e2b_cells/), as the
+"""The Python cells the E2B backend sends (daemon/frontend/e2b/cells/), as the
 daemon embeds them: without their leading comment block, @BLOB@ replaced by
 one base64 literal."""
 
@@ -10,7 +10,7 @@ import sys
 import unittest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CELLS = os.path.join(REPO, "daemon", "core", "e2b_cells")
+CELLS = os.path.join(REPO, "daemon", "frontend", "e2b", "cells")
 
 
 def cell(name, blob):

@@ -11,16 +11,16 @@ utf8 -c BOOT), in one of its two modes:
 
 - nonce mode (run(), what E2B cells use): the request is one JSON object on
   a stdin pipe and the result is a frame with the request's nonce on stdout.
-  The frame parser below mirrors extract_nonce_frame in protocol/letta.cc.
+  The frame parser below mirrors extract_nonce_frame in daemon/frontend/letta/letta.cc.
 - channel mode (run_channel(), what the daemon uses for every local
   sandbox): stdin is one end of a socket pair; run_tool sends the request's
   first part, reads the runner's declaration, sends the second part (the
   agent state only when declared, as the daemon does) and reads the payload
-  from the socket to EOF, while stdout is all the tool's (protocol/letta.h,
+  from the socket to EOF, while stdout is all the tool's (daemon/frontend/letta/letta.h,
   "The result channel").
 - pooled mode (run_pooled(), a warm sandbox's runner): the channel mode
   after a hand-over: the runner writes its ready line first, run_channel
-  sends the environ part before the first part (protocol/letta.h, "Warm
+  sends the environ part before the first part (daemon/frontend/letta/letta.h, "Warm
   sandboxes").
 
 Every test class derives from RunnerCase, whose `mode` (set into the module
@@ -67,11 +67,11 @@ POOLED_BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\n"
 PROGRAM = ["-c", BOOT]
 CHANNEL_PROGRAM = ["-c", CHANNEL_BOOT]
 POOLED_PROGRAM = ["-c", POOLED_BOOT]
-# A warm runner's ready line (kChannelReady in protocol/letta.h).
+# A warm runner's ready line (kChannelReady in daemon/frontend/letta/letta.h).
 READY = b"TSB1 ready\n"
 TIMEOUT = 60  # seconds, per runner started
 
-# The channel's declarations (kChannelDeclaredNo/Yes in protocol/letta.h).
+# The channel's declarations (kChannelDeclaredNo/Yes in daemon/frontend/letta/letta.h).
 DECLARED_NO = b"TSB1 agent_state=0\n"
 DECLARED_YES = b"TSB1 agent_state=1\n"
 DECLARATION_SIZE = 19
@@ -757,7 +757,7 @@ class AgentState(RunnerCase):
     def test_tool_writing_its_own_payload_to_the_channel(self):
         # The tool finds the channel among its descriptors, writes a payload
         # of its own and ends its process before the runner writes one. The
-        # payload is taken as it is (documented: protocol/letta.h, "The
+        # payload is taken as it is (documented: daemon/frontend/letta/letta.h, "The
         # result channel"), which does what returning the value does...
         src = ("import json, os, stat\n"
                "def f():\n"

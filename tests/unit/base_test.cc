@@ -11,9 +11,9 @@
 #include <string>
 
 #include "isolate/base/file.h"
-#include "isolate/base/hash.h"
+#include "daemon/common/hash.h"
 #include "isolate/base/random.h"
-#include "isolate/base/quote.h"
+#include "daemon/common/quote.h"
 
 namespace tsb {
 namespace {

@@ -1,6 +1,6 @@
-// daemon/core/capped_output: the head of a stream up to its cap, and past it
+// daemon/frontend/local/capped_output: the head of a stream up to its cap, and past it
 // only the result frame, whatever the read boundaries.
-#include "daemon/core/capped_output.h"
+#include "daemon/frontend/local/capped_output.h"
 
 #include <gtest/gtest.h>
 

@@ -4,7 +4,7 @@
 
 #include <csignal>
 
-#include "isolate/supervise.h"
+#include "isolate/supervise/supervise.h"
 
 using namespace tsb::isolate;
 

@@ -1,9 +1,9 @@
 // The egress proxy's reading of hosts and its deny list
-// (daemon/egress/address.h): every spelling of an address is the address,
+// (daemon/frontend/egress/address.h): every spelling of an address is the address,
 // and no spelling of a denied one gets through.
 #include <gtest/gtest.h>
 
-#include "daemon/egress/address.h"
+#include "daemon/frontend/egress/address.h"
 
 namespace {
 

@@ -1,9 +1,9 @@
-// What the egress proxy reads from a tool (daemon/egress/request.h) and the
-// policy's rules applied to it (daemon/egress/rules.h).
+// What the egress proxy reads from a tool (daemon/frontend/egress/request.h) and the
+// policy's rules applied to it (daemon/frontend/egress/rules.h).
 #include <gtest/gtest.h>
 
-#include "daemon/egress/request.h"
-#include "daemon/egress/rules.h"
+#include "daemon/frontend/egress/request.h"
+#include "daemon/frontend/egress/rules.h"
 
 namespace {
 

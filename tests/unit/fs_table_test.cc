@@ -1,4 +1,4 @@
-// The one mount table (isolate/fs_table.h): what every sandbox is made of,
+// The one mount table (daemon/policy/fs_table.h): what every sandbox is made of,
 // in the order it is made. These are the properties the engine and
 // toolsandbox-init rely on when they execute it.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <map>
 
-#include "isolate/fs_table.h"
+#include "daemon/policy/fs_table.h"
 
 namespace {
 

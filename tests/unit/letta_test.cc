@@ -1,11 +1,11 @@
-// protocol/letta: Letta's fingerprint, result framings and error strings,
+// daemon/frontend/letta/letta: Letta's fingerprint, result framings and error strings,
 // checked against fixed vectors and against the same Python code Letta runs
 // (executed with /usr/bin/python3); plus our runner's nonce frame, including
 // an end-to-end run of daemon/runner/toolsandbox_runner.py.
 //
 // Without /usr/bin/python3 the cross-checks skip, unless
 // TOOLSANDBOXD_TESTS_MUST_RUN contains "python".
-#include "protocol/letta.h"
+#include "daemon/frontend/letta/letta.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "isolate/base/hash.h"
+#include "daemon/common/hash.h"
 #include "isolate/base/random.h"
-#include "protocol/pyjson.h"
+#include "daemon/frontend/letta/pyjson.h"
 
 #include "tests/unit/python_reference.h"
 
@@ -879,7 +879,7 @@ TEST(LettaErrorsVsCPython, WordTableMatchesInterpreter) {
   const auto lines = run_python(kWordScript, "");
   std::string theirs;
   for (const auto& l : lines) theirs += l + "\n";
-  EXPECT_EQ(ours, theirs) << "regenerate kWordRanges in protocol/letta.cc from this interpreter";
+  EXPECT_EQ(ours, theirs) << "regenerate kWordRanges in daemon/frontend/letta/letta.cc from this interpreter";
 }
 
 // ---------------------------------------------------------------------------

@@ -1,12 +1,12 @@
-// The run pipeline's pure parts (daemon/core/pipeline.h): what prepare_run
+// The run pipeline's pure parts (daemon/frontend/pipeline/pipeline.h): what prepare_run
 // decides for every backend, and what finish_run makes of a backend's run.
 #include <gtest/gtest.h>
 
 #include <memory>
 
-#include "daemon/core/pipeline.h"
+#include "daemon/frontend/pipeline/pipeline.h"
 #include "daemon/policy/policy.h"
-#include "protocol/letta.h"
+#include "daemon/frontend/letta/letta.h"
 
 namespace tsb::core {
 namespace {

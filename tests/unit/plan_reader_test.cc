@@ -1,5 +1,5 @@
 // toolsandbox-init's reader of the plan (isolate/init/plan_reader.h),
-// against the layout isolate/plan.h documents, written here with the
+// against the layout isolate/engine/plan.h documents, written here with the
 // engine's codec (isolate/base/wire.h). The engine's own writer is checked
 // by every integration test: no sandbox starts without a plan init accepts.
 #include <gtest/gtest.h>

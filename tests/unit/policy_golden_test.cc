@@ -46,7 +46,7 @@
 #include "daemon/policy/policy.h"
 #include "daemon/policy/policy_explain.h"
 #include "daemon/policy/policy_lint.h"
-#include "daemon/core/registry.h"
+#include "daemon/policy/registry.h"
 #include "daemon/policy/seccomp_profile.h"
 
 namespace tsb::core {

@@ -23,11 +23,12 @@
 #include "daemon/policy/policy.h"
 #include "daemon/policy/policy_explain.h"
 #include "daemon/policy/policy_lint.h"
-#include "daemon/core/registry.h"
+#include "daemon/policy/registry.h"
 #include "daemon/policy/jsonc.h"
-#include "isolate/plan.h"
+#include "isolate/engine/plan.h"
 #include "daemon/policy/seccomp_profile.h"
 #include "daemon/policy/syscall_groups.h"
+#include "daemon/compile/spawn_policy.h"
 
 namespace tsb::core {
 namespace {
@@ -312,7 +313,7 @@ TEST(PolicyFingerprint, CoversTheEffectivePolicyNotItsSpelling) {
 }
 
 // ---------------------------------------------------------------------------
-// Backend placement: daemon/core/registry.cc place_run.
+// Backend placement: daemon/policy/registry.cc place_run.
 
 class PlaceRun : public testing::Test {
  protected:
@@ -520,7 +521,7 @@ TEST(PolicyExplainModel, SyscallFates) {
   EXPECT_EQ(syscall_fate(v, "getpid"), SyscallFate::Refused);
 }
 
-// The page prints the one table (isolate/fs_table.h) the sandbox is built
+// The page prints the one table (daemon/policy/fs_table.h) the sandbox is built
 // from: every row, in its order, with its reason, and nothing else.
 void expect_rows_are_the_table(const Policy& p) {
   auto table = isolate::build_fs_table(fs_inputs_from(p, "/toolsandbox-runner"));

@@ -1,10 +1,10 @@
-// protocol/pyjson: byte-exact agreement with CPython's json.dumps, repr(float)
+// daemon/frontend/letta/pyjson: byte-exact agreement with CPython's json.dumps, repr(float)
 // and bytes.decode("utf-8", "replace").
 //
 // Fixed vectors run anywhere. The cross-checks run /usr/bin/python3 on the
 // same inputs and compare byte for byte; without the interpreter they skip,
 // unless TOOLSANDBOXD_TESTS_MUST_RUN contains "python".
-#include "protocol/pyjson.h"
+#include "daemon/frontend/letta/pyjson.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-// The result channel of a local tool run (protocol/letta.h, "The result
+// The result channel of a local tool run (daemon/frontend/letta/letta.h, "The result
 // channel"): the declaration, the parts the front end writes
 // (core::runner_channel_*), the result's checks (parse_channel_result), the
 // real runner spoken to over a socket pair, and how shape_tool_result
@@ -14,10 +14,11 @@
 #include <tuple>
 #include <variant>
 
-#include "daemon/core/letta_result.h"
+#include "daemon/frontend/letta/result.h"
 #include "daemon/policy/policy.h"
-#include "protocol/letta.h"
+#include "daemon/frontend/letta/letta.h"
 #include "protocol/messages.h"
+#include "daemon/compile/spawn_policy.h"
 #include "python_reference.h"
 
 namespace tsb::protocol {

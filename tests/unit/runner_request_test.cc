@@ -15,7 +15,7 @@
 #include <string>
 #include <variant>
 
-#include "daemon/core/letta_result.h"
+#include "daemon/frontend/letta/result.h"
 #include "protocol/json_scan.h"
 #include "protocol/messages.h"
 

@@ -11,8 +11,8 @@
 //   - responses built by the daemon's own code (encode_ok, encode_error,
 //     shape_tool_result, run_record_json, for every end reason and both modes)
 //     validate, and every field they carry is declared;
-//   - the status fields (read from daemon/core/server.cc and
-//     daemon/core/e2b.cc), the end reasons and error codes (read from the
+//   - the status fields (read from daemon/frontend/server.cc and
+//     daemon/frontend/e2b/e2b.cc), the end reasons and error codes (read from the
 //     enums and the E2B backend) match the schemas;
 //   - PROTOCOL.md names every field and its example lines validate.
 //
@@ -35,13 +35,13 @@
 #include <string>
 #include <vector>
 
-#include "daemon/core/letta_result.h"
-#include "daemon/core/result_json.h"
-#include "isolate/base/hash.h"
-#include "isolate/outcome.h"
-#include "protocol/letta.h"
+#include "daemon/frontend/letta/result.h"
+#include "protocol/record.h"
+#include "daemon/common/hash.h"
+#include "isolate/supervise/outcome.h"
+#include "daemon/frontend/letta/letta.h"
 #include "protocol/messages.h"
-#include "protocol/pyjson.h"
+#include "daemon/frontend/letta/pyjson.h"
 
 namespace tsb::protocol {
 namespace {
@@ -63,7 +63,7 @@ std::string read_text(const std::string& path) {
 // The E2B backend's source, read for the fields and values it adds to
 // responses ("" when the file is absent).
 std::string e2b_source() {
-  std::ifstream in(std::string(TSB_SOURCE_DIR) + "/daemon/core/e2b.cc", std::ios::binary);
+  std::ifstream in(std::string(TSB_SOURCE_DIR) + "/daemon/frontend/e2b/e2b.cc", std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -597,7 +597,7 @@ TEST(SchemaRequests, RequestOneOfDispatchesOnType) {
 // The engine's end reasons (local runs).
 std::set<std::string> end_reason_names() {
   std::set<std::string> out;
-  auto names = enumerators("isolate/outcome.h", "EndReason");
+  auto names = enumerators("isolate/supervise/outcome.h", "EndReason");
   EXPECT_EQ(names.size(), 9u);
   for (std::size_t i = 0; i < names.size(); ++i) out.insert(std::string(isolate::to_string(static_cast<isolate::EndReason>(i))));
   EXPECT_EQ(out.count("unknown"), 0u);
@@ -646,7 +646,7 @@ TEST(SchemaResponses, EncodedErrorsValidate) {
 
 TEST(SchemaResponses, StatusFieldsMatchTheServer) {
   // The keys of Server::status_json(), read from its source.
-  std::string src = read_text(std::string(TSB_SOURCE_DIR) + "/daemon/core/server.cc");
+  std::string src = read_text(std::string(TSB_SOURCE_DIR) + "/daemon/frontend/server.cc");
   auto start = src.find("json Server::status_json(");
   ASSERT_NE(start, std::string::npos);
   auto end = src.find("\n}\n", start);
@@ -672,7 +672,7 @@ TEST(SchemaResponses, E2BStatusFieldsMatchTheBackend) {
 }
 
 TEST(SchemaResponses, RecordFieldsSetByTheServerAreDeclared) {
-  std::string src = read_text(std::string(TSB_SOURCE_DIR) + "/daemon/core/server.cc") + e2b_source();
+  std::string src = read_text(std::string(TSB_SOURCE_DIR) + "/daemon/frontend/server.cc") + e2b_source();
   std::set<std::string> keys = captures(src, R"(record\[\"([a-z_0-9]+)\"\])");
   EXPECT_FALSE(keys.empty());
   const json& props = schemas().doc("run-record.json")["properties"];
@@ -681,7 +681,7 @@ TEST(SchemaResponses, RecordFieldsSetByTheServerAreDeclared) {
   for (const auto& f : captures(src, R"(record\[\"framing\"\]\s*=\s*\"([a-z0-9-]+)\")"))
     EXPECT_TRUE(strings_of(props["framing"]["enum"]).count(f)) << f;
   // And what the shaping adds to the record (Shaped::extra).
-  const std::string shaping = read_text(std::string(TSB_SOURCE_DIR) + "/daemon/core/letta_result.cc");
+  const std::string shaping = read_text(std::string(TSB_SOURCE_DIR) + "/daemon/frontend/letta/result.cc");
   EXPECT_FALSE(captures(shaping, R"(extra\[\"([a-z_0-9]+)\"\])").empty());
   for (const auto& k : captures(shaping, R"(extra\[\"([a-z_0-9]+)\"\])")) EXPECT_TRUE(props.contains(k)) << k;
   for (const auto& f : captures(shaping, R"(extra\[\"framing\"\]\s*=\s*\"([a-z0-9-]+)\")"))

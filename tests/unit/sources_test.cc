@@ -12,8 +12,8 @@
 #include <fstream>
 #include <string>
 
-#include "daemon/core/config.h"
-#include "daemon/core/registry.h"
+#include "daemon/policy/config.h"
+#include "daemon/policy/registry.h"
 #include "daemon/policy/sources.h"
 #include "isolate/base/unique_fd.h"
 

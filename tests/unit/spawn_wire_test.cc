@@ -1,4 +1,4 @@
-// The spawner's closed formats (daemon/spawner/compiled.h): what is encoded
+// The spawner's closed formats (daemon/wire/compiled.h): what is encoded
 // is decoded to the same value, and nothing else is accepted.
 #include <gtest/gtest.h>
 
@@ -6,9 +6,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "daemon/spawner/front_codec.h"
-#include "isolate/outcome.h"
-#include "isolate/fs_table.h"
+#include "daemon/compile/set_codec.h"
+#include "daemon/frontend/local/front_codec.h"
+#include "isolate/supervise/outcome.h"
+#include "daemon/policy/fs_table.h"
 
 namespace s = tsb::spawn;
 

@@ -1,4 +1,4 @@
-// The front end's link to the root spawner (daemon/core/spawner_link.h),
+// The front end's link to the root spawner (daemon/frontend/local/spawner_link.h),
 // against a fake spawner on the other end of a SOCK_SEQPACKET pair: what
 // it sends when the socket is full.
 #include <fcntl.h>
@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "daemon/core/spawner_link.h"
-#include "daemon/spawner/compiled.h"
-#include "daemon/spawner/front_codec.h"
+#include "daemon/frontend/local/spawner_link.h"
+#include "daemon/wire/compiled.h"
+#include "daemon/frontend/local/front_codec.h"
 
 namespace tsb::core {
 namespace {

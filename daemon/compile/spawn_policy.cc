@@ -1,0 +1,246 @@
+#include "daemon/compile/spawn_policy.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "daemon/common/quote.h"
+#include "daemon/compile/prepare.h"
+#include "daemon/policy/fs_table.h"
+#include "isolate/engine/plan.h"
+
+namespace tsb::core {
+
+bool root_owned_readonly_file(const std::string& p) {
+  struct stat st{};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & (S_IWGRP | S_IWOTH)) &&
+         (st.st_mode & S_IROTH);
+}
+
+std::vector<std::string> find_runner_bytecode(const std::string& runner) {
+  std::vector<std::string> out;
+  const auto slash = runner.rfind('/');
+  if (runner.empty() || slash == std::string::npos) return out;
+  const std::string dir = runner.substr(0, slash) + "/__pycache__";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view n = e->d_name;
+    if (!n.starts_with("toolsandbox_runner.") || !n.ends_with(".pyc")) continue;
+    const std::string path = dir + "/" + std::string(n);
+    struct stat st{};  // not a link: its name here is its name in the sandbox
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && root_owned_readonly_file(path)) out.push_back(path);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+
+// What a policy decides of a run, without the commands and tables.
+spawn::SpawnPolicy spawn_policy_fields(const Policy& p) {
+  spawn::SpawnPolicy s;
+  s.name = p.name;
+  s.fingerprint = p.fingerprint;
+  s.local = p.backend == Backend::Local;
+  s.limits = p.limits;
+  s.workdir = p.workdir;
+  s.hostname = p.hostname;
+  s.network = p.network;
+  s.env_set = p.env_set;
+  s.env_allow = p.env_allow;
+  s.seccomp = p.seccomp;
+  s.uid = p.uid;
+  s.gid = p.gid;
+  s.warm_min = p.warm.min;
+  s.warm_max = p.warm.max;
+  s.warm_idle = p.warm.idle;
+  return s;
+}
+
+}  // namespace
+
+Result<spawn::SpawnPolicy> to_build_spawn_policy(const Policy& p, const std::string& builder) {
+  if (!p.packages.enabled) return Error::invalid("policy '" + p.name + "' has no \"packages\"");
+  const PackagesPolicy& k = p.packages;
+  spawn::SpawnPolicy s = spawn_policy_fields(p);
+  s.name = build_policy_name(p);
+  s.network = k.index.empty() ? isolate::NetworkMode::None : isolate::NetworkMode::Egress;
+  // pip's own limits: a run's CPU and processes are not a build's.
+  s.limits.wall_timeout = k.build_timeout;
+  s.limits.cpu_time = k.build_timeout;
+  s.limits.memory_bytes = k.build_memory;
+  s.limits.pids = std::max<std::uint64_t>(s.limits.pids, 256);
+  s.limits.file_size_bytes = std::max(s.limits.file_size_bytes, k.venv_size);
+  s.limits.tmp_bytes = std::max<std::uint64_t>(s.limits.tmp_bytes, 256ull << 20);  // pip unpacks in /tmp
+  s.limits.stdout_bytes = k.venv_size + (64ull << 20);  // the archive, streamed into the cache (daemon/venv/cache.h)
+  s.limits.stderr_bytes = 256u << 10;  // pip's log: its tail goes in the manifest
+  s.env_allow.clear();
+  s.env_set = {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}, {"LANG", "C.UTF-8"}, {"PIP_CONFIG_FILE", "/dev/null"},
+               {"PIP_NO_INPUT", "1"}, {"PIP_DISABLE_PIP_VERSION_CHECK", "1"}, {"PYTHONNOUSERSITE", "1"}};
+  if (s.network == isolate::NetworkMode::Egress)
+    for (const char* name : kEgressProxyVariables) {
+      const bool no_proxy = std::string_view(name) == "NO_PROXY" || std::string_view(name) == "no_proxy";
+      s.env_set[name] = no_proxy ? "localhost,127.0.0.1,::1" : "http://127.0.0.1:" + std::to_string(isolate::kEgressProxyPort);
+    }
+  isolate::FsInputs in = fs_inputs_from(p);
+  in.venv.clear();
+  in.network = s.network;
+  in.tmp_bytes = s.limits.tmp_bytes;
+  in.workdir = "/work";
+  in.binds.clear();
+  // Missing: an empty index (pip says which requirement it cannot find).
+  if (!k.wheels.empty()) in.binds.push_back({k.wheels, std::string(kWheelsSandboxPath), false, true});
+  in.binds.push_back({builder, std::string(kBuilderSandboxPath), false, false});
+  isolate::resolve_host_paths(in);
+  auto fs = isolate::build_fs_table(in);
+  if (!fs.ok()) return std::move(fs).error().wrap("policy '" + s.name + "'");
+  // The venv being built: a writable tmpfs of the tool's, next to /tmp
+  // (like every tmpfs, nothing on it can be executed; its python3 is a link
+  // to the system's). It counts toward the build's memory.
+  auto table = std::make_shared<isolate::FsTable>(*fs.value());
+  auto at = std::find_if(table->begin(), table->end(), [](const isolate::FsEntry& e) { return e.kind == isolate::FsEntry::kTmpfs; });
+  isolate::FsEntry v;
+  v.kind = isolate::FsEntry::kTmpfs;
+  v.path = std::string(isolate::kVenvPath);
+  v.stage = isolate::Stage::MountTmpfs;
+  v.size = k.venv_size;
+  v.inodes = 262144;
+  v.mode = 0755;
+  v.tool_owned = true;
+  v.reason = "the venv being built, owned by the tool's user; counts toward memory";
+  table->insert(at, std::move(v));
+  auto& tool = s.modes[static_cast<int>(spawn::RunMode::Tool)];
+  tool.argv = {"/usr/bin/python3", "-I", "-B", "-u", std::string(kBuilderSandboxPath)};
+  tool.fs = std::move(table);
+  s.modes[static_cast<int>(spawn::RunMode::Script)] = tool;  // the same builder either way
+  return s;
+}
+
+Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner, const std::string& venv_cache) {
+  spawn::SpawnPolicy s = spawn_policy_fields(p);
+  auto& script = s.modes[static_cast<int>(spawn::RunMode::Script)];
+  script.argv = {p.interpreter, "-c", script_launcher(false)};
+  isolate::FsInputs in = fs_inputs_from(p, runner);
+  isolate::resolve_host_paths(in);
+  const std::string resolved_runner = in.runner;
+  in.runner.clear();
+  auto fs = isolate::build_fs_table(in);
+  if (!fs.ok()) return std::move(fs).error().wrap("policy '" + p.name + "'");
+  script.fs = std::move(fs).value();
+  auto& tool = s.modes[static_cast<int>(spawn::RunMode::Tool)];
+  if (!runner.empty()) {
+    const std::vector<std::string> flags = {p.interpreter, "-I", "-S", "-B", "-u", "-X", "utf8", "-c"};
+    tool.argv = flags;
+    tool.argv.emplace_back(kRunnerBoot);
+    in.runner = resolved_runner;
+    in.runner_bytecode = find_runner_bytecode(resolved_runner);
+    auto tfs = isolate::build_fs_table(in);
+    if (!tfs.ok()) return std::move(tfs).error().wrap("policy '" + p.name + "'");
+    tool.fs = std::move(tfs).value();
+    if (p.warm.max > 0) {
+      // Warm sandboxes take their hand-over through the runner, in both
+      // modes: a script run of this policy sees it too, cold or warm, so
+      // the two look alike.
+      tool.pooled_argv = flags;
+      tool.pooled_argv.emplace_back(kRunnerPooledBoot);
+      script.pooled_argv = {p.interpreter, "-c", script_launcher(true)};
+      script.fs = tool.fs;
+    }
+  } else {
+    tool.fs = script.fs;
+  }
+  // Per-tool venvs: the /venv row of both modes is keyed to the cache.
+  if (p.packages.enabled && !venv_cache.empty())
+    for (auto* m : {&script, &tool}) {
+      auto t = std::make_shared<isolate::FsTable>(*m->fs);
+      for (auto& e : *t)
+        if (e.kind == isolate::FsEntry::kHost && e.path == isolate::kVenvPath) {
+          e.keyed = true;
+          e.data = venv_cache;
+          e.reason += "; a tool with requirements gets its own, built from them (" + venv_cache + "/<key>)";
+        }
+      m->fs = std::move(t);
+    }
+  return s;
+}
+
+std::string script_launcher(bool pooled) {
+  // Cold: the script is stdin. Pooled: the runner (at the sandbox path of
+  // isolate::kRunnerSandboxPath's directory, first on sys.path for the
+  // import only, then forgotten) waits for the hand-over and returns it.
+  static constexpr std::string_view kRead = "    source = sys.stdin.buffer.read()\n";
+  static constexpr std::string_view kAwait =
+      "    sys.path.insert(0, '/opt/toolsandbox/runner')\n"
+      "    import toolsandbox_runner\n"
+      "    del sys.path[0], sys.modules['toolsandbox_runner']\n"
+      "    source, watch = toolsandbox_runner.await_script()\n"
+      "    del toolsandbox_runner\n";
+  static constexpr std::string_view kRun = R"PY(    path = os.path.join(os.getcwd(), "tmp%s.py" % os.urandom(4).hex())
+    try:
+        with open(path, "xb") as f:
+            f.write(source)
+    except OSError:
+        pass
+    sys.argv[0] = path
+    sys.path[0] = os.path.dirname(path)
+    main = sys.modules["__main__"]
+    del main._toolsandbox_main
+    main.__file__ = path
+    exec(compile(source, path, "exec"), main.__dict__)
+)PY";
+  // A warm script that ran to its end ends as a program does, without the
+  // interpreter's teardown (toolsandbox_runner._script_end).
+  static constexpr std::string_view kEnd = "    end()\n";
+  std::string run(kRun);
+  if (pooled) run.insert(run.find("    exec("), "    end = watch()\n");
+  return "def _toolsandbox_main():\n    import os, sys\n" + std::string(pooled ? kAwait : kRead) + run +
+         std::string(pooled ? kEnd : "") + "_toolsandbox_main()\n";
+}
+
+isolate::RunSpec run_spec_from(const Policy& p) { return spawn::run_spec_from(spawn_policy_fields(p), spawn::RunMode::Script); }
+
+std::string find_runner(const std::string& configured) {
+  std::vector<std::string> candidates;
+  if (!configured.empty()) candidates.push_back(configured);
+  candidates.push_back(std::string(TSB_DATADIR) + "/runner/toolsandbox_runner.py");
+  char exe[4096];
+  ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    std::string dir(exe);
+    dir = dir.substr(0, dir.rfind('/'));
+    candidates.push_back(dir + "/../share/toolsandbox/runner/toolsandbox_runner.py");
+  }
+  candidates.push_back(std::string(TSB_SOURCE_DIR) + "/daemon/runner/toolsandbox_runner.py");
+  for (const auto& c : candidates)
+    if (root_owned_readonly_file(c)) return c;
+  return "";
+}
+
+std::string find_venv_builder(const std::string& runner) {
+  if (runner.empty()) return "";
+  const std::string b = runner.substr(0, runner.rfind('/') + 1) + "toolsandbox_venv_builder.py";
+  return root_owned_readonly_file(b) ? b : "";
+}
+
+Result<std::vector<std::string>> build_environment(const Policy& p, const std::map<std::string, std::string>& req) {
+  std::string name;
+  switch (spawn::check_environment(p.env_set, p.env_allow, req, &name)) {
+    case spawn::EnvProblem::kOk: return spawn::environment_of(p.env_set, req);
+    case spawn::EnvProblem::kBadName:
+      return Error::invalid("environment: not a valid variable name: " + quoted_for_message(name));
+    case spawn::EnvProblem::kFixed:
+      return Error::invalid("environment: " + quoted_for_message(name) + " is fixed by policy '" + p.name + "'", EPERM);
+    case spawn::EnvProblem::kNotAllowed:
+      return Error::invalid("environment: policy '" + p.name + "' does not allow setting " + quoted_for_message(name),
+                            EPERM);
+    case spawn::EnvProblem::kNul: return Error::invalid("environment: a value contains a NUL byte");
+  }
+  return Error::invalid("environment: refused");
+}
+
+}  // namespace tsb::core

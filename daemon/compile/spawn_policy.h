@@ -1,0 +1,86 @@
+// What the compile helper makes of a policy for the root spawner: the
+// compiled policy (daemon/wire/compiled.h) with, per mode, its command and
+// file-system table; the build policy of per-tool venvs; the RunSpec that
+// `toolsandbox run` gives the engine. The policy language
+// (daemon/policy/) knows nothing of these formats.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "daemon/policy/policy.h"
+#include "daemon/wire/compiled.h"
+#include "isolate/base/result.h"
+#include "isolate/engine/spec.h"
+
+namespace tsb::core {
+
+// Script mode's `python3 -c` program: reads the script from stdin, writes it
+// to a tmpXXXXXXXX.py file in the working directory (as Letta's temporary
+// script), and runs it as __main__ with that __file__, sys.argv[0] and
+// sys.path[0] (the script's directory, as for `python3 FILE`). Its
+// own names stay in a function, so the script's namespace is a fresh main
+// module's. `pooled`: the same, started before its request in a warm
+// sandbox, with the runner read-only at /opt/toolsandbox/runner: it takes
+// the hand-over there (the request's environment, then the script on the
+// channel that is its stdin; toolsandbox_runner.await_script) and then does
+// what the cold one does, except that a script that ran to its end (no
+// exception, no sys.exit) ends without the interpreter's teardown
+// (toolsandbox_runner._script_end).
+std::string script_launcher(bool pooled);
+
+// Tool mode's program (-c, after -I -S -B -u -X utf8): the runner imported
+// from its directory, put after the standard library on sys.path, so that
+// its bytecode comes from __pycache__ (daemon/runner/toolsandbox_runner.py,
+// "Invocation"), and run: run_channel() when started for a request,
+// run_pooled() in a warm sandbox (which has the policy's own venv, the
+// operator's, and sets up its site-packages before the hand-over).
+inline constexpr std::string_view kRunnerBoot =
+    "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run_channel()\n";
+inline constexpr std::string_view kRunnerPooledBoot =
+    "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run_pooled()\n";
+
+// Whether `p` (links followed) is a regular file owned by root, readable by
+// all and writable by no one else: what the runner, its bytecode and the
+// venv builder must be.
+bool root_owned_readonly_file(const std::string& p);
+
+// The runner's bytecode beside `runner` (a host path): the files
+// __pycache__/toolsandbox_runner.*.pyc that are root_owned_readonly_file
+// and not links (`runner`'s own links are resolved: resolve_host_paths).
+std::vector<std::string> find_runner_bytecode(const std::string& runner);
+
+// What the root spawner keeps of a policy (daemon/wire/compiled.h): per
+// mode the command (script mode: kScriptMain; tool mode: kRunnerBoot, the
+// runner at isolate::kRunnerSandboxPath with its bytecode, none when
+// `runner` is "") and the table.
+// A policy with "packages" gets a keyed /venv row: a run naming a venv key
+// has `venv_cache`/<key> there (daemon/venv/cache.h).
+Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner, const std::string& venv_cache = "");
+
+// The build policy of a policy with "packages", named build_policy_name(p):
+// tool mode runs `builder` (daemon/runner/toolsandbox_venv_builder.py)
+// under /usr/bin/python3 -I, with a writable tmpfs at /venv of
+// packages.venv_size, the wheel directory read-only at /wheels, the
+// policy's seccomp filter, its user, and the packages' build limits; no
+// network with a wheel directory, else egress to the index's hosts only
+// (build_egress_rules). Script mode runs the same.
+Result<spawn::SpawnPolicy> to_build_spawn_policy(const Policy& p, const std::string& builder);
+inline constexpr std::string_view kBuilderSandboxPath = "/opt/toolsandbox/builder/toolsandbox_venv_builder.py";
+// A RunSpec carrying everything the policy decides, for a command the
+// caller gives (argv, env, stdin and the file-system table left to the
+// caller: build_fs_table(fs_inputs_from(p)), plus what it adds).
+isolate::RunSpec run_spec_from(const Policy& p);
+
+// Where the trusted tool runner lives on the host ("" when not found).
+std::string find_runner(const std::string& configured);
+// The venv builder installed beside `runner` (same checks), or "".
+std::string find_venv_builder(const std::string& runner);
+
+// The environment of a run: the policy's fixed values, then the request's
+// values for allowed names. A request naming a key the policy does not allow
+// is refused (never silently dropped), and fixed values cannot be overridden.
+Result<std::vector<std::string>> build_environment(const Policy& p, const std::map<std::string, std::string>& request_env);
+
+}  // namespace tsb::core

@@ -1,0 +1,1289 @@
+#include "daemon/frontend/e2b/e2b.h"
+
+#include "e2b_cells.h"  // generated from cells/*.py: tsb::embedded::kToolCell, kEnvCell
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include "daemon/frontend/letta/result.h"
+#include "protocol/record.h"
+#include "daemon/policy/units.h"
+#include "daemon/venv/requirements.h"
+#include "isolate/base/file.h"
+#include "isolate/base/random.h"
+#include "daemon/policy/jsonc.h"
+#include "protocol/json_limits.h"
+#include "daemon/frontend/letta/letta.h"
+#include "daemon/frontend/letta/pyjson.h"
+
+namespace tsb::core {
+namespace {
+
+using nlohmann::json;
+using protocol::ErrorCode;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+namespace lp = tsb::protocol;
+constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+
+// A string member of a JSON object E2B (or the code inside a sandbox) sent,
+// or `fallback` when it is absent or of another type: nlohmann's value()
+// would throw for a member of the wrong type, and what comes from a sandbox
+// is whatever its root wants it to be.
+std::string str_field(const json& j, const char* key, std::string_view fallback = "") {
+  if (!j.is_object()) return std::string(fallback);
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string(fallback);
+}
+
+constexpr int kEnvdPort = 49983;
+constexpr int kInterpreterPort = 49999;
+// Longest single control-plane call; the run's own deadline usually ends it first.
+constexpr auto kControlTimeout = 30s;
+// Tool mode: the fixed cell writes a heartbeat to its stderr every
+// kHeartbeat while the runner works, so a silent stream for kToolStall
+// means the stream (not the tool) is stuck.
+constexpr double kHeartbeatSeconds = 2.0;
+constexpr auto kToolStall = 15s;
+// envd pings a process stream at the interval we ask for (seconds).
+constexpr const char* kEnvdKeepalive = "5";
+constexpr auto kEnvdStall = 20s;
+// A reused sandbox must have this much TTL left before it is refreshed.
+constexpr auto kReuseMargin = 3s;
+constexpr std::size_t kMaxRequirements = 32;
+constexpr std::size_t kMaxLine = 64u << 20;
+constexpr std::size_t kMaxEnvelope = 4u << 20;
+constexpr const char* kUserAgent = "toolsandboxd/" TSB_VERSION;
+
+std::string q(std::string_view s) { return quoted_for_message(s); }
+
+bool is_ident_char(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
+}
+
+// Identifiers E2B hands us end up in URLs and host names: letters, digits,
+// '-' and '_' only.
+bool valid_sandbox_id(std::string_view s) {
+  if (s.empty() || s.size() > 128) return false;
+  for (char c : s)
+    if (!is_ident_char(c) && c != '-' && c != '_') return false;
+  return true;
+}
+bool valid_domain(std::string_view s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (char c : s)
+    if (!is_ident_char(c) && c != '-' && c != '.') return false;
+  return s.front() != '.' && s.front() != '-';
+}
+// A header value: one token of printable ASCII (no CR/LF, no spaces).
+bool valid_token(std::string_view s) {
+  if (s.empty() || s.size() > 4096) return false;
+  for (unsigned char c : s)
+    if (c < 0x21 || c > 0x7e) return false;
+  return true;
+}
+
+json as_list(const std::string& s) { return s.empty() ? json::array() : json::array({s}); }
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += s;
+  return out;
+}
+
+void erase_all(std::string& s, std::string_view what) {
+  if (what.empty()) return;
+  std::size_t pos = 0;
+  while ((pos = s.find(what, pos)) != std::string::npos) s.erase(pos, what.size());
+}
+
+std::string trim_ws(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\n' || s.front() == '\r')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n' || s.back() == '\r')) s.remove_suffix(1);
+  return std::string(s);
+}
+
+std::string tail(const std::string& s, std::size_t n) { return s.size() <= n ? s : "..." + s.substr(s.size() - n); }
+
+// The fixed tool-mode cell. Data reaches it only as one base64 literal
+// (its alphabet cannot end a string literal), decoded inside: the runner's
+// source, the runner's request (with the nonce), the tool's environment,
+// the timeout and the heartbeat text. The runner runs in its own process
+// with exactly that environment over a minimal base, so nothing of the
+// request ever becomes code and no variable is set in the kernel.
+using embedded::kToolCell;  // daemon/frontend/e2b/cells/tool_cell.py
+
+// Script mode: the environment goes into a fresh kernel through its own
+// fixed cell, before the script's cell, and dies with that kernel.
+using embedded::kEnvCell;  // daemon/frontend/e2b/cells/env_cell.py
+
+std::string with_blob(std::string_view cell, std::string_view blob) {
+  std::string out(cell);
+  out.replace(out.find("@BLOB@"), 6, blob);
+  return out;
+}
+
+// Error bodies from E2B: {"code", "message"} (control plane and envd), or
+// text. Only the message, bounded.
+std::string body_message(const std::string& body) {
+  json j = protocol::parse_json_bounded(body);
+  std::string m;
+  if (j.is_object() && j.contains("message") && j["message"].is_string()) m = j["message"].get<std::string>();
+  else if (j.is_string()) m = j.get<std::string>();
+  else m = body;
+  m = trim_ws(m);
+  if (m.size() > 300) m = m.substr(0, 300) + "...";
+  return m;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Pure helpers
+// ---------------------------------------------------------------------------
+
+std::string e2b_metadata_param(const std::vector<std::pair<std::string, std::string>>& metadata) {
+  std::string inner;
+  for (const auto& [k, v] : metadata) {
+    if (!inner.empty()) inner += '&';
+    inner += http::py_quote(k) + "=" + http::py_quote(v);
+  }
+  return "metadata=" + http::py_quote_plus(inner);
+}
+
+std::string e2b_sandbox_base_url(const E2BConfig& cfg, std::string_view id, int port, std::string_view sandbox_domain) {
+  if (!cfg.sandbox_url.empty()) {
+    std::string u = cfg.sandbox_url;
+    for (std::size_t p; (p = u.find("{port}")) != std::string::npos;) u.replace(p, 6, std::to_string(port));
+    for (std::size_t p; (p = u.find("{id}")) != std::string::npos;) u.replace(p, 4, std::string(id));
+    while (!u.empty() && u.back() == '/') u.pop_back();
+    return u;
+  }
+  std::string domain = sandbox_domain.empty() ? cfg.domain : std::string(sandbox_domain);
+  return "https://" + std::to_string(port) + "-" + std::string(id) + "." + domain;
+}
+
+
+std::string e2b_tool_cell(std::string_view blob_base64) { return with_blob(kToolCell, blob_base64); }
+
+// ---------------------------------------------------------------------------
+// Backend state
+// ---------------------------------------------------------------------------
+
+struct E2BBackend::Sandbox {
+  std::string id;
+  std::string token;   // envdAccessToken: header only
+  std::string domain;  // "" = the configured one
+  std::string key;     // reuse key: config_state + network + organization
+  bool in_use = false;
+  Clock::time_point expires_at;
+  Clock::time_point last_used;
+  std::set<std::string> installed;  // requirements pip installed here
+};
+
+struct E2BBackend::RunCtx {
+  std::string tool_name;
+  Clock::time_point t0, deadline;
+  double timeout_s = 60;
+  std::chrono::milliseconds timeout{60000};
+  std::shared_ptr<http::CancelSignal> cancel;
+  std::vector<std::pair<std::string, std::string>> metadata;
+  std::string pool_key;
+  bool internet = false;
+  long ttl_s = 300;
+  std::uint64_t stdout_cap = 1u << 20, stderr_cap = 1u << 20;
+  bool reused = false, adopted = false;
+  std::vector<std::string> installed_now;
+
+  std::chrono::milliseconds remaining() const {
+    auto r = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    return std::max(r, std::chrono::milliseconds(1));
+  }
+  bool past_deadline() const { return Clock::now() + 5ms >= deadline; }
+};
+
+struct E2BBackend::Fail {
+  bool set = false;
+  std::string end_reason = "backend_error";  // or timeout, cancelled, output_limit, setup_failed
+  std::string detail;                        // backend_error / setup_failed: which failure
+  std::string message;                       // for the record, the log and the exception
+  std::string exc_name = "SandboxException";
+  bool kill = true;                          // kill the sandbox this run holds
+};
+
+struct E2BBackend::Exec {
+  std::vector<std::string> out, err;
+  std::uint64_t out_bytes = 0, err_bytes = 0;
+  bool out_over = false, err_over = false;
+  std::optional<json> main_result;
+  int display_results = 0;
+  std::optional<json> error;
+  int execution_count = -1;
+  bool ended = false;
+  bool bad_line = false;
+  std::string bad_text;
+};
+
+E2BBackend::E2BBackend(asio::io_context& io, E2BConfig cfg) : io_(io), cfg_(std::move(cfg)), http_(io) {}
+
+E2BBackend::~E2BBackend() = default;
+
+Status E2BBackend::load_key(UniqueFd key) {
+  auto k = read_e2b_api_key(cfg_.api_key_file, key.get());
+  if (!k.ok()) return std::move(k).error().wrap("e2b api key");
+  api_key_ = std::move(k).value();
+  spdlog::info("e2b: API key loaded from {} (api {}, template {}, max_sandboxes {})", cfg_.api_key_file, cfg_.api_url,
+               q(cfg_.template_id), cfg_.max_sandboxes);
+  return {};
+}
+
+Status E2BBackend::reconfigure(const E2BConfig& cfg, UniqueFd key) {
+  auto k = read_e2b_api_key(cfg.api_key_file, key.get());
+  if (!k.ok()) return std::move(k).error().wrap("e2b api key");
+  const bool moved = cfg.api_url != cfg_.api_url || cfg.sandbox_url != cfg_.sandbox_url ||
+                     cfg.domain != cfg_.domain || cfg.template_id != cfg_.template_id || k.value() != api_key_;
+  cfg_ = cfg;
+  api_key_ = std::move(k).value();
+  if (moved) {
+    // Idle sandboxes belong to the old account, endpoint or template: forget
+    // them (E2B ends them at their TTL). Busy ones are dropped when released.
+    for (auto it = pool_.begin(); it != pool_.end();)
+      it = it->second->in_use ? std::next(it) : pool_.erase(it);
+    for (auto& [id, sb] : pool_) sb->key = "<stale>";
+  }
+  spdlog::info("e2b: API key reloaded from {}", cfg_.api_key_file);
+  return {};
+}
+
+json E2BBackend::status_json() const {
+  unsigned idle = 0;
+  for (const auto& [id, sb] : pool_)
+    if (!sb->in_use) ++idle;
+  json c = json::object();
+  for (const auto& [k, v] : counters_) c[k] = v;
+  return {{"sandboxes", pool_.size()}, {"idle", idle}, {"runs_in_flight", in_flight_}, {"counters", c}};
+}
+
+std::string E2BBackend::redact(std::string s) const {
+  auto scrub = [&](const std::string& secret) {
+    if (secret.size() < 4) return;
+    for (std::size_t p; (p = s.find(secret)) != std::string::npos;) s.replace(p, secret.size(), "[redacted]");
+  };
+  scrub(api_key_);
+  for (const auto& [id, sb] : pool_) scrub(sb->token);
+  return s;
+}
+
+std::vector<std::pair<std::string, std::string>> E2BBackend::control_headers(bool json_body) const {
+  std::vector<std::pair<std::string, std::string>> h = {{"X-API-KEY", api_key_}, {"User-Agent", kUserAgent},
+                                                        {"Accept", "application/json"}};
+  if (json_body) h.emplace_back("Content-Type", "application/json");
+  return h;
+}
+
+std::vector<std::pair<std::string, std::string>> E2BBackend::data_headers(const Sandbox& sb, int port) const {
+  return {{"X-Access-Token", sb.token},
+          {"E2b-Sandbox-Id", sb.id},
+          {"E2b-Sandbox-Port", std::to_string(port)},
+          {"User-Agent", kUserAgent}};
+}
+
+http::Request E2BBackend::control_request(RunCtx& ctx, std::string method, std::string path, std::string body) const {
+  http::Request r;
+  r.method = std::move(method);
+  std::string base = cfg_.api_url;
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  r.url = base + path;
+  r.headers = control_headers(!body.empty());
+  r.body = std::move(body);
+  r.timeout = std::min<std::chrono::milliseconds>(kControlTimeout, ctx.remaining());
+  r.cancel = ctx.cancel;
+  return r;
+}
+
+E2BBackend::Fail E2BBackend::fail_from_http(const RunCtx& ctx, const http::Response& r, std::string_view what,
+                                            bool data_plane) const {
+  Fail f;
+  f.set = true;
+  std::string w(what);
+  switch (r.failure) {
+    case http::Failure::Cancelled:
+      f.end_reason = "cancelled";
+      f.exc_name = "CancelledError";
+      f.message = w + ": cancelled (the client went away or the daemon is stopping)";
+      return f;
+    case http::Failure::Timeout:
+      if (ctx.past_deadline()) {
+        f.end_reason = "timeout";
+        f.exc_name = "TimeoutError";
+        f.message = w + ": the run's timeout passed";
+      } else {
+        f.detail = "timeout";
+        f.exc_name = "TimeoutException";
+        f.message = w + ": " + r.error;
+      }
+      return f;
+    case http::Failure::Stalled:
+      f.detail = "stalled";
+      f.exc_name = "TimeoutException";
+      f.message = w + ": the stream stalled (" + r.error + ")";
+      return f;
+    case http::Failure::Connect:
+      f.detail = "connect_error";
+      f.message = w + ": " + redact(r.error);
+      return f;
+    case http::Failure::Transport:
+    case http::Failure::TooLarge:
+    case http::Failure::Aborted:
+      f.detail = "stream_error";
+      f.message = w + ": " + redact(r.error);
+      return f;
+    case http::Failure::Internal:
+      f.detail = "internal";
+      f.message = w + ": " + r.error;
+      return f;
+    case http::Failure::None:
+      break;
+  }
+  std::string msg = redact(body_message(r.body));
+  f.message = w + ": HTTP " + std::to_string(r.status) + (msg.empty() ? "" : " " + q(msg));
+  if (r.status == 401 || r.status == 403) {
+    f.detail = "unauthorized";
+    f.exc_name = "AuthenticationException";
+  } else if (r.status == 404) {
+    f.detail = "not_found";
+    f.exc_name = "NotFoundException";
+  } else if (r.status == 429) {
+    f.detail = "rate_limited";
+    f.exc_name = "RateLimitException";
+  } else if (r.status >= 500) {
+    f.detail = "server_error";
+    if (data_plane && r.status == 502) f.message += " (the sandbox is gone: it timed out or was killed)";
+  } else {
+    f.detail = "rejected";
+  }
+  return f;
+}
+
+void E2BBackend::kill_later(std::string sandbox_id, std::string why) {
+  created_ids_.erase(sandbox_id);
+  ++background_;
+  ++counters_["killed"];
+  spdlog::info("e2b: killing sandbox {} ({})", sandbox_id, why);
+  asio::co_spawn(
+      io_,
+      [this, sandbox_id]() -> asio::awaitable<void> {
+        http::Request r;
+        r.method = "DELETE";
+        std::string base = cfg_.api_url;
+        while (!base.empty() && base.back() == '/') base.pop_back();
+        r.url = base + "/sandboxes/" + sandbox_id;
+        r.headers = control_headers(false);
+        r.timeout = 15s;
+        auto res = co_await http_.request(std::move(r));
+        if (!res.ok()) spdlog::warn("e2b: killing sandbox {}: {} (E2B ends it at its TTL)", sandbox_id, redact(res.error));
+        else if (res.status != 204 && res.status != 200 && res.status != 404)
+          spdlog::warn("e2b: killing sandbox {}: HTTP {} (E2B ends it at its TTL)", sandbox_id, res.status);
+        --background_;
+      },
+      asio::detached);
+}
+
+void E2BBackend::release(const std::shared_ptr<Sandbox>& sb, bool kill, std::string_view why) {
+  if (!sb) return;
+  auto it = pool_.find(sb->id);
+  if (kill) {
+    if (it != pool_.end()) pool_.erase(it);
+    kill_later(sb->id, std::string(why));
+    return;
+  }
+  if (sb->key == "<stale>") {
+    if (it != pool_.end()) pool_.erase(it);
+    return;
+  }
+  sb->in_use = false;
+  sb->last_used = Clock::now();
+}
+
+// ---------------------------------------------------------------------------
+// Control plane
+// ---------------------------------------------------------------------------
+
+asio::awaitable<bool> E2BBackend::refresh(RunCtx& ctx, Sandbox& sb, Fail& fail, bool& gone) {
+  json body = {{"timeout", ctx.ttl_s}};
+  auto r = co_await http_.request(control_request(ctx, "POST", "/sandboxes/" + sb.id + "/timeout", body.dump()));
+  if (r.ok() && (r.status == 204 || r.status == 200)) {
+    sb.expires_at = Clock::now() + std::chrono::seconds(ctx.ttl_s);
+    ++counters_["refreshed"];
+    co_return true;
+  }
+  fail = fail_from_http(ctx, r, "refreshing the timeout of sandbox " + sb.id, false);
+  gone = r.ok() && r.status == 404;
+  fail.kill = false;
+  co_return false;
+}
+
+asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx& ctx, Fail& fail) {
+  std::vector<std::string> candidates;
+  std::string next;
+  for (int page = 0; page < 20; ++page) {
+    std::string path = "/v2/sandboxes?" + e2b_metadata_param(ctx.metadata) + "&state=running&limit=100";
+    if (!next.empty()) path += "&nextToken=" + http::py_quote_plus(next);
+    auto r = co_await http_.request(control_request(ctx, "GET", path, ""));
+    if (!r.ok() || r.status != 200) {
+      fail = fail_from_http(ctx, r, "listing sandboxes", false);
+      fail.kill = false;
+      co_return nullptr;
+    }
+    json arr = protocol::parse_json_bounded(r.body);
+    if (!arr.is_array()) {
+      fail.set = true;
+      fail.detail = "bad_response";
+      fail.message = "listing sandboxes: the answer is not a JSON array";
+      fail.kill = false;
+      co_return nullptr;
+    }
+    // A sandbox this daemon is creating may be listed before its create
+    // answer arrived; adopting it would put two runs into one kernel.
+    if (creates_in_flight_ > 0) co_return nullptr;
+    for (const auto& s : arr) {
+      if (!s.is_object()) continue;
+      std::string id = str_field(s, "sandboxID");
+      if (!valid_sandbox_id(id) || pool_.count(id) || adopting_.count(id) || created_ids_.count(id)) continue;
+      if (s.contains("state") && s["state"] != "running") continue;
+      // The filter is E2B's; check it again, a sandbox of another
+      // configuration must never be picked up.
+      bool match = s.contains("metadata") && s["metadata"].is_object();
+      for (const auto& [k, v] : ctx.metadata)
+        if (match && (!s["metadata"].contains(k) || s["metadata"][k] != v)) match = false;
+      if (match) candidates.push_back(id);
+    }
+    next = r.header("x-next-token");
+    if (next.empty()) break;
+  }
+  for (std::size_t i = 0; i < candidates.size() && i < 3; ++i) {
+    const std::string& id = candidates[i];
+    if (pool_.count(id) || adopting_.count(id) || created_ids_.count(id)) continue;
+    adopting_.insert(id);
+    struct Unmark {
+      std::set<std::string>& s;
+      std::string id;
+      ~Unmark() { s.erase(id); }
+    } unmark{adopting_, id};
+    auto r = co_await http_.request(control_request(ctx, "GET", "/sandboxes/" + id, ""));
+    if (r.ok() && r.status == 404) continue;
+    if (!r.ok() || r.status != 200) {
+      fail = fail_from_http(ctx, r, "reading sandbox " + id, false);
+      fail.kill = false;
+      co_return nullptr;
+    }
+    json j = protocol::parse_json_bounded(r.body);
+    if (!j.is_object()) continue;
+    auto sb = std::make_shared<Sandbox>();
+    sb->id = id;
+    sb->token = str_field(j, "envdAccessToken");
+    if (j.contains("domain") && j["domain"].is_string()) sb->domain = j["domain"].get<std::string>();
+    if (!valid_token(sb->token) || (!sb->domain.empty() && !valid_domain(sb->domain))) continue;
+    sb->key = ctx.pool_key;
+    sb->in_use = true;
+    bool gone = false;
+    Fail rf;
+    if (!co_await refresh(ctx, *sb, rf, gone)) {
+      if (gone) continue;
+      fail = rf;
+      co_return nullptr;
+    }
+    if (pool_.count(id) || created_ids_.count(id)) continue;  // taken meanwhile
+    created_ids_.insert(id);
+    ++counters_["adopted"];
+    co_return sb;
+  }
+  co_return nullptr;
+}
+
+asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::create(RunCtx& ctx, Fail& fail) {
+  json md = json::object();
+  for (const auto& [k, v] : ctx.metadata) md[k] = v;
+  json body = {{"templateID", cfg_.template_id},
+               {"timeout", ctx.ttl_s},
+               {"autoPause", false},
+               {"secure", true},
+               {"allow_internet_access", ctx.internet},
+               {"metadata", md},
+               {"envVars", json::object()}};
+  ++creates_in_flight_;
+  auto r = co_await http_.request(control_request(ctx, "POST", "/sandboxes", body.dump()));
+  --creates_in_flight_;
+  {
+    json j = protocol::parse_json_bounded(r.body);
+    if (j.is_object() && j.contains("sandboxID") && j["sandboxID"].is_string())
+      created_ids_.insert(j["sandboxID"].get<std::string>());
+  }
+  if (!r.ok() || (r.status != 201 && r.status != 200)) {
+    fail = fail_from_http(ctx, r, "creating a sandbox", false);
+    fail.kill = false;
+    co_return nullptr;
+  }
+  json j = protocol::parse_json_bounded(r.body);
+  std::string id = j.is_object() ? str_field(j, "sandboxID") : "";
+  auto bad = [&](std::string why) {
+    fail.set = true;
+    fail.detail = "bad_response";
+    fail.message = "creating a sandbox: " + why;
+    fail.kill = false;
+    if (valid_sandbox_id(id)) kill_later(id, "unusable create answer");
+  };
+  if (!valid_sandbox_id(id)) {
+    bad("the answer has no usable sandboxID");
+    co_return nullptr;
+  }
+  auto sb = std::make_shared<Sandbox>();
+  sb->id = id;
+  sb->token = str_field(j, "envdAccessToken");
+  if (j.contains("domain") && j["domain"].is_string()) sb->domain = j["domain"].get<std::string>();
+  if (!valid_token(sb->token)) {
+    bad("the answer has no usable envdAccessToken (the sandbox was created with secure: true)");
+    co_return nullptr;
+  }
+  if (!sb->domain.empty() && !valid_domain(sb->domain)) {
+    bad("the answer's domain is not a host name");
+    co_return nullptr;
+  }
+  sb->key = ctx.pool_key;
+  sb->in_use = true;
+  sb->expires_at = Clock::now() + std::chrono::seconds(ctx.ttl_s);
+  ++counters_["created"];
+  spdlog::info("e2b: created sandbox {} (template {}, internet {}, ttl {}s)", id, q(cfg_.template_id),
+               ctx.internet ? "yes" : "no", ctx.ttl_s);
+  co_return sb;
+}
+
+asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::acquire(RunCtx& ctx, Fail& fail, bool& busy) {
+  // 1. An idle sandbox of ours with the same key, most recently used first.
+  for (;;) {
+    std::shared_ptr<Sandbox> pick;
+    auto now = Clock::now();
+    for (auto& [id, sb] : pool_) {
+      if (sb->in_use || sb->key != ctx.pool_key || sb->expires_at <= now + kReuseMargin) continue;
+      if (!pick || sb->last_used > pick->last_used) pick = sb;
+    }
+    if (!pick) break;
+    pick->in_use = true;
+    bool gone = false;
+    if (co_await refresh(ctx, *pick, fail, gone)) {
+      ctx.reused = true;
+      co_return pick;
+    }
+    if (!gone) {
+      pick->in_use = false;
+      co_return nullptr;
+    }
+    created_ids_.erase(pick->id);
+    pool_.erase(pick->id);  // E2B no longer knows it
+    fail = Fail{};
+  }
+  // Idle sandboxes past their TTL are gone at E2B already.
+  auto now = Clock::now();
+  for (auto it = pool_.begin(); it != pool_.end();) {
+    if (!it->second->in_use && it->second->expires_at <= now) {
+      created_ids_.erase(it->first);
+      it = pool_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+
+  // 2. Room for one more: evict the least recently used idle sandbox if
+  //    that is what it takes, else the daemon is busy.
+  if (pool_.size() + creating_ >= cfg_.max_sandboxes) {
+    std::shared_ptr<Sandbox> lru;
+    for (auto& [id, sb] : pool_)
+      if (!sb->in_use && (!lru || sb->last_used < lru->last_used)) lru = sb;
+    if (!lru) {
+      busy = true;
+      co_return nullptr;
+    }
+    pool_.erase(lru->id);
+    kill_later(lru->id, "evicted to make room");
+  }
+  ++creating_;
+  struct Dec {
+    unsigned& n;
+    ~Dec() { --n; }
+  } dec{creating_};
+
+  // 3. A running sandbox with our metadata (left by an earlier daemon).
+  auto sb = co_await adopt(ctx, fail);
+  if (fail.set) co_return nullptr;
+  if (sb) {
+    ctx.adopted = true;
+    pool_[sb->id] = sb;
+    co_return sb;
+  }
+  // 4. A new one.
+  sb = co_await create(ctx, fail);
+  if (!sb) co_return nullptr;
+  pool_[sb->id] = sb;
+  co_return sb;
+}
+
+// ---------------------------------------------------------------------------
+// Data plane
+// ---------------------------------------------------------------------------
+
+asio::awaitable<bool> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const std::string& requirement, Fail& fail) {
+  json start = {{"process",
+                 {{"cmd", "python3"}, {"args", json::array({"-m", "pip", "install", "--no-input", "--", requirement})}}}};
+  std::string msg = start.dump();
+  http::Request r;
+  r.method = "POST";
+  r.url = e2b_sandbox_base_url(cfg_, sb.id, kEnvdPort, sb.domain) + "/process.Process/Start";
+  r.headers = data_headers(sb, kEnvdPort);
+  r.headers.emplace_back("Content-Type", "application/connect+json");
+  r.headers.emplace_back("Connect-Protocol-Version", "1");
+  r.headers.emplace_back("Connect-Content-Encoding", "identity");
+  r.headers.emplace_back("Authorization", "Basic dXNlcjo=");  // base64("user:"): run as the sandbox's user
+  r.headers.emplace_back("Keepalive-Ping-Interval", kEnvdKeepalive);
+  r.headers.emplace_back("Connect-Timeout-Ms", std::to_string(ctx.remaining().count()));
+  r.body = std::string(1, '\0') + protocol::big_endian_u32(static_cast<std::uint32_t>(msg.size())) + msg;
+  r.timeout = ctx.remaining();
+  r.stall_timeout = kEnvdStall;
+  r.cancel = ctx.cancel;
+
+  struct State {
+    std::string buf;
+    bool started = false, ended = false, trailer = false, bad = false;
+    int exit_code = 0;
+    std::string end_error, out, err;
+    json trailer_error;
+  } st;
+  auto on_chunk = [&](std::string_view d) -> bool {
+    st.buf.append(d);
+    while (st.buf.size() >= 5) {
+      auto b = [&](int i) { return static_cast<std::uint32_t>(static_cast<unsigned char>(st.buf[i])); };
+      std::uint8_t flags = static_cast<std::uint8_t>(b(0));
+      std::uint32_t len = (b(1) << 24) | (b(2) << 16) | (b(3) << 8) | b(4);
+      if (len > kMaxEnvelope) {
+        st.bad = true;
+        return false;
+      }
+      if (st.buf.size() < 5 + static_cast<std::size_t>(len)) break;
+      json m = protocol::parse_json_bounded(st.buf.substr(5, len));
+      st.buf.erase(0, 5 + static_cast<std::size_t>(len));
+      if (!m.is_object()) {
+        st.bad = true;
+        return false;
+      }
+      if (flags & 0x02) {  // end of stream
+        st.trailer = true;
+        if (m.contains("error")) st.trailer_error = m["error"];
+        continue;
+      }
+      if (!m.contains("event") || !m["event"].is_object()) continue;
+      const json& ev = m["event"];
+      if (ev.contains("start")) st.started = true;
+      if (ev.contains("data") && ev["data"].is_object()) {
+        for (const char* k : {"stdout", "stderr"}) {
+          if (!ev["data"].contains(k) || !ev["data"][k].is_string()) continue;
+          auto raw = lp::b64decode_validate(ev["data"][k].get<std::string>());
+          if (!raw.ok()) continue;
+          std::string& dst = std::string_view(k) == "stdout" ? st.out : st.err;
+          dst += *raw;
+          if (dst.size() > 64 * 1024) dst.erase(0, dst.size() - 64 * 1024);
+        }
+      }
+      if (ev.contains("end") && ev["end"].is_object()) {
+        st.ended = true;
+        const json& e = ev["end"];
+        if (e.contains("exitCode") && e["exitCode"].is_number_integer()) st.exit_code = e["exitCode"].get<int>();
+        if (e.contains("error") && e["error"].is_string()) st.end_error = e["error"].get<std::string>();
+      }
+    }
+    return true;
+  };
+  std::string what = "installing " + q(requirement);
+  auto res = co_await http_.stream(std::move(r), on_chunk);
+  if (st.bad) {
+    fail.set = true;
+    fail.detail = "stream_error";
+    fail.message = what + ": malformed Connect envelope from envd";
+    co_return false;
+  }
+  if (!res.ok() && !(st.trailer && res.failure == http::Failure::Transport)) {
+    fail = fail_from_http(ctx, res, what, true);
+    co_return false;
+  }
+  if (res.status != 200) {
+    fail = fail_from_http(ctx, res, what, true);
+    co_return false;
+  }
+  if (!st.trailer || !st.started) {
+    fail.set = true;
+    fail.detail = "stream_error";
+    fail.message = what + ": the process stream ended without " + (st.started ? "its end-of-stream message" : "a start event");
+    co_return false;
+  }
+  auto pip_failed = [&](std::string why) {
+    fail.set = true;
+    fail.end_reason = "setup_failed";
+    fail.detail = "pip_install_failed";
+    fail.exc_name = "RuntimeError";
+    std::string err = trim_ws(lp::utf8_decode_replace(st.err).text);
+    fail.message = "Failed to install " + requirement + " in E2B sandbox: " + why +
+                   (err.empty() ? std::string() : ": " + tail(err, 600));
+  };
+  if (st.trailer_error.is_object()) {
+    pip_failed("envd ended the command with " + str_field(st.trailer_error, "code", "unknown") + " " +
+               q(str_field(st.trailer_error, "message")));
+    co_return false;
+  }
+  if (!st.ended) {
+    pip_failed("the command ended without an exit status");
+    co_return false;
+  }
+  if (st.exit_code != 0) {
+    pip_failed("pip exited with code " + std::to_string(st.exit_code));
+    co_return false;
+  }
+  sb.installed.insert(requirement);
+  ctx.installed_now.push_back(requirement);
+  co_return true;
+}
+
+asio::awaitable<bool> E2BBackend::new_context(RunCtx& ctx, Sandbox& sb, std::string& context_id, Fail& fail) {
+  http::Request r;
+  r.method = "POST";
+  r.url = e2b_sandbox_base_url(cfg_, sb.id, kInterpreterPort, sb.domain) + "/contexts";
+  r.headers = data_headers(sb, kInterpreterPort);
+  r.headers.emplace_back("Content-Type", "application/json");
+  r.body = json{{"language", "python"}, {"cwd", "/home/user"}}.dump();
+  r.timeout = std::min<std::chrono::milliseconds>(kControlTimeout, ctx.remaining());
+  r.cancel = ctx.cancel;
+  auto res = co_await http_.request(std::move(r));
+  if (!res.ok() || (res.status != 200 && res.status != 201)) {
+    fail = fail_from_http(ctx, res, "creating a kernel context", true);
+    co_return false;
+  }
+  json j = protocol::parse_json_bounded(res.body);
+  context_id = j.is_object() ? str_field(j, "id") : "";
+  if (!valid_sandbox_id(context_id)) {
+    fail.set = true;
+    fail.detail = "bad_response";
+    fail.message = "creating a kernel context: the answer has no usable id";
+    co_return false;
+  }
+  co_return true;
+}
+
+asio::awaitable<bool> E2BBackend::delete_context(RunCtx& ctx, Sandbox& sb, const std::string& context_id) {
+  http::Request r;
+  r.method = "DELETE";
+  r.url = e2b_sandbox_base_url(cfg_, sb.id, kInterpreterPort, sb.domain) + "/contexts/" + context_id;
+  r.headers = data_headers(sb, kInterpreterPort);
+  r.timeout = 10s;
+  auto res = co_await http_.request(std::move(r));
+  co_return res.ok() && (res.status == 200 || res.status == 204);
+}
+
+asio::awaitable<bool> E2BBackend::execute(RunCtx& ctx, Sandbox& sb, const std::string& code, const std::string& context_id,
+                                          std::chrono::milliseconds stall, Exec& ex, Fail& fail) {
+  http::Request r;
+  r.method = "POST";
+  r.url = e2b_sandbox_base_url(cfg_, sb.id, kInterpreterPort, sb.domain) + "/execute";
+  r.headers = data_headers(sb, kInterpreterPort);
+  r.headers.emplace_back("Content-Type", "application/json");
+  r.body = dump_json(json{{"code", code},
+                          {"context_id", context_id.empty() ? json() : json(context_id)},
+                          {"language", nullptr},
+                          {"env_vars", nullptr}});
+  r.timeout = ctx.remaining();
+  r.stall_timeout = stall;
+  r.cancel = ctx.cancel;
+
+  auto on_line = [&](std::string_view line) -> bool {
+    if (ex.ended || line.empty()) return true;
+    json m = protocol::parse_json_bounded(line);
+    if (!m.is_object()) {
+      ex.bad_line = true;
+      ex.bad_text = lp::utf8_decode_replace(line.substr(0, 120)).text;
+      return false;
+    }
+    std::string type = m.contains("type") && m["type"].is_string() ? m["type"].get<std::string>() : "";
+    if (type == "stdout" || type == "stderr") {
+      const bool out = type == "stdout";
+      std::string text = m.contains("text") && m["text"].is_string() ? m["text"].get<std::string>() : "";
+      auto& bytes = out ? ex.out_bytes : ex.err_bytes;
+      bytes += text.size();
+      if (bytes > (out ? ctx.stdout_cap : ctx.stderr_cap)) {
+        (out ? ex.out_over : ex.err_over) = true;
+        return false;
+      }
+      (out ? ex.out : ex.err).push_back(std::move(text));
+    } else if (type == "result") {
+      // The cell's value is the result marked main; display() output is
+      // not (Letta took results[0], which an earlier display() wins).
+      if (auto it = m.find("is_main_result"); it != m.end() && it->is_boolean() && it->get<bool>()) {
+        if (!ex.main_result) ex.main_result = m;
+      } else {
+        ++ex.display_results;
+      }
+    } else if (type == "error") {
+      ex.error = m;
+    } else if (type == "number_of_executions") {
+      if (m.contains("execution_count") && m["execution_count"].is_number_integer())
+        ex.execution_count = m["execution_count"].get<int>();
+    } else if (type == "end_of_execution") {
+      ex.ended = true;
+    }
+    return true;
+  };
+  http::LineSplitter lines(kMaxLine);
+  auto res = co_await http_.stream(std::move(r), [&](std::string_view d) { return lines.feed(d, on_line); });
+  // A last line without its newline.
+  if (res.ok() && !ex.ended && !lines.pending().empty()) on_line(lines.pending());
+
+  const std::string what = "running the cell";
+  if (ex.out_over || ex.err_over) {
+    fail.set = true;
+    fail.end_reason = "output_limit";
+    fail.exc_name = "RuntimeError";
+    fail.message = what + ": " + (ex.out_over ? "stdout" : "stderr") + " went past its cap";
+    co_return false;
+  }
+  if (ex.bad_line || lines.overflowed()) {
+    fail.set = true;
+    fail.detail = "stream_error";
+    fail.message = what + (ex.bad_line ? ": the /execute stream broke off with a line that is not a JSON object: " + q(ex.bad_text)
+                                       : ": the /execute stream carried an over-long line");
+    co_return false;
+  }
+  if (!res.ok() && !(ex.ended && res.failure == http::Failure::Transport)) {
+    fail = fail_from_http(ctx, res, what, true);
+    co_return false;
+  }
+  if (res.status != 200) {
+    fail = fail_from_http(ctx, res, what, true);
+    co_return false;
+  }
+  if (!ex.ended) {
+    fail.set = true;
+    fail.detail = "stream_error";
+    fail.message = what + ": the /execute stream ended without end_of_execution (truncated)";
+    co_return false;
+  }
+  co_return true;
+}
+
+// ---------------------------------------------------------------------------
+// One run
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// Letta's E2B conventions for script mode (AsyncToolSandboxE2B.run in
+// letta-ai/letta's letta/services/tool_sandbox/e2b_sandbox.py): lists
+// of stream chunks; the payload is base64 JSON in the main result's text (or
+// Letta's legacy text framing in stdout); a kernel error gives the friendly
+// message from its name and value and its traceback appended to stderr.
+// `exact`: func_return and agent_state as the exact JSON text the script's
+// Python wrote (integers of any size, NaN, lone surrogates), when it gave them.
+void shape_script(const std::string& tool, const std::optional<json>& main_result, const std::vector<std::string>& out,
+                  const std::vector<std::string>& err, const std::optional<json>& error, json& r, json& record,
+                  std::string& func_return_text, std::string& agent_state_text) {
+  json stdout_list = json::array(), stderr_list = json::array();
+  for (const auto& s : out) stdout_list.push_back(lp::utf8_decode_replace(s).text);
+  for (const auto& s : err) stderr_list.push_back(lp::utf8_decode_replace(s).text);
+  bool have = false;
+  json results, agent_state;
+  std::string bad_result;
+  auto take = [&](const lp::ParsedOutput& p) {
+    have = true;
+    results = p.results;
+    agent_state = p.agent_state;
+    func_return_text = p.results_text;
+    if (!agent_state.is_null()) agent_state_text = p.agent_state_text;
+  };
+  if (main_result) {
+    record["framing"] = "e2b-result";
+    std::string text = str_field(*main_result, "text");
+    auto raw = lp::b64decode_validate(text);
+    // The payload as the text framing carries it (base64 between the
+    // markers), read by the same parser, which keeps Python's JSON exactly
+    // (NaN, integers of any size, lone surrogates) and wants an object.
+    lp::ParsedOutput exact;
+    if (raw.ok())
+      exact = lp::parse_letta_stdout(std::string(lp::kLegacyStartMarker) + text + std::string(lp::kLegacyEndMarker),
+                                     lp::ScriptGeneration::kLegacy);
+    if (raw.ok() && exact.usable() && !exact.empty_payload) {
+      take(exact);
+    } else {
+      // Why the parser refused it (as for a frame in stdout below), else why not.
+      bad_result = !raw.ok()        ? "the cell's main result is not base64 of a JSON payload"
+                   : exact.corrupted ? exact.error_message
+                                     : "the cell's main result is base64, but not of a JSON object";
+      record["frame_error"] = bad_result;
+    }
+  } else {
+    auto p = lp::parse_letta_stdout(join(out));
+    record["framing"] = std::string(lp::framing_name(p.framing));
+    if (p.found()) {
+      stdout_list = as_list(p.stdout_text);
+      if (p.usable()) {
+        take(p);
+      } else {
+        bad_result = p.corrupted ? p.error_message : "the result frame carries a payload that is not JSON";
+        record["frame_error"] = bad_result;
+      }
+    }
+  }
+  r["stdout"] = stdout_list;
+  r["stderr"] = stderr_list;
+  if (error) {
+    std::string tb = str_field(*error, "traceback");
+    if (!tb.empty()) r["stderr"].push_back(lp::utf8_decode_replace(tb).text);
+  }
+  r["status"] = error ? "error" : "success";
+  if (have) {
+    r["func_return"] = results;
+    r["agent_state"] = agent_state;
+  } else if (!bad_result.empty()) {
+    r["status"] = "error";
+    r["func_return"] = lp::friendly_error_msg(tool, "Exception", bad_result);
+  } else if (error) {
+    r["func_return"] = lp::friendly_error_msg(tool, str_field(*error, "name"), str_field(*error, "value"));
+  } else {
+    r["status"] = "error";
+    r["func_return"] = lp::friendly_error_msg(tool, "ValueError", "Tool " + tool + " returned execution with None");
+  }
+}
+
+json base_record() {
+  isolate::RunResult empty;
+  empty.reason = isolate::EndReason::Exited;
+  json rec = run_record_json(empty);
+  rec["exit_code"] = nullptr;
+  return rec;
+}
+
+}  // namespace
+
+asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
+  const protocol::Request& req = *p.request;
+  const bool tool_mode = p.tool_mode;
+  const protocol::CommonRunFields& c = *p.common;
+  const Policy& pol = p.policy();
+  BackendRun out;
+  auto refuse = [&](ErrorCode code, const std::string& msg) {
+    out.refused = Refusal{code, msg};
+    return std::move(out);
+  };
+
+  if (stopping_) co_return refuse(ErrorCode::Unavailable, "the daemon is shutting down");
+  if (api_key_.empty()) co_return refuse(ErrorCode::Unavailable, "E2B is configured but its API key is not loaded");
+
+  // Everything is checked before any call to E2B. The policy decided which
+  // environment names the request may set (prepare_run); its fixed values
+  // describe the local sandbox's file system and are not sent: the tool
+  // gets a minimal base plus the request's (docs/E2B.md).
+  const std::map<std::string, std::string>& env = p.env;
+
+  // The E2B alternative's config, if the request gave one (prepare_run).
+  const protocol::SandboxConfig* sc = p.sandbox_config;
+  const std::string sc_name = c.e2b && c.e2b->sandbox_config ? "e2b.sandbox_config" : "sandbox_config";
+  const json* config_reqs = nullptr;
+  if (sc && sc->type == "e2b" && sc->config.is_object() && sc->config.contains("pip_requirements"))
+    config_reqs = &sc->config["pip_requirements"];
+  static const std::vector<std::string> kNone;
+  venv::Gathered gathered =
+      venv::gather(config_reqs, tool_mode ? std::get<protocol::RunToolRequest>(req.body).pip_requirements : kNone);
+  if (!gathered.error.empty()) co_return refuse(ErrorCode::BadRequest, sc_name + ".config." + gathered.error);
+  const std::vector<std::string>& reqs = gathered.requirements;
+  if (reqs.size() > kMaxRequirements)
+    co_return refuse(ErrorCode::BadRequest, "at most " + std::to_string(kMaxRequirements) + " pip requirements per run");
+  for (const auto& s : reqs) {
+    const venv::Parsed chk = venv::parse_requirement(s, cfg_.allow_requirement_urls);
+    if (chk.verdict == venv::Verdict::Forbidden)
+    {
+      std::string why = "pip requirement " + q(s) + ": " + chk.reason;
+      if (chk.reason.starts_with("URLs")) why += " (e2b.allow_requirement_urls is off)";
+      co_return refuse(ErrorCode::PolicyDenied, std::move(why));
+    }
+    if (chk.verdict == venv::Verdict::Malformed)
+      co_return refuse(ErrorCode::BadRequest, "pip requirement " + q(s) + " is not a plain PEP 508 requirement: " + chk.reason);
+  }
+  if (!reqs.empty() && pol.network == isolate::NetworkMode::None)
+    co_return refuse(ErrorCode::PolicyDenied, "pip requirements need network access, which policy " + q(pol.name) +
+                                                  " does not allow (its sandboxes have no internet access)");
+
+  std::string runner_src;
+  if (tool_mode) {
+    auto src = read_file(p.runner_path, {.max_bytes = 1u << 20, .regular_only = true});
+    if (!src.ok() || src->empty()) co_return refuse(ErrorCode::Internal, "the tool runner cannot be read");
+    runner_src = std::move(src).value();
+  }
+
+  std::string config_state;
+  if (p.fingerprint) {
+    config_state = *p.fingerprint;
+  } else {
+    auto fp = lp::sandbox_config_fingerprint("e2b", c.organization_id, json::object());
+    if (!fp.ok()) co_return refuse(ErrorCode::BadRequest, "organization_id: " + fp.error().message);
+    config_state = *fp;
+  }
+
+  RunCtx ctx;
+  ctx.tool_name = c.tool_name;
+  ctx.t0 = Clock::now();
+  ctx.timeout = p.timeout;
+  ctx.timeout_s = p.shape.timeout_s;
+  ctx.deadline = ctx.t0 + ctx.timeout;
+  // The pipeline requests it when the client goes away; the daemon's
+  // shutdown, through running_.
+  ctx.cancel = p.cancel;
+  // E2B has internet access on or off: on for "host" and "egress" (whose
+  // rules E2B cannot apply: `policy lint` says so), off for "none".
+  ctx.internet = pol.network != isolate::NetworkMode::None;
+  const std::string network = to_string(pol.network);
+  // The request's organization is part of the key (and of the metadata a
+  // restarted daemon adopts sandboxes by) whatever the fingerprint hashes:
+  // the sandbox config may name another organization, and a sandbox is never
+  // shared between organizations.
+  ctx.metadata = {{"config_state", config_state}, {"tsb_network", network}, {"tsb_org", c.organization_id}};
+  ctx.pool_key = config_state + "|" + network + "|" + c.organization_id;
+  // The sandbox must outlive the run it serves.
+  ctx.ttl_s = std::max<long>(cfg_.sandbox_ttl.count(),
+                             std::chrono::duration_cast<std::chrono::seconds>(ctx.timeout).count() + 30);
+  ctx.stdout_cap = pol.limits.stdout_bytes;
+  ctx.stderr_cap = pol.limits.stderr_bytes;
+
+  ++in_flight_;
+  running_.insert(ctx.cancel);
+  // Held until the pipeline has recorded the run, as a local run's slot.
+  out.held = std::shared_ptr<void>(nullptr, [this, s = ctx.cancel](void*) {
+    --in_flight_;
+    running_.erase(s);
+  });
+
+  const std::string run_id = random_hex(8);
+
+  Fail fail;
+  bool busy = false;
+  auto sb = co_await acquire(ctx, fail, busy);
+  if (busy) {
+    ++counters_["busy"];
+    co_return refuse(ErrorCode::Busy, "all " + std::to_string(cfg_.max_sandboxes) +
+                                          " E2B sandboxes of this daemon are in use; retry later");
+  }
+
+  const std::string sandbox_id = sb ? sb->id : "";
+  std::string out_text, err_text;  // what the tool printed, for failures
+  bool ok = sb != nullptr;
+  if (ok) {
+    for (const auto& r : reqs) {
+      if (sb->installed.count(r)) continue;
+      if (!(ok = co_await pip_install(ctx, *sb, r, fail))) break;
+    }
+  }
+  out.run.run_id = run_id;
+  if (ok && tool_mode) {
+    const std::string beat = "<<TSB-HB-" + random_hex(8) + ">>";
+    json spec = {{"runner", runner_src},
+                 {"request", std::move(p.runner_request)},
+                 {"env", env},
+                 {"timeout", ctx.timeout_s},
+                 {"heartbeat", kHeartbeatSeconds},
+                 {"beat", beat}};
+    Exec ex;
+    ok = co_await execute(ctx, *sb, e2b_tool_cell(lp::b64encode(dump_json(spec))), "", kToolStall, ex, fail);
+    out_text = join(ex.out);
+    err_text = join(ex.err);
+    erase_all(err_text, beat);
+    if (ok && ex.error) {
+      ok = false;
+      fail.set = true;
+      fail.detail = "execution_error";
+      fail.exc_name = str_field(*ex.error, "name", "SandboxException");
+      fail.message = "the fixed cell failed in the sandbox: " + str_field(*ex.error, "name") + ": " + str_field(*ex.error, "value");
+      std::string tb = str_field(*ex.error, "traceback");
+      if (!tb.empty()) err_text += (err_text.empty() || err_text.back() == '\n' ? "" : "\n") + tb;
+    }
+    int rc = 0;
+    if (ok) {
+      std::string text = ex.main_result ? str_field(*ex.main_result, "text") : "";
+      char* end = nullptr;
+      long v = text.empty() ? 0 : std::strtol(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || v < -255 || v > 255) {
+        ok = false;
+        fail.set = true;
+        fail.detail = "bad_response";
+        fail.message = "the fixed cell returned no exit status";
+      } else {
+        rc = static_cast<int>(v);
+      }
+    }
+    if (ok) {
+      // The pipeline shapes it as it shapes a local run.
+      out.run.reason = rc < 0 ? isolate::EndReason::Signaled : isolate::EndReason::Exited;
+      out.run.exit_code = rc < 0 ? -1 : rc;
+      out.run.signal = rc < 0 ? -rc : 0;
+      out.run.stdout_data = out_text;
+      out.run.stderr_data = err_text;
+      out.run.stdout_total_bytes = out_text.size();
+      out.run.stderr_total_bytes = err_text.size();
+      out.run.wall = Clock::now() - ctx.t0;
+    }
+  } else if (ok) {
+    const std::string& script = std::get<protocol::ExecuteRequest>(req.body).script;
+    std::string context_id;
+    ok = co_await new_context(ctx, *sb, context_id, fail);
+    if (ok && !env.empty()) {
+      Exec pre;
+      ok = co_await execute(ctx, *sb, with_blob(kEnvCell, lp::b64encode(dump_json(json(env)))), context_id, 0ms, pre, fail);
+      if (ok && pre.error) {
+        ok = false;
+        fail.set = true;
+        fail.detail = "execution_error";
+        fail.message = "setting the environment failed in the sandbox: " + str_field(*pre.error, "name") + ": " +
+                       str_field(*pre.error, "value");
+      }
+    }
+    Exec ex;
+    if (ok) ok = co_await execute(ctx, *sb, script, context_id, 0ms, ex, fail);
+    out_text = join(ex.out);
+    err_text = join(ex.err);
+    if (ok) {
+      json result = {{"status", "error"},
+                     {"func_return", nullptr},
+                     {"agent_state", nullptr},
+                     {"stdout", json::array()},
+                     {"stderr", json::array()},
+                     {"sandbox_config_fingerprint", p.fingerprint ? json(*p.fingerprint) : json()}};
+      json record = base_record();
+      shape_script(c.tool_name, ex.main_result, ex.out, ex.err, ex.error, result, record, out.func_return_text,
+                   out.agent_state_text);
+      out.run.reason = isolate::EndReason::Exited;
+      out.run.stdout_total_bytes = ex.out_bytes;
+      out.run.stderr_total_bytes = ex.err_bytes;
+      out.result = std::move(result);
+      out.record = std::move(record);
+      out.record["exit_code"] = ex.error ? 1 : 0;
+      out.record["stdout_bytes"] = ex.out_bytes;
+      out.record["stderr_bytes"] = ex.err_bytes;
+      if (ex.display_results) out.record["display_results"] = ex.display_results;
+      // The kernel (and the variables the script left in it) goes away; if
+      // that fails, the whole sandbox does.
+      if (!co_await delete_context(ctx, *sb, context_id)) {
+        fail.kill = true;
+        fail.message = "the kernel context could not be deleted";
+        release(sb, true, "its kernel context could not be deleted");
+        sb = nullptr;
+      }
+    }
+  }
+
+  if (!ok) {
+    if (!fail.set) {
+      fail.set = true;
+      fail.detail = "internal";
+      fail.message = "the run failed for an unknown reason";
+    }
+    isolate::RunResult& run = out.run;
+    run.stdout_data = out_text;
+    run.stderr_data = err_text;
+    run.stdout_total_bytes = out_text.size();
+    run.stderr_total_bytes = err_text.size();
+    run.wall = Clock::now() - ctx.t0;
+    if (fail.end_reason == "timeout" || fail.end_reason == "cancelled" || fail.end_reason == "output_limit") {
+      // Shaped by the pipeline, as a local run that ended so.
+      run.reason = fail.end_reason == "timeout"     ? isolate::EndReason::Timeout
+                   : fail.end_reason == "cancelled" ? isolate::EndReason::Cancelled
+                                                    : isolate::EndReason::OutputLimit;
+      if (run.reason == isolate::EndReason::OutputLimit) {
+        run.stdout_truncated = out_text.size() >= ctx.stdout_cap;
+        run.stderr_truncated = err_text.size() >= ctx.stderr_cap;
+      }
+      out.record["error"] = fail.message;
+    } else {
+      // backend_error / setup_failed: Letta's manager would report the
+      // exception the E2B SDK raised (ToolExecutionManager, Letta's
+      // letta/services/tool_executor/tool_execution_manager.py).
+      run.reason = isolate::EndReason::Exited;
+      out.end_reason = fail.end_reason;
+      out.record["exit_code"] = nullptr;
+      out.record["detail"] = fail.detail;
+      out.record["error"] = fail.message;
+      if (fail.end_reason == "setup_failed") {
+        out.record["setup_stage"] = "pip-install";
+        out.record["setup_errno"] = 0;
+      }
+      json errs = as_list(lp::utf8_decode_replace(err_text).text);
+      errs.push_back(fail.exc_name + ": " + fail.message);
+      out.result = json{{"status", "error"},
+                        {"func_return", lp::friendly_error_msg(c.tool_name, fail.exc_name, fail.message)},
+                        {"agent_state", nullptr},
+                        {"stdout", as_list(lp::utf8_decode_replace(out_text).text)},
+                        {"stderr", errs},
+                        {"sandbox_config_fingerprint", p.fingerprint ? json(*p.fingerprint) : json()}};
+    }
+    spdlog::warn("e2b: run {} ({}): {}{}: {}", run_id, q(c.tool_name), fail.end_reason,
+                 fail.detail.empty() ? "" : "/" + fail.detail, redact(fail.message));
+  }
+
+  if (sb) {
+    if (!ok && fail.kill) release(sb, true, "the run ended with " + fail.end_reason + (fail.detail.empty() ? "" : "/" + fail.detail));
+    else release(sb, false, "");
+  }
+
+  out.record["run_id"] = run_id;
+  out.record["wall_ms"] = std::chrono::duration<double, std::milli>(Clock::now() - ctx.t0).count();
+  out.record["sandbox_id"] = sandbox_id.empty() ? json() : json(sandbox_id);
+  out.record["sandbox_reused"] = ctx.reused || ctx.adopted;
+  if (!ctx.installed_now.empty()) out.record["pip_installed"] = ctx.installed_now;
+  ++counters_[out.end_reason.empty() ? std::string(isolate::to_string(out.run.reason)) : out.end_reason];
+  out.audit = " sandbox_id=" + (sandbox_id.empty() ? std::string("-") : sandbox_id) +
+              " reused=" + (ctx.reused || ctx.adopted ? "yes" : "no") +
+              " detail=" + (fail.detail.empty() || ok ? std::string("-") : fail.detail);
+  co_return out;
+}
+
+asio::awaitable<void> E2BBackend::shutdown(std::chrono::milliseconds grace) {
+  stopping_ = true;
+  asio::steady_timer t(io_);
+  auto until = Clock::now() + grace;
+  while (in_flight_ > 0 && Clock::now() < until) {
+    t.expires_after(50ms);
+    co_await t.async_wait(tuple_awaitable);
+  }
+  if (in_flight_ > 0) {
+    spdlog::warn("e2b: grace period over: cancelling {} runs", in_flight_);
+    auto all = running_;
+    for (auto& s : all) s->request();
+    until = Clock::now() + 5s;
+    while (in_flight_ > 0 && Clock::now() < until) {
+      t.expires_after(20ms);
+      co_await t.async_wait(tuple_awaitable);
+    }
+  }
+  until = Clock::now() + 5s;
+  while (background_ > 0 && Clock::now() < until) {
+    t.expires_after(20ms);
+    co_await t.async_wait(tuple_awaitable);
+  }
+  unsigned idle = 0;
+  for (const auto& [id, sb] : pool_)
+    if (!sb->in_use) ++idle;
+  if (idle) spdlog::info("e2b: leaving {} idle sandboxes to their TTL", idle);
+}
+
+}  // namespace tsb::core

@@ -1,0 +1,136 @@
+// The E2B backend: runs a request in an E2B cloud sandbox instead of a
+// local one. Wire protocol, as E2B documents it and its Python SDKs (e2b,
+// e2b-code-interpreter) speak it: the control-plane REST API (the OpenAPI
+// spec, spec/openapi.yml in e2b-dev/infra and e2b-dev/E2B), envd's
+// Connect-RPC process API (spec/envd/process/process.proto in e2b-dev/E2B)
+// and the code interpreter's /execute stream (template/server/ in
+// e2b-dev/code-interpreter). Design, failure handling and what happens to
+// each sandbox: docs/E2B.md.
+//
+// Flow of one run: validate (env against the policy, pip requirements as
+// plain PEP 508 specifiers) -> take a sandbox (an idle one of this daemon
+// with the same reuse key, else a running one found by its metadata, else a
+// new one), refreshing its TTL -> install missing requirements through
+// envd's process API (argv, never a shell) -> run the cell through the code
+// interpreter's /execute (NDJSON stream) -> shape the result like a local run
+// -> give the sandbox back, or kill it when the run failed or timed out.
+//
+// Secrets: the API key goes only into the X-API-KEY header of control-plane
+// calls and the sandbox's access token only into X-Access-Token; neither is
+// ever logged, put into a URL, a body, a sandbox's env or its code. Messages
+// that quote an E2B answer are scrubbed of both.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/policy/config.h"
+#include "isolate/base/unique_fd.h"
+#include "daemon/frontend/e2b/http.h"
+#include "daemon/policy/registry.h"
+#include "daemon/frontend/pipeline/pipeline.h"
+#include "protocol/messages.h"
+
+namespace tsb::core {
+
+// ---------------------------------------------------------------------------
+// Pure helpers (unit-testable)
+// ---------------------------------------------------------------------------
+
+// The `metadata` query value of GET /v2/sandboxes exactly as the Python SDK
+// builds it: urlencode({"metadata": "&".join(quote(k)+"="+quote(v))}).
+// Returns the whole "metadata=..." parameter.
+std::string e2b_metadata_param(const std::vector<std::pair<std::string, std::string>>& metadata);
+
+// Where a sandbox port is served: the configured pattern ({port}, {id})
+// when set, else https://{port}-{id}.{domain} with the sandbox's own domain
+// when E2B gave one.
+std::string e2b_sandbox_base_url(const E2BConfig& cfg, std::string_view sandbox_id, int port,
+                                 std::string_view sandbox_domain);
+
+
+// The fixed program run as the cell in tool mode; "@BLOB@" stands for the
+// base64 literal. Exposed for tests.
+std::string e2b_tool_cell(std::string_view blob_base64);
+
+// ---------------------------------------------------------------------------
+// The backend
+// ---------------------------------------------------------------------------
+
+class E2BBackend final : public RunBackend {
+ public:
+  E2BBackend(asio::io_context& io, E2BConfig cfg);
+  ~E2BBackend() override;
+  E2BBackend(const E2BBackend&) = delete;
+  E2BBackend& operator=(const E2BBackend&) = delete;
+
+  // Reads the API key (start-up). An error means the daemon must not start.
+  Status load_key(UniqueFd key = {});
+  // On reload: reads the new key first; on failure nothing changes.
+  Status reconfigure(const E2BConfig& cfg, UniqueFd key = {});
+
+  std::string_view name() const noexcept override { return "e2b"; }
+  // One execute or run_tool request placed on E2B (prepared by the
+  // pipeline). The run's cancel signal ends it and kills its sandbox.
+  asio::awaitable<BackendRun> run(PreparedRun& p) override;
+
+  // Stop taking runs, let in-flight ones finish within `grace`, cancel the
+  // rest (their sandboxes are killed), and wait briefly for pending kills.
+  // Idle sandboxes are left to their TTL.
+  asio::awaitable<void> shutdown(std::chrono::milliseconds grace);
+
+  nlohmann::json status_json() const;
+
+  struct Sandbox;
+  struct RunCtx;
+  struct Fail;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  std::vector<std::pair<std::string, std::string>> control_headers(bool json_body) const;
+  std::vector<std::pair<std::string, std::string>> data_headers(const Sandbox& sb, int port) const;
+  std::string redact(std::string s) const;
+  http::Request control_request(RunCtx& ctx, std::string method, std::string path, std::string body) const;
+
+  asio::awaitable<std::shared_ptr<Sandbox>> acquire(RunCtx& ctx, Fail& fail, bool& busy);
+  asio::awaitable<bool> refresh(RunCtx& ctx, Sandbox& sb, Fail& fail, bool& gone);
+  asio::awaitable<std::shared_ptr<Sandbox>> adopt(RunCtx& ctx, Fail& fail);
+  asio::awaitable<std::shared_ptr<Sandbox>> create(RunCtx& ctx, Fail& fail);
+  asio::awaitable<bool> pip_install(RunCtx& ctx, Sandbox& sb, const std::string& requirement, Fail& fail);
+  asio::awaitable<bool> new_context(RunCtx& ctx, Sandbox& sb, std::string& context_id, Fail& fail);
+  asio::awaitable<bool> delete_context(RunCtx& ctx, Sandbox& sb, const std::string& context_id);
+  struct Exec;
+  asio::awaitable<bool> execute(RunCtx& ctx, Sandbox& sb, const std::string& code, const std::string& context_id,
+                                std::chrono::milliseconds stall, Exec& ex, Fail& fail);
+
+  Fail fail_from_http(const RunCtx& ctx, const http::Response& r, std::string_view what, bool data_plane) const;
+  void release(const std::shared_ptr<Sandbox>& sb, bool kill, std::string_view why);
+  void kill_later(std::string sandbox_id, std::string why);
+
+  asio::io_context& io_;
+  E2BConfig cfg_;
+  std::string api_key_;
+  http::Client http_;
+  std::map<std::string, std::shared_ptr<Sandbox>> pool_;  // by sandbox id: idle and in use
+  std::set<std::string> adopting_;
+  std::set<std::string> created_ids_;  // live sandboxes this daemon created or adopted: never adopted again
+  unsigned creating_ = 0;
+  unsigned creates_in_flight_ = 0;
+  unsigned in_flight_ = 0;
+  unsigned background_ = 0;
+  bool stopping_ = false;
+  std::set<std::shared_ptr<http::CancelSignal>> running_;
+  std::map<std::string, std::uint64_t> counters_;
+};
+
+}  // namespace tsb::core

@@ -1,0 +1,391 @@
+#include "daemon/frontend/letta/result.h"
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+
+#include "daemon/policy/units.h"
+#include "protocol/json_scan.h"
+#include "daemon/frontend/letta/letta.h"
+
+namespace tsb::core {
+namespace {
+
+using nlohmann::json;
+using isolate::EndReason;
+namespace lp = tsb::protocol;
+
+json as_list(const std::string& s) { return s.empty() ? json::array() : json::array({s}); }
+
+// Letta's handling of a non-zero exit without a result: the exception named
+// on the last lines of stderr, or an empty name and message when none is.
+std::string failure_from_stderr(const std::string& tool, const std::string& stderr_text,
+                                const std::string& fallback_name, const std::string& fallback_msg) {
+  auto [name, msg] = lp::parse_stderr_error_msg(stderr_text, 3);
+  if (name.empty() && !fallback_name.empty()) return lp::friendly_error_msg(tool, fallback_name, fallback_msg);
+  return lp::friendly_error_msg(tool, name, msg);
+}
+
+std::string signal_text(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return std::string("the tool was killed by signal ") + std::to_string(sig) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+}
+
+}  // namespace
+
+namespace {
+
+// One member of a JSON object built by object_text: its value JSON-quoted
+// (a string), or spliced in as it is (JSON text: the client's args,
+// json_schema and agent_state, so no value is re-encoded and numbers stay as
+// written).
+struct Member {
+  std::string_view name;
+  std::string_view value;
+  bool quoted = false;
+};
+
+// {"name":value,...}, sized exactly once (for a request of tens of
+// megabytes a growing string would briefly hold two copies); as a part of
+// the result channel, its header first.
+std::string object_text(std::initializer_list<Member> members, bool channel_part = false) {
+  std::size_t size = 2 + (members.size() ? members.size() - 1 : 0);  // braces, commas
+  for (const Member& m : members)
+    size += lp::json_quoted_size(m.name) + 1 + (m.quoted ? lp::json_quoted_size(m.value) : m.value.size());
+  std::string out;
+  out.reserve(size + (channel_part ? 4 : 0));
+  if (channel_part) out = lp::channel_part_header(size);
+  out += '{';
+  for (const Member& m : members) {
+    if (&m != members.begin()) out += ',';
+    lp::append_json_quoted(out, m.name);
+    out += ':';
+    if (m.quoted) lp::append_json_quoted(out, m.value);
+    else out += m.value;
+  }
+  out += '}';
+  return out;
+}
+
+std::string env_text(const std::map<std::string, std::string>& env) {
+  std::string out = "{";
+  for (const auto& [k, v] : env) {
+    if (out.size() > 1) out += ',';
+    lp::append_json_quoted(out, k);
+    out += ':';
+    lp::append_json_quoted(out, v);
+  }
+  return out += '}';
+}
+
+Member agent_id_member(const protocol::CommonRunFields& c) {
+  return c.agent_id ? Member{"agent_id", *c.agent_id, true} : Member{"agent_id", "null"};
+}
+
+}  // namespace
+
+bool source_may_declare_agent_state(std::string_view source) {
+  return source.find("agent_state") != std::string_view::npos;
+}
+
+std::string runner_request_text(const protocol::RunToolRequest& t, std::string_view nonce,
+                                const std::map<std::string, std::string>& env) {
+  // The runner gives agent_state only to a function that declares it, which
+  // it decides from the syntax tree; a source without the word cannot
+  // declare it, so the state (the agent's secrets) is not sent at all.
+  // This matters where the request is decoded by code the tool may read
+  // (an E2B sandbox's kernel).
+  const bool may_declare = source_may_declare_agent_state(t.source_code);
+  const std::string env_json = env_text(env);
+  return object_text({{"nonce", nonce, true},
+                      {"tool_name", t.common.tool_name, true},
+                      {"source_code", t.source_code, true},
+                      {"args", t.args},
+                      {"json_schema", t.json_schema},
+                      {"agent_state", may_declare ? std::string_view(t.agent_state) : "null"},
+                      agent_id_member(t.common),
+                      {"env", env_json}});
+}
+
+std::string runner_channel_first(const protocol::RunToolRequest& t) {
+  return object_text({{"tool_name", t.common.tool_name, true}, {"source_code", t.source_code, true}}, true);
+}
+
+std::string runner_channel_second(const protocol::RunToolRequest& t, bool declared,
+                                  const std::map<std::string, std::string>& env) {
+  const std::string env_json = env_text(env);
+  return object_text({{"args", t.args},
+                      {"json_schema", t.json_schema},
+                      {"agent_state", declared ? std::string_view(t.agent_state) : "null"},
+                      agent_id_member(t.common),
+                      {"env", env_json}},
+                     true);
+}
+
+std::string runner_channel_unpickle(std::string_view payload_base64) {
+  return object_text({{"unpickle", payload_base64, true}}, true);
+}
+
+std::string runner_environ_part(const std::map<std::string, std::string>& environ) {
+  const std::string env_json = env_text(environ);
+  return object_text({{"environ", env_json}}, true);
+}
+
+std::string python_float_str(double v) {
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e16) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+    return buf;
+  }
+  // Shortest representation that round-trips, as repr() does.
+  for (int prec = 1; prec <= 17; ++prec) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) return buf;
+  }
+  return std::to_string(v);
+}
+
+Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run, const DecodedPickle* decoded,
+                         const ChannelOutcome* channel) {
+  Shaped out;
+  json& r = out.result;
+  const std::string& name = ctx.tool_name;
+  r = {{"status", "error"},
+       {"func_return", nullptr},
+       {"agent_state", nullptr},
+       {"stdout", json::array()},
+       {"stderr", json::array()},
+       {"sandbox_config_fingerprint", ctx.fingerprint ? json(*ctx.fingerprint) : json()}};
+
+  // Runs that did not end on their own: Letta raises in these cases and its
+  // manager reports get_friendly_error_msg(name, type(e).__name__, str(e)).
+  auto fail = [&](const std::string& exc, const std::string& msg) {
+    r["func_return"] = lp::friendly_error_msg(name, exc, msg);
+    r["stdout"] = as_list(run.stdout_data);
+    json err = as_list(run.stderr_data);
+    err.push_back(exc + ": " + msg);
+    r["stderr"] = err;
+  };
+  switch (run.reason) {
+    case EndReason::SetupFailed:
+      fail("SandboxError", run.error.empty() ? "the sandbox could not be built" : run.error);
+      return out;
+    case EndReason::Timeout:
+      fail("TimeoutError", "Executing tool " + name + " timed out after " + python_float_str(ctx.timeout_s) + " seconds.");
+      return out;
+    case EndReason::CpuLimit:
+      fail("TimeoutError", "Executing tool " + name + " used up its CPU time limit.");
+      return out;
+    case EndReason::MemoryLimit:
+      fail("MemoryError", "Executing tool " + name + " exceeded the memory limit" +
+                              (ctx.memory_limit ? " of " + format_size(ctx.memory_limit) : std::string()) + ".");
+      return out;
+    case EndReason::OutputLimit:
+      fail("RuntimeError", "Executing tool " + name + " produced more output than allowed.");
+      return out;
+    case EndReason::Cancelled:
+      fail("CancelledError", "Execution cancelled.");
+      return out;
+    case EndReason::PidsLimit:
+      if (run.exit_code != 0) {
+        r["func_return"] = failure_from_stderr(name, run.stderr_data, "RuntimeError",
+                                               "Executing tool " + name + " hit the process limit" +
+                                                   (ctx.pids_limit ? " of " + std::to_string(ctx.pids_limit) : std::string()) + ".");
+        r["stdout"] = as_list(run.stdout_data);
+        r["stderr"] = as_list(run.stderr_data);
+        return out;
+      }
+      break;
+    case EndReason::Exited:
+    case EndReason::Signaled:
+      break;
+  }
+
+  // Letta decodes stderr, then stdout without its frame, as strict UTF-8;
+  // invalid bytes raise UnicodeDecodeError there, which its sandbox answers
+  // as an internal error: status "error", no stdout, the message as stderr.
+  const bool letta_strict_utf8 = ctx.tool_mode || ctx.generation == lp::ScriptGeneration::kCurrent;
+  const auto decode_failure = [&](const std::string& message) {
+    r["func_return"] = lp::friendly_error_msg(name, "UnicodeDecodeError", message);
+    r["stdout"] = json::array({""});
+    r["stderr"] = json::array({message});
+    out.extra["utf8_error"] = message;
+    return out;
+  };
+  if (letta_strict_utf8)
+    if (auto e = lp::python_utf8_decode_error(run.stderr_data)) return decode_failure(*e);
+
+  const bool success_exit = run.reason == EndReason::Exited && run.exit_code == 0;
+  const std::string fallback_name = run.reason == EndReason::Signaled ? "RuntimeError" : "";
+  const std::string fallback_msg = run.reason == EndReason::Signaled ? signal_text(run.signal) : "";
+
+  if (!ctx.tool_mode) {
+    lp::ParsedOutput p = lp::parse_letta_stdout(run.stdout_data, ctx.generation);
+    out.extra["framing"] = std::string(lp::framing_name(p.framing));
+    if (p.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
+    // Letta decodes the stdout around a frame whose md5 matched before it
+    // parses the payload: there the decode error comes first.
+    if (letta_strict_utf8 && p.corrupted && p.frame_verified && p.stdout_decode_error)
+      return decode_failure(*p.stdout_decode_error);
+    if (p.corrupted) {
+      // Letta's "internal error" shape (local_sandbox.py:233-251).
+      r["func_return"] = lp::friendly_error_msg(name, p.error_name, p.error_message);
+      // Letta raises before it has any stdout text: [""]. For scripts of
+      // neither generation the output is kept.
+      r["stdout"] = json::array({letta_strict_utf8 ? std::string() : p.stdout_text});
+      r["stderr"] = json::array({p.error_message});
+      return out;
+    }
+    if (letta_strict_utf8 && p.stdout_decode_error) return decode_failure(*p.stdout_decode_error);
+    if (p.opaque_pickle) {
+      out.extra["opaque_pickle"] = true;
+      r["stdout"] = as_list(p.stdout_text);
+      r["stderr"] = as_list(run.stderr_data);
+      const lp::NonceFrame* f = decoded && decoded->frame ? &*decoded->frame : nullptr;
+      if (f && !f->error) {
+        // What letta-server's pickle.loads gave it, as plain data.
+        out.extra["pickle_decoded"] = true;
+        r["status"] = success_exit ? "success" : "error";
+        r["func_return"] = f->results;
+        r["agent_state"] = f->agent_state;
+        out.func_return_text = f->results_text;
+        if (!f->agent_state.is_null()) out.agent_state_text = f->agent_state_text;
+        return out;
+      }
+      out.extra["payload_base64"] = p.opaque_payload_base64;
+      if (ctx.json_result_script) {
+        // A JSON generator's frame that holds no JSON was written by the
+        // tool: Letta's parser raises decoding it (its internal-error shape).
+        auto raw = lp::b64decode_validate(p.opaque_payload_base64);
+        auto utf8 = raw.ok() ? lp::python_utf8_decode_error(*raw) : std::nullopt;
+        const std::string exc = utf8 ? "UnicodeDecodeError" : "JSONDecodeError";
+        const std::string msg = utf8 ? *utf8 : "the result frame's payload is not JSON";
+        r["func_return"] = lp::friendly_error_msg(name, exc, msg);
+        r["stdout"] = json::array({p.stdout_text});
+        r["stderr"] = json::array({msg});
+        out.extra["pickle_error"] = exc + ": " + msg;
+        return out;
+      }
+      if (f) {
+        // pickle.loads (or the server's result["results"]) raised this:
+        // Letta's manager reports the exception.
+        out.extra["pickle_error"] = f->error->name + ": " + f->error->message;
+        r["func_return"] = lp::friendly_error_msg(name, f->error->name, f->error->message);
+        r["stderr"].push_back(f->error->name + ": " + f->error->message);
+        return out;
+      }
+      const std::string why = decoded ? "the pickle payload could not be decoded: " + decoded->failure
+                                       : "the result is a pickle payload, which toolsandboxd decodes only in a local sandbox";
+      if (decoded) out.extra["pickle_error"] = decoded->failure;
+      r["func_return"] = lp::friendly_error_msg(name, "Exception", why);
+      return out;
+    }
+    r["stdout"] = as_list(p.stdout_text);
+    r["stderr"] = as_list(run.stderr_data);
+    r["status"] = success_exit ? "success" : "error";
+    if (p.usable()) {
+      r["func_return"] = p.results;
+      r["agent_state"] = p.agent_state;
+      out.func_return_text = p.results_text;
+      if (!p.agent_state.is_null()) out.agent_state_text = p.agent_state_text;
+    }
+    if (!success_exit && !p.found()) r["func_return"] = failure_from_stderr(name, run.stderr_data, fallback_name, fallback_msg);
+    return out;
+  }
+
+  // Tool mode: the runner's result, from its channel or from the frame
+  // carrying this run's nonce; nothing on stdout counts in the first case,
+  // nothing but that frame in the second.
+  const auto corrupted = [&](const std::string& why) {
+    r["func_return"] = lp::friendly_error_msg(name, "Exception", std::string(lp::kCorruptedOutputMessage));
+    r["stdout"] = json::array({run.stdout_data});
+    r["stderr"] = json::array({why});
+    out.extra["frame_error"] = why;
+    return out;
+  };
+  // The runner never sent its result: it was killed, the tool killed it or
+  // ended its process first.
+  const auto no_result = [&]() {
+    if (auto e = lp::python_utf8_decode_error(run.stdout_data)) return decode_failure(*e);
+    r["stdout"] = as_list(run.stdout_data);
+    r["stderr"] = as_list(run.stderr_data);
+    if (ctx.channel && success_exit && channel && channel->declared) {
+      // Status 0 with no result (os._exit(0) in the tool): Letta's script
+      // ended with status 0 before writing one, a success returning None.
+      r["status"] = "success";
+      return out;
+    }
+    std::string why = fallback_msg;
+    if (why.empty())
+      why = ctx.channel && run.reason == EndReason::Exited
+                ? "the tool's process exited with status " + std::to_string(run.exit_code) + " before returning a result"
+                : "the tool ended without returning a result";
+    r["func_return"] = failure_from_stderr(name, run.stderr_data, fallback_name.empty() ? "RuntimeError" : fallback_name, why);
+    return out;
+  };
+  lp::NonceFrame f;
+  if (ctx.channel) {
+    out.extra["framing"] = "channel";
+    if (!channel || !channel->declared || channel->result_total == 0) return no_result();
+    if (channel->result_total > ctx.result_cap) {
+      // As a print of that size would: the run ends in error, here with its
+      // output intact.
+      r["func_return"] = lp::friendly_error_msg(name, "RuntimeError", "the tool's result of " +
+                                                    std::to_string(channel->result_total) + " bytes is larger than the "
+                                                    "policy's limit of " + format_size(ctx.result_cap) + " (limits.stdout)");
+      r["stdout"] = as_list(run.stdout_data);
+      r["stderr"] = as_list(run.stderr_data);
+      out.extra["result_bytes"] = channel->result_total;
+      return out;
+    }
+    auto parsed = lp::parse_channel_result(channel->result, run.stdout_data);
+    if (!parsed.ok()) return corrupted(parsed.error().message);
+    f = std::move(parsed).value();
+    if (!*channel->declared && !f.agent_state.is_null())
+      return corrupted("runner result: an agent_state from a function that does not declare agent_state");
+  } else {
+    out.extra["framing"] = "nonce";
+    auto frame = lp::extract_nonce_frame(run.stdout_data, ctx.nonce);
+    if (!frame.ok()) return corrupted(frame.error().message);
+    if (!frame->has_value()) return no_result();
+    f = std::move(**frame);
+    if (!ctx.may_declare && !f.agent_state.is_null())
+      return corrupted("runner result: an agent_state from a function that does not declare agent_state");
+  }
+  if (f.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
+  if (f.stdout_decode_error) return decode_failure(*f.stdout_decode_error);
+  r["stdout"] = as_list(f.stdout_text);
+  r["stderr"] = as_list(run.stderr_data);
+  if (f.error) {
+    out.extra["error_kind"] = f.error->kind;
+    // What the tool raised is read from stderr exactly as Letta reads its
+    // script's (an exception with an empty or multi-line message, or a class
+    // not named ...Error, gives Letta's text); what the runner found itself
+    // (a missing function, an argument not in the schema, a dead process)
+    // is said as it is.
+    r["func_return"] = f.error->raised ? failure_from_stderr(name, run.stderr_data, "", "")
+                                       : lp::friendly_error_msg(name, f.error->name, f.error->message);
+    return out;
+  }
+  r["status"] = success_exit ? "success" : "error";
+  r["func_return"] = f.results;
+  r["agent_state"] = f.agent_state;
+  out.func_return_text = std::move(f.results_text);
+  if (!f.agent_state.is_null()) out.agent_state_text = std::move(f.agent_state_text);
+  return out;
+}
+
+std::optional<std::string> pickle_payload_to_decode(const ShapeContext& ctx, const isolate::RunResult& run) {
+  // Most runs have no frame marker at all: no shaping for them.
+  if (ctx.tool_mode || ctx.json_result_script ||
+      (run.stdout_data.find(lp::kBinaryMarker) == std::string::npos &&
+       run.stdout_data.find(lp::kLegacyStartMarker) == std::string::npos))
+    return std::nullopt;
+  Shaped s = shape_tool_result(ctx, run);
+  if (!s.extra.contains("opaque_pickle") || !s.extra.contains("payload_base64")) return std::nullopt;
+  return s.extra["payload_base64"].get<std::string>();
+}
+
+}  // namespace tsb::core

@@ -1,0 +1,687 @@
+#include "daemon/frontend/local/local_backend.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <sys/stat.h>
+
+#include <climits>
+#include <cstdlib>
+
+#include "daemon/policy/jsonc.h"
+#include "daemon/policy/units.h"
+#include "daemon/frontend/letta/letta.h"
+#include "daemon/frontend/letta/pyjson.h"
+
+namespace tsb::core {
+namespace {
+
+using protocol::ErrorCode;
+constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+
+std::string q(std::string_view s) { return quoted_for_message(s); }
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// The last `n` lines of `text` (at most 4 KiB of them).
+std::string last_lines(std::string_view text, std::size_t n) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
+  std::size_t start = 0, lines = 0;
+  for (std::size_t i = text.size(); i > 0; --i)
+    if (text[i - 1] == '\n' && ++lines == n) {
+      start = i;
+      break;
+    }
+  std::string_view tail = text.substr(start);
+  if (tail.size() > 4096) tail = tail.substr(tail.size() - 4096);
+  // pip's output, package names, a cut inside a character: valid UTF-8 for
+  // the record, the manifest and Letta.
+  return protocol::utf8_decode_replace(tail).text;
+}
+
+// What names the interpreter builds run: its real path, size and change
+// time, so that an upgrade of the host's Python makes new keys.
+std::string host_interpreter_id() {
+  char real[PATH_MAX];
+  if (!::realpath("/usr/bin/python3", real)) return "/usr/bin/python3";
+  struct stat st{};
+  if (::stat(real, &st) != 0) return real;
+  return std::string(real) + " " + std::to_string(st.st_size) + " " + std::to_string(st.st_ctim.tv_sec);
+}
+
+// The interpreter per-tool venvs point at, as the sandbox sees it (/usr is
+// the host's), and its X.Y from the name it resolves to (python3.11).
+venv::Interpreter host_interpreter() {
+  venv::Interpreter py;
+  char real[PATH_MAX];
+  if (!::realpath(py.python.c_str(), real)) return py;
+  const std::string_view name = std::string_view(real).substr(std::string_view(real).rfind('/') + 1);
+  if (name.starts_with("python3.") && venv::is_python_name(name)) py.version = std::string(name.substr(6));
+  return py;
+}
+
+}  // namespace
+
+void LocalBackend::open_venv_cache(const std::string& dir, std::uint64_t max_bytes) {
+  if (venvs_) {
+    if (venvs_->dir() != dir)
+      spdlog::warn("venvs.cache_dir changed from {} to {}: it takes effect at the next start; until then runs with "
+                   "pip requirements are refused",
+                   venvs_->dir(), dir);
+    wanted_venv_dir_ = dir;
+    return;
+  }
+  wanted_venv_dir_ = dir;
+  interpreter_id_ = host_interpreter_id();
+  interpreter_ = host_interpreter();
+  auto c = venv::Cache::open(dir, max_bytes);
+  if (!c.ok()) {
+    venvs_error_ = c.error().message;
+    spdlog::warn("per-tool venvs are unavailable (a run with pip requirements is refused): {}", venvs_error_);
+    return;
+  }
+  venvs_ = std::move(c).value();
+  spdlog::info("venv cache {}: {} venvs, {} of {} bytes", dir, venvs_->entries().size(), venvs_->total_bytes(), max_bytes);
+}
+
+json LocalBackend::venv_status() const {
+  json j = {{"builds", venv_builds_}, {"build_failures", venv_build_failures_}, {"hits", venv_hits_},
+            {"building", builds_.size()}};
+  if (!venvs_) {
+    j["error"] = venvs_error_.empty() ? json() : json(venvs_error_);
+    return j;
+  }
+  unsigned in_use = 0;
+  for (const auto& [k, e] : venvs_->entries()) in_use += e.in_use > 0;
+  j["dir"] = venvs_->dir();
+  j["count"] = venvs_->entries().size();
+  j["in_use"] = in_use;
+  j["bytes"] = venvs_->total_bytes();
+  j["max_bytes"] = venvs_->max_bytes();
+  return j;
+}
+
+std::vector<std::string> LocalBackend::venv_gc(std::uint64_t target) {
+  if (!venvs_) return {};
+  auto gone = venvs_->evict(target == 0 ? 0 : target);
+  if (!gone.empty()) spdlog::info("venv cache: removed {} venvs", gone.size());
+  return gone;
+}
+
+asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(PreparedRun& p, const venv::RequirementSet& set,
+                                                                  const std::string& key) {
+  const auto t0 = Clock::now();
+  for (;;) {
+    VenvOutcome o;
+    if (!venvs_) {
+      o.failure = "per-tool venvs are not available on this host: " + venvs_error_;
+      co_return o;
+    }
+    if (venvs_->dir() != wanted_venv_dir_) {
+      // The policies (and the spawner's binds) name the new directory.
+      o.failure = "per-tool venvs are not available until the daemon restarts: venvs.cache_dir changed from " +
+                  venvs_->dir() + " to " + wanted_venv_dir_;
+      co_return o;
+    }
+    // (A venv another process removed meanwhile gives no hold: built again.)
+    if (venvs_->has(key) && (o.hold = venvs_->hold(key))) {
+      o.build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      ++venv_hits_;
+      co_return o;
+    }
+    auto it = builds_.find(key);
+    if (it == builds_.end()) {
+      auto b = std::make_shared<Build>(io_);
+      builds_.emplace(key, b);
+      // However the build ends (an exception, this coroutine destroyed at
+      // shutdown), its waiters are let go and the key can be built again.
+      struct Done {
+        LocalBackend* self;
+        const std::string& key;
+        std::shared_ptr<Build> b;
+        ~Done() {
+          if (auto it = self->builds_.find(key); it != self->builds_.end() && it->second == b) self->builds_.erase(it);
+          if (!b->finished) {
+            b->finished = true;
+            if (b->outcome.failure.empty()) {
+              b->outcome.failure = "the venv build ended abnormally";
+              b->outcome.cancelled = true;  // a waiter tries again
+            }
+          }
+          b->done.cancel();
+        }
+      } done{this, key, b};
+      VenvOutcome r;
+      try {
+        r = co_await build_venv(p, set, key);
+      } catch (const std::exception& e) {
+        spdlog::error("venv {}: the build failed in the daemon: {}", key.substr(0, 12), e.what());
+        r = VenvOutcome{};
+        r.failure = std::string("the venv build failed in the daemon: ") + e.what();
+        ++venv_build_failures_;
+      }
+      b->finished = true;
+      b->outcome.failure = r.failure;
+      b->outcome.log_tail = r.log_tail;
+      b->outcome.cancelled = r.cancelled;
+      b->outcome.build_run_id = r.build_run_id;
+      r.build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      co_return r;
+    }
+    // Another run builds it: wait for that build (or for this run's client
+    // to go away).
+    auto b = it->second;
+    {
+      CancelHook hook(*p.cancel, [b] { b->done.cancel(); });
+      if (!b->finished) co_await b->done.async_wait(tuple_awaitable);
+    }
+    if (p.cancel->requested() || stopping_) {
+      o.failure = stopping_ ? "the daemon is shutting down" : "the client disconnected";
+      o.cancelled = true;
+      co_return o;
+    }
+    if (!b->finished) continue;
+    // A build stopped because its own client left: another try, here.
+    if (!b->outcome.failure.empty() && !b->outcome.cancelled) {
+      o.failure = b->outcome.failure;
+      o.log_tail = b->outcome.log_tail;
+      o.build_run_id = b->outcome.build_run_id;
+      o.build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      co_return o;
+    }
+  }
+}
+
+asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun& p, const venv::RequirementSet& set,
+                                                                    const std::string& key) {
+  VenvOutcome o;
+  const Policy& pol = p.policy();
+  const PackagesPolicy& k = pol.packages;
+  const auto t0 = Clock::now();
+  ++venv_builds_;
+  venv::ArchiveLimits limits;
+  limits.max_file_bytes = k.venv_size;
+  auto staged = venvs_->stage(key, limits);
+  if (!staged.ok()) {
+    ++venv_build_failures_;
+    o.failure = "the venv cache: " + staged.error().message;
+    co_return o;
+  }
+  std::shared_ptr<venv::Cache::Staging> staging = std::move(staged).value();
+  // The archive is extracted as it arrives; the first error ends the build.
+  auto archive_error = std::make_shared<std::string>();
+  auto sink = [staging, archive_error](std::string_view chunk) {
+    if (auto st = staging->feed(chunk); !st.ok()) {
+      *archive_error = st.error().message;
+      return false;
+    }
+    return true;
+  };
+  json reqs = json::array();
+  for (const auto& r : set.items) reqs.push_back(r.text());
+  const json request = {{"requirements", reqs},
+                        {"find_links", k.wheels.empty() ? json() : json(std::string(kWheelsSandboxPath))},
+                        {"index_url", k.index.empty() ? json() : json(k.index)},
+                        {"trusted_host", k.index.starts_with("http://") ? json(k.index_host) : json()},
+                        {"source_builds", k.source_builds},
+                        {"venv", std::string(isolate::kVenvPath)}};
+  spawn::RunOrder order;
+  order.policy = build_policy_name(pol);
+  order.fingerprint = pol.fingerprint;
+  order.mode = spawn::RunMode::Tool;
+  order.timeout = k.build_timeout;
+  const protocol::CommonRunFields& c = *p.common;
+  std::shared_ptr<egress::RunProxy> proxy;
+  if (!k.index.empty())
+    proxy = std::make_shared<egress::RunProxy>(egress_, build_egress_rules(k),
+                                               egress::RunLabels{p.request->id + "/venv", c.organization_id, c.tool_name});
+  spdlog::info("venv {}: building for request {} (policy {}): {}", key.substr(0, 12), q(p.request->id), q(pol.name),
+               set.text().empty() ? "-" : reqs.dump());
+  LinkRun ran = co_await link_.run(std::move(order), request.dump(), 0, 256u << 10, {}, *p.cancel, proxy.get(), sink);
+  if (proxy) proxy->stop();
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const isolate::RunResult& r = ran.result;
+  o.build_run_id = r.run_id;
+  o.log_tail = last_lines(r.stderr_data, 12);
+  const std::string what = "installing " + reqs.dump();
+  if (ran.refused) {
+    o.failure = what + ": the build could not start: " + ran.refused->message;
+  } else if (!archive_error->empty()) {
+    // (First: a refused archive kills the build, which then ends as
+    // cancelled; its waiters must not build it again.)
+    o.failure = what + ": the built venv was refused: " + *archive_error;
+  } else if (r.reason == isolate::EndReason::Cancelled) {
+    o.failure = what + ": the build was stopped";
+    o.cancelled = true;
+  } else if (r.reason == isolate::EndReason::Timeout) {
+    o.failure = what + ": the build took longer than its limit (" + std::to_string(k.build_timeout.count() / 1000) +
+                "s) and was killed";
+  } else if (r.reason != isolate::EndReason::Exited || r.exit_code != 0) {
+    o.failure = what + ": " +
+                (r.reason == isolate::EndReason::Exited && r.exit_code == 2
+                     ? std::string("pip failed") + (k.wheels.empty() ? "" : " (packages come only from the wheel directory " + k.wheels + ")")
+                 : r.reason == isolate::EndReason::Exited ? "the build failed (exit status " + std::to_string(r.exit_code) + ")"
+                 : r.reason == isolate::EndReason::SetupFailed ? "the build sandbox could not be set up: " + r.error
+                                                               : "the build ended: " + std::string(isolate::to_string(r.reason)));
+  } else {
+    json extra = {{"requirements", reqs},
+                  {"policy", pol.name},
+                  {"policy_fingerprint", pol.fingerprint},
+                  {"index_settings", k.index_settings()},
+                  {"interpreter", interpreter_id_},
+                  {"build_ms", ms},
+                  {"build_run_id", r.run_id},
+                  {"built_at", std::chrono::duration_cast<std::chrono::seconds>(
+                                   std::chrono::system_clock::now().time_since_epoch()).count()},
+                  {"log_tail", o.log_tail}};
+    if (auto st = venvs_->publish(*staging, extra, interpreter_); !st.ok()) o.failure = what + ": " + st.error().message;
+  }
+  if (o.failure.empty()) {
+    o.hold = venvs_->hold(key);
+    if (!o.hold) o.failure = what + ": the venv was removed before the run could take it (cache cap too small?)";
+  }
+  o.built = o.failure.empty();
+  // The proxy's refusals, which pip reports only as a missing package.
+  if (!o.failure.empty() && proxy && !proxy->first_refusal().empty())
+    o.failure += "; the package index was not reachable: the egress proxy refused " + proxy->first_refusal();
+  if (!o.failure.empty()) {
+    ++venv_build_failures_;
+    spdlog::warn("venv {}: build failed (run {}): {}", key.substr(0, 12), r.run_id.empty() ? "-" : r.run_id, o.failure);
+  } else {
+    spdlog::info("venv {}: built in {:.0f} ms (run {})", key.substr(0, 12), ms, r.run_id);
+  }
+  co_return o;
+}
+
+LocalBackend::LocalBackend(asio::io_context& io, SpawnerLink& link, unsigned max_concurrent, unsigned max_queued)
+    : io_(io), link_(link), max_concurrent_(max_concurrent), max_queued_(max_queued), egress_(io) {}
+
+LocalBackend::~LocalBackend() = default;
+
+void LocalBackend::set_limits(unsigned max_concurrent, unsigned max_queued) {
+  max_concurrent_ = max_concurrent;
+  max_queued_ = max_queued;
+  grant_waiting();
+}
+
+void LocalBackend::stop_taking_runs() {
+  stopping_ = true;
+  for (auto& w : waiters_) w->timer.cancel();  // not granted: they answer `unavailable`
+  waiters_.clear();
+}
+
+asio::awaitable<void> LocalBackend::finish_runs(std::chrono::steady_clock::time_point deadline) {
+  asio::steady_timer t(io_);
+  while (!live_.empty() && std::chrono::steady_clock::now() < deadline) {
+    t.expires_after(std::chrono::milliseconds(50));
+    co_await t.async_wait(tuple_awaitable);
+  }
+  if (live_.empty()) co_return;
+  spdlog::warn("grace period over: killing {} runs", live_.size());
+  for (auto& c : std::set<std::shared_ptr<CancelSignal>>(live_)) c->request();
+  while (!live_.empty()) {
+    t.expires_after(std::chrono::milliseconds(20));
+    co_await t.async_wait(tuple_awaitable);
+  }
+}
+
+asio::awaitable<nlohmann::json> LocalBackend::warm_status() {
+  auto st = co_await link_.pool_state();
+  if (!st) co_return json{{"error", "the sandbox spawner did not answer"}};
+  json pools = json::array();
+  std::uint64_t ready = 0, starting = 0, hits = 0, misses = 0;
+  for (const auto& p : st->pools) {
+    pools.push_back({{"policy", p.policy},
+                     {"mode", p.mode == spawn::RunMode::Tool ? "run_tool" : "execute"},
+                     {"warm", p.ready},
+                     {"starting", p.starting},
+                     {"target", p.target},
+                     {"hits", p.hits},
+                     {"misses", p.misses},
+                     {"lost", p.lost}});
+    ready += p.ready, starting += p.starting, hits += p.hits, misses += p.misses;
+  }
+  // Hits and misses of pools since the last reload (a reload ends them);
+  // in_use: warm runs in flight now.
+  co_return json{{"warm", ready}, {"starting", starting}, {"in_use", link_.warm_runs()}, {"hits", hits},
+                 {"misses", misses}, {"pools", pools}};
+}
+
+nlohmann::json LocalBackend::engine_status() const {
+  const spawn::Hello& h = link_.hello();
+  const isolate::EngineFeatures& f = h.features;
+  return {{"instance", h.instance},
+          {"cgroups", h.cgroup_summary},
+          {"features",
+           {{"memfd_noexec", f.memfd_noexec},
+            {"overlay_views", f.overlay_views},
+            {"tcp_memory_limit", f.tcp_memory_limit},
+            {"oom_score_floor", f.oom_score_floor}}},
+          {"notes", h.notes}};
+}
+
+asio::awaitable<LocalBackend::Slot> LocalBackend::acquire_slot(const PreparedRun& p) {
+  if (stopping_) co_return Slot::ShuttingDown;
+  if (p.cancel->requested() || p.client_gone()) {
+    ++abandoned_in_queue_;
+    co_return Slot::ClientGone;
+  }
+  if (in_flight_ < max_concurrent_ && waiters_.empty()) {
+    ++in_flight_;
+    co_return Slot::Granted;
+  }
+  if (waiters_.size() >= max_queued_) co_return Slot::Busy;
+  auto w = std::make_shared<Waiter>(io_);
+  waiters_.push_back(w);
+  // The timer is cancelled by grant_waiting (a slot), by shutdown (none) or
+  // by the run's cancel signal (the client went away).
+  {
+    CancelHook hook(*p.cancel, [w] { w->timer.cancel(); });
+    co_await w->timer.async_wait(tuple_awaitable);
+  }
+  const bool gone = p.cancel->requested() || p.client_gone();
+  if (!w->granted) {
+    // Not granted: still queued when the client left (remove it), or
+    // woken by shutdown (which already emptied the queue).
+    auto it = std::find(waiters_.begin(), waiters_.end(), w);
+    if (it != waiters_.end()) waiters_.erase(it);
+    if (gone) {
+      ++abandoned_in_queue_;
+      co_return Slot::ClientGone;
+    }
+    co_return Slot::ShuttingDown;
+  }
+  if (gone) {
+    release_slot();  // the slot it was handed passes on
+    ++abandoned_in_queue_;
+    co_return Slot::ClientGone;
+  }
+  if (stopping_) {
+    release_slot();  // the slot it was handed goes back: nothing new starts
+    co_return Slot::ShuttingDown;
+  }
+  co_return Slot::Granted;
+}
+
+void LocalBackend::release_slot() {
+  --in_flight_;
+  grant_waiting();
+}
+
+void LocalBackend::grant_waiting() {
+  // Oldest first. After a reload lowered max_concurrent_runs, nothing is
+  // handed on until the runs in flight are below the new limit.
+  while (!stopping_ && in_flight_ < max_concurrent_ && !waiters_.empty()) {
+    auto w = waiters_.front();
+    waiters_.pop_front();
+    ++in_flight_;
+    w->granted = true;
+    w->timer.cancel();
+  }
+}
+
+asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
+  BackendRun out;
+  const Policy& pol = p.policy();
+  const protocol::CommonRunFields& c = *p.common;
+
+  // What the spawner's decoder accepts (daemon/wire/wire.h); execve
+  // refuses much less (128 KiB a variable) anyway.
+  for (const auto& [k, v] : p.env)
+    if (k.size() > spawn::kMaxName || v.size() > spawn::kMaxValue) {
+      out.refused = Refusal{ErrorCode::BadRequest, "environment: the value of " + q(k) + " is larger than " +
+                                                       std::to_string(spawn::kMaxValue) + " bytes"};
+      co_return out;
+    }
+  spawn::RunOrder order;
+  order.policy = pol.name;
+  order.fingerprint = pol.fingerprint;
+  order.env = p.env;
+  order.timeout = p.timeout;
+  std::string stdin_data;
+  std::optional<ChannelExchange> channel;
+  if (p.tool_mode) {
+    // The runner's request and result travel on its result channel
+    // (daemon/frontend/letta/letta.h); stdout and stderr are the tool's alone.
+    order.mode = spawn::RunMode::Tool;
+    const auto& t = std::get<protocol::RunToolRequest>(p.request->body);
+    channel = ChannelExchange{runner_channel_first(t),
+                              [&t, env = p.runner_env](bool declared) { return runner_channel_second(t, declared, env); },
+                              pol.limits.stdout_bytes};
+  } else {
+    // The script arrives on stdin, so no size limit of argv applies and it
+    // never touches a file system.
+    order.mode = spawn::RunMode::Script;
+    stdin_data = std::get<protocol::ExecuteRequest>(p.request->body).script;
+  }
+  // A warm sandbox started without the request's variables: a run that sets
+  // one a program reads as it starts (PYTHONPATH, LD_PRELOAD, TZ, LANG)
+  // is cold. (In tool mode those that change how a program starts are the
+  // tool's, runner_env, warm or cold.)
+  order.warm = std::none_of(p.env.begin(), p.env.end(), [](const auto& kv) { return read_at_start(kv.first); });
+
+  // Requirements (Letta's pip_requirements, the sandbox config's and the
+  // tool's): checked before anything waits; the venv is found or built
+  // once the run holds its slot.
+  venv::RequirementSet reqs;
+  std::string venv_key;
+  {
+    const json* config_reqs = nullptr;
+    if (p.sandbox_config && p.sandbox_config->config.is_object() && p.sandbox_config->config.contains("pip_requirements"))
+      config_reqs = &p.sandbox_config->config["pip_requirements"];
+    static const std::vector<std::string> kNone;
+    venv::Gathered g = venv::gather(
+        config_reqs, p.tool_mode ? std::get<protocol::RunToolRequest>(p.request->body).pip_requirements : kNone);
+    if (!g.error.empty()) {
+      out.refused = Refusal{ErrorCode::BadRequest, "sandbox_config.config." + g.error};
+      co_return out;
+    }
+    if (!g.requirements.empty()) {
+      const PackagesPolicy& k = pol.packages;
+      if (!k.enabled) {
+        out.refused = Refusal{ErrorCode::PolicyDenied,
+                              "policy " + q(pol.name) + " installs no packages (it has no \"packages\" section), and this run "
+                              "asks for " + std::to_string(g.requirements.size()) + " pip requirement(s), the first " +
+                              q(g.requirements.front())};
+        co_return out;
+      }
+      if (g.requirements.size() > k.max_requirements) {
+        out.refused = Refusal{ErrorCode::BadRequest, "policy " + q(pol.name) + " allows at most " +
+                                                         std::to_string(k.max_requirements) + " pip requirements per run (" +
+                                                         std::to_string(g.requirements.size()) + " given)"};
+        co_return out;
+      }
+      reqs = venv::canonical_set(g.requirements);
+      if (!reqs.ok()) {
+        out.refused = Refusal{reqs.forbidden ? ErrorCode::PolicyDenied : ErrorCode::BadRequest, reqs.error};
+        co_return out;
+      }
+      if (std::string no = venv::first_not_allowed(reqs, k.allow); !no.empty()) {
+        out.refused = Refusal{ErrorCode::PolicyDenied, "pip requirement " + q(no) + " is not allowed by policy " + q(pol.name) +
+                                                           " (packages.allow)"};
+        co_return out;
+      }
+      venv_key = venv::venv_key(interpreter_id_, k.index_settings(), reqs);
+    }
+  }
+
+  switch (co_await acquire_slot(p)) {
+    case Slot::Granted: break;
+    case Slot::ClientGone:
+      // Never started: no sandbox, no run record, no audit line of a run.
+      spdlog::info("request {} of peer uid={} pid={} (org={} tool={}) dropped before it ran: the client disconnected",
+                   q(p.request->id), p.peer.uid, p.peer.pid, q(c.organization_id), q(c.tool_name));
+      out.refused = Refusal{ErrorCode::Unavailable, "the client disconnected before the run started"};
+      co_return out;
+    case Slot::Busy:
+      out.refused = Refusal{ErrorCode::Busy, "too many runs in flight (" + std::to_string(in_flight_) + " running, " +
+                                                 std::to_string(waiters_.size()) + " queued); retry later"};
+      co_return out;
+    case Slot::ShuttingDown:
+      out.refused = Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
+      co_return out;
+  }
+  // The slot goes back once the pipeline has recorded the run (or when
+  // `out` is dropped on any other path).
+  out.held = std::shared_ptr<void>(nullptr, [this](void*) { release_slot(); });
+
+  live_.insert(p.cancel);
+  // Out of live_ however the run ends (an exception too): shutdown waits
+  // for live_ to empty.
+  struct Unlive {
+    std::set<std::shared_ptr<CancelSignal>>& live;
+    const std::shared_ptr<CancelSignal>& cancel;
+    ~Unlive() { live.erase(cancel); }
+  } unlive{live_, p.cancel};
+  // The run's own venv, found or built in its slot; held until the run ends.
+  VenvOutcome venv;
+  if (!venv_key.empty()) {
+    venv = co_await venv_for(p, reqs, venv_key);
+    json requirements = json::array();
+    for (const auto& r : reqs.items) requirements.push_back(r.text());
+    out.record["venv"] = {{"key", venv_key},
+                          {"requirements", requirements},
+                          {"built", venv.built},
+                          {"build_ms", venv.build_ms},
+                          {"build_run_id", venv.build_run_id.empty() ? json() : json(venv.build_run_id)}};
+    out.audit += " venv=" + venv_key.substr(0, 16) + (venv.built ? " venv_built=yes" : "");
+    if (!venv.failure.empty()) {
+      if (venv.cancelled) {
+        out.refused = Refusal{ErrorCode::Unavailable, venv.failure};
+        co_return out;
+      }
+      // As Letta reports a failed install: the run's result is an error
+      // naming the requirements, with pip's last lines; nothing ran.
+      isolate::RunResult& run = out.run;
+      run.reason = isolate::EndReason::Exited;
+      run.exit_code = -1;
+      run.stderr_data = venv.log_tail;
+      run.stderr_total_bytes = venv.log_tail.size();
+      out.end_reason = "setup_failed";
+      out.record["exit_code"] = nullptr;
+      out.record["detail"] = "venv_build_failed";
+      out.record["error"] = venv.failure;
+      out.record["setup_stage"] = "venv-build";
+      out.record["setup_errno"] = 0;
+      out.record["venv"]["log_tail"] = venv.log_tail;
+      json errs = json::array();
+      if (!venv.log_tail.empty()) errs.push_back(venv.log_tail);
+      errs.push_back("RuntimeError: " + venv.failure);
+      out.result = json{{"status", "error"},
+                        {"func_return", protocol::friendly_error_msg(c.tool_name, "RuntimeError", venv.failure)},
+                        {"agent_state", nullptr},
+                        {"stdout", json::array()},
+                        {"stderr", errs},
+                        {"sandbox_config_fingerprint", p.fingerprint ? json(*p.fingerprint) : json()}};
+      co_return out;
+    }
+    order.venv = venv_key;
+  }
+
+  // Script mode: where Letta's result frame starts, kept past the output
+  // cap, so a run that prints more than the cap still returns its result
+  // (capped_output.h). A tool's result never is in its output.
+  std::vector<std::string> frame_tokens;
+  if (!p.tool_mode) {
+    frame_tokens.emplace_back(protocol::kBinaryMarker);
+    frame_tokens.emplace_back(protocol::kLegacyStartMarker);
+  }
+  // Network egress: the run's proxy, from its Started until it ended
+  // (daemon/frontend/egress/proxy.h), on any path out of here.
+  std::shared_ptr<egress::RunProxy> proxy;
+  if (pol.network == isolate::NetworkMode::Egress)
+    proxy = std::make_shared<egress::RunProxy>(egress_, pol.egress,
+                                               egress::RunLabels{p.request->id, c.organization_id, c.tool_name});
+  struct StopProxy {
+    const std::shared_ptr<egress::RunProxy>& proxy;
+    ~StopProxy() {
+      if (proxy) proxy->stop();
+    }
+  } stop_proxy{proxy};
+  LinkRun ran = co_await link_.run(std::move(order), std::move(stdin_data), pol.limits.stdout_bytes,
+                                   pol.limits.stderr_bytes, std::move(frame_tokens), *p.cancel, proxy.get(), {},
+                                   std::move(channel));
+  if (proxy) {
+    proxy->stop();
+    out.record["egress"] = proxy->summary();
+    out.audit += proxy->audit_fields();
+  }
+  if (ran.refused) {
+    // The spawner checks every order against its own copy of the policy:
+    // a refusal here is a reload between placement and start (the policy
+    // is gone), its own run limit, or its stopping; or the link's own (an
+    // order too large for the socket, not sent, or not answered a minute
+    // past its timeout: daemon/frontend/local/spawner_link.h).
+    using spawn::RefuseCode;
+    const RefuseCode rc = ran.refused->code;
+    ErrorCode code = rc == RefuseCode::Busy ? ErrorCode::Busy
+                     : rc == RefuseCode::Unavailable || rc == RefuseCode::UnknownPolicy ? ErrorCode::Unavailable
+                     : rc == RefuseCode::OutOfBounds ? ErrorCode::PolicyDenied
+                                                     : ErrorCode::Internal;
+    out.refused = Refusal{code, ran.refused->message};
+    co_return out;
+  }
+  out.run = std::move(ran.result);
+  out.channel = std::move(ran.channel);
+  out.record["warm"] = ran.warm;
+  if (ran.warm) out.audit += " warm=yes";
+  if (out.run.reason == isolate::EndReason::SetupFailed && !out.run.error.empty())
+    spdlog::error("run {}: {}", out.run.run_id.empty() ? "-" : out.run.run_id, out.run.error);
+  if (!p.tool_mode) co_await decode_pickle(p, out);
+  co_return out;
+}
+
+asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& out) {
+  using isolate::EndReason;
+  const std::optional<std::string> payload = pickle_payload_to_decode(p.shape, out.run);
+  if (!payload) co_return;
+  DecodedPickle& d = out.decoded.emplace();
+  if (stopping_ || p.cancel->requested() || p.client_gone()) {
+    d.failure = stopping_ ? "the daemon is shutting down" : "the client disconnected";
+    co_return;
+  }
+  if (p.runner_path.empty()) {
+    d.failure = "the runner that decodes it is not installed on this host";
+    co_return;
+  }
+  const Policy& pol = p.policy();
+  spawn::RunOrder order;
+  order.policy = pol.name;
+  order.fingerprint = pol.fingerprint;
+  order.mode = spawn::RunMode::Tool;
+  // Decoding takes milliseconds (a payload's values are capped); it gets
+  // the run's own limit, at most 10 s.
+  order.timeout = std::min(p.timeout, std::chrono::milliseconds(10'000));
+  order.warm = true;
+  // On its result channel, as a tool's request; its result is at most
+  // what the script's own stdout held.
+  ChannelExchange channel{runner_channel_unpickle(*payload),
+                          [](bool) { return protocol::channel_part_header(2) + "{}"; }, pol.limits.stdout_bytes};
+  LinkRun ran = co_await link_.run(std::move(order), {}, pol.limits.stdout_bytes, pol.limits.stderr_bytes, {},
+                                   *p.cancel, nullptr, {}, std::move(channel));
+  if (ran.refused) {
+    d.failure = ran.refused->message;
+    co_return;
+  }
+  const isolate::RunResult& r = ran.result;
+  out.record["pickle_decode_run_id"] = r.run_id;
+  out.audit += " pickle_decode_run_id=" + (r.run_id.empty() ? std::string("-") : r.run_id);
+  const ChannelOutcome* ch = ran.channel ? &*ran.channel : nullptr;
+  if (r.reason != EndReason::Exited) {
+    d.failure = "the decoder's run ended: " + std::string(isolate::to_string(r.reason));
+  } else if (!ch || ch->result_total == 0) {
+    d.failure = "the decoder wrote no result";
+  } else if (ch->result_total > ch->result.size()) {
+    d.failure = "the decoded result is larger than the policy's limit of " + format_size(pol.limits.stdout_bytes) +
+                " (limits.stdout)";
+  } else if (auto f = protocol::parse_channel_result(ch->result, r.stdout_data); !f.ok()) {
+    d.failure = f.error().message;
+  } else {
+    d.frame = std::move(f).value();
+  }
+}
+
+}  // namespace tsb::core

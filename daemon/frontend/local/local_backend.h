@@ -1,0 +1,128 @@
+// The local backend: runs a prepared request in a sandbox of this host,
+// built by the root spawner (daemon/frontend/local/spawner_link.h), under the front
+// end's run slots.
+//
+// Run slots: at most max_concurrent_runs run, at most max_queued_runs wait;
+// beyond that a request is answered `busy` at once. A request waiting in the
+// queue leaves it, and never starts, when its client goes away (the run's
+// cancel signal); one that holds a slot has its sandbox killed.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/frontend/pipeline/pipeline.h"
+#include "daemon/wire/compiled.h"
+#include "daemon/frontend/local/spawner_link.h"
+#include "daemon/frontend/egress/proxy.h"
+#include "daemon/venv/cache.h"
+#include "daemon/venv/requirements.h"
+
+namespace tsb::core {
+
+class LocalBackend final : public RunBackend {
+ public:
+  LocalBackend(asio::io_context& io, SpawnerLink& link, unsigned max_concurrent, unsigned max_queued);
+  ~LocalBackend() override;
+
+  std::string_view name() const noexcept override { return "local"; }
+  asio::awaitable<BackendRun> run(PreparedRun& p) override;
+
+  // A reload: a larger max_concurrent starts queued runs now; a smaller one
+  // lets the runs in flight finish.
+  void set_limits(unsigned max_concurrent, unsigned max_queued);
+  // Shutdown, first step: nothing new starts and queued requests are told
+  // the daemon is shutting down.
+  void stop_taking_runs();
+  // Then: the runs in flight may finish until `deadline`; the rest are
+  // killed, and this returns once every run has ended.
+  asio::awaitable<void> finish_runs(std::chrono::steady_clock::time_point deadline);
+
+  unsigned in_flight() const noexcept { return in_flight_; }
+  std::size_t queued() const noexcept { return waiters_.size(); }
+  std::uint64_t abandoned_in_queue() const noexcept { return abandoned_in_queue_; }
+  // The engine's part of `status`.
+  nlohmann::json engine_status() const;
+  // The warm pools (status "warm_pool"): the spawner's answer, and the
+  // warm runs in flight.
+  asio::awaitable<nlohmann::json> warm_status();
+  // The egress proxy's part of `status` (daemon/frontend/egress/proxy.h).
+  nlohmann::json egress_status() const { return egress_.status(); }
+
+  // Per-tool venvs (daemon/venv/cache.h): opens the cache, once at start.
+  // Without a usable cache, a run with requirements is refused, saying why.
+  void open_venv_cache(const std::string& dir, std::uint64_t max_bytes);
+  // The venv cache's part of `status`.
+  nlohmann::json venv_status() const;
+  // Removes venvs no run holds, least recently used first, down to
+  // `target` bytes (0: all of them); the keys removed.
+  std::vector<std::string> venv_gc(std::uint64_t target);
+
+ private:
+  // Script mode: a result frame whose payload is a pickle is decoded by the
+  // runner in a second sandbox under the run's policy, in the run's slot.
+  asio::awaitable<void> decode_pickle(PreparedRun& p, BackendRun& out);
+
+  // A run's venv: held until the run ends, or why there is none.
+  struct VenvOutcome {
+    venv::Cache::Hold hold;
+    bool built = false;           // this run built it
+    double build_ms = 0;          // the build's time, or the wait for another's
+    std::string build_run_id;
+    std::string failure;          // set: no venv; the run does not start
+    std::string log_tail;         // the build's last lines of output
+    bool cancelled = false;       // the build was stopped (client gone, shutdown)
+  };
+  asio::awaitable<VenvOutcome> venv_for(PreparedRun& p, const venv::RequirementSet& set, const std::string& key);
+  asio::awaitable<VenvOutcome> build_venv(PreparedRun& p, const venv::RequirementSet& set, const std::string& key);
+
+  enum class Slot { Granted, Busy, ShuttingDown, ClientGone };
+  asio::awaitable<Slot> acquire_slot(const PreparedRun& p);
+  void release_slot();
+  // Hands free slots to the oldest waiters.
+  void grant_waiting();
+
+  struct Waiter {
+    asio::steady_timer timer;
+    bool granted = false;  // release_slot passed its slot to this waiter
+    explicit Waiter(asio::io_context& io) : timer(io, std::chrono::steady_clock::time_point::max()) {}
+  };
+
+  asio::io_context& io_;
+  SpawnerLink& link_;
+  unsigned max_concurrent_;
+  unsigned max_queued_;
+  bool stopping_ = false;
+  unsigned in_flight_ = 0;
+  std::deque<std::shared_ptr<Waiter>> waiters_;
+  // The cancel signals of the runs in flight (shutdown cancels what is left).
+  std::set<std::shared_ptr<CancelSignal>> live_;
+  std::uint64_t abandoned_in_queue_ = 0;
+  egress::Service egress_;
+  // Per-tool venvs.
+  std::unique_ptr<venv::Cache> venvs_;
+  std::string venvs_error_;  // why there is no cache
+  std::string interpreter_id_;  // the host's python3, for the venv key
+  venv::Interpreter interpreter_;  // what a venv's frame points at
+  std::string wanted_venv_dir_;    // the configuration's (venvs_ stays where it opened)
+  struct Build {
+    explicit Build(asio::io_context& io) : done(io, std::chrono::steady_clock::time_point::max()) {}
+    asio::steady_timer done;  // cancelled when the build ends
+    bool finished = false;
+    VenvOutcome outcome;      // its failure, if any (a success is in the cache)
+  };
+  std::map<std::string, std::shared_ptr<Build>> builds_;  // by key, in progress
+  std::uint64_t venv_builds_ = 0, venv_build_failures_ = 0, venv_hits_ = 0;
+};
+
+}  // namespace tsb::core

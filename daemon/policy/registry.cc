@@ -1,0 +1,132 @@
+#include "daemon/policy/registry.h"
+
+#include <algorithm>
+
+#include "daemon/policy/jsonc.h"
+#include "daemon/policy/sources.h"
+
+namespace tsb::core {
+namespace {
+
+using nlohmann::json;
+
+Result<OrgEntry> parse_org(const LocatedJson& doc, const json& v, const std::string& ptr) {
+  ObjectReader r(doc, v, ptr);
+  if (auto st = r.object("an organization"); !st.ok()) return std::move(st).error();
+  OrgEntry e;
+  auto privileged = r.boolean("privileged", e.privileged);
+  if (!privileged.ok()) return std::move(privileged).error();
+  e.privileged = *privileged;
+  if (const json* p = r.get("policy"); p && !p->is_string()) return r.error("policy", "must be a policy name");
+  auto policy = r.string("policy", e.policy);
+  if (!policy.ok()) return std::move(policy).error();
+  e.policy = *policy;
+  if (r.get("allowed_policies")) {
+    auto allowed = r.strings("allowed_policies", "policy names");
+    if (!allowed.ok()) return std::move(allowed).error();
+    e.allowed_policies = *allowed;
+  }
+  if (auto st = r.done(); !st.ok()) return std::move(st).error();
+  if (std::find(e.allowed_policies.begin(), e.allowed_policies.end(), e.policy) == e.allowed_policies.end())
+    e.allowed_policies.push_back(e.policy);
+  return e;
+}
+
+}  // namespace
+
+const OrgEntry& Organizations::lookup(const std::string& id) const {
+  auto it = orgs.find(id);
+  return it == orgs.end() ? fallback : it->second;
+}
+
+Result<Organizations> load_organizations(const std::string& path_in, SourceFiles* files) {
+  std::string path = path_in.empty() ? "embedded:organizations.json" : path_in;
+  auto text = read_policy_text(path, files);
+  if (!text.ok()) return std::move(text).error().wrap("organizations");
+  auto doc = parse_jsonc(*text, path);
+  if (!doc.ok()) return std::move(doc).error();
+  ObjectReader r(*doc, doc->value, "");
+  if (auto st = r.object("the organizations table"); !st.ok()) return std::move(st).error();
+  Organizations o;
+  o.source = path;
+  const json* version = r.get("version");
+  if (!version) return Error::invalid(doc->where("") + ": \"version\": 1 is required");
+  if (!version->is_number_unsigned() || version->get<std::uint64_t>() != 1) return r.error("version", "must be 1");
+  if (const json* d = r.get("default")) {
+    auto e = parse_org(*doc, *d, "/default");
+    if (!e.ok()) return std::move(e).error();
+    o.fallback = *e;
+  }
+  if (const json* orgs = r.get("organizations")) {
+    if (!orgs->is_object()) return r.error("organizations", "must be an object of id: entry");
+    for (auto org = orgs->begin(); org != orgs->end(); ++org) {
+      auto e = parse_org(*doc, *org, json_pointer_append("/organizations", org.key()));
+      if (!e.ok()) return std::move(e).error();
+      o.orgs[org.key()] = *e;
+    }
+  }
+  if (auto st = r.done(); !st.ok()) return std::move(st).error();
+  return o;
+}
+
+std::string policy_set_warning(const DaemonConfig& cfg, const PolicySet& set) {
+  std::string names;
+  for (const auto& [name, p] : set.policies)
+    if (p->backend == Backend::Local && p->warm.max > 0) names += (names.empty() ? "\"" : ", \"") + name + "\"";
+  if (names.empty() || cfg.engine.uid_slots > cfg.max_concurrent_runs) return "";
+  return "the warm pools of " + names + " stay empty: engine.uid_slots (" + std::to_string(cfg.engine.uid_slots) +
+         ") leaves no uid slot beyond max_concurrent_runs (" + std::to_string(cfg.max_concurrent_runs) +
+         "), and every warm sandbox holds one; raise engine.uid_slots";
+}
+
+Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg, SourceFiles* files) {
+  auto set = std::make_shared<PolicySet>();
+  PolicyContext ctx;
+  ctx.bind_allowlist = cfg.bind_allowlist;
+  SourceFiles disk;  // without a record: the file system, read directly
+  ctx.files = files ? files : &disk;
+  std::vector<std::string> names = {"default", "privileged"};
+  if (!cfg.policies_dir.empty()) {
+    auto listed = ctx.files->policy_names(cfg.policies_dir);
+    if (!listed.ok()) return std::move(listed).error();
+    names = std::move(listed).value();
+  }
+  for (const auto& n : names) {
+    auto p = load_named_policy(n, cfg.policies_dir, ctx);
+    if (!p.ok()) return std::move(p).error();
+    set->policies[n] = std::make_shared<const Policy>(std::move(p).value());
+  }
+  auto orgs = load_organizations(cfg.organizations_file, ctx.files);
+  if (!orgs.ok()) return std::move(orgs).error();
+  set->orgs = std::move(orgs).value();
+  auto check = [&](const OrgEntry& e, const std::string& who) -> Status {
+    for (const auto& n : e.allowed_policies)
+      if (!set->policies.count(n))
+        return Error::invalid(set->orgs.source + ": " + who + " names policy " + quoted_for_message(n) + ", which is not loaded");
+    return {};
+  };
+  TSB_TRY(check(set->orgs.fallback, "the default entry"), "organizations");
+  for (const auto& [id, e] : set->orgs.orgs) TSB_TRY(check(e, "organization " + quoted_for_message(id)), "organizations");
+  return std::shared_ptr<const PolicySet>(set);
+}
+
+Result<Placement> place_run(const PolicySet& set, const std::string& org_id,
+                            const std::optional<std::string>& requested, bool e2b_configured) {
+  const OrgEntry& e = set.orgs.lookup(org_id);
+  std::string name = requested.value_or(e.policy);
+  if (std::find(e.allowed_policies.begin(), e.allowed_policies.end(), name) == e.allowed_policies.end())
+    return Error::invalid("policy " + quoted_for_message(name) + " is not allowed for organization " +
+                              quoted_for_message(org_id),
+                          EPERM);
+  auto it = set.policies.find(name);
+  if (it == set.policies.end()) return Error::invalid("policy " + quoted_for_message(name) + " is not loaded", EPERM);
+  Placement p;
+  p.policy = it->second;
+  p.privileged = e.privileged;
+  if (p.policy->backend == Backend::E2B) p.backend = Backend::E2B;
+  else if (!e.privileged && e2b_configured) p.backend = Backend::E2B;
+  else p.backend = Backend::Local;
+  return p;
+}
+
+}  // namespace tsb::core

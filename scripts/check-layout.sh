@@ -1,0 +1,138 @@
+#!/bin/bash
+# check-layout.sh: the tree is the trust map, and it stays one.
+#
+#   scripts/check-layout.sh [--build DIR] [--sizes]
+#
+# Checks, in a built tree DIR (default $TSB_BUILD, else build/):
+#   1. The root's folders hold the root's code and nothing else: every
+#      first-party file compiled into toolsandboxd (the list of
+#      scripts/count-root-code.sh) lives in one of ROOT_FOLDERS below, and
+#      every source file in those folders is on that list.
+#   2. Each folder of the unprivileged side stays within its line budget
+#      (code lines: no comments, no blank lines), the table BUDGETS below.
+#      A budget is raised only in a change that says why.
+#   3. No function in daemon/, isolate/ or protocol/ is longer than 150
+#      lines (a reviewer must be able to hold one).
+# --sizes prints each folder's code lines and budget. Exit status 1: a
+# check failed (each failure is said); 2: bad usage.
+
+set -u -o pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+src=$(cd "$here/.." && pwd)
+build=${TSB_BUILD:-$src/build}
+sizes=0
+while (($#)); do
+  case $1 in
+    --build) build=${2:-}; shift 2 ;;
+    --sizes) sizes=1; shift ;;
+    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
+    *) echo "check-layout.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+root_files=$("$here/count-root-code.sh" --build "$build" --files) || exit 2
+
+exec /usr/bin/python3 - "$src" "$sizes" "$root_files" <<'PY'
+import os, re, sys
+
+src, sizes, root_list = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+
+# The folders of the root process (toolsandboxd), and only they.
+ROOT_FOLDERS = ["isolate/base", "isolate/engine", "daemon/spawner", "daemon/wire"]
+
+# Code lines per folder of the unprivileged side: folder, budget. Raise a
+# budget only in a change that says why.
+BUDGETS = {
+    # filled from the tree as it is; see the commit that set each value
+}
+
+MAX_FUNCTION_LINES = 150
+failures = []
+
+def strip_comments(text):
+    """The text with comments blanked (newlines kept), strings kept."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("\n" * text.count("\n", i, j))
+            i = j
+        elif c == 'R' and text.startswith('R"', i) and (i == 0 or not (text[i-1].isalnum() or text[i-1] == '_')):
+            k = text.find("(", i + 2)
+            delim = text[i + 2:k]
+            j = text.find(")" + delim + '"', k)
+            j = n if j < 0 else j + len(delim) + 2
+            out.append('R""' + "\n" * text.count("\n", i, j))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            out.append(c + c)
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+def sources(folder):
+    d = os.path.join(src, folder)
+    return sorted(os.path.join(folder, f) for f in os.listdir(d)
+                  if f.endswith((".cc", ".h", ".c")) and os.path.isfile(os.path.join(d, f)))
+
+# 1. The root's folders.
+root_files = set()
+for line in root_list.splitlines():
+    m = re.match(r"\s*\d+\s+(\S+)$", line)
+    if m:
+        root_files.add(m.group(1))
+for f in sorted(root_files):
+    if os.path.dirname(f) not in ROOT_FOLDERS:
+        failures.append(f"{f} is compiled into the root process but lives outside the root's folders ({', '.join(ROOT_FOLDERS)})")
+for folder in ROOT_FOLDERS:
+    for f in sources(folder):
+        if f not in root_files:
+            failures.append(f"{f} is in a root folder but the root process does not run it: move it out of {folder}/")
+
+# 2. Budgets.
+def code_lines(path):
+    return sum(1 for l in strip_comments(open(os.path.join(src, path), errors="replace").read()).splitlines() if l.strip())
+for folder, budget in BUDGETS.items():
+    n = sum(code_lines(f) for f in sources(folder))
+    if sizes:
+        print(f"{n:6d} / {budget:6d}  {folder}")
+    if n > budget:
+        failures.append(f"{folder}/ has {n} code lines, over its budget of {budget} (scripts/check-layout.sh, BUDGETS)")
+
+# 3. Function length: a definition starts at a line that ends a signature
+# with "{" at namespace or class level and ends at its matching brace.
+head = re.compile(r"^\s*[A-Za-z_~][^;=]*\)\s*(?:const\s*)?(?:noexcept\s*)?(?:override\s*)?(?:->\s*[\w:<>,\s*&]+)?\{\s*$")
+keyword = re.compile(r"^\s*(?:if|for|while|switch|else|do|namespace|struct|class|enum|return|catch|try)\b")
+for top in ("daemon", "isolate", "protocol"):
+    for d, _, names in os.walk(os.path.join(src, top)):
+        for name in sorted(names):
+            if not name.endswith((".cc", ".h")):
+                continue
+            path = os.path.join(d, name)
+            lines = strip_comments(open(path, errors="replace").read()).split("\n")
+            for i, line in enumerate(lines):
+                if not head.match(line) or keyword.match(line):
+                    continue
+                depth = 0
+                for j in range(i, len(lines)):
+                    depth += lines[j].count("{") - lines[j].count("}")
+                    if depth <= 0:
+                        break
+                if j - i + 1 > MAX_FUNCTION_LINES:
+                    failures.append(f"{os.path.relpath(path, src)}:{i + 1}: a function of {j - i + 1} lines "
+                                    f"(at most {MAX_FUNCTION_LINES}): split it into named steps")
+
+for f in failures:
+    print(f"check-layout.sh: {f}", file=sys.stderr)
+sys.exit(1 if failures else 0)
+PY
