@@ -45,15 +45,23 @@ Result<core::Policy> resolve_policy(const std::string& ref, const core::PolicyCo
   return core::load_named_policy(ref, "", ctx);
 }
 
-int cmd_run(const std::vector<std::string>& args) {
+namespace {
+
+// What the command line asks for: the policy, one run's overrides of it,
+// the engine's places and the command.
+struct RunOptions {
   std::string policy_ref = "default";
   std::optional<std::string> timeout, memory, network, venv, stdin_src;
   std::vector<std::string> binds, envs;
   std::vector<std::string> cmd;
   bool json = false;
-  std::string seccomp_cache(kSeccompCacheDir);
+  std::string seccomp_cache{kSeccompCacheDir};
   isolate::EngineConfig cfg;
+};
 
+// The options, or the usage error; the command goes after "--".
+Result<RunOptions> parse_run_options(const std::vector<std::string>& args) {
+  RunOptions o;
   static const std::vector<OptionSpec> kOptions = {
       {"json", nullptr},
       {"policy", "a name or file"},
@@ -71,134 +79,156 @@ int cmd_run(const std::vector<std::string>& args) {
   };
   auto err = parse_options(args, kOptions, /*operands_after_dashdash_only=*/true,
                            [&](const std::string& name, const std::string& v) -> std::optional<std::string> {
-                             if (name == "json") json = true;
-                             else if (name == "policy") policy_ref = v;
-                             else if (name == "timeout") timeout = v;
-                             else if (name == "memory") memory = v;
-                             else if (name == "network") network = v;
-                             else if (name == "venv") venv = v;
-                             else if (name == "stdin") stdin_src = v;
-                             else if (name == "bind") binds.push_back(v);
-                             else if (name == "env") envs.push_back(v);
-                             else if (name == "cgroup-parent") cfg.cgroup_parent = v;
-                             else if (name == "state-dir") cfg.state_dir = v;
-                             else if (name == "seccomp-cache") seccomp_cache = v;
-                             else if (name == "no-seccomp-cache") seccomp_cache.clear();
+                             if (name == "json") o.json = true;
+                             else if (name == "policy") o.policy_ref = v;
+                             else if (name == "timeout") o.timeout = v;
+                             else if (name == "memory") o.memory = v;
+                             else if (name == "network") o.network = v;
+                             else if (name == "venv") o.venv = v;
+                             else if (name == "stdin") o.stdin_src = v;
+                             else if (name == "bind") o.binds.push_back(v);
+                             else if (name == "env") o.envs.push_back(v);
+                             else if (name == "cgroup-parent") o.cfg.cgroup_parent = v;
+                             else if (name == "state-dir") o.cfg.state_dir = v;
+                             else if (name == "seccomp-cache") o.seccomp_cache = v;
+                             else if (name == "no-seccomp-cache") o.seccomp_cache.clear();
                              return std::nullopt;
                            },
-                           &cmd);
-  if (err) return fail_usage(err->starts_with("--") ? *err : *err + " (commands go after --)");
-  if (cmd.empty()) return fail_usage("no command given (toolsandbox run [options] -- CMD ARGS...)");
+                           &o.cmd);
+  if (err) return Error::invalid(err->starts_with("--") ? *err : *err + " (commands go after --)");
+  if (o.cmd.empty()) return Error::invalid("no command given (toolsandbox run [options] -- CMD ARGS...)");
+  return o;
+}
 
+// A seccomp program from the cache directory (compiled and kept there on a
+// miss), or compiled afresh when there is no directory (--no-seccomp-cache).
+Result<std::shared_ptr<const isolate::SeccompProgram>> compiled(const std::string& cache_dir, std::string_view what,
+                                                                const CompileFn& compile) {
+  return cache_dir.empty() ? compile() : cached_or_compiled(cache_dir, what, compile, "toolsandbox run");
+}
+
+// The policy the command line names, with its profile compiled (or found
+// compiled: seccomp_cache.h). Either failure is the operator's to fix, so
+// the caller reports it as a usage error.
+Result<core::Policy> load_run_policy(const RunOptions& o) {
   // The profile is compiled below, or found compiled (seccomp_cache.h).
   core::PolicyContext ctx;
   ctx.compile = false;
-  auto policy = resolve_policy(policy_ref, ctx);
-  if (!policy.ok()) {
-    std::fprintf(stderr, "toolsandbox run: %s\n", policy.error().message.c_str());
-    return kExitUsage;
-  }
-  const auto compiled = [&](std::string_view what, const CompileFn& compile) {
-    return seccomp_cache.empty() ? compile() : cached_or_compiled(seccomp_cache, what, compile, "toolsandbox run");
-  };
-  auto program = compiled("policy " + policy->fingerprint, [&] { return policy::compile_seccomp(*policy->seccomp_profile); });
-  if (!program.ok()) {
-    std::fprintf(stderr, "toolsandbox run: policy %s: compiling seccomp: %s\n", policy->name.c_str(),
-                 program.error().message.c_str());
-    return kExitUsage;
-  }
+  auto policy = resolve_policy(o.policy_ref, ctx);
+  if (!policy.ok()) return policy;
+  auto program = compiled(o.seccomp_cache, "policy " + policy->fingerprint,
+                          [&] { return policy::compile_seccomp(*policy->seccomp_profile); });
+  if (!program.ok()) return std::move(program).error().wrap("policy " + policy->name + ": compiling seccomp");
   policy->seccomp = std::move(program).value();
-  auto init_filter = compiled("init", [] { return policy::compile_init_filter(); });
-  if (!init_filter.ok()) {
-    std::fprintf(stderr, "toolsandbox run: compiling the init filter: %s\n", init_filter.error().message.c_str());
-    return kExitSetup;
-  }
-  isolate::RunSpec spec = core::run_spec_from(*policy);
-  isolate::FsInputs fs = core::fs_inputs_from(*policy);
+  return policy;
+}
 
-  // Command-line overrides: the operator (root) may tighten or relax one run.
-  if (timeout) {
+// One --bind SRC:DST[:rw|:ro]; the source must exist on this host now.
+Result<isolate::BindMount> parse_bind_option(const std::string& b) {
+  isolate::BindMount m;
+  auto c1 = b.find(':');
+  if (c1 == std::string::npos) return Error::invalid("--bind wants SRC:DST[:rw], got '" + b + "'");
+  auto c2 = b.find(':', c1 + 1);
+  m.source = b.substr(0, c1);
+  m.target = c2 == std::string::npos ? b.substr(c1 + 1) : b.substr(c1 + 1, c2 - c1 - 1);
+  if (c2 != std::string::npos) {
+    std::string mode = b.substr(c2 + 1);
+    if (mode == "rw") m.writable = true;
+    else if (mode != "ro") return Error::invalid("--bind mode must be ro or rw, got '" + mode + "'");
+  }
+  if (m.source.empty() || m.source[0] != '/') return Error::invalid("--bind source must be absolute: '" + m.source + "'");
+  struct stat st{};
+  if (::stat(m.source.c_str(), &st) != 0) return Error::invalid("--bind source does not exist: '" + m.source + "'");
+  return m;
+}
+
+// Command-line overrides: the operator (root) may tighten or relax one
+// run. The usage error for a value that makes no sense.
+Status apply_overrides(const RunOptions& o, const core::Policy& policy, isolate::RunSpec& spec, isolate::FsInputs& fs) {
+  if (o.timeout) {
     // A bare number is seconds, as for timeout(1).
-    bool bare = !timeout->empty() && timeout->find_first_not_of("0123456789.") == std::string::npos;
-    auto d = core::parse_duration(nlohmann::json(bare ? *timeout + "s" : *timeout));
-    if (!d.ok() || d->count() == 0) return fail_usage("--timeout: not a positive duration: '" + *timeout + "'");
+    bool bare = !o.timeout->empty() && o.timeout->find_first_not_of("0123456789.") == std::string::npos;
+    auto d = core::parse_duration(nlohmann::json(bare ? *o.timeout + "s" : *o.timeout));
+    if (!d.ok() || d->count() == 0) return Error::invalid("--timeout: not a positive duration: '" + *o.timeout + "'");
     spec.limits.wall_timeout = *d;
   }
-  if (memory) {
-    bool bare = !memory->empty() && memory->find_first_not_of("0123456789") == std::string::npos;
-    auto s = core::parse_size(nlohmann::json(bare ? *memory + "B" : *memory));
-    if (!s.ok() || *s < (16u << 20)) return fail_usage("--memory: need a size of at least 16MiB, like 256MiB: '" + *memory + "'");
+  if (o.memory) {
+    bool bare = !o.memory->empty() && o.memory->find_first_not_of("0123456789") == std::string::npos;
+    auto s = core::parse_size(nlohmann::json(bare ? *o.memory + "B" : *o.memory));
+    if (!s.ok() || *s < (16u << 20))
+      return Error::invalid("--memory: need a size of at least 16MiB, like 256MiB: '" + *o.memory + "'");
     spec.limits.memory_bytes = *s;
   }
-  if (network) {
-    if (*network == "none") spec.network = isolate::NetworkMode::None;
-    else if (*network == "host") spec.network = isolate::NetworkMode::Host;
-    else return fail_usage("--network must be none or host");
+  if (o.network) {
+    if (*o.network == "none") spec.network = isolate::NetworkMode::None;
+    else if (*o.network == "host") spec.network = isolate::NetworkMode::Host;
+    else return Error::invalid("--network must be none or host");
     fs.network = spec.network;
   }
   // The proxy of network egress is the daemon's (daemon/frontend/egress/proxy.h):
   // a sandbox of this command would have a listener no one accepts on.
   if (spec.network == isolate::NetworkMode::Egress)
-    return fail_usage("policy '" + policy->name + "' uses network \"egress\", whose proxy is the daemon's: run the tool "
-                      "through toolsandboxd, or choose --network none or --network host for this command");
-  if (venv) {
-    if (venv->empty() || (*venv)[0] != '/') return fail_usage("--venv needs an absolute path");
-    fs.venv = *venv;
+    return Error::invalid("policy '" + policy.name + "' uses network \"egress\", whose proxy is the daemon's: run the tool "
+                          "through toolsandboxd, or choose --network none or --network host for this command");
+  if (o.venv) {
+    if (o.venv->empty() || (*o.venv)[0] != '/') return Error::invalid("--venv needs an absolute path");
+    fs.venv = *o.venv;
   }
-  for (const auto& b : binds) {
-    isolate::BindMount m;
-    auto c1 = b.find(':');
-    if (c1 == std::string::npos) return fail_usage("--bind wants SRC:DST[:rw], got '" + b + "'");
-    auto c2 = b.find(':', c1 + 1);
-    m.source = b.substr(0, c1);
-    m.target = c2 == std::string::npos ? b.substr(c1 + 1) : b.substr(c1 + 1, c2 - c1 - 1);
-    if (c2 != std::string::npos) {
-      std::string mode = b.substr(c2 + 1);
-      if (mode == "rw") m.writable = true;
-      else if (mode != "ro") return fail_usage("--bind mode must be ro or rw, got '" + mode + "'");
-    }
-    if (m.source.empty() || m.source[0] != '/') return fail_usage("--bind source must be absolute: '" + m.source + "'");
-    struct stat st{};
-    if (::stat(m.source.c_str(), &st) != 0) return fail_usage("--bind source does not exist: '" + m.source + "'");
-    fs.binds.push_back(m);
+  for (const auto& b : o.binds) {
+    auto m = parse_bind_option(b);
+    if (!m.ok()) return std::move(m).error();
+    fs.binds.push_back(*m);
   }
+  return {};
+}
+
+// What --stdin names: a file's bytes, or this process's stdin for "-".
+Result<std::string> read_stdin_source(const std::string& src) {
+  std::string data;
+  if (src == "-") {
+    data.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    std::ifstream in(src, std::ios::binary);
+    if (!in) return Error::invalid("--stdin: cannot open '" + src + "'");
+    data.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return data;
+}
+
+// The rest of the run: its environment (the policy decides which --env
+// names it takes), the command, the file-system table and its stdin. The
+// usage error for what cannot be built.
+Status complete_spec(const RunOptions& o, const core::Policy& policy, isolate::FsInputs& fs, isolate::RunSpec& spec) {
   std::map<std::string, std::string> req_env;
-  for (const auto& e : envs) {
+  for (const auto& e : o.envs) {
     auto eq = e.find('=');
-    if (eq == std::string::npos || eq == 0) return fail_usage("--env wants NAME=VALUE, got '" + e + "'");
+    if (eq == std::string::npos || eq == 0) return Error::invalid("--env wants NAME=VALUE, got '" + e + "'");
     req_env[e.substr(0, eq)] = e.substr(eq + 1);
   }
-  auto env = core::build_environment(*policy, req_env);
-  if (!env.ok()) return fail_usage(env.error().message);
+  auto env = core::build_environment(policy, req_env);
+  if (!env.ok()) return std::move(env).error();
   spec.env = std::move(env).value();
-  spec.argv = cmd;
+  spec.argv = o.cmd;
   isolate::resolve_host_paths(fs);
   auto table = isolate::build_fs_table(fs);
-  if (!table.ok()) return fail_usage(table.error().message);
+  if (!table.ok()) return std::move(table).error();
   spec.fs = std::move(table).value();
-  if (stdin_src) {
-    std::string data;
-    if (*stdin_src == "-") {
-      data.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-    } else {
-      std::ifstream in(*stdin_src, std::ios::binary);
-      if (!in) return fail_usage("--stdin: cannot open '" + *stdin_src + "'");
-      data.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
-    spec.stdin_data = std::move(data);
+  if (o.stdin_src) {
+    auto data = read_stdin_source(*o.stdin_src);
+    if (!data.ok()) return std::move(data).error();
+    spec.stdin_data = std::move(data).value();
   }
+  return {};
+}
 
-  auto engine = policy::create_engine(cfg, std::move(init_filter).value());
-  if (!engine.ok()) {
-    std::fprintf(stderr, "toolsandbox run: %s\n", engine.error().message.c_str());
-    return kExitSetup;
-  }
-  isolate::RunResult r = (*engine)->run(spec);
-
+// Prints the run (its record as one JSON line, or its output as the tool
+// wrote it) and turns how it ended into the exit status, the tool's own
+// when it exited.
+int report_run(const isolate::RunResult& r, const core::Policy& policy, const isolate::RunSpec& spec, bool json) {
   if (json) {
     nlohmann::json j = core::run_record_json(r);
-    j["policy"] = policy->name;
-    j["policy_fingerprint"] = policy->fingerprint;
+    j["policy"] = policy.name;
+    j["policy_fingerprint"] = policy.fingerprint;
     j["stdout"] = r.stdout_data;
     j["stderr"] = r.stderr_data;
     std::fputs(core::dump_json(j).c_str(), stdout);
@@ -226,6 +256,34 @@ int cmd_run(const std::vector<std::string>& args) {
       if (!json) std::fprintf(stderr, "toolsandbox run: run ended: %s\n", std::string(isolate::to_string(r.reason)).c_str());
       return 128 + 9;
   }
+}
+
+}  // namespace
+
+// The steps in the order they can fail: the command line, the policy and
+// its filter, the init's filter, the run's spec, the engine; then the run.
+int cmd_run(const std::vector<std::string>& args) {
+  auto opts = parse_run_options(args);
+  if (!opts.ok()) return fail_usage(opts.error().message);
+  auto policy = load_run_policy(*opts);
+  if (!policy.ok()) return fail_usage(policy.error().message);
+  auto init_filter = compiled(opts->seccomp_cache, "init", [] { return policy::compile_init_filter(); });
+  if (!init_filter.ok()) {
+    std::fprintf(stderr, "toolsandbox run: compiling the init filter: %s\n", init_filter.error().message.c_str());
+    return kExitSetup;
+  }
+  isolate::RunSpec spec = core::run_spec_from(*policy);
+  isolate::FsInputs fs = core::fs_inputs_from(*policy);
+  if (auto st = apply_overrides(*opts, *policy, spec, fs); !st.ok()) return fail_usage(st.error().message);
+  if (auto st = complete_spec(*opts, *policy, fs, spec); !st.ok()) return fail_usage(st.error().message);
+
+  auto engine = policy::create_engine(opts->cfg, std::move(init_filter).value());
+  if (!engine.ok()) {
+    std::fprintf(stderr, "toolsandbox run: %s\n", engine.error().message.c_str());
+    return kExitSetup;
+  }
+  isolate::RunResult r = (*engine)->run(spec);
+  return report_run(r, *policy, spec, opts->json);
 }
 
 }  // namespace tsb::cli

@@ -68,166 +68,213 @@ std::string when(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
+// What the command line asks for: the verb, its options and its operands.
+struct VenvOptions {
+  std::string verb;
+  std::optional<std::string> config, cache;
+  std::string socket_path = kDefaultSocket, org = "default", policy;
+  std::optional<std::uint64_t> max_bytes;
+  bool as_json = false, all = false;
+  std::vector<std::string> operands;
+};
+
+// The verb (args[0]) and what follows it, or the usage error.
+Result<VenvOptions> parse_venv_options(const std::vector<std::string>& args) {
+  VenvOptions o;
+  o.verb = args[0];
+  static const std::vector<OptionSpec> kOptions = {
+      {"json", nullptr},   {"config", "a file"}, {"cache", "a directory"}, {"all", nullptr},
+      {"max-bytes", "a size"}, {"org", "an organization id"}, {"policy", "a name"}, {"socket", "a path"},
+  };
+  auto err = parse_options(std::vector<std::string>(args.begin() + 1, args.end()), kOptions, false,
+                           [&](const std::string& name, const std::string& v) -> std::optional<std::string> {
+                             if (name == "json") o.as_json = true;
+                             else if (name == "config") o.config = v;
+                             else if (name == "cache") o.cache = v;
+                             else if (name == "all") o.all = true;
+                             else if (name == "org") o.org = v;
+                             else if (name == "policy") o.policy = v;
+                             else if (name == "socket") o.socket_path = v;
+                             else if (name == "max-bytes") {
+                               auto s = parse_size(json(v));
+                               if (!s.ok()) return "--max-bytes: " + s.error().message;
+                               o.max_bytes = *s;
+                             }
+                             return std::nullopt;
+                           },
+                           &o.operands);
+  if (err) return Error::invalid(*err);
+  return o;
+}
+
+// build: a run of a trivial tool with the requirements, through the
+// daemon, builds the venv exactly as a tool's run would.
+int venv_build(const VenvOptions& o) {
+  if (o.operands.empty()) return usage("build needs at least one requirement");
+  if (o.config || o.cache || o.all || o.max_bytes) return usage("build takes --org, --policy, --socket and --json");
+  json req = {{"v", 1},
+              {"id", "venv-build-" + random_hex(8)},
+              {"type", "run_tool"},
+              {"tool_name", "venv_build"},
+              {"organization_id", o.org},
+              {"source_code", "def venv_build() -> str:\n    import sys\n    return sys.prefix\n"},
+              {"args", json::object()},
+              {"pip_requirements", o.operands}};
+  if (!o.policy.empty()) req["policy"] = o.policy;
+  auto resp = roundtrip(o.socket_path, req);
+  if (!resp.ok()) return fail(resp.error().message);
+  if (o.as_json) std::printf("%s\n", core::dump_json(*resp).c_str());
+  if (!resp->value("ok", false)) {
+    if (!o.as_json) std::fprintf(stderr, "toolsandbox venv: %s: %s\n", (*resp)["error"].value("code", "?").c_str(),
+                                 (*resp)["error"].value("message", "").c_str());
+    return 1;
+  }
+  const json& r = (*resp)["result"];
+  const json& v = r["record"].contains("venv") ? r["record"]["venv"] : json::object();
+  if (r.value("status", "") != "success") {
+    if (!o.as_json) {
+      for (const auto& s : r["stderr"]) std::fprintf(stderr, "%s\n", s.get<std::string>().c_str());
+      std::fprintf(stderr, "toolsandbox venv: the build failed: %s\n", r["record"].value("error", "").c_str());
+    }
+    return 1;
+  }
+  if (!o.as_json)
+    std::printf("%s %s in %.0f ms (policy %s)\n", v.value("key", "?").c_str(), v.value("built", false) ? "built" : "cached",
+                v.value("build_ms", 0.0), r["record"].value("policy", "?").c_str());
+  return 0;
+}
+
+// list, show and gc read the cache itself: the options for build and for
+// another verb are refused before anything is opened.
+Status check_cache_options(const VenvOptions& o) {
+  if (o.verb != "list" && o.verb != "show" && o.verb != "gc") return Error::invalid("unknown verb '" + o.verb + "'");
+  if (!o.org.empty() && o.org != "default") return Error::invalid("--org is for build");
+  if (!o.policy.empty()) return Error::invalid("--policy is for build");
+  if ((o.all || o.max_bytes) && o.verb != "gc") return Error::invalid("--all and --max-bytes are for gc");
+  if (o.all && o.max_bytes) return Error::invalid("give --all or --max-bytes, not both");
+  if (o.config && o.cache) return Error::invalid("give --config or --cache, not both");
+  return {};
+}
+
+// The cache directory, its cap (for gc: what it removes down to) and the
+// cache opened as its owner.
+struct OpenCache {
+  std::string dir;
+  std::uint64_t cap = 0;
+  std::unique_ptr<venv::Cache> cache;
+};
+
+// The directory comes from --cache, else from the daemon's configuration
+// (--config, or the installed one, which may be absent); root becomes the
+// directory's owner before opening it.
+Result<OpenCache> open_cache(const VenvOptions& o) {
+  OpenCache out;
+  {
+    const bool explicit_config = o.config.has_value();
+    const std::string path = explicit_config ? *o.config : std::string(TSB_SYSCONFDIR) + "/toolsandboxd.json";
+    auto cfg = core::load_daemon_config(path, !explicit_config);
+    if (!cfg.ok() && !o.cache) return std::move(cfg).error();
+    out.dir = o.cache ? *o.cache : cfg->venvs.cache_dir;
+    out.cap = cfg.ok() ? cfg->venvs.max_bytes : core::VenvConfig{}.max_bytes;
+  }
+  if (auto st = become_owner(out.dir); !st.ok()) return std::move(st).error();
+  // gc: the cap is what it removes down to.
+  if (o.verb == "gc") out.cap = o.all ? 0 : o.max_bytes.value_or(out.cap);
+  auto c = venv::Cache::open(out.dir, out.cap, /*owner=*/false);
+  if (!c.ok()) return std::move(c).error();
+  out.cache = std::move(c).value();
+  return out;
+}
+
+// show KEY: one venv's manifest, found by a unique prefix of its key.
+int venv_show(venv::Cache& cache, const std::string& dir, const VenvOptions& o) {
+  if (o.operands.size() != 1) return usage("show needs one KEY (or a unique prefix of at least 8 digits)");
+  const std::string& k = o.operands[0];
+  std::vector<std::string> match;
+  for (const auto& [key, e] : cache.entries())
+    if (k.size() >= 8 && key.starts_with(k)) match.push_back(key);
+  if (match.empty()) return fail("no venv " + k + " in " + dir);
+  if (match.size() > 1) return fail(k + " names " + std::to_string(match.size()) + " venvs; give more digits");
+  json m = cache.manifest(match[0]);
+  if (m.is_null()) return fail("the manifest of " + match[0] + " is unreadable");
+  m["in_use"] = cache.held_anywhere(match[0]);
+  m["path"] = dir + "/" + match[0];
+  std::printf("%s\n", m.dump(2).c_str());
+  return 0;
+}
+
+// list: every venv, most recently used first, as JSON or one line each.
+int venv_list(venv::Cache& cache, const std::string& dir, std::uint64_t cap, const VenvOptions& o) {
+  if (!o.operands.empty()) return usage("list takes no operand");
+  std::vector<const venv::CacheEntry*> es;
+  for (const auto& [k, e] : cache.entries()) es.push_back(&e);
+  std::sort(es.begin(), es.end(), [](auto* a, auto* b) { return a->last_used > b->last_used; });
+  json out = json::array();
+  for (const venv::CacheEntry* e : es) {
+    // The manifest is the daemon's, but read as any file is: a field of
+    // another shape is shown as missing.
+    const json m = cache.manifest(e->key);
+    json reqs = json::array();
+    if (m.is_object() && m.contains("requirements") && m["requirements"].is_array())
+      for (const auto& r : m["requirements"])
+        if (r.is_string()) reqs.push_back(r);
+    const json policy = m.is_object() && m.contains("policy") && m["policy"].is_string() ? m["policy"] : json("");
+    out.push_back({{"key", e->key},
+                   {"bytes", e->bytes},
+                   {"last_used", when(e->last_used)},
+                   {"in_use", cache.held_anywhere(e->key)},
+                   {"policy", policy},
+                   {"requirements", reqs}});
+  }
+  if (o.as_json) {
+    std::printf("%s\n", json{{"dir", dir}, {"bytes", cache.total_bytes()}, {"max_bytes", cap}, {"venvs", out}}.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s: %zu venvs, %s of %s\n", dir.c_str(), out.size(), format_size(cache.total_bytes()).c_str(),
+              format_size(cap).c_str());
+  for (const json& e : out) {
+    std::string reqs;
+    for (const auto& r : e["requirements"]) reqs += (reqs.empty() ? "" : " ") + r.get<std::string>();
+    std::printf("%.16s  %10s  %s  %-6s  %s\n", e["key"].get<std::string>().c_str(),
+                format_size(e["bytes"].get<std::uint64_t>()).c_str(), e["last_used"].get<std::string>().c_str(),
+                e["in_use"].get<bool>() ? "in use" : "", reqs.c_str());
+  }
+  return 0;
+}
+
+// gc: least recently used first, never one a run holds.
+int venv_gc(venv::Cache& cache, const std::string& dir, const VenvOptions& o) {
+  if (!o.operands.empty()) return usage("gc takes no operand");
+  const std::uint64_t before = cache.total_bytes();
+  const std::vector<std::string> gone = cache.evict();
+  if (o.as_json) {
+    std::printf("%s\n", json{{"removed", gone}, {"bytes_before", before}, {"bytes", cache.total_bytes()}}.dump(2).c_str());
+  } else {
+    for (const auto& k : gone) std::printf("removed %s\n", k.c_str());
+    std::printf("%s: %zu venvs removed, %s left (%zu venvs)\n", dir.c_str(), gone.size(),
+                format_size(cache.total_bytes()).c_str(), cache.entries().size());
+  }
+  return 0;
+}
+
 }  // namespace
 
+// The verb decides: build asks the daemon; list, show and gc open the
+// cache directory (as its owner) and read it.
 int cmd_venv(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "help" || args[0] == "--help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);
     return args.empty() ? kExitUsage : 0;
   }
-  const std::string verb = args[0];
-  std::optional<std::string> config, cache;
-  std::string socket_path = kDefaultSocket, org = "default", policy;
-  std::optional<std::uint64_t> max_bytes;
-  bool as_json = false, all = false;
-  static const std::vector<OptionSpec> kOptions = {
-      {"json", nullptr},   {"config", "a file"}, {"cache", "a directory"}, {"all", nullptr},
-      {"max-bytes", "a size"}, {"org", "an organization id"}, {"policy", "a name"}, {"socket", "a path"},
-  };
-  std::vector<std::string> operands;
-  auto err = parse_options(std::vector<std::string>(args.begin() + 1, args.end()), kOptions, false,
-                           [&](const std::string& name, const std::string& v) -> std::optional<std::string> {
-                             if (name == "json") as_json = true;
-                             else if (name == "config") config = v;
-                             else if (name == "cache") cache = v;
-                             else if (name == "all") all = true;
-                             else if (name == "org") org = v;
-                             else if (name == "policy") policy = v;
-                             else if (name == "socket") socket_path = v;
-                             else if (name == "max-bytes") {
-                               auto s = parse_size(json(v));
-                               if (!s.ok()) return "--max-bytes: " + s.error().message;
-                               max_bytes = *s;
-                             }
-                             return std::nullopt;
-                           },
-                           &operands);
-  if (err) return usage(*err);
-
-  if (verb == "build") {
-    if (operands.empty()) return usage("build needs at least one requirement");
-    if (config || cache || all || max_bytes) return usage("build takes --org, --policy, --socket and --json");
-    json req = {{"v", 1},
-                {"id", "venv-build-" + random_hex(8)},
-                {"type", "run_tool"},
-                {"tool_name", "venv_build"},
-                {"organization_id", org},
-                {"source_code", "def venv_build() -> str:\n    import sys\n    return sys.prefix\n"},
-                {"args", json::object()},
-                {"pip_requirements", operands}};
-    if (!policy.empty()) req["policy"] = policy;
-    auto resp = roundtrip(socket_path, req);
-    if (!resp.ok()) return fail(resp.error().message);
-    if (as_json) std::printf("%s\n", core::dump_json(*resp).c_str());
-    if (!resp->value("ok", false)) {
-      if (!as_json) std::fprintf(stderr, "toolsandbox venv: %s: %s\n", (*resp)["error"].value("code", "?").c_str(),
-                                 (*resp)["error"].value("message", "").c_str());
-      return 1;
-    }
-    const json& r = (*resp)["result"];
-    const json& v = r["record"].contains("venv") ? r["record"]["venv"] : json::object();
-    if (r.value("status", "") != "success") {
-      if (!as_json) {
-        for (const auto& s : r["stderr"]) std::fprintf(stderr, "%s\n", s.get<std::string>().c_str());
-        std::fprintf(stderr, "toolsandbox venv: the build failed: %s\n", r["record"].value("error", "").c_str());
-      }
-      return 1;
-    }
-    if (!as_json)
-      std::printf("%s %s in %.0f ms (policy %s)\n", v.value("key", "?").c_str(), v.value("built", false) ? "built" : "cached",
-                  v.value("build_ms", 0.0), r["record"].value("policy", "?").c_str());
-    return 0;
-  }
-
-  if (verb != "list" && verb != "show" && verb != "gc") return usage("unknown verb '" + verb + "'");
-  if (!org.empty() && org != "default") return usage("--org is for build");
-  if (!policy.empty()) return usage("--policy is for build");
-  if ((all || max_bytes) && verb != "gc") return usage("--all and --max-bytes are for gc");
-  if (all && max_bytes) return usage("give --all or --max-bytes, not both");
-  if (config && cache) return usage("give --config or --cache, not both");
-  std::string dir;
-  std::uint64_t cap = 0;
-  {
-    const bool explicit_config = config.has_value();
-    const std::string path = explicit_config ? *config : std::string(TSB_SYSCONFDIR) + "/toolsandboxd.json";
-    auto cfg = core::load_daemon_config(path, !explicit_config);
-    if (!cfg.ok() && !cache) return fail(cfg.error().message);
-    dir = cache ? *cache : cfg->venvs.cache_dir;
-    cap = cfg.ok() ? cfg->venvs.max_bytes : core::VenvConfig{}.max_bytes;
-  }
-  if (auto st = become_owner(dir); !st.ok()) return fail(st.error().message);
-  // gc: the cap is what it removes down to.
-  if (verb == "gc") cap = all ? 0 : max_bytes.value_or(cap);
-  auto c = venv::Cache::open(dir, cap, /*owner=*/false);
-  if (!c.ok()) return fail(c.error().message);
-  venv::Cache& cache_ = **c;
-
-  if (verb == "show") {
-    if (operands.size() != 1) return usage("show needs one KEY (or a unique prefix of at least 8 digits)");
-    const std::string& k = operands[0];
-    std::vector<std::string> match;
-    for (const auto& [key, e] : cache_.entries())
-      if (k.size() >= 8 && key.starts_with(k)) match.push_back(key);
-    if (match.empty()) return fail("no venv " + k + " in " + dir);
-    if (match.size() > 1) return fail(k + " names " + std::to_string(match.size()) + " venvs; give more digits");
-    json m = cache_.manifest(match[0]);
-    if (m.is_null()) return fail("the manifest of " + match[0] + " is unreadable");
-    m["in_use"] = cache_.held_anywhere(match[0]);
-    m["path"] = dir + "/" + match[0];
-    std::printf("%s\n", m.dump(2).c_str());
-    return 0;
-  }
-
-  if (verb == "list") {
-    if (!operands.empty()) return usage("list takes no operand");
-    std::vector<const venv::CacheEntry*> es;
-    for (const auto& [k, e] : cache_.entries()) es.push_back(&e);
-    std::sort(es.begin(), es.end(), [](auto* a, auto* b) { return a->last_used > b->last_used; });
-    json out = json::array();
-    for (const venv::CacheEntry* e : es) {
-      // The manifest is the daemon's, but read as any file is: a field of
-      // another shape is shown as missing.
-      const json m = cache_.manifest(e->key);
-      json reqs = json::array();
-      if (m.is_object() && m.contains("requirements") && m["requirements"].is_array())
-        for (const auto& r : m["requirements"])
-          if (r.is_string()) reqs.push_back(r);
-      const json policy = m.is_object() && m.contains("policy") && m["policy"].is_string() ? m["policy"] : json("");
-      out.push_back({{"key", e->key},
-                     {"bytes", e->bytes},
-                     {"last_used", when(e->last_used)},
-                     {"in_use", cache_.held_anywhere(e->key)},
-                     {"policy", policy},
-                     {"requirements", reqs}});
-    }
-    if (as_json) {
-      std::printf("%s\n", json{{"dir", dir}, {"bytes", cache_.total_bytes()}, {"max_bytes", cap}, {"venvs", out}}.dump(2).c_str());
-      return 0;
-    }
-    std::printf("%s: %zu venvs, %s of %s\n", dir.c_str(), out.size(), format_size(cache_.total_bytes()).c_str(),
-                format_size(cap).c_str());
-    for (const json& e : out) {
-      std::string reqs;
-      for (const auto& r : e["requirements"]) reqs += (reqs.empty() ? "" : " ") + r.get<std::string>();
-      std::printf("%.16s  %10s  %s  %-6s  %s\n", e["key"].get<std::string>().c_str(),
-                  format_size(e["bytes"].get<std::uint64_t>()).c_str(), e["last_used"].get<std::string>().c_str(),
-                  e["in_use"].get<bool>() ? "in use" : "", reqs.c_str());
-    }
-    return 0;
-  }
-
-  // gc: least recently used first, never one a run holds.
-  if (!operands.empty()) return usage("gc takes no operand");
-  const std::uint64_t before = cache_.total_bytes();
-  const std::vector<std::string> gone = cache_.evict();
-  if (as_json) {
-    std::printf("%s\n", json{{"removed", gone}, {"bytes_before", before}, {"bytes", cache_.total_bytes()}}.dump(2).c_str());
-  } else {
-    for (const auto& k : gone) std::printf("removed %s\n", k.c_str());
-    std::printf("%s: %zu venvs removed, %s left (%zu venvs)\n", dir.c_str(), gone.size(),
-                format_size(cache_.total_bytes()).c_str(), cache_.entries().size());
-  }
-  return 0;
+  auto opts = parse_venv_options(args);
+  if (!opts.ok()) return usage(opts.error().message);
+  if (opts->verb == "build") return venv_build(*opts);
+  if (auto st = check_cache_options(*opts); !st.ok()) return usage(st.error().message);
+  auto opened = open_cache(*opts);
+  if (!opened.ok()) return fail(opened.error().message);
+  if (opts->verb == "show") return venv_show(*opened->cache, opened->dir, *opts);
+  if (opts->verb == "list") return venv_list(*opened->cache, opened->dir, opened->cap, *opts);
+  return venv_gc(*opened->cache, opened->dir, *opts);
 }
 
 }  // namespace tsb::cli

@@ -42,37 +42,34 @@ std::string api_key_of(std::string_view s) {
   return std::string(s);
 }
 
-}  // namespace
+// Each step below reads one part of the configuration through `w`, in the
+// order load_daemon_config calls them: an unknown key's message lists the
+// keys asked for so far, so the order is part of the messages. Every
+// error a step returns is final; the caller passes it on as it is.
 
-Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional, SourceFiles* files) {
-  DaemonConfig c;
-  auto text = read_policy_text(path, files);
-  if (!text.ok()) {
-    if (optional && text.error().code == ENOENT) return c;
-    return std::move(text).error().wrap("configuration");
-  }
-  auto doc = parse_jsonc(*text, path);
-  if (!doc.ok()) return std::move(doc).error();
-  if (!doc->value.is_object()) return Error::invalid(doc->where("") + ": the configuration must be an object");
-  c.source = path;
-  ObjectReader w(*doc, doc->value, "");
-  if (const json* v = w.get("version"); !v || !v->is_number_unsigned() || v->get<int>() != 1)
-    return Error::invalid(doc->where(v ? "/version" : "") + ": \"version\": 1 is required");
+// "socket": where the daemon listens, and the mode and group of the
+// socket file (never any access for others).
+Status read_socket(ObjectReader& w, const LocatedJson& doc, DaemonConfig& c) {
+  const json* s = w.get("socket");
+  if (!s) return {};
+  if (!s->is_object()) return Error::invalid(w.where("socket") + ": must be an object");
+  ObjectReader ws(doc, *s, "/socket");
+  TRY_SET(c.socket_path, ws.string("path", c.socket_path, true));
+  std::string mode;
+  TRY_SET(mode, ws.string("mode", "0660"));
+  char* end = nullptr;
+  unsigned long m = std::strtoul(mode.c_str(), &end, 8);
+  if (mode.empty() || *end != '\0' || m > 0777 || (m & 0007))
+    return Error::invalid(ws.where("mode") + ": must be an octal mode like \"0660\" with no access for others");
+  c.socket_mode = static_cast<mode_t>(m);
+  TRY_SET(c.socket_group, ws.string("group", ""));
+  TSB_TRY(ws.done(), "configuration");
+  return {};
+}
 
-  if (const json* s = w.get("socket")) {
-    if (!s->is_object()) return Error::invalid(w.where("socket") + ": must be an object");
-    ObjectReader ws(*doc, *s, "/socket");
-    TRY_SET(c.socket_path, ws.string("path", c.socket_path, true));
-    std::string mode;
-    TRY_SET(mode, ws.string("mode", "0660"));
-    char* end = nullptr;
-    unsigned long m = std::strtoul(mode.c_str(), &end, 8);
-    if (mode.empty() || *end != '\0' || m > 0777 || (m & 0007))
-      return Error::invalid(ws.where("mode") + ": must be an octal mode like \"0660\" with no access for others");
-    c.socket_mode = static_cast<mode_t>(m);
-    TRY_SET(c.socket_group, ws.string("group", ""));
-    TSB_TRY(ws.done(), "configuration");
-  }
+// "allowed_uids" and "allowed_groups": the peers the daemon answers, by
+// number or by name (names resolved now, once).
+Status read_peers(ObjectReader& w, DaemonConfig& c) {
   if (const json* u = w.get("allowed_uids")) {
     if (!u->is_array()) return Error::invalid(w.where("allowed_uids") + ": must be an array of uids or user names");
     c.allowed_uids.clear();
@@ -96,6 +93,12 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional, 
       } else return Error::invalid(w.where("allowed_groups") + ": entries must be gids or group names");
     }
   }
+  return {};
+}
+
+// The bounds of the daemon's load: runs, queue, frames, connections,
+// buffers and timeouts.
+Status read_bounds(ObjectReader& w, DaemonConfig& c) {
   std::uint64_t n = 0;
   TRY_SET(n, w.number("max_concurrent_runs", c.max_concurrent_runs, 1, 4096));
   c.max_concurrent_runs = static_cast<unsigned>(n);
@@ -123,6 +126,12 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional, 
   if (c.request_timeout.count() < 1) return Error::invalid(w.where("request_timeout") + ": must be at least 1ms");
   if (c.write_timeout.count() < 1) return Error::invalid(w.where("write_timeout") + ": must be at least 1ms");
   TRY_SET(c.shutdown_grace, duration(w, "shutdown_grace", c.shutdown_grace));
+  return {};
+}
+
+// The files the daemon reads, the front end's user, and the host paths
+// policies may bind.
+Status read_paths(ObjectReader& w, DaemonConfig& c) {
   TRY_SET(c.policies_dir, w.string("policies_dir", "", true));
   TRY_SET(c.organizations_file, w.string("organizations", "", true));
   TRY_SET(c.runner_path, w.string("runner", "", true));
@@ -136,62 +145,110 @@ Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional, 
       c.bind_allowlist.push_back(e.get<std::string>());
     }
   }
-  if (const json* e = w.get("engine")) {
-    if (!e->is_object()) return Error::invalid(w.where("engine") + ": must be an object");
-    ObjectReader we(*doc, *e, "/engine");
-    TRY_SET(c.engine.cgroup_parent, we.string("cgroup_parent", c.engine.cgroup_parent));
-    if (c.engine.cgroup_parent != "self" && (c.engine.cgroup_parent.empty() || c.engine.cgroup_parent[0] != '/'))
-      return Error::invalid(we.where("cgroup_parent") + ": must be \"self\" or an absolute cgroup path");
-    TRY_SET(c.engine.state_dir, we.string("state_dir", c.engine.state_dir, true));
-    TRY_SET(n, we.number("uid_base", c.engine.uid_base, 65536, 0xF0000000u));
-    c.engine.uid_base = static_cast<std::uint32_t>(n);
-    TRY_SET(n, we.number("uid_slots", c.engine.uid_slots, 1, 16384));
-    c.engine.uid_slots = static_cast<std::uint32_t>(n);
-    TRY_SET(c.engine.init_path, we.string("init", "", true));
-    if (const json* h = we.get("hide_host_paths")) {
-      if (!h->is_boolean()) return Error::invalid(we.where("hide_host_paths") + ": must be true or false");
-      c.engine.hide_host_paths = h->get<bool>();
-    }
-    // Only from 0 up: a sandbox is never less likely than an ordinary
-    // process to be chosen by the OOM killer.
-    TRY_SET(n, we.number("sandbox_oom_score_adj", static_cast<std::uint64_t>(c.engine.sandbox_oom_score_adj), 0, 1000));
-    c.engine.sandbox_oom_score_adj = static_cast<int>(n);
-    TSB_TRY(we.done(), "configuration");
+  return {};
+}
+
+// "engine": where runs' cgroups and state live, the host ids they map to,
+// and the sandbox init.
+Status read_engine(ObjectReader& w, const LocatedJson& doc, DaemonConfig& c) {
+  const json* e = w.get("engine");
+  if (!e) return {};
+  if (!e->is_object()) return Error::invalid(w.where("engine") + ": must be an object");
+  ObjectReader we(doc, *e, "/engine");
+  std::uint64_t n = 0;
+  TRY_SET(c.engine.cgroup_parent, we.string("cgroup_parent", c.engine.cgroup_parent));
+  if (c.engine.cgroup_parent != "self" && (c.engine.cgroup_parent.empty() || c.engine.cgroup_parent[0] != '/'))
+    return Error::invalid(we.where("cgroup_parent") + ": must be \"self\" or an absolute cgroup path");
+  TRY_SET(c.engine.state_dir, we.string("state_dir", c.engine.state_dir, true));
+  TRY_SET(n, we.number("uid_base", c.engine.uid_base, 65536, 0xF0000000u));
+  c.engine.uid_base = static_cast<std::uint32_t>(n);
+  TRY_SET(n, we.number("uid_slots", c.engine.uid_slots, 1, 16384));
+  c.engine.uid_slots = static_cast<std::uint32_t>(n);
+  TRY_SET(c.engine.init_path, we.string("init", "", true));
+  if (const json* h = we.get("hide_host_paths")) {
+    if (!h->is_boolean()) return Error::invalid(we.where("hide_host_paths") + ": must be true or false");
+    c.engine.hide_host_paths = h->get<bool>();
   }
-  if (const json* e = w.get("e2b")) {
-    if (!e->is_object()) return Error::invalid(w.where("e2b") + ": must be an object");
-    ObjectReader we(*doc, *e, "/e2b");
-    TRY_SET(c.e2b.api_key_file, we.string("api_key_file", "", true));
-    c.e2b.enabled = !c.e2b.api_key_file.empty();
-    TRY_SET(c.e2b.api_url, we.string("api_url", c.e2b.api_url));
-    TRY_SET(c.e2b.sandbox_url, we.string("sandbox_url", c.e2b.sandbox_url));
-    TRY_SET(c.e2b.domain, we.string("domain", c.e2b.domain));
-    TRY_SET(c.e2b.template_id, we.string("template", c.e2b.template_id));
-    std::chrono::milliseconds ttl{};
-    TRY_SET(ttl, duration(we, "sandbox_ttl", std::chrono::duration_cast<std::chrono::milliseconds>(c.e2b.sandbox_ttl)));
-    c.e2b.sandbox_ttl = std::chrono::duration_cast<std::chrono::seconds>(ttl);
-    TRY_SET(n, we.number("max_sandboxes", c.e2b.max_sandboxes, 1, 1024));
-    c.e2b.max_sandboxes = static_cast<unsigned>(n);
-    if (const json* a = we.get("allow_requirement_urls")) {
-      if (!a->is_boolean()) return Error::invalid(we.where("allow_requirement_urls") + ": must be true or false");
-      c.e2b.allow_requirement_urls = a->get<bool>();
-    }
-    TSB_TRY(we.done(), "configuration");
+  // Only from 0 up: a sandbox is never less likely than an ordinary
+  // process to be chosen by the OOM killer.
+  TRY_SET(n, we.number("sandbox_oom_score_adj", static_cast<std::uint64_t>(c.engine.sandbox_oom_score_adj), 0, 1000));
+  c.engine.sandbox_oom_score_adj = static_cast<int>(n);
+  TSB_TRY(we.done(), "configuration");
+  return {};
+}
+
+// "e2b": the E2B backend, on when an API key file is named.
+Status read_e2b(ObjectReader& w, const LocatedJson& doc, DaemonConfig& c) {
+  const json* e = w.get("e2b");
+  if (!e) return {};
+  if (!e->is_object()) return Error::invalid(w.where("e2b") + ": must be an object");
+  ObjectReader we(doc, *e, "/e2b");
+  std::uint64_t n = 0;
+  TRY_SET(c.e2b.api_key_file, we.string("api_key_file", "", true));
+  c.e2b.enabled = !c.e2b.api_key_file.empty();
+  TRY_SET(c.e2b.api_url, we.string("api_url", c.e2b.api_url));
+  TRY_SET(c.e2b.sandbox_url, we.string("sandbox_url", c.e2b.sandbox_url));
+  TRY_SET(c.e2b.domain, we.string("domain", c.e2b.domain));
+  TRY_SET(c.e2b.template_id, we.string("template", c.e2b.template_id));
+  std::chrono::milliseconds ttl{};
+  TRY_SET(ttl, duration(we, "sandbox_ttl", std::chrono::duration_cast<std::chrono::milliseconds>(c.e2b.sandbox_ttl)));
+  c.e2b.sandbox_ttl = std::chrono::duration_cast<std::chrono::seconds>(ttl);
+  TRY_SET(n, we.number("max_sandboxes", c.e2b.max_sandboxes, 1, 1024));
+  c.e2b.max_sandboxes = static_cast<unsigned>(n);
+  if (const json* a = we.get("allow_requirement_urls")) {
+    if (!a->is_boolean()) return Error::invalid(we.where("allow_requirement_urls") + ": must be true or false");
+    c.e2b.allow_requirement_urls = a->get<bool>();
   }
-  if (const json* v = w.get("venvs")) {
-    if (!v->is_object()) return Error::invalid(w.where("venvs") + ": must be an object");
-    ObjectReader wv(*doc, *v, "/venvs");
-    TRY_SET(c.venvs.cache_dir, wv.string("cache_dir", c.venvs.cache_dir));
-    if (c.venvs.cache_dir.size() < 2 || c.venvs.cache_dir[0] != '/' || c.venvs.cache_dir.back() == '/' ||
-        c.venvs.cache_dir.find("/.") != std::string::npos || c.venvs.cache_dir.find("//") != std::string::npos)
-      return Error::invalid(wv.where("cache_dir") + ": must be an absolute, normalised path (not /)");
-    if (const json* m = wv.get("max_bytes")) {
-      auto s = parse_size(*m);
-      if (!s.ok() || *s < (16ull << 20)) return Error::invalid(wv.where("max_bytes") + ": must be a size of at least 16MiB");
-      c.venvs.max_bytes = *s;
-    }
-    TSB_TRY(wv.done(), "configuration");
+  TSB_TRY(we.done(), "configuration");
+  return {};
+}
+
+// "venvs": the per-tool venv cache: its directory (an absolute,
+// normalised path) and its cap.
+Status read_venvs(ObjectReader& w, const LocatedJson& doc, DaemonConfig& c) {
+  const json* v = w.get("venvs");
+  if (!v) return {};
+  if (!v->is_object()) return Error::invalid(w.where("venvs") + ": must be an object");
+  ObjectReader wv(doc, *v, "/venvs");
+  TRY_SET(c.venvs.cache_dir, wv.string("cache_dir", c.venvs.cache_dir));
+  if (c.venvs.cache_dir.size() < 2 || c.venvs.cache_dir[0] != '/' || c.venvs.cache_dir.back() == '/' ||
+      c.venvs.cache_dir.find("/.") != std::string::npos || c.venvs.cache_dir.find("//") != std::string::npos)
+    return Error::invalid(wv.where("cache_dir") + ": must be an absolute, normalised path (not /)");
+  if (const json* m = wv.get("max_bytes")) {
+    auto s = parse_size(*m);
+    if (!s.ok() || *s < (16ull << 20)) return Error::invalid(wv.where("max_bytes") + ": must be a size of at least 16MiB");
+    c.venvs.max_bytes = *s;
   }
+  TSB_TRY(wv.done(), "configuration");
+  return {};
+}
+
+}  // namespace
+
+// The configuration file (absent and `optional`: the defaults), read part
+// by part; the first error ends it.
+Result<DaemonConfig> load_daemon_config(const std::string& path, bool optional, SourceFiles* files) {
+  DaemonConfig c;
+  auto text = read_policy_text(path, files);
+  if (!text.ok()) {
+    if (optional && text.error().code == ENOENT) return c;
+    return std::move(text).error().wrap("configuration");
+  }
+  auto doc = parse_jsonc(*text, path);
+  if (!doc.ok()) return std::move(doc).error();
+  if (!doc->value.is_object()) return Error::invalid(doc->where("") + ": the configuration must be an object");
+  c.source = path;
+  ObjectReader w(*doc, doc->value, "");
+  if (const json* v = w.get("version"); !v || !v->is_number_unsigned() || v->get<int>() != 1)
+    return Error::invalid(doc->where(v ? "/version" : "") + ": \"version\": 1 is required");
+
+  if (auto st = read_socket(w, *doc, c); !st.ok()) return std::move(st).error();
+  if (auto st = read_peers(w, c); !st.ok()) return std::move(st).error();
+  if (auto st = read_bounds(w, c); !st.ok()) return std::move(st).error();
+  if (auto st = read_paths(w, c); !st.ok()) return std::move(st).error();
+  if (auto st = read_engine(w, *doc, c); !st.ok()) return std::move(st).error();
+  if (auto st = read_e2b(w, *doc, c); !st.ok()) return std::move(st).error();
+  if (auto st = read_venvs(w, *doc, c); !st.ok()) return std::move(st).error();
   TSB_TRY(w.done(), "configuration");
   return c;
 }

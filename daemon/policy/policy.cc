@@ -463,14 +463,16 @@ Status check_engine_syscalls(const policy::SeccompProfile& prof, const std::stri
   return {};
 }
 
-Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, const PolicyContext& ctx,
-                              const json& merged, const std::string& include_path, const SourceFile& seccomp_file) {
-  Policy p;
-  p.source = path;
-  p.include = include_path;
-  ObjectReader root(doc, merged, "");
-  TSB_TRY(root.object("a policy"), path);
+// Each step below reads one part of a policy document through `root`, in
+// the order parse_document calls them. The order is part of the messages:
+// an unknown key lists the keys asked for so far ("known here: ..."), and
+// a step may rely on what an earlier one set (packages on the backend and
+// the venv). Every error a step returns is final (its location and the
+// "policy" context already in it); parse_document passes it on as it is.
 
+// "version" (required, 1), "include" (the loader's), "description" and
+// "backend".
+Status read_header(ObjectReader& root, const LocatedJson& doc, Policy& p) {
   const json* version = root.get("version");
   TSB_TRY(expect(version && version->is_number_unsigned() && version->get<std::uint64_t>() == 1,
                  version ? doc.where("/version") : doc.where(""), "\"version\": 1 is required (the only version)"), "policy");
@@ -484,69 +486,93 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
                    "must be \"local\" or \"e2b\""), "policy");
     p.backend = *v == "e2b" ? Backend::E2B : Backend::Local;
   }
-  if (const json* v = root.get("limits")) TSB_TRY(parse_limits(ObjectReader(doc, *v, "/limits"), doc, p.limits), "policy");
+  return {};
+}
 
-  p.venv = "/var/lib/toolsandbox/venv";
-  if (const json* v = root.get("filesystem")) {
-    ObjectReader fs(doc, *v, "/filesystem");
-    TSB_TRY(fs.object("\"filesystem\""), "policy");
-    if (const json* venv = fs.get("venv")) {
-      TSB_TRY(expect(venv->is_null() || (venv->is_string() && !venv->get<std::string>().empty() &&
-                                         venv->get<std::string>()[0] == '/'),
-                     fs.where("venv"), "must be an absolute host path, or null for no venv"), "policy");
-      p.venv = venv->is_null() ? "" : venv->get<std::string>();
-    }
-    if (const json* wd = fs.get("workdir")) {
-      TSB_TRY(expect(wd->is_string(), fs.where("workdir"), "must be a string"), "policy");
-      auto st = isolate::check_sandbox_path(wd->get<std::string>(), "workdir");
-      if (!st.ok()) return Error::invalid(fs.where("workdir") + ": " + st.error().message);
-      p.workdir = wd->get<std::string>();
-      static const char* kReserved[] = {"/", "/usr", "/etc", "/proc", "/dev", "/tmp", "/venv", "/bin", "/lib", "/lib64", "/sbin"};
-      for (const char* r : kReserved)
-        TSB_TRY(expect(p.workdir != r, fs.where("workdir"), std::string("cannot be ") + r), "policy");
-    }
-    if (const json* binds = fs.get("binds")) {
-      TSB_TRY(expect(binds->is_array(), fs.where("binds"), "must be an array"), "policy");
-      for (std::size_t i = 0; i < binds->size(); ++i) {
-        std::string bp = json_pointer_append("/filesystem/binds", i);
-        ObjectReader b(doc, (*binds)[i], bp);
-        TSB_TRY(b.object("a bind"), "policy");
-        isolate::BindMount m;
-        const json* src = b.get("source");
-        const json* dst = b.get("target");
-        TSB_TRY(expect(src && src->is_string() && !src->get<std::string>().empty() && src->get<std::string>()[0] == '/',
-                       src ? b.where("source") : doc.where(bp), "\"source\" must be an absolute host path"), "policy");
-        TSB_TRY(expect(dst && dst->is_string(), dst ? b.where("target") : doc.where(bp),
-                       "\"target\" must be an absolute path inside the sandbox"), "policy");
-        m.source = src->get<std::string>();
-        m.target = dst->get<std::string>();
-        auto st = isolate::check_sandbox_path(m.target, "target");
-        if (!st.ok()) return Error::invalid(b.where("target") + ": " + st.error().message);
-        auto st2 = isolate::check_sandbox_path(m.source, "source");
-        if (!st2.ok()) return Error::invalid(b.where("source") + ": " + st2.error().message);
-        for (const char* r : {"/", "/proc", "/dev", "/etc", "/usr"})
-          TSB_TRY(expect(m.target != r, b.where("target"), std::string("cannot bind over ") + r), "policy");
-        if (const json* w = b.get("writable")) {
-          TSB_TRY(expect(w->is_boolean(), b.where("writable"), "must be true or false"), "policy");
-          m.writable = w->get<bool>();
-        }
-        if (const json* o = b.get("optional")) {
-          TSB_TRY(expect(o->is_boolean(), b.where("optional"), "must be true or false"), "policy");
-          m.optional = o->get<bool>();
-        }
-        TSB_TRY(b.done(), "policy");
-        bool allowed = std::any_of(ctx.bind_allowlist.begin(), ctx.bind_allowlist.end(),
-                                   [&](const std::string& pre) { return path_under(m.source, pre); });
-        TSB_TRY(expect(allowed, b.where("source"),
-                       "bind source " + quoted_for_message(m.source) +
-                           " is outside the bind allow-list of this daemon (bind_allowlist in its configuration)"),
-                "policy");
-        p.binds.push_back(std::move(m));
-      }
-    }
-    TSB_TRY(fs.done(), "policy");
+// "filesystem"/"workdir": a sandbox path that is none of the directories
+// the sandbox is built from, which a tmpfs there would hide.
+Status read_workdir(ObjectReader& fs, Policy& p) {
+  const json* wd = fs.get("workdir");
+  if (!wd) return {};
+  TSB_TRY(expect(wd->is_string(), fs.where("workdir"), "must be a string"), "policy");
+  auto st = isolate::check_sandbox_path(wd->get<std::string>(), "workdir");
+  if (!st.ok()) return Error::invalid(fs.where("workdir") + ": " + st.error().message);
+  p.workdir = wd->get<std::string>();
+  static const char* kReserved[] = {"/", "/usr", "/etc", "/proc", "/dev", "/tmp", "/venv", "/bin", "/lib", "/lib64", "/sbin"};
+  for (const char* r : kReserved)
+    TSB_TRY(expect(p.workdir != r, fs.where("workdir"), std::string("cannot be ") + r), "policy");
+  return {};
+}
+
+// One entry of "filesystem"/"binds": both paths checked, the target over
+// none of the sandbox's own trees, and the source inside this daemon's
+// bind allow-list (the operator's, not the policy author's, decision).
+Result<isolate::BindMount> read_bind(const LocatedJson& doc, const json& value, std::size_t i, const PolicyContext& ctx) {
+  std::string bp = json_pointer_append("/filesystem/binds", i);
+  ObjectReader b(doc, value, bp);
+  TSB_TRY(b.object("a bind"), "policy");
+  isolate::BindMount m;
+  const json* src = b.get("source");
+  const json* dst = b.get("target");
+  TSB_TRY(expect(src && src->is_string() && !src->get<std::string>().empty() && src->get<std::string>()[0] == '/',
+                 src ? b.where("source") : doc.where(bp), "\"source\" must be an absolute host path"), "policy");
+  TSB_TRY(expect(dst && dst->is_string(), dst ? b.where("target") : doc.where(bp),
+                 "\"target\" must be an absolute path inside the sandbox"), "policy");
+  m.source = src->get<std::string>();
+  m.target = dst->get<std::string>();
+  auto st = isolate::check_sandbox_path(m.target, "target");
+  if (!st.ok()) return Error::invalid(b.where("target") + ": " + st.error().message);
+  auto st2 = isolate::check_sandbox_path(m.source, "source");
+  if (!st2.ok()) return Error::invalid(b.where("source") + ": " + st2.error().message);
+  for (const char* r : {"/", "/proc", "/dev", "/etc", "/usr"})
+    TSB_TRY(expect(m.target != r, b.where("target"), std::string("cannot bind over ") + r), "policy");
+  if (const json* w = b.get("writable")) {
+    TSB_TRY(expect(w->is_boolean(), b.where("writable"), "must be true or false"), "policy");
+    m.writable = w->get<bool>();
   }
+  if (const json* o = b.get("optional")) {
+    TSB_TRY(expect(o->is_boolean(), b.where("optional"), "must be true or false"), "policy");
+    m.optional = o->get<bool>();
+  }
+  TSB_TRY(b.done(), "policy");
+  bool allowed = std::any_of(ctx.bind_allowlist.begin(), ctx.bind_allowlist.end(),
+                             [&](const std::string& pre) { return path_under(m.source, pre); });
+  TSB_TRY(expect(allowed, b.where("source"),
+                 "bind source " + quoted_for_message(m.source) +
+                     " is outside the bind allow-list of this daemon (bind_allowlist in its configuration)"),
+          "policy");
+  return m;
+}
 
+// "filesystem": the host venv (the shipped one unless the policy names
+// another, or null for none), the working directory and the binds.
+Status read_filesystem(ObjectReader& root, const LocatedJson& doc, const PolicyContext& ctx, Policy& p) {
+  p.venv = "/var/lib/toolsandbox/venv";
+  const json* v = root.get("filesystem");
+  if (!v) return {};
+  ObjectReader fs(doc, *v, "/filesystem");
+  TSB_TRY(fs.object("\"filesystem\""), "policy");
+  if (const json* venv = fs.get("venv")) {
+    TSB_TRY(expect(venv->is_null() || (venv->is_string() && !venv->get<std::string>().empty() &&
+                                       venv->get<std::string>()[0] == '/'),
+                   fs.where("venv"), "must be an absolute host path, or null for no venv"), "policy");
+    p.venv = venv->is_null() ? "" : venv->get<std::string>();
+  }
+  if (auto st = read_workdir(fs, p); !st.ok()) return std::move(st).error();
+  if (const json* binds = fs.get("binds")) {
+    TSB_TRY(expect(binds->is_array(), fs.where("binds"), "must be an array"), "policy");
+    for (std::size_t i = 0; i < binds->size(); ++i) {
+      auto m = read_bind(doc, (*binds)[i], i, ctx);
+      if (!m.ok()) return std::move(m).error();
+      p.binds.push_back(std::move(m).value());
+    }
+  }
+  TSB_TRY(fs.done(), "policy");
+  return {};
+}
+
+// "network", then "egress", whose rules only network "egress" may have.
+Status read_network(ObjectReader& root, const LocatedJson& doc, Policy& p) {
   if (const json* v = root.get("network")) {
     TSB_TRY(expect(v->is_string() && (*v == "none" || *v == "egress" || *v == "host"), root.where("network"),
                    "must be \"none\", \"egress\" or \"host\""), "policy");
@@ -558,148 +584,228 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
                    "applies to \"network\": \"egress\" only"), "policy");
     TSB_TRY(parse_egress(ObjectReader(doc, *v, "/egress"), p.egress), "policy");
   }
-  // null: none (so a policy can drop an included file's).
-  if (const json* v = root.get("packages"); v && !v->is_null()) {
-    TSB_TRY(parse_packages(ObjectReader(doc, *v, "/packages"), p.packages), "policy");
-    TSB_TRY(expect(p.backend == Backend::Local, root.where("packages"),
-                   "applies to the local backend (E2B installs a run's requirements in its sandbox)"), "policy");
-    TSB_TRY(expect(!p.venv.empty(), root.where("packages"),
-                   "needs \"filesystem\": {\"venv\"}: a tool's own venv takes its place at /venv"), "policy");
-  }
+  return {};
+}
 
-  if (const json* v = root.get("warm_pool"); v && !v->is_null()) {
-    TSB_TRY(parse_warm_pool(ObjectReader(doc, *v, "/warm_pool"), p.warm), "policy");
-    TSB_TRY(expect(p.backend == Backend::Local || p.warm.max == 0, root.where("warm_pool"),
-                   "applies to the local backend (E2B makes its own sandboxes)"), "policy");
-  }
+// "packages" (null: none, so a policy can drop an included file's): local
+// backend only, and only with a host venv, whose place a tool's own venv
+// takes.
+Status read_packages(ObjectReader& root, const LocatedJson& doc, Policy& p) {
+  const json* v = root.get("packages");
+  if (!v || v->is_null()) return {};
+  TSB_TRY(parse_packages(ObjectReader(doc, *v, "/packages"), p.packages), "policy");
+  TSB_TRY(expect(p.backend == Backend::Local, root.where("packages"),
+                 "applies to the local backend (E2B installs a run's requirements in its sandbox)"), "policy");
+  TSB_TRY(expect(!p.venv.empty(), root.where("packages"),
+                 "needs \"filesystem\": {\"venv\"}: a tool's own venv takes its place at /venv"), "policy");
+  return {};
+}
 
-  if (const json* v = root.get("environment")) {
-    ObjectReader env(doc, *v, "/environment");
-    TSB_TRY(env.object("\"environment\""), "policy");
-    if (const json* set = env.get("set")) {
-      TSB_TRY(expect(set->is_object(), env.where("set"), "must be an object of NAME: value"), "policy");
-      for (auto it = set->begin(); it != set->end(); ++it) {
-        std::string kp = json_pointer_append("/environment/set", it.key());
-        TSB_TRY(expect(valid_env_name(it.key()), doc.where_key(kp), "not a valid variable name: " + quoted_for_message(it.key())), "policy");
-        TSB_TRY(expect(it->is_string(), doc.where(kp), "must be a string"), "policy");
-        TSB_TRY(expect(it->get<std::string>().find('\0') == std::string::npos, doc.where(kp), "must not contain NUL"), "policy");
-        p.env_set[it.key()] = it->get<std::string>();
-      }
-    }
-    if (const json* allow = env.get("allow")) {
-      TSB_TRY(expect(allow->is_array(), env.where("allow"), "must be an array of names"), "policy");
-      for (std::size_t i = 0; i < allow->size(); ++i) {
-        std::string ap = json_pointer_append("/environment/allow", i);
-        const json& a = (*allow)[i];
-        TSB_TRY(expect(a.is_string(), doc.where(ap), "must be a string"), "policy");
-        std::string name = a.get<std::string>();
-        std::string base = (!name.empty() && name.back() == '*') ? name.substr(0, name.size() - 1) : name;
-        TSB_TRY(expect(name == "*" || (!base.empty() && valid_env_name(base)), doc.where(ap),
-                       "must be a variable name, a PREFIX_* pattern, or \"*\": " + quoted_for_message(name)),
-                "policy");
-        p.env_allow.push_back(name);
-      }
-    }
-    TSB_TRY(env.done(), "policy");
-  }
-  // Egress: every run finds the proxy through the standard variables, which
-  // the mode fixes (a request cannot change them); the sandbox's own
-  // localhost is reached directly.
-  if (p.network == isolate::NetworkMode::Egress) {
-    const std::string url = "http://127.0.0.1:" + std::to_string(isolate::kEgressProxyPort);
-    for (const char* name : kEgressProxyVariables) {
-      const bool no_proxy = std::string_view(name) == "NO_PROXY" || std::string_view(name) == "no_proxy";
-      TSB_TRY(expect(!p.env_set.contains(name), doc.where_key(json_pointer_append("/environment/set", name)),
-                     std::string(name) + " is set by network \"egress\" (to the daemon's proxy)"),
-              "policy");
-      p.env_set[name] = no_proxy ? "localhost,127.0.0.1,::1" : url;
-    }
-  }
+// "warm_pool" (null: none): a pool with a size is for the local backend.
+Status read_warm_pool(ObjectReader& root, const LocatedJson& doc, Policy& p) {
+  const json* v = root.get("warm_pool");
+  if (!v || v->is_null()) return {};
+  TSB_TRY(parse_warm_pool(ObjectReader(doc, *v, "/warm_pool"), p.warm), "policy");
+  TSB_TRY(expect(p.backend == Backend::Local || p.warm.max == 0, root.where("warm_pool"),
+                 "applies to the local backend (E2B makes its own sandboxes)"), "policy");
+  return {};
+}
 
-  // Seccomp: a profile file (relative to the directory of the file that
-  // names it) or inline rules. Missing means the shipped default profile:
-  // never no filter.
-  json seccomp_canon;
-  {
-    const LocatedJson& sdoc = *seccomp_file.doc;
-    std::string profile_path = "seccomp/default.json";
-    std::string profile_dir = dir_of(path);
-    const json* inline_profile = nullptr;
-    std::string where_profile = doc.where("");
-    bool from_default_dir = true;
-    if (const json* v = root.get("seccomp")) {
-      ObjectReader sc(sdoc, *v, "/seccomp");
-      TSB_TRY(sc.object("\"seccomp\""), "policy");
-      const json* prof = sc.get("profile");
-      inline_profile = sc.get("inline");
-      TSB_TRY(sc.done(), "policy");
-      TSB_TRY(expect((prof != nullptr) != (inline_profile != nullptr), sdoc.where("/seccomp"),
-                     "give exactly one of \"profile\" (a file) or \"inline\" (rules)"), "policy");
-      if (prof) {
-        TSB_TRY(expect(prof->is_string() && !prof->get<std::string>().empty(), sc.where("profile"), "must be a path"), "policy");
-        profile_path = prof->get<std::string>();
-        profile_dir = dir_of(seccomp_file.path);
-        where_profile = sc.where("profile");
-        from_default_dir = false;
-      } else {
-        TSB_TRY(expect(inline_profile->is_object(), sc.where("inline"), "must be an object (a seccomp profile)"), "policy");
-        where_profile = sc.where("inline");
-      }
-    }
-    Result<policy::SeccompProfile> prof = Error::invalid("unset");
-    std::string default_action_at;  // where the profile's defaultAction is written
-    if (inline_profile) {
-      p.seccomp_source = seccomp_file.path + "#/seccomp/inline";
-      // Parsed from the policy file's own text, so every diagnostic and rule
-      // position points at the line the author wrote.
-      std::string text = value_text_in_place(seccomp_file.text, sdoc, "/seccomp/inline");
-      prof = text.empty() ? policy::parse_seccomp_profile(inline_profile->dump(), p.seccomp_source)
-                          : policy::parse_seccomp_profile(text, seccomp_file.path);
-      seccomp_canon = json{{"inline", *inline_profile}};
-      default_action_at = sdoc.where("/seccomp/inline/defaultAction");
-    } else {
-      std::string full = join(profile_dir, profile_path);
-      // A policy with no "seccomp" key gets the default profile that ships
-      // with the policies it came with, else the embedded one. Only a
-      // missing file falls back: one that exists but is refused (owner,
-      // mode) or unreadable is an error, never silently replaced.
-      auto text = read_policy_text(full, ctx.files);
-      if (!text.ok() && from_default_dir && text.error().code == ENOENT) {
-        full = std::string(kEmbedded) + profile_path;
-        text = read_policy_text(full, ctx.files);
-      }
-      if (!text.ok()) return Error::invalid(where_profile + ": seccomp profile: " + text.error().message, text.error().code);
-      p.seccomp_source = full;
-      prof = policy::parse_seccomp_profile(*text, full);
-      if (prof.ok()) {
-        auto located = parse_jsonc(*text, full);
-        seccomp_canon = json{{"profile", located.ok() ? located->value : json()}};
-        if (located.ok()) default_action_at = located->where("/defaultAction");
-      }
-    }
-    if (!prof.ok()) return std::move(prof).error().wrap("policy " + path + ": seccomp");
-    TSB_TRY(check_engine_syscalls(*prof, default_action_at.empty() ? where_profile : default_action_at),
-            "policy " + path + ": seccomp");
-    p.seccomp_profile = std::make_shared<policy::SeccompProfile>(std::move(prof).value());
-    if (ctx.compile) {
-      auto prog = policy::compile_seccomp(*p.seccomp_profile);
-      if (!prog.ok()) return std::move(prog).error().wrap("policy " + path + ": compiling seccomp");
-      p.seccomp = std::move(prog).value();
-    }
+// "environment"/"set": variables the policy fixes, valid names and
+// strings without NUL (they become execve's environment).
+Status read_env_set(ObjectReader& env, const LocatedJson& doc, Policy& p) {
+  const json* set = env.get("set");
+  if (!set) return {};
+  TSB_TRY(expect(set->is_object(), env.where("set"), "must be an object of NAME: value"), "policy");
+  for (auto it = set->begin(); it != set->end(); ++it) {
+    std::string kp = json_pointer_append("/environment/set", it.key());
+    TSB_TRY(expect(valid_env_name(it.key()), doc.where_key(kp), "not a valid variable name: " + quoted_for_message(it.key())), "policy");
+    TSB_TRY(expect(it->is_string(), doc.where(kp), "must be a string"), "policy");
+    TSB_TRY(expect(it->get<std::string>().find('\0') == std::string::npos, doc.where(kp), "must not contain NUL"), "policy");
+    p.env_set[it.key()] = it->get<std::string>();
   }
+  return {};
+}
 
-  if (const json* v = root.get("user")) {
-    ObjectReader u(doc, *v, "/user");
-    TSB_TRY(u.object("\"user\""), "policy");
-    for (const char* key : {"uid", "gid"}) {
-      if (const json* id = u.get(key)) {
-        TSB_TRY(expect(id->is_number_unsigned() && id->get<std::uint64_t>() >= 1 && id->get<std::uint64_t>() <= 65533,
-                       u.where(key), "must be a sandbox id between 1 and 65533 (0 is the sandbox's init)"), "policy");
-        (std::string(key) == "uid" ? p.uid : p.gid) = id->get<std::uint32_t>();
-      }
-    }
-    TSB_TRY(u.done(), "policy");
+// "environment"/"allow": the names a request may set: a name, a PREFIX_*
+// pattern or "*".
+Status read_env_allow(ObjectReader& env, const LocatedJson& doc, Policy& p) {
+  const json* allow = env.get("allow");
+  if (!allow) return {};
+  TSB_TRY(expect(allow->is_array(), env.where("allow"), "must be an array of names"), "policy");
+  for (std::size_t i = 0; i < allow->size(); ++i) {
+    std::string ap = json_pointer_append("/environment/allow", i);
+    const json& a = (*allow)[i];
+    TSB_TRY(expect(a.is_string(), doc.where(ap), "must be a string"), "policy");
+    std::string name = a.get<std::string>();
+    std::string base = (!name.empty() && name.back() == '*') ? name.substr(0, name.size() - 1) : name;
+    TSB_TRY(expect(name == "*" || (!base.empty() && valid_env_name(base)), doc.where(ap),
+                   "must be a variable name, a PREFIX_* pattern, or \"*\": " + quoted_for_message(name)),
+            "policy");
+    p.env_allow.push_back(name);
   }
+  return {};
+}
+
+// "environment": what the policy fixes ("set"), then what a request may
+// add ("allow").
+Status read_environment(ObjectReader& root, const LocatedJson& doc, Policy& p) {
+  const json* v = root.get("environment");
+  if (!v) return {};
+  ObjectReader env(doc, *v, "/environment");
+  TSB_TRY(env.object("\"environment\""), "policy");
+  if (auto st = read_env_set(env, doc, p); !st.ok()) return std::move(st).error();
+  if (auto st = read_env_allow(env, doc, p); !st.ok()) return std::move(st).error();
+  TSB_TRY(env.done(), "policy");
+  return {};
+}
+
+// Egress: every run finds the proxy through the standard variables, which
+// the mode fixes (a request cannot change them); the sandbox's own
+// localhost is reached directly.
+Status set_egress_proxy_variables(const LocatedJson& doc, Policy& p) {
+  if (p.network != isolate::NetworkMode::Egress) return {};
+  const std::string url = "http://127.0.0.1:" + std::to_string(isolate::kEgressProxyPort);
+  for (const char* name : kEgressProxyVariables) {
+    const bool no_proxy = std::string_view(name) == "NO_PROXY" || std::string_view(name) == "no_proxy";
+    TSB_TRY(expect(!p.env_set.contains(name), doc.where_key(json_pointer_append("/environment/set", name)),
+                   std::string(name) + " is set by network \"egress\" (to the daemon's proxy)"),
+            "policy");
+    p.env_set[name] = no_proxy ? "localhost,127.0.0.1,::1" : url;
+  }
+  return {};
+}
+
+// Which seccomp profile a policy chose, before it is read: a file
+// (relative to the directory of the file that names it), inline rules, or
+// by default the shipped default profile.
+struct SeccompChoice {
+  std::string profile_path = "seccomp/default.json";
+  std::string profile_dir;
+  const json* inline_profile = nullptr;
+  std::string where_profile;   // where a message about the profile points
+  bool from_default_dir = true;  // no "profile" named: the default's fallback applies
+};
+
+// "seccomp": exactly one of "profile" and "inline", or neither.
+Result<SeccompChoice> choose_seccomp(ObjectReader& root, const LocatedJson& doc, const std::string& path,
+                                     const SourceFile& seccomp_file) {
+  const LocatedJson& sdoc = *seccomp_file.doc;
+  SeccompChoice c;
+  c.profile_dir = dir_of(path);
+  c.where_profile = doc.where("");
+  const json* v = root.get("seccomp");
+  if (!v) return c;
+  ObjectReader sc(sdoc, *v, "/seccomp");
+  TSB_TRY(sc.object("\"seccomp\""), "policy");
+  const json* prof = sc.get("profile");
+  c.inline_profile = sc.get("inline");
+  TSB_TRY(sc.done(), "policy");
+  TSB_TRY(expect((prof != nullptr) != (c.inline_profile != nullptr), sdoc.where("/seccomp"),
+                 "give exactly one of \"profile\" (a file) or \"inline\" (rules)"), "policy");
+  if (prof) {
+    TSB_TRY(expect(prof->is_string() && !prof->get<std::string>().empty(), sc.where("profile"), "must be a path"), "policy");
+    c.profile_path = prof->get<std::string>();
+    c.profile_dir = dir_of(seccomp_file.path);
+    c.where_profile = sc.where("profile");
+    c.from_default_dir = false;
+  } else {
+    TSB_TRY(expect(c.inline_profile->is_object(), sc.where("inline"), "must be an object (a seccomp profile)"), "policy");
+    c.where_profile = sc.where("inline");
+  }
+  return c;
+}
+
+// A profile as read, with its part of the canonical policy and where its
+// defaultAction is written ("" when unknown).
+struct ReadProfile {
+  Result<policy::SeccompProfile> profile = Error::invalid("unset");
+  json canon;
+  std::string default_action_at;
+};
+
+// Inline rules are parsed from the policy file's own text, so every
+// diagnostic and rule position points at the line the author wrote.
+ReadProfile read_inline_profile(const SeccompChoice& c, const SourceFile& seccomp_file, Policy& p) {
+  const LocatedJson& sdoc = *seccomp_file.doc;
+  ReadProfile r;
+  p.seccomp_source = seccomp_file.path + "#/seccomp/inline";
+  std::string text = value_text_in_place(seccomp_file.text, sdoc, "/seccomp/inline");
+  r.profile = text.empty() ? policy::parse_seccomp_profile(c.inline_profile->dump(), p.seccomp_source)
+                           : policy::parse_seccomp_profile(text, seccomp_file.path);
+  r.canon = json{{"inline", *c.inline_profile}};
+  r.default_action_at = sdoc.where("/seccomp/inline/defaultAction");
+  return r;
+}
+
+// A profile file. A policy with no "seccomp" key gets the default profile
+// that ships with the policies it came with, else the embedded one. Only
+// a missing file falls back: one that exists but is refused (owner, mode)
+// or unreadable is an error, never silently replaced.
+Result<ReadProfile> read_profile_file(const SeccompChoice& c, const PolicyContext& ctx, Policy& p) {
+  ReadProfile r;
+  std::string full = join(c.profile_dir, c.profile_path);
+  auto text = read_policy_text(full, ctx.files);
+  if (!text.ok() && c.from_default_dir && text.error().code == ENOENT) {
+    full = std::string(kEmbedded) + c.profile_path;
+    text = read_policy_text(full, ctx.files);
+  }
+  if (!text.ok()) return Error::invalid(c.where_profile + ": seccomp profile: " + text.error().message, text.error().code);
+  p.seccomp_source = full;
+  r.profile = policy::parse_seccomp_profile(*text, full);
+  if (r.profile.ok()) {
+    auto located = parse_jsonc(*text, full);
+    r.canon = json{{"profile", located.ok() ? located->value : json()}};
+    if (located.ok()) r.default_action_at = located->where("/defaultAction");
+  }
+  return r;
+}
+
+// Seccomp: a profile file or inline rules; missing means the shipped
+// default profile, never no filter. The profile must let the engine start
+// a tool, and is compiled when the context asks. Returns the profile's
+// part of the canonical policy.
+Result<json> read_seccomp(ObjectReader& root, const LocatedJson& doc, const std::string& path, const PolicyContext& ctx,
+                          const SourceFile& seccomp_file, Policy& p) {
+  auto choice = choose_seccomp(root, doc, path, seccomp_file);
+  if (!choice.ok()) return std::move(choice).error();
+  Result<ReadProfile> read = choice->inline_profile ? Result<ReadProfile>(read_inline_profile(*choice, seccomp_file, p))
+                                                    : read_profile_file(*choice, ctx, p);
+  if (!read.ok()) return std::move(read).error();
+  Result<policy::SeccompProfile>& prof = read->profile;
+  if (!prof.ok()) return std::move(prof).error().wrap("policy " + path + ": seccomp");
+  TSB_TRY(check_engine_syscalls(*prof, read->default_action_at.empty() ? choice->where_profile : read->default_action_at),
+          "policy " + path + ": seccomp");
+  p.seccomp_profile = std::make_shared<policy::SeccompProfile>(std::move(prof).value());
+  if (ctx.compile) {
+    auto prog = policy::compile_seccomp(*p.seccomp_profile);
+    if (!prog.ok()) return std::move(prog).error().wrap("policy " + path + ": compiling seccomp");
+    p.seccomp = std::move(prog).value();
+  }
+  return std::move(read->canon);
+}
+
+// "user": the tool's uid and gid inside the sandbox, never 0 (the
+// sandbox's init runs as 0 there).
+Status read_user(ObjectReader& root, const LocatedJson& doc, Policy& p) {
+  const json* v = root.get("user");
+  if (!v) return {};
+  ObjectReader u(doc, *v, "/user");
+  TSB_TRY(u.object("\"user\""), "policy");
+  for (const char* key : {"uid", "gid"}) {
+    if (const json* id = u.get(key)) {
+      TSB_TRY(expect(id->is_number_unsigned() && id->get<std::uint64_t>() >= 1 && id->get<std::uint64_t>() <= 65533,
+                     u.where(key), "must be a sandbox id between 1 and 65533 (0 is the sandbox's init)"), "policy");
+      (std::string(key) == "uid" ? p.uid : p.gid) = id->get<std::uint32_t>();
+    }
+  }
+  TSB_TRY(u.done(), "policy");
+  return {};
+}
+
+// "interpreter": by default the venv's python, else the host's; with
+// "packages", one of the pythons a tool's own venv has.
+Status read_interpreter(ObjectReader& root, Policy& p) {
   if (const json* v = root.get("interpreter")) {
     TSB_TRY(expect(v->is_string(), root.where("interpreter"), "must be a path inside the sandbox"), "policy");
     auto st = isolate::check_sandbox_path(v->get<std::string>(), "interpreter");
@@ -717,18 +823,25 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
                  "must be /venv/bin/python3 (or python, python3.N) with \"packages\": a tool's own venv has only these, "
                  "linked to the host's /usr/bin/python3"),
           "policy");
-  if (const json* v = root.get("hostname")) {
-    std::string h = v->is_string() ? v->get<std::string>() : std::string();
-    TSB_TRY(expect(!h.empty() && h.size() <= 64 &&
-                       std::all_of(h.begin(), h.end(),
-                                   [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; }),
-                   root.where("hostname"), "must be 1-64 letters, digits or '-'"), "policy");
-    p.hostname = h;
-  }
-  TSB_TRY(root.done(), "policy");
+  return {};
+}
 
-  // The effective policy, every value explicit, the profile's text resolved
-  // in: what the fingerprint covers, so an auditor can tie a run to it.
+// "hostname": a plain label, as the sandbox's UTS namespace shows it.
+Status read_hostname(ObjectReader& root, Policy& p) {
+  const json* v = root.get("hostname");
+  if (!v) return {};
+  std::string h = v->is_string() ? v->get<std::string>() : std::string();
+  TSB_TRY(expect(!h.empty() && h.size() <= 64 &&
+                     std::all_of(h.begin(), h.end(),
+                                 [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; }),
+                 root.where("hostname"), "must be 1-64 letters, digits or '-'"), "policy");
+  p.hostname = h;
+  return {};
+}
+
+// The effective policy, every value explicit, the profile's text resolved
+// in: what the fingerprint covers, so an auditor can tie a run to it.
+void set_canonical_and_fingerprint(Policy& p, const json& seccomp_canon) {
   json binds = json::array();
   for (const auto& b : p.binds)
     binds.push_back({{"source", b.source}, {"target", b.target}, {"writable", b.writable}, {"optional", b.optional}});
@@ -748,6 +861,34 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   if (p.warm.max > 0)
     p.canonical["warm_pool"] = {{"max", p.warm.max}, {"min", p.warm.min}, {"idle", format_duration(p.warm.idle)}};
   p.fingerprint = "sha256:" + sha256_hex(p.canonical.dump());
+}
+
+// One policy document (`merged`: with its include's members merged in) to
+// a Policy, section by section; the first error ends it.
+Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, const PolicyContext& ctx,
+                              const json& merged, const std::string& include_path, const SourceFile& seccomp_file) {
+  Policy p;
+  p.source = path;
+  p.include = include_path;
+  ObjectReader root(doc, merged, "");
+  TSB_TRY(root.object("a policy"), path);
+
+  if (auto st = read_header(root, doc, p); !st.ok()) return std::move(st).error();
+  if (const json* v = root.get("limits")) TSB_TRY(parse_limits(ObjectReader(doc, *v, "/limits"), doc, p.limits), "policy");
+  if (auto st = read_filesystem(root, doc, ctx, p); !st.ok()) return std::move(st).error();
+  if (auto st = read_network(root, doc, p); !st.ok()) return std::move(st).error();
+  if (auto st = read_packages(root, doc, p); !st.ok()) return std::move(st).error();
+  if (auto st = read_warm_pool(root, doc, p); !st.ok()) return std::move(st).error();
+  if (auto st = read_environment(root, doc, p); !st.ok()) return std::move(st).error();
+  if (auto st = set_egress_proxy_variables(doc, p); !st.ok()) return std::move(st).error();
+  auto seccomp_canon = read_seccomp(root, doc, path, ctx, seccomp_file, p);
+  if (!seccomp_canon.ok()) return std::move(seccomp_canon).error();
+  if (auto st = read_user(root, doc, p); !st.ok()) return std::move(st).error();
+  if (auto st = read_interpreter(root, p); !st.ok()) return std::move(st).error();
+  if (auto st = read_hostname(root, p); !st.ok()) return std::move(st).error();
+  TSB_TRY(root.done(), "policy");
+
+  set_canonical_and_fingerprint(p, *seccomp_canon);
   return p;
 }
 

@@ -441,25 +441,32 @@ std::vector<MountRow> mount_rows(const Policy& p) {
 // ---------------------------------------------------------------------------
 // The page.
 
-std::string explain_policy(const Policy& p, const ExplainOptions& options) {
-  std::ostringstream out;
-  const bool host_net = p.network == isolate::NetworkMode::Host;
-  const std::vector<PolicyRisk> risks = assess_policy(p);
-  const auto kv = [&](const char* key, const std::string& value) { out << "  " << pad(key, 15) << value << "\n"; };
+namespace {
 
+// One "  key            value" line of the page's key-value blocks.
+void kv(std::ostream& out, const char* key, const std::string& value) { out << "  " << pad(key, 15) << value << "\n"; }
+
+// The heading: which policy, where it came from, and how to read the
+// flags the lines below carry.
+void explain_header(std::ostream& out, const Policy& p) {
   out << "Policy " << p.name << "\n";
-  kv("source", p.source);
-  kv("fingerprint", p.fingerprint);
-  kv("description", p.description.empty() ? "(none)" : p.description);
-  kv("backend", p.backend == Backend::E2B
-                    ? "e2b: runs in an E2B sandbox; the namespaces, file system and seccomp below are not what E2B enforces"
-                    : "local: runs on the daemon's host, in the sandbox described below");
-  kv("include", p.include.empty() ? "(none)" : p.include);
-  kv("interpreter", p.interpreter);
+  kv(out, "source", p.source);
+  kv(out, "fingerprint", p.fingerprint);
+  kv(out, "description", p.description.empty() ? "(none)" : p.description);
+  kv(out, "backend", p.backend == Backend::E2B
+                         ? "e2b: runs in an E2B sandbox; the namespaces, file system and seccomp below are not what E2B enforces"
+                         : "local: runs on the daemon's host, in the sandbox described below");
+  kv(out, "include", p.include.empty() ? "(none)" : p.include);
+  kv(out, "interpreter", p.interpreter);
   out << "\n"
       << "Lines starting with \"!\" are dangerous grants, all listed again at the end.\n";
   out << "Lines starting with \"[host]\" describe the machine this ran on, not the policy (--no-host omits them).\n";
+}
 
+// Namespaces: every one is new for each run; only network "host" shares
+// the host's, and that line is flagged.
+void explain_namespaces(std::ostream& out, const Policy& p) {
+  const bool host_net = p.network == isolate::NetworkMode::Host;
   const std::string uid = std::to_string(p.uid), gid = std::to_string(p.gid);
   out << "\nNamespaces (all new for each run unless flagged)\n";
   out << "  user    sandbox ids 0-65535 map to 65536 host ids reserved for the run (engine uid_base +\n"
@@ -479,83 +486,96 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
   out << "  ipc     System V IPC and POSIX message queues private to the run\n";
   out << "  uts     hostname " << quoted_for_message(p.hostname) << "\n";
   out << "  cgroup  rooted at the run's own cgroup leaf\n";
+}
 
-  if (p.network == isolate::NetworkMode::Egress) {
-    const EgressRules& e = p.egress;
-    const auto ports_text = [](const std::vector<std::uint16_t>& ports) {
-      std::string t;
-      for (auto port : ports) t += (t.empty() ? "" : ", ") + std::to_string(port);
-      return t;
-    };
-    out << "\nEgress (network \"egress\": out through the daemon's proxy only, in this order)\n";
-    out << "  proxy     127.0.0.1:" << isolate::kEgressProxyPort
-        << " in the sandbox: HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and their lower-case\n"
-           "            forms name it; CONNECT host:port (HTTPS) and http://host/ requests; anything else\n"
-           "            (UDP and DNS, ICMP, raw sockets, TCP not through the proxy) has no route\n";
-    if (e.allow.empty() && e.public_ports.empty()) out << "  allow     (nothing: every request is refused)\n";
-    for (const auto& r : e.allow) {
-      std::string hosts;
-      for (const auto& h : r.hosts) hosts += (hosts.empty() ? "" : ", ") + h;
-      out << "  allow     " << hosts << " on port " << ports_text(r.ports) << "\n";
-    }
-    bool public_flagged = false;
-    for (const auto& r : risks) public_flagged = public_flagged || r.pointer == "/egress/public";
-    if (!e.public_ports.empty())
-      out << line(public_flagged, " public    any public address on port " + ports_text(e.public_ports));
-    out << "  names     resolved by the daemon; each address is checked, and only one that passes is\n"
-           "            connected to (no DNS answer, rebinding or redirect reaches a denied one); an address\n"
-           "            in a request, however spelled (0x7f.1, 2130706433, [::ffff:a.b.c.d]), is allowed\n"
-           "            only by \"public\"\n";
-    out << "  denied    always, whatever the rules say: loopback; the daemon host's own addresses (its\n"
-           "            interfaces' and its local routes'); 10/8, 172.16/12, 192.168/16, fc00::/7 (private);\n"
-           "            100.64/10 (CGNAT); 169.254/16 (the cloud metadata service) and fe80::/10\n"
-           "            (link-local); 168.63.129.16 (Azure's host platform); multicast; 0/8 and ::\n"
-           "            (unspecified); reserved and broadcast; IPv6 forms that carry any of these\n"
-           "            (IPv4-mapped, IPv4-compatible, IPv4-translated, NAT64, 6to4)\n";
-    out << "  caps      " << e.max_connections << " connections and " << format_size(e.max_bytes)
-        << " (both ways together) per run; 128 open at once; closed after 120 s idle\n";
-    out << "  audit     one line per connection: run, host, port, address, bytes each way, verdict\n";
+// Egress (network "egress" only): the proxy's rules in the order it
+// applies them, and what it denies whatever they say. The "public" line
+// is flagged when the lint flags it, so the page and the lint agree.
+void explain_egress(std::ostream& out, const Policy& p, const std::vector<PolicyRisk>& risks) {
+  if (p.network != isolate::NetworkMode::Egress) return;
+  const EgressRules& e = p.egress;
+  const auto ports_text = [](const std::vector<std::uint16_t>& ports) {
+    std::string t;
+    for (auto port : ports) t += (t.empty() ? "" : ", ") + std::to_string(port);
+    return t;
+  };
+  out << "\nEgress (network \"egress\": out through the daemon's proxy only, in this order)\n";
+  out << "  proxy     127.0.0.1:" << isolate::kEgressProxyPort
+      << " in the sandbox: HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and their lower-case\n"
+         "            forms name it; CONNECT host:port (HTTPS) and http://host/ requests; anything else\n"
+         "            (UDP and DNS, ICMP, raw sockets, TCP not through the proxy) has no route\n";
+  if (e.allow.empty() && e.public_ports.empty()) out << "  allow     (nothing: every request is refused)\n";
+  for (const auto& r : e.allow) {
+    std::string hosts;
+    for (const auto& h : r.hosts) hosts += (hosts.empty() ? "" : ", ") + h;
+    out << "  allow     " << hosts << " on port " << ports_text(r.ports) << "\n";
   }
+  bool public_flagged = false;
+  for (const auto& r : risks) public_flagged = public_flagged || r.pointer == "/egress/public";
+  if (!e.public_ports.empty())
+    out << line(public_flagged, " public    any public address on port " + ports_text(e.public_ports));
+  out << "  names     resolved by the daemon; each address is checked, and only one that passes is\n"
+         "            connected to (no DNS answer, rebinding or redirect reaches a denied one); an address\n"
+         "            in a request, however spelled (0x7f.1, 2130706433, [::ffff:a.b.c.d]), is allowed\n"
+         "            only by \"public\"\n";
+  out << "  denied    always, whatever the rules say: loopback; the daemon host's own addresses (its\n"
+         "            interfaces' and its local routes'); 10/8, 172.16/12, 192.168/16, fc00::/7 (private);\n"
+         "            100.64/10 (CGNAT); 169.254/16 (the cloud metadata service) and fe80::/10\n"
+         "            (link-local); 168.63.129.16 (Azure's host platform); multicast; 0/8 and ::\n"
+         "            (unspecified); reserved and broadcast; IPv6 forms that carry any of these\n"
+         "            (IPv4-mapped, IPv4-compatible, IPv4-translated, NAT64, 6to4)\n";
+  out << "  caps      " << e.max_connections << " connections and " << format_size(e.max_bytes)
+      << " (both ways together) per run; 128 open at once; closed after 120 s idle\n";
+  out << "  audit     one line per connection: run, host, port, address, bytes each way, verdict\n";
+}
 
-  if (p.packages.enabled) {
-    const PackagesPolicy& k = p.packages;
-    std::string allow;
-    for (const auto& a : k.allow) allow += (allow.empty() ? "" : ", ") + a;
-    bool src_flagged = false;
-    for (const auto& r : risks) src_flagged = src_flagged || r.pointer == "/packages/source_builds";
-    out << "\nPackages (a run with pip requirements gets a venv of its own at /venv)\n";
-    out << "  allow     " << allow << " (fnmatch over normalised names); at most " << k.max_requirements
-        << " per run; plain PEP 508 only (no options, URLs, paths or markers)\n";
-    if (!k.wheels.empty())
-      out << "  source    the wheel directory " << k.wheels << " (read-only to builds only); builds have no network\n";
-    else
-      out << "  source    the index " << k.index << "; builds reach " << k.index_host
-          << [&] {
-               std::string more;
-               for (const auto& h : k.index_hosts) more += ", " + h;
-               return more;
-             }()
-          << " on port " << k.index_port << " through the daemon's proxy, nothing else\n";
-    out << line(src_flagged, std::string(" builds    ") + (k.source_builds ? "sdists allowed: their build code runs in the build sandbox"
-                                                                          : "binary wheels only (pip --only-binary=:all:)"));
-    out << "  sandbox   the engine's, with this policy's seccomp filter and user; a writable /venv tmpfs of "
-        << format_size(k.venv_size) << "; " << format_duration(k.build_timeout) << " and " << format_size(k.build_memory)
-        << "\n";
-    out << "  cache     keyed by the host's Python, this source and the canonical set; published read-only and\n"
-           "            bound read-only; least recently used venvs no run holds are removed past the cache's cap\n";
-  }
+// Packages (when enabled): what a run may ask pip for, where the builds
+// get it from, and how the venvs they make are kept. Source builds are
+// flagged when the lint flags them.
+void explain_packages(std::ostream& out, const Policy& p, const std::vector<PolicyRisk>& risks) {
+  if (!p.packages.enabled) return;
+  const PackagesPolicy& k = p.packages;
+  std::string allow;
+  for (const auto& a : k.allow) allow += (allow.empty() ? "" : ", ") + a;
+  bool src_flagged = false;
+  for (const auto& r : risks) src_flagged = src_flagged || r.pointer == "/packages/source_builds";
+  out << "\nPackages (a run with pip requirements gets a venv of its own at /venv)\n";
+  out << "  allow     " << allow << " (fnmatch over normalised names); at most " << k.max_requirements
+      << " per run; plain PEP 508 only (no options, URLs, paths or markers)\n";
+  if (!k.wheels.empty())
+    out << "  source    the wheel directory " << k.wheels << " (read-only to builds only); builds have no network\n";
+  else
+    out << "  source    the index " << k.index << "; builds reach " << k.index_host
+        << [&] {
+             std::string more;
+             for (const auto& h : k.index_hosts) more += ", " + h;
+             return more;
+           }()
+        << " on port " << k.index_port << " through the daemon's proxy, nothing else\n";
+  out << line(src_flagged, std::string(" builds    ") + (k.source_builds ? "sdists allowed: their build code runs in the build sandbox"
+                                                                        : "binary wheels only (pip --only-binary=:all:)"));
+  out << "  sandbox   the engine's, with this policy's seccomp filter and user; a writable /venv tmpfs of "
+      << format_size(k.venv_size) << "; " << format_duration(k.build_timeout) << " and " << format_size(k.build_memory)
+      << "\n";
+  out << "  cache     keyed by the host's Python, this source and the canonical set; published read-only and\n"
+         "            bound read-only; least recently used venvs no run holds are removed past the cache's cap\n";
+}
 
-  if (p.warm.max > 0) {
-    out << "\nWarm pool (sandboxes made before their request, each used by one run)\n";
-    out << "  size      up to " << p.warm.max << " per mode, at least " << p.warm.min << "; one fewer for every "
-        << format_duration(p.warm.idle) << " without a run, and none older\n";
-    out << "  waiting   the policy's fixed environment only: the request's variables, code, arguments and\n"
-           "            agent_state arrive at the hand-over; timeout and CPU time count from it\n";
-    out << "  scripts   see the runner read-only at /opt/toolsandbox/runner, cold or warm\n";
-  }
+// Warm pool (when it has a size): how many sandboxes wait, and what they
+// hold before their request arrives.
+void explain_warm_pool(std::ostream& out, const Policy& p) {
+  if (p.warm.max == 0) return;
+  out << "\nWarm pool (sandboxes made before their request, each used by one run)\n";
+  out << "  size      up to " << p.warm.max << " per mode, at least " << p.warm.min << "; one fewer for every "
+      << format_duration(p.warm.idle) << " without a run, and none older\n";
+  out << "  waiting   the policy's fixed environment only: the request's variables, code, arguments and\n"
+         "            agent_state arrive at the hand-over; timeout and CPU time count from it\n";
+  out << "  scripts   see the runner read-only at /opt/toolsandbox/runner, cold or warm\n";
+}
 
-  // What every run gets from the engine, whatever the policy says, and
-  // what depends on the kernel of the host.
+// What every run gets from the engine, whatever the policy says, and
+// what depends on the kernel of the host.
+void explain_every_run(std::ostream& out, const Policy& p, const ExplainOptions& options) {
   out << "\nEvery run (engine, not policy)\n";
   const bool memfd_refused_by_profile =
       p.seccomp_profile && syscall_fate(view_profile(*p.seccomp_profile), "memfd_create") == SyscallFate::Refused;
@@ -574,7 +594,11 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
   out << "  death   a run ends within a second of the daemon's death (death signal; init watches the daemon's\n"
          "          pipe), and init ends it itself 5 s (or 10 %) after the wall timeout if the daemon does not\n";
   out << "  hidden  /proc/cmdline masked; boot_id random per run; mountinfo names no host path, device or uid\n";
+}
 
+// File system: the rows of the one table the sandbox is built from, each
+// host path followed by what this host has there (unless --no-host).
+void explain_file_system(std::ostream& out, const Policy& p, const ExplainOptions& options) {
   out << "\nFile system (the table the sandbox is built from, in order; every mount is nosuid and nodev except\n"
          "/dev. system: a host path as the host has it (a symlink recreated, a directory a view, a small file a\n"
          "copy); view: a read-only overlay of a host directory, or a read-only copy of a small host file, so\n"
@@ -588,7 +612,11 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
         e.source != kRunnerStandIn)
       out << "  [host] " << host_fact(e) << "\n";
   }
+}
 
+// Limits: each with what enforces it; a limit the lint flags is flagged
+// here too.
+void explain_limits(std::ostream& out, const Policy& p, const std::vector<PolicyRisk>& risks) {
   out << "\nLimits\n";
   const auto limit = [&](const char* key, const std::string& value, const std::string& note) {
     bool flagged = false;
@@ -611,7 +639,11 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
   limit("file_size", format_size(l.file_size_bytes), "largest file a process may write (RLIMIT_FSIZE)");
   limit("open_files", std::to_string(l.open_files), "descriptors per process (RLIMIT_NOFILE)");
   out << "  " << pad("core dumps", 14) << pad("none", 9) << "RLIMIT_CORE 0 (not a policy setting)\n";
+}
 
+// Environment: what the policy fixes and what a request may add; "*"
+// (any name) is flagged.
+void explain_environment(std::ostream& out, const Policy& p) {
   out << "\nEnvironment (the daemon's own environment never reaches the tool)\n";
   out << "  fixed by the policy; a request cannot change them:\n";
   if (p.env_set.empty()) out << "    (none)\n";
@@ -624,121 +656,147 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
     if (a == "*") out << line(true, "   * (any name the policy does not fix)");
     else out << "    " << a << (a.back() == '*' ? " (any name with this prefix)" : "") << "\n";
   }
+}
 
+// One allowed syscall's line, with the argument conditions it runs under
+// (or the ones that refuse it) on lines of their own; flagged when it is
+// dangerous and not inert in this sandbox.
+void explain_allowed_syscall(std::ostream& out, const ProfileView& view, const std::string& name) {
+  const auto& rules = view.syscalls.at(name);
+  const SyscallFate fate = syscall_fate(view, name);
+  std::vector<SyscallRuleView> allowing, refusing;
+  for (const auto& r : rules) (action_runs_syscall(r.action) ? allowing : refusing).push_back(r);
+  std::vector<std::string> clauses;
+  std::string lead;
+  if (fate == SyscallFate::AllowedSometimes && !allowing.empty()) {
+    clauses = describe_conditions(name, allowing);
+    lead = "only when ";
+  } else if (fate == SyscallFate::AllowedSometimes) {
+    clauses = describe_conditions(name, refusing);
+    lead = "except when ";
+  }
+  const bool logged = std::any_of(allowing.begin(), allowing.end(),
+                                  [](const auto& r) { return r.action == SeccompAction::Log; });
+  const bool conditional = fate == SyscallFate::AllowedSometimes;
+  const bool dangerous = dangerous_syscall_reason(name, conditional).has_value() && !inert_syscall_reason(name);
+  std::string text = "     " + name + (logged ? " [logged]" : "");
+  if (clauses.empty()) {
+    out << line(dangerous, text);
+    return;
+  }
+  out << line(dangerous, text + ": " + lead + clauses[0]);
+  const std::string indent(6 + name.size() + 2 + (logged ? 9 : 0) + lead.size() - 3, ' ');
+  for (std::size_t i = 1; i < clauses.size(); ++i) out << indent << "or " << clauses[i] << "\n";
+}
+
+// The syscalls the profile lets run, each under the first group that
+// lists it (groups in their table's order), then those in no group.
+void explain_allowed_syscalls(std::ostream& out, const ProfileView& view, bool default_runs) {
+  std::map<std::string, std::vector<std::string>> by_group;  // group name -> syscalls
+  std::size_t n_allowed = 0, n_some = 0;
+  for (const auto& [name, rules] : view.syscalls) {
+    const SyscallFate fate = syscall_fate(view, name);
+    if (fate == SyscallFate::Refused) continue;
+    ++n_allowed;
+    if (fate == SyscallFate::AllowedSometimes) ++n_some;
+    const auto groups = policy::syscall_groups_of(name);
+    by_group[groups.empty() ? std::string() : std::string(groups.front())].push_back(name);
+  }
+  out << "  allowed: " << n_allowed << " syscalls (" << n_some << " only for some arguments)"
+      << (default_runs ? ", and every syscall not listed" : "") << "; each under its first group\n";
+  for (const auto& g : policy::syscall_groups()) {
+    auto it = by_group.find(std::string(g.name));
+    if (it == by_group.end()) continue;
+    out << "    " << g.name << ": " << g.help << "\n";
+    for (const auto& name : it->second) explain_allowed_syscall(out, view, name);
+  }
+  if (auto it = by_group.find(""); it != by_group.end()) {
+    out << "    (in no group)\n";
+    for (const auto& name : it->second) explain_allowed_syscall(out, view, name);
+  }
+}
+
+// A refused syscall under one effect: its name, and the argument
+// conditions that refuse it (none: refused always).
+struct Refusal {
+  std::string name;
+  std::vector<std::string> clauses;
+};
+
+// Where an effect's block comes on the page: the mildest first (an errno
+// a program can handle), the process kill last.
+int refusal_order(SeccompAction a) {
+  switch (a) {
+    case SeccompAction::Errno: return 0;
+    case SeccompAction::Trace: return 1;
+    case SeccompAction::Trap: return 2;
+    case SeccompAction::KillThread: return 3;
+    case SeccompAction::KillProcess: return 4;
+    default: return 5;
+  }
+}
+
+// The syscalls the profile names to refuse, grouped by what the caller
+// gets (each errno its own block), so a reader sees what a program meets.
+void explain_refused_syscalls(std::ostream& out, const ProfileView& view) {
+  std::map<std::pair<int, int>, std::pair<std::string, std::vector<Refusal>>> refused;  // (order, data) -> label, rows
+  std::size_t n_refused = 0, n_refused_some = 0;
+  for (const auto& [name, rules] : view.syscalls) {
+    std::map<std::pair<int, int>, std::vector<SyscallRuleView>> by_effect;
+    for (const auto& r : rules) {
+      if (action_runs_syscall(r.action)) continue;
+      by_effect[{refusal_order(r.action), r.data}].push_back(r);
+    }
+    if (!by_effect.empty()) ++(syscall_fate(view, name) == SyscallFate::Refused ? n_refused : n_refused_some);
+    for (auto& [key, rs] : by_effect) {
+      auto& slot = refused[key];
+      slot.first = action_effect(rs.front().action, rs.front().data);
+      const bool unconditional = std::any_of(rs.begin(), rs.end(), [](const auto& r) { return r.args.empty(); });
+      slot.second.push_back({name, unconditional ? std::vector<std::string>{} : describe_conditions(name, rs)});
+    }
+  }
+  out << "  refused: " << n_refused << " syscalls (and " << n_refused_some
+      << " more for some arguments); by what the caller gets\n";
+  for (const auto& [key, slot] : refused) {
+    out << "    " << slot.first << "\n";
+    for (const auto& r : slot.second) {
+      if (r.clauses.empty()) {
+        out << "      " << r.name << "\n";
+        continue;
+      }
+      out << "      " << r.name << ": when " << r.clauses[0] << "\n";
+      const std::string indent(6 + r.name.size() + 2 + 5 - 3, ' ');
+      for (std::size_t i = 1; i < r.clauses.size(); ++i) out << indent << "or " << r.clauses[i] << "\n";
+    }
+  }
+}
+
+// Seccomp: the profile's default action (flagged when it lets syscalls
+// run: a deny-list), its architectures, then what it allows and refuses.
+void explain_seccomp(std::ostream& out, const Policy& p) {
   out << "\nSeccomp\n";
   const policy::SeccompProfile* prof = p.seccomp_profile.get();
   if (prof == nullptr) {
     out << "  (no profile loaded)\n";
-  } else {
-    const ProfileView view = view_profile(*prof);
-    const bool default_runs = action_runs_syscall(view.default_action);
-    kv("profile", p.seccomp_source);
-    out << line(default_runs, " " + pad("default", 15) + policy::seccomp_action_name(view.default_action, view.default_data) +
-                                  ": every syscall not listed below " +
-                                  (default_runs ? "is ALLOWED (a deny-list)" : "gets " + action_effect(view.default_action, view.default_data)));
-    std::string arches;
-    for (const auto& a : prof->architectures) arches += (arches.empty() ? "" : ", ") + a;
-    kv("architectures", arches + "; a syscall from any other ABI kills the process");
-
-    // Allowed, by first group.
-    std::map<std::string, std::vector<std::string>> by_group;  // group name -> syscalls
-    std::size_t n_allowed = 0, n_some = 0;
-    for (const auto& [name, rules] : view.syscalls) {
-      const SyscallFate fate = syscall_fate(view, name);
-      if (fate == SyscallFate::Refused) continue;
-      ++n_allowed;
-      if (fate == SyscallFate::AllowedSometimes) ++n_some;
-      const auto groups = policy::syscall_groups_of(name);
-      by_group[groups.empty() ? std::string() : std::string(groups.front())].push_back(name);
-    }
-    out << "  allowed: " << n_allowed << " syscalls (" << n_some << " only for some arguments)"
-        << (default_runs ? ", and every syscall not listed" : "") << "; each under its first group\n";
-    const auto print_allowed = [&](const std::string& name) {
-      const auto& rules = view.syscalls.at(name);
-      const SyscallFate fate = syscall_fate(view, name);
-      std::vector<SyscallRuleView> allowing, refusing;
-      for (const auto& r : rules) (action_runs_syscall(r.action) ? allowing : refusing).push_back(r);
-      std::vector<std::string> clauses;
-      std::string lead;
-      if (fate == SyscallFate::AllowedSometimes && !allowing.empty()) {
-        clauses = describe_conditions(name, allowing);
-        lead = "only when ";
-      } else if (fate == SyscallFate::AllowedSometimes) {
-        clauses = describe_conditions(name, refusing);
-        lead = "except when ";
-      }
-      const bool logged = std::any_of(allowing.begin(), allowing.end(),
-                                      [](const auto& r) { return r.action == SeccompAction::Log; });
-      const bool conditional = fate == SyscallFate::AllowedSometimes;
-      const bool dangerous = dangerous_syscall_reason(name, conditional).has_value() && !inert_syscall_reason(name);
-      std::string text = "     " + name + (logged ? " [logged]" : "");
-      if (clauses.empty()) {
-        out << line(dangerous, text);
-        return;
-      }
-      out << line(dangerous, text + ": " + lead + clauses[0]);
-      const std::string indent(6 + name.size() + 2 + (logged ? 9 : 0) + lead.size() - 3, ' ');
-      for (std::size_t i = 1; i < clauses.size(); ++i) out << indent << "or " << clauses[i] << "\n";
-    };
-    for (const auto& g : policy::syscall_groups()) {
-      auto it = by_group.find(std::string(g.name));
-      if (it == by_group.end()) continue;
-      out << "    " << g.name << ": " << g.help << "\n";
-      for (const auto& name : it->second) print_allowed(name);
-    }
-    if (auto it = by_group.find(""); it != by_group.end()) {
-      out << "    (in no group)\n";
-      for (const auto& name : it->second) print_allowed(name);
-    }
-
-    // Refused, by effect.
-    struct Refusal {
-      std::string name;
-      std::vector<std::string> clauses;
-    };
-    std::map<std::pair<int, int>, std::pair<std::string, std::vector<Refusal>>> refused;  // (order, data) -> label, rows
-    const auto order_of = [](SeccompAction a) {
-      switch (a) {
-        case SeccompAction::Errno: return 0;
-        case SeccompAction::Trace: return 1;
-        case SeccompAction::Trap: return 2;
-        case SeccompAction::KillThread: return 3;
-        case SeccompAction::KillProcess: return 4;
-        default: return 5;
-      }
-    };
-    std::size_t n_refused = 0, n_refused_some = 0;
-    for (const auto& [name, rules] : view.syscalls) {
-      std::map<std::pair<int, int>, std::vector<SyscallRuleView>> by_effect;
-      for (const auto& r : rules) {
-        if (action_runs_syscall(r.action)) continue;
-        by_effect[{order_of(r.action), r.data}].push_back(r);
-      }
-      if (!by_effect.empty()) ++(syscall_fate(view, name) == SyscallFate::Refused ? n_refused : n_refused_some);
-      for (auto& [key, rs] : by_effect) {
-        auto& slot = refused[key];
-        slot.first = action_effect(rs.front().action, rs.front().data);
-        const bool unconditional = std::any_of(rs.begin(), rs.end(), [](const auto& r) { return r.args.empty(); });
-        slot.second.push_back({name, unconditional ? std::vector<std::string>{} : describe_conditions(name, rs)});
-      }
-    }
-    out << "  refused: " << n_refused << " syscalls (and " << n_refused_some
-        << " more for some arguments); by what the caller gets\n";
-    for (const auto& [key, slot] : refused) {
-      out << "    " << slot.first << "\n";
-      for (const auto& r : slot.second) {
-        if (r.clauses.empty()) {
-          out << "      " << r.name << "\n";
-          continue;
-        }
-        out << "      " << r.name << ": when " << r.clauses[0] << "\n";
-        const std::string indent(6 + r.name.size() + 2 + 5 - 3, ' ');
-        for (std::size_t i = 1; i < r.clauses.size(); ++i) out << indent << "or " << r.clauses[i] << "\n";
-      }
-    }
-    out << line(default_runs, " every other syscall: " + action_effect(view.default_action, view.default_data));
+    return;
   }
+  const ProfileView view = view_profile(*prof);
+  const bool default_runs = action_runs_syscall(view.default_action);
+  kv(out, "profile", p.seccomp_source);
+  out << line(default_runs, " " + pad("default", 15) + policy::seccomp_action_name(view.default_action, view.default_data) +
+                                ": every syscall not listed below " +
+                                (default_runs ? "is ALLOWED (a deny-list)" : "gets " + action_effect(view.default_action, view.default_data)));
+  std::string arches;
+  for (const auto& a : prof->architectures) arches += (arches.empty() ? "" : ", ") + a;
+  kv(out, "architectures", arches + "; a syscall from any other ABI kills the process");
+  explain_allowed_syscalls(out, view, default_runs);
+  explain_refused_syscalls(out, view);
+  out << line(default_runs, " every other syscall: " + action_effect(view.default_action, view.default_data));
+}
 
+// The end of the page: every warning of the lint again (each flagged
+// line above is one of them), then the notes of grants accepted as inert.
+void explain_dangerous_grants(std::ostream& out, const std::vector<PolicyRisk>& risks) {
   out << "\nDangerous grants\n";
   std::size_t warnings = 0;
   for (const auto& r : risks) {
@@ -751,6 +809,26 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
   for (const auto& r : risks)
     if (r.severity == LintSeverity::Note) accepted += "  " + r.message + "\n";
   if (!accepted.empty()) out << "\nAccepted (from dangerous groups, inert in every toolsandboxd sandbox)\n" << accepted;
+}
+
+}  // namespace
+
+// The page, section by section in the order a reviewer reads it; the
+// lint's findings are computed once, for the sections that flag lines.
+std::string explain_policy(const Policy& p, const ExplainOptions& options) {
+  std::ostringstream out;
+  const std::vector<PolicyRisk> risks = assess_policy(p);
+  explain_header(out, p);
+  explain_namespaces(out, p);
+  explain_egress(out, p, risks);
+  explain_packages(out, p, risks);
+  explain_warm_pool(out, p);
+  explain_every_run(out, p, options);
+  explain_file_system(out, p, options);
+  explain_limits(out, p, risks);
+  explain_environment(out, p);
+  explain_seccomp(out, p);
+  explain_dangerous_grants(out, risks);
   return out.str();
 }
 

@@ -146,144 +146,174 @@ std::optional<std::string> sensitive_host_path_reason(std::string_view host_path
   return std::nullopt;
 }
 
-std::vector<PolicyRisk> assess_policy(const Policy& p) {
-  std::vector<PolicyRisk> risks;
-  const auto policy_key = [&](std::string pointer, std::string message) {
-    PolicyRisk r;
-    r.anchor = PolicyRisk::Anchor::PolicyKey;
-    r.pointer = std::move(pointer);
-    r.message = std::move(message);
-    risks.push_back(std::move(r));
-  };
+namespace {
 
-  // The network, first: "host" is the largest grant a policy can make.
+// A risk written at a key of the policy ("/network").
+void add_policy_key(std::vector<PolicyRisk>& risks, std::string pointer, std::string message) {
+  PolicyRisk r;
+  r.anchor = PolicyRisk::Anchor::PolicyKey;
+  r.pointer = std::move(pointer);
+  r.message = std::move(message);
+  risks.push_back(std::move(r));
+}
+
+// A risk written at a key of the seccomp profile ("/defaultAction").
+void add_profile_key(std::vector<PolicyRisk>& risks, std::string pointer, std::string message) {
+  PolicyRisk r;
+  r.anchor = PolicyRisk::Anchor::ProfileKey;
+  r.pointer = std::move(pointer);
+  r.message = std::move(message);
+  risks.push_back(std::move(r));
+}
+
+// A risk written at one entry of the seccomp profile; `syscall` names the
+// one it is about, if it is about one.
+void add_profile_entry(std::vector<PolicyRisk>& risks, const SyscallRuleView& rule, const std::string& syscall,
+                       std::string message, LintSeverity sev = LintSeverity::Warning) {
+  PolicyRisk r;
+  r.severity = sev;
+  r.anchor = PolicyRisk::Anchor::ProfileEntry;
+  r.where = rule.where;
+  r.pointer = rule.pointer;
+  r.syscall = syscall;
+  r.message = std::move(message);
+  risks.push_back(std::move(r));
+}
+
+// The network, first: "host" is the largest grant a policy can make;
+// egress to any public address and E2B's all-or-nothing internet follow.
+void assess_network(const Policy& p, std::vector<PolicyRisk>& risks) {
   if (p.network == isolate::NetworkMode::Host)
-    policy_key("/network",
-               "highest risk: network \"host\": the tool shares the host's network namespace: every service "
-               "listening on the host's localhost (the agent server's database), the host's neighbours on its "
-               "private networks, the cloud metadata service at 169.254.169.254 (instance credentials), abstract "
-               "Unix sockets; network \"egress\" gives tools the internet without these");
+    add_policy_key(risks, "/network",
+                   "highest risk: network \"host\": the tool shares the host's network namespace: every service "
+                   "listening on the host's localhost (the agent server's database), the host's neighbours on its "
+                   "private networks, the cloud metadata service at 169.254.169.254 (instance credentials), abstract "
+                   "Unix sockets; network \"egress\" gives tools the internet without these");
   if (p.network == isolate::NetworkMode::Egress && !p.egress.public_ports.empty()) {
     std::string ports;
     for (auto port : p.egress.public_ports) ports += (ports.empty() ? "" : ", ") + std::to_string(port);
-    policy_key("/egress/public", "egress \"public\": a tool may connect to any public address on port " + ports +
-                                     " (anything it holds can leave for any server on the internet; the host and "
-                                     "its private networks stay denied)");
+    add_policy_key(risks, "/egress/public", "egress \"public\": a tool may connect to any public address on port " + ports +
+                                                " (anything it holds can leave for any server on the internet; the host and "
+                                                "its private networks stay denied)");
   }
   if (p.network != isolate::NetworkMode::None && p.backend == Backend::E2B)
-    policy_key("/network", std::string("backend e2b with network \"") + to_string(p.network) +
-                               "\": E2B switches internet access on or off only; its sandboxes reach the whole "
-                               "internet, and no egress rule or cap applies there");
+    add_policy_key(risks, "/network", std::string("backend e2b with network \"") + to_string(p.network) +
+                                          "\": E2B switches internet access on or off only; its sandboxes reach the whole "
+                                          "internet, and no egress rule or cap applies there");
+}
+
+// Packages: build code that runs, and an index whose every project a tool
+// may get.
+void assess_packages(const Policy& p, std::vector<PolicyRisk>& risks) {
   if (p.packages.enabled && p.packages.source_builds)
-    policy_key("/packages/source_builds", "packages source_builds: pip may build sdists, running their build code "
-                                          "(in the build sandbox, with the package source's network)");
+    add_policy_key(risks, "/packages/source_builds",
+                   "packages source_builds: pip may build sdists, running their build code "
+                   "(in the build sandbox, with the package source's network)");
   if (p.packages.enabled && !p.packages.index.empty() &&
       std::find(p.packages.allow.begin(), p.packages.allow.end(), "*") != p.packages.allow.end())
-    policy_key("/packages/allow", "packages allow \"*\" with an index: a tool may have any project of " + q(p.packages.index) +
-                                      " installed and imported (name the projects tools need instead)");
+    add_policy_key(risks, "/packages/allow",
+                   "packages allow \"*\" with an index: a tool may have any project of " + q(p.packages.index) +
+                       " installed and imported (name the projects tools need instead)");
+}
+
+// Binds of sensitive host paths, and every writable bind.
+void assess_binds(const Policy& p, std::vector<PolicyRisk>& risks) {
   for (std::size_t i = 0; i < p.binds.size(); ++i) {
     const auto& b = p.binds[i];
     const std::string ptr = json_pointer_append("/filesystem/binds", i);
     if (auto why = sensitive_host_path_reason(b.source))
-      policy_key(ptr + "/source", "bind of sensitive host path " + q(b.source) + ": " + std::string(*why));
+      add_policy_key(risks, ptr + "/source", "bind of sensitive host path " + q(b.source) + ": " + std::string(*why));
     if (b.writable)
-      policy_key(ptr + "/writable", "read-write bind of host path " + q(b.source) + " at " + q(b.target) +
-                                        ": the tool can change host files there");
+      add_policy_key(risks, ptr + "/writable", "read-write bind of host path " + q(b.source) + " at " + q(b.target) +
+                                                   ": the tool can change host files there");
   }
+}
+
+// An environment a request may fill with any name.
+void assess_environment(const Policy& p, std::vector<PolicyRisk>& risks) {
   for (std::size_t i = 0; i < p.env_allow.size(); ++i) {
     if (p.env_allow[i] == "*")
-      policy_key(json_pointer_append("/environment/allow", i),
-                 "environment allow \"*\": a request may set any variable the policy does not fix");
+      add_policy_key(risks, json_pointer_append("/environment/allow", i),
+                     "environment allow \"*\": a request may set any variable the policy does not fix");
   }
+}
+
+// Limits past the thresholds above, and no CPU-time limit at all.
+void assess_limits(const Policy& p, std::vector<PolicyRisk>& risks) {
   const isolate::Limits& l = p.limits;
   if (l.wall_timeout > kWallWarn)
-    policy_key("/limits/wall_timeout", "wall_timeout " + format_duration(l.wall_timeout) + " is above " +
-                                           format_duration(kWallWarn) + ": one run can hold a slot that long");
+    add_policy_key(risks, "/limits/wall_timeout", "wall_timeout " + format_duration(l.wall_timeout) + " is above " +
+                                                      format_duration(kWallWarn) + ": one run can hold a slot that long");
   if (l.cpu_time.count() == 0)
-    policy_key("/limits/cpu_time", "cpu_time 0 sets no CPU-time limit: only the wall clock ends a busy run");
+    add_policy_key(risks, "/limits/cpu_time", "cpu_time 0 sets no CPU-time limit: only the wall clock ends a busy run");
   if (l.memory_bytes > kMemoryWarnBytes)
-    policy_key("/limits/memory", "memory " + format_size(l.memory_bytes) + " is above " + format_size(kMemoryWarnBytes));
+    add_policy_key(risks, "/limits/memory",
+                   "memory " + format_size(l.memory_bytes) + " is above " + format_size(kMemoryWarnBytes));
   if (l.pids > kPidsWarn)
-    policy_key("/limits/pids", "pids " + std::to_string(l.pids) + " is above " + std::to_string(kPidsWarn));
+    add_policy_key(risks, "/limits/pids", "pids " + std::to_string(l.pids) + " is above " + std::to_string(kPidsWarn));
+}
 
-  const policy::SeccompProfile* prof = p.seccomp_profile.get();
-  if (prof == nullptr) {
-    policy_key("/seccomp", "no seccomp profile is loaded");
-    return risks;
-  }
-  const auto profile_key = [&](std::string pointer, std::string message) {
-    PolicyRisk r;
-    r.anchor = PolicyRisk::Anchor::ProfileKey;
-    r.pointer = std::move(pointer);
-    r.message = std::move(message);
-    risks.push_back(std::move(r));
-  };
-  const auto entry = [&](const SyscallRuleView& rule, const std::string& syscall, std::string message,
-                         LintSeverity sev = LintSeverity::Warning) {
-    PolicyRisk r;
-    r.severity = sev;
-    r.anchor = PolicyRisk::Anchor::ProfileEntry;
-    r.where = rule.where;
-    r.pointer = rule.pointer;
-    r.syscall = syscall;
-    r.message = std::move(message);
-    risks.push_back(std::move(r));
-  };
-
-  const ProfileView view = view_profile(*prof);
-  const bool default_runs = action_runs_syscall(view.default_action);
+// A default action that lets unnamed syscalls run (a deny-list), or that
+// refuses them while reporting success.
+void assess_default_action(const ProfileView& view, std::vector<PolicyRisk>& risks) {
   if (view.default_action == SeccompAction::Allow)
-    profile_key("/defaultAction",
-                "seccomp default action SCMP_ACT_ALLOW: every syscall the profile does not name is allowed "
-                "(a deny-list, as good as no seccomp against an unknown syscall)");
+    add_profile_key(risks, "/defaultAction",
+                    "seccomp default action SCMP_ACT_ALLOW: every syscall the profile does not name is allowed "
+                    "(a deny-list, as good as no seccomp against an unknown syscall)");
   else if (view.default_action == SeccompAction::Log)
-    profile_key("/defaultAction",
-                "seccomp default action SCMP_ACT_LOG: every syscall the profile does not name is allowed and "
-                "only logged (a deny-list)");
+    add_profile_key(risks, "/defaultAction",
+                    "seccomp default action SCMP_ACT_LOG: every syscall the profile does not name is allowed and "
+                    "only logged (a deny-list)");
   if (view.default_action == SeccompAction::Errno && view.default_data == 0)
-    profile_key("/defaultErrnoRet",
-                "seccomp default errno 0: every refused syscall reports success without running");
+    add_profile_key(risks, "/defaultErrnoRet",
+                    "seccomp default errno 0: every refused syscall reports success without running");
+}
 
-  // Entries that pretend or only log, once per entry.
-  for (const auto& rule : prof->rules) {
+// Entries that pretend or only log, once per entry.
+void assess_pretending_entries(const policy::SeccompProfile& prof, std::vector<PolicyRisk>& risks) {
+  for (const auto& rule : prof.rules) {
     std::string names;
     for (const auto& n : rule.names) names += (names.empty() ? "" : ", ") + q(n);
     SyscallRuleView at;
     at.where = rule.where;
     at.pointer = rule.pointer;
     if (rule.action == SeccompAction::Log)
-      entry(at, "", "seccomp entry with SCMP_ACT_LOG allows " + names + " (the call runs and is only logged)");
+      add_profile_entry(risks, at, "", "seccomp entry with SCMP_ACT_LOG allows " + names + " (the call runs and is only logged)");
     if (rule.action == SeccompAction::Errno && rule.errno_ret == 0)
-      entry(at, "", "seccomp entry with errnoRet 0 for " + names +
-                            ": the refused call reports success without running, which code cannot tell from "
-                            "the real thing");
+      add_profile_entry(risks, at, "", "seccomp entry with errnoRet 0 for " + names +
+                                           ": the refused call reports success without running, which code cannot tell from "
+                                           "the real thing");
   }
+}
 
-  // A deny-list lets every dangerous syscall it does not name through: one
-  // warning per dangerous group (and per syscall of kDangerousSyscalls),
-  // naming the syscalls of this architecture it lets through.
-  if (default_runs) {
-    const std::uint32_t native = seccomp_arch_native();
-    const auto passes = [&](const std::string& name) {
-      return !view.syscalls.count(name) && seccomp_syscall_resolve_name_arch(native, name.c_str()) >= 0;
-    };
-    for (const auto& g : policy::syscall_groups()) {
-      if (!g.dangerous) continue;
-      auto members = policy::expand_syscall_group(g.name);
-      if (!members.ok()) continue;
-      std::string names;
-      for (const auto& m : *members)
-        if (passes(m) && !inert_syscall_reason(m)) names += (names.empty() ? "" : ", ") + m;
-      if (!names.empty())
-        profile_key("/defaultAction", "the default action allows " + std::string(g.name) + " (" +
-                                          std::string(g.help) + "): " + names);
-    }
-    for (const auto& d : kDangerousSyscalls)
-      if (passes(std::string(d.name)))
-        profile_key("/defaultAction", "the default action allows syscall " + q(d.name) + ": " + std::string(d.reason));
+// A deny-list lets every dangerous syscall it does not name through: one
+// warning per dangerous group (and per syscall of kDangerousSyscalls),
+// naming the syscalls of this architecture it lets through.
+void assess_deny_list(const ProfileView& view, std::vector<PolicyRisk>& risks) {
+  const std::uint32_t native = seccomp_arch_native();
+  const auto passes = [&](const std::string& name) {
+    return !view.syscalls.count(name) && seccomp_syscall_resolve_name_arch(native, name.c_str()) >= 0;
+  };
+  for (const auto& g : policy::syscall_groups()) {
+    if (!g.dangerous) continue;
+    auto members = policy::expand_syscall_group(g.name);
+    if (!members.ok()) continue;
+    std::string names;
+    for (const auto& m : *members)
+      if (passes(m) && !inert_syscall_reason(m)) names += (names.empty() ? "" : ", ") + m;
+    if (!names.empty())
+      add_profile_key(risks, "/defaultAction", "the default action allows " + std::string(g.name) + " (" +
+                                                   std::string(g.help) + "): " + names);
   }
+  for (const auto& d : kDangerousSyscalls)
+    if (passes(std::string(d.name)))
+      add_profile_key(risks, "/defaultAction",
+                      "the default action allows syscall " + q(d.name) + ": " + std::string(d.reason));
+}
 
-  // Dangerous syscalls the profile allows by name.
+// Dangerous syscalls the profile allows by name, each at its first
+// allowing entry; those inert in this sandbox are notes, not warnings.
+void assess_allowed_by_name(const ProfileView& view, std::vector<PolicyRisk>& risks) {
   for (const auto& [name, rules] : view.syscalls) {
     const SyscallFate fate = syscall_fate(view, name);
     if (fate == SyscallFate::Refused) continue;
@@ -302,11 +332,36 @@ std::vector<PolicyRisk> assess_policy(const Policy& p) {
     if (auto inert = inert_syscall_reason(name)) {
       const policy::SyscallGroup* g = dangerous_group_of(name);
       const std::string group = g != nullptr ? std::string(g->name) : std::string("?");
-      entry(*rule, name, what + " (" + group + ", inert here): " + std::string(*inert), LintSeverity::Note);
+      add_profile_entry(risks, *rule, name, what + " (" + group + ", inert here): " + std::string(*inert),
+                        LintSeverity::Note);
       continue;
     }
-    entry(*rule, name, what + ": " + *why);
+    add_profile_entry(risks, *rule, name, what + ": " + *why);
   }
+}
+
+}  // namespace
+
+// The policy's keys first, in the order the explain page shows them, then
+// the seccomp profile's.
+std::vector<PolicyRisk> assess_policy(const Policy& p) {
+  std::vector<PolicyRisk> risks;
+  assess_network(p, risks);
+  assess_packages(p, risks);
+  assess_binds(p, risks);
+  assess_environment(p, risks);
+  assess_limits(p, risks);
+
+  const policy::SeccompProfile* prof = p.seccomp_profile.get();
+  if (prof == nullptr) {
+    add_policy_key(risks, "/seccomp", "no seccomp profile is loaded");
+    return risks;
+  }
+  const ProfileView view = view_profile(*prof);
+  assess_default_action(view, risks);
+  assess_pretending_entries(*prof, risks);
+  if (action_runs_syscall(view.default_action)) assess_deny_list(view, risks);
+  assess_allowed_by_name(view, risks);
   return risks;
 }
 
