@@ -525,16 +525,11 @@ asio::awaitable<std::string> Server::run_request(const protocol::Request& req, c
   PreparedRun p;
   const int fd = sock.native_handle();
   p.client_gone = [fd] { return peer_hung_up(fd); };
-  if (auto refused = prepare_run(req, peer, policies_, cfg_.e2b.enabled, runner_path_, p))
+  const Backends backends{local_.get(), cfg_.e2b.enabled ? e2b_.get() : nullptr, cfg_.e2b.enabled};
+  if (auto refused = prepare_run(req, peer, policies_, backends, runner_path_, p))
     co_return protocol::encode_error(req.id, refused->code, refused->message);
-  RunBackend* backend = local_.get();
-  if (p.placement.backend == Backend::E2B) {
-    if (!e2b_ || !cfg_.e2b.enabled)
-      co_return protocol::encode_error(req.id, ErrorCode::Unavailable,
-                                       "organization " + q(p.common->organization_id) +
-                                           " runs on E2B, which is not configured in this daemon");
-    backend = e2b_.get();  // E2B runs take no local run slot; E2BConfig.max_sandboxes bounds them
-  }
+  // E2B runs take no local run slot; E2BConfig.max_sandboxes bounds them.
+  RunBackend* backend = p.backend;
 
   // The backend runs while the connection is watched: a client that goes
   // away (a full close; a half-close still waits for its answer) cancels

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "daemon/common/hash.h"
+#include "daemon/common/quote.h"
 
 namespace tsb::venv {
 
@@ -217,13 +218,13 @@ std::string RequirementSet::text() const {
   return t;
 }
 
-RequirementSet canonical_set(const std::vector<std::string>& requirements) {
+RequirementSet canonical_set(const std::vector<std::string>& requirements, bool allow_urls) {
   RequirementSet set;
   std::map<std::string, Requirement> by_name;
   for (const auto& s : requirements) {
-    Parsed p = parse_requirement(s, false);
+    Parsed p = parse_requirement(s, allow_urls);
     if (p.verdict != Verdict::Ok) {
-      set.error = "pip requirement \"" + s + "\": " + p.reason;
+      set.error = "pip requirement " + quoted_for_message(s) + ": " + p.reason;
       set.forbidden = p.verdict == Verdict::Forbidden;
       set.items.clear();
       return set;
@@ -231,6 +232,11 @@ RequirementSet canonical_set(const std::vector<std::string>& requirements) {
     auto [it, fresh] = by_name.try_emplace(p.requirement.name, p.requirement);
     if (fresh) continue;
     Requirement& r = it->second;
+    if (r.url != p.requirement.url) {
+      set.error = "pip requirement " + quoted_for_message(s) + ": " + r.name + " is named twice, from different sources";
+      set.items.clear();
+      return set;
+    }
     r.extras.insert(r.extras.end(), p.requirement.extras.begin(), p.requirement.extras.end());
     r.specifiers.insert(r.specifiers.end(), p.requirement.specifiers.begin(), p.requirement.specifiers.end());
     sort_unique(r.extras);

@@ -72,7 +72,7 @@ struct RequirementSet {
   // One canonical requirement per line, in order.
   std::string text() const;
 };
-RequirementSet canonical_set(const std::vector<std::string>& requirements);
+RequirementSet canonical_set(const std::vector<std::string>& requirements, bool allow_urls = false);
 
 // fnmatch-style patterns ("*", "?", "[...]") over normalised names: the
 // first requirement that no pattern matches, or "" when all are allowed.

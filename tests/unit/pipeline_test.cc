@@ -14,6 +14,20 @@ namespace {
 using nlohmann::json;
 using protocol::ErrorCode;
 
+// A backend that runs nothing: what prepare_run asks of one is its
+// requirement rules.
+class StubBackend : public RunBackend {
+ public:
+  explicit StubBackend(std::string_view name) : name_(name) {}
+  std::string_view name() const noexcept override { return name_; }
+  RequirementRules requirement_rules(const Policy&) const override { return rules; }
+  asio::awaitable<BackendRun> run(PreparedRun&) override { co_return BackendRun{}; }
+  RequirementRules rules;
+
+ private:
+  std::string_view name_;
+};
+
 class Pipeline : public testing::Test {
  protected:
   void SetUp() override {
@@ -64,13 +78,17 @@ class Pipeline : public testing::Test {
     set_ = set;
   }
 
+  // The backends prepare_run places runs on; E2B when configured.
+  Backends backends(bool e2b) { return Backends{&local_, e2b ? &e2b_ : nullptr, e2b}; }
+
   std::shared_ptr<const PolicySet> set_;
+  StubBackend local_{"local"}, e2b_{"e2b"};
 };
 
 TEST_F(Pipeline, PreparesTimeoutEnvironmentAndShape) {
   auto req = request(execute({{"timeout", 2.5}, {"env", {{"API_KEY", "k"}}}, {"agent_id", "agent-7"}}));
   PreparedRun p;
-  auto refused = prepare_run(req, Peer{}, set_, false, "", p);
+  auto refused = prepare_run(req, Peer{}, set_, backends(false), "", p);
   ASSERT_FALSE(refused) << refused->message;
   EXPECT_FALSE(p.tool_mode);
   EXPECT_EQ(p.placement.backend, Backend::Local);
@@ -87,7 +105,7 @@ TEST_F(Pipeline, PreparesTimeoutEnvironmentAndShape) {
 TEST_F(Pipeline, ARequestNeverRaisesThePolicysTimeout) {
   auto req = request(execute({{"timeout", 180}}));
   PreparedRun p;
-  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "", p));
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(false), "", p));
   EXPECT_EQ(p.timeout, std::chrono::seconds(60));
   EXPECT_DOUBLE_EQ(p.shape.timeout_s, 60.0);  // what the messages say
 }
@@ -100,7 +118,7 @@ TEST_F(Pipeline, FixedNamesKeepThePolicysValueAndAreRecorded) {
   ASSERT_TRUE(pol.env_set.count("HOME") && pol.env_set.count("LANG")) << "the default policy fixes HOME and LANG";
   auto req = request(execute({{"env", {{"LANG", "xx_XX"}, {"HOME", "/root"}, {"API_KEY", "k"}}}, {"timeout", 180}}));
   PreparedRun p;
-  auto refused = prepare_run(req, Peer{}, set_, false, "", p);
+  auto refused = prepare_run(req, Peer{}, set_, backends(false), "", p);
   ASSERT_FALSE(refused) << refused->message;
   EXPECT_EQ(p.env_overridden, (std::vector<std::string>{"HOME", "LANG"}));
   EXPECT_FALSE(p.env.count("LANG"));
@@ -127,13 +145,13 @@ TEST_F(Pipeline, FingerprintUsesTheConfigsOwnOrganization) {
   auto with_org = request(execute({{"sandbox_config", {{"type", "local"}, {"config", cfg},
                                                        {"organization_id", "org-00000000-0000-4000-8000-000000000000"}}}}));
   PreparedRun p;
-  ASSERT_FALSE(prepare_run(with_org, Peer{}, set_, false, "", p));
+  ASSERT_FALSE(prepare_run(with_org, Peer{}, set_, backends(false), "", p));
   // docs/PROTOCOL.md section 13.3's worked example (the request's own
   // organization is "org-1").
   EXPECT_EQ(p.fingerprint, "48408990033679363701484527775310645901996820373321982248109825766489622234136");
   auto without = request(execute({{"sandbox_config", {{"type", "local"}, {"config", cfg}}}}));
   PreparedRun q;
-  ASSERT_FALSE(prepare_run(without, Peer{}, set_, false, "", q));
+  ASSERT_FALSE(prepare_run(without, Peer{}, set_, backends(false), "", q));
   EXPECT_EQ(q.fingerprint, *protocol::sandbox_config_fingerprint("local", "org-1", cfg));
   EXPECT_NE(q.fingerprint, p.fingerprint);
 }
@@ -151,7 +169,7 @@ TEST_F(Pipeline, E2BRunsUseTheE2BAlternative) {
   // Without E2B configured, an organization that is not privileged runs locally.
   auto local = request(execute(extra));
   PreparedRun l;
-  ASSERT_FALSE(prepare_run(local, Peer{}, set_, false, "", l));
+  ASSERT_FALSE(prepare_run(local, Peer{}, set_, backends(false), "", l));
   EXPECT_EQ(l.placement.backend, Backend::Local);
   EXPECT_EQ(l.fingerprint, *protocol::sandbox_config_fingerprint("local", "org-1", local_cfg));
   EXPECT_EQ(l.sandbox_config->type, "local");
@@ -160,7 +178,7 @@ TEST_F(Pipeline, E2BRunsUseTheE2BAlternative) {
   extra["policy"] = "remote";
   auto remote = request(execute(extra));
   PreparedRun r;
-  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, true, "", r));
+  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, backends(true), "", r));
   EXPECT_EQ(r.placement.backend, Backend::E2B);
   EXPECT_EQ(r.fingerprint, *protocol::sandbox_config_fingerprint("e2b", "org-9", e2b_cfg));
   EXPECT_EQ(r.shape.fingerprint, r.fingerprint);
@@ -171,14 +189,14 @@ TEST_F(Pipeline, E2BRunsUseTheE2BAlternative) {
   extra["e2b"] = {{"env", {{"API_KEY", "e2b"}}}};
   auto env_only = request(execute(extra));
   PreparedRun e;
-  ASSERT_FALSE(prepare_run(env_only, Peer{}, set_, true, "", e));
+  ASSERT_FALSE(prepare_run(env_only, Peer{}, set_, backends(true), "", e));
   EXPECT_EQ(e.fingerprint, l.fingerprint);
   EXPECT_EQ(e.env.at("API_KEY"), "e2b");
   // Only sandbox_config given: the top-level env.
   extra["e2b"] = {{"sandbox_config", {{"type", "e2b"}, {"config", e2b_cfg}}}};
   auto config_only = request(execute(extra));
   PreparedRun c;
-  ASSERT_FALSE(prepare_run(config_only, Peer{}, set_, true, "", c));
+  ASSERT_FALSE(prepare_run(config_only, Peer{}, set_, backends(true), "", c));
   EXPECT_EQ(c.fingerprint, *protocol::sandbox_config_fingerprint("e2b", "org-1", e2b_cfg));
   EXPECT_EQ(c.env.at("API_KEY"), "local");
 
@@ -186,21 +204,21 @@ TEST_F(Pipeline, E2BRunsUseTheE2BAlternative) {
   extra["e2b"] = {{"env", {{"NOT_ALLOWED", "x"}}}};
   auto denied = request(execute(extra));
   PreparedRun d;
-  auto refusal = prepare_run(denied, Peer{}, set_, true, "", d);
+  auto refusal = prepare_run(denied, Peer{}, set_, backends(true), "", d);
   ASSERT_TRUE(refusal);
   EXPECT_EQ(refusal->code, ErrorCode::PolicyDenied);
   // ... but a local run never looks at it.
   extra.erase("policy");
   auto ignored = request(execute(extra));
   PreparedRun i;
-  EXPECT_FALSE(prepare_run(ignored, Peer{}, set_, false, "", i));
+  EXPECT_FALSE(prepare_run(ignored, Peer{}, set_, backends(false), "", i));
   EXPECT_EQ(i.placement.backend, Backend::Local);
 }
 
 TEST_F(Pipeline, RecordSaysNoTimeoutWasRequested) {
   auto req = request(execute());
   PreparedRun p;
-  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "", p));
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(false), "", p));
   BackendRun out;
   out.run.reason = isolate::EndReason::Exited;
   json j = json::parse(finish_run(p, "local", out, std::chrono::milliseconds(1), nullptr));
@@ -224,7 +242,7 @@ TEST_F(Pipeline, RefusalsComeBeforeAnyBackend) {
   for (const auto& c : cases) {
     auto req = request(c.req);
     PreparedRun p;
-    auto refused = prepare_run(req, Peer{}, set_, false, "", p);
+    auto refused = prepare_run(req, Peer{}, set_, backends(false), "", p);
     ASSERT_TRUE(refused) << c.req.dump();
     EXPECT_EQ(refused->code, c.code) << c.req.dump();
     EXPECT_NE(refused->message.find(c.says), std::string::npos) << refused->message;
@@ -237,7 +255,7 @@ TEST_F(Pipeline, RefusalsComeBeforeAnyBackend) {
 TEST_F(Pipeline, ToolModeUsesTheChannelLocallyAndAFreshNonceOnE2B) {
   auto req = request(run_tool());
   PreparedRun l;
-  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "/runner.py", l));
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(false), "/runner.py", l));
   EXPECT_TRUE(l.tool_mode);
   EXPECT_TRUE(l.shape.channel);
   EXPECT_EQ(l.shape.result_cap, l.policy().limits.stdout_bytes);
@@ -247,8 +265,8 @@ TEST_F(Pipeline, ToolModeUsesTheChannelLocallyAndAFreshNonceOnE2B) {
 
   auto remote = request(run_tool({{"policy", "remote"}}));
   PreparedRun a, b;
-  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, true, "/runner.py", a));
-  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, true, "/runner.py", b));
+  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, backends(true), "/runner.py", a));
+  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, backends(true), "/runner.py", b));
   EXPECT_EQ(a.placement.backend, Backend::E2B);
   EXPECT_FALSE(a.shape.channel);
   EXPECT_EQ(a.shape.nonce.size(), 32u);
@@ -265,7 +283,7 @@ TEST_F(Pipeline, StartUpVariablesGoToTheToolNotTheRunner) {
   allow_env({"*"});
   auto req = request(run_tool({{"env", {{"LD_PRELOAD", "/x.so"}, {"PYTHONPATH", "/p"}, {"API_KEY", "k"}}}}));
   PreparedRun p;
-  auto refused = prepare_run(req, Peer{}, set_, false, "/runner.py", p);
+  auto refused = prepare_run(req, Peer{}, set_, backends(false), "/runner.py", p);
   ASSERT_FALSE(refused) << refused->message;
   EXPECT_EQ(p.env.count("LD_PRELOAD"), 0u);
   EXPECT_EQ(p.env.at("API_KEY"), "k");
@@ -276,24 +294,24 @@ TEST_F(Pipeline, StartUpVariablesGoToTheToolNotTheRunner) {
   EXPECT_TRUE(p.runner_request.empty());
   auto remote = request(run_tool({{"policy", "remote"}, {"env", {{"LD_PRELOAD", "/x.so"}, {"PYTHONPATH", "/p"}}}}));
   PreparedRun cell;
-  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, true, "/runner.py", cell));
+  ASSERT_FALSE(prepare_run(remote, Peer{}, set_, backends(true), "/runner.py", cell));
   EXPECT_NE(cell.runner_request.find(R"("env":{"LD_PRELOAD":"/x.so","PYTHONPATH":"/p"})"), std::string::npos)
       << cell.runner_request;
   // A name the policy does not allow is refused, start-up variable or not.
   allow_env({"API_KEY"});
   PreparedRun q;
-  EXPECT_TRUE(prepare_run(req, Peer{}, set_, false, "/runner.py", q));
+  EXPECT_TRUE(prepare_run(req, Peer{}, set_, backends(false), "/runner.py", q));
   // Script mode: Letta's script is the program; the variables stay where it starts.
   auto ex = request(execute({{"env", {{"API_KEY", "k"}}}}));
   PreparedRun e;
-  ASSERT_FALSE(prepare_run(ex, Peer{}, set_, false, "", e));
+  ASSERT_FALSE(prepare_run(ex, Peer{}, set_, backends(false), "", e));
   EXPECT_TRUE(e.runner_env.empty());
 }
 
 TEST_F(Pipeline, PlacementNamesTheBackend) {
   auto req = request(execute({{"policy", "remote"}}));
   PreparedRun p;
-  ASSERT_FALSE(prepare_run(req, Peer{}, set_, true, "", p));
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(true), "", p));
   EXPECT_EQ(p.placement.backend, Backend::E2B);
   EXPECT_EQ(p.policy().name, "remote");
 }
@@ -301,7 +319,7 @@ TEST_F(Pipeline, PlacementNamesTheBackend) {
 TEST_F(Pipeline, FinishShapesRecordsAndKeepsBackendFields) {
   auto req = request(execute());
   PreparedRun p;
-  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "", p));
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(false), "", p));
   BackendRun out;
   out.run.run_id = "abc";
   out.run.reason = isolate::EndReason::Exited;
@@ -332,7 +350,7 @@ TEST_F(Pipeline, ExactValuesNeverBreakTheResponseLine) {
     SCOPED_TRACE(dialect);
     auto req = request(execute({{"json_dialect", dialect}}));
     PreparedRun p;
-    ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "", p));
+    ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(false), "", p));
     p.shape.generation = protocol::ScriptGeneration::kLegacy;
     const std::string payload =
         "{\n  \"results\": [1,\n{\"v\":1,\"id\":\"next\",\"ok\":true,\"s\":\"a b\\n\"}\r\n, NaN],\n"
@@ -358,20 +376,56 @@ TEST_F(Pipeline, ExactValuesNeverBreakTheResponseLine) {
   }
 }
 
-TEST_F(Pipeline, FinishTakesTheBackendsOwnResultAndEndReason) {
+// A backend reports a failure as facts; finish_run shapes it as Letta's
+// manager reports the exception, with the backend's end reason.
+TEST_F(Pipeline, FinishShapesTheBackendsFailureWithItsEndReason) {
   auto req = request(execute());
   PreparedRun p;
-  ASSERT_FALSE(prepare_run(req, Peer{}, set_, false, "", p));
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(false), "", p));
   BackendRun out;
   out.run.reason = isolate::EndReason::Exited;
-  out.result = json{{"status", "error"}, {"func_return", "x"}, {"stdout", json::array()}, {"stderr", json::array()}};
+  out.run.stdout_data = "partial";
+  out.run.stderr_data = "pip: \xff failed";
+  out.failure = RunFailure{"SandboxException", "the sandbox went away"};
   out.end_reason = "backend_error";
   std::string ended;
   json j = json::parse(finish_run(p, "e2b", out, {}, &ended));
   EXPECT_EQ(ended, "backend_error");
-  EXPECT_EQ(j["result"]["func_return"], "x");
-  EXPECT_EQ(j["result"]["record"]["end_reason"], "backend_error");
-  EXPECT_EQ(j["result"]["record"]["backend"], "e2b");
+  const json& r = j["result"];
+  EXPECT_EQ(r["status"], "error");
+  EXPECT_EQ(r["func_return"], protocol::friendly_error_msg("t", "SandboxException", "the sandbox went away"));
+  EXPECT_EQ(r["stdout"], json({"partial"}));
+  // Not UTF-8: replaced, never passed on raw; the exception last.
+  EXPECT_EQ(r["stderr"], json({"pip: \uFFFD failed", "SandboxException: the sandbox went away"}));
+  EXPECT_EQ(r["record"]["end_reason"], "backend_error");
+  EXPECT_EQ(r["record"]["backend"], "e2b");
+}
+
+// An E2B kernel's execution: the result from the main result's payload,
+// the framing in the record.
+TEST_F(Pipeline, FinishShapesAnE2BCell) {
+  auto req = request(execute());
+  PreparedRun p;
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(false), "", p));
+  BackendRun out;
+  out.run.reason = isolate::EndReason::Exited;
+  CellOutcome& cell = out.cell.emplace();
+  cell.main_result = protocol::b64encode(R"({"results": 5, "agent_state": null})");
+  cell.out = {"hello\n"};
+  json j = json::parse(finish_run(p, "e2b", out, {}, nullptr));
+  const json& r = j["result"];
+  EXPECT_EQ(r["status"], "success");
+  EXPECT_EQ(r["func_return"], 5);
+  EXPECT_EQ(r["stdout"], json({"hello\n"}));
+  EXPECT_EQ(r["record"]["framing"], "e2b-result");
+
+  BackendRun raised;
+  raised.run.reason = isolate::EndReason::Exited;
+  raised.cell.emplace().error = CellOutcome::Raised{"ValueError", "bad", "Traceback: ..."};
+  j = json::parse(finish_run(p, "e2b", raised, {}, nullptr));
+  EXPECT_EQ(j["result"]["status"], "error");
+  EXPECT_EQ(j["result"]["func_return"], protocol::friendly_error_msg("t", "ValueError", "bad"));
+  EXPECT_EQ(j["result"]["stderr"], json({"Traceback: ..."}));
 }
 
 TEST(CancelSignal, HooksRunOnceAndLateHooksRunAtOnce) {
@@ -395,6 +449,75 @@ TEST(CancelSignal, AHookRemovedByAnEarlierOneDoesNotRun) {
   id2 = s.add_hook([&] { ++second; });
   s.request();
   EXPECT_EQ(second, 0);
+}
+
+}  // namespace
+}  // namespace tsb::core
+
+namespace tsb::core {
+namespace {
+
+// Requirements are gathered from the sandbox config and the tool, made
+// canonical and checked once, against the placed backend's rules.
+TEST_F(Pipeline, RequirementsAreCheckedOnceAgainstTheBackendsRules) {
+  json cfg = {{"pip_requirements", json::array({{{"name", "Requests"}, {"version", "2.31"}}})}};
+  auto req = request(run_tool({{"pip_requirements", {"Requests>=2", "numpy"}},
+                               {"sandbox_config", {{"type", "local"}, {"config", cfg}}}}));
+  local_.rules = RequirementRules{};
+  local_.rules.max = 3;  // counted as given: three
+  PreparedRun p;
+  auto first = prepare_run(req, Peer{}, set_, backends(false), "/runner.py", p);
+  ASSERT_FALSE(first) << first->message;
+  ASSERT_EQ(p.requirements.items.size(), 2u);  // requests twice is one requirement
+  EXPECT_EQ(p.requirements.text(), "numpy\nrequests==2.31,>=2\n");
+
+  local_.rules.max = 2;
+  PreparedRun over;
+  auto refused = prepare_run(req, Peer{}, set_, backends(false), "/runner.py", over);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, ErrorCode::BadRequest);
+  EXPECT_NE(refused->message.find("at most 2 pip requirements per run (3 given)"), std::string::npos) << refused->message;
+
+  local_.rules = RequirementRules{};
+  local_.rules.refusal = "policy \"default\" installs no packages";
+  PreparedRun none;
+  refused = prepare_run(req, Peer{}, set_, backends(false), "/runner.py", none);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, ErrorCode::PolicyDenied);
+  EXPECT_EQ(refused->message,
+            "policy \"default\" installs no packages, and this run asks for 3 pip requirement(s), the first \"Requests==2.31\"");
+
+  local_.rules = RequirementRules{};
+  local_.rules.allow = {"numpy"};
+  PreparedRun not_allowed;
+  refused = prepare_run(req, Peer{}, set_, backends(false), "/runner.py", not_allowed);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, ErrorCode::PolicyDenied);
+  EXPECT_NE(refused->message.find("\"requests\" is not allowed"), std::string::npos) << refused->message;
+}
+
+TEST_F(Pipeline, RequirementUrlsFollowTheBackendsRules) {
+  auto req = request(run_tool({{"pip_requirements", {"pkg @ https://example.com/pkg.whl"}}, {"policy", "remote"}}));
+  e2b_.rules = RequirementRules{};
+  e2b_.rules.urls_hint = "e2b.allow_requirement_urls is off";
+  PreparedRun p;
+  auto refused = prepare_run(req, Peer{}, set_, backends(true), "/runner.py", p);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, ErrorCode::PolicyDenied);
+  EXPECT_NE(refused->message.find("(e2b.allow_requirement_urls is off)"), std::string::npos) << refused->message;
+  e2b_.rules.allow_urls = true;
+  PreparedRun q;
+  ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(true), "/runner.py", q));
+  EXPECT_EQ(q.requirements.text(), "pkg @ https://example.com/pkg.whl\n");
+}
+
+// A backend that is not there refuses the run before anything else.
+TEST_F(Pipeline, ARunOnABackendThatIsNotThereIsRefused) {
+  auto req = request(execute({{"policy", "remote"}}));
+  PreparedRun p;
+  auto refused = prepare_run(req, Peer{}, set_, Backends{&local_, nullptr, true}, "", p);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, ErrorCode::Unavailable);
 }
 
 }  // namespace

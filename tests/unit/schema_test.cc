@@ -60,14 +60,15 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-// The E2B backend's source, read for the fields and values it adds to
+// A source file of the tree, read for the fields and values it adds to
 // responses ("" when the file is absent).
-std::string e2b_source() {
-  std::ifstream in(std::string(TSB_SOURCE_DIR) + "/daemon/frontend/e2b/e2b.cc", std::ios::binary);
+std::string source_file(const char* path) {
+  std::ifstream in(std::string(TSB_SOURCE_DIR) + "/" + path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
+std::string e2b_source() { return source_file("daemon/frontend/e2b/e2b.cc"); }
 
 // The body of a function definition `signature { ... }` in a source text.
 std::string function_body(const std::string& src, const std::string& signature) {
@@ -916,8 +917,10 @@ TEST(SchemaResponses, ResultsOfEveryKindValidate) {
     if (result["record"].contains("framing")) framings_seen.insert(result["record"]["framing"]);
   }
   EXPECT_EQ(reasons_seen, end_reason_names());
-  // Every framing value is produced here or written literally by the E2B backend.
-  for (const auto& f : captures(e2b_source(), R"(record\[\"framing\"\]\s*=\s*\"([a-z0-9-]+)\")")) framings_seen.insert(f);
+  // Every framing value is produced here or written literally by the
+  // shaping of an E2B cell.
+  for (const auto& f : captures(source_file("daemon/frontend/letta/result.cc"), R"(extra\[\"framing\"\]\s*=\s*\"([a-z0-9-]+)\")"))
+    framings_seen.insert(f);
   EXPECT_EQ(framings_seen, strings_of(rec_props["framing"]["enum"]));
 }
 

@@ -61,7 +61,6 @@ constexpr const char* kEnvdKeepalive = "5";
 constexpr auto kEnvdStall = 20s;
 // A reused sandbox must have this much TTL left before it is refreshed.
 constexpr auto kReuseMargin = 3s;
-constexpr std::size_t kMaxRequirements = 32;
 constexpr std::size_t kMaxLine = 64u << 20;
 constexpr std::size_t kMaxEnvelope = 4u << 20;
 constexpr const char* kUserAgent = "toolsandboxd/" TSB_VERSION;
@@ -94,7 +93,6 @@ bool valid_token(std::string_view s) {
   return true;
 }
 
-json as_list(const std::string& s) { return s.empty() ? json::array() : json::array({s}); }
 
 std::string join(const std::vector<std::string>& v) {
   std::string out;
@@ -891,83 +889,6 @@ asio::awaitable<bool> E2BBackend::execute(RunCtx& ctx, Sandbox& sb, const std::s
 
 namespace {
 
-// Letta's E2B conventions for script mode (AsyncToolSandboxE2B.run in
-// letta-ai/letta's letta/services/tool_sandbox/e2b_sandbox.py): lists
-// of stream chunks; the payload is base64 JSON in the main result's text (or
-// Letta's legacy text framing in stdout); a kernel error gives the friendly
-// message from its name and value and its traceback appended to stderr.
-// `exact`: func_return and agent_state as the exact JSON text the script's
-// Python wrote (integers of any size, NaN, lone surrogates), when it gave them.
-void shape_script(const std::string& tool, const std::optional<json>& main_result, const std::vector<std::string>& out,
-                  const std::vector<std::string>& err, const std::optional<json>& error, json& r, json& record,
-                  std::string& func_return_text, std::string& agent_state_text) {
-  json stdout_list = json::array(), stderr_list = json::array();
-  for (const auto& s : out) stdout_list.push_back(lp::utf8_decode_replace(s).text);
-  for (const auto& s : err) stderr_list.push_back(lp::utf8_decode_replace(s).text);
-  bool have = false;
-  json results, agent_state;
-  std::string bad_result;
-  auto take = [&](const lp::ParsedOutput& p) {
-    have = true;
-    results = p.results;
-    agent_state = p.agent_state;
-    func_return_text = p.results_text;
-    if (!agent_state.is_null()) agent_state_text = p.agent_state_text;
-  };
-  if (main_result) {
-    record["framing"] = "e2b-result";
-    std::string text = str_field(*main_result, "text");
-    auto raw = lp::b64decode_validate(text);
-    // The payload as the text framing carries it (base64 between the
-    // markers), read by the same parser, which keeps Python's JSON exactly
-    // (NaN, integers of any size, lone surrogates) and wants an object.
-    lp::ParsedOutput exact;
-    if (raw.ok())
-      exact = lp::parse_letta_stdout(std::string(lp::kLegacyStartMarker) + text + std::string(lp::kLegacyEndMarker),
-                                     lp::ScriptGeneration::kLegacy);
-    if (raw.ok() && exact.usable() && !exact.empty_payload) {
-      take(exact);
-    } else {
-      // Why the parser refused it (as for a frame in stdout below), else why not.
-      bad_result = !raw.ok()        ? "the cell's main result is not base64 of a JSON payload"
-                   : exact.corrupted ? exact.error_message
-                                     : "the cell's main result is base64, but not of a JSON object";
-      record["frame_error"] = bad_result;
-    }
-  } else {
-    auto p = lp::parse_letta_stdout(join(out));
-    record["framing"] = std::string(lp::framing_name(p.framing));
-    if (p.found()) {
-      stdout_list = as_list(p.stdout_text);
-      if (p.usable()) {
-        take(p);
-      } else {
-        bad_result = p.corrupted ? p.error_message : "the result frame carries a payload that is not JSON";
-        record["frame_error"] = bad_result;
-      }
-    }
-  }
-  r["stdout"] = stdout_list;
-  r["stderr"] = stderr_list;
-  if (error) {
-    std::string tb = str_field(*error, "traceback");
-    if (!tb.empty()) r["stderr"].push_back(lp::utf8_decode_replace(tb).text);
-  }
-  r["status"] = error ? "error" : "success";
-  if (have) {
-    r["func_return"] = results;
-    r["agent_state"] = agent_state;
-  } else if (!bad_result.empty()) {
-    r["status"] = "error";
-    r["func_return"] = lp::friendly_error_msg(tool, "Exception", bad_result);
-  } else if (error) {
-    r["func_return"] = lp::friendly_error_msg(tool, str_field(*error, "name"), str_field(*error, "value"));
-  } else {
-    r["status"] = "error";
-    r["func_return"] = lp::friendly_error_msg(tool, "ValueError", "Tool " + tool + " returned execution with None");
-  }
-}
-
 json base_record() {
   isolate::RunResult empty;
   empty.reason = isolate::EndReason::Exited;
@@ -977,6 +898,19 @@ json base_record() {
 }
 
 }  // namespace
+
+RequirementRules E2BBackend::requirement_rules(const Policy& pol) const {
+  // pip in the E2B sandbox, from the index it reaches: only with internet
+  // access; the policy's limit on their number; URLs only when configured.
+  RequirementRules r;
+  if (pol.network == isolate::NetworkMode::None)
+    r.refusal = "pip requirements need network access, which policy " + q(pol.name) +
+                " does not allow (its sandboxes have no internet access)";
+  r.max = pol.packages.max_requirements;
+  r.allow_urls = cfg_.allow_requirement_urls;
+  r.urls_hint = "e2b.allow_requirement_urls is off";
+  return r;
+}
 
 asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   const protocol::Request& req = *p.request;
@@ -998,33 +932,10 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   // gets a minimal base plus the request's (docs/E2B.md).
   const std::map<std::string, std::string>& env = p.env;
 
-  // The E2B alternative's config, if the request gave one (prepare_run).
-  const protocol::SandboxConfig* sc = p.sandbox_config;
-  const std::string sc_name = c.e2b && c.e2b->sandbox_config ? "e2b.sandbox_config" : "sandbox_config";
-  const json* config_reqs = nullptr;
-  if (sc && sc->type == "e2b" && sc->config.is_object() && sc->config.contains("pip_requirements"))
-    config_reqs = &sc->config["pip_requirements"];
-  static const std::vector<std::string> kNone;
-  venv::Gathered gathered =
-      venv::gather(config_reqs, tool_mode ? std::get<protocol::RunToolRequest>(req.body).pip_requirements : kNone);
-  if (!gathered.error.empty()) co_return refuse(ErrorCode::BadRequest, sc_name + ".config." + gathered.error);
-  const std::vector<std::string>& reqs = gathered.requirements;
-  if (reqs.size() > kMaxRequirements)
-    co_return refuse(ErrorCode::BadRequest, "at most " + std::to_string(kMaxRequirements) + " pip requirements per run");
-  for (const auto& s : reqs) {
-    const venv::Parsed chk = venv::parse_requirement(s, cfg_.allow_requirement_urls);
-    if (chk.verdict == venv::Verdict::Forbidden)
-    {
-      std::string why = "pip requirement " + q(s) + ": " + chk.reason;
-      if (chk.reason.starts_with("URLs")) why += " (e2b.allow_requirement_urls is off)";
-      co_return refuse(ErrorCode::PolicyDenied, std::move(why));
-    }
-    if (chk.verdict == venv::Verdict::Malformed)
-      co_return refuse(ErrorCode::BadRequest, "pip requirement " + q(s) + " is not a plain PEP 508 requirement: " + chk.reason);
-  }
-  if (!reqs.empty() && pol.network == isolate::NetworkMode::None)
-    co_return refuse(ErrorCode::PolicyDenied, "pip requirements need network access, which policy " + q(pol.name) +
-                                                  " does not allow (its sandboxes have no internet access)");
+  // The run's requirements (prepare_run checked them), installed by pip in
+  // the sandbox, each once per sandbox.
+  std::vector<std::string> reqs;
+  for (const auto& r : p.requirements.items) reqs.push_back(r.text());
 
   std::string runner_src;
   if (tool_mode) {
@@ -1163,20 +1074,17 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
     out_text = join(ex.out);
     err_text = join(ex.err);
     if (ok) {
-      json result = {{"status", "error"},
-                     {"func_return", nullptr},
-                     {"agent_state", nullptr},
-                     {"stdout", json::array()},
-                     {"stderr", json::array()},
-                     {"sandbox_config_fingerprint", p.fingerprint ? json(*p.fingerprint) : json()}};
-      json record = base_record();
-      shape_script(c.tool_name, ex.main_result, ex.out, ex.err, ex.error, result, record, out.func_return_text,
-                   out.agent_state_text);
+      CellOutcome& cell = out.cell.emplace();
+      if (ex.main_result) cell.main_result = str_field(*ex.main_result, "text");
+      cell.out = ex.out;
+      cell.err = ex.err;
+      if (ex.error)
+        cell.error = CellOutcome::Raised{str_field(*ex.error, "name"), str_field(*ex.error, "value"),
+                                         str_field(*ex.error, "traceback")};
       out.run.reason = isolate::EndReason::Exited;
       out.run.stdout_total_bytes = ex.out_bytes;
       out.run.stderr_total_bytes = ex.err_bytes;
-      out.result = std::move(result);
-      out.record = std::move(record);
+      out.record = base_record();
       out.record["exit_code"] = ex.error ? 1 : 0;
       out.record["stdout_bytes"] = ex.out_bytes;
       out.record["stderr_bytes"] = ex.err_bytes;
@@ -1227,14 +1135,7 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
         out.record["setup_stage"] = "pip-install";
         out.record["setup_errno"] = 0;
       }
-      json errs = as_list(lp::utf8_decode_replace(err_text).text);
-      errs.push_back(fail.exc_name + ": " + fail.message);
-      out.result = json{{"status", "error"},
-                        {"func_return", lp::friendly_error_msg(c.tool_name, fail.exc_name, fail.message)},
-                        {"agent_state", nullptr},
-                        {"stdout", as_list(lp::utf8_decode_replace(out_text).text)},
-                        {"stderr", errs},
-                        {"sandbox_config_fingerprint", p.fingerprint ? json(*p.fingerprint) : json()}};
+      out.failure = RunFailure{fail.exc_name, fail.message};
     }
     spdlog::warn("e2b: run {} ({}): {}{}: {}", run_id, q(c.tool_name), fail.end_reason,
                  fail.detail.empty() ? "" : "/" + fail.detail, redact(fail.message));

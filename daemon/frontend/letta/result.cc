@@ -8,6 +8,7 @@
 #include "daemon/policy/units.h"
 #include "protocol/json_scan.h"
 #include "daemon/frontend/letta/letta.h"
+#include "daemon/frontend/letta/pyjson.h"
 
 namespace tsb::core {
 namespace {
@@ -17,6 +18,17 @@ using isolate::EndReason;
 namespace lp = tsb::protocol;
 
 json as_list(const std::string& s) { return s.empty() ? json::array() : json::array({s}); }
+
+// A ToolExecutionResult (Letta's letta/schemas/tool_execution_result.py):
+// every result the daemon answers is made here, an error until shaped.
+json tool_execution_result(const ShapeContext& ctx) {
+  return {{"status", "error"},
+          {"func_return", nullptr},
+          {"agent_state", nullptr},
+          {"stdout", json::array()},
+          {"stderr", json::array()},
+          {"sandbox_config_fingerprint", ctx.fingerprint ? json(*ctx.fingerprint) : json()}};
+}
 
 // Letta's handling of a non-zero exit without a result: the exception named
 // on the last lines of stderr, or an empty name and message when none is.
@@ -152,12 +164,7 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
   Shaped out;
   json& r = out.result;
   const std::string& name = ctx.tool_name;
-  r = {{"status", "error"},
-       {"func_return", nullptr},
-       {"agent_state", nullptr},
-       {"stdout", json::array()},
-       {"stderr", json::array()},
-       {"sandbox_config_fingerprint", ctx.fingerprint ? json(*ctx.fingerprint) : json()}};
+  r = tool_execution_result(ctx);
 
   // Runs that did not end on their own: Letta raises in these cases and its
   // manager reports get_friendly_error_msg(name, type(e).__name__, str(e)).
@@ -386,6 +393,108 @@ std::optional<std::string> pickle_payload_to_decode(const ShapeContext& ctx, con
   Shaped s = shape_tool_result(ctx, run);
   if (!s.extra.contains("opaque_pickle") || !s.extra.contains("payload_base64")) return std::nullopt;
   return s.extra["payload_base64"].get<std::string>();
+}
+
+Shaped shape_failure(const ShapeContext& ctx, const isolate::RunResult& run, const RunFailure& f) {
+  // As Letta's manager reports an exception its sandbox raised
+  // (ToolExecutionManager, letta/services/tool_executor/tool_execution_manager.py).
+  Shaped out;
+  out.result = tool_execution_result(ctx);
+  out.result["func_return"] = lp::friendly_error_msg(ctx.tool_name, f.exception, f.message);
+  out.result["stdout"] = as_list(lp::utf8_decode_replace(run.stdout_data).text);
+  json errs = as_list(lp::utf8_decode_replace(run.stderr_data).text);
+  errs.push_back(f.exception + ": " + f.message);
+  out.result["stderr"] = std::move(errs);
+  return out;
+}
+
+namespace {
+
+// Where an E2B script's result is: the cell's main result (base64 of the
+// JSON payload, as Letta's E2B script returns it) or a frame on stdout.
+// Sets `found` and the texts, or the sentence why the result is unusable.
+struct CellResult {
+  bool found = false;
+  json results, agent_state;
+  std::string bad;  // the result is there but unusable: why
+};
+
+CellResult cell_result(const CellOutcome& cell, Shaped& out, json& stdout_list) {
+  CellResult c;
+  auto take = [&](const lp::ParsedOutput& p) {
+    c.found = true;
+    c.results = p.results;
+    c.agent_state = p.agent_state;
+    out.func_return_text = p.results_text;
+    if (!c.agent_state.is_null()) out.agent_state_text = p.agent_state_text;
+  };
+  if (cell.main_result) {
+    out.extra["framing"] = "e2b-result";
+    const std::string& text = *cell.main_result;
+    auto raw = lp::b64decode_validate(text);
+    // The payload as the text framing carries it (base64 between the
+    // markers), read by the same parser, which keeps Python's JSON exactly
+    // (NaN, integers of any size, lone surrogates) and wants an object.
+    lp::ParsedOutput exact;
+    if (raw.ok())
+      exact = lp::parse_letta_stdout(std::string(lp::kLegacyStartMarker) + text + std::string(lp::kLegacyEndMarker),
+                                     lp::ScriptGeneration::kLegacy);
+    if (raw.ok() && exact.usable() && !exact.empty_payload) {
+      take(exact);
+    } else {
+      // Why the parser refused it (as for a frame in stdout below), else why not.
+      c.bad = !raw.ok()        ? "the cell's main result is not base64 of a JSON payload"
+              : exact.corrupted ? exact.error_message
+                                : "the cell's main result is base64, but not of a JSON object";
+      out.extra["frame_error"] = c.bad;
+    }
+    return c;
+  }
+  std::string all;
+  for (const auto& s : cell.out) all += s;
+  auto p = lp::parse_letta_stdout(all);
+  out.extra["framing"] = std::string(lp::framing_name(p.framing));
+  if (p.found()) {
+    stdout_list = as_list(p.stdout_text);
+    if (p.usable()) {
+      take(p);
+    } else {
+      c.bad = p.corrupted ? p.error_message : "the result frame carries a payload that is not JSON";
+      out.extra["frame_error"] = c.bad;
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+Shaped shape_cell(const ShapeContext& ctx, const CellOutcome& cell) {
+  // As Letta's E2B sandbox (AsyncToolSandboxE2B.run,
+  // letta/services/tool_sandbox/e2b_sandbox.py) reads an execution.
+  Shaped out;
+  json& r = out.result = tool_execution_result(ctx);
+  const std::string& tool = ctx.tool_name;
+  json stdout_list = json::array(), stderr_list = json::array();
+  for (const auto& s : cell.out) stdout_list.push_back(lp::utf8_decode_replace(s).text);
+  for (const auto& s : cell.err) stderr_list.push_back(lp::utf8_decode_replace(s).text);
+  const CellResult c = cell_result(cell, out, stdout_list);
+  r["stdout"] = stdout_list;
+  r["stderr"] = stderr_list;
+  if (cell.error && !cell.error->traceback.empty()) r["stderr"].push_back(lp::utf8_decode_replace(cell.error->traceback).text);
+  r["status"] = cell.error ? "error" : "success";
+  if (c.found) {
+    r["func_return"] = c.results;
+    r["agent_state"] = c.agent_state;
+  } else if (!c.bad.empty()) {
+    r["status"] = "error";
+    r["func_return"] = lp::friendly_error_msg(tool, "Exception", c.bad);
+  } else if (cell.error) {
+    r["func_return"] = lp::friendly_error_msg(tool, cell.error->name, cell.error->value);
+  } else {
+    r["status"] = "error";
+    r["func_return"] = lp::friendly_error_msg(tool, "ValueError", "Tool " + tool + " returned execution with None");
+  }
+  return out;
 }
 
 }  // namespace tsb::core

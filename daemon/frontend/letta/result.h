@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -71,10 +72,42 @@ struct ChannelOutcome {
   std::uint64_t result_total = 0;
 };
 
+// A run whose tool did not answer because a step before it failed: a
+// per-tool venv build (the local backend), a pip install or E2B itself (the
+// E2B backend). The exception Letta's manager would have reported, and its
+// message; what the step printed is the run's stdout_data / stderr_data.
+struct RunFailure {
+  std::string exception = "RuntimeError";
+  std::string message;
+};
+
+// A script run in an E2B sandbox's Jupyter kernel, as the kernel reported
+// it: the text of the execution's main result (when it had one), the
+// chunks written to stdout and stderr, and the error the cell raised.
+struct CellOutcome {
+  struct Raised {
+    std::string name, value, traceback;
+  };
+  std::optional<std::string> main_result;
+  std::vector<std::string> out, err;
+  std::optional<Raised> error;
+};
+
 // `decoded`: for a run whose payload is a pickle, its decoding, if any.
 // `channel`: a channel-mode tool run's channel (null: nothing came).
 Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
                          const DecodedPickle* decoded = nullptr, const ChannelOutcome* channel = nullptr);
+
+// The ToolExecutionResult of a run that failed before its tool answered:
+// status "error", Letta's friendly message of the exception, and what the
+// failed step printed, with "Exception: message" last on stderr.
+Shaped shape_failure(const ShapeContext& ctx, const isolate::RunResult& run, const RunFailure& failure);
+
+// The ToolExecutionResult of a script run in an E2B kernel: the result
+// from the main result (the base64 payload Letta's E2B script returns) or
+// from a frame on stdout, as Letta's E2B sandbox reads them; the record's
+// framing in `extra`.
+Shaped shape_cell(const ShapeContext& ctx, const CellOutcome& cell);
 
 // Script mode: the pickle payload (base64) that shape_tool_result would
 // answer from a decoding of, when there is one: the shaping itself decides

@@ -423,6 +423,17 @@ void LocalBackend::grant_waiting() {
   }
 }
 
+RequirementRules LocalBackend::requirement_rules(const Policy& pol) const {
+  // A per-tool venv, built in a sandbox of the policy's "packages".
+  RequirementRules r;
+  const PackagesPolicy& k = pol.packages;
+  if (!k.enabled)
+    r.refusal = "policy " + q(pol.name) + " installs no packages (it has no \"packages\" section)";
+  r.max = k.max_requirements;
+  r.allow = k.allow;
+  return r;
+}
+
 asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   BackendRun out;
   const Policy& pol = p.policy();
@@ -463,50 +474,11 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   // tool's, runner_env, warm or cold.)
   order.warm = std::none_of(p.env.begin(), p.env.end(), [](const auto& kv) { return read_at_start(kv.first); });
 
-  // Requirements (Letta's pip_requirements, the sandbox config's and the
-  // tool's): checked before anything waits; the venv is found or built
-  // once the run holds its slot.
-  venv::RequirementSet reqs;
-  std::string venv_key;
-  {
-    const json* config_reqs = nullptr;
-    if (p.sandbox_config && p.sandbox_config->config.is_object() && p.sandbox_config->config.contains("pip_requirements"))
-      config_reqs = &p.sandbox_config->config["pip_requirements"];
-    static const std::vector<std::string> kNone;
-    venv::Gathered g = venv::gather(
-        config_reqs, p.tool_mode ? std::get<protocol::RunToolRequest>(p.request->body).pip_requirements : kNone);
-    if (!g.error.empty()) {
-      out.refused = Refusal{ErrorCode::BadRequest, "sandbox_config.config." + g.error};
-      co_return out;
-    }
-    if (!g.requirements.empty()) {
-      const PackagesPolicy& k = pol.packages;
-      if (!k.enabled) {
-        out.refused = Refusal{ErrorCode::PolicyDenied,
-                              "policy " + q(pol.name) + " installs no packages (it has no \"packages\" section), and this run "
-                              "asks for " + std::to_string(g.requirements.size()) + " pip requirement(s), the first " +
-                              q(g.requirements.front())};
-        co_return out;
-      }
-      if (g.requirements.size() > k.max_requirements) {
-        out.refused = Refusal{ErrorCode::BadRequest, "policy " + q(pol.name) + " allows at most " +
-                                                         std::to_string(k.max_requirements) + " pip requirements per run (" +
-                                                         std::to_string(g.requirements.size()) + " given)"};
-        co_return out;
-      }
-      reqs = venv::canonical_set(g.requirements);
-      if (!reqs.ok()) {
-        out.refused = Refusal{reqs.forbidden ? ErrorCode::PolicyDenied : ErrorCode::BadRequest, reqs.error};
-        co_return out;
-      }
-      if (std::string no = venv::first_not_allowed(reqs, k.allow); !no.empty()) {
-        out.refused = Refusal{ErrorCode::PolicyDenied, "pip requirement " + q(no) + " is not allowed by policy " + q(pol.name) +
-                                                           " (packages.allow)"};
-        co_return out;
-      }
-      venv_key = venv::venv_key(interpreter_id_, k.index_settings(), reqs);
-    }
-  }
+  // The run's requirements (prepare_run checked them): the venv is found
+  // or built once the run holds its slot.
+  const venv::RequirementSet& reqs = p.requirements;
+  const std::string venv_key =
+      reqs.items.empty() ? "" : venv::venv_key(interpreter_id_, pol.packages.index_settings(), reqs);
 
   switch (co_await acquire_slot(p)) {
     case Slot::Granted: break;
@@ -567,15 +539,7 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
       out.record["setup_stage"] = "venv-build";
       out.record["setup_errno"] = 0;
       out.record["venv"]["log_tail"] = venv.log_tail;
-      json errs = json::array();
-      if (!venv.log_tail.empty()) errs.push_back(venv.log_tail);
-      errs.push_back("RuntimeError: " + venv.failure);
-      out.result = json{{"status", "error"},
-                        {"func_return", protocol::friendly_error_msg(c.tool_name, "RuntimeError", venv.failure)},
-                        {"agent_state", nullptr},
-                        {"stdout", json::array()},
-                        {"stderr", errs},
-                        {"sandbox_config_fingerprint", p.fingerprint ? json(*p.fingerprint) : json()}};
+      out.failure = RunFailure{"RuntimeError", venv.failure};
       co_return out;
     }
     order.venv = venv_key;

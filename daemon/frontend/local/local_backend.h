@@ -36,6 +36,7 @@ class LocalBackend final : public RunBackend {
   ~LocalBackend() override;
 
   std::string_view name() const noexcept override { return "local"; }
+  RequirementRules requirement_rules(const Policy& p) const override;
   asio::awaitable<BackendRun> run(PreparedRun& p) override;
 
   // A reload: a larger max_concurrent starts queued runs now; a smaller one

@@ -25,6 +25,47 @@ std::string q(std::string_view s) { return quoted_for_message(s); }
 // The decoder accepts only finite, positive timeouts of at most a day.
 std::chrono::milliseconds seconds_to_ms(double s) { return std::chrono::milliseconds(std::llround(s * 1000.0)); }
 
+// The run's pip requirements: its sandbox config's "pip_requirements" and
+// its tool's, gathered, made canonical and checked once against what its
+// backend installs under its policy (RunBackend::requirement_rules).
+// `config_name`: how the request names the sandbox config, for messages.
+std::optional<Refusal> prepare_requirements(PreparedRun& out, const std::string& config_name) {
+  const protocol::SandboxConfig* sc = out.sandbox_config;
+  const nlohmann::json* config_reqs = nullptr;
+  // On E2B, only an E2B sandbox config's count (Letta's E2B sandbox reads
+  // its E2BSandboxConfig's, never a local config's).
+  const bool counts = sc && (out.placement.backend != Backend::E2B || sc->type == "e2b");
+  if (counts && sc->config.is_object() && sc->config.contains("pip_requirements"))
+    config_reqs = &sc->config["pip_requirements"];
+  static const std::vector<std::string> kNone;
+  venv::Gathered g = venv::gather(
+      config_reqs, out.tool_mode ? std::get<protocol::RunToolRequest>(out.request->body).pip_requirements : kNone);
+  if (!g.error.empty()) return Refusal{ErrorCode::BadRequest, config_name + ".config." + g.error};
+  if (g.requirements.empty()) return std::nullopt;
+  const Policy& pol = out.policy();
+  const RequirementRules rules = out.backend->requirement_rules(pol);
+  if (!rules.refusal.empty())
+    return Refusal{ErrorCode::PolicyDenied, rules.refusal + ", and this run asks for " +
+                                                std::to_string(g.requirements.size()) + " pip requirement(s), the first " +
+                                                q(g.requirements.front())};
+  if (g.requirements.size() > rules.max)
+    return Refusal{ErrorCode::BadRequest, "policy " + q(pol.name) + " allows at most " + std::to_string(rules.max) +
+                                              " pip requirements per run (" + std::to_string(g.requirements.size()) +
+                                              " given)"};
+  out.requirements = venv::canonical_set(g.requirements, rules.allow_urls);
+  if (!out.requirements.ok()) {
+    std::string why = out.requirements.error;
+    if (out.requirements.forbidden && why.ends_with("URLs and paths are not allowed") && !rules.urls_hint.empty())
+      why += " (" + rules.urls_hint + ")";
+    return Refusal{out.requirements.forbidden ? ErrorCode::PolicyDenied : ErrorCode::BadRequest, std::move(why)};
+  }
+  if (!rules.allow.empty())
+    if (std::string no = venv::first_not_allowed(out.requirements, rules.allow); !no.empty())
+      return Refusal{ErrorCode::PolicyDenied,
+                     "pip requirement " + q(no) + " is not allowed by policy " + q(pol.name) + " (packages.allow)"};
+  return std::nullopt;
+}
+
 }  // namespace
 
 bool changes_how_a_program_starts(std::string_view name) {
@@ -44,7 +85,7 @@ bool read_at_start(std::string_view name) {
 }
 
 std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& peer,
-                                   std::shared_ptr<const PolicySet> policies, bool e2b_configured,
+                                   std::shared_ptr<const PolicySet> policies, const Backends& backends,
                                    const std::string& runner_path, PreparedRun& out) {
   out.request = &req;
   out.tool_mode = std::holds_alternative<protocol::RunToolRequest>(req.body);
@@ -54,10 +95,14 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   out.peer = peer;
   out.policies = std::move(policies);
 
-  auto placement = place_run(*out.policies, c.organization_id, c.policy, e2b_configured);
+  auto placement = place_run(*out.policies, c.organization_id, c.policy, backends.e2b_configured);
   if (!placement.ok()) return Refusal{ErrorCode::PolicyDenied, placement.error().message};
   out.placement = std::move(placement).value();
   const Policy& pol = out.policy();
+  out.backend = out.placement.backend == Backend::E2B ? backends.e2b : backends.local;
+  if (!out.backend)
+    return Refusal{ErrorCode::Unavailable, "organization " + q(c.organization_id) + " runs on " +
+                                               to_string(out.placement.backend) + ", which is not configured in this daemon"};
 
   // A run delegated to E2B is described by the request's E2B alternative
   // where it gives one, as Letta's E2B sandbox reads the organization's E2B
@@ -74,6 +119,9 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
                                                 fp.error().message};
     out.fingerprint = *fp;
   }
+
+  if (auto refused = prepare_requirements(out, alt_config ? "e2b.sandbox_config" : "sandbox_config"))
+    return refused;
 
   // The tool's environment: the policy's fixed values plus the request's,
   // for names the policy allows. Never the daemon's own environment.
@@ -162,18 +210,14 @@ std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRu
   auto keep = [&](const char* key, const std::string& text) {
     if (!text.empty()) exact[key] = c.python_json ? text : protocol::python_json_as_strict(text);
   };
-  if (out.result) {
-    result = std::move(*out.result);
-    keep("func_return", out.func_return_text);
-    keep("agent_state", out.agent_state_text);
-  } else {
-    auto shaped = shape_tool_result(p.shape, out.run, out.decoded ? &*out.decoded : nullptr,
-                                    out.channel ? &*out.channel : nullptr);
-    result = std::move(shaped.result);
-    for (auto it = shaped.extra.begin(); it != shaped.extra.end(); ++it) record[it.key()] = it.value();
-    keep("func_return", shaped.func_return_text);
-    keep("agent_state", shaped.agent_state_text);
-  }
+  Shaped shaped = out.failure ? shape_failure(p.shape, out.run, *out.failure)
+                  : out.cell  ? shape_cell(p.shape, *out.cell)
+                              : shape_tool_result(p.shape, out.run, out.decoded ? &*out.decoded : nullptr,
+                                                  out.channel ? &*out.channel : nullptr);
+  result = std::move(shaped.result);
+  for (auto it = shaped.extra.begin(); it != shaped.extra.end(); ++it) record[it.key()] = it.value();
+  keep("func_return", shaped.func_return_text);
+  keep("agent_state", shaped.agent_state_text);
   for (auto it = out.record.begin(); it != out.record.end(); ++it) record[it.key()] = it.value();
   const std::string end_reason = out.end_reason.empty() ? std::string(isolate::to_string(out.run.reason)) : out.end_reason;
   record["end_reason"] = end_reason;

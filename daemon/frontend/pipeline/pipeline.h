@@ -34,6 +34,7 @@
 #include "daemon/frontend/pipeline/cancel.h"
 #include "daemon/frontend/letta/result.h"
 #include "daemon/policy/registry.h"
+#include "daemon/venv/requirements.h"
 #include "isolate/supervise/outcome.h"
 #include "protocol/messages.h"
 
@@ -52,6 +53,27 @@ struct Refusal {
   std::string message;
 };
 
+// What a backend installs of a run's pip requirements (Letta's
+// pip_requirements: its sandbox config's and its tool's together): its
+// capability under a policy, against which prepare_run checks a run's
+// requirements, once.
+struct RequirementRules {
+  std::string refusal;             // not empty: it installs none under this policy, and why
+  std::uint32_t max = 16;          // per run: the policy's packages.max_requirements
+  std::vector<std::string> allow;  // fnmatch patterns over PEP 503 names ("packages.allow"); empty: any
+  bool allow_urls = false;         // the "name @ URL" form
+  std::string urls_hint;           // said after a refused URL: the switch that allows them
+};
+
+class RunBackend;
+// The daemon's backends (null: not available) and whether E2B is
+// configured (organizations may then be placed there).
+struct Backends {
+  RunBackend* local = nullptr;
+  RunBackend* e2b = nullptr;
+  bool e2b_configured = false;
+};
+
 struct PreparedRun {
   // The request (it outlives the run) and its fields common to both modes.
   const protocol::Request* request = nullptr;
@@ -62,6 +84,11 @@ struct PreparedRun {
   std::shared_ptr<const PolicySet> policies;
   Placement placement;
   const Policy& policy() const noexcept { return *placement.policy; }
+  // The backend the placement names.
+  RunBackend* backend = nullptr;
+  // The run's pip requirements, canonical (one per name, sorted) and
+  // checked against what the backend installs under the policy.
+  venv::RequirementSet requirements;
   // The sandbox config the run is described by: the request's, or on E2B
   // its "e2b" alternative when it names one (Letta's E2B sandbox uses the
   // organization's E2B config); null without one. Points into the request.
@@ -98,8 +125,9 @@ struct PreparedRun {
   std::function<bool()> client_gone;
 };
 
-// Everything before a backend is chosen: a refusal when the request cannot
-// run (policy, environment, sandbox_config, runner missing).
+// Everything before the backend runs: a refusal when the request cannot
+// run (placement, backend, environment, sandbox_config, pip requirements,
+// runner missing).
 // LD_*, MALLOC_*, PYTHON* and the other variables glibc ignores for setuid
 // programs: what the trusted runner must not start with.
 bool changes_how_a_program_starts(std::string_view name);
@@ -112,10 +140,11 @@ bool changes_how_a_program_starts(std::string_view name);
 bool read_at_start(std::string_view name);
 
 std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& peer,
-                                   std::shared_ptr<const PolicySet> policies, bool e2b_configured,
+                                   std::shared_ptr<const PolicySet> policies, const Backends& backends,
                                    const std::string& runner_path, PreparedRun& out);
 
-// What a backend gives back.
+// What a backend gives back: what happened, never a shaped result.
+// finish_run shapes every run once (daemon/frontend/letta/result.h).
 struct BackendRun {
   // The backend did not run the request (busy, unavailable, a check of its
   // own): the client gets this error and nothing else below is read.
@@ -123,13 +152,12 @@ struct BackendRun {
   // What happened, as the engine reports it (a remote backend fills in
   // what it knows).
   isolate::RunResult run;
-  // A ToolExecutionResult the backend shaped itself; without one, the
-  // pipeline shapes `run` (shape_tool_result).
-  std::optional<nlohmann::json> result;
-  // With `result`: its func_return / agent_state as the exact JSON text the
-  // tool's Python wrote, when known (as Shaped::func_return_text).
-  std::string func_return_text;
-  std::string agent_state_text;
+  // A step before the tool failed (a venv build, a pip install, E2B):
+  // which exception Letta would report, and why. The run's stdout_data and
+  // stderr_data hold what the step printed.
+  std::optional<RunFailure> failure;
+  // Script mode in an E2B kernel: the execution as the kernel reported it.
+  std::optional<CellOutcome> cell;
   // Script mode, a pickle payload: its decoding (LocalBackend).
   std::optional<DecodedPickle> decoded;
   // Tool mode in a local sandbox: what came on the result channel.
@@ -151,12 +179,14 @@ class RunBackend {
  public:
   virtual ~RunBackend() = default;
   virtual std::string_view name() const noexcept = 0;
+  // What it installs of pip requirements under `p` (prepare_run checks).
+  virtual RequirementRules requirement_rules(const Policy& p) const = 0;
   // May move what it feeds the run out of `run` (runner_request).
   virtual asio::awaitable<BackendRun> run(PreparedRun& run) = 0;
 };
 
-// The answer: shapes the result (unless the backend did), completes the
-// run record, writes the audit line and returns the response line. `ended`
+// The answer: shapes the result from what the backend reports (the only
+// place a ToolExecutionResult is asked for), completes the run record, writes the audit line and returns the response line. `ended`
 // is the end reason, for the daemon's totals.
 std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRun& out,
                        std::chrono::steady_clock::duration took, std::string* ended);
