@@ -169,10 +169,30 @@ struct RunProxy::Conn {
   std::uint16_t port = 0;
   std::uint64_t sent = 0, received = 0;
   std::string ended;  // why an allowed connection ended early
+  // What a refusal reads and drops of the client's request (its body, when
+  // it names one) before it closes.
+  std::uint64_t drain_limit = 1u << 20;
   // The lookup's answer.
   bool looked_up = false;
   std::vector<Address> addresses;
   int lookup_error = 0;
+
+  // The request is read: what the audit line names, and how much of its
+  // body a refusal drains (up to 64 MiB).
+  void named(const ProxyRequest& r) {
+    drain_limit = std::max<std::uint64_t>(drain_limit, std::min<std::uint64_t>(r.body_length, 64ull << 20));
+    host = r.host_text;
+    port = r.port;
+    tunnel = r.tunnel;
+  }
+};
+
+// A request head as read: the head is buf[0, end); what follows it came in
+// the same reads (the first bytes of a body or of a tunnel's stream, or a
+// second request).
+struct RunProxy::Head {
+  std::string buf;
+  std::size_t end = 0;
 };
 
 // ---- the run's proxy ---------------------------------------------------------
@@ -300,64 +320,60 @@ asio::awaitable<void> RunProxy::accept_loop() {
   }
 }
 
+// ---- one connection, step by step ------------------------------------------
+//
+// serve() is the list of steps. Each step hands the next what it found, or
+// says why the connection ends there (a Refusal, answered by refuse());
+// every connection ends in finish(), with one audit line. A Refusal is
+// named before it goes to refuse(), never made inside the co_await
+// expression: GCC 12 destroys an aggregate made there twice.
+
 asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
   ++connections_;
   ++svc_.connections_;
-  enum class Verdict { Allowed, Refused, Failed };
-  // Every connection ends here: one audit line, and closed sockets.
-  auto finish = [this, &c](Verdict v, std::string_view reason) {
-    if (v != Verdict::Allowed && !c->decided) {
-      ++refused_;
-      ++svc_.refused_;
-    }
-    c->decided = true;
-    if (reason.size() > 512) reason = reason.substr(0, 512);
-    if (v != Verdict::Allowed && first_refusal_.empty() && !reason.empty())
-      first_refusal_ = c->host + (c->port ? ":" + std::to_string(c->port) : std::string()) + ": " + std::string(reason);
-    const auto ms = std::chrono::duration<double, std::milli>(Clock::now() - c->t0).count();
-    spdlog::info("egress run_id={} request_id={} org={} tool={} host={} port={} address={} verdict={} reason={} "
-                 "sent={} received={} duration_ms={:.1f}",
-                 run_id_, q(labels_.request_id), q(labels_.organization), q(labels_.tool), q(c->host), c->port,
-                 c->address, v == Verdict::Allowed ? "allowed" : v == Verdict::Refused ? "refused" : "failed",
-                 reason.empty() ? "-" : q(reason), c->sent, c->received, ms);
-    c->close();
-  };
-  // What a refusal reads and drops of the client's request (its body, when
-  // it names one) before it closes.
-  std::uint64_t drain_limit = 1u << 20;
-  // A refusal: an HTTP error whose reason phrase says why (Python's
-  // http.client puts it in the tool's exception: "Tunnel connection
-  // failed: 403 ..."), the same text as the body.
-  auto refuse = [&c, &finish, &drain_limit, this](Verdict v, int code, std::string reason) -> asio::awaitable<void> {
-    if (!c->closed) {
-      const std::string p = phrase(reason);
-      const std::string body = "toolsandboxd egress: " + p + "\n";
-      const std::string resp = "HTTP/1.1 " + std::to_string(code) + " " + p +
-                               "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
-                               std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-      auto [wec, w] = co_await asio::async_write(c->client, asio::buffer(resp), tuple_awaitable);
-      // A lingering close: what the client is still sending (a request
-      // body: most clients read the answer only once they sent it all) is
-      // read and dropped, up to a bound, so that closing does not reset the
-      // connection before the client has read the answer.
-      asio::error_code ec;
-      c->client.shutdown(tcp::socket::shutdown_send, ec);
-      asio::steady_timer limit(svc_.io_);
-      limit.expires_after(std::chrono::seconds(5));
-      std::array<char, 65536> sink;
-      std::uint64_t drained = 0;
-      while (!wec && !c->closed && drained < drain_limit) {
-        auto r = co_await (c->client.async_read_some(asio::buffer(sink), tuple_awaitable) ||
-                           limit.async_wait(tuple_awaitable));
-        if (r.index() == 1) break;
-        auto [rec, n] = std::get<0>(r);
-        if (rec) break;
-        drained += n;
-      }
-    }
-    finish(v, reason);
-  };
+  if (std::optional<Refusal> no = admit()) co_return co_await refuse(c, std::move(*no));
 
+  // 1. The request head, within kHeadTimeout, and what it asks for.
+  Step<Head> reading = co_await read_head(c);
+  if (Refusal* no = std::get_if<Refusal>(&reading)) co_return co_await refuse(c, std::move(*no));
+  Head& head = std::get<Head>(reading);
+  auto req = parse_request(std::string_view(head.buf).substr(0, head.end));
+  if (!req.ok()) {
+    Refusal malformed{Verdict::Failed, 400, req.error().message};
+    co_return co_await refuse(c, std::move(malformed));
+  }
+  c->named(*req);
+
+  // 2. The policy's rules, on the host as named.
+  if (std::string why = rule_refusal(rules_, req->host, req->port); !why.empty()) {
+    Refusal outside{Verdict::Refused, 403, std::move(why)};
+    co_return co_await refuse(c, std::move(outside));
+  }
+
+  // 3. Its addresses: the literal one, or the daemon's lookup of the name.
+  Step<std::vector<Address>> candidates = co_await resolve(c, req->host);
+  if (Refusal* no = std::get_if<Refusal>(&candidates)) co_return co_await refuse(c, std::move(*no));
+
+  // 4. The deny list, on every address: only those that pass are used.
+  Step<std::vector<Address>> usable = screen(std::get<std::vector<Address>>(candidates), req->host);
+  if (Refusal* no = std::get_if<Refusal>(&usable)) co_return co_await refuse(c, std::move(*no));
+
+  // 5. Connect, to the checked addresses only.
+  std::vector<Address>& checked = std::get<std::vector<Address>>(usable);
+  std::optional<Refusal> unconnected = co_await connect_upstream(c, std::move(checked));
+  if (unconnected) co_return co_await refuse(c, std::move(*unconnected));
+  ++allowed_;
+  ++svc_.allowed_;
+  c->decided = true;
+
+  // 6. Bytes both ways, until both directions are done.
+  co_await splice(c, std::move(*req), std::move(head));
+}
+
+// Before anything is read: the run's caps (connections, bytes), then the
+// daemon's and the run's bounds on connections open at once. Nothing, or
+// why the connection is not served.
+std::optional<RunProxy::Refusal> RunProxy::admit() {
   if (connections_ > rules_.max_connections) {
     // The first connection past the cap is told why; then the listener
     // closes: later ones are refused by the sandbox's own kernel, with no
@@ -365,89 +381,89 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
     capped_ = true;
     asio::error_code ec;
     io_->acceptor.close(ec);
-    co_return co_await refuse(Verdict::Refused, 403,
-                              "the run's connection cap (" + std::to_string(rules_.max_connections) +
-                                  ") is reached: the proxy takes no more connections from this run");
+    return Refusal{Verdict::Refused, 403,
+                   "the run's connection cap (" + std::to_string(rules_.max_connections) +
+                       ") is reached: the proxy takes no more connections from this run"};
   }
   if (bytes_ >= rules_.max_bytes)
-    co_return co_await refuse(Verdict::Refused, 403, "the run's byte cap (" + format_bytes(rules_.max_bytes) + ") is reached");
+    return Refusal{Verdict::Refused, 403, "the run's byte cap (" + format_bytes(rules_.max_bytes) + ") is reached"};
   if (svc_.open_ > kMaxOpenConnections)
-    co_return co_await refuse(Verdict::Failed, 503, "the daemon has too many egress connections open; retry later");
+    return Refusal{Verdict::Failed, 503, "the daemon has too many egress connections open; retry later"};
   if (conns_.size() > kMaxOpenPerRun)
-    co_return co_await refuse(Verdict::Failed, 503,
-                              "the run has " + std::to_string(kMaxOpenPerRun) + " egress connections open; close one first");
+    return Refusal{Verdict::Failed, 503,
+                   "the run has " + std::to_string(kMaxOpenPerRun) + " egress connections open; close one first"};
+  return std::nullopt;
+}
 
-  // 1. The request head, within kHeadTimeout.
-  std::string buf;
-  std::size_t end = 0;
-  {
-    asio::steady_timer limit(svc_.io_);
-    limit.expires_after(kHeadTimeout);
-    std::array<char, 4096> chunk;
-    std::size_t searched = 0;
-    while ((end = head_end(buf, searched)) == 0) {
-      searched = buf.size();
-      if (buf.size() >= kMaxHeadBytes)
-        co_return co_await refuse(Verdict::Failed, 431, "the request head is larger than " + format_bytes(kMaxHeadBytes));
-      auto r = co_await (c->client.async_read_some(asio::buffer(chunk), tuple_awaitable) ||
-                         limit.async_wait(tuple_awaitable));
-      if (r.index() == 1) co_return finish(Verdict::Failed, "no complete request within 30 s");
-      auto [ec, n] = std::get<0>(r);
-      if (ec) {
-        const char* why = buf.empty() ? "closed before sending a request" : "closed within its request";
-        co_return finish(Verdict::Failed, why);
-      }
-      buf.append(chunk.data(), n);
+// 1. Reads until the request head is complete: at most kMaxHeadBytes (then
+// 431), within kHeadTimeout in all. A client that takes longer, or goes
+// away, is closed without an answer.
+asio::awaitable<RunProxy::Step<RunProxy::Head>> RunProxy::read_head(std::shared_ptr<Conn> c) {
+  Head head;
+  asio::steady_timer limit(svc_.io_);
+  limit.expires_after(kHeadTimeout);
+  std::array<char, 4096> chunk;
+  std::size_t searched = 0;
+  while ((head.end = head_end(head.buf, searched)) == 0) {
+    searched = head.buf.size();
+    if (head.buf.size() >= kMaxHeadBytes)
+      co_return Refusal{Verdict::Failed, 431, "the request head is larger than " + format_bytes(kMaxHeadBytes)};
+    auto r =
+        co_await (c->client.async_read_some(asio::buffer(chunk), tuple_awaitable) || limit.async_wait(tuple_awaitable));
+    if (r.index() == 1) co_return Refusal{Verdict::Failed, 0, "no complete request within 30 s"};
+    auto [ec, n] = std::get<0>(r);
+    if (ec) {
+      const char* why = head.buf.empty() ? "closed before sending a request" : "closed within its request";
+      co_return Refusal{Verdict::Failed, 0, why};
     }
+    head.buf.append(chunk.data(), n);
   }
-  auto req = parse_request(std::string_view(buf).substr(0, end));
-  if (!req.ok()) co_return co_await refuse(Verdict::Failed, 400, req.error().message);
-  drain_limit = std::max<std::uint64_t>(drain_limit, std::min<std::uint64_t>(req->body_length, 64ull << 20));
-  c->host = req->host_text;
-  c->port = req->port;
-  c->tunnel = req->tunnel;
+  co_return std::move(head);
+}
 
-  // 2. The policy's rules, on the host as named.
-  if (std::string why = rule_refusal(rules_, req->host, req->port); !why.empty())
-    co_return co_await refuse(Verdict::Refused, 403, why);
-
-  // 3. Its addresses: the literal one, or the daemon's lookup of the name.
-  std::vector<Address> candidates;
-  if (req->host.kind == Host::kAddress) {
-    candidates.push_back(req->host.address);
-  } else {
-    const auto org = svc_.lookups_by_organization_.find(labels_.organization);
-    if (svc_.lookups_ >= kMaxLookups || lookups_ >= kMaxLookupsPerRun ||
-        (org != svc_.lookups_by_organization_.end() && org->second >= kMaxLookupsPerOrganization))
-      co_return co_await refuse(Verdict::Failed, 503, "too many name lookups in flight; retry later");
-    ++lookups_;
-    std::weak_ptr<Conn> weak = c;
-    std::weak_ptr<RunProxy> run = weak_from_this();
-    svc_.lookup(req->host.name, labels_.organization, [weak, run](std::vector<Address> a, int rc) {
-      if (auto p = run.lock()) --p->lookups_;
-      if (auto conn = weak.lock()) {
-        conn->addresses = std::move(a);
-        conn->lookup_error = rc;
-        conn->looked_up = true;
-        conn->wake.cancel();
-      }
-    });
-    c->wake.expires_after(kLookupTimeout);
-    while (!c->looked_up && !c->closed) {
-      auto [ec] = co_await c->wake.async_wait(tuple_awaitable);
-      if (!ec) break;  // the timeout
+// 3. The addresses of the host the request names: an address as it is; a
+// name looked up by the daemon (Service::lookup), within kLookupTimeout,
+// when the daemon's, the organization's and the run's bounds on lookups in
+// flight leave room for one.
+asio::awaitable<RunProxy::Step<std::vector<Address>>> RunProxy::resolve(std::shared_ptr<Conn> c, Host host) {
+  if (host.kind == Host::kAddress) co_return std::vector<Address>{host.address};
+  const auto org = svc_.lookups_by_organization_.find(labels_.organization);
+  if (svc_.lookups_ >= kMaxLookups || lookups_ >= kMaxLookupsPerRun ||
+      (org != svc_.lookups_by_organization_.end() && org->second >= kMaxLookupsPerOrganization))
+    co_return Refusal{Verdict::Failed, 503, "too many name lookups in flight; retry later"};
+  ++lookups_;
+  // The answer may come after the connection or the run is gone: it holds
+  // neither.
+  std::weak_ptr<Conn> weak = c;
+  std::weak_ptr<RunProxy> run = weak_from_this();
+  svc_.lookup(host.name, labels_.organization, [weak, run](std::vector<Address> a, int rc) {
+    if (auto p = run.lock()) --p->lookups_;
+    if (auto conn = weak.lock()) {
+      conn->addresses = std::move(a);
+      conn->lookup_error = rc;
+      conn->looked_up = true;
+      conn->wake.cancel();
     }
-    if (c->closed) co_return finish(Verdict::Failed, "the run ended");
-    if (!c->looked_up) co_return co_await refuse(Verdict::Failed, 504, "looking up " + req->host.name + " took too long");
-    if (c->lookup_error != 0 || c->addresses.empty()) {
-      std::string why = "cannot resolve " + req->host.name + ": ";
-      why += c->lookup_error ? ::gai_strerror(c->lookup_error) : "no address";
-      co_return co_await refuse(Verdict::Failed, 502, std::move(why));
-    }
-    candidates = c->addresses;
+  });
+  c->wake.expires_after(kLookupTimeout);
+  while (!c->looked_up && !c->closed) {
+    auto [ec] = co_await c->wake.async_wait(tuple_awaitable);
+    if (!ec) break;  // the timeout
   }
+  if (c->closed) co_return Refusal{Verdict::Failed, 0, "the run ended"};
+  if (!c->looked_up) co_return Refusal{Verdict::Failed, 504, "looking up " + host.name + " took too long"};
+  if (c->lookup_error != 0 || c->addresses.empty()) {
+    std::string why = "cannot resolve " + host.name + ": ";
+    why += c->lookup_error ? ::gai_strerror(c->lookup_error) : "no address";
+    co_return Refusal{Verdict::Failed, 502, std::move(why)};
+  }
+  co_return c->addresses;
+}
 
-  // 4. The deny list, on every address: only those that pass are used.
+// 4. The candidates the deny list (address.h) lets through, in their
+// order; the daemon's own host's addresses and local routes are denied
+// too. None: a refusal naming the first denied one.
+RunProxy::Step<std::vector<Address>> RunProxy::screen(const std::vector<Address>& candidates, const Host& host) {
   const std::vector<Address> own = host_addresses();
   std::vector<Address> usable;
   std::string first_denied;
@@ -457,15 +473,17 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
     if (why.empty()) usable.push_back(a);
     else if (first_denied.empty()) first_denied = a.text() + " is " + std::string(why);
   }
-  if (usable.empty()) {
-    // (Named, not a conditional expression inside co_await: GCC 12 destroys
-    // a temporary made in one twice.)
-    std::string why = "denied: " + first_denied;
-    if (req->host.kind == Host::kName) why = req->host.name + " resolves only to denied addresses (" + first_denied + ")";
-    co_return co_await refuse(Verdict::Refused, 403, std::move(why));
-  }
+  if (!usable.empty()) return usable;
+  std::string why = "denied: " + first_denied;
+  if (host.kind == Host::kName) why = host.name + " resolves only to denied addresses (" + first_denied + ")";
+  return Refusal{Verdict::Refused, 403, std::move(why)};
+}
 
-  // 5. Connect, to the checked addresses only.
+// 5. Tries the checked addresses in order, at most kMaxAttempts of them,
+// each within kConnectTimeout. Nothing: connected (c->address names to
+// what); else why not (504 when an attempt timed out, 502 otherwise).
+asio::awaitable<std::optional<RunProxy::Refusal>> RunProxy::connect_upstream(std::shared_ptr<Conn> c,
+                                                                             std::vector<Address> usable) {
   std::string failure;
   bool timed_out = false, connected = false;
   for (std::size_t i = 0; i < usable.size() && i < kMaxAttempts && !connected && !c->closed; ++i) {
@@ -473,7 +491,7 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
     c->upstream.close(ec);
     asio::steady_timer limit(svc_.io_);
     limit.expires_after(kConnectTimeout);
-    auto r = co_await (c->upstream.async_connect(endpoint_of(usable[i], req->port), tuple_awaitable) ||
+    auto r = co_await (c->upstream.async_connect(endpoint_of(usable[i], c->port), tuple_awaitable) ||
                        limit.async_wait(tuple_awaitable));
     if (r.index() == 1) {
       timed_out = true;
@@ -485,161 +503,238 @@ asio::awaitable<void> RunProxy::serve(std::shared_ptr<Conn> c) {
       c->address = usable[i].text();
     }
   }
-  if (c->closed) co_return finish(Verdict::Failed, "the run ended");
-  if (!connected) {
-    c->address = usable[0].text();
-    std::string why = "cannot connect to " + req->host_text + " port " + std::to_string(req->port) + " (" + failure + ")";
-    co_return co_await refuse(Verdict::Failed, timed_out ? 504 : 502, std::move(why));
-  }
-  ++allowed_;
-  ++svc_.allowed_;
-  c->decided = true;
+  if (c->closed) co_return Refusal{Verdict::Failed, 0, "the run ended"};
+  if (connected) co_return std::nullopt;
+  c->address = usable[0].text();
+  std::string why = "cannot connect to " + c->host + " port " + std::to_string(c->port) + " (" + failure + ")";
+  co_return Refusal{Verdict::Failed, timed_out ? 504 : 502, std::move(why)};
+}
 
-  // 6. What goes first: the tunnel's answer to the client, or the
-  //    rewritten head to the server, with as much of the body as followed
-  //    the head (plain HTTP: the body is Content-Length bytes, and nothing
-  //    after it goes on: one request per connection).
+// 6. What goes first: the tunnel's answer to the client, or the rewritten
+// head to the server, with as much of the body as followed the head (plain
+// HTTP: the body is Content-Length bytes, and nothing after it goes on: one
+// request per connection). Then both directions at once, until both are
+// done or the connection carries nothing for kIdleSeconds.
+asio::awaitable<void> RunProxy::splice(std::shared_ptr<Conn> c, ProxyRequest req, Head head) {
   std::string first;
   std::uint64_t body_left = 0;  // plain HTTP: body bytes still to come from the client
   bool pipelined = false;       // plain HTTP: the client sent more than one request
-  if (req->tunnel) {
-    first.assign(buf, end, std::string::npos);
+  if (req.tunnel) {
+    first.assign(head.buf, head.end, std::string::npos);
     static constexpr std::string_view kEstablished = "HTTP/1.1 200 Connection established\r\n\r\n";
     auto [ec, n] = co_await asio::async_write(c->client, asio::buffer(kEstablished), tuple_awaitable);
-    if (ec) co_return finish(Verdict::Allowed, "the client went away");
+    if (ec) co_return finish(*c, Verdict::Allowed, "the client went away");
   } else {
-    const std::size_t have = buf.size() - end;
-    const std::size_t body_now = static_cast<std::size_t>(std::min<std::uint64_t>(have, req->body_length));
-    first = std::move(req->upstream_head);
-    first.append(buf, end, body_now);
-    body_left = req->body_length - body_now;
+    const std::size_t have = head.buf.size() - head.end;
+    const std::size_t body_now = static_cast<std::size_t>(std::min<std::uint64_t>(have, req.body_length));
+    first = std::move(req.upstream_head);
+    first.append(head.buf, head.end, body_now);
+    body_left = req.body_length - body_now;
     pipelined = have > body_now;
   }
-  // Counted against the byte cap like everything sent (reserved before
-  // each write, so that writes in both directions at once cannot pass it).
-  const auto relay = [this](std::shared_ptr<Conn> c, bool up, std::string pending,
-                            std::uint64_t* body_left) -> asio::awaitable<void> {
-    tcp::socket& from = up ? c->client : c->upstream;
-    tcp::socket& to = up ? c->upstream : c->client;
-    std::array<char, 16384> b;
-    for (;;) {
-      std::string_view data = pending;
-      if (pending.empty()) {
-        // Plain HTTP, client side, body complete: nothing more is sent on.
-        // Whatever comes now is a second request (the client reuses the
-        // connection): it ends the connection, and the client retries on a
-        // new one.
-        const bool done = body_left && *body_left == 0;
-        auto [ec, got] = co_await from.async_read_some(asio::buffer(b), tuple_awaitable);
-        if (ec) break;
-        c->active = Clock::now();
-        if (done) {
-          c->ended = "a second request on one plain-HTTP connection (one request per connection): closed";
-          c->close();
-          co_return;
-        }
-        std::size_t n = got;
-        if (body_left) n = static_cast<std::size_t>(std::min<std::uint64_t>(n, *body_left));
-        if (n < got) c->ended = "a second request on one plain-HTTP connection (one request per connection): not sent on";
-        data = std::string_view(b.data(), n);
-      }
-      if (body_left && pending.empty()) *body_left -= data.size();
-      const std::uint64_t left = rules_.max_bytes - std::min(bytes_, rules_.max_bytes);
-      const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(data.size(), left));
-      if (take > 0) {
-        bytes_ += take;
-        auto [wec, w] = co_await asio::async_write(to, asio::buffer(data.data(), take), tuple_awaitable);
-        bytes_ -= take - w;
-        c->active = Clock::now();
-        (up ? c->sent : c->received) += w;
-        (up ? bytes_sent_ : bytes_received_) += w;
-        (up ? svc_.bytes_sent_ : svc_.bytes_received_) += w;
-        if (wec) break;
-      }
-      if (take < data.size()) {
-        c->ended = "the run's byte cap (" + format_bytes(rules_.max_bytes) + ") was reached";
-        c->close();
-        co_return;
-      }
-      pending.clear();
-    }
-    asio::error_code ec;
-    if (up && !body_left) {
-      // A tunnel: the client's end of the stream goes on to the server.
-      to.shutdown(tcp::socket::shutdown_send, ec);
-    } else if (!up) {
-      // The server is done: so is the client's side. Plain HTTP: the
-      // response is complete (one request per connection).
-      to.shutdown(tcp::socket::shutdown_send, ec);
-      if (!c->tunnel) c->close();
-    }
-  };
-  // Plain HTTP, the server's side: its response head(s) go to the client
-  // with "Connection: close" (request.h), then the rest as it comes.
-  const auto down = [this, relay](std::shared_ptr<Conn> c) -> asio::awaitable<void> {
-    std::string acc;
-    if (!c->tunnel) {
-      std::array<char, 16384> b;
-      for (bool more = true; more;) {
-        std::size_t end = 0, searched = 0;
-        while ((end = head_end(acc, searched)) == 0) {
-          if (acc.size() > kMaxHeadBytes) {
-            c->ended = "the server's response head is larger than " + format_bytes(kMaxHeadBytes);
-            c->close();
-            co_return;
-          }
-          searched = acc.size();
-          auto [ec, got] = co_await c->upstream.async_read_some(asio::buffer(b), tuple_awaitable);
-          if (ec) {
-            if (!acc.empty()) c->ended = "the server closed within its response head";
-            c->close();
-            co_return;
-          }
-          c->active = Clock::now();
-          acc.append(b.data(), got);
-        }
-        auto head = rewrite_response_head(std::string_view(acc).substr(0, end));
-        if (!head.ok()) {
-          c->ended = head.error().message;
-          c->close();
-          co_return;
-        }
-        c->received += end;
-        bytes_received_ += end;
-        svc_.bytes_received_ += end;
-        bytes_ += end;
-        auto [wec, w] = co_await asio::async_write(c->client, asio::buffer(head->head), tuple_awaitable);
-        if (wec) {
-          c->close();
-          co_return;
-        }
-        acc.erase(0, end);
-        more = head->informational;
-      }
-    }
-    co_await relay(c, false, std::move(acc), nullptr);
-  };
-  // A connection that carries nothing either way for kIdleSeconds is
-  // closed (a client gone without a word, a server that never answers).
-  const auto idle = [this](std::shared_ptr<Conn> c) -> asio::awaitable<void> {
-    asio::steady_timer t(svc_.io_);
-    const auto limit = std::chrono::seconds(kIdleSeconds);
-    while (!c->closed) {
-      t.expires_at(c->active + limit);
-      auto [ec] = co_await t.async_wait(tuple_awaitable);
-      if (ec) co_return;
-      if (Clock::now() - c->active >= limit) {
-        c->ended = "nothing either way for " + std::to_string(kIdleSeconds) + " s";
-        c->close();
-        co_return;
-      }
-    }
-  };
   c->active = Clock::now();
-  std::uint64_t* body = req->tunnel ? nullptr : &body_left;
+  std::uint64_t* body = req.tunnel ? nullptr : &body_left;
   if (pipelined) c->ended = "a second request on one plain-HTTP connection (one request per connection): not sent on";
-  co_await ((relay(c, true, std::move(first), body) && down(c)) || idle(c));
-  finish(Verdict::Allowed, c->ended);
+  co_await ((relay(c, true, std::move(first), body) && relay_down(c)) || watch_idle(c));
+  finish(*c, Verdict::Allowed, c->ended);
+}
+
+// One direction: `pending` first, then what comes, until the sending side
+// is done. Up (client to server) with `body_left` set (it points into
+// splice()'s frame, which awaits this): plain HTTP, where only that many
+// body bytes go on. Counted against the byte cap like
+// everything sent (reserved before each write, so that writes in both
+// directions at once cannot pass it).
+asio::awaitable<void> RunProxy::relay(std::shared_ptr<Conn> c, bool up, std::string pending, std::uint64_t* body_left) {
+  tcp::socket& from = up ? c->client : c->upstream;
+  tcp::socket& to = up ? c->upstream : c->client;
+  std::array<char, 16384> b;
+  for (;;) {
+    std::string_view data = pending;
+    if (pending.empty()) {
+      // Plain HTTP, client side, body complete: nothing more is sent on.
+      // Whatever comes now is a second request (the client reuses the
+      // connection): it ends the connection, and the client retries on a
+      // new one.
+      const bool done = body_left && *body_left == 0;
+      auto [ec, got] = co_await from.async_read_some(asio::buffer(b), tuple_awaitable);
+      if (ec) break;
+      c->active = Clock::now();
+      if (done) {
+        c->ended = "a second request on one plain-HTTP connection (one request per connection): closed";
+        c->close();
+        co_return;
+      }
+      std::size_t n = got;
+      if (body_left) n = static_cast<std::size_t>(std::min<std::uint64_t>(n, *body_left));
+      if (n < got) c->ended = "a second request on one plain-HTTP connection (one request per connection): not sent on";
+      data = std::string_view(b.data(), n);
+    }
+    if (body_left && pending.empty()) *body_left -= data.size();
+    const std::uint64_t left = rules_.max_bytes - std::min(bytes_, rules_.max_bytes);
+    const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(data.size(), left));
+    if (take > 0) {
+      bytes_ += take;
+      auto [wec, w] = co_await asio::async_write(to, asio::buffer(data.data(), take), tuple_awaitable);
+      bytes_ -= take - w;
+      c->active = Clock::now();
+      (up ? c->sent : c->received) += w;
+      (up ? bytes_sent_ : bytes_received_) += w;
+      (up ? svc_.bytes_sent_ : svc_.bytes_received_) += w;
+      if (wec) break;
+    }
+    if (take < data.size()) {
+      c->ended = "the run's byte cap (" + format_bytes(rules_.max_bytes) + ") was reached";
+      c->close();
+      co_return;
+    }
+    pending.clear();
+  }
+  asio::error_code ec;
+  if (up && !body_left) {
+    // A tunnel: the client's end of the stream goes on to the server.
+    to.shutdown(tcp::socket::shutdown_send, ec);
+  } else if (!up) {
+    // The server is done: so is the client's side. Plain HTTP: the
+    // response is complete (one request per connection).
+    to.shutdown(tcp::socket::shutdown_send, ec);
+    if (!c->tunnel) c->close();
+  }
+}
+
+// The server's side. Plain HTTP: its response head(s) go to the client
+// with "Connection: close" (request.h), then the rest as it comes.
+asio::awaitable<void> RunProxy::relay_down(std::shared_ptr<Conn> c) {
+  std::string rest;
+  if (!c->tunnel) {
+    std::optional<std::string> after = co_await pass_response_heads(c);
+    if (!after) co_return;
+    rest = std::move(*after);
+  }
+  co_await relay(c, false, std::move(rest), nullptr);
+}
+
+// Plain HTTP: reads the server's response heads (any 1xx ones, then the
+// final one) and writes each to the client rewritten, counted as received
+// and toward the run's byte cap.
+// What followed the last head; nothing when the connection is closed here
+// (c->ended says why, unless the server or the client just went away).
+asio::awaitable<std::optional<std::string>> RunProxy::pass_response_heads(std::shared_ptr<Conn> c) {
+  std::string acc;
+  std::array<char, 16384> b;
+  for (bool more = true; more;) {
+    std::size_t end = 0, searched = 0;
+    while ((end = head_end(acc, searched)) == 0) {
+      if (acc.size() > kMaxHeadBytes) {
+        c->ended = "the server's response head is larger than " + format_bytes(kMaxHeadBytes);
+        c->close();
+        co_return std::nullopt;
+      }
+      searched = acc.size();
+      auto [ec, got] = co_await c->upstream.async_read_some(asio::buffer(b), tuple_awaitable);
+      if (ec) {
+        if (!acc.empty()) c->ended = "the server closed within its response head";
+        c->close();
+        co_return std::nullopt;
+      }
+      c->active = Clock::now();
+      acc.append(b.data(), got);
+    }
+    auto head = rewrite_response_head(std::string_view(acc).substr(0, end));
+    if (!head.ok()) {
+      c->ended = head.error().message;
+      c->close();
+      co_return std::nullopt;
+    }
+    c->received += end;
+    bytes_received_ += end;
+    svc_.bytes_received_ += end;
+    bytes_ += end;
+    auto [wec, w] = co_await asio::async_write(c->client, asio::buffer(head->head), tuple_awaitable);
+    if (wec) {
+      c->close();
+      co_return std::nullopt;
+    }
+    acc.erase(0, end);
+    more = head->informational;
+  }
+  co_return std::move(acc);
+}
+
+// A connection that carries nothing either way for kIdleSeconds is closed
+// (a client gone without a word, a server that never answers).
+asio::awaitable<void> RunProxy::watch_idle(std::shared_ptr<Conn> c) {
+  asio::steady_timer t(svc_.io_);
+  const auto limit = std::chrono::seconds(kIdleSeconds);
+  while (!c->closed) {
+    t.expires_at(c->active + limit);
+    auto [ec] = co_await t.async_wait(tuple_awaitable);
+    if (ec) co_return;
+    if (Clock::now() - c->active >= limit) {
+      c->ended = "nothing either way for " + std::to_string(kIdleSeconds) + " s";
+      c->close();
+      co_return;
+    }
+  }
+}
+
+// ---- how a connection ends ---------------------------------------------------
+
+// A connection not served. With a status, the client is answered an HTTP
+// error whose reason phrase says why (Python's http.client puts it in the
+// tool's exception: "Tunnel connection failed: 403 ..."), the same text as
+// the body; status 0 (the client went quiet or away, the run ended)
+// answers nothing. Then finish().
+asio::awaitable<void> RunProxy::refuse(std::shared_ptr<Conn> c, Refusal r) {
+  if (r.status != 0 && !c->closed) {
+    const std::string p = phrase(r.reason);
+    const std::string body = "toolsandboxd egress: " + p + "\n";
+    const std::string resp =
+        "HTTP/1.1 " + std::to_string(r.status) + " " + p +
+        "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " + std::to_string(body.size()) +
+        "\r\nConnection: close\r\n\r\n" + body;
+    auto [wec, w] = co_await asio::async_write(c->client, asio::buffer(resp), tuple_awaitable);
+    // A lingering close: what the client is still sending (a request
+    // body: most clients read the answer only once they sent it all) is
+    // read and dropped, up to a bound, so that closing does not reset the
+    // connection before the client has read the answer.
+    asio::error_code ec;
+    c->client.shutdown(tcp::socket::shutdown_send, ec);
+    asio::steady_timer limit(svc_.io_);
+    limit.expires_after(std::chrono::seconds(5));
+    std::array<char, 65536> sink;
+    std::uint64_t drained = 0;
+    while (!wec && !c->closed && drained < c->drain_limit) {
+      auto rd = co_await (c->client.async_read_some(asio::buffer(sink), tuple_awaitable) ||
+                          limit.async_wait(tuple_awaitable));
+      if (rd.index() == 1) break;
+      auto [rec, n] = std::get<0>(rd);
+      if (rec) break;
+      drained += n;
+    }
+  }
+  finish(*c, r.verdict, r.reason);
+}
+
+// Every connection ends here: counted as refused unless it was allowed,
+// one audit line, and closed sockets. The run's first refusal or failure
+// is kept for its record (first_refusal()).
+void RunProxy::finish(Conn& c, Verdict v, std::string_view reason) {
+  if (v != Verdict::Allowed && !c.decided) {
+    ++refused_;
+    ++svc_.refused_;
+  }
+  c.decided = true;
+  if (reason.size() > 512) reason = reason.substr(0, 512);
+  if (v != Verdict::Allowed && first_refusal_.empty() && !reason.empty())
+    first_refusal_ = c.host + (c.port ? ":" + std::to_string(c.port) : std::string()) + ": " + std::string(reason);
+  const auto ms = std::chrono::duration<double, std::milli>(Clock::now() - c.t0).count();
+  spdlog::info("egress run_id={} request_id={} org={} tool={} host={} port={} address={} verdict={} reason={} "
+               "sent={} received={} duration_ms={:.1f}",
+               run_id_, q(labels_.request_id), q(labels_.organization), q(labels_.tool), q(c.host), c.port,
+               c.address, v == Verdict::Allowed ? "allowed" : v == Verdict::Refused ? "refused" : "failed",
+               reason.empty() ? "-" : q(reason), c.sent, c.received, ms);
+  c.close();
 }
 
 }  // namespace tsb::egress

@@ -31,8 +31,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -42,6 +45,8 @@
 #include "isolate/base/unique_fd.h"
 
 namespace tsb::egress {
+
+struct ProxyRequest;  // request.h
 
 // Bounds of the whole daemon, whatever the policies say: connections open
 // at once (each holds two descriptors), in all and per run; name lookups in
@@ -112,9 +117,39 @@ class RunProxy : public std::enable_shared_from_this<RunProxy> {
  private:
   struct Conn;
   friend struct Conn;
+  struct Head;
+  // How a connection ended, for its audit line.
+  enum class Verdict { Allowed, Refused, Failed };
+  // Why a connection is not served: its verdict, the HTTP status the
+  // client is answered with (0: none) and the reason, for both.
+  struct Refusal {
+    Verdict verdict = Verdict::Failed;
+    int status = 0;
+    std::string reason;
+  };
+  // What a step of serve() found, or why the connection ends there.
+  template <class T>
+  using Step = std::variant<T, Refusal>;
+
   asio::awaitable<void> receive_listener(UniqueFd channel);
   asio::awaitable<void> accept_loop();
+  // One connection: the steps in order (proxy.cc says what each does). The
+  // coroutines take their arguments by value (relay's body_left points into
+  // the frame of splice, which awaits it).
   asio::awaitable<void> serve(std::shared_ptr<Conn> c);
+  std::optional<Refusal> admit();
+  asio::awaitable<Step<Head>> read_head(std::shared_ptr<Conn> c);
+  asio::awaitable<Step<std::vector<Address>>> resolve(std::shared_ptr<Conn> c, Host host);
+  static Step<std::vector<Address>> screen(const std::vector<Address>& candidates, const Host& host);
+  asio::awaitable<std::optional<Refusal>> connect_upstream(std::shared_ptr<Conn> c, std::vector<Address> usable);
+  asio::awaitable<void> splice(std::shared_ptr<Conn> c, ProxyRequest req, Head head);
+  asio::awaitable<void> relay(std::shared_ptr<Conn> c, bool up, std::string pending, std::uint64_t* body_left);
+  asio::awaitable<void> relay_down(std::shared_ptr<Conn> c);
+  asio::awaitable<std::optional<std::string>> pass_response_heads(std::shared_ptr<Conn> c);
+  asio::awaitable<void> watch_idle(std::shared_ptr<Conn> c);
+  // How it ends: refused (answered, unless the status is 0), then finished.
+  asio::awaitable<void> refuse(std::shared_ptr<Conn> c, Refusal r);
+  void finish(Conn& c, Verdict v, std::string_view reason);
 
   Service& svc_;
   core::EgressRules rules_;

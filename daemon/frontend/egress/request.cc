@@ -92,27 +92,16 @@ std::string host_field(const Authority& a) {
   return h;
 }
 
-}  // namespace
-
-std::size_t head_end(std::string_view b, std::size_t from) {
-  // What was searched before cannot hold the end, except a line end cut
-  // between two reads: from its last three bytes on.
-  for (std::size_t i = b.find('\n', from > 3 ? from - 3 : 0); i != std::string_view::npos; i = b.find('\n', i + 1)) {
-    if (i + 1 < b.size() && b[i + 1] == '\n') return i + 2;
-    if (i + 2 < b.size() && b[i + 1] == '\r' && b[i + 2] == '\n') return i + 3;
-  }
-  return 0;
-}
-
-Result<ProxyRequest> parse_request(std::string_view head) {
+// The head's lines, without their line ends, up to its last one that is
+// not empty. Control characters (a stray CR or NUL included) are refused
+// anywhere in the head: what reaches the origin server is visible text.
+Result<std::vector<std::string_view>> head_lines(std::string_view head) {
   std::vector<std::string_view> lines;
   for (std::size_t pos = 0; pos < head.size();) {
     std::size_t nl = head.find('\n', pos);
     if (nl == std::string_view::npos) nl = head.size();
     std::string_view line = head.substr(pos, nl - pos);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    // Control characters (a stray CR or NUL included) are refused anywhere
-    // in the head: what reaches the origin server is visible text.
     if (std::any_of(line.begin(), line.end(), [](char c) { return (c >= 0 && c < 0x20 && c != '\t') || c == 0x7f; }))
       return Error::invalid("a request head with control characters");
     lines.push_back(line);
@@ -120,45 +109,38 @@ Result<ProxyRequest> parse_request(std::string_view head) {
   }
   while (!lines.empty() && lines.back().empty()) lines.pop_back();
   if (lines.empty()) return Error::invalid("an empty request");
+  return lines;
+}
 
-  // The request line: method SP target SP version.
-  const std::string_view rl = lines[0];
+struct RequestLine {
+  std::string_view method, target, version;
+};
+
+// The request line: method SP target SP version, HTTP/1.1 or HTTP/1.0.
+Result<RequestLine> parse_request_line(std::string_view rl) {
   const std::size_t s1 = rl.find(' '), s2 = s1 == std::string_view::npos ? s1 : rl.find(' ', s1 + 1);
   if (s2 == std::string_view::npos || rl.find(' ', s2 + 1) != std::string_view::npos)
     return Error::invalid("not an HTTP request line");
-  const std::string_view method = rl.substr(0, s1), target = rl.substr(s1 + 1, s2 - s1 - 1),
-                         version = rl.substr(s2 + 1);
-  if (!is_token(method) || target.empty() || (version != "HTTP/1.1" && version != "HTTP/1.0"))
+  RequestLine out{rl.substr(0, s1), rl.substr(s1 + 1, s2 - s1 - 1), rl.substr(s2 + 1)};
+  if (!is_token(out.method) || out.target.empty() || (out.version != "HTTP/1.1" && out.version != "HTTP/1.0"))
     return Error::invalid("not an HTTP/1.x request line");
+  return out;
+}
 
-  ProxyRequest out;
-  if (method == "CONNECT") {
-    auto a = parse_authority(target, 0);
-    if (!a.ok()) return std::move(a).error();
-    out.tunnel = true;
-    out.host_text = std::move(a->host_text);
-    out.host = std::move(a->host);
-    out.port = a->port;
-    return out;
-  }
-  if (istarts_with(target, "https://"))
-    return Error::invalid("https:// goes through a tunnel: CONNECT host:443 (every HTTPS client does this by itself)");
-  if (!istarts_with(target, "http://"))
-    return Error::invalid("this is the sandbox's egress proxy: a request names its destination "
-                          "(http://host/path, or CONNECT host:port)");
-  std::string_view rest = target.substr(7);
-  const std::size_t path_at = rest.find_first_of("/?#");
-  auto a = parse_authority(rest.substr(0, path_at), 80);
-  if (!a.ok()) return std::move(a).error();
-  std::string_view path = path_at == std::string_view::npos ? std::string_view() : rest.substr(path_at);
-  if (const std::size_t frag = path.find('#'); frag != std::string_view::npos) path = path.substr(0, frag);
-  std::string origin_path = path.empty() || path.front() != '/' ? "/" + std::string(path) : std::string(path);
-
-  // Header fields: those the Connection field names are hop-by-hop too
-  // (never the message's framing: Connection cannot make the body's length
-  // disappear while the body goes on).
+// A plain-HTTP request's header fields, in order; the names its Connection
+// fields list (hop-by-hop too: not passed on); the body's length.
+struct Fields {
   std::vector<std::pair<std::string_view, std::string_view>> fields;
   std::vector<std::string> hop;
+  std::uint64_t body_length = 0;
+};
+
+// The header fields: lines[1] on (lines[0] is the request line). Those the
+// Connection field names are hop-by-hop too (never the message's framing:
+// Connection cannot make the body's length disappear while the body goes
+// on).
+Result<Fields> parse_fields(const std::vector<std::string_view>& lines) {
+  Fields out;
   bool have_length = false;
   for (std::size_t i = 1; i < lines.size(); ++i) {
     const std::string_view line = lines[i];
@@ -173,7 +155,7 @@ Result<ProxyRequest> parse_request(std::string_view head) {
         std::size_t comma = value.find(',', p);
         if (comma == std::string_view::npos) comma = value.size();
         const std::string_view opt = trim(value.substr(p, comma - p));
-        if (!opt.empty() && !iequals(opt, "content-length")) hop.emplace_back(opt);
+        if (!opt.empty() && !iequals(opt, "content-length")) out.hop.emplace_back(opt);
         p = comma + 1;
       }
     }
@@ -193,22 +175,78 @@ Result<ProxyRequest> parse_request(std::string_view head) {
       have_length = true;
       out.body_length = v;
     }
-    fields.emplace_back(name, value);
+    out.fields.emplace_back(name, value);
   }
-  std::string h = std::string(method) + " " + origin_path + " " + std::string(version) + "\r\n";
-  h += "Host: " + host_field(*a) + "\r\n";
-  for (const auto& field : fields) {
+  return out;
+}
+
+// The head for the origin server: the request line in origin form, Host
+// from the target, the client's fields but the hop-by-hop ones, and
+// "Connection: close".
+std::string upstream_head(const RequestLine& rl, std::string_view origin_path, const Authority& a, const Fields& f) {
+  std::string h = std::string(rl.method) + " " + std::string(origin_path) + " " + std::string(rl.version) + "\r\n";
+  h += "Host: " + host_field(a) + "\r\n";
+  for (const auto& field : f.fields) {
     // (Named, not bound: clang 14 cannot capture a structured binding.)
     const std::string_view name = field.first, value = field.second;
     const bool drop = std::any_of(kDropped.begin(), kDropped.end(), [&](std::string_view d) { return iequals(name, d); }) ||
-                      std::any_of(hop.begin(), hop.end(), [&](const std::string& d) { return iequals(name, d); });
+                      std::any_of(f.hop.begin(), f.hop.end(), [&](const std::string& d) { return iequals(name, d); });
     if (!drop) h += std::string(name) + ": " + std::string(value) + "\r\n";
   }
   h += "Connection: close\r\n\r\n";
+  return h;
+}
+
+}  // namespace
+
+std::size_t head_end(std::string_view b, std::size_t from) {
+  // What was searched before cannot hold the end, except a line end cut
+  // between two reads: from its last three bytes on.
+  for (std::size_t i = b.find('\n', from > 3 ? from - 3 : 0); i != std::string_view::npos; i = b.find('\n', i + 1)) {
+    if (i + 1 < b.size() && b[i + 1] == '\n') return i + 2;
+    if (i + 2 < b.size() && b[i + 1] == '\r' && b[i + 2] == '\n') return i + 3;
+  }
+  return 0;
+}
+
+Result<ProxyRequest> parse_request(std::string_view head) {
+  auto lines = head_lines(head);
+  if (!lines.ok()) return std::move(lines).error();
+  auto rl = parse_request_line(lines->front());
+  if (!rl.ok()) return std::move(rl).error();
+
+  // A tunnel: CONNECT host:port; its header fields are not looked at.
+  ProxyRequest out;
+  if (rl->method == "CONNECT") {
+    auto a = parse_authority(rl->target, 0);
+    if (!a.ok()) return std::move(a).error();
+    out.tunnel = true;
+    out.host_text = std::move(a->host_text);
+    out.host = std::move(a->host);
+    out.port = a->port;
+    return out;
+  }
+  // Plain HTTP, in absolute form: the target, its fields, the head sent on.
+  if (istarts_with(rl->target, "https://"))
+    return Error::invalid("https:// goes through a tunnel: CONNECT host:443 (every HTTPS client does this by itself)");
+  if (!istarts_with(rl->target, "http://"))
+    return Error::invalid("this is the sandbox's egress proxy: a request names its destination "
+                          "(http://host/path, or CONNECT host:port)");
+  std::string_view rest = rl->target.substr(7);
+  const std::size_t path_at = rest.find_first_of("/?#");
+  auto a = parse_authority(rest.substr(0, path_at), 80);
+  if (!a.ok()) return std::move(a).error();
+  std::string_view path = path_at == std::string_view::npos ? std::string_view() : rest.substr(path_at);
+  if (const std::size_t frag = path.find('#'); frag != std::string_view::npos) path = path.substr(0, frag);
+  std::string origin_path = path.empty() || path.front() != '/' ? "/" + std::string(path) : std::string(path);
+
+  auto fields = parse_fields(*lines);
+  if (!fields.ok()) return std::move(fields).error();
+  out.upstream_head = upstream_head(*rl, origin_path, *a, *fields);
+  out.body_length = fields->body_length;
   out.host_text = std::move(a->host_text);
   out.host = std::move(a->host);
   out.port = a->port;
-  out.upstream_head = std::move(h);
   return out;
 }
 
