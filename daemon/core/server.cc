@@ -219,8 +219,9 @@ std::string find_runner(const std::string& configured) {
     candidates.push_back(dir + "/../share/toolsandbox/runner/toolsandbox_runner.py");
   }
   candidates.push_back(std::string(TSB_SOURCE_DIR) + "/daemon/runner/toolsandbox_runner.py");
+  // The runner and its package beside it (policy.h: runner_package_whole).
   for (const auto& c : candidates)
-    if (root_owned_readonly_file(c)) return c;
+    if (root_owned_readonly_file(c) && runner_package_whole(c)) return c;
   return "";
 }
 

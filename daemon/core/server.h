@@ -159,7 +159,9 @@ class Server {
   std::unique_ptr<E2BBackend> e2b_;  // when an E2B API key file is configured (docs/E2B.md)
 };
 
-// Where the trusted tool runner lives on the host ("" when not found).
+// Where the trusted tool runner lives on the host ("" when not found): the
+// first candidate that is root_owned_readonly_file with its package whole
+// beside it (runner_package_whole, daemon/policy/policy.h).
 std::string find_runner(const std::string& configured);
 // The venv builder installed beside `runner` (same checks), or "".
 std::string find_venv_builder(const std::string& runner);
