@@ -122,7 +122,7 @@ grant_front_end_access() {
       d=$(dirname "$d")
     done
   done
-  for d in daemon/runner; do
+  for d in isolate/runner; do
     if ! as_front_end test -r "$TSB_ROOT/$d/." || [ -n "$(as_front_end find "$TSB_ROOT/$d" ! -readable 2>/dev/null | head -1)" ]; then
       log "letting the toolsandboxd user read $TSB_ROOT/$d (ACL u:toolsandboxd:rX)"
       setfacl -R -m u:toolsandboxd:rX "$TSB_ROOT/$d"

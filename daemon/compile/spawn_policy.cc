@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <map>
 
 #include "daemon/common/quote.h"
 #include "daemon/compile/prepare.h"
@@ -19,22 +22,88 @@ bool root_owned_readonly_file(const std::string& p) {
          (st.st_mode & S_IROTH);
 }
 
-std::vector<std::string> find_runner_bytecode(const std::string& runner) {
+namespace {
+
+// The names in directory `dir` (none when it cannot be read).
+std::vector<std::string> names_in(const std::string& dir) {
   std::vector<std::string> out;
-  const auto slash = runner.rfind('/');
-  if (runner.empty() || slash == std::string::npos) return out;
-  const std::string dir = runner.substr(0, slash) + "/__pycache__";
   DIR* d = ::opendir(dir.c_str());
   if (!d) return out;
-  while (const dirent* e = ::readdir(d)) {
-    const std::string_view n = e->d_name;
-    if (!n.starts_with("toolsandbox_runner.") || !n.ends_with(".pyc")) continue;
-    const std::string path = dir + "/" + std::string(n);
-    struct stat st{};  // not a link: its name here is its name in the sandbox
-    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && root_owned_readonly_file(path)) out.push_back(path);
-  }
+  while (const dirent* e = ::readdir(d)) out.emplace_back(e->d_name);
   ::closedir(d);
+  return out;
+}
+
+// A file of the runner a sandbox is shown: root_owned_readonly_file, and not
+// a link (its name here is its name in the sandbox).
+bool runner_file(const std::string& p) {
+  struct stat st{};
+  return ::lstat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && root_owned_readonly_file(p);
+}
+
+// The runner's package directory beside `runner`, "" when `runner` has none.
+std::string runner_package_dir(const std::string& runner) {
+  const auto slash = runner.rfind('/');
+  return runner.empty() || slash == std::string::npos ? "" : runner.substr(0, slash + 1) + std::string(kRunnerPackage);
+}
+
+}  // namespace
+
+std::vector<std::string> find_runner_package(const std::string& runner) {
+  std::vector<std::string> out;
+  const std::string dir = runner_package_dir(runner);
+  struct stat st{};  // its listing is what the sandbox is shown: root's alone, and no link
+  if (dir.empty() || ::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0 ||
+      (st.st_mode & (S_IWGRP | S_IWOTH)))
+    return out;
+  for (const std::string& n : names_in(dir))
+    if (n.size() > 3 && n.ends_with(".py") && runner_file(dir + "/" + n)) out.push_back(dir + "/" + n);
   std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool runner_package_whole(const std::string& runner) {
+  char real[PATH_MAX];  // beside the file itself, as resolve_host_paths shows it
+  if (runner.empty() || ::realpath(runner.c_str(), real) == nullptr) return false;
+  const std::vector<std::string> found = find_runner_package(real);
+  const std::string dir = runner_package_dir(real);
+  const auto names = names_in(dir);
+  return std::find(found.begin(), found.end(), dir + "/__init__.py") != found.end() &&
+         static_cast<std::size_t>(std::count_if(names.begin(), names.end(), [](const std::string& n) {
+           return n.size() > 3 && n.ends_with(".py");
+         })) == found.size();
+}
+
+std::vector<std::string> find_runner_bytecode(const std::string& runner) {
+  std::vector<std::string> out;
+  if (runner.empty() || runner.rfind('/') == std::string::npos) return out;
+  // Per directory, the stems of its modules: the runner's as the sandbox
+  // names it (isolate::kRunnerSandboxPath), its package's as they are.
+  std::map<std::string, std::vector<std::string>> stems;
+  const std::string_view shown = isolate::kRunnerSandboxPath;
+  const std::string_view runner_stem = shown.substr(shown.rfind('/') + 1, shown.size() - shown.rfind('/') - 4);
+  stems[runner.substr(0, runner.rfind('/'))].emplace_back(runner_stem);
+  for (const std::string& m : find_runner_package(runner)) {
+    const auto slash = m.rfind('/');
+    stems[m.substr(0, slash)].push_back(m.substr(slash + 1, m.size() - slash - 4));
+  }
+  for (const auto& [dir, of_dir] : stems) {
+    const std::string cache = dir + "/__pycache__";
+    for (const std::string& n : names_in(cache)) {
+      const bool of_a_module = std::any_of(of_dir.begin(), of_dir.end(), [&](const std::string& s) {
+        return n.size() > s.size() && n.starts_with(s) && n[s.size()] == '.';
+      });
+      if (of_a_module && n.ends_with(".pyc") && runner_file(cache + "/" + n)) out.push_back(cache + "/" + n);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> find_runner_files(const std::string& runner) {
+  std::vector<std::string> out = find_runner_package(runner);
+  const std::vector<std::string> bytecode = find_runner_bytecode(runner);
+  out.insert(out.end(), bytecode.begin(), bytecode.end());
   return out;
 }
 
@@ -137,7 +206,7 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
     tool.argv = flags;
     tool.argv.emplace_back(kRunnerBoot);
     in.runner = resolved_runner;
-    in.runner_bytecode = find_runner_bytecode(resolved_runner);
+    in.runner_files = find_runner_files(resolved_runner);
     auto tfs = isolate::build_fs_table(in);
     if (!tfs.ok()) return std::move(tfs).error().wrap("policy '" + p.name + "'");
     tool.fs = std::move(tfs).value();
@@ -171,7 +240,8 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
 std::string script_launcher(bool pooled) {
   // Cold: the script is stdin. Pooled: the runner (at the sandbox path of
   // isolate::kRunnerSandboxPath's directory, first on sys.path for the
-  // import only, then forgotten) waits for the hand-over and returns it.
+  // import only, then forgotten, as await_script forgets its package's
+  // modules) waits for the hand-over and returns it.
   static constexpr std::string_view kRead = "    source = sys.stdin.buffer.read()\n";
   static constexpr std::string_view kAwait =
       "    sys.path.insert(0, '/opt/toolsandbox/runner')\n"
@@ -193,7 +263,7 @@ std::string script_launcher(bool pooled) {
     exec(compile(source, path, "exec"), main.__dict__)
 )PY";
   // A warm script that ran to its end ends as a program does, without the
-  // interpreter's teardown (toolsandbox_runner._script_end).
+  // interpreter's teardown (_script_end, isolate/runner/_toolsandbox_runner/lean_exit.py).
   static constexpr std::string_view kEnd = "    end()\n";
   std::string run(kRun);
   if (pooled) run.insert(run.find("    exec("), "    end = watch()\n");
@@ -215,9 +285,10 @@ std::string find_runner(const std::string& configured) {
     dir = dir.substr(0, dir.rfind('/'));
     candidates.push_back(dir + "/../share/toolsandbox/runner/toolsandbox_runner.py");
   }
-  candidates.push_back(std::string(TSB_SOURCE_DIR) + "/daemon/runner/toolsandbox_runner.py");
+  candidates.push_back(std::string(TSB_SOURCE_DIR) + "/isolate/runner/toolsandbox_runner.py");
+  // The runner and its package beside it (runner_package_whole).
   for (const auto& c : candidates)
-    if (root_owned_readonly_file(c)) return c;
+    if (root_owned_readonly_file(c) && runner_package_whole(c)) return c;
   return "";
 }
 

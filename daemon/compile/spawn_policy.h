@@ -27,13 +27,14 @@ namespace tsb::core {
 // channel that is its stdin; toolsandbox_runner.await_script) and then does
 // what the cold one does, except that a script that ran to its end (no
 // exception, no sys.exit) ends without the interpreter's teardown
-// (toolsandbox_runner._script_end).
+// (_script_end, isolate/runner/_toolsandbox_runner/lean_exit.py).
 std::string script_launcher(bool pooled);
 
 // Tool mode's program (-c, after -I -S -B -u -X utf8): the runner imported
 // from its directory, put after the standard library on sys.path, so that
-// its bytecode comes from __pycache__ (daemon/runner/toolsandbox_runner.py,
-// "Invocation"), and run: run_channel() when started for a request,
+// its bytecode and its package's come from their __pycache__
+// (isolate/runner/toolsandbox_runner.py, "Invocation"), and run:
+// run_channel() when started for a request,
 // run_pooled() in a warm sandbox (which has the policy's own venv, the
 // operator's, and sets up its site-packages before the hand-over).
 inline constexpr std::string_view kRunnerBoot =
@@ -42,25 +43,47 @@ inline constexpr std::string_view kRunnerPooledBoot =
     "import sys\nsys.path.append('/opt/toolsandbox/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run_pooled()\n";
 
 // Whether `p` (links followed) is a regular file owned by root, readable by
-// all and writable by no one else: what the runner, its bytecode and the
-// venv builder must be.
+// all and writable by no one else: what the runner, its package's modules,
+// their bytecode and the venv builder must be.
 bool root_owned_readonly_file(const std::string& p);
 
-// The runner's bytecode beside `runner` (a host path): the files
-// __pycache__/toolsandbox_runner.*.pyc that are root_owned_readonly_file
+// The runner's package: the directory beside the runner
+// (isolate/runner/_toolsandbox_runner) whose modules the runner imports.
+inline constexpr std::string_view kRunnerPackage = "_toolsandbox_runner";
+
+// The modules of the runner's package beside `runner` (a host path): the
+// files kRunnerPackage/*.py that are root_owned_readonly_file and not
+// links, sorted; none when kRunnerPackage is not a directory owned by root
+// and writable by no one else, or is a link.
+std::vector<std::string> find_runner_package(const std::string& runner);
+
+// Whether the runner's package beside `runner` is whole: find_runner_package
+// finds its __init__.py and leaves out no .py file the directory holds. A
+// runner without it is not installed (find_runner).
+bool runner_package_whole(const std::string& runner);
+
+// The bytecode of the runner's modules (`runner` and
+// find_runner_package(runner)): for each, the files
+// __pycache__/<its stem>.*.pyc beside it that are root_owned_readonly_file
 // and not links (`runner`'s own links are resolved: resolve_host_paths).
 std::vector<std::string> find_runner_bytecode(const std::string& runner);
 
+// Everything of the runner a tool run is shown besides `runner` itself
+// (isolate::FsInputs::runner_files): its package's modules, then the
+// bytecode of every module.
+std::vector<std::string> find_runner_files(const std::string& runner);
+
+
 // What the root spawner keeps of a policy (daemon/wire/compiled.h): per
 // mode the command (script mode: kScriptMain; tool mode: kRunnerBoot, the
-// runner at isolate::kRunnerSandboxPath with its bytecode, none when
-// `runner` is "") and the table.
+// runner at isolate::kRunnerSandboxPath with its package and bytecode
+// (find_runner_files), none when `runner` is "") and the table.
 // A policy with "packages" gets a keyed /venv row: a run naming a venv key
 // has `venv_cache`/<key> there (daemon/venv/cache.h).
 Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner, const std::string& venv_cache = "");
 
 // The build policy of a policy with "packages", named build_policy_name(p):
-// tool mode runs `builder` (daemon/runner/toolsandbox_venv_builder.py)
+// tool mode runs `builder` (isolate/runner/toolsandbox_venv_builder.py)
 // under /usr/bin/python3 -I, with a writable tmpfs at /venv of
 // packages.venv_size, the wheel directory read-only at /wheels, the
 // policy's seccomp filter, its user, and the packages' build limits; no
@@ -73,7 +96,9 @@ inline constexpr std::string_view kBuilderSandboxPath = "/opt/toolsandbox/builde
 // caller: build_fs_table(fs_inputs_from(p)), plus what it adds).
 isolate::RunSpec run_spec_from(const Policy& p);
 
-// Where the trusted tool runner lives on the host ("" when not found).
+// Where the trusted tool runner lives on the host ("" when not found): the
+// first candidate that is root_owned_readonly_file with its package whole
+// beside it (runner_package_whole).
 std::string find_runner(const std::string& configured);
 // The venv builder installed beside `runner` (same checks), or "".
 std::string find_venv_builder(const std::string& runner);

@@ -136,9 +136,11 @@ Result<std::shared_ptr<const FsTable>> build_fs_table(const FsInputs& in) {
   }
   if (!in.venv.empty() && in.venv[0] != '/') return Error::invalid("file system: the venv must be an absolute path");
   if (!in.runner.empty() && in.runner[0] != '/') return Error::invalid("file system: the runner must be an absolute path");
-  for (const std::string& pyc : in.runner_bytecode)
-    if (pyc.empty() || pyc[0] != '/' || pyc.back() == '/' || !pyc.ends_with(".pyc"))
-      return Error::invalid("file system: the runner's bytecode must be absolute paths of .pyc files");
+  const std::string runner_dir = in.runner.substr(0, in.runner.rfind('/') + 1);  // with its '/'
+  for (const std::string& f : in.runner_files)
+    if (in.runner.empty() || f == in.runner || !f.starts_with(runner_dir) || !(f.ends_with(".py") || f.ends_with(".pyc")) ||
+        !check_sandbox_path(f.substr(runner_dir.size() - 1), "a runner file").ok())
+      return Error::invalid("file system: the runner's files must be .py and .pyc files below the runner's directory");
 
   Builder b;
   // 1. A fresh tmpfs becomes the root: nothing of the host is visible
@@ -209,10 +211,11 @@ Result<std::shared_ptr<const FsTable>> build_fs_table(const FsInputs& in) {
     b.add(FsEntry::kHost, std::string(kRunnerSandboxPath), Stage::MountBind,
           "the trusted tool runner (tool mode only)")
         .source = in.runner;
-    for (const std::string& pyc : in.runner_bytecode)
-      b.add(FsEntry::kHost, std::string(kRunnerSandboxDir) + "/__pycache__/" + pyc.substr(pyc.rfind('/') + 1),
-            Stage::MountBind, "the runner's bytecode, used while it matches the runner's source (tool mode only)")
-          .source = pyc;
+    for (const std::string& f : in.runner_files)
+      b.add(FsEntry::kHost, std::string(kRunnerSandboxDir) + f.substr(runner_dir.size() - 1), Stage::MountBind,
+            f.ends_with(".pyc") ? "the runner's bytecode, used while it matches its module's source (tool mode only)"
+                                : "a module of the trusted tool runner's package (tool mode only)")
+          .source = f;
   }
 
   // 7. A new /proc for the new pid namespace, host-wide entries covered by

@@ -21,9 +21,12 @@ struct FsInputs {
   std::string venv;              // host venv directory, shown read-only at kVenvPath ("" = none)
   std::vector<BindMount> binds;  // extra host paths, after the system ones
   std::string runner;            // host path of the trusted tool runner ("" = none), at kRunnerSandboxPath
-  // Host paths of the runner's compiled bytecode (__pycache__/<stem>.<tag>.pyc
-  // beside it), shown in kRunnerSandboxDir/__pycache__ under their names.
-  std::vector<std::string> runner_bytecode;
+  // Host paths of the runner's other files, each below the runner's own
+  // directory: the modules of its package and every module's compiled
+  // bytecode (<dir>/__pycache__/<stem>.<tag>.pyc beside the module), .py
+  // and .pyc files only. Each is shown at its path below that directory
+  // under kRunnerSandboxDir.
+  std::vector<std::string> runner_files;
   std::string workdir = "/work";
   std::string hostname = "sandbox";
   std::uint32_t uid = 1000, gid = 1000;  // the tool's ids inside the sandbox

@@ -1,7 +1,7 @@
 // The venv archive: how a venv built inside a sandbox reaches the cache.
 //
 // A build sandbox makes its venv in a tmpfs of its own and writes it to
-// stdout in this format (daemon/runner/toolsandbox_venv_builder.py makes
+// stdout in this format (isolate/runner/toolsandbox_venv_builder.py makes
 // it); the front end extracts it, as it reads, into a directory of its own.
 // The writer is a sandbox that ran pip and the packages' code, so the
 // stream is hostile input: every path is checked, nothing is ever

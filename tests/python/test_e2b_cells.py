@@ -3,8 +3,10 @@ daemon embeds them: without their leading comment block, @BLOB@ replaced by
 one base64 literal."""
 
 import base64
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -48,6 +50,28 @@ class E2BCellsTest(unittest.TestCase):
         self.assertEqual(got["env"], "v")
         self.assertTrue(got["home_set"])
         self.assertIn("to-stderr", r.stderr)
+
+    def test_tool_cell_runs_the_runner_with_its_package(self):
+        # The daemon's runner and its package (daemon/core/e2b.cc sends
+        # them as the cell's "runner" and "package"), a request in nonce
+        # mode, and its frame in what the cell prints.
+        runner_dir = os.path.join(REPO, "isolate", "runner")
+        with open(os.path.join(runner_dir, "toolsandbox_runner.py"), encoding="utf-8") as f:
+            runner = f.read()
+        package = {}
+        for path in glob.glob(os.path.join(runner_dir, "_toolsandbox_runner", "*.py")):
+            with open(path, encoding="utf-8") as f:
+                package[os.path.relpath(path, runner_dir)] = f.read()
+        nonce = "e2" * 16
+        request = {"nonce": nonce, "tool_name": "add", "source_code": "def add(a, b):\n    return a + b\n",
+                   "args": {"a": 2, "b": 40}}
+        code = cell("tool_cell.py", {"runner": runner, "package": package, "request": json.dumps(request),
+                                     "env": {}, "timeout": 60, "heartbeat": 5, "beat": "."})
+        # On stdin: the cell is larger than one argument may be.
+        r = subprocess.run([sys.executable, "-I", "-"], input=code, capture_output=True, text=True)
+        frame = re.search("<<TSB-RESULT-%s>>([A-Za-z0-9+/=]*)<<TSB-END-%s>>" % (nonce, nonce), r.stdout)
+        self.assertIsNotNone(frame, (r.stdout, r.stderr))
+        self.assertEqual(json.loads(base64.b64decode(frame.group(1))), {"results": 42, "agent_state": None})
 
     def test_a_blob_cannot_end_the_string_literal(self):
         hostile = {"runner": '")\nimport os\nos.system("id")\n#', "request": "\")", "env": {}, "timeout": 1,

@@ -1,4 +1,4 @@
-"""Tests for daemon/runner/toolsandbox_runner.py, in both of its modes.
+"""Tests for isolate/runner/toolsandbox_runner.py, in both of its modes.
 
 Run with either of:
 
@@ -53,7 +53,7 @@ import unittest
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RUNNER = os.path.normpath(os.path.join(HERE, "..", "..", "daemon", "runner", "toolsandbox_runner.py"))
+RUNNER = os.path.normpath(os.path.join(HERE, "..", "..", "isolate", "runner", "toolsandbox_runner.py"))
 PYTHON = os.environ.get("TSB_RUNNER_PYTHON", "/usr/bin/python3")
 FLAGS = ["-I", "-S", "-B", "-u", "-X", "utf8"]
 # As the daemon starts it (kRunnerBoot in daemon/policy/policy.h): imported

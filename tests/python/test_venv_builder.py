@@ -1,4 +1,4 @@
-"""Tests for daemon/runner/toolsandbox_venv_builder.py, run on the host (the
+"""Tests for isolate/runner/toolsandbox_venv_builder.py, run on the host (the
 daemon runs it inside a build sandbox): a venv built from a local wheel
 directory with the system's pip, written as a venv archive
 (daemon/venv/archive.h; tests/unit/venv_archive_test.cc extracts the
@@ -17,7 +17,7 @@ import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BUILDER = os.path.normpath(os.path.join(HERE, "..", "..", "daemon", "runner", "toolsandbox_venv_builder.py"))
+BUILDER = os.path.normpath(os.path.join(HERE, "..", "..", "isolate", "runner", "toolsandbox_venv_builder.py"))
 PYTHON = "/usr/bin/python3"
 sys.path.insert(0, HERE)
 

@@ -103,7 +103,9 @@ TEST(FsTable, BindsShallowestFirstAndTheRunnerLast) {
   in.binds = {{"/srv/inner", "/data/sub", false, false}, {"/srv/outer", "/data", true, false},
               {"/srv/opt", "/opt/x", false, true}};
   in.runner = "/usr/share/toolsandbox/runner/toolsandbox_runner.py";
-  in.runner_bytecode = {"/usr/share/toolsandbox/runner/__pycache__/toolsandbox_runner.cpython-311.pyc"};
+  in.runner_files = {"/usr/share/toolsandbox/runner/_toolsandbox_runner/__init__.py",
+                     "/usr/share/toolsandbox/runner/__pycache__/toolsandbox_runner.cpython-311.pyc",
+                     "/usr/share/toolsandbox/runner/_toolsandbox_runner/__pycache__/__init__.cpython-311.pyc"};
   const FsTable& t = table_of(in);
   const auto outer = index_of(t, "/data", FsEntry::kBind), inner = index_of(t, "/data/sub", FsEntry::kHost);
   ASSERT_LT(outer, t.size());
@@ -114,15 +116,32 @@ TEST(FsTable, BindsShallowestFirstAndTheRunnerLast) {
   ASSERT_LT(runner, t.size());
   EXPECT_EQ(t[runner].source, in.runner);
   EXPECT_GT(runner, inner);
+  // The runner's other files at their paths below its directory.
+  const auto init = index_of(t, "/opt/toolsandbox/runner/_toolsandbox_runner/__init__.py", FsEntry::kHost);
+  ASSERT_LT(init, t.size());
+  EXPECT_EQ(t[init].source, in.runner_files[0]);
   const auto pyc = index_of(t, "/opt/toolsandbox/runner/__pycache__/toolsandbox_runner.cpython-311.pyc", FsEntry::kHost);
   ASSERT_LT(pyc, t.size());
-  EXPECT_EQ(t[pyc].source, in.runner_bytecode[0]);
-  // Only absolute paths of .pyc files.
-  for (const std::string bad : {"relative.pyc", "/x/toolsandbox_runner.py", "/x/"}) {
+  EXPECT_EQ(t[pyc].source, in.runner_files[1]);
+  const auto init_pyc =
+      index_of(t, "/opt/toolsandbox/runner/_toolsandbox_runner/__pycache__/__init__.cpython-311.pyc", FsEntry::kHost);
+  ASSERT_LT(init_pyc, t.size());
+  EXPECT_EQ(t[init_pyc].source, in.runner_files[2]);
+  EXPECT_GT(init, runner);
+  // Only .py and .pyc files below the runner's own directory, never the
+  // runner itself again, and none without a runner.
+  for (const std::string bad :
+       {"relative.pyc", "/x/toolsandbox_runner.py", "/x/", "/usr/share/toolsandbox/runner/notes.txt",
+        "/usr/share/toolsandbox/runner/../x.py", "/usr/share/toolsandbox/runner//x.py",
+        "/usr/share/toolsandbox/runner/./x.pyc", "/usr/share/toolsandbox/runner/toolsandbox_runner.py",
+        "/usr/share/toolsandbox/runnerx/a.py"}) {
     FsInputs b = in;
-    b.runner_bytecode = {bad};
+    b.runner_files = {bad};
     EXPECT_FALSE(tsb::isolate::build_fs_table(b).ok()) << bad;
   }
+  FsInputs none = in;
+  none.runner.clear();
+  EXPECT_FALSE(tsb::isolate::build_fs_table(none).ok());
 }
 
 TEST(FsTable, ProcMasksFollowProcAndCoverWithRowsMadeBefore) {

@@ -1,7 +1,7 @@
 // daemon/frontend/letta/letta: Letta's fingerprint, result framings and error strings,
 // checked against fixed vectors and against the same Python code Letta runs
 // (executed with /usr/bin/python3); plus our runner's nonce frame, including
-// an end-to-end run of daemon/runner/toolsandbox_runner.py.
+// an end-to-end run of isolate/runner/toolsandbox_runner.py.
 //
 // Without /usr/bin/python3 the cross-checks skip, unless
 // TOOLSANDBOXD_TESTS_MUST_RUN contains "python".
@@ -1031,7 +1031,7 @@ RunnerOutput run_runner(json request) {
   TempFile req(request.dump());
   // `cat |` makes stdin a pipe, as the runner requires.
   const Command c = run_shell("cat " + req.path() + " | " + kPython + " -I -S -B -u -X utf8 " TSB_SOURCE_DIR
-                              "/daemon/runner/toolsandbox_runner.py 2>/dev/null");
+                              "/isolate/runner/toolsandbox_runner.py 2>/dev/null");
   RunnerOutput o;
   o.exit_code = c.exit_code;
   auto f = extract_nonce_frame(c.out, nonce);

@@ -1012,6 +1012,84 @@ TEST(PolicyRunner, ToolModeImportsTheRunnerAndShowsItsBytecode) {
     EXPECT_EQ(e.path.find("/opt/toolsandbox/runner"), std::string::npos) << e.path;
 }
 
+// The runner's package beside it: each module shown at its path below the
+// runner's directory, with its bytecode; what root does not own alone, a
+// link, or a package without __init__.py makes it not whole, and a runner
+// without a whole package is not installed (find_runner).
+TEST(PolicyRunner, ThePackageBesideTheRunnerIsShownWithItsBytecode) {
+  TempDir t;
+  auto p = load_text(t, R"({"version": 1})");
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  const std::string runner = t.write("runner/toolsandbox_runner.py", "import _toolsandbox_runner\n");
+  const std::string pkg = t.path() + "/runner/_toolsandbox_runner";
+  const std::string init = t.write("runner/_toolsandbox_runner/__init__.py", "");
+  const std::string part = t.write("runner/_toolsandbox_runner/part.py", "X = 1\n");
+  const std::string runner_pyc = t.write("runner/__pycache__/toolsandbox_runner.cpython-311.pyc", "x");
+  const std::string init_pyc = t.write("runner/_toolsandbox_runner/__pycache__/__init__.cpython-311.pyc", "x");
+  const std::string part_pyc = t.write("runner/_toolsandbox_runner/__pycache__/part.cpython-311.pyc", "x");
+  t.write("runner/_toolsandbox_runner/__pycache__/partx.cpython-311.pyc", "x");  // of no module
+  t.write("runner/_toolsandbox_runner/__pycache__/part.cpython-311.pyc.tmp", "x");
+  t.write("runner/_toolsandbox_runner/notes.txt", "x");  // no module
+  ::chmod(pkg.c_str(), 0755);  // whatever the umask
+  if (!root()) {
+    EXPECT_TRUE(find_runner_files(runner).empty());
+    EXPECT_FALSE(runner_package_whole(runner));
+    EXPECT_NE(find_runner(runner), runner);
+    return;
+  }
+  EXPECT_EQ(find_runner_package(runner), (std::vector<std::string>{init, part}));
+  EXPECT_EQ(find_runner_bytecode(runner), (std::vector<std::string>{runner_pyc, init_pyc, part_pyc}));
+  EXPECT_EQ(find_runner_files(runner), (std::vector<std::string>{init, part, runner_pyc, init_pyc, part_pyc}));
+  EXPECT_TRUE(runner_package_whole(runner));
+  EXPECT_EQ(find_runner(runner), runner);
+  auto sp = to_spawn_policy(*p, runner);
+  ASSERT_TRUE(sp.ok()) << sp.error().message;
+  std::map<std::string, std::string> rows;
+  for (const auto& e : *sp->modes[static_cast<int>(spawn::RunMode::Tool)].fs) rows[e.path] = e.source;
+  const std::string at = "/opt/toolsandbox/runner/";
+  EXPECT_EQ(rows[at + "toolsandbox_runner.py"], runner);
+  EXPECT_EQ(rows[at + "_toolsandbox_runner/__init__.py"], init);
+  EXPECT_EQ(rows[at + "_toolsandbox_runner/part.py"], part);
+  EXPECT_EQ(rows[at + "__pycache__/toolsandbox_runner.cpython-311.pyc"], runner_pyc);
+  EXPECT_EQ(rows[at + "_toolsandbox_runner/__pycache__/__init__.cpython-311.pyc"], init_pyc);
+  EXPECT_EQ(rows[at + "_toolsandbox_runner/__pycache__/part.cpython-311.pyc"], part_pyc);
+  for (const auto& [path, source] : rows) {
+    if (path.starts_with(at)) {
+      EXPECT_TRUE(path.ends_with(".py") || path.ends_with(".pyc")) << path;
+    }
+  }
+  EXPECT_FALSE(rows.contains(at + "_toolsandbox_runner/__pycache__/partx.cpython-311.pyc"));
+
+  // A module others can write, or a link, is left out: the package is not whole.
+  const std::string open = t.write("runner/_toolsandbox_runner/open.py", "", 0666);
+  ::chmod(open.c_str(), 0666);
+  EXPECT_EQ(find_runner_package(runner), (std::vector<std::string>{init, part}));
+  EXPECT_FALSE(runner_package_whole(runner));
+  EXPECT_NE(find_runner(runner), runner);
+  ::unlink(open.c_str());
+  ASSERT_EQ(::symlink(part.c_str(), (pkg + "/link.py").c_str()), 0);
+  EXPECT_EQ(find_runner_package(runner), (std::vector<std::string>{init, part}));
+  EXPECT_FALSE(runner_package_whole(runner));
+  ::unlink((pkg + "/link.py").c_str());
+  EXPECT_TRUE(runner_package_whole(runner));
+  // No __init__.py: not a package.
+  ASSERT_EQ(::rename(init.c_str(), (pkg + "/init.txt").c_str()), 0);
+  EXPECT_FALSE(runner_package_whole(runner));
+  ASSERT_EQ(::rename((pkg + "/init.txt").c_str(), init.c_str()), 0);
+  // A directory others can write, or a link to one: nothing of it is shown.
+  ::chmod(pkg.c_str(), 0777);
+  EXPECT_TRUE(find_runner_package(runner).empty());
+  EXPECT_FALSE(runner_package_whole(runner));
+  ::chmod(pkg.c_str(), 0755);
+  const std::string other = t.write("other/toolsandbox_runner.py", "");
+  ASSERT_EQ(::symlink(pkg.c_str(), (t.path() + "/other/_toolsandbox_runner").c_str()), 0);
+  EXPECT_TRUE(find_runner_package(other).empty());
+  EXPECT_FALSE(runner_package_whole(other));
+  // A runner that is a link: its package is the one beside the file it names.
+  ASSERT_EQ(::symlink(runner.c_str(), (t.path() + "/runner.py").c_str()), 0);
+  EXPECT_TRUE(runner_package_whole(t.path() + "/runner.py"));
+}
+
 // A warm pool: pooled commands for both modes, the runner shown to script
 // runs too, the pool in the fingerprint; bounds refused where they are
 // written.

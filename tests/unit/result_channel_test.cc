@@ -153,7 +153,7 @@ ChannelRun run_channel(const RunToolRequest& t) {
   int sv[2], out[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return {};
   const std::string boot = "import sys\nsys.path.append('" TSB_SOURCE_DIR
-                           "/daemon/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run_channel()\n";
+                           "/isolate/runner')\nimport toolsandbox_runner\ntoolsandbox_runner.run_channel()\n";
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(sv[1], 0);
@@ -233,7 +233,7 @@ struct ScriptRun {
 ScriptRun run_launcher(bool warm, const std::string& script) {
   std::string launcher = core::script_launcher(warm);
   const std::string at = "/opt/toolsandbox/runner";
-  if (warm) launcher.replace(launcher.find(at), at.size(), TSB_SOURCE_DIR "/daemon/runner");
+  if (warm) launcher.replace(launcher.find(at), at.size(), TSB_SOURCE_DIR "/isolate/runner");
   int in[2], out[2], err[2];
   if ((warm ? ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) : ::pipe2(in, O_CLOEXEC)) != 0 ||
       ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)

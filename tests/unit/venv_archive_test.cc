@@ -95,7 +95,7 @@ TEST(VenvArchive, TheBuildersArchiveExtractsExactlyInAnyCut) {
   std::ofstream(t / "bin/python3._pth") << "/evil\n";
   fs::create_symlink("lib", t / "lib64");
   std::ofstream(t / "bin/python-dotenv") << "#!/venv/bin/python3\n";  // not reserved
-  const std::string builder = std::string(TSB_SOURCE_DIR) + "/daemon/runner/toolsandbox_venv_builder.py";
+  const std::string builder = std::string(TSB_SOURCE_DIR) + "/isolate/runner/toolsandbox_venv_builder.py";
   const std::string cmd = "/usr/bin/python3 " + builder + " --archive " + t.string();
   std::FILE* p = ::popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);

@@ -15,6 +15,8 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
+#include <climits>
+#include <cstdlib>
 
 #include "daemon/frontend/letta/result.h"
 #include "protocol/record.h"
@@ -26,6 +28,7 @@
 #include "protocol/json_limits.h"
 #include "daemon/frontend/letta/letta.h"
 #include "daemon/frontend/letta/pyjson.h"
+#include "daemon/compile/spawn_policy.h"
 
 namespace tsb::core {
 namespace {
@@ -116,10 +119,11 @@ std::string tail(const std::string& s, std::size_t n) { return s.size() <= n ? s
 
 // The fixed tool-mode cell. Data reaches it only as one base64 literal
 // (its alphabet cannot end a string literal), decoded inside: the runner's
-// source, the runner's request (with the nonce), the tool's environment,
-// the timeout and the heartbeat text. The runner runs in its own process
-// with exactly that environment over a minimal base, so nothing of the
-// request ever becomes code and no variable is set in the kernel.
+// source and its package's, the runner's request (with the nonce), the
+// tool's environment, the timeout and the heartbeat text. The runner runs
+// in its own process with exactly that environment over a minimal base, so
+// nothing of the request ever becomes code and no variable is set in the
+// kernel.
 using embedded::kToolCell;  // daemon/frontend/e2b/cells/tool_cell.py
 
 // Script mode: the environment goes into a fresh kernel through its own
@@ -938,10 +942,20 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   for (const auto& r : p.requirements.items) reqs.push_back(r.text());
 
   std::string runner_src;
+  json runner_package = json::object();  // its package's modules, by their path below the runner's directory
   if (tool_mode) {
     auto src = read_file(p.runner_path, {.max_bytes = 1u << 20, .regular_only = true});
     if (!src.ok() || src->empty()) co_return refuse(ErrorCode::Internal, "the tool runner cannot be read");
     runner_src = std::move(src).value();
+    // What a local sandbox is shown of it (find_runner_files), source only.
+    char real[PATH_MAX];
+    const std::string runner = ::realpath(p.runner_path.c_str(), real) ? std::string(real) : p.runner_path;
+    for (const std::string& m : find_runner_package(runner)) {
+      auto part = read_file(m, {.max_bytes = 1u << 20, .regular_only = true});
+      if (!part.ok()) co_return refuse(ErrorCode::Internal, "the tool runner's package cannot be read");
+      runner_package[m.substr(runner.rfind('/') + 1)] = std::move(part).value();
+    }
+    if (runner_package.empty()) co_return refuse(ErrorCode::Internal, "the tool runner's package cannot be read");
   }
 
   std::string config_state;
@@ -1010,6 +1024,7 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   if (ok && tool_mode) {
     const std::string beat = "<<TSB-HB-" + random_hex(8) + ">>";
     json spec = {{"runner", runner_src},
+                 {"package", std::move(runner_package)},
                  {"request", std::move(p.runner_request)},
                  {"env", env},
                  {"timeout", ctx.timeout_s},

@@ -197,7 +197,7 @@ std::pair<std::string, std::string> parse_stderr_error_msg(std::string_view stde
 bool python_re_word_char(char32_t cp);
 
 // ---------------------------------------------------------------------------
-// Our runner's result frame (daemon/runner/toolsandbox_runner.py)
+// Our runner's result frame (isolate/runner/toolsandbox_runner.py)
 // ---------------------------------------------------------------------------
 //
 //   "\n" "<<TSB-RESULT-" nonce ">>" base64(payload JSON) "<<TSB-END-" nonce ">>" "\n"

@@ -120,7 +120,7 @@ bool source_may_declare_agent_state(std::string_view source);
 
 // The request the trusted runner reads on its stdin in an E2B cell: the
 // tool's source, its arguments as data and a fresh nonce
-// (daemon/runner/toolsandbox_runner.py documents the fields; absent ones
+// (isolate/runner/toolsandbox_runner.py documents the fields; absent ones
 // are null). One JSON object, built by concatenation: the strings
 // JSON-escaped, args, json_schema and agent_state spliced in as the client
 // sent them, so no value is re-encoded (numbers stay as written) and the

@@ -1,0 +1,106 @@
+"""The end of a tool's or a warm script's process as a program ends, without
+the interpreter's teardown: non-daemon threads joined, atexit handlers
+run, stdio and the file objects left open for writing flushed, _exit."""
+
+import os
+import sys
+
+from .base import _flush_std
+
+
+def _watch_written_files():
+    """A flag set once the tool opens a file object for writing (the "open"
+    audit event of io.open, the only kind with a buffer of its own): then,
+    and only then, _lean_exit looks for open file objects to flush."""
+    opened = [False]
+
+    def hook(event, args):
+        if event == "open" and not opened[0] and len(args) > 1 and isinstance(args[1], str) and any(
+            c in args[1] for c in "wax+"
+        ):
+            opened[0] = True
+
+    sys.addaudithook(hook)
+    return opened
+
+
+def _flush_files():
+    """Flush every open file object, as the interpreter's teardown would
+    have when it finalized them: data a tool wrote to a file it never
+    closed (a module-level log in a writable bind) is not lost."""
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except Exception:
+                pass
+
+
+def _lean_exit(code, source_file, files_opened):
+    """The end of the tool's process, as the end of Letta's script without
+    the interpreter's teardown: non-daemon threads joined, atexit handlers
+    run, stdio and (when the tool opened any for writing) every open file
+    object flushed; then the source file removed and _exit. What the
+    teardown also did and this does not: run __del__ of objects still alive
+    (which Python does not promise at exit either). A tool that ends the
+    process itself, with os._exit, leaves its source file in the run's
+    working directory, a tmpfs of its own that ends with the run."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    if files_opened[0]:
+        _flush_files()
+    _flush_std()
+    if source_file is not None:
+        try:
+            os.unlink(source_file)
+        except OSError:
+            pass
+    os._exit(code)
+
+
+def _script_end(files_opened):
+    """A warm script that ran to its end: the end of a Python program (what
+    Py_FinalizeEx does that a program can see: non-daemon threads joined,
+    atexit handlers run, stdio and every file object left open for writing
+    flushed), then _exit(0) without the interpreter's teardown (the
+    modules the hand-over loaded made it the longest part of a short
+    script's run). What it skips: __del__ of objects still alive, which
+    Python does not promise at exit either, and flushing what C code left
+    in C stdio's buffers of files it opened (stdout and stderr are
+    unbuffered under -u or PYTHONUNBUFFERED, which the shipped policies
+    set). A script that raises, or calls
+    sys.exit, never gets here: the interpreter ends it as a cold one, with
+    the same traceback and status; so does one whose stdio cannot be
+    flushed (the interpreter then reports that, with status 120)."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass  # as the interpreter's teardown, which ignores it
+    import atexit
+
+    atexit._run_exitfuncs()
+    if files_opened[0]:
+        _flush_files()
+    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if f is not None:
+                f.flush()
+        except BaseException:
+            return  # the interpreter's own exit reports it
+    os._exit(0)

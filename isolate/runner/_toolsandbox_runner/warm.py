@@ -1,0 +1,179 @@
+"""A pooled runner (run_pooled, await_script): started before its request,
+it loads what a run needs, says it is ready, and takes the hand-over."""
+
+import os
+import stat
+import sys
+
+from .base import EXIT_NO_FRAME, Fatal, _as_program, _error_line, _flush_std, _read_all, _stdin_mode, _write_all
+from .channel import _channel_main, _read_part, _take_channel
+from .lean_exit import _script_end, _watch_written_files
+from .tool import _tool_process_setup
+
+# Written on the channel once a pooled runner is ready for its request.
+CHANNEL_READY = b"TSB1 ready\n"
+_PR_SET_MM = 35
+_PR_SET_MM_MAP = 14
+_environ_block = None  # the environment /proc/self/environ shows after a hand-over
+
+
+class _Environ:
+    """The process environment a request brings, made what a cold start's
+    execve would have made it. A pooled process starts with the policy's
+    fixed variables only; the request's (the daemon checked them against
+    the policy) arrive at hand-over. They go into os.environ (and so, by
+    putenv, into the C environment every program the tool starts inherits)
+    and into the block /proc/self/environ shows, moved there with
+    prctl(PR_SET_MM, PR_SET_MM_MAP), which needs no capability (Linux 3.18+
+    with CONFIG_CHECKPOINT_RESTORE). Set up, and tried once with the block
+    the process started with, before the runner says it is ready: where the
+    kernel refuses it, the pooled sandbox ends before any request reaches
+    it."""
+
+    # struct prctl_mm_map (linux/prctl.h)
+    _FIELDS = ("start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
+               "arg_start", "arg_end", "env_start", "env_end", "auxv")
+
+    def __init__(self):
+        import ctypes
+
+        self._ct = ctypes
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._libc.sbrk.restype = ctypes.c_void_p
+        self._libc.sbrk.argtypes = [ctypes.c_ssize_t]
+        self._libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+
+        class MmMap(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_uint64) for n in self._FIELDS] + [
+                ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+
+        self._map = m = MmMap()
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        # The block execve made, as it was (not os.environ, which the
+        # interpreter's start may have added to: LC_CTYPE, by PEP 538).
+        with open("/proc/self/environ", "rb") as f:
+            self._started_with = f.read()
+
+        def field(n):  # proc(5) numbers them from 1; `fields` starts at 3 (state)
+            return int(fields[n - 3])
+
+        m.start_code, m.end_code, m.start_stack = field(26), field(27), field(28)
+        (m.start_data, m.end_data, m.start_brk, m.arg_start, m.arg_end, m.env_start,
+         m.env_end) = (field(n) for n in range(45, 52))
+        m.exe_fd = 0xFFFFFFFF  # -1: /proc/self/exe unchanged (that one needs a capability)
+        self._set(m.env_start, m.env_end)
+
+    def _set(self, start, end):
+        m = self._map
+        m.env_start, m.env_end = start, end
+        m.brk = self._libc.sbrk(0)  # the current break, read last: nothing allocates between
+        if self._libc.prctl(_PR_SET_MM, _PR_SET_MM_MAP, self._ct.addressof(m), self._ct.sizeof(m), 0) != 0:
+            raise Fatal("cannot set the process environment (prctl PR_SET_MM_MAP): %s"
+                        % os.strerror(self._ct.get_errno()))
+
+    def adopt(self, part):
+        """The environ part of a hand-over: {"environ": {"NAME": "value"}},
+        names the process does not have yet (the policy's fixed ones stay)."""
+        environ = part.get("environ") if isinstance(part, dict) and set(part) == {"environ"} else None
+        if not isinstance(environ, dict):
+            raise Fatal("the hand-over's first part is not {\"environ\": {...}}")
+        for k, v in environ.items():
+            if (not isinstance(v, str) or not k or "=" in k or "\0" in k or "\0" in v or k in os.environ):
+                raise Fatal("the hand-over's environment holds a name or value a start could not have")
+            os.environ[k] = v
+        # What execve would have made of the policy's variables, then the
+        # request's: the block the process started with, and the new ones.
+        block = self._started_with + b"".join(
+            os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in environ.items())
+        buf = self._ct.create_string_buffer(block, max(1, len(block)))
+        start = self._ct.addressof(buf)
+        self._set(start, start + len(block))
+        global _environ_block
+        _environ_block = buf  # the kernel reads it from here on, for the life of the process
+
+
+def _await_hand_over(tool=False):
+    """A pooled runner's wait: the channel taken off fd 0, what the run
+    needs loaded, "ready" written, then the request's environment adopted.
+    Returns the channel. For a tool also the standard library's modules the
+    runner uses, and the venv's site-packages set up now, which the cold
+    runner's tool process does after its declaration: warm sandboxes have
+    the policy's own venv only (the operator's, root's), never a per-tool
+    one, whose code never runs before the declaration."""
+    chan = _take_channel()
+    environ = _Environ()
+    # The standard library modules Letta's namespace (_run_tool) and Letta's
+    # generated scripts import: loaded now, they cost the run nothing.
+    import base64, hashlib, pickle, typing  # noqa: F401,E401
+
+    # An interpreter's first compile sets up the parser (most of a
+    # millisecond): done now, for the declaration's parse and the tool's
+    # or the script's compile.
+    compile("pass\n", "<warm-up>", "exec")
+    compile(b"pass\n", "<warm-up>", "exec")
+    if tool:
+        import _ast  # noqa: F401  (_declared_params)
+        import atexit  # noqa: F401  (_lean_exit)
+        import keyword  # noqa: F401  (_validate_request)
+
+        # The runner's parts a cold run imports only when it needs them: a
+        # tool's agent_state, a pickle to decode.
+        from . import letta_models, unpickler  # noqa: F401
+
+        _tool_process_setup()
+    _write_all(chan, CHANNEL_READY)
+    try:
+        environ.adopt(_read_part(chan))
+    except (OSError, EOFError, ValueError, RecursionError, MemoryError) as e:
+        raise Fatal("cannot read the hand-over: %s" % e) from None
+    return chan
+
+
+def _watch_script():
+    """From here on the script's: the file objects it opens for writing are
+    watched (_watch_written_files). Returns the script's end."""
+    files_opened = _watch_written_files()
+    return lambda: _script_end(files_opened)
+
+
+def run_pooled():
+    """The runner in a pooled sandbox (kRunnerPooledBoot): started before
+    any request exists, it waits on its channel for the hand-over, then is
+    the channel mode's runner. Never returns."""
+
+    def body():
+        if not stat.S_ISSOCK(_stdin_mode()):
+            raise Fatal("stdin must be the result channel, a stream socket")
+        return _channel_main(_await_hand_over(tool=True))
+
+    _as_program(body)
+
+
+def await_script():
+    """Script mode in a pooled sandbox (the launcher of
+    daemon/policy/policy.h, script_launcher(true)): the hand-over as for a
+    tool, then the script, read to EOF. Returns its bytes and _watch_script,
+    which the launcher calls just before it runs the script (as a cold
+    start's launcher would), for the function it calls when the script has
+    run to its end without raising (_script_end).
+    The interpreter was started as for a cold script (not -I -S: the venv's
+    site-packages are set up before the request, as they would be before
+    the script is read)."""
+    try:
+        if not stat.S_ISSOCK(os.fstat(0).st_mode):
+            raise Fatal("stdin must be the hand-over channel, a stream socket")
+        chan = _await_hand_over(tool=False)
+        source = _read_all(chan)
+        os.close(chan)
+        # The script finds no runner module, as a cold one (whose launcher
+        # imports none): the launcher drops toolsandbox_runner and the
+        # runner's directory on sys.path, this the package's modules.
+        for name in [n for n in sys.modules if n == __package__ or n.startswith(__package__ + ".")]:
+            del sys.modules[name]
+        return source, _watch_script
+
+    except (Fatal, OSError) as e:
+        _error_line(2, "ToolsandboxRunnerError", str(e))
+        _flush_std()
+        os._exit(EXIT_NO_FRAME)
