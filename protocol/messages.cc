@@ -197,10 +197,19 @@ void decode_sandbox_config(Decoder& d, const Slice& sc, std::optional<SandboxCon
   if (auto t = s.str("type", true, 64)) cfg.type = *t;
   cfg.organization_id = s.str("organization_id", false, 256);
   if (const Slice* c2 = s.get("config", JsonKind::Object, true)) {
-    cfg.config = json::parse(c2->text.begin(), c2->text.end(), nullptr, false);
+    // Scanned above as part of sandbox_config (size, depth); equal keys
+    // keep the last, as Python's dict does.
+    JsonLimits lim;
+    lim.max_bytes = kMaxSandboxConfigBytes;
+    lim.duplicate_keys = false;
+    auto config = parse_json_limited(c2->text, lim);
     // nlohmann refuses numbers beyond a double's range (it keeps the rest).
-    if (out_of_range || cfg.config.is_discarded())
+    if (out_of_range || (!config.ok() && config.error().code == ERANGE))
       s.fail(s.where + ": a number in \"config\" is out of range (integers must fit in 64 bits, other numbers in a double)");
+    else if (!config.ok())
+      s.fail(s.where + ": \"config\": " + config.error().message);
+    else
+      cfg.config = std::move(*config);
   }
   s.no_unknown();
   if (s.err) d.fail(s.err->message);

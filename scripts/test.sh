@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test tier:
-#   1. unit tests (need nothing),
+#   1. unit tests (need nothing), and the static checks: the root spawner's
+#      size (scripts/count-root-code.sh), no bare JSON parse
+#      (scripts/check-json-rule.sh),
 #   2. the installed systemd units, checked without booting (tests/systemd/verify.sh),
 #   3. the outer guard's selftest (tests/guard/selftest.sh),
 #   4. root integration tests: real sandboxes, inside the outer guard,
@@ -41,6 +43,9 @@ tier "unit tests" unit
 # ceiling is a change a reviewer sees (docs/SECURITY.md, "Privilege
 # separation", says what the lines are).
 "$TSB_ROOT/scripts/count-root-code.sh" --build "$TSB_BUILD" --max 3217
+# JSON from outside the process goes through the bounded readers only
+# (docs/HACKING.md): no bare nlohmann parse outside the listed trusted sites.
+"$TSB_ROOT/scripts/check-json-rule.sh"
 tier_done
 
 tier "systemd units: systemd-analyze verify, sysusers.d, tmpfiles.d, toolsandboxd --check" systemd

@@ -16,6 +16,7 @@
 #include "isolate/base/random.h"
 #include "isolate/base/result.h"
 #include "isolate/base/unique_fd.h"
+#include "protocol/json_limits.h"
 
 namespace tsb::cli {
 
@@ -54,7 +55,9 @@ Result<json> roundtrip(const std::string& socket_path, const json& request) {
   }
   auto nl = reply.find('\n');
   if (nl == std::string::npos) return Error::invalid("the daemon closed the connection without a response", EPROTO);
-  json j = json::parse(reply.substr(0, nl), nullptr, false);
+  // Whatever answers on the socket path it was given: bounded like any
+  // JSON from another process.
+  json j = protocol::parse_json_bounded(std::string_view(reply).substr(0, nl));
   if (j.is_discarded()) return Error::invalid("the daemon sent invalid JSON", EPROTO);
   return j;
 }
@@ -172,13 +175,13 @@ int cmd_client(const std::string& verb, const std::vector<std::string>& args) {
     } else {
       req["type"] = "run_tool";
       req["source_code"] = *src;
-      json a = json::parse(args_json, nullptr, false);
+      json a = protocol::parse_json_bounded(args_json);
       if (a.is_discarded() || !a.is_object()) return usage(v, "--args must be a JSON object");
       req["args"] = a;
       if (!agent_state_file.empty()) {
         auto s = read_input_file(agent_state_file);
         if (!s.ok()) return usage(v, s.error().message);
-        json st = json::parse(*s, nullptr, false);
+        json st = protocol::parse_json_bounded(*s);
         if (st.is_discarded() || !st.is_object()) return usage(v, "--agent-state must hold a JSON object");
         req["agent_state"] = st;
       }

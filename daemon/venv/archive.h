@@ -86,6 +86,7 @@ class Extractor {
   std::uint64_t file_bytes() const noexcept { return file_bytes_; }
   std::uint64_t entries() const noexcept { return entries_; }
   const std::string& manifest() const noexcept { return manifest_; }
+  const ArchiveLimits& limits() const noexcept { return limits_; }
 
  private:
   enum class State { Magic, Header, Payload, Done };

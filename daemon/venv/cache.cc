@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "daemon/venv/manifest.h"
 #include "isolate/base/random.h"
 
 namespace tsb::venv {
@@ -18,7 +19,6 @@ namespace {
 
 using nlohmann::json;
 constexpr std::uint64_t kBlock = 4096;  // what an entry costs besides its bytes, roughly
-constexpr std::size_t kMaxManifest = 4u << 20;
 
 Result<std::string> read_at(int dir, const std::string& name, std::size_t max) {
   UniqueFd f(::openat(dir, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
@@ -62,14 +62,6 @@ bool lock(int fd, short type) {
   l.l_type = type;
   l.l_whence = SEEK_SET;
   return ::fcntl(fd, F_OFD_SETLK, &l) == 0;
-}
-
-// A list of at most `max_items` strings of at most `max_len` bytes, or null.
-json string_list(const json& v, std::size_t max_items, std::size_t max_len) {
-  if (!v.is_array() || v.size() > max_items) return json();
-  for (const auto& e : v)
-    if (!e.is_string() || e.get_ref<const std::string&>().size() > max_len) return json();
-  return v;
 }
 
 // Out of the way first (a name no run can ask for), then removed.
@@ -126,8 +118,9 @@ Status Cache::scan() {
     }
     if (!is_key(n)) continue;  // not ours: left alone
     struct stat st{};
-    auto m = read_at(fd_.get(), n + ".json", kMaxManifest);
-    json doc = m.ok() ? json::parse(*m, nullptr, false) : json();
+    auto m = read_at(fd_.get(), n + ".json", kMaxStoredManifest);
+    auto read = m.ok() ? read_stored_manifest(*m) : Result<json>(m.error());
+    const json doc = read.ok() ? std::move(read).value() : json();
     if (::fstatat(fd_.get(), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) || !doc.is_object()) {
       leftovers.push_back(n);  // a crash between the two renames, or damaged
       continue;
@@ -224,12 +217,12 @@ Result<std::unique_ptr<Cache::Staging>> Cache::stage(const std::string& key, con
 Status Cache::publish(Staging& s, const json& extra, const Interpreter& py) {
   if (!s.extractor_) return Error::invalid("venv " + s.key_ + " is already published");
   TSB_TRY(s.extractor_->finish(py), "the venv archive");
-  const json built = json::parse(s.extractor_->manifest(), nullptr, false);
-  if (!built.is_object()) return Error::invalid("the venv archive has no manifest");
+  if (s.extractor_->manifest().empty()) return Error::invalid("the venv archive has no manifest", EPROTO);
+  auto built = read_builder_manifest(s.extractor_->manifest(), s.extractor_->limits().max_manifest);
+  if (!built.ok()) return std::move(built).error().wrap("the venv archive");
   json manifest = json::object();
-  manifest["freeze"] = string_list(built.contains("freeze") ? built["freeze"] : json(), 10000, 4096);
-  const json python = built.contains("python") ? built["python"] : json();
-  manifest["python"] = python.is_string() && python.get_ref<const std::string&>().size() <= 64 ? python : json();
+  manifest["freeze"] = std::move(built->freeze);
+  manifest["python"] = std::move(built->python);
   for (auto it = extra.begin(); it != extra.end(); ++it) manifest[it.key()] = it.value();
   const std::uint64_t bytes = s.extractor_->file_bytes() + s.extractor_->entries() * kBlock;
   manifest["key"] = s.key_;
@@ -361,10 +354,10 @@ Status Cache::remove(const std::string& key) {
 
 json Cache::manifest(const std::string& key) const {
   if (!is_key(key)) return json();
-  auto m = read_at(fd_.get(), key + ".json", kMaxManifest);
+  auto m = read_at(fd_.get(), key + ".json", kMaxStoredManifest);
   if (!m.ok()) return json();
-  json doc = json::parse(*m, nullptr, false);
-  return doc.is_discarded() ? json() : doc;
+  auto doc = read_stored_manifest(*m);
+  return doc.ok() ? std::move(doc).value() : json();
 }
 
 }  // namespace tsb::venv

@@ -20,15 +20,26 @@ deterministic: the same tree gives the same files.
   shape_result/  inputs laid out as shape_result_fuzzer.cc reads them;
   spawn_wire/    the root spawner's inputs (daemon/wire/compiled.h): run
                  orders, kills, notifications, a compiled set, and broken
-                 forms of each, behind the selector byte of spawn_wire_fuzzer.cc.
+                 forms of each, behind the selector byte of spawn_wire_fuzzer.cc;
+  venv_archive/  venv archives (daemon/venv/archive.h) as the venv builder
+                 writes them (its own write_archive, run on a small tree), and
+                 hostile ones: escaping paths, the daemon's frame, duplicates,
+                 links in the way, cut short; behind the piece-size byte of
+                 venv_archive_fuzzer.cc;
+  venv_manifest/ the builder's manifest as it writes it, the cache's as
+                 publish writes it, and one past each limit of
+                 daemon/venv/manifest.h.
 """
 
 import base64
 import hashlib
+import importlib.util
+import io
 import json
 import os
 import shutil
 import struct
+import tempfile
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -326,6 +337,126 @@ def spawn_wire():
                                                                 fs_row(7, 5, b"/", size=1 << 20, inodes=4096)))
 
 
+# --- venv archives (daemon/venv/archive.h), big-endian ------------------------
+
+def builder_module():
+    path = os.path.join(REPO, "daemon", "runner", "toolsandbox_venv_builder.py")
+    spec = importlib.util.spec_from_file_location("toolsandbox_venv_builder", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def vrec(kind, path, mode, payload):
+    p = path.encode() if isinstance(path, str) else path
+    return kind + struct.pack(">H", len(p)) + p + struct.pack(">HQ", mode, len(payload)) + payload
+
+
+VMAGIC = b"TSBVENV1"
+VEND = vrec(b"e", "", 0, b"")
+BUILDER_MANIFEST = {"freeze": ["numpy==1.26.4", "pip==23.0.1", "caf\u00e9==1.0"], "python": "3.11.2",
+                    "requirements": ["numpy==1.26.4"]}
+
+
+def venv_archive():
+    d = reset("venv_archive")
+    builder = builder_module()
+    # The builder's own writer on a small venv-like tree (fixed contents,
+    # modes and times, so the seeds do not change between runs).
+    with tempfile.TemporaryDirectory() as root:
+        def put(path, data, mode=0o644):
+            full = os.path.join(root, path)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as f:
+                f.write(data)
+            os.chmod(full, mode)
+        put("bin/activate", b"# activate\n")
+        put("bin/tool", b"#!/venv/bin/python3\nprint(1)\n", 0o755)
+        put("bin/python3", b"left out: the daemon's to write")
+        put("pyvenv.cfg", b"home = /elsewhere\n")
+        put("lib/python3.11/site-packages/pkg/__init__.py", b"X = 1\n")
+        put("lib/python3.11/site-packages/pkg-1.0.dist-info/METADATA", b"Name: pkg\nVersion: 1.0\n")
+        os.symlink("pkg/__init__.py", os.path.join(root, "lib/python3.11/site-packages/alias.py"))
+        os.symlink("lib", os.path.join(root, "lib64"))
+        out = io.BytesIO()
+        builder.write_archive(root, out, BUILDER_MANIFEST)
+        good = out.getvalue()
+        out = io.BytesIO()
+        builder.write_archive(root, out, {})
+        empty_manifest = out.getvalue()
+    for cut, name in ((255, "builder"), (0, "builder-bytewise"), (6, "builder-cut-7")):
+        write(d, name + ".bin", bytes([cut]) + good)
+    write(d, "builder-empty-manifest.bin", b"\xff" + empty_manifest)
+    manifest = vrec(b"m", "", 0, json.dumps(BUILDER_MANIFEST, sort_keys=True).encode())
+    hostile = {
+        "no-manifest": vrec(b"d", "lib", 0o755, b""),
+        "dotdot": vrec(b"f", "../escape", 0o644, b"x"),
+        "absolute": vrec(b"f", "/etc/passwd", 0o644, b"x"),
+        "empty-component": vrec(b"d", "lib", 0o755, b"") + vrec(b"f", "lib//x", 0o644, b"x"),
+        "nul-in-path": vrec(b"f", b"a\0b", 0o644, b"x"),
+        "reserved-python": vrec(b"d", "bin", 0o755, b"") + vrec(b"l", "bin/python3", 0, b"/bin/sh"),
+        "reserved-pth": vrec(b"d", "bin", 0o755, b"") + vrec(b"f", "bin/x._pth", 0o644, b"/tmp"),
+        "reserved-cfg": vrec(b"f", "pyvenv.cfg", 0o644, b"home = /tmp\n"),
+        "twice": vrec(b"f", "a", 0o644, b"1") + vrec(b"f", "a", 0o644, b"2"),
+        "dir-over-file": vrec(b"f", "a", 0o644, b"1") + vrec(b"d", "a", 0o755, b""),
+        "through-link": vrec(b"l", "up", 0, b"..") + vrec(b"f", "up/x", 0o644, b"x"),
+        "link-to-root": vrec(b"l", "lib", 0, b"/") + vrec(b"f", "lib/x", 0o644, b"x"),
+        "bin-is-a-file": vrec(b"f", "bin", 0o755, b"#!"),
+        "bin-is-a-link": vrec(b"l", "bin", 0, b"/usr/bin"),
+        "setuid": vrec(b"f", "s", 0o4755, b"x") + vrec(b"d", "d", 0o7777, b""),
+        "second-manifest": manifest,
+        "manifest-with-path": vrec(b"m", "m", 0, b"{}"),
+        "deep-path": b"".join(vrec(b"d", "/".join(["d"] * i), 0o755, b"") for i in range(1, 67)),
+        "long-link": vrec(b"l", "l", 0, b"x" * 4097),
+        "empty-link": vrec(b"l", "l", 0, b""),
+        "dir-with-content": vrec(b"d", "d", 0o755, b"x"),
+        "unknown-kind": vrec(b"z", "z", 0, b""),
+        "many-entries": b"".join(vrec(b"d", "d%d" % i, 0o755, b"") for i in range(300)),
+        "big-file": vrec(b"f", "big", 0o644, b"x" * 20000),
+        "deep-manifest": vrec(b"m", "", 0, b'{"freeze": [["x"]]}'),
+        "invalid-utf8-manifest": vrec(b"m", "", 0, b'{"python": "3.11\xff"}'),
+        "array-manifest": vrec(b"m", "", 0, b"[]"),
+    }
+    for name, body in hostile.items():
+        if name == "second-manifest":
+            write(d, name + ".bin", b"\xff" + VMAGIC + manifest + body + VEND)
+        elif name.endswith("-manifest") or name == "manifest-with-path":
+            write(d, name + ".bin", b"\xff" + VMAGIC + body + VEND)
+        else:
+            write(d, name + ".bin", b"\xff" + VMAGIC + manifest + body + VEND)
+    write(d, "truncated.bin", b"\x03" + good[:len(good) // 2])
+    write(d, "after-end.bin", b"\xff" + good + b"x")
+    write(d, "bad-magic.bin", b"\xff" + b"TSBVENV2" + good[8:])
+    write(d, "huge-size.bin", b"\xff" + VMAGIC + manifest + b"f" + struct.pack(">H", 1) + b"f"
+          + struct.pack(">HQ", 0o644, 0xFFFFFFFFFFFFFFFF) + b"x" + VEND)
+
+
+def venv_manifest():
+    d = reset("venv_manifest")
+    write(d, "builder.json", json.dumps(BUILDER_MANIFEST, sort_keys=True))
+    write(d, "builder-empty.json", "{}")
+    write(d, "stored.json", json.dumps({
+        "bytes": 123456, "entries": 12, "files_bytes": 74304, "freeze": BUILDER_MANIFEST["freeze"], "key": "a" * 64,
+        "python": "3.11.2", "requirements": ["numpy==1.26.4"], "policy": "default",
+        "policy_fingerprint": "sha256:" + "ab" * 32, "index_settings": "wheels=/srv/wheels", "interpreter": "x",
+        "build_ms": 1234.5, "build_run_id": "run-1", "built_at": 1700000000,
+        "log_tail": "Successfully installed numpy-1.26.4\n\ufffd"}, indent=2))
+    write(d, "too-deep.json", '{"freeze": [["numpy"]]}')
+    write(d, "too-many.json", '{"freeze": [' + ",".join(['"x"'] * 10400) + "]}")
+    write(d, "too-long.json", '{"freeze": ["' + "x" * 4097 + '"]}')
+    write(d, "escaped-too-long.json", '{"freeze": ["' + "\\u20ac" * 1366 + '"]}')
+    write(d, "invalid-utf8.json", b'{"python": "3.11\xff"}')
+    write(d, "encoded-surrogate.json", b'{"python": "\xed\xa0\x80"}')
+    write(d, "lone-surrogate.json", '{"python": "\\ud800"}')
+    write(d, "duplicate.json", '{"python": "3.11", "python": "9"}')
+    write(d, "nan.json", '{"freeze": [NaN, Infinity]}')
+    write(d, "out-of-range.json", '{"python": 1e999, "x": -1e400}')
+    write(d, "nul.json", b'{}\x00{"python": "x"}')
+    write(d, "bom.json", b"\xef\xbb\xbf{}")
+    write(d, "not-object.json", '["numpy"]')
+    write(d, "wrong-shapes.json", '{"freeze": "numpy", "python": ["3"], "requirements": {"a": null}}')
+
+
 if __name__ == "__main__":
     requests()
     policies()
@@ -333,6 +464,8 @@ if __name__ == "__main__":
     letta_binary()
     shape_result()
     spawn_wire()
+    venv_archive()
+    venv_manifest()
     for t in sorted(os.listdir(CORPUS)):
         files = os.listdir(os.path.join(CORPUS, t))
         size = sum(os.path.getsize(os.path.join(CORPUS, t, f)) for f in files)

@@ -5,7 +5,8 @@
 #
 # DIR is the fuzz tree (default: $TSB_FUZZ_BUILD, else build-fuzz/ of this
 # checkout; scripts/test.sh builds $TSB_BUILD-fuzz). Each TARGET (request,
-# policy, letta_legacy, letta_binary, shape_result) runs for N seconds
+# policy, letta_legacy, letta_binary, shape_result, spawn_wire, venv_archive,
+# venv_manifest) runs for N seconds
 # (default $TSB_FUZZ_SECONDS, else 30), starting from its seeds in
 # tests/fuzz/corpus/TARGET/ plus what earlier runs found, kept in
 # DIR/fuzz-corpus/TARGET/ (the checked-in seeds are never written to). Extra
@@ -37,8 +38,15 @@ declare -A max_len=(
   [letta_binary]=16384
   [shape_result]=32768   # fixed fields, stderr, stdout, a nonce frame's payload
   [spawn_wire]=8192      # a run order with an environment; a compiled set of two policies
+  [venv_archive]=65536   # a venv archive: within reach of its fuzz limits (256 entries, 16 KiB of files)
+  [venv_manifest]=32768  # a builder's manifest: room for more values than it may hold (10,321: 21 KiB of "0,")
 )
-all_targets=(request policy letta_legacy letta_binary shape_result spawn_wire)
+all_targets=(request policy letta_legacy letta_binary shape_result spawn_wire venv_archive venv_manifest)
+# Targets whose every input makes and removes files: their private directory
+# is on a tmpfs (/dev/shm) when there is one, made afresh for the run and
+# removed after it (on a loaded ext4 disk each mkdir costs a millisecond,
+# which keeps such a target at a few dozen runs a second).
+declare -A on_tmpfs=([venv_archive]=1)
 
 usage() {
   sed -n '2,/^$/s/^# \{0,1\}//p' "$0" >&2
@@ -63,6 +71,15 @@ for t in "${targets[@]}"; do
 done
 
 log() { printf '==> [fuzz] %s\n' "$*" >&2; }
+shm=""
+drop_shm() {
+  if [[ -n $shm ]]; then
+    chmod -R u+rwx -- "$shm" 2>/dev/null
+    rm -rf -- "$shm"
+    shm=""
+  fi
+}
+trap 'drop_shm; exit 130' INT TERM
 
 failed=()
 for t in "${targets[@]}"; do
@@ -72,11 +89,17 @@ for t in "${targets[@]}"; do
   work=$build/fuzz-corpus/$t
   artifacts=$build/fuzz-artifacts/$t
   logfile=$build/fuzz-logs/$t.log
-  # The policy target writes its inputs to a private temporary directory:
-  # kept under the tree, and emptied first, so a crashed run leaves nothing
-  # in /tmp.
+  # The policy and venv_archive targets write to a private temporary
+  # directory: kept under the tree, and emptied first, so a crashed run
+  # leaves nothing in /tmp; or a fresh one on a tmpfs (on_tmpfs), removed
+  # after the run.
   scratch=$build/fuzz-tmp/$t
+  # (A venv a crash left is read-only: writable again first.)
+  [[ -d $scratch ]] && chmod -R u+rwx -- "$scratch" 2>/dev/null
   rm -rf -- "$scratch"
+  if [[ -n ${on_tmpfs[$t]:-} && -d /dev/shm && -w /dev/shm ]] && [[ $(stat -f -c %T /dev/shm 2>/dev/null) == tmpfs ]]; then
+    shm=$(mktemp -d /dev/shm/tsb-fuzz-"$t"-XXXXXX) && scratch=$shm || shm=""
+  fi
   mkdir -p "$work" "$artifacts" "$scratch" "$(dirname "$logfile")"
   args=(-max_total_time="$seconds" -max_len="${max_len[$t]}" -rss_limit_mb=2048 -timeout=10
         -artifact_prefix="$artifacts/" -print_final_stats=1 -detect_leaks=1)
@@ -84,6 +107,7 @@ for t in "${targets[@]}"; do
   started=$SECONDS
   TMPDIR=$scratch "$bin" "${args[@]}" "${extra[@]}" "$work" "$seeds" >"$logfile" 2>&1
   rc=$?
+  drop_shm
   took=$((SECONDS - started))
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logfile" | tail -1)
   cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+' "$logfile" | tail -1)

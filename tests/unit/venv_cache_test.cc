@@ -195,12 +195,10 @@ TEST_F(CacheTest, TheManifestKeepsOnlyWhatTheBuilderMaySay) {
   auto c = open();
   auto s = c->stage(key('a'), ArchiveLimits{});
   ASSERT_TRUE(s.ok());
-  // A builder's manifest with claims of its own, a deep nesting and a
-  // freeze of the wrong shape; the caller's log tail with invalid UTF-8.
-  std::string deep = "1";
-  for (int i = 0; i < 500; ++i) deep = "[" + deep + "]";
-  const std::string m = R"({"requirements": ["lies"], "bytes": 1, "key": "x", "python": "3.11.2", "deep": )" + deep +
-                        R"(, "freeze": [1, 2]})";
+  // A builder's manifest with claims of its own and a freeze of the wrong
+  // shape; the caller's log tail with invalid UTF-8.
+  const std::string m = R"({"requirements": ["lies"], "bytes": 1, "key": "x", "python": "3.11.2", "extra": {"a": 1},)"
+                        R"( "freeze": [1, 2]})";
   ASSERT_TRUE((*s)->feed(archive(10, m)).ok());
   auto st = c->publish(**s, {{"requirements", {"x"}}, {"log_tail", std::string("pip \xff\xfe said")}});
   ASSERT_TRUE(st.ok()) << st.error().message;
@@ -209,12 +207,72 @@ TEST_F(CacheTest, TheManifestKeepsOnlyWhatTheBuilderMaySay) {
   EXPECT_EQ(got["requirements"], nlohmann::json::array({"x"}));
   EXPECT_EQ(got["python"], "3.11.2");
   EXPECT_TRUE(got["freeze"].is_null());
-  EXPECT_FALSE(got.contains("deep"));
+  EXPECT_FALSE(got.contains("extra"));
   EXPECT_EQ(got["key"], key('a'));
   EXPECT_GT(got["bytes"].get<std::uint64_t>(), 10u);
   EXPECT_NE(got["log_tail"].get<std::string>().find("said"), std::string::npos);
   // The frame was written (archive.h).
   EXPECT_EQ(fs::read_symlink(fs::path(dir_) / key('a') / "bin/python3"), "/usr/bin/python3");
+}
+
+// What the builder cannot legitimately write (daemon/venv/manifest.h) fails
+// the build, with the reason, and leaves nothing behind.
+TEST_F(CacheTest, ABuilderManifestPastItsLimitsFailsThePublish) {
+  auto c = open();
+  std::string deep = "1";
+  for (int i = 0; i < 500; ++i) deep = "[" + deep + "]";
+  std::string many = R"({"freeze": [)";
+  for (int i = 0; i < 20000; ++i) many += i ? ",\"x\"" : "\"x\"";
+  many += "]}";
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"python": "3.11.2", "deep": )" + deep + "}", "nested deeper than 2 levels (at byte 30)"},
+      {many, "more than 10321 values"},
+      {R"({"freeze": [")" + std::string(5000, 'x') + R"("]})", "a string or key longer than 4096 bytes (5000)"},
+      {"{\"python\": \"3.11\xff\"}", "not JSON: invalid UTF-8 in a string (at byte 16)"},
+      {"[]", "is not a JSON object"},
+      {"", "has no manifest"},
+  };
+  for (const auto& [manifest, why] : cases) {
+    auto s = c->stage(key('a'), ArchiveLimits{});
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE((*s)->feed(archive(10, manifest)).ok());
+    auto st = c->publish(**s, {{"requirements", {"x"}}});
+    ASSERT_FALSE(st.ok()) << why;
+    EXPECT_NE(st.error().message.find(why), std::string::npos) << st.error().message;
+    EXPECT_EQ(st.error().message.rfind("the venv archive", 0), 0u) << st.error().message;
+    EXPECT_FALSE(c->has(key('a')));
+  }
+  for (auto& e : fs::directory_iterator(dir_)) ADD_FAILURE() << "left behind: " << e.path();
+}
+
+// A stored manifest that does not read back is a damaged venv: the front end
+// removes it at open, like one without a manifest; the command line leaves it.
+TEST_F(CacheTest, ADamagedManifestIsADamagedVenv) {
+  {
+    auto c = open();
+    publish(*c, key('a'), 10);
+    publish(*c, key('b'), 10);
+  }
+  const std::string damaged = dir_ + "/" + key('b') + ".json";
+  ASSERT_EQ(::chmod(damaged.c_str(), 0644), 0);
+  {
+    const int fd = ::open(damaged.c_str(), O_WRONLY | O_TRUNC);
+    ASSERT_GE(fd, 0);
+    const std::string text = "{\"bytes\": 10, \"x\": \"\xff\"}";
+    ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    ::close(fd);
+  }
+  {
+    auto cli = open(1 << 30, false);
+    EXPECT_TRUE(cli->has(key('a')));
+    EXPECT_FALSE(cli->has(key('b')));
+    EXPECT_TRUE(cli->manifest(key('b')).is_null());
+    EXPECT_TRUE(exists(key('b')));
+  }
+  auto c = open();
+  EXPECT_TRUE(c->has(key('a')));
+  EXPECT_FALSE(c->has(key('b')));
+  EXPECT_FALSE(exists(key('b')));
 }
 
 TEST_F(CacheTest, AskingWhetherAVenvIsHeldNeverMakesAHoldFail) {
