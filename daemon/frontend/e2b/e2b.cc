@@ -916,59 +916,34 @@ RequirementRules E2BBackend::requirement_rules(const Policy& pol) const {
   return r;
 }
 
-asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
-  const protocol::Request& req = *p.request;
-  const bool tool_mode = p.tool_mode;
-  const protocol::CommonRunFields& c = *p.common;
+namespace {
+
+// The runner as a tool cell sends it: its source and its package's modules
+// (what a local sandbox is shown of it, find_runner_files, source only), by
+// their path below the runner's directory. Read for every run: an update
+// of the installed runner applies to the next one. "" or the refusal.
+std::string read_runner(const std::string& runner_path, std::string& source, json& package) {
+  auto src = read_file(runner_path, {.max_bytes = 1u << 20, .regular_only = true});
+  if (!src.ok() || src->empty()) return "the tool runner cannot be read";
+  source = std::move(src).value();
+  char real[PATH_MAX];
+  const std::string runner = ::realpath(runner_path.c_str(), real) ? std::string(real) : runner_path;
+  package = json::object();
+  for (const std::string& m : find_runner_package(runner)) {
+    auto part = read_file(m, {.max_bytes = 1u << 20, .regular_only = true});
+    if (!part.ok()) return "the tool runner's package cannot be read";
+    package[m.substr(runner.rfind('/') + 1)] = std::move(part).value();
+  }
+  return package.empty() ? "the tool runner's package cannot be read" : "";
+}
+
+}  // namespace
+
+E2BBackend::RunCtx E2BBackend::run_context(const PreparedRun& p, const std::string& config_state) const {
   const Policy& pol = p.policy();
-  BackendRun out;
-  auto refuse = [&](ErrorCode code, const std::string& msg) {
-    out.refused = Refusal{code, msg};
-    return std::move(out);
-  };
-
-  if (stopping_) co_return refuse(ErrorCode::Unavailable, "the daemon is shutting down");
-  if (api_key_.empty()) co_return refuse(ErrorCode::Unavailable, "E2B is configured but its API key is not loaded");
-
-  // Everything is checked before any call to E2B. The policy decided which
-  // environment names the request may set (prepare_run); its fixed values
-  // describe the local sandbox's file system and are not sent: the tool
-  // gets a minimal base plus the request's (docs/E2B.md).
-  const std::map<std::string, std::string>& env = p.env;
-
-  // The run's requirements (prepare_run checked them), installed by pip in
-  // the sandbox, each once per sandbox.
-  std::vector<std::string> reqs;
-  for (const auto& r : p.requirements.items) reqs.push_back(r.text());
-
-  std::string runner_src;
-  json runner_package = json::object();  // its package's modules, by their path below the runner's directory
-  if (tool_mode) {
-    auto src = read_file(p.runner_path, {.max_bytes = 1u << 20, .regular_only = true});
-    if (!src.ok() || src->empty()) co_return refuse(ErrorCode::Internal, "the tool runner cannot be read");
-    runner_src = std::move(src).value();
-    // What a local sandbox is shown of it (find_runner_files), source only.
-    char real[PATH_MAX];
-    const std::string runner = ::realpath(p.runner_path.c_str(), real) ? std::string(real) : p.runner_path;
-    for (const std::string& m : find_runner_package(runner)) {
-      auto part = read_file(m, {.max_bytes = 1u << 20, .regular_only = true});
-      if (!part.ok()) co_return refuse(ErrorCode::Internal, "the tool runner's package cannot be read");
-      runner_package[m.substr(runner.rfind('/') + 1)] = std::move(part).value();
-    }
-    if (runner_package.empty()) co_return refuse(ErrorCode::Internal, "the tool runner's package cannot be read");
-  }
-
-  std::string config_state;
-  if (p.fingerprint) {
-    config_state = *p.fingerprint;
-  } else {
-    auto fp = lp::sandbox_config_fingerprint("e2b", c.organization_id, json::object());
-    if (!fp.ok()) co_return refuse(ErrorCode::BadRequest, "organization_id: " + fp.error().message);
-    config_state = *fp;
-  }
-
+  const std::string& org = p.common->organization_id;
   RunCtx ctx;
-  ctx.tool_name = c.tool_name;
+  ctx.tool_name = p.common->tool_name;
   ctx.t0 = Clock::now();
   ctx.timeout = p.timeout;
   ctx.timeout_s = p.shape.timeout_s;
@@ -984,13 +959,184 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   // restarted daemon adopts sandboxes by) whatever the fingerprint hashes:
   // the sandbox config may name another organization, and a sandbox is never
   // shared between organizations.
-  ctx.metadata = {{"config_state", config_state}, {"tsb_network", network}, {"tsb_org", c.organization_id}};
-  ctx.pool_key = config_state + "|" + network + "|" + c.organization_id;
+  ctx.metadata = {{"config_state", config_state}, {"tsb_network", network}, {"tsb_org", org}};
+  ctx.pool_key = config_state + "|" + network + "|" + org;
   // The sandbox must outlive the run it serves.
   ctx.ttl_s = std::max<long>(cfg_.sandbox_ttl.count(),
                              std::chrono::duration_cast<std::chrono::seconds>(ctx.timeout).count() + 30);
   ctx.stdout_cap = pol.limits.stdout_bytes;
   ctx.stderr_cap = pol.limits.stderr_bytes;
+  return ctx;
+}
+
+asio::awaitable<bool> E2BBackend::run_tool_cell(RunCtx& ctx, Sandbox& sb, PreparedRun& p, json spec, BackendRun& out,
+                                                Fail& fail, Printed& printed) {
+  // The fixed cell runs the runner on the request; the beat marks its
+  // heartbeat on stderr, which is dropped from what the tool printed.
+  const std::string beat = "<<TSB-HB-" + random_hex(8) + ">>";
+  spec["request"] = std::move(p.runner_request);
+  spec["env"] = p.env;
+  spec["timeout"] = ctx.timeout_s;
+  spec["heartbeat"] = kHeartbeatSeconds;
+  spec["beat"] = beat;
+  Exec ex;
+  bool ok = co_await execute(ctx, sb, e2b_tool_cell(lp::b64encode(dump_json(spec))), "", kToolStall, ex, fail);
+  printed.out = join(ex.out);
+  printed.err = join(ex.err);
+  erase_all(printed.err, beat);
+  if (ok && ex.error) {
+    fail.set = true;
+    fail.detail = "execution_error";
+    fail.exc_name = str_field(*ex.error, "name", "SandboxException");
+    fail.message = "the fixed cell failed in the sandbox: " + str_field(*ex.error, "name") + ": " + str_field(*ex.error, "value");
+    std::string tb = str_field(*ex.error, "traceback");
+    if (!tb.empty()) printed.err += (printed.err.empty() || printed.err.back() == '\n' ? "" : "\n") + tb;
+    co_return false;
+  }
+  if (!ok) co_return false;
+  // The cell's main result is the runner's exit status (negative: a signal).
+  std::string text = ex.main_result ? str_field(*ex.main_result, "text") : "";
+  char* end = nullptr;
+  long rc = text.empty() ? 0 : std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || rc < -255 || rc > 255) {
+    fail.set = true;
+    fail.detail = "bad_response";
+    fail.message = "the fixed cell returned no exit status";
+    co_return false;
+  }
+  // The pipeline shapes it as it shapes a local run.
+  out.run.reason = rc < 0 ? isolate::EndReason::Signaled : isolate::EndReason::Exited;
+  out.run.exit_code = rc < 0 ? -1 : static_cast<int>(rc);
+  out.run.signal = rc < 0 ? static_cast<int>(-rc) : 0;
+  out.run.stdout_data = printed.out;
+  out.run.stderr_data = printed.err;
+  out.run.stdout_total_bytes = printed.out.size();
+  out.run.stderr_total_bytes = printed.err.size();
+  out.run.wall = Clock::now() - ctx.t0;
+  co_return true;
+}
+
+asio::awaitable<bool> E2BBackend::run_script_cell(RunCtx& ctx, std::shared_ptr<Sandbox>& sb, PreparedRun& p,
+                                                  BackendRun& out, Fail& fail, Printed& printed) {
+  // A fresh kernel context; the environment goes in by its own fixed cell,
+  // then the script as Letta's E2B sandbox runs it.
+  const std::string& script = std::get<protocol::ExecuteRequest>(p.request->body).script;
+  std::string context_id;
+  bool ok = co_await new_context(ctx, *sb, context_id, fail);
+  if (ok && !p.env.empty()) {
+    Exec pre;
+    ok = co_await execute(ctx, *sb, with_blob(kEnvCell, lp::b64encode(dump_json(json(p.env)))), context_id, 0ms, pre, fail);
+    if (ok && pre.error) {
+      ok = false;
+      fail.set = true;
+      fail.detail = "execution_error";
+      fail.message = "setting the environment failed in the sandbox: " + str_field(*pre.error, "name") + ": " +
+                     str_field(*pre.error, "value");
+    }
+  }
+  Exec ex;
+  if (ok) ok = co_await execute(ctx, *sb, script, context_id, 0ms, ex, fail);
+  printed.out = join(ex.out);
+  printed.err = join(ex.err);
+  if (!ok) co_return false;
+  // What the kernel reported; the pipeline shapes it (shape_cell).
+  CellOutcome& cell = out.cell.emplace();
+  if (ex.main_result) cell.main_result = str_field(*ex.main_result, "text");
+  cell.out = ex.out;
+  cell.err = ex.err;
+  if (ex.error)
+    cell.error = CellOutcome::Raised{str_field(*ex.error, "name"), str_field(*ex.error, "value"),
+                                     str_field(*ex.error, "traceback")};
+  out.run.reason = isolate::EndReason::Exited;
+  out.run.stdout_total_bytes = ex.out_bytes;
+  out.run.stderr_total_bytes = ex.err_bytes;
+  out.record = base_record();
+  out.record["exit_code"] = ex.error ? 1 : 0;
+  out.record["stdout_bytes"] = ex.out_bytes;
+  out.record["stderr_bytes"] = ex.err_bytes;
+  if (ex.display_results) out.record["display_results"] = ex.display_results;
+  // The kernel (and the variables the script left in it) goes away; if
+  // that fails, the whole sandbox does.
+  if (!co_await delete_context(ctx, *sb, context_id)) {
+    fail.kill = true;
+    fail.message = "the kernel context could not be deleted";
+    release(sb, true, "its kernel context could not be deleted");
+    sb = nullptr;
+  }
+  co_return true;
+}
+
+void E2BBackend::record_failure(const RunCtx& ctx, Fail& fail, BackendRun& out, const Printed& printed) const {
+  if (!fail.set) {
+    fail.set = true;
+    fail.detail = "internal";
+    fail.message = "the run failed for an unknown reason";
+  }
+  isolate::RunResult& run = out.run;
+  run.stdout_data = printed.out;
+  run.stderr_data = printed.err;
+  run.stdout_total_bytes = printed.out.size();
+  run.stderr_total_bytes = printed.err.size();
+  run.wall = Clock::now() - ctx.t0;
+  if (fail.end_reason == "timeout" || fail.end_reason == "cancelled" || fail.end_reason == "output_limit") {
+    // Shaped by the pipeline, as a local run that ended so.
+    run.reason = fail.end_reason == "timeout"     ? isolate::EndReason::Timeout
+                 : fail.end_reason == "cancelled" ? isolate::EndReason::Cancelled
+                                                  : isolate::EndReason::OutputLimit;
+    if (run.reason == isolate::EndReason::OutputLimit) {
+      run.stdout_truncated = printed.out.size() >= ctx.stdout_cap;
+      run.stderr_truncated = printed.err.size() >= ctx.stderr_cap;
+    }
+    out.record["error"] = fail.message;
+    return;
+  }
+  // backend_error / setup_failed: Letta's manager would report the
+  // exception the E2B SDK raised (ToolExecutionManager, Letta's
+  // letta/services/tool_executor/tool_execution_manager.py).
+  run.reason = isolate::EndReason::Exited;
+  out.end_reason = fail.end_reason;
+  out.record["exit_code"] = nullptr;
+  out.record["detail"] = fail.detail;
+  out.record["error"] = fail.message;
+  if (fail.end_reason == "setup_failed") {
+    out.record["setup_stage"] = "pip-install";
+    out.record["setup_errno"] = 0;
+  }
+  out.failure = RunFailure{fail.exc_name, fail.message};
+}
+
+asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
+  const protocol::CommonRunFields& c = *p.common;
+  BackendRun out;
+  auto refuse = [&](ErrorCode code, const std::string& msg) {
+    out.refused = Refusal{code, msg};
+    return std::move(out);
+  };
+  if (stopping_) co_return refuse(ErrorCode::Unavailable, "the daemon is shutting down");
+  if (api_key_.empty()) co_return refuse(ErrorCode::Unavailable, "E2B is configured but its API key is not loaded");
+
+  // Everything is checked before any call to E2B. The policy decided which
+  // environment names the request may set (prepare_run); its fixed values
+  // describe the local sandbox's file system and are not sent: the tool
+  // gets a minimal base plus the request's (docs/E2B.md). The requirements
+  // were checked there too.
+  json spec = json::object();
+  if (p.tool_mode) {
+    std::string source;
+    json package;
+    if (std::string why = read_runner(p.runner_path, source, package); !why.empty())
+      co_return refuse(ErrorCode::Internal, why);
+    spec = {{"runner", std::move(source)}, {"package", std::move(package)}};
+  }
+  std::string config_state;
+  if (p.fingerprint) {
+    config_state = *p.fingerprint;
+  } else {
+    auto fp = lp::sandbox_config_fingerprint("e2b", c.organization_id, json::object());
+    if (!fp.ok()) co_return refuse(ErrorCode::BadRequest, "organization_id: " + fp.error().message);
+    config_state = *fp;
+  }
+  RunCtx ctx = run_context(p, config_state);
 
   ++in_flight_;
   running_.insert(ctx.cancel);
@@ -1001,7 +1147,6 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   });
 
   const std::string run_id = random_hex(8);
-
   Fail fail;
   bool busy = false;
   auto sb = co_await acquire(ctx, fail, busy);
@@ -1010,152 +1155,22 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
     co_return refuse(ErrorCode::Busy, "all " + std::to_string(cfg_.max_sandboxes) +
                                           " E2B sandboxes of this daemon are in use; retry later");
   }
-
   const std::string sandbox_id = sb ? sb->id : "";
-  std::string out_text, err_text;  // what the tool printed, for failures
+  Printed printed;  // what the tool printed, for failures
   bool ok = sb != nullptr;
-  if (ok) {
-    for (const auto& r : reqs) {
-      if (sb->installed.count(r)) continue;
-      if (!(ok = co_await pip_install(ctx, *sb, r, fail))) break;
-    }
+  // The run's requirements, installed by pip in the sandbox, each once.
+  for (const auto& r : p.requirements.items) {
+    if (!ok || sb->installed.count(r.text())) continue;
+    ok = co_await pip_install(ctx, *sb, r.text(), fail);
   }
   out.run.run_id = run_id;
-  if (ok && tool_mode) {
-    const std::string beat = "<<TSB-HB-" + random_hex(8) + ">>";
-    json spec = {{"runner", runner_src},
-                 {"package", std::move(runner_package)},
-                 {"request", std::move(p.runner_request)},
-                 {"env", env},
-                 {"timeout", ctx.timeout_s},
-                 {"heartbeat", kHeartbeatSeconds},
-                 {"beat", beat}};
-    Exec ex;
-    ok = co_await execute(ctx, *sb, e2b_tool_cell(lp::b64encode(dump_json(spec))), "", kToolStall, ex, fail);
-    out_text = join(ex.out);
-    err_text = join(ex.err);
-    erase_all(err_text, beat);
-    if (ok && ex.error) {
-      ok = false;
-      fail.set = true;
-      fail.detail = "execution_error";
-      fail.exc_name = str_field(*ex.error, "name", "SandboxException");
-      fail.message = "the fixed cell failed in the sandbox: " + str_field(*ex.error, "name") + ": " + str_field(*ex.error, "value");
-      std::string tb = str_field(*ex.error, "traceback");
-      if (!tb.empty()) err_text += (err_text.empty() || err_text.back() == '\n' ? "" : "\n") + tb;
-    }
-    int rc = 0;
-    if (ok) {
-      std::string text = ex.main_result ? str_field(*ex.main_result, "text") : "";
-      char* end = nullptr;
-      long v = text.empty() ? 0 : std::strtol(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || v < -255 || v > 255) {
-        ok = false;
-        fail.set = true;
-        fail.detail = "bad_response";
-        fail.message = "the fixed cell returned no exit status";
-      } else {
-        rc = static_cast<int>(v);
-      }
-    }
-    if (ok) {
-      // The pipeline shapes it as it shapes a local run.
-      out.run.reason = rc < 0 ? isolate::EndReason::Signaled : isolate::EndReason::Exited;
-      out.run.exit_code = rc < 0 ? -1 : rc;
-      out.run.signal = rc < 0 ? -rc : 0;
-      out.run.stdout_data = out_text;
-      out.run.stderr_data = err_text;
-      out.run.stdout_total_bytes = out_text.size();
-      out.run.stderr_total_bytes = err_text.size();
-      out.run.wall = Clock::now() - ctx.t0;
-    }
-  } else if (ok) {
-    const std::string& script = std::get<protocol::ExecuteRequest>(req.body).script;
-    std::string context_id;
-    ok = co_await new_context(ctx, *sb, context_id, fail);
-    if (ok && !env.empty()) {
-      Exec pre;
-      ok = co_await execute(ctx, *sb, with_blob(kEnvCell, lp::b64encode(dump_json(json(env)))), context_id, 0ms, pre, fail);
-      if (ok && pre.error) {
-        ok = false;
-        fail.set = true;
-        fail.detail = "execution_error";
-        fail.message = "setting the environment failed in the sandbox: " + str_field(*pre.error, "name") + ": " +
-                       str_field(*pre.error, "value");
-      }
-    }
-    Exec ex;
-    if (ok) ok = co_await execute(ctx, *sb, script, context_id, 0ms, ex, fail);
-    out_text = join(ex.out);
-    err_text = join(ex.err);
-    if (ok) {
-      CellOutcome& cell = out.cell.emplace();
-      if (ex.main_result) cell.main_result = str_field(*ex.main_result, "text");
-      cell.out = ex.out;
-      cell.err = ex.err;
-      if (ex.error)
-        cell.error = CellOutcome::Raised{str_field(*ex.error, "name"), str_field(*ex.error, "value"),
-                                         str_field(*ex.error, "traceback")};
-      out.run.reason = isolate::EndReason::Exited;
-      out.run.stdout_total_bytes = ex.out_bytes;
-      out.run.stderr_total_bytes = ex.err_bytes;
-      out.record = base_record();
-      out.record["exit_code"] = ex.error ? 1 : 0;
-      out.record["stdout_bytes"] = ex.out_bytes;
-      out.record["stderr_bytes"] = ex.err_bytes;
-      if (ex.display_results) out.record["display_results"] = ex.display_results;
-      // The kernel (and the variables the script left in it) goes away; if
-      // that fails, the whole sandbox does.
-      if (!co_await delete_context(ctx, *sb, context_id)) {
-        fail.kill = true;
-        fail.message = "the kernel context could not be deleted";
-        release(sb, true, "its kernel context could not be deleted");
-        sb = nullptr;
-      }
-    }
-  }
-
+  if (ok) ok = p.tool_mode ? co_await run_tool_cell(ctx, *sb, p, std::move(spec), out, fail, printed)
+                           : co_await run_script_cell(ctx, sb, p, out, fail, printed);
   if (!ok) {
-    if (!fail.set) {
-      fail.set = true;
-      fail.detail = "internal";
-      fail.message = "the run failed for an unknown reason";
-    }
-    isolate::RunResult& run = out.run;
-    run.stdout_data = out_text;
-    run.stderr_data = err_text;
-    run.stdout_total_bytes = out_text.size();
-    run.stderr_total_bytes = err_text.size();
-    run.wall = Clock::now() - ctx.t0;
-    if (fail.end_reason == "timeout" || fail.end_reason == "cancelled" || fail.end_reason == "output_limit") {
-      // Shaped by the pipeline, as a local run that ended so.
-      run.reason = fail.end_reason == "timeout"     ? isolate::EndReason::Timeout
-                   : fail.end_reason == "cancelled" ? isolate::EndReason::Cancelled
-                                                    : isolate::EndReason::OutputLimit;
-      if (run.reason == isolate::EndReason::OutputLimit) {
-        run.stdout_truncated = out_text.size() >= ctx.stdout_cap;
-        run.stderr_truncated = err_text.size() >= ctx.stderr_cap;
-      }
-      out.record["error"] = fail.message;
-    } else {
-      // backend_error / setup_failed: Letta's manager would report the
-      // exception the E2B SDK raised (ToolExecutionManager, Letta's
-      // letta/services/tool_executor/tool_execution_manager.py).
-      run.reason = isolate::EndReason::Exited;
-      out.end_reason = fail.end_reason;
-      out.record["exit_code"] = nullptr;
-      out.record["detail"] = fail.detail;
-      out.record["error"] = fail.message;
-      if (fail.end_reason == "setup_failed") {
-        out.record["setup_stage"] = "pip-install";
-        out.record["setup_errno"] = 0;
-      }
-      out.failure = RunFailure{fail.exc_name, fail.message};
-    }
+    record_failure(ctx, fail, out, printed);
     spdlog::warn("e2b: run {} ({}): {}{}: {}", run_id, q(c.tool_name), fail.end_reason,
                  fail.detail.empty() ? "" : "/" + fail.detail, redact(fail.message));
   }
-
   if (sb) {
     if (!ok && fail.kill) release(sb, true, "the run ended with " + fail.end_reason + (fail.detail.empty() ? "" : "/" + fail.detail));
     else release(sb, false, "");

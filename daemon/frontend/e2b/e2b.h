@@ -115,6 +115,19 @@ class E2BBackend final : public RunBackend {
                                 std::chrono::milliseconds stall, Exec& ex, Fail& fail);
 
   Fail fail_from_http(const RunCtx& ctx, const http::Response& r, std::string_view what, bool data_plane) const;
+
+  // The steps of run(): the run's context; its execution in tool mode (the
+  // fixed tool cell, `spec` holding the runner) or script mode (the script
+  // in a fresh kernel context); what a failure leaves in the record.
+  struct Printed {
+    std::string out, err;  // what the tool printed
+  };
+  RunCtx run_context(const PreparedRun& p, const std::string& config_state) const;
+  asio::awaitable<bool> run_tool_cell(RunCtx& ctx, Sandbox& sb, PreparedRun& p, nlohmann::json spec, BackendRun& out,
+                                      Fail& fail, Printed& printed);
+  asio::awaitable<bool> run_script_cell(RunCtx& ctx, std::shared_ptr<Sandbox>& sb, PreparedRun& p, BackendRun& out,
+                                        Fail& fail, Printed& printed);
+  void record_failure(const RunCtx& ctx, Fail& fail, BackendRun& out, const Printed& printed) const;
   void release(const std::shared_ptr<Sandbox>& sb, bool kill, std::string_view why);
   void kill_later(std::string sandbox_id, std::string why);
 

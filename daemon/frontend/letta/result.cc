@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <variant>
 
 #include "daemon/policy/units.h"
 #include "protocol/json_scan.h"
@@ -159,212 +160,240 @@ std::string python_float_str(double v) {
   return std::to_string(v);
 }
 
-Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run, const DecodedPickle* decoded,
-                         const ChannelOutcome* channel) {
+namespace {
+
+// One shaping in progress: the run, what shapes it, and the result being
+// made (an error until a step says otherwise). Each step below ends in one
+// of the answers here, or in its own.
+struct Shaping {
+  const ShapeContext& ctx;
+  const isolate::RunResult& run;
   Shaped out;
-  json& r = out.result;
-  const std::string& name = ctx.tool_name;
-  r = tool_execution_result(ctx);
 
-  // Runs that did not end on their own: Letta raises in these cases and its
-  // manager reports get_friendly_error_msg(name, type(e).__name__, str(e)).
-  auto fail = [&](const std::string& exc, const std::string& msg) {
-    r["func_return"] = lp::friendly_error_msg(name, exc, msg);
-    r["stdout"] = as_list(run.stdout_data);
-    json err = as_list(run.stderr_data);
-    err.push_back(exc + ": " + msg);
-    r["stderr"] = err;
-  };
-  switch (run.reason) {
-    case EndReason::SetupFailed:
-      fail("SandboxError", run.error.empty() ? "the sandbox could not be built" : run.error);
-      return out;
-    case EndReason::Timeout:
-      fail("TimeoutError", "Executing tool " + name + " timed out after " + python_float_str(ctx.timeout_s) + " seconds.");
-      return out;
-    case EndReason::CpuLimit:
-      fail("TimeoutError", "Executing tool " + name + " used up its CPU time limit.");
-      return out;
-    case EndReason::MemoryLimit:
-      fail("MemoryError", "Executing tool " + name + " exceeded the memory limit" +
-                              (ctx.memory_limit ? " of " + format_size(ctx.memory_limit) : std::string()) + ".");
-      return out;
-    case EndReason::OutputLimit:
-      fail("RuntimeError", "Executing tool " + name + " produced more output than allowed.");
-      return out;
-    case EndReason::Cancelled:
-      fail("CancelledError", "Execution cancelled.");
-      return out;
-    case EndReason::PidsLimit:
-      if (run.exit_code != 0) {
-        r["func_return"] = failure_from_stderr(name, run.stderr_data, "RuntimeError",
-                                               "Executing tool " + name + " hit the process limit" +
-                                                   (ctx.pids_limit ? " of " + std::to_string(ctx.pids_limit) : std::string()) + ".");
-        r["stdout"] = as_list(run.stdout_data);
-        r["stderr"] = as_list(run.stderr_data);
-        return out;
-      }
-      break;
-    case EndReason::Exited:
-    case EndReason::Signaled:
-      break;
-  }
-
+  json& r() { return out.result; }
+  const std::string& name() const { return ctx.tool_name; }
+  bool success_exit() const { return run.reason == EndReason::Exited && run.exit_code == 0; }
   // Letta decodes stderr, then stdout without its frame, as strict UTF-8;
   // invalid bytes raise UnicodeDecodeError there, which its sandbox answers
-  // as an internal error: status "error", no stdout, the message as stderr.
-  const bool letta_strict_utf8 = ctx.tool_mode || ctx.generation == lp::ScriptGeneration::kCurrent;
-  const auto decode_failure = [&](const std::string& message) {
-    r["func_return"] = lp::friendly_error_msg(name, "UnicodeDecodeError", message);
-    r["stdout"] = json::array({""});
-    r["stderr"] = json::array({message});
-    out.extra["utf8_error"] = message;
-    return out;
-  };
-  if (letta_strict_utf8)
-    if (auto e = lp::python_utf8_decode_error(run.stderr_data)) return decode_failure(*e);
+  // as an internal error.
+  bool strict_utf8() const { return ctx.tool_mode || ctx.generation == lp::ScriptGeneration::kCurrent; }
+  // What a run killed by a signal and without a result is said to have raised.
+  std::string fallback_name() const { return run.reason == EndReason::Signaled ? "RuntimeError" : ""; }
+  std::string fallback_msg() const { return run.reason == EndReason::Signaled ? signal_text(run.signal) : ""; }
 
-  const bool success_exit = run.reason == EndReason::Exited && run.exit_code == 0;
-  const std::string fallback_name = run.reason == EndReason::Signaled ? "RuntimeError" : "";
-  const std::string fallback_msg = run.reason == EndReason::Signaled ? signal_text(run.signal) : "";
-
-  if (!ctx.tool_mode) {
-    lp::ParsedOutput p = lp::parse_letta_stdout(run.stdout_data, ctx.generation);
-    out.extra["framing"] = std::string(lp::framing_name(p.framing));
-    if (p.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
-    // Letta decodes the stdout around a frame whose md5 matched before it
-    // parses the payload: there the decode error comes first.
-    if (letta_strict_utf8 && p.corrupted && p.frame_verified && p.stdout_decode_error)
-      return decode_failure(*p.stdout_decode_error);
-    if (p.corrupted) {
-      // Letta's "internal error" shape (local_sandbox.py:233-251).
-      r["func_return"] = lp::friendly_error_msg(name, p.error_name, p.error_message);
-      // Letta raises before it has any stdout text: [""]. For scripts of
-      // neither generation the output is kept.
-      r["stdout"] = json::array({letta_strict_utf8 ? std::string() : p.stdout_text});
-      r["stderr"] = json::array({p.error_message});
-      return out;
-    }
-    if (letta_strict_utf8 && p.stdout_decode_error) return decode_failure(*p.stdout_decode_error);
-    if (p.opaque_pickle) {
-      out.extra["opaque_pickle"] = true;
-      r["stdout"] = as_list(p.stdout_text);
-      r["stderr"] = as_list(run.stderr_data);
-      const lp::NonceFrame* f = decoded && decoded->frame ? &*decoded->frame : nullptr;
-      if (f && !f->error) {
-        // What letta-server's pickle.loads gave it, as plain data.
-        out.extra["pickle_decoded"] = true;
-        r["status"] = success_exit ? "success" : "error";
-        r["func_return"] = f->results;
-        r["agent_state"] = f->agent_state;
-        out.func_return_text = f->results_text;
-        if (!f->agent_state.is_null()) out.agent_state_text = f->agent_state_text;
-        return out;
-      }
-      out.extra["payload_base64"] = p.opaque_payload_base64;
-      if (ctx.json_result_script) {
-        // A JSON generator's frame that holds no JSON was written by the
-        // tool: Letta's parser raises decoding it (its internal-error shape).
-        auto raw = lp::b64decode_validate(p.opaque_payload_base64);
-        auto utf8 = raw.ok() ? lp::python_utf8_decode_error(*raw) : std::nullopt;
-        const std::string exc = utf8 ? "UnicodeDecodeError" : "JSONDecodeError";
-        const std::string msg = utf8 ? *utf8 : "the result frame's payload is not JSON";
-        r["func_return"] = lp::friendly_error_msg(name, exc, msg);
-        r["stdout"] = json::array({p.stdout_text});
-        r["stderr"] = json::array({msg});
-        out.extra["pickle_error"] = exc + ": " + msg;
-        return out;
-      }
-      if (f) {
-        // pickle.loads (or the server's result["results"]) raised this:
-        // Letta's manager reports the exception.
-        out.extra["pickle_error"] = f->error->name + ": " + f->error->message;
-        r["func_return"] = lp::friendly_error_msg(name, f->error->name, f->error->message);
-        r["stderr"].push_back(f->error->name + ": " + f->error->message);
-        return out;
-      }
-      const std::string why = decoded ? "the pickle payload could not be decoded: " + decoded->failure
-                                       : "the result is a pickle payload, which toolsandboxd decodes only in a local sandbox";
-      if (decoded) out.extra["pickle_error"] = decoded->failure;
-      r["func_return"] = lp::friendly_error_msg(name, "Exception", why);
-      return out;
-    }
-    r["stdout"] = as_list(p.stdout_text);
-    r["stderr"] = as_list(run.stderr_data);
-    r["status"] = success_exit ? "success" : "error";
-    if (p.usable()) {
-      r["func_return"] = p.results;
-      r["agent_state"] = p.agent_state;
-      out.func_return_text = p.results_text;
-      if (!p.agent_state.is_null()) out.agent_state_text = p.agent_state_text;
-    }
-    if (!success_exit && !p.found()) r["func_return"] = failure_from_stderr(name, run.stderr_data, fallback_name, fallback_msg);
+  // A run that did not end on its own: Letta raises, and its manager
+  // reports get_friendly_error_msg(name, type(e).__name__, str(e)).
+  Shaped raised(const std::string& exc, const std::string& msg) {
+    r()["func_return"] = lp::friendly_error_msg(name(), exc, msg);
+    r()["stdout"] = as_list(run.stdout_data);
+    json err = as_list(run.stderr_data);
+    err.push_back(exc + ": " + msg);
+    r()["stderr"] = err;
     return out;
   }
-
-  // Tool mode: the runner's result, from its channel or from the frame
-  // carrying this run's nonce; nothing on stdout counts in the first case,
-  // nothing but that frame in the second.
-  const auto corrupted = [&](const std::string& why) {
-    r["func_return"] = lp::friendly_error_msg(name, "Exception", std::string(lp::kCorruptedOutputMessage));
-    r["stdout"] = json::array({run.stdout_data});
-    r["stderr"] = json::array({why});
+  // Undecodable output: status "error", no stdout, the message as stderr.
+  Shaped decode_failure(const std::string& message) {
+    r()["func_return"] = lp::friendly_error_msg(name(), "UnicodeDecodeError", message);
+    r()["stdout"] = json::array({""});
+    r()["stderr"] = json::array({message});
+    out.extra["utf8_error"] = message;
+    return out;
+  }
+  // Tool mode: what claims to be the runner's result is not.
+  Shaped corrupted(const std::string& why) {
+    r()["func_return"] = lp::friendly_error_msg(name(), "Exception", std::string(lp::kCorruptedOutputMessage));
+    r()["stdout"] = json::array({run.stdout_data});
+    r()["stderr"] = json::array({why});
     out.extra["frame_error"] = why;
     return out;
-  };
-  // The runner never sent its result: it was killed, the tool killed it or
-  // ended its process first.
-  const auto no_result = [&]() {
+  }
+  // Tool mode: the runner never sent its result (it was killed, or the tool
+  // killed it or ended its process first).
+  Shaped no_result(const ChannelOutcome* channel) {
     if (auto e = lp::python_utf8_decode_error(run.stdout_data)) return decode_failure(*e);
-    r["stdout"] = as_list(run.stdout_data);
-    r["stderr"] = as_list(run.stderr_data);
-    if (ctx.channel && success_exit && channel && channel->declared) {
+    r()["stdout"] = as_list(run.stdout_data);
+    r()["stderr"] = as_list(run.stderr_data);
+    if (ctx.channel && success_exit() && channel && channel->declared) {
       // Status 0 with no result (os._exit(0) in the tool): Letta's script
       // ended with status 0 before writing one, a success returning None.
-      r["status"] = "success";
+      r()["status"] = "success";
       return out;
     }
-    std::string why = fallback_msg;
+    std::string why = fallback_msg();
     if (why.empty())
       why = ctx.channel && run.reason == EndReason::Exited
                 ? "the tool's process exited with status " + std::to_string(run.exit_code) + " before returning a result"
                 : "the tool ended without returning a result";
-    r["func_return"] = failure_from_stderr(name, run.stderr_data, fallback_name.empty() ? "RuntimeError" : fallback_name, why);
+    r()["func_return"] =
+        failure_from_stderr(name(), run.stderr_data, fallback_name().empty() ? "RuntimeError" : fallback_name(), why);
     return out;
-  };
-  lp::NonceFrame f;
-  if (ctx.channel) {
-    out.extra["framing"] = "channel";
-    if (!channel || !channel->declared || channel->result_total == 0) return no_result();
-    if (channel->result_total > ctx.result_cap) {
-      // As a print of that size would: the run ends in error, here with its
-      // output intact.
-      r["func_return"] = lp::friendly_error_msg(name, "RuntimeError", "the tool's result of " +
-                                                    std::to_string(channel->result_total) + " bytes is larger than the "
-                                                    "policy's limit of " + format_size(ctx.result_cap) + " (limits.stdout)");
-      r["stdout"] = as_list(run.stdout_data);
-      r["stderr"] = as_list(run.stderr_data);
-      out.extra["result_bytes"] = channel->result_total;
-      return out;
-    }
-    auto parsed = lp::parse_channel_result(channel->result, run.stdout_data);
-    if (!parsed.ok()) return corrupted(parsed.error().message);
-    f = std::move(parsed).value();
-    if (!*channel->declared && !f.agent_state.is_null())
-      return corrupted("runner result: an agent_state from a function that does not declare agent_state");
-  } else {
-    out.extra["framing"] = "nonce";
-    auto frame = lp::extract_nonce_frame(run.stdout_data, ctx.nonce);
-    if (!frame.ok()) return corrupted(frame.error().message);
-    if (!frame->has_value()) return no_result();
-    f = std::move(**frame);
-    if (!ctx.may_declare && !f.agent_state.is_null())
-      return corrupted("runner result: an agent_state from a function that does not declare agent_state");
   }
+};
+
+// The run was stopped (a limit, a timeout, a set-up failure, the client):
+// the exception Letta raises for it. Nothing when it ended on its own.
+std::optional<Shaped> shape_stopped(Shaping& s) {
+  const std::string& name = s.name();
+  const ShapeContext& ctx = s.ctx;
+  switch (s.run.reason) {
+    case EndReason::SetupFailed:
+      return s.raised("SandboxError", s.run.error.empty() ? "the sandbox could not be built" : s.run.error);
+    case EndReason::Timeout:
+      return s.raised("TimeoutError",
+                      "Executing tool " + name + " timed out after " + python_float_str(ctx.timeout_s) + " seconds.");
+    case EndReason::CpuLimit: return s.raised("TimeoutError", "Executing tool " + name + " used up its CPU time limit.");
+    case EndReason::MemoryLimit:
+      return s.raised("MemoryError", "Executing tool " + name + " exceeded the memory limit" +
+                                         (ctx.memory_limit ? " of " + format_size(ctx.memory_limit) : std::string()) + ".");
+    case EndReason::OutputLimit:
+      return s.raised("RuntimeError", "Executing tool " + name + " produced more output than allowed.");
+    case EndReason::Cancelled: return s.raised("CancelledError", "Execution cancelled.");
+    case EndReason::PidsLimit:
+      if (s.run.exit_code == 0) break;
+      s.r()["func_return"] =
+          failure_from_stderr(name, s.run.stderr_data, "RuntimeError",
+                              "Executing tool " + name + " hit the process limit" +
+                                  (ctx.pids_limit ? " of " + std::to_string(ctx.pids_limit) : std::string()) + ".");
+      s.r()["stdout"] = as_list(s.run.stdout_data);
+      s.r()["stderr"] = as_list(s.run.stderr_data);
+      return s.out;
+    case EndReason::Exited:
+    case EndReason::Signaled: break;
+  }
+  return std::nullopt;
+}
+
+// Script mode, a pickle payload (a script Letta generated before JSON):
+// its decoding by the runner in a sandbox of its own, when there is one.
+Shaped shape_pickle(Shaping& s, const lp::ParsedOutput& p, const DecodedPickle* decoded) {
+  json& r = s.r();
+  Shaped& out = s.out;
+  out.extra["opaque_pickle"] = true;
+  r["stdout"] = as_list(p.stdout_text);
+  r["stderr"] = as_list(s.run.stderr_data);
+  const lp::NonceFrame* f = decoded && decoded->frame ? &*decoded->frame : nullptr;
+  if (f && !f->error) {
+    // What letta-server's pickle.loads gave it, as plain data.
+    out.extra["pickle_decoded"] = true;
+    r["status"] = s.success_exit() ? "success" : "error";
+    r["func_return"] = f->results;
+    r["agent_state"] = f->agent_state;
+    out.func_return_text = f->results_text;
+    if (!f->agent_state.is_null()) out.agent_state_text = f->agent_state_text;
+    return out;
+  }
+  out.extra["payload_base64"] = p.opaque_payload_base64;
+  if (s.ctx.json_result_script) {
+    // A JSON generator's frame that holds no JSON was written by the
+    // tool: Letta's parser raises decoding it (its internal-error shape).
+    auto raw = lp::b64decode_validate(p.opaque_payload_base64);
+    auto utf8 = raw.ok() ? lp::python_utf8_decode_error(*raw) : std::nullopt;
+    const std::string exc = utf8 ? "UnicodeDecodeError" : "JSONDecodeError";
+    const std::string msg = utf8 ? *utf8 : "the result frame's payload is not JSON";
+    r["func_return"] = lp::friendly_error_msg(s.name(), exc, msg);
+    r["stdout"] = json::array({p.stdout_text});
+    r["stderr"] = json::array({msg});
+    out.extra["pickle_error"] = exc + ": " + msg;
+    return out;
+  }
+  if (f) {
+    // pickle.loads (or the server's result["results"]) raised this:
+    // Letta's manager reports the exception.
+    out.extra["pickle_error"] = f->error->name + ": " + f->error->message;
+    r["func_return"] = lp::friendly_error_msg(s.name(), f->error->name, f->error->message);
+    r["stderr"].push_back(f->error->name + ": " + f->error->message);
+    return out;
+  }
+  const std::string why = decoded ? "the pickle payload could not be decoded: " + decoded->failure
+                                  : "the result is a pickle payload, which toolsandboxd decodes only in a local sandbox";
+  if (decoded) out.extra["pickle_error"] = decoded->failure;
+  r["func_return"] = lp::friendly_error_msg(s.name(), "Exception", why);
+  return out;
+}
+
+// Script mode: the result in Letta's frame on stdout, read by the parser
+// of the script's generation.
+Shaped shape_script(Shaping& s, const DecodedPickle* decoded) {
+  json& r = s.r();
+  Shaped& out = s.out;
+  lp::ParsedOutput p = lp::parse_letta_stdout(s.run.stdout_data, s.ctx.generation);
+  out.extra["framing"] = std::string(lp::framing_name(p.framing));
+  if (p.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
+  // Letta decodes the stdout around a frame whose md5 matched before it
+  // parses the payload: there the decode error comes first.
+  if (s.strict_utf8() && p.corrupted && p.frame_verified && p.stdout_decode_error)
+    return s.decode_failure(*p.stdout_decode_error);
+  if (p.corrupted) {
+    // Letta's "internal error" shape (local_sandbox.py:233-251).
+    r["func_return"] = lp::friendly_error_msg(s.name(), p.error_name, p.error_message);
+    // Letta raises before it has any stdout text: [""]. For scripts of
+    // neither generation the output is kept.
+    r["stdout"] = json::array({s.strict_utf8() ? std::string() : p.stdout_text});
+    r["stderr"] = json::array({p.error_message});
+    return out;
+  }
+  if (s.strict_utf8() && p.stdout_decode_error) return s.decode_failure(*p.stdout_decode_error);
+  if (p.opaque_pickle) return shape_pickle(s, p, decoded);
+  r["stdout"] = as_list(p.stdout_text);
+  r["stderr"] = as_list(s.run.stderr_data);
+  r["status"] = s.success_exit() ? "success" : "error";
+  if (p.usable()) {
+    r["func_return"] = p.results;
+    r["agent_state"] = p.agent_state;
+    out.func_return_text = p.results_text;
+    if (!p.agent_state.is_null()) out.agent_state_text = p.agent_state_text;
+  }
+  if (!s.success_exit() && !p.found())
+    r["func_return"] = failure_from_stderr(s.name(), s.run.stderr_data, s.fallback_name(), s.fallback_msg());
+  return out;
+}
+
+// Tool mode: the runner's frame, from its channel (a local sandbox) or the
+// one on stdout carrying this run's nonce (an E2B cell); nothing on stdout
+// counts in the first case, nothing but that frame in the second. An
+// answer instead when there is no usable frame.
+std::variant<lp::NonceFrame, Shaped> runner_frame(Shaping& s, const ChannelOutcome* channel) {
+  const ShapeContext& ctx = s.ctx;
+  constexpr const char* kUndeclared = "runner result: an agent_state from a function that does not declare agent_state";
+  if (!ctx.channel) {
+    s.out.extra["framing"] = "nonce";
+    auto frame = lp::extract_nonce_frame(s.run.stdout_data, ctx.nonce);
+    if (!frame.ok()) return s.corrupted(frame.error().message);
+    if (!frame->has_value()) return s.no_result(channel);
+    if (!ctx.may_declare && !(*frame)->agent_state.is_null()) return s.corrupted(kUndeclared);
+    return std::move(**frame);
+  }
+  s.out.extra["framing"] = "channel";
+  if (!channel || !channel->declared || channel->result_total == 0) return s.no_result(channel);
+  if (channel->result_total > ctx.result_cap) {
+    // As a print of that size would: the run ends in error, here with its
+    // output intact.
+    s.r()["func_return"] = lp::friendly_error_msg(s.name(), "RuntimeError",
+                                                  "the tool's result of " + std::to_string(channel->result_total) +
+                                                      " bytes is larger than the policy's limit of " +
+                                                      format_size(ctx.result_cap) + " (limits.stdout)");
+    s.r()["stdout"] = as_list(s.run.stdout_data);
+    s.r()["stderr"] = as_list(s.run.stderr_data);
+    s.out.extra["result_bytes"] = channel->result_total;
+    return s.out;
+  }
+  auto parsed = lp::parse_channel_result(channel->result, s.run.stdout_data);
+  if (!parsed.ok()) return s.corrupted(parsed.error().message);
+  if (!*channel->declared && !parsed->agent_state.is_null()) return s.corrupted(kUndeclared);
+  return std::move(parsed).value();
+}
+
+// Tool mode: what the runner's frame says the tool did.
+Shaped shape_runner(Shaping& s, const ChannelOutcome* channel) {
+  auto read = runner_frame(s, channel);
+  if (Shaped* answered = std::get_if<Shaped>(&read)) return std::move(*answered);
+  lp::NonceFrame& f = std::get<lp::NonceFrame>(read);
+  json& r = s.r();
+  Shaped& out = s.out;
   if (f.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
-  if (f.stdout_decode_error) return decode_failure(*f.stdout_decode_error);
+  if (f.stdout_decode_error) return s.decode_failure(*f.stdout_decode_error);
   r["stdout"] = as_list(f.stdout_text);
-  r["stderr"] = as_list(run.stderr_data);
+  r["stderr"] = as_list(s.run.stderr_data);
   if (f.error) {
     out.extra["error_kind"] = f.error->kind;
     // What the tool raised is read from stderr exactly as Letta reads its
@@ -372,16 +401,29 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
     // not named ...Error, gives Letta's text); what the runner found itself
     // (a missing function, an argument not in the schema, a dead process)
     // is said as it is.
-    r["func_return"] = f.error->raised ? failure_from_stderr(name, run.stderr_data, "", "")
-                                       : lp::friendly_error_msg(name, f.error->name, f.error->message);
+    r["func_return"] = f.error->raised ? failure_from_stderr(s.name(), s.run.stderr_data, "", "")
+                                       : lp::friendly_error_msg(s.name(), f.error->name, f.error->message);
     return out;
   }
-  r["status"] = success_exit ? "success" : "error";
+  r["status"] = s.success_exit() ? "success" : "error";
   r["func_return"] = f.results;
   r["agent_state"] = f.agent_state;
   out.func_return_text = std::move(f.results_text);
   if (!f.agent_state.is_null()) out.agent_state_text = std::move(f.agent_state_text);
   return out;
+}
+
+}  // namespace
+
+Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run, const DecodedPickle* decoded,
+                         const ChannelOutcome* channel) {
+  Shaped shaped;
+  shaped.result = tool_execution_result(ctx);
+  Shaping s{ctx, run, std::move(shaped)};
+  if (auto stopped = shape_stopped(s)) return std::move(*stopped);
+  if (s.strict_utf8())
+    if (auto e = lp::python_utf8_decode_error(run.stderr_data)) return s.decode_failure(*e);
+  return ctx.tool_mode ? shape_runner(s, channel) : shape_script(s, decoded);
 }
 
 std::optional<std::string> pickle_payload_to_decode(const ShapeContext& ctx, const isolate::RunResult& run) {

@@ -434,140 +434,116 @@ RequirementRules LocalBackend::requirement_rules(const Policy& pol) const {
   return r;
 }
 
-asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
-  BackendRun out;
+std::optional<Refusal> LocalBackend::order_for(PreparedRun& p, Order& o) const {
   const Policy& pol = p.policy();
-  const protocol::CommonRunFields& c = *p.common;
-
   // What the spawner's decoder accepts (daemon/wire/wire.h); execve
   // refuses much less (128 KiB a variable) anyway.
   for (const auto& [k, v] : p.env)
-    if (k.size() > spawn::kMaxName || v.size() > spawn::kMaxValue) {
-      out.refused = Refusal{ErrorCode::BadRequest, "environment: the value of " + q(k) + " is larger than " +
-                                                       std::to_string(spawn::kMaxValue) + " bytes"};
-      co_return out;
-    }
-  spawn::RunOrder order;
-  order.policy = pol.name;
-  order.fingerprint = pol.fingerprint;
-  order.env = p.env;
-  order.timeout = p.timeout;
-  std::string stdin_data;
-  std::optional<ChannelExchange> channel;
+    if (k.size() > spawn::kMaxName || v.size() > spawn::kMaxValue)
+      return Refusal{ErrorCode::BadRequest, "environment: the value of " + q(k) + " is larger than " +
+                                                std::to_string(spawn::kMaxValue) + " bytes"};
+  o.order.policy = pol.name;
+  o.order.fingerprint = pol.fingerprint;
+  o.order.env = p.env;
+  o.order.timeout = p.timeout;
   if (p.tool_mode) {
     // The runner's request and result travel on its result channel
     // (daemon/frontend/letta/letta.h); stdout and stderr are the tool's alone.
-    order.mode = spawn::RunMode::Tool;
+    o.order.mode = spawn::RunMode::Tool;
     const auto& t = std::get<protocol::RunToolRequest>(p.request->body);
-    channel = ChannelExchange{runner_channel_first(t),
-                              [&t, env = p.runner_env](bool declared) { return runner_channel_second(t, declared, env); },
-                              pol.limits.stdout_bytes};
+    o.channel = ChannelExchange{runner_channel_first(t),
+                                [&t, env = p.runner_env](bool declared) { return runner_channel_second(t, declared, env); },
+                                pol.limits.stdout_bytes};
   } else {
     // The script arrives on stdin, so no size limit of argv applies and it
-    // never touches a file system.
-    order.mode = spawn::RunMode::Script;
-    stdin_data = std::get<protocol::ExecuteRequest>(p.request->body).script;
+    // never touches a file system. Where Letta's result frame starts is kept
+    // past the output cap, so a run that prints more than the cap still
+    // returns its result (capped_output.h). A tool's result never is in
+    // its output.
+    o.order.mode = spawn::RunMode::Script;
+    o.stdin_data = std::get<protocol::ExecuteRequest>(p.request->body).script;
+    o.frame_tokens = {std::string(protocol::kBinaryMarker), std::string(protocol::kLegacyStartMarker)};
   }
   // A warm sandbox started without the request's variables: a run that sets
   // one a program reads as it starts (PYTHONPATH, LD_PRELOAD, TZ, LANG)
   // is cold. (In tool mode those that change how a program starts are the
   // tool's, runner_env, warm or cold.)
-  order.warm = std::none_of(p.env.begin(), p.env.end(), [](const auto& kv) { return read_at_start(kv.first); });
+  o.order.warm = std::none_of(p.env.begin(), p.env.end(), [](const auto& kv) { return read_at_start(kv.first); });
+  return std::nullopt;
+}
 
-  // The run's requirements (prepare_run checked them): the venv is found
-  // or built once the run holds its slot.
-  const venv::RequirementSet& reqs = p.requirements;
-  const std::string venv_key =
-      reqs.items.empty() ? "" : venv::venv_key(interpreter_id_, pol.packages.index_settings(), reqs);
-
+asio::awaitable<std::optional<Refusal>> LocalBackend::take_slot(PreparedRun& p) {
+  const protocol::CommonRunFields& c = *p.common;
   switch (co_await acquire_slot(p)) {
-    case Slot::Granted: break;
+    case Slot::Granted: co_return std::nullopt;
     case Slot::ClientGone:
       // Never started: no sandbox, no run record, no audit line of a run.
       spdlog::info("request {} of peer uid={} pid={} (org={} tool={}) dropped before it ran: the client disconnected",
                    q(p.request->id), p.peer.uid, p.peer.pid, q(c.organization_id), q(c.tool_name));
-      out.refused = Refusal{ErrorCode::Unavailable, "the client disconnected before the run started"};
-      co_return out;
+      co_return Refusal{ErrorCode::Unavailable, "the client disconnected before the run started"};
     case Slot::Busy:
-      out.refused = Refusal{ErrorCode::Busy, "too many runs in flight (" + std::to_string(in_flight_) + " running, " +
-                                                 std::to_string(waiters_.size()) + " queued); retry later"};
-      co_return out;
-    case Slot::ShuttingDown:
-      out.refused = Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
-      co_return out;
+      co_return Refusal{ErrorCode::Busy, "too many runs in flight (" + std::to_string(in_flight_) + " running, " +
+                                             std::to_string(waiters_.size()) + " queued); retry later"};
+    case Slot::ShuttingDown: break;
   }
-  // The slot goes back once the pipeline has recorded the run (or when
-  // `out` is dropped on any other path).
-  out.held = std::shared_ptr<void>(nullptr, [this](void*) { release_slot(); });
+  co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
+}
 
-  live_.insert(p.cancel);
-  // Out of live_ however the run ends (an exception too): shutdown waits
-  // for live_ to empty.
-  struct Unlive {
-    std::set<std::shared_ptr<CancelSignal>>& live;
-    const std::shared_ptr<CancelSignal>& cancel;
-    ~Unlive() { live.erase(cancel); }
-  } unlive{live_, p.cancel};
-  // The run's own venv, found or built in its slot; held until the run ends.
-  VenvOutcome venv;
-  if (!venv_key.empty()) {
-    venv = co_await venv_for(p, reqs, venv_key);
-    json requirements = json::array();
-    for (const auto& r : reqs.items) requirements.push_back(r.text());
-    out.record["venv"] = {{"key", venv_key},
-                          {"requirements", requirements},
-                          {"built", venv.built},
-                          {"build_ms", venv.build_ms},
-                          {"build_run_id", venv.build_run_id.empty() ? json() : json(venv.build_run_id)}};
-    out.audit += " venv=" + venv_key.substr(0, 16) + (venv.built ? " venv_built=yes" : "");
-    if (!venv.failure.empty()) {
-      if (venv.cancelled) {
-        out.refused = Refusal{ErrorCode::Unavailable, venv.failure};
-        co_return out;
-      }
-      // As Letta reports a failed install: the run's result is an error
-      // naming the requirements, with pip's last lines; nothing ran.
-      isolate::RunResult& run = out.run;
-      run.reason = isolate::EndReason::Exited;
-      run.exit_code = -1;
-      run.stderr_data = venv.log_tail;
-      run.stderr_total_bytes = venv.log_tail.size();
-      out.end_reason = "setup_failed";
-      out.record["exit_code"] = nullptr;
-      out.record["detail"] = "venv_build_failed";
-      out.record["error"] = venv.failure;
-      out.record["setup_stage"] = "venv-build";
-      out.record["setup_errno"] = 0;
-      out.record["venv"]["log_tail"] = venv.log_tail;
-      out.failure = RunFailure{"RuntimeError", venv.failure};
-      co_return out;
-    }
-    order.venv = venv_key;
+asio::awaitable<bool> LocalBackend::prepare_venv(PreparedRun& p, const std::string& venv_key, Order& o,
+                                                 BackendRun& out) {
+  const venv::RequirementSet& reqs = p.requirements;
+  VenvOutcome venv = co_await venv_for(p, reqs, venv_key);
+  json requirements = json::array();
+  for (const auto& r : reqs.items) requirements.push_back(r.text());
+  out.record["venv"] = {{"key", venv_key},
+                        {"requirements", requirements},
+                        {"built", venv.built},
+                        {"build_ms", venv.build_ms},
+                        {"build_run_id", venv.build_run_id.empty() ? json() : json(venv.build_run_id)}};
+  out.audit += " venv=" + venv_key.substr(0, 16) + (venv.built ? " venv_built=yes" : "");
+  if (venv.failure.empty()) {
+    o.order.venv = venv_key;
+    co_return true;
   }
+  if (venv.cancelled) {
+    out.refused = Refusal{ErrorCode::Unavailable, venv.failure};
+    co_return false;
+  }
+  // As Letta reports a failed install: the run's result is an error
+  // naming the requirements, with pip's last lines; nothing ran.
+  isolate::RunResult& run = out.run;
+  run.reason = isolate::EndReason::Exited;
+  run.exit_code = -1;
+  run.stderr_data = venv.log_tail;
+  run.stderr_total_bytes = venv.log_tail.size();
+  out.end_reason = "setup_failed";
+  out.record["exit_code"] = nullptr;
+  out.record["detail"] = "venv_build_failed";
+  out.record["error"] = venv.failure;
+  out.record["setup_stage"] = "venv-build";
+  out.record["setup_errno"] = 0;
+  out.record["venv"]["log_tail"] = venv.log_tail;
+  out.failure = RunFailure{"RuntimeError", venv.failure};
+  co_return false;
+}
 
-  // Script mode: where Letta's result frame starts, kept past the output
-  // cap, so a run that prints more than the cap still returns its result
-  // (capped_output.h). A tool's result never is in its output.
-  std::vector<std::string> frame_tokens;
-  if (!p.tool_mode) {
-    frame_tokens.emplace_back(protocol::kBinaryMarker);
-    frame_tokens.emplace_back(protocol::kLegacyStartMarker);
-  }
+asio::awaitable<void> LocalBackend::run_order(PreparedRun& p, Order o, BackendRun& out) {
+  const Policy& pol = p.policy();
   // Network egress: the run's proxy, from its Started until it ended
   // (daemon/frontend/egress/proxy.h), on any path out of here.
   std::shared_ptr<egress::RunProxy> proxy;
   if (pol.network == isolate::NetworkMode::Egress)
-    proxy = std::make_shared<egress::RunProxy>(egress_, pol.egress,
-                                               egress::RunLabels{p.request->id, c.organization_id, c.tool_name});
+    proxy = std::make_shared<egress::RunProxy>(
+        egress_, pol.egress, egress::RunLabels{p.request->id, p.common->organization_id, p.common->tool_name});
   struct StopProxy {
     const std::shared_ptr<egress::RunProxy>& proxy;
     ~StopProxy() {
       if (proxy) proxy->stop();
     }
   } stop_proxy{proxy};
-  LinkRun ran = co_await link_.run(std::move(order), std::move(stdin_data), pol.limits.stdout_bytes,
-                                   pol.limits.stderr_bytes, std::move(frame_tokens), *p.cancel, proxy.get(), {},
-                                   std::move(channel));
+  LinkRun ran = co_await link_.run(std::move(o.order), std::move(o.stdin_data), pol.limits.stdout_bytes,
+                                   pol.limits.stderr_bytes, std::move(o.frame_tokens), *p.cancel, proxy.get(), {},
+                                   std::move(o.channel));
   if (proxy) {
     proxy->stop();
     out.record["egress"] = proxy->summary();
@@ -586,7 +562,7 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
                      : rc == RefuseCode::OutOfBounds ? ErrorCode::PolicyDenied
                                                      : ErrorCode::Internal;
     out.refused = Refusal{code, ran.refused->message};
-    co_return out;
+    co_return;
   }
   out.run = std::move(ran.result);
   out.channel = std::move(ran.channel);
@@ -594,7 +570,35 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   if (ran.warm) out.audit += " warm=yes";
   if (out.run.reason == isolate::EndReason::SetupFailed && !out.run.error.empty())
     spdlog::error("run {}: {}", out.run.run_id.empty() ? "-" : out.run.run_id, out.run.error);
-  if (!p.tool_mode) co_await decode_pickle(p, out);
+}
+
+asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
+  BackendRun out;
+  Order o;
+  if ((out.refused = order_for(p, o))) co_return out;
+  // The run's requirements (prepare_run checked them): the venv is found
+  // or built once the run holds its slot.
+  const std::string venv_key = p.requirements.items.empty()
+                                   ? ""
+                                   : venv::venv_key(interpreter_id_, p.policy().packages.index_settings(), p.requirements);
+  if ((out.refused = co_await take_slot(p))) co_return out;
+  // The slot goes back once the pipeline has recorded the run (or when
+  // `out` is dropped on any other path).
+  out.held = std::shared_ptr<void>(nullptr, [this](void*) { release_slot(); });
+
+  live_.insert(p.cancel);
+  // Out of live_ however the run ends (an exception too): shutdown waits
+  // for live_ to empty.
+  struct Unlive {
+    std::set<std::shared_ptr<CancelSignal>>& live;
+    const std::shared_ptr<CancelSignal>& cancel;
+    ~Unlive() { live.erase(cancel); }
+  } unlive{live_, p.cancel};
+  // The run's own venv, found or built in its slot (held until the run
+  // ends); a build that failed is the run's answer.
+  if (!venv_key.empty() && !co_await prepare_venv(p, venv_key, o, out)) co_return out;
+  co_await run_order(p, std::move(o), out);
+  if (!out.refused && !p.tool_mode) co_await decode_pickle(p, out);
   co_return out;
 }
 

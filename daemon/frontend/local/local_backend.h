@@ -74,6 +74,21 @@ class LocalBackend final : public RunBackend {
   // runner in a second sandbox under the run's policy, in the run's slot.
   asio::awaitable<void> decode_pickle(PreparedRun& p, BackendRun& out);
 
+  // The steps of run(): the order for the spawner (refused when the
+  // request cannot be one); a run slot; the run's own venv (false: `out`
+  // is the answer); the order's run through the spawner, with its egress
+  // proxy.
+  struct Order {
+    spawn::RunOrder order;
+    std::string stdin_data;
+    std::vector<std::string> frame_tokens;
+    std::optional<ChannelExchange> channel;
+  };
+  std::optional<Refusal> order_for(PreparedRun& p, Order& o) const;
+  asio::awaitable<std::optional<Refusal>> take_slot(PreparedRun& p);
+  asio::awaitable<bool> prepare_venv(PreparedRun& p, const std::string& venv_key, Order& o, BackendRun& out);
+  asio::awaitable<void> run_order(PreparedRun& p, Order o, BackendRun& out);
+
   // A run's venv: held until the run ends, or why there is none.
   struct VenvOutcome {
     venv::Cache::Hold hold;
