@@ -704,27 +704,6 @@ void append_json_quoted(std::string& out, std::string_view utf8) {
   out += '"';
 }
 
-std::string python_json_as_strict(std::string_view text) {
-  std::string out;
-  std::size_t copied = 0;
-  JsonScanOptions o;
-  o.python_values = true;
-  o.duplicate_keys = false;
-  o.on_number = [&](std::string_view tok) {
-    if (tok.empty() || (tok.back() != 'N' && tok.back() != 'y')) return;  // NaN, [-]Infinity
-    const auto at = static_cast<std::size_t>(tok.data() - text.data());
-    out.append(text.substr(copied, at - copied));
-    out += '"';
-    out.append(tok);
-    out += '"';
-    copied = at + tok.size();
-  };
-  if (!std::holds_alternative<JsonScanned>(scan_json(text, o))) return std::string(text);
-  if (copied == 0 && out.empty()) return std::string(text);
-  out.append(text.substr(copied));
-  return out;
-}
-
 std::string json_without_whitespace(std::string_view text) {
   std::string out;
   out.reserve(text.size());

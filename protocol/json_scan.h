@@ -116,13 +116,6 @@ bool json_number_is_integer(std::string_view token);
 // True when an integer token fits in int64 (negative) or uint64.
 bool json_integer_fits_64_bits(std::string_view token);
 
-// `text`, which scan_json accepted with python_values, as RFC 8259 JSON as
-// far as numbers go: each NaN, Infinity and -Infinity token becomes the
-// string "NaN", "Infinity" or "-Infinity" (what a strict reader can take);
-// everything else, lone surrogate escapes included (the RFC's grammar allows
-// them), is copied unchanged. Text that does not scan is returned as is.
-std::string python_json_as_strict(std::string_view text);
-
 // `text`, which scan_json accepted, without the whitespace between its
 // tokens (inside strings nothing changes): a value spliced into a response
 // line can then never break that line.

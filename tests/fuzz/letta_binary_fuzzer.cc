@@ -1,4 +1,4 @@
-// Letta's binary framing (protocol::parse_letta_stdout): MARKER(16) | u32
+// Letta's binary framing (letta::parse_letta_stdout): MARKER(16) | u32
 // big-endian length | 32 hex md5 | payload, somewhere in stdout.
 //
 // Each input is parsed twice: as raw stdout (seeds: real frames, truncated
@@ -19,7 +19,7 @@
 #include "daemon/common/hash.h"
 #include "tests/fuzz/letta_common.h"
 
-namespace p = tsb::protocol;
+namespace p = tsb::letta;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto [prefix, payload, suffix] = tsb::fuzz::parse_whole_then_split(data, size);

@@ -15,7 +15,7 @@
 namespace tsb::fuzz {
 
 // What holds for any stdout.
-inline void check_parsed(const protocol::ParsedOutput& out) {
+inline void check_parsed(const letta::ParsedOutput& out) {
   TSB_FUZZ_CHECK(is_utf8(out.stdout_text), "stdout_text is not UTF-8");
   if (out.corrupted) TSB_FUZZ_CHECK(!out.error_name.empty(), "a corrupted frame without an exception name");
   (void)out.results.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -29,7 +29,7 @@ struct FrameParts {
   std::string prefix, payload, suffix;
 };
 inline FrameParts parse_whole_then_split(const std::uint8_t* data, std::size_t size) {
-  check_parsed(protocol::parse_letta_stdout(std::string_view(reinterpret_cast<const char*>(data), size)));
+  check_parsed(letta::parse_letta_stdout(std::string_view(reinterpret_cast<const char*>(data), size)));
   FuzzedDataProvider fdp(data, size);
   FrameParts parts;
   parts.prefix = fdp.ConsumeRandomLengthString(4096);

@@ -1,4 +1,4 @@
-// Letta's legacy text framing (protocol::parse_letta_stdout): stdout that
+// Letta's legacy text framing (letta::parse_letta_stdout): stdout that
 // carries START-marker + base64(payload) + END-marker somewhere.
 //
 // Each input is parsed twice: as raw stdout (the seeds are real frames and
@@ -20,7 +20,7 @@
 
 #include "tests/fuzz/letta_common.h"
 
-namespace p = tsb::protocol;
+namespace p = tsb::letta;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view raw(reinterpret_cast<const char*>(data), size);

@@ -71,13 +71,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } else if (ctx.tool_mode && with_frame) {
     const std::string payload = fdp.ConsumeRandomLengthString(1 << 14);
     out += "\n";
-    out += p::kNonceFrameStart;
+    out += tsb::letta::kNonceFrameStart;
     out += kNonce;
-    out += p::kNonceFrameClose;
-    out += p::b64encode(payload);
-    out += p::kNonceFrameEnd;
+    out += tsb::letta::kNonceFrameClose;
+    out += tsb::letta::b64encode(payload);
+    out += tsb::letta::kNonceFrameEnd;
     out += kNonce;
-    out += p::kNonceFrameClose;
+    out += tsb::letta::kNonceFrameClose;
     out += "\n";
   }
   out += fdp.ConsumeRemainingBytesAsString();

@@ -31,7 +31,7 @@
 
 #include "tests/unit/python_reference.h"
 
-namespace tsb::protocol {
+namespace tsb::letta {
 namespace {
 
 using json = nlohmann::json;
@@ -1151,4 +1151,4 @@ TEST(LettaOutput, ScriptGenerationDecidesWhichFrameCounts) {
 }
 
 }  // namespace
-}  // namespace tsb::protocol
+}  // namespace tsb::letta

@@ -152,7 +152,7 @@ TEST_F(Pipeline, FingerprintUsesTheConfigsOwnOrganization) {
   auto without = request(execute({{"sandbox_config", {{"type", "local"}, {"config", cfg}}}}));
   PreparedRun q;
   ASSERT_FALSE(prepare_run(without, Peer{}, set_, backends(false), "", q));
-  EXPECT_EQ(q.fingerprint, *protocol::sandbox_config_fingerprint("local", "org-1", cfg));
+  EXPECT_EQ(q.fingerprint, *letta::sandbox_config_fingerprint("local", "org-1", cfg));
   EXPECT_NE(q.fingerprint, p.fingerprint);
 }
 
@@ -171,7 +171,7 @@ TEST_F(Pipeline, E2BRunsUseTheE2BAlternative) {
   PreparedRun l;
   ASSERT_FALSE(prepare_run(local, Peer{}, set_, backends(false), "", l));
   EXPECT_EQ(l.placement.backend, Backend::Local);
-  EXPECT_EQ(l.fingerprint, *protocol::sandbox_config_fingerprint("local", "org-1", local_cfg));
+  EXPECT_EQ(l.fingerprint, *letta::sandbox_config_fingerprint("local", "org-1", local_cfg));
   EXPECT_EQ(l.sandbox_config->type, "local");
   EXPECT_EQ(l.env.at("API_KEY"), "local");
 
@@ -180,7 +180,7 @@ TEST_F(Pipeline, E2BRunsUseTheE2BAlternative) {
   PreparedRun r;
   ASSERT_FALSE(prepare_run(remote, Peer{}, set_, backends(true), "", r));
   EXPECT_EQ(r.placement.backend, Backend::E2B);
-  EXPECT_EQ(r.fingerprint, *protocol::sandbox_config_fingerprint("e2b", "org-9", e2b_cfg));
+  EXPECT_EQ(r.fingerprint, *letta::sandbox_config_fingerprint("e2b", "org-9", e2b_cfg));
   EXPECT_EQ(r.shape.fingerprint, r.fingerprint);
   EXPECT_EQ(r.sandbox_config->type, "e2b");
   EXPECT_EQ(r.env.at("API_KEY"), "e2b");
@@ -197,7 +197,7 @@ TEST_F(Pipeline, E2BRunsUseTheE2BAlternative) {
   auto config_only = request(execute(extra));
   PreparedRun c;
   ASSERT_FALSE(prepare_run(config_only, Peer{}, set_, backends(true), "", c));
-  EXPECT_EQ(c.fingerprint, *protocol::sandbox_config_fingerprint("e2b", "org-1", e2b_cfg));
+  EXPECT_EQ(c.fingerprint, *letta::sandbox_config_fingerprint("e2b", "org-1", e2b_cfg));
   EXPECT_EQ(c.env.at("API_KEY"), "local");
 
   // The alternative's environment goes through the policy like any other.
@@ -351,15 +351,15 @@ TEST_F(Pipeline, ExactValuesNeverBreakTheResponseLine) {
     auto req = request(execute({{"json_dialect", dialect}}));
     PreparedRun p;
     ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(false), "", p));
-    p.shape.generation = protocol::ScriptGeneration::kLegacy;
+    p.shape.generation = letta::ScriptGeneration::kLegacy;
     const std::string payload =
         "{\n  \"results\": [1,\n{\"v\":1,\"id\":\"next\",\"ok\":true,\"s\":\"a b\\n\"}\r\n, NaN],\n"
         "  \"agent_state\": null\n}";
     BackendRun out;
     out.run.reason = isolate::EndReason::Exited;
     out.run.exit_code = 0;
-    out.run.stdout_data = std::string(protocol::kLegacyStartMarker) + protocol::b64encode(payload) +
-                          std::string(protocol::kLegacyEndMarker);
+    out.run.stdout_data = std::string(letta::kLegacyStartMarker) + letta::b64encode(payload) +
+                          std::string(letta::kLegacyEndMarker);
     out.run.stdout_total_bytes = out.run.stdout_data.size();
     const std::string line = finish_run(p, "local", out, std::chrono::milliseconds(1), nullptr);
     ASSERT_FALSE(line.empty());
@@ -393,7 +393,7 @@ TEST_F(Pipeline, FinishShapesTheBackendsFailureWithItsEndReason) {
   EXPECT_EQ(ended, "backend_error");
   const json& r = j["result"];
   EXPECT_EQ(r["status"], "error");
-  EXPECT_EQ(r["func_return"], protocol::friendly_error_msg("t", "SandboxException", "the sandbox went away"));
+  EXPECT_EQ(r["func_return"], letta::friendly_error_msg("t", "SandboxException", "the sandbox went away"));
   EXPECT_EQ(r["stdout"], json({"partial"}));
   // Not UTF-8: replaced, never passed on raw; the exception last.
   EXPECT_EQ(r["stderr"], json({"pip: \uFFFD failed", "SandboxException: the sandbox went away"}));
@@ -410,7 +410,7 @@ TEST_F(Pipeline, FinishShapesAnE2BCell) {
   BackendRun out;
   out.run.reason = isolate::EndReason::Exited;
   CellOutcome& cell = out.cell.emplace();
-  cell.main_result = protocol::b64encode(R"({"results": 5, "agent_state": null})");
+  cell.main_result = letta::b64encode(R"({"results": 5, "agent_state": null})");
   cell.out = {"hello\n"};
   json j = json::parse(finish_run(p, "e2b", out, {}, nullptr));
   const json& r = j["result"];
@@ -424,7 +424,7 @@ TEST_F(Pipeline, FinishShapesAnE2BCell) {
   raised.cell.emplace().error = CellOutcome::Raised{"ValueError", "bad", "Traceback: ..."};
   j = json::parse(finish_run(p, "e2b", raised, {}, nullptr));
   EXPECT_EQ(j["result"]["status"], "error");
-  EXPECT_EQ(j["result"]["func_return"], protocol::friendly_error_msg("t", "ValueError", "bad"));
+  EXPECT_EQ(j["result"]["func_return"], letta::friendly_error_msg("t", "ValueError", "bad"));
   EXPECT_EQ(j["result"]["stderr"], json({"Traceback: ..."}));
 }
 

@@ -22,8 +22,9 @@
 #include <vector>
 
 #include "tests/unit/python_reference.h"
+#include "protocol/json_scan.h"
 
-namespace tsb::protocol {
+namespace tsb::letta {
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -396,5 +397,17 @@ TEST(PyJsonVsCPython, Utf8DecodeReplace) {
   }
 }
 
+TEST(PyJson, PythonJsonAsStrictQuotesOnlyNonFiniteTokens) {
+  EXPECT_EQ(python_json_as_strict("[NaN, Infinity,-Infinity ,{\"NaN\": \"Infinity\"}]"),
+            "[\"NaN\", \"Infinity\",\"-Infinity\" ,{\"NaN\": \"Infinity\"}]");
+  for (const char* same : {"123456789012345678901234567890", "\"\\udcff\"", "{\"a\":1,\"a\":2}", "-0.0", "[]"}) {
+    SCOPED_TRACE(same);
+    EXPECT_EQ(python_json_as_strict(same), same);
+  }
+  const std::string strict = python_json_as_strict("{\"x\":[NaN,1e400,-Infinity]}");
+  EXPECT_TRUE(std::holds_alternative<protocol::JsonScanned>(protocol::scan_json(strict))) << strict;
+  EXPECT_EQ(strict, "{\"x\":[\"NaN\",1e400,\"-Infinity\"]}");
+}
+
 }  // namespace
-}  // namespace tsb::protocol
+}  // namespace tsb::letta

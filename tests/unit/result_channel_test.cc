@@ -22,6 +22,7 @@
 #include "python_reference.h"
 
 namespace tsb::protocol {
+using namespace tsb::letta;  // Letta's dialect, beside the wire protocol
 namespace {
 
 using json = nlohmann::json;
@@ -379,7 +380,7 @@ TEST_F(ChannelShaping, ANonceFrameCarriesAgentStateOnlyForASourceThatCanDeclareI
   ctx.channel = false;
   ctx.nonce = std::string(32, 'c');
   run.stdout_data =
-      "printed\n" + protocol::make_nonce_frame(ctx.nonce, json{{"results", 1}, {"agent_state", {{"x", 1}}}}).value();
+      "printed\n" + letta::make_nonce_frame(ctx.nonce, json{{"results", 1}, {"agent_state", {{"x", 1}}}}).value();
   ctx.may_declare = true;
   auto s = shape(nullptr);
   EXPECT_EQ(s.result["status"], "success");

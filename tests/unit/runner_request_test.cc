@@ -20,6 +20,7 @@
 #include "protocol/messages.h"
 
 namespace tsb::protocol {
+using namespace tsb::letta;  // Letta's dialect, beside the wire protocol
 namespace {
 
 using json = nlohmann::json;

@@ -44,6 +44,7 @@
 #include "daemon/frontend/letta/pyjson.h"
 
 namespace tsb::protocol {
+using namespace tsb::letta;  // Letta's dialect, beside the wire protocol
 namespace {
 
 using json = nlohmann::json;
@@ -891,7 +892,7 @@ TEST(PickleDecoding, OnlyAPayloadTheShapingWouldReadIsDecoded) {
   EXPECT_FALSE(core::pickle_payload_to_decode(ctx, timed_out));
   // Letta's current parser fails on stderr that is not UTF-8 first.
   other = ctx;
-  other.generation = tsb::protocol::ScriptGeneration::kCurrent;
+  other.generation = letta::ScriptGeneration::kCurrent;
   isolate::RunResult bad_stderr = run;
   bad_stderr.stdout_data = binary_frame(pickle);
   ASSERT_TRUE(core::pickle_payload_to_decode(other, bad_stderr));

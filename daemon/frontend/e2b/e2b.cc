@@ -37,7 +37,7 @@ using nlohmann::json;
 using protocol::ErrorCode;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
-namespace lp = tsb::protocol;
+namespace lp = tsb::letta;
 constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
 
 // A string member of a JSON object E2B (or the code inside a sandbox) sent,
@@ -658,7 +658,7 @@ asio::awaitable<bool> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const st
   r.headers.emplace_back("Authorization", "Basic dXNlcjo=");  // base64("user:"): run as the sandbox's user
   r.headers.emplace_back("Keepalive-Ping-Interval", kEnvdKeepalive);
   r.headers.emplace_back("Connect-Timeout-Ms", std::to_string(ctx.remaining().count()));
-  r.body = std::string(1, '\0') + protocol::big_endian_u32(static_cast<std::uint32_t>(msg.size())) + msg;
+  r.body = std::string(1, '\0') + letta::big_endian_u32(static_cast<std::uint32_t>(msg.size())) + msg;
   r.timeout = ctx.remaining();
   r.stall_timeout = kEnvdStall;
   r.cancel = ctx.cancel;

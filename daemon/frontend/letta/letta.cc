@@ -13,7 +13,18 @@
 #include "protocol/json_scan.h"
 #include "daemon/frontend/letta/pyjson.h"
 
-namespace tsb::protocol {
+namespace tsb::letta {
+
+// The wire protocol's bounded JSON readers (protocol/json_scan.h,
+// protocol/json_limits.h), which Letta's texts go through.
+using protocol::json_nesting_within;
+using protocol::json_string_value;
+using protocol::JsonChild;
+using protocol::JsonKind;
+using protocol::JsonScanned;
+using protocol::JsonScanOptions;
+using protocol::parse_json_bounded;
+using protocol::scan_json;
 namespace {
 
 constexpr std::size_t npos = std::string_view::npos;
@@ -958,4 +969,4 @@ bool in_word_table(char32_t cp) {
 }
 
 }  // namespace
-}  // namespace tsb::protocol
+}  // namespace tsb::letta

@@ -20,7 +20,7 @@
 
 #include "isolate/base/result.h"
 
-namespace tsb::protocol {
+namespace tsb::letta {
 
 // ---------------------------------------------------------------------------
 // Sandbox config fingerprint (SandboxConfig.fingerprint, letta/schemas/sandbox_config.py)
@@ -311,4 +311,4 @@ std::string big_endian_u32(std::uint32_t n);
 // extract_nonce_frame, errors named "runner result: ...".
 Result<NonceFrame> parse_channel_result(std::string_view payload, std::string_view stdout_bytes);
 
-}  // namespace tsb::protocol
+}  // namespace tsb::letta

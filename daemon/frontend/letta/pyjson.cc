@@ -1,5 +1,7 @@
 #include "daemon/frontend/letta/pyjson.h"
 
+#include "protocol/json_scan.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -7,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace tsb::protocol {
+namespace tsb::letta {
 namespace {
 
 // One step of a UTF-8 decoder that follows the Unicode "maximal subpart"
@@ -324,4 +326,25 @@ char32_t utf8_next(std::string_view valid_utf8, std::size_t& pos) {
   return st.ok ? st.cp : U'\uFFFD';
 }
 
-}  // namespace tsb::protocol
+std::string python_json_as_strict(std::string_view text) {
+  std::string out;
+  std::size_t copied = 0;
+  protocol::JsonScanOptions o;
+  o.python_values = true;
+  o.duplicate_keys = false;
+  o.on_number = [&](std::string_view tok) {
+    if (tok.empty() || (tok.back() != 'N' && tok.back() != 'y')) return;  // NaN, [-]Infinity
+    const auto at = static_cast<std::size_t>(tok.data() - text.data());
+    out.append(text.substr(copied, at - copied));
+    out += '"';
+    out.append(tok);
+    out += '"';
+    copied = at + tok.size();
+  };
+  if (!std::holds_alternative<protocol::JsonScanned>(protocol::scan_json(text, o))) return std::string(text);
+  if (copied == 0 && out.empty()) return std::string(text);
+  out.append(text.substr(copied));
+  return out;
+}
+
+}  // namespace tsb::letta

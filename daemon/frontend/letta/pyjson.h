@@ -15,7 +15,7 @@
 
 #include "isolate/base/result.h"
 
-namespace tsb::protocol {
+namespace tsb::letta {
 
 // json.dumps(v, sort_keys=True, separators=(",", ":")), ensure_ascii=True.
 //
@@ -72,4 +72,12 @@ std::size_t utf8_prefix_bytes(std::string_view valid_utf8, std::size_t max_code_
 // Decode one code point from valid UTF-8 at `pos`, advancing `pos`.
 char32_t utf8_next(std::string_view valid_utf8, std::size_t& pos);
 
-}  // namespace tsb::protocol
+// `text`, which protocol::scan_json accepted with python_values (JSON as
+// Python writes it), as RFC 8259 JSON as
+// far as numbers go: each NaN, Infinity and -Infinity token becomes the
+// string "NaN", "Infinity" or "-Infinity" (what a strict reader can take);
+// everything else, lone surrogate escapes included (the RFC's grammar allows
+// them), is copied unchanged. Text that does not scan is returned as is.
+std::string python_json_as_strict(std::string_view text);
+
+}  // namespace tsb::letta

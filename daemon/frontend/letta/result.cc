@@ -16,7 +16,7 @@ namespace {
 
 using nlohmann::json;
 using isolate::EndReason;
-namespace lp = tsb::protocol;
+namespace lp = tsb::letta;
 
 json as_list(const std::string& s) { return s.empty() ? json::array() : json::array({s}); }
 
@@ -65,16 +65,16 @@ struct Member {
 std::string object_text(std::initializer_list<Member> members, bool channel_part = false) {
   std::size_t size = 2 + (members.size() ? members.size() - 1 : 0);  // braces, commas
   for (const Member& m : members)
-    size += lp::json_quoted_size(m.name) + 1 + (m.quoted ? lp::json_quoted_size(m.value) : m.value.size());
+    size += protocol::json_quoted_size(m.name) + 1 + (m.quoted ? protocol::json_quoted_size(m.value) : m.value.size());
   std::string out;
   out.reserve(size + (channel_part ? 4 : 0));
   if (channel_part) out = lp::channel_part_header(size);
   out += '{';
   for (const Member& m : members) {
     if (&m != members.begin()) out += ',';
-    lp::append_json_quoted(out, m.name);
+    protocol::append_json_quoted(out, m.name);
     out += ':';
-    if (m.quoted) lp::append_json_quoted(out, m.value);
+    if (m.quoted) protocol::append_json_quoted(out, m.value);
     else out += m.value;
   }
   out += '}';
@@ -85,9 +85,9 @@ std::string env_text(const std::map<std::string, std::string>& env) {
   std::string out = "{";
   for (const auto& [k, v] : env) {
     if (out.size() > 1) out += ',';
-    lp::append_json_quoted(out, k);
+    protocol::append_json_quoted(out, k);
     out += ':';
-    lp::append_json_quoted(out, v);
+    protocol::append_json_quoted(out, v);
   }
   return out += '}';
 }

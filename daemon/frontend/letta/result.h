@@ -37,7 +37,7 @@ struct ShapeContext {
   // Script mode: which of Letta's generators wrote the script (its parser is
   // the one that applies). Letta's current one, and tool mode, which stands
   // for it: output that is not UTF-8 fails as it fails in Letta.
-  protocol::ScriptGeneration generation = protocol::ScriptGeneration::kUnknown;
+  letta::ScriptGeneration generation = letta::ScriptGeneration::kUnknown;
   // Script mode: one of Letta's JSON generators wrote it (a pickle payload
   // is then not decoded: Letta's parser fails on it).
   bool json_result_script = false;
@@ -49,7 +49,7 @@ struct Shaped {
   nlohmann::json result;  // ToolExecutionResult fields
   nlohmann::json extra;   // framing details for the run record
   // When set, result's func_return / agent_state as the exact JSON text the
-  // tool's Python wrote (protocol::ParsedOutput::results_text): the reply
+  // tool's Python wrote (letta::ParsedOutput::results_text): the reply
   // carries them so, not the approximate document values.
   std::string func_return_text;
   std::string agent_state_text;
@@ -60,7 +60,7 @@ struct Shaped {
 // sandbox of its own under the run's policy (LocalBackend): the runner's
 // answer, or why there is none. Never decoded in the daemon.
 struct DecodedPickle {
-  std::optional<protocol::NonceFrame> frame;
+  std::optional<letta::NonceFrame> frame;
   std::string failure;  // without a frame
 };
 

@@ -39,7 +39,7 @@ std::string last_lines(std::string_view text, std::size_t n) {
   if (tail.size() > 4096) tail = tail.substr(tail.size() - 4096);
   // pip's output, package names, a cut inside a character: valid UTF-8 for
   // the record, the manifest and Letta.
-  return protocol::utf8_decode_replace(tail).text;
+  return letta::utf8_decode_replace(tail).text;
 }
 
 // What names the interpreter builds run: its real path, size and change
@@ -462,7 +462,7 @@ std::optional<Refusal> LocalBackend::order_for(PreparedRun& p, Order& o) const {
     // its output.
     o.order.mode = spawn::RunMode::Script;
     o.stdin_data = std::get<protocol::ExecuteRequest>(p.request->body).script;
-    o.frame_tokens = {std::string(protocol::kBinaryMarker), std::string(protocol::kLegacyStartMarker)};
+    o.frame_tokens = {std::string(letta::kBinaryMarker), std::string(letta::kLegacyStartMarker)};
   }
   // A warm sandbox started without the request's variables: a run that sets
   // one a program reads as it starts (PYTHONPATH, LD_PRELOAD, TZ, LANG)
@@ -627,7 +627,7 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   // On its result channel, as a tool's request; its result is at most
   // what the script's own stdout held.
   ChannelExchange channel{runner_channel_unpickle(*payload),
-                          [](bool) { return protocol::channel_part_header(2) + "{}"; }, pol.limits.stdout_bytes};
+                          [](bool) { return letta::channel_part_header(2) + "{}"; }, pol.limits.stdout_bytes};
   LinkRun ran = co_await link_.run(std::move(order), {}, pol.limits.stdout_bytes, pol.limits.stderr_bytes, {},
                                    *p.cancel, nullptr, {}, std::move(channel));
   if (ran.refused) {
@@ -645,7 +645,7 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   } else if (ch->result_total > ch->result.size()) {
     d.failure = "the decoded result is larger than the policy's limit of " + format_size(pol.limits.stdout_bytes) +
                 " (limits.stdout)";
-  } else if (auto f = protocol::parse_channel_result(ch->result, r.stdout_data); !f.ok()) {
+  } else if (auto f = letta::parse_channel_result(ch->result, r.stdout_data); !f.ok()) {
     d.failure = f.error().message;
   } else {
     d.frame = std::move(f).value();

@@ -27,9 +27,9 @@ constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitabl
 // is not there to take it (it ended; its Ended says why).
 asio::awaitable<bool> hand_over(stream& sd, const std::string& environ_part) {
   if (environ_part.empty()) co_return true;
-  std::string ready(protocol::kChannelReady.size(), '\0');
+  std::string ready(letta::kChannelReady.size(), '\0');
   auto [ec, n] = co_await asio::async_read(sd, asio::buffer(ready), tuple_awaitable);
-  if (ec || ready != protocol::kChannelReady) co_return false;
+  if (ec || ready != letta::kChannelReady) co_return false;
   co_return !std::get<0>(co_await asio::async_write(sd, asio::buffer(environ_part), tuple_awaitable));
 }
 
@@ -362,11 +362,11 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
     asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, ChannelExchange ex, std::shared_ptr<Pending> p,
                            std::shared_ptr<ChannelOutcome> o, std::string handover) -> asio::awaitable<void> {
       stream sd(io, fd.release());
-      std::string declaration(protocol::kChannelDeclarationSize, '\0');
+      std::string declaration(letta::kChannelDeclarationSize, '\0');
       if (co_await hand_over(sd, handover) &&
           !std::get<0>(co_await asio::async_write(sd, asio::buffer(ex.first), tuple_awaitable)) &&
           !std::get<0>(co_await asio::async_read(sd, asio::buffer(declaration), tuple_awaitable)))
-        o->declared = protocol::parse_channel_declaration(declaration);
+        o->declared = letta::parse_channel_declaration(declaration);
       std::string().swap(ex.first);  // freed, not only emptied
       // Once Ended came nothing reads a second part, and run() may have
       // returned (with the request `second` reads from).

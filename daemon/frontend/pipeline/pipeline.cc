@@ -13,6 +13,7 @@
 #include "protocol/json_scan.h"
 #include "daemon/frontend/letta/letta.h"
 #include "daemon/compile/spawn_policy.h"
+#include "daemon/frontend/letta/pyjson.h"
 
 namespace tsb::core {
 namespace {
@@ -113,7 +114,7 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   out.sandbox_config = alt_config ? &*alt->sandbox_config : c.sandbox_config ? &*c.sandbox_config : nullptr;
   if (const protocol::SandboxConfig* sc = out.sandbox_config) {
     // Letta's SandboxConfig.fingerprint() uses the config's own organization.
-    auto fp = protocol::sandbox_config_fingerprint(sc->type, sc->organization_id.value_or(c.organization_id), sc->config);
+    auto fp = letta::sandbox_config_fingerprint(sc->type, sc->organization_id.value_or(c.organization_id), sc->config);
     if (!fp.ok())
       return Refusal{ErrorCode::BadRequest, std::string(alt_config ? "e2b." : "") + "sandbox_config: " +
                                                 fp.error().message};
@@ -175,8 +176,8 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   out.shape.tool_mode = out.tool_mode;
   if (!out.tool_mode) {
     const std::string& script = std::get<protocol::ExecuteRequest>(req.body).script;
-    out.shape.generation = protocol::detect_script_generation(script);
-    out.shape.json_result_script = protocol::script_writes_json_result(script);
+    out.shape.generation = letta::detect_script_generation(script);
+    out.shape.json_result_script = letta::script_writes_json_result(script);
   }
   out.shape.memory_limit = pol.limits.memory_bytes;
   out.shape.pids_limit = pol.limits.pids;
@@ -208,7 +209,7 @@ std::string finish_run(const PreparedRun& p, std::string_view backend, BackendRu
   // in the client's dialect (messages.h, CommonRunFields::python_json).
   std::map<std::string, std::string> exact;
   auto keep = [&](const char* key, const std::string& text) {
-    if (!text.empty()) exact[key] = c.python_json ? text : protocol::python_json_as_strict(text);
+    if (!text.empty()) exact[key] = c.python_json ? text : letta::python_json_as_strict(text);
   };
   Shaped shaped = out.failure ? shape_failure(p.shape, out.run, *out.failure)
                   : out.cell  ? shape_cell(p.shape, *out.cell)
