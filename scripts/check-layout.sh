@@ -42,7 +42,22 @@ ROOT_FOLDERS = ["isolate/base", "isolate/engine", "daemon/spawner", "daemon/wire
 # Code lines per folder of the unprivileged side: folder, budget. Raise a
 # budget only in a change that says why.
 BUDGETS = {
-    # filled from the tree as it is; see the commit that set each value
+    # Set at the restructuring that made the tree the trust map, about 3 %
+    # above each folder's size then.
+    "isolate/supervise": 400,
+    "isolate/init": 800,
+    "daemon/common": 125,
+    "daemon/compile": 850,
+    "daemon/policy": 5000,
+    "daemon/venv": 1100,
+    "daemon/cli": 1250,
+    "daemon/frontend": 950,
+    "daemon/frontend/pipeline": 350,
+    "daemon/frontend/local": 1400,
+    "daemon/frontend/e2b": 1700,
+    "daemon/frontend/egress": 1275,
+    "daemon/frontend/letta": 1800,
+    "protocol": 1350,
 }
 
 MAX_FUNCTION_LINES = 150

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test tier:
 #   1. unit tests (need nothing), and the static checks: the root spawner's
-#      size (scripts/count-root-code.sh), no bare JSON parse
-#      (scripts/check-json-rule.sh),
+#      size (scripts/count-root-code.sh), the layout (scripts/check-layout.sh:
+#      the root's folders, per-folder budgets, function length), no bare
+#      JSON parse (scripts/check-json-rule.sh),
 #   2. the installed systemd units, checked without booting (tests/systemd/verify.sh),
 #   3. the outer guard's selftest (tests/guard/selftest.sh),
 #   4. root integration tests: real sandboxes, inside the outer guard,
@@ -43,6 +44,10 @@ tier "unit tests" unit
 # ceiling is a change a reviewer sees (docs/SECURITY.md, "Privilege
 # separation", says what the lines are).
 "$TSB_ROOT/scripts/count-root-code.sh" --build "$TSB_BUILD" --max 3217
+# The tree is the trust map: the root's folders hold what the root runs and
+# nothing else, each folder of the unprivileged side keeps to its line
+# budget, and no function grows past what a reviewer can hold.
+"$TSB_ROOT/scripts/check-layout.sh" --build "$TSB_BUILD"
 # JSON from outside the process goes through the bounded readers only
 # (docs/HACKING.md): no bare nlohmann parse outside the listed trusted sites.
 "$TSB_ROOT/scripts/check-json-rule.sh"
