@@ -1,6 +1,6 @@
 // Errors as values that carry errno, and a minimal Result<T>.
 //
-// Convention (see docs/ARCHITECTURE.md, "Errors"): the failure site records
+// Convention (docs/ERRORS.md, the page that owns it): the failure site records
 // errno and names the operation and its subject ("openat '/x': No such file
 // or directory"); callers prepend context on the way up with wrap(), so a
 // message reads outermost-first. No exceptions cross module boundaries.
@@ -16,8 +16,8 @@
 namespace tsb {
 
 struct Error {
-  int code = 0;         // errno value, or 0 when the failure is not a syscall's
-  std::string message;  // outermost context first, ending with strerror(code)
+  int code = 0;         // an errno value: the syscall's, or one that fits (invalid(): EINVAL by default)
+  std::string message;  // outermost context first; a syscall's ends with strerror(code)
 
   // Build from the current errno; call this first thing after the failing call.
   static Error from_errno(std::string_view what) { return from_errno(errno, what); }
