@@ -45,6 +45,8 @@ exec /usr/bin/python3 - "$src" "$list" <<'PY'
 import os, re, subprocess, sys
 
 src, show = sys.argv[1], sys.argv[2] == "1"
+sys.path.insert(0, os.path.join(src, "scripts"))
+from cxx_text import strip  # noqa: E402
 
 # file name, fragment of the line, reason
 ALLOWED = [
@@ -58,46 +60,6 @@ ALLOWED = [
 EXCLUDED_DIRS = ("tests/", "bench/")
 READERS = r"(?:parse|accept|sax_parse|from_cbor|from_msgpack|from_ubjson|from_bjdata|from_bson)"
 JSON_TYPES = r"(?:json|ordered_json|basic_json)"
-
-
-def strip(text):
-    """C++ text with comments removed and string/char literal contents
-    blanked (the quotes stay); line breaks kept, so line numbers hold."""
-    out, i, n = [], 0, len(text)
-    while i < n:
-        c = text[i]
-        if text.startswith("//", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-        elif text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out.append("\n" * text.count("\n", i, j))
-            i = j
-        elif c == "R" and text.startswith('R"', i) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
-            m = re.match(r'R"([^()\\ ]{0,16})\(', text[i:])
-            if not m:
-                out.append(c)
-                i += 1
-                continue
-            end = text.find(")" + m.group(1) + '"', i + m.end())
-            end = n if end < 0 else end + len(m.group(1)) + 2
-            out.append('""' + "\n" * text.count("\n", i, end))
-            i = end
-        elif c in "\"'":
-            if c == "'" and i > 0 and text[i - 1].isalnum():  # a digit separator: 1'000'000
-                out.append(c)
-                i += 1
-                continue
-            j = i + 1
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            out.append(c + c)
-            i = j + 1
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
 
 
 def sites(text):

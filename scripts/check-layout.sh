@@ -35,6 +35,8 @@ exec /usr/bin/python3 - "$src" "$sizes" "$root_files" <<'PY'
 import os, re, sys
 
 src, sizes, root_list = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+sys.path.insert(0, os.path.join(src, "scripts"))
+from cxx_text import code_lines as file_code_lines, strip  # noqa: E402
 
 # The folders of the root process (toolsandboxd), and only they.
 ROOT_FOLDERS = ["isolate/base", "isolate/engine", "daemon/spawner", "daemon/wire"]
@@ -63,38 +65,6 @@ BUDGETS = {
 MAX_FUNCTION_LINES = 150
 failures = []
 
-def strip_comments(text):
-    """The text with comments blanked (newlines kept), strings kept."""
-    out, i, n = [], 0, len(text)
-    while i < n:
-        c = text[i]
-        if text.startswith("//", i):
-            j = text.find("\n", i)
-            j = n if j < 0 else j
-            i = j
-        elif text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out.append("\n" * text.count("\n", i, j))
-            i = j
-        elif c == 'R' and text.startswith('R"', i) and (i == 0 or not (text[i-1].isalnum() or text[i-1] == '_')):
-            k = text.find("(", i + 2)
-            delim = text[i + 2:k]
-            j = text.find(")" + delim + '"', k)
-            j = n if j < 0 else j + len(delim) + 2
-            out.append('R""' + "\n" * text.count("\n", i, j))
-            i = j
-        elif c in "\"'":
-            j = i + 1
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            out.append(c + c)
-            i = j + 1
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
 def sources(folder):
     d = os.path.join(src, folder)
     return sorted(os.path.join(folder, f) for f in os.listdir(d)
@@ -116,7 +86,7 @@ for folder in ROOT_FOLDERS:
 
 # 2. Budgets.
 def code_lines(path):
-    return sum(1 for l in strip_comments(open(os.path.join(src, path), errors="replace").read()).splitlines() if l.strip())
+    return file_code_lines(os.path.join(src, path))
 for folder, budget in BUDGETS.items():
     n = sum(code_lines(f) for f in sources(folder))
     if sizes:
@@ -134,7 +104,7 @@ for top in ("daemon", "isolate", "protocol"):
             if not name.endswith((".cc", ".h")):
                 continue
             path = os.path.join(d, name)
-            lines = strip_comments(open(path, errors="replace").read()).split("\n")
+            lines = strip(open(path, errors="replace").read()).split("\n")
             for i, line in enumerate(lines):
                 if not head.match(line) or keyword.match(line):
                     continue

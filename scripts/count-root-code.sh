@@ -48,6 +48,9 @@ exe="$build/bin/$binary"
 exec /usr/bin/python3 - "$src" "$build" "$exe" "$max" "$files" <<'PY'
 import os, re, subprocess, sys
 
+sys.path.insert(0, os.path.join(sys.argv[1], "scripts"))
+from cxx_text import code_lines  # noqa: E402
+
 src, build, exe, max_lines, show_files = sys.argv[1:6]
 src = os.path.realpath(src)
 build = os.path.realpath(build)
@@ -109,38 +112,6 @@ for s in sources:
     if s not in deps:
         sys.exit(f"count-root-code.sh: no dependency file for {os.path.relpath(s, src)} in {build}")
     counted.update(h for h in deps[s][1] if first_party(h))
-
-def code_lines(path):
-    """Lines with code once comments are removed (strings and raw strings kept)."""
-    text = open(path, errors="replace").read()
-    out, i, n = [], 0, len(text)
-    while i < n:
-        c = text[i]
-        if text.startswith("//", i):
-            while i < n and text[i] != "\n":
-                i += 1
-        elif text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out.append("\n" * text.count("\n", i, j))
-            i = j
-        elif c == 'R' and text.startswith('R"', i) and (i == 0 or not (text[i-1].isalnum() or text[i-1] == '_')):
-            k = text.find("(", i + 2)
-            delim = text[i + 2:k]
-            j = text.find(")" + delim + '"', k)
-            j = n if j < 0 else j + len(delim) + 2
-            out.append(text[i:j])
-            i = j
-        elif c in "\"'":
-            j = i + 1
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            out.append(text[i:j + 1])
-            i = j + 1
-        else:
-            out.append(c)
-            i += 1
-    return sum(1 for l in "".join(out).splitlines() if l.strip())
 
 rows = sorted((code_lines(p), os.path.relpath(p, src)) for p in counted)
 total = sum(r[0] for r in rows)
