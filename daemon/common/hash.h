@@ -1,6 +1,6 @@
 // Digests used for fingerprints and integrity checks (OpenSSL EVP).
-// Header-only (base); users link OpenSSL's libcrypto. Nonces:
-// isolate/base/random.h.
+// Header-only, for the unprivileged programs; users link OpenSSL's
+// libcrypto (tsb_common does). Nonces: isolate/base/random.h.
 #pragma once
 
 #include <openssl/evp.h>

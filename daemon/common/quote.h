@@ -1,7 +1,7 @@
 // Text for messages and log lines: UTF-8 decoding and quoting that no
 // client, tool or file can use to forge a line or a terminal sequence.
-// Header-only: part of the base that protocol/ and the daemon share with
-// the engine.
+// Header-only, for the unprivileged programs (the front end, the compile
+// helper, the command line); nothing of it runs in the root process.
 #pragma once
 
 #include <cstddef>

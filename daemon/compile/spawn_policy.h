@@ -75,7 +75,7 @@ std::vector<std::string> find_runner_files(const std::string& runner);
 
 
 // What the root spawner keeps of a policy (daemon/wire/compiled.h): per
-// mode the command (script mode: kScriptMain; tool mode: kRunnerBoot, the
+// mode the command (script mode: script_launcher; tool mode: kRunnerBoot, the
 // runner at isolate::kRunnerSandboxPath with its package and bytecode
 // (find_runner_files), none when `runner` is "") and the table.
 // A policy with "packages" gets a keyed /venv row: a run naming a venv key

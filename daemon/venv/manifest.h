@@ -1,7 +1,7 @@
 // The two venv manifests, as read.
 //
 // The builder's: the 'm' record of a venv archive (archive.h), written by
-// daemon/runner/toolsandbox_venv_builder.py inside the build sandbox, after
+// isolate/runner/toolsandbox_venv_builder.py inside the build sandbox, after
 // pip ran the packages' code there; hostile input. What the builder writes
 // is one object of json.dumps (ASCII, \u escapes):
 //

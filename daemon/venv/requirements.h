@@ -1,5 +1,5 @@
 // pip requirements as Letta sends them, checked and put in one canonical
-// form: the E2B backend checks what it installs with it, and a per-tool
+// form: the run pipeline checks a run's with it (prepare_run), and a per-tool
 // venv is named by the canonical set (plus the interpreter and the index),
 // so two spellings of one set share one venv.
 #pragma once

@@ -63,7 +63,7 @@ inline constexpr std::size_t kMaxValue = 1u << 20;
 inline constexpr std::string_view kSetMagic = "TSBSET3\n";
 
 // What a run is: the trusted tool runner reading a request on stdin, or a
-// Python script on stdin to the script launcher (kScriptMain,
+// Python script on stdin to the script launcher (script_launcher,
 // daemon/policy/policy.h).
 enum class RunMode : std::uint8_t { Script = 0, Tool = 1 };
 

@@ -52,7 +52,7 @@ class E2BCellsTest(unittest.TestCase):
         self.assertIn("to-stderr", r.stderr)
 
     def test_tool_cell_runs_the_runner_with_its_package(self):
-        # The daemon's runner and its package (daemon/core/e2b.cc sends
+        # The daemon's runner and its package (daemon/frontend/e2b/e2b.cc sends
         # them as the cell's "runner" and "package"), a request in nonce
         # mode, and its frame in what the cell prints.
         runner_dir = os.path.join(REPO, "isolate", "runner")

@@ -7,13 +7,13 @@
 // e2b-dev/code-interpreter). Design, failure handling and what happens to
 // each sandbox: docs/E2B.md.
 //
-// Flow of one run: validate (env against the policy, pip requirements as
-// plain PEP 508 specifiers) -> take a sandbox (an idle one of this daemon
+// Flow of one run (the pipeline checked the environment and the pip
+// requirements, against requirement_rules): read the runner -> take a sandbox (an idle one of this daemon
 // with the same reuse key, else a running one found by its metadata, else a
 // new one), refreshing its TTL -> install missing requirements through
 // envd's process API (argv, never a shell) -> run the cell through the code
-// interpreter's /execute (NDJSON stream) -> shape the result like a local run
-// -> give the sandbox back, or kill it when the run failed or timed out.
+// interpreter's /execute (NDJSON stream) -> report what happened (the
+// pipeline shapes it, as a local run) -> give the sandbox back, or kill it when the run failed or timed out.
 //
 // Secrets: the API key goes only into the X-API-KEY header of control-plane
 // calls and the sandbox's access token only into X-Access-Token; neither is

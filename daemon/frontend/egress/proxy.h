@@ -2,8 +2,8 @@
 // policy allows, and nothing else (docs/SECURITY.md, "Egress").
 //
 // The sandbox has a network namespace of its own with only lo. Its init
-// makes a listener on 127.0.0.1:3128 there and hands it over (isolate/
-// plan.h); the spawner passes it on with the run's pipes; here the front
+// makes a listener on 127.0.0.1:3128 there and hands it over
+// (isolate/engine/plan.h); the spawner passes it on with the run's pipes; here the front
 // end, unprivileged, accepts on it. Each connection carries one proxy
 // request (daemon/frontend/egress/request.h): CONNECT host:port, or a plain HTTP
 // request in absolute form. For each:
