@@ -40,7 +40,7 @@ tier "unit tests" unit
 # The root spawner's code may shrink, never grow unnoticed: raising this
 # ceiling is a change a reviewer sees (docs/SECURITY.md, "Privilege
 # separation", says what the lines are).
-"$TSB_ROOT/scripts/count-root-code.sh" --build "$TSB_BUILD" --max 3217
+"$TSB_ROOT/scripts/count-root-code.sh" --build "$TSB_BUILD" --max 3211
 tier_done
 
 tier "systemd units: systemd-analyze verify, sysusers.d, tmpfiles.d, toolsandboxd --check" systemd
