@@ -39,6 +39,12 @@ void raise_open_files_limit() {
   spdlog::info("open files limit: {}", rl.rlim_cur);
 }
 
+// Says why the spawner cannot start; its exit status.
+int critical(const std::string& message) {
+  spdlog::critical("{}", message);
+  return 1;
+}
+
 // toolsandboxd-frontend: next to this program (a build tree), in the
 // libexec directory beside its own (an installed tree, wherever its prefix
 // or DESTDIR put it), else in the configured libexec directory.
@@ -89,37 +95,24 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_logger_st("toolsandboxd"));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
   opts.front_end = find_front_end();
-  if (::access(opts.front_end.c_str(), X_OK) != 0) {
-    spdlog::critical("the front end {} is missing: {}", opts.front_end, std::strerror(errno));
-    return 1;
-  }
+  if (::access(opts.front_end.c_str(), X_OK) != 0)
+    return critical(tsb::Error::from_errno("the front end " + opts.front_end + " is missing").message);
   // The helper's own messages (the configuration, each policy) go to stderr.
   // At the start it also prepares the host for the engine.
-  if (!check_only && ::geteuid() != 0) {
-    spdlog::critical("toolsandboxd must run as root (it creates namespaces, cgroups and id maps)");
-    return 1;
-  }
+  if (!check_only && ::geteuid() != 0)
+    return critical("toolsandboxd must run as root (it creates namespaces, cgroups and id maps)");
   tsb::UniqueFd sources;
   auto set = tsb::spawn::compile_policies(opts, !explicit_config,
                                           check_only ? tsb::spawn::Compile::kCheck : tsb::spawn::Compile::kSetup,
                                           &sources);
-  if (!set.ok()) {
-    spdlog::critical("{}", set.error().message);
-    return 1;
-  }
+  if (!set.ok()) return critical(set.error().message);
   if (check_only) return 0;
   raise_open_files_limit();
   auto engine = tsb::isolate::Engine::create(set->engine, set->init_filter);
-  if (!engine.ok()) {
-    spdlog::critical("engine: {}", engine.error().message);
-    return 1;
-  }
+  if (!engine.ok()) return critical("engine: " + engine.error().message);
   spdlog::info("engine: {}", (*engine)->cgroups().describe());
   for (const auto& note : (*engine)->startup_notes()) spdlog::warn("engine: {}", note);
   tsb::spawn::Spawner spawner(opts, std::move(set).value(), std::move(sources), std::move(engine).value());
-  if (auto st = spawner.open_listener(); !st.ok()) {
-    spdlog::critical("{}", st.error().message);
-    return 1;
-  }
+  if (auto st = spawner.open_listener(); !st.ok()) return critical(st.error().message);
   return spawner.run();
 }

@@ -121,6 +121,12 @@ Result<int> wait_child(pid_t pid) {
   return st;
 }
 
+// Says why the spawner cannot go on; its exit status.
+int critical(const std::string& message) {
+  spdlog::critical("{}", message);
+  return 1;
+}
+
 std::string describe_status(int st) {
   if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
   if (WIFSIGNALED(st)) return std::string("was killed by signal ") + ::strsignal(WTERMSIG(st));
@@ -679,14 +685,15 @@ milliseconds Spawner::poll_timeout(Clock::time_point now) {
   return std::max(ms, milliseconds(0));
 }
 
-void Spawner::front_end_gone() {
+// The front end has exited: reaped, logged, its runs killed; then either
+// another one is due at restart_at_ or the spawner stops.
+void Spawner::front_end_gone(Clock::time_point now) {
   int st = 0;
   siginfo_t si{};
   if (::waitid(P_PIDFD, static_cast<id_t>(fe_pidfd_.get()), &si, WEXITED) == 0)
     st = si.si_code == CLD_EXITED ? (si.si_status << 8) : si.si_status;
   fe_exit_ = WIFEXITED(st) ? WEXITSTATUS(st) : 1;
-  const bool expected = stopping_;
-  if (expected) spdlog::info("front end (pid {}) {}", fe_pid_, describe_status(st));
+  if (stopping_) spdlog::info("front end (pid {}) {}", fe_pid_, describe_status(st));
   else spdlog::error("front end (pid {}) {}", fe_pid_, describe_status(st));
   fe_pidfd_.reset();
   control_.reset();
@@ -701,6 +708,25 @@ void Spawner::front_end_gone() {
   }
   runs_ = std::move(keep);
   if (!runs_.empty()) spdlog::warn("killed {} runs of the front end that ended", runs_.size());
+  if (stopping_) return;
+  // A front end that never became ready will not: a configuration it
+  // cannot read, a missing user. So will the next one.
+  if (!fe_ready_) {
+    spdlog::critical("the front end ended before it was ready: stopping");
+    stopping_ = true;
+    fe_exit_ = fe_exit_ ? fe_exit_ : 1;
+    return;
+  }
+  restarts_.push_back(now);
+  std::erase_if(restarts_, [&](auto t) { return now - t > std::chrono::seconds(60); });
+  if (restarts_.size() > 5) {
+    spdlog::critical("the front end ended {} times in 60 s: stopping", restarts_.size());
+    stopping_ = true;
+    fe_exit_ = 1;
+  } else {
+    restart_at_ = now + milliseconds(restarts_.size() > 1 ? 1000 : 100);
+    spdlog::warn("starting a new front end");
+  }
 }
 
 void Spawner::reload() {
@@ -733,150 +759,153 @@ void Spawner::reload() {
   send(encode_reload(applied), applied ? fds : nullptr, applied ? (key ? 2 : 1) : 0);
 }
 
+// What one turn of run()'s loop waits for, in this order: the signals, the
+// front end's socket and its pidfd, each run's pidfd, then each warm
+// sandbox's pidfd and its socket.
+struct Spawner::Watched {
+  std::vector<pollfd> fds;
+  std::vector<std::uint64_t> runs;  // by id
+  // By pool key and seq: a reload or a stop on this turn ends every pool.
+  std::vector<std::pair<std::string, std::uint64_t>> warm;
+};
+
+// The descriptors of this turn, in Watched's order.
+Spawner::Watched Spawner::watch_list() const {
+  Watched w;
+  w.fds.push_back({signals_.get(), POLLIN, 0});
+  w.fds.push_back({control_ ? control_.get() : -1, POLLIN, 0});
+  w.fds.push_back({fe_pidfd_ ? fe_pidfd_.get() : -1, POLLIN, 0});
+  for (const auto& [id, l] : runs_) {
+    w.fds.push_back({l.sb->pidfd(), POLLIN, 0});
+    w.runs.push_back(id);
+  }
+  for (const auto& [key, pool] : pools_)
+    for (const Pooled& p : pool.idle) {
+      w.fds.push_back({p.sb->pidfd(), POLLIN, 0});
+      // Readable: its ready line (never read here); hung up: its runner
+      // is gone, even while init still lives.
+      w.fds.push_back({p.in.get(), static_cast<short>(p.ready ? POLLRDHUP : POLLIN | POLLRDHUP), 0});
+      w.warm.emplace_back(key, p.seq);
+    }
+  return w;
+}
+
+// Every signal waiting on the signalfd: SIGHUP reloads; SIGTERM and SIGINT
+// stop (the pools end, the front end is asked to drain and exit).
+void Spawner::take_signals(Clock::time_point now) {
+  signalfd_siginfo si{};
+  while (::read(signals_.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+    if (si.ssi_signo == SIGHUP) {
+      reload();
+    } else if (!stopping_) {
+      spdlog::info("signal {}: stopping", si.ssi_signo);
+      sd_notify(0, "STOPPING=1");
+      stopping_ = true;
+      pools_.clear();
+      // The front end drains (shutdown_grace), then exits; past that and
+      // a margin it is killed.
+      stop_deadline_ = now + set_.shutdown_grace + std::chrono::seconds(15);
+      if (fe_pid_ > 0) ::kill(fe_pid_, SIGTERM);
+    }
+  }
+}
+
+// The front end's messages waiting on its socket, at most 64 a turn (the
+// timers and the other descriptors are not starved); a socket that fails
+// or closes is dropped, and the front end's pidfd then says it ended.
+void Spawner::read_front_end() {
+  for (int i = 0; i < 64 && control_; ++i) {
+    std::vector<UniqueFd> fds;
+    auto m = receive_message(control_.get(), &fds, MSG_DONTWAIT);
+    if (!m.ok() && m.error().code == EAGAIN) break;
+    if (!m.ok()) spdlog::error("front end socket: {}", m.error().message);
+    if (!m.ok() || m->empty()) {  // empty: closed, the front end is ending; its pidfd says when
+      control_.reset();
+      break;
+    }
+    handle_message(*m, fds);
+  }
+}
+
+// Runs whose pid 1 exited: their Ended (finish). Then warm sandboxes, found
+// again by key and seq (a message this turn may have handed one over, a
+// reload or a stop ended them all): one that ended before its hand-over
+// is lost; one whose runner wrote on its socket is ready.
+void Spawner::watch_sandboxes(const Watched& w, Clock::time_point now) {
+  for (std::size_t i = 0; i < w.runs.size(); ++i) {
+    if (!(w.fds[3 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    auto it = runs_.find(w.runs[i]);
+    if (it == runs_.end()) continue;
+    finish(it->second);
+    runs_.erase(it);
+  }
+  for (std::size_t i = 0, at = 3 + w.runs.size(); i < w.warm.size(); ++i, at += 2) {
+    auto found = pools_.find(w.warm[i].first);
+    if (found == pools_.end()) continue;  // ended by a reload or the stop
+    Pool* pool = &found->second;
+    auto it = std::find_if(pool->idle.begin(), pool->idle.end(), [&](const Pooled& p) { return p.seq == w.warm[i].second; });
+    if (it == pool->idle.end()) continue;  // handed over meanwhile
+    if ((w.fds[at].revents & (POLLIN | POLLHUP | POLLERR)) || (w.fds[at + 1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+      pool->idle.erase(it);  // ended before its hand-over
+      lose(*pool, now);
+    } else if (w.fds[at + 1].revents & POLLIN) {
+      it->ready = true;
+      pool->lost_in_a_row = 0;
+    }
+  }
+}
+
 int Spawner::run() {
+  // SIGTERM, SIGINT and SIGHUP arrive on the signalfd, read by the loop; a
+  // write to a closed pipe or socket fails instead of killing the spawner.
   sigset_t set;
   sigemptyset(&set);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
-  if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) {
-    spdlog::critical("sigprocmask: {}", std::strerror(errno));
-    return 1;
-  }
+  if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) return critical(Error::from_errno("sigprocmask").message);
   ::signal(SIGPIPE, SIG_IGN);
   signals_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
-  if (!signals_) {
-    spdlog::critical("signalfd: {}", std::strerror(errno));
-    return 1;
-  }
-  if (auto st = start_front_end(); !st.ok()) {
-    spdlog::critical("{}", st.error().message);
-    return 1;
-  }
-  Clock::time_point restart_at{};
+  if (!signals_) return critical(Error::from_errno("signalfd").message);
+  if (auto st = start_front_end(); !st.ok()) return critical(st.error().message);
+  // One turn: what is due is started, the loop waits for any of its
+  // descriptors or the next deadline, then handles what came in this
+  // order (a message of the front end before its end, so that its last
+  // Kill still counts), then the deadlines, the pools and the clean-up.
   for (;;) {
     if (fe_pid_ < 0 && runs_.empty() && stopping_) break;
-    if (fe_pid_ < 0 && !stopping_ && Clock::now() >= restart_at) {
+    // 1. A new front end, when one is due (front_end_gone).
+    if (fe_pid_ < 0 && !stopping_ && Clock::now() >= restart_at_) {
       if (auto st = start_front_end(); !st.ok()) {
         spdlog::critical("{}", st.error().message);
         stopping_ = true;
         fe_exit_ = 1;
       }
     }
-    std::vector<pollfd> pf;
-    pf.push_back({signals_.get(), POLLIN, 0});
-    pf.push_back({control_ ? control_.get() : -1, POLLIN, 0});
-    pf.push_back({fe_pidfd_ ? fe_pidfd_.get() : -1, POLLIN, 0});
-    std::vector<std::uint64_t> ids;
-    for (const auto& [id, l] : runs_) {
-      pf.push_back({l.sb->pidfd(), POLLIN, 0});
-      ids.push_back(id);
-    }
-    // Warm sandboxes: each one's end, and whether it is ready yet.
-    // (By key: a reload or a stop below ends every pool.)
-    std::vector<std::pair<std::string, std::uint64_t>> warm;
-    for (auto& [key, pool] : pools_)
-      for (const Pooled& w : pool.idle) {
-        pf.push_back({w.sb->pidfd(), POLLIN, 0});
-        // Readable: its ready line (never read here); hung up: its runner
-        // is gone, even while init still lives.
-        pf.push_back({w.in.get(), static_cast<short>(w.ready ? POLLRDHUP : POLLIN | POLLRDHUP), 0});
-        warm.emplace_back(key, w.seq);
-      }
+    // 2. The wait.
+    Watched w = watch_list();
     auto now = Clock::now();
     auto timeout = poll_timeout(now);
-    if (fe_pid_ < 0 && !stopping_) timeout = std::min(timeout, std::chrono::ceil<milliseconds>(restart_at - now));
-    int n = ::poll(pf.data(), pf.size(), static_cast<int>(std::max<long long>(0, timeout.count())));
-    if (n < 0 && errno != EINTR) {
-      spdlog::critical("poll: {}", std::strerror(errno));
-      return 1;
-    }
+    if (fe_pid_ < 0 && !stopping_) timeout = std::min(timeout, std::chrono::ceil<milliseconds>(restart_at_ - now));
+    int n = ::poll(w.fds.data(), w.fds.size(), static_cast<int>(std::max<long long>(0, timeout.count())));
+    if (n < 0 && errno != EINTR) return critical(Error::from_errno("poll").message);
     now = Clock::now();
-    if (pf[0].revents & POLLIN) {
-      signalfd_siginfo si{};
-      while (::read(signals_.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
-        if (si.ssi_signo == SIGHUP) {
-          reload();
-        } else if (!stopping_) {
-          spdlog::info("signal {}: stopping", si.ssi_signo);
-          sd_notify(0, "STOPPING=1");
-          stopping_ = true;
-          pools_.clear();
-          // The front end drains (shutdown_grace), then exits; past that and
-          // a margin it is killed.
-          stop_deadline_ = now + set_.shutdown_grace + std::chrono::seconds(15);
-          if (fe_pid_ > 0) ::kill(fe_pid_, SIGTERM);
-        }
-      }
-    }
-    // Messages before the front end's end: a last Kill still counts.
-    if (control_ && (pf[1].revents & (POLLIN | POLLHUP | POLLERR))) {
-      for (int i = 0; i < 64 && control_; ++i) {
-        std::vector<UniqueFd> fds;
-        auto m = receive_message(control_.get(), &fds, MSG_DONTWAIT);
-        if (!m.ok()) {
-          if (m.error().code == EAGAIN) break;
-          spdlog::error("front end socket: {}", m.error().message);
-          control_.reset();
-          break;
-        }
-        if (m->empty()) {  // closed: the front end is ending; its pidfd says when
-          control_.reset();
-          break;
-        }
-        handle_message(*m, fds);
-      }
-    }
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      if (!(pf[3 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      auto it = runs_.find(ids[i]);
-      if (it == runs_.end()) continue;
-      finish(it->second);
-      runs_.erase(it);
-    }
-    for (std::size_t i = 0, at = 3 + ids.size(); i < warm.size(); ++i, at += 2) {
-      auto found = pools_.find(warm[i].first);
-      if (found == pools_.end()) continue;  // ended by a reload or the stop
-      Pool* pool = &found->second;
-      auto it = std::find_if(pool->idle.begin(), pool->idle.end(), [&](const Pooled& w) { return w.seq == warm[i].second; });
-      if (it == pool->idle.end()) continue;  // handed over meanwhile
-      if ((pf[at].revents & (POLLIN | POLLHUP | POLLERR)) || (pf[at + 1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-        pool->idle.erase(it);  // ended before its hand-over
-        lose(*pool, now);
-      } else if (pf[at + 1].revents & POLLIN) {
-        it->ready = true;
-        pool->lost_in_a_row = 0;
-      }
-    }
-    if (fe_pidfd_ && (pf[2].revents & POLLIN)) {
-      const bool was_ready = fe_ready_;
-      front_end_gone();
-      if (!stopping_) {
-        // A front end that never became ready will not: a configuration it
-        // cannot read, a missing user. So will the next one.
-        if (!was_ready) {
-          spdlog::critical("the front end ended before it was ready: stopping");
-          stopping_ = true;
-          fe_exit_ = fe_exit_ ? fe_exit_ : 1;
-        } else {
-          restarts_.push_back(now);
-          std::erase_if(restarts_, [&](auto t) { return now - t > std::chrono::seconds(60); });
-          if (restarts_.size() > 5) {
-            spdlog::critical("the front end ended {} times in 60 s: stopping", restarts_.size());
-            stopping_ = true;
-            fe_exit_ = 1;
-          } else {
-            restart_at = now + milliseconds(restarts_.size() > 1 ? 1000 : 100);
-            spdlog::warn("starting a new front end");
-          }
-        }
-      }
-    }
+    // 3. Signals: SIGHUP reloads, the others stop.
+    if (w.fds[0].revents & POLLIN) take_signals(now);
+    // 4. The front end's messages (at most 64 a turn).
+    if (control_ && (w.fds[1].revents & (POLLIN | POLLHUP | POLLERR))) read_front_end();
+    // 5. Runs that ended; warm sandboxes that ended or became ready.
+    watch_sandboxes(w, now);
+    // 6. The front end's end: its runs killed, another one due, or the stop.
+    if (fe_pidfd_ && (w.fds[2].revents & POLLIN)) front_end_gone(now);
+    // 7. A front end that does not stop in time is killed.
     if (stopping_ && fe_pid_ > 0 && now >= stop_deadline_) {
       spdlog::warn("the front end did not stop in time: killing it");
       ::kill(fe_pid_, SIGKILL);
       stop_deadline_ = Clock::time_point::max();
     }
+    // 8. The runs' limits, the warm pools (refilled on a quiet turn), the
+    // engine's pending clean-up.
     check_limits(now);
-    tend_pools(now, n == 0 || !(pf[1].revents & POLLIN));
+    tend_pools(now, n == 0 || !(w.fds[1].revents & POLLIN));
     (void)engine_->collect_retired();
   }
   pools_.clear();

@@ -113,7 +113,17 @@ class Spawner {
   void fill(Pool& pool);
 
   Status start_front_end();
-  void front_end_gone();
+  // The steps of one turn of run()'s loop, in the order it takes them.
+  struct Watched;
+  Watched watch_list() const;  // what to poll
+  void take_signals(std::chrono::steady_clock::time_point now);  // SIGHUP reloads, SIGTERM and SIGINT stop
+  void read_front_end();  // the front end's messages, at most 64
+  // Runs whose pid 1 exited (finish); warm sandboxes ended or ready.
+  void watch_sandboxes(const Watched& w, std::chrono::steady_clock::time_point now);
+  // The front end has exited: reaped, its runs killed; another one is due
+  // at restart_at_, or the spawner stops (one that never became ready, or
+  // too many ends in a minute).
+  void front_end_gone(std::chrono::steady_clock::time_point now);
   void handle_message(const std::string& msg, std::vector<UniqueFd>& fds);
   void handle_run(const std::string& msg);
   void refuse(std::uint64_t id, RefuseCode code, const std::string& why);
@@ -148,6 +158,7 @@ class Spawner {
   std::chrono::steady_clock::time_point stop_deadline_{};
   int fe_exit_ = 0;
   std::vector<std::chrono::steady_clock::time_point> restarts_;
+  std::chrono::steady_clock::time_point restart_at_{};  // when the next front end may start
   std::map<std::uint64_t, Live> runs_;  // by the front end's id; orphans keep theirs
   std::uint64_t orphan_seq_ = 0;
   std::map<std::string, Pool> pools_;  // by fingerprint and mode

@@ -79,11 +79,12 @@ Result<UniqueFd> plan_memfd(const std::string& data) {
 struct Pipe {
   UniqueFd r, w;
 };
-Result<Pipe> make_pipe(bool stream_socket = false) {
+Status make_pipe(Pipe& p, bool stream_socket) {
   int fds[2];
   if ((stream_socket ? ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) : ::pipe2(fds, O_CLOEXEC)) != 0)
     return Error::from_errno(stream_socket ? "socketpair" : "pipe2");
-  return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
+  p = Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
+  return {};
 }
 Status set_nonblock(int fd) {
   int fl = ::fcntl(fd, F_GETFL);
@@ -125,11 +126,10 @@ struct SlotRecord {
 static_assert(sizeof(SlotRecord) == 16);
 constexpr std::uint32_t kSlotMagic = 0x74736c31;  // "tsl1"
 
-void clear_slot_record(int fd, std::uint32_t slot) {
-  SlotRecord none{};
-  // Best effort: a record left behind only costs the next lease one
-  // /proc lookup (its init is gone).
-  if (::pwrite(fd, &none, sizeof none, static_cast<off_t>(slot) * static_cast<off_t>(sizeof none)) < 0) return;
+// Writes slot `slot`'s record; false (errno set) when it could not.
+bool write_slot_record(int fd, std::uint32_t slot, const SlotRecord& rec) {
+  return ::pwrite(fd, &rec, sizeof rec, static_cast<off_t>(slot) * static_cast<off_t>(sizeof rec)) ==
+         static_cast<ssize_t>(sizeof rec);
 }
 
 }  // namespace
@@ -168,7 +168,9 @@ struct EngineCore {
         if (!done.ok() || *done) it->leaf.reset();  // removed, or not removable: the next start-up reclaims it
       }
       if (it->reaped && !it->leaf) {
-        if (it->lease) clear_slot_record(it->lease.get(), it->slot);
+        // Cleared, best effort: a record left behind only costs the next
+        // lease one /proc lookup (its init is gone).
+        if (it->lease) (void)write_slot_record(it->lease.get(), it->slot, SlotRecord{});
         it = retired.erase(it);
       } else {
         ++it;
@@ -437,6 +439,204 @@ Result<UniqueFd> Engine::lease_uid_slot(std::uint32_t* slot) {
   return Error::invalid("all " + std::to_string(config_.uid_slots) + " uid slots are in use", EBUSY);
 }
 
+// One spawn on its way: what its steps make, in the order Engine::spawn
+// takes them, until the Sandbox owns it all. When a step fails, what is
+// here goes with the Launch: the pipes, the mounts and the plan are
+// closed, and the Sandbox, destroyed last, releases the uid slot and the
+// leaf and kills the child once there is one.
+struct Engine::Launch {
+  Launch(Engine& e, const RunSpec& s) : engine(e), spec(s) {}
+  Engine& engine;
+  const RunSpec& spec;
+  std::unique_ptr<Sandbox> sb;
+  Pipe in, out, err, rep, sync, watch;
+  UniqueFd egress_init;   // init's end of the egress socket pair
+  PreparedFs fs;
+  UniqueFd plan;
+  std::vector<int> keep;  // what init gets across its execve: the descriptors the plan names
+
+  // The Sandbox, with the run's uid slot and its cgroup leaf.
+  Status reserve() {
+    sb.reset(new Sandbox());
+    sb->core_ = engine.core_;
+    sb->started_ = std::chrono::steady_clock::now();
+    sb->run_id_ = random_hex(8);
+    sb->limits_ = spec.limits;
+    auto lease = engine.lease_uid_slot(&sb->slot_);
+    if (!lease.ok()) return std::move(lease).error();
+    sb->uid_slot_ = std::move(lease).value();
+    sb->host_uid_ = engine.config_.uid_base + sb->slot_ * kIdsPerSlot;
+    // "<prefix>.<pid>.<instance>-<n>": the instance tag names this engine
+    // (its lock file says whether it is alive); the pid is for people, and
+    // for engines without a lock file.
+    const std::string name = engine.config_.leaf_prefix + "." + std::to_string(::getpid()) + "." + engine.instance_ +
+                             "-" + std::to_string(++engine.seq_);
+    const CgroupLimits limits{spec.limits.memory_bytes, spec.limits.pids, spec.limits.cpu_quota_millicpus};
+    auto leaf = engine.core_->cgroups->create_leaf(name, limits);
+    if (!leaf.ok()) return std::move(leaf).error().wrap("creating the run's cgroup");
+    sb->leaf_ = std::move(leaf).value();
+    return {};
+  }
+
+  // The run's pipes (the child's ends go to init, the parent's to the
+  // Sandbox), non-blocking where the supervisor polls them. Egress: init
+  // sends the proxy's listener it made in the sandbox's network namespace
+  // over a socket pair, to the front end (isolate/engine/plan.h).
+  Status make_pipes() {
+    for (Pipe* p : {&in, &out, &err, &rep, &sync, &watch})
+      TSB_TRY(make_pipe(*p, p == &in && spec.stdin_socket), "creating pipes");
+    for (int fd : {in.w.get(), out.r.get(), err.r.get(), rep.r.get()}) TSB_TRY(set_nonblock(fd), "the run's pipes");
+    int egress[2] = {-1, -1};
+    if (spec.network == NetworkMode::Egress && ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, egress) != 0)
+      return Error::from_errno("the egress socket pair");
+    egress_init.reset(egress[1]);
+    sb->egress_.reset(egress[0]);
+    return {};
+  }
+
+  // The sandbox's mounts, made here as detached mounts (isolate/engine/mounts.h),
+  // owned by the slot's host ids.
+  Status prepare_mounts() {
+    auto made = prepare_fs(*spec.fs, {.host_id_base = sb->host_uid_, .tool_uid = spec.sandbox_uid,
+                                      .tool_gid = spec.sandbox_gid, .overlay_views = engine.features_.overlay_views,
+                                      .empty_dir_fd = engine.empty_dir_.get()});
+    if (!made.ok()) return std::move(made).error().wrap("preparing the sandbox's mounts");
+    fs = std::move(made).value();
+    return {};
+  }
+
+  // The plan (isolate/engine/plan.h), sealed in a memfd: the descriptors
+  // above, then the rest in the plan's order. The engine ends the run at
+  // its wall timeout; init's own fence comes later, for an engine alive but
+  // stuck.
+  Status write_plan() {
+    const auto wall = std::chrono::duration_cast<std::chrono::milliseconds>(spec.limits.wall_timeout);
+    const auto slack = std::max<std::chrono::milliseconds>(std::chrono::seconds(5), wall / 10);
+    const Limits& l = spec.limits;
+    keep = {rep.w.get(), in.r.get(), out.w.get(), err.w.get(), sync.r.get(), watch.r.get(), sb->uid_slot_.get(),
+            fs.root.get()};
+    Writer w;
+    w.u32(kPlanMagic);
+    for (int fd : keep) w.i32(fd);
+    w.i32(egress_init.get());
+    w.u32(static_cast<std::uint32_t>((wall + slack).count() / 1000 + 1));
+    w.u8(spec.network == NetworkMode::Host ? kNetworkHost : !egress_init ? kNetworkOwn : kNetworkEgress);
+    w.cstr(engine.staging_root_);
+    w.cstr(spec.hostname);
+    w.cstr(spec.workdir);
+    for (std::uint32_t id : {spec.sandbox_uid, spec.sandbox_gid}) w.u32(id);
+    for (std::uint64_t v : {l.file_size_bytes, l.open_files, l.pids, static_cast<std::uint64_t>(l.cpu_time.count())})
+      w.u64(v);
+    for (const auto* list : {&spec.argv, &spec.env}) {
+      w.u32(static_cast<std::uint32_t>(list->size()));
+      for (const auto& a : *list) w.cstr(a);
+    }
+    w.cstr({reinterpret_cast<const char*>(spec.seccomp->insns.data()), spec.seccomp->insns.size() * sizeof(sock_filter)});
+    w.cstr(engine.init_filter_);
+    w.u32(fs.nsteps);
+    w.raw(fs.steps);
+    auto made = plan_memfd(w.take());
+    if (!made.ok()) return std::move(made).error();
+    plan = std::move(made).value();
+    keep.push_back(plan.get());
+    for (const auto& fd : fs.fds) keep.push_back(fd.get());
+    if (egress_init) keep.push_back(egress_init.get());
+    return {};
+  }
+
+  // clone3 into new namespaces; on v2 the child is born in its leaf
+  // (CLONE_INTO_CGROUP): no migration, which would cost milliseconds after
+  // idle (docs/BENCHMARKS.md). Every signal is blocked across clone3, and
+  // CLONE_CLEAR_SIGHAND gives the child default handlers: no handler of
+  // the engine can ever run in the child, which then resets its mask and
+  // dispositions itself (systemd's safe_fork_full does the same around
+  // fork).
+  Status clone_child() {
+    ChildStart start{.sync_fd = sync.r.get(), .sync_w_fd = sync.w.get(), .report_fd = rep.w.get(),
+                     .init_fd = engine.init_exe_.get(), .keep = keep.data(), .nkeep = keep.size(),
+                     .memfd_noexec = engine.features_.memfd_noexec, .report_arg = {}, .plan_arg = {}};
+    std::snprintf(start.report_arg, sizeof start.report_arg, "%d", rep.w.get());
+    std::snprintf(start.plan_arg, sizeof start.plan_arg, "%d", plan.get());
+    const bool into_cgroup = engine.core_->cgroups->mode() == CgroupMode::V2;
+    int pidfd = -1;
+    struct clone_args args{};
+    args.flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD |
+                 CLONE_CLEAR_SIGHAND | (spec.network != NetworkMode::Host ? CLONE_NEWNET : 0) |
+                 (into_cgroup ? CLONE_INTO_CGROUP : 0);
+    args.pidfd = reinterpret_cast<std::uint64_t>(&pidfd);
+    args.exit_signal = SIGCHLD;
+    if (into_cgroup) args.cgroup = static_cast<std::uint64_t>(sb->leaf_->clone_fd());
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old);
+    long pid = ::syscall(SYS_clone3, &args, sizeof args);
+    if (pid == 0) child_main(start);  // never returns
+    int clone_errno = errno;
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (pid < 0) return Error::from_errno(clone_errno, "clone3");
+    sb->pid_ = static_cast<pid_t>(pid);
+    sb->pidfd_.reset(pidfd);
+    return {};
+  }
+
+  // The parent's ends: the child's closed here (init has them), the watch
+  // pipe's kept by the Sandbox (init ends the run when it closes), the
+  // slot's record names this run's init (see lease_uid_slot), and the
+  // pipes to the tool are the supervisor's from here on, whatever happens
+  // below.
+  Status take_parent_ends() {
+    for (UniqueFd* fd : {&in.r, &out.w, &err.w, &rep.w, &sync.r, &watch.r}) fd->reset();
+    sb->watch_w_ = std::move(watch.w);
+    if (!write_slot_record(sb->uid_slot_.get(), sb->slot_, {kSlotMagic, sb->pid_, process_start_ticks(sb->pid_)}))
+      return Error::from_errno("recording the uid slot's init");
+    sb->stdin_w_ = std::move(in.w);
+    sb->stdout_r_ = std::move(out.r);
+    sb->stderr_r_ = std::move(err.r);
+    sb->report_r_ = std::move(rep.r);
+    return {};
+  }
+
+  // The child waits on the sync pipe until its OOM score and id maps are
+  // written (kSyncMaps); init, until it sits in its leaf (kSyncCgroup).
+  Status release_child() {
+    // The sandbox is what the OOM killer takes first when memory runs out.
+    // Written by the engine, which holds CAP_SYS_RESOURCE: that also makes it
+    // the floor (oom_score_adj_min) for every process of the run, none of
+    // which may then lower its score. Written from inside, it would not be.
+    TSB_TRY(write_proc(sb->pid_, "oom_score_adj", std::to_string(engine.config_.sandbox_oom_score_adj)),
+            "setting the run's OOM score");
+    // Id maps: sandbox 0..65535 -> host range of this slot. setgroups first
+    // ("deny" is required before an unprivileged gid_map and keeps the tool
+    // from ever changing its groups).
+    const std::string map = "0 " + std::to_string(sb->host_uid_) + " " + std::to_string(kIdsPerSlot) + "\n";
+    TSB_TRY(write_proc(sb->pid_, "setgroups", "deny"), "writing id maps");
+    TSB_TRY(write_proc(sb->pid_, "uid_map", map), "writing id maps");
+    TSB_TRY(write_proc(sb->pid_, "gid_map", map), "writing id maps");
+    if (int e = signal_child(kSyncMaps)) return unless_gone(Error::from_errno(e, "signalling the sandbox"));
+    // v1: migrate while the child builds its file system (the two overlap);
+    // on v2 it was born in its leaf, and this does nothing.
+    if (auto st = sb->leaf_->attach_from_parent(sb->pid_); !st.ok())
+      return unless_gone(std::move(st).error().wrap("cgroup v1"));
+    if (int e = signal_child(kSyncCgroup)) return unless_gone(Error::from_errno(e, "signalling the sandbox"));
+    return {};
+  }
+
+  // One byte on the sync pipe: 0, or the write's errno.
+  int signal_child(char c) {
+    ssize_t n;
+    do n = ::write(sync.w.get(), &c, 1);
+    while (n < 0 && errno == EINTR);
+    return n == 1 ? 0 : errno;
+  }
+
+  // A child that failed early (a missing venv is found by its first mount
+  // steps) has exited by the time the parent signals it: EPIPE on the sync
+  // pipe, ESRCH when moving it into its cgroup. That is not an engine
+  // error: the child's own report says what failed, and supervise() reads
+  // it. Returning the engine's "Broken pipe" instead hid the real cause.
+  static Status unless_gone(Error e) { return e.code == EPIPE || e.code == ESRCH ? Status() : Status(std::move(e)); }
+};
+
 Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   if (!spec.seccomp || spec.seccomp->insns.empty())
     return Error::invalid("a compiled seccomp program is required for every run");
@@ -451,201 +651,27 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
       return Error::invalid("environment entries must be KEY=VALUE");
   (void)core_->collect();
 
-  std::unique_ptr<Sandbox> sb(new Sandbox());
-  sb->core_ = core_;
-  sb->started_ = std::chrono::steady_clock::now();
-  sb->run_id_ = random_hex(8);
-  sb->limits_ = spec.limits;
-
-  std::uint32_t slot = 0;
-  auto lease = lease_uid_slot(&slot);
-  if (!lease.ok()) return std::move(lease).error();
-  sb->uid_slot_ = std::move(lease).value();
-  sb->slot_ = slot;
-  sb->host_uid_ = config_.uid_base + slot * kIdsPerSlot;
-
-  CgroupLimits cl;
-  cl.memory_bytes = spec.limits.memory_bytes;
-  cl.pids = spec.limits.pids;
-  cl.cpu_quota_millicpus = spec.limits.cpu_quota_millicpus;
-  // "<prefix>.<pid>.<instance>-<n>": the instance tag names this engine
-  // (its lock file says whether it is alive); the pid is for people, and
-  // for engines without a lock file.
-  std::string leaf_name = config_.leaf_prefix + "." + std::to_string(::getpid()) + "." + instance_ + "-" +
-                          std::to_string(++seq_);
-  auto leaf = core_->cgroups->create_leaf(leaf_name, cl);
-  if (!leaf.ok()) return std::move(leaf).error().wrap("creating the run's cgroup");
-  sb->leaf_ = std::move(leaf).value();
-
-  auto in = make_pipe(spec.stdin_socket), out = make_pipe(), err = make_pipe(), rep = make_pipe(), sync = make_pipe(),
-       watch = make_pipe();
-  for (auto* p : {&in, &out, &err, &rep, &sync, &watch})
-    if (!p->ok()) return std::move(*p).error().wrap("creating pipes");
-  for (int fd : {in->w.get(), out->r.get(), err->r.get(), rep->r.get()}) TSB_TRY(set_nonblock(fd), "the run's pipes");
-  // Egress: init sends the proxy's listener it made in the sandbox's network
-  // namespace over this pair, to the front end (isolate/engine/plan.h).
-  int egress[2] = {-1, -1};
-  if (spec.network == NetworkMode::Egress && ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, egress) != 0)
-    return Error::from_errno("the egress socket pair");
-  const UniqueFd egress_init(egress[1]);
-  sb->egress_.reset(egress[0]);
-
-  MountContext mctx;
-  mctx.host_id_base = sb->host_uid_;
-  mctx.tool_uid = spec.sandbox_uid;
-  mctx.tool_gid = spec.sandbox_gid;
-  mctx.overlay_views = features_.overlay_views;
-  mctx.empty_dir_fd = empty_dir_.get();
-  auto fs = prepare_fs(*spec.fs, mctx);
-  if (!fs.ok()) return std::move(fs).error().wrap("preparing the sandbox's mounts");
-
-  // The plan (isolate/engine/plan.h). The engine ends the run at its wall
-  // timeout; init's own fence comes later, for an engine alive but stuck.
-  const auto wall = std::chrono::duration_cast<std::chrono::milliseconds>(spec.limits.wall_timeout);
-  const auto slack = std::max<std::chrono::milliseconds>(std::chrono::seconds(5), wall / 10);
-  Writer w;
-  w.u32(kPlanMagic);
-  for (int fd : {rep->w.get(), in->r.get(), out->w.get(), err->w.get(), sync->r.get(),
-                 watch->r.get(), sb->uid_slot_.get(), fs->root.get()})
-    w.i32(fd);
-  w.i32(egress[1]);
-  w.u32(static_cast<std::uint32_t>((wall + slack).count() / 1000 + 1));
-  w.u8(spec.network == NetworkMode::Host ? kNetworkHost : egress[1] < 0 ? kNetworkOwn : kNetworkEgress);
-  w.cstr(staging_root_);
-  w.cstr(spec.hostname);
-  w.cstr(spec.workdir);
-  w.u32(spec.sandbox_uid);
-  w.u32(spec.sandbox_gid);
-  w.u64(spec.limits.file_size_bytes);
-  w.u64(spec.limits.open_files);
-  w.u64(spec.limits.pids);
-  w.u64(static_cast<std::uint64_t>(spec.limits.cpu_time.count()));
-  for (const auto* list : {&spec.argv, &spec.env}) {
-    w.u32(static_cast<std::uint32_t>(list->size()));
-    for (const auto& a : *list) w.cstr(a);
-  }
-  w.cstr({reinterpret_cast<const char*>(spec.seccomp->insns.data()), spec.seccomp->insns.size() * sizeof(sock_filter)});
-  w.cstr(init_filter_);
-  w.u32(fs->nsteps);
-  w.raw(fs->steps);
-  auto plan = plan_memfd(w.take());
-  if (!plan.ok()) return std::move(plan).error();
-
-  // What init gets across its execve: the descriptors the plan names.
-  std::vector<int> keep = {rep->w.get(), in->r.get(), out->w.get(), err->w.get(), sync->r.get(), watch->r.get(),
-                           sb->uid_slot_.get(), fs->root.get(), plan->get()};
-  for (const auto& fd : fs->fds) keep.push_back(fd.get());
-  if (egress[1] >= 0) keep.push_back(egress[1]);
-  ChildStart start{};
-  start.sync_fd = sync->r.get();
-  start.sync_w_fd = sync->w.get();
-  start.report_fd = rep->w.get();
-  start.init_fd = init_exe_.get();
-  start.keep = keep.data();
-  start.nkeep = keep.size();
-  start.memfd_noexec = features_.memfd_noexec;
-  std::snprintf(start.report_arg, sizeof start.report_arg, "%d", rep->w.get());
-  std::snprintf(start.plan_arg, sizeof start.plan_arg, "%d", plan->get());
-
-  std::uint64_t flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD |
-                        CLONE_CLEAR_SIGHAND;
-  if (spec.network != NetworkMode::Host) flags |= CLONE_NEWNET;
-  const bool into_cgroup = core_->cgroups->mode() == CgroupMode::V2;
-  if (into_cgroup) flags |= CLONE_INTO_CGROUP;
-
-  int pidfd = -1;
-  struct clone_args args{};
-  args.flags = flags;
-  args.pidfd = reinterpret_cast<std::uint64_t>(&pidfd);
-  args.exit_signal = SIGCHLD;
-  if (into_cgroup) args.cgroup = static_cast<std::uint64_t>(sb->leaf_->clone_fd());
-
-  // Every signal is blocked across clone3, and CLONE_CLEAR_SIGHAND gives the
-  // child default handlers: no handler of the engine can ever run in the
-  // child, which then resets its mask and dispositions itself (systemd's
-  // safe_fork_full does the same around fork).
-  sigset_t all, old;
-  sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &old);
-  // On v2 the child is born in its leaf (CLONE_INTO_CGROUP): no migration,
-  // which would cost milliseconds after idle (docs/BENCHMARKS.md).
-  long pid = ::syscall(SYS_clone3, &args, sizeof args);
-  if (pid == 0) child_main(start);  // never returns
-  int clone_errno = errno;
-  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (pid < 0) return Error::from_errno(clone_errno, "clone3");
-
-  // From here the Sandbox owns the child: any early return kills it (and
-  // the engine reaps it later, without blocking).
-  sb->pid_ = static_cast<pid_t>(pid);
-  sb->pidfd_.reset(pidfd);
-  in->r.reset();
-  out->w.reset();
-  err->w.reset();
-  rep->w.reset();
-  sync->r.reset();
-  watch->r.reset();
-  sb->watch_w_ = std::move(watch->w);
-  // The slot's record names this run's init (see lease_uid_slot).
-  {
-    SlotRecord rec{kSlotMagic, static_cast<std::int32_t>(pid), process_start_ticks(sb->pid_)};
-    if (::pwrite(sb->uid_slot_.get(), &rec, sizeof rec, static_cast<off_t>(slot) * static_cast<off_t>(sizeof rec)) !=
-        static_cast<ssize_t>(sizeof rec))
-      return Error::from_errno("recording the uid slot's init");
-  }
-
-  // The pipes to the tool are the supervisor's from here on, whatever
-  // happens below.
-  sb->stdin_w_ = std::move(in->w);
-  sb->stdout_r_ = std::move(out->r);
-  sb->stderr_r_ = std::move(err->r);
-  sb->report_r_ = std::move(rep->r);
-
-  // A child that failed early (a missing venv is found by its first mount
-  // steps) has exited by the time the parent signals it: EPIPE on the sync
-  // pipe, ESRCH when moving it into its cgroup. That is not an engine
-  // error: the child's own report says what failed, and supervise() reads
-  // it. Returning the engine's "Broken pipe" instead hid the real cause.
-  const auto child_gone = [](int e) { return e == EPIPE || e == ESRCH; };
-
-  // The sandbox is what the OOM killer takes first when memory runs out.
-  // Written by the engine, which holds CAP_SYS_RESOURCE: that also makes it
-  // the floor (oom_score_adj_min) for every process of the run, none of
-  // which may then lower its score. Written from inside, it would not be.
-  TSB_TRY(write_proc(sb->pid_, "oom_score_adj", std::to_string(config_.sandbox_oom_score_adj)),
-          "setting the run's OOM score");
-
-  // Id maps: sandbox 0..65535 -> host range of this slot. setgroups first
-  // ("deny" is required before an unprivileged gid_map and keeps the tool
-  // from ever changing its groups).
-  std::string map = "0 " + std::to_string(sb->host_uid_) + " " + std::to_string(kIdsPerSlot) + "\n";
-  TSB_TRY(write_proc(sb->pid_, "setgroups", "deny"), "writing id maps");
-  TSB_TRY(write_proc(sb->pid_, "uid_map", map), "writing id maps");
-  TSB_TRY(write_proc(sb->pid_, "gid_map", map), "writing id maps");
-  const auto signal_child = [&](const char* c) {
-    ssize_t n;
-    do n = ::write(sync->w.get(), c, 1);
-    while (n < 0 && errno == EINTR);
-    return n == 1;
-  };
-  if (!signal_child(&kSyncMaps)) {
-    if (child_gone(errno)) return sb;
-    return Error::from_errno("signalling the sandbox");
-  }
-
-  // v1: migrate while the child builds its file system (the two overlap).
-  if (!into_cgroup) {
-    auto st = sb->leaf_->attach_from_parent(sb->pid_);
-    if (!st.ok()) {
-      if (child_gone(st.error().code)) return sb;
-      return std::move(st).error().wrap("cgroup v1");
-    }
-  }
-  if (!signal_child(&kSyncCgroup)) {
-    if (child_gone(errno)) return sb;
-    return Error::from_errno("signalling the sandbox");
-  }
-  return sb;
+  // The steps, in this order: each needs what the ones before made (the
+  // slot's host ids for the mounts, every descriptor for the plan, the
+  // child's pid for its maps). From the clone on, the Sandbox owns the
+  // child: any early return kills it (and the engine reaps it later,
+  // without blocking).
+  Launch l(*this, spec);
+  // 1. The Sandbox, its uid slot and its cgroup leaf.
+  if (auto st = l.reserve(); !st.ok()) return std::move(st).error();
+  // 2. The run's pipes, and the egress socket pair.
+  if (auto st = l.make_pipes(); !st.ok()) return std::move(st).error();
+  // 3. The mounts, detached.
+  if (auto st = l.prepare_mounts(); !st.ok()) return std::move(st).error();
+  // 4. init's plan, naming every descriptor above.
+  if (auto st = l.write_plan(); !st.ok()) return std::move(st).error();
+  // 5. clone3: the child waits for its maps (child.cc), then executes init.
+  if (auto st = l.clone_child(); !st.ok()) return std::move(st).error();
+  // 6. The parent's ends of the pipes; the slot's record names the child.
+  if (auto st = l.take_parent_ends(); !st.ok()) return std::move(st).error();
+  // 7. OOM score, id maps, (v1) cgroup: the child goes on to build the sandbox.
+  if (auto st = l.release_child(); !st.ok()) return std::move(st).error();
+  return std::move(l.sb);
 }
 
 }  // namespace tsb::isolate

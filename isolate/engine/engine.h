@@ -209,6 +209,7 @@ class Engine {
 
  private:
   Engine() = default;
+  struct Launch;  // one spawn's steps (engine.cc)
   Result<UniqueFd> lease_uid_slot(std::uint32_t* slot);
   void reclaim_at_start();
 

@@ -84,9 +84,9 @@ TEST_F(EngineTest, DaemonExecuteBinaryFraming) {
 TEST_F(EngineTest, DaemonExecuteLegacyFraming) {
   Daemon d;
   std::string payload = R"({"results": "ok", "agent_state": null})";
-  std::string script = "import base64\nprint('x', end='')\nprint('" + std::string(letta::kLegacyStartMarker) +
+  std::string script = "import base64\nprint('x', end='')\nprint('" + std::string(tsb::letta::kLegacyStartMarker) +
                        "' + base64.b64encode(" + json(payload).dump() + ".encode()).decode() + '" +
-                       std::string(letta::kLegacyEndMarker) + "', end='')\nprint('y')\n";
+                       std::string(tsb::letta::kLegacyEndMarker) + "', end='')\nprint('y')\n";
   auto r = d.request(execute(script));
   ASSERT_TRUE(r.value("ok", false)) << r.dump();
   EXPECT_EQ(r["result"]["func_return"], "ok") << r.dump();

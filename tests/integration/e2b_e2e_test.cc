@@ -332,7 +332,7 @@ TEST_F(E2BTest, E2BReuseByFingerprintRefreshesTimeout) {
   EXPECT_GE(fake_->sandbox(rec(r1)["sandbox_id"])["refreshes"].get<int>(), 1) << "the TTL is refreshed on reuse";
 
   // The metadata is Letta's fingerprint of that config.
-  auto fp = letta::sandbox_config_fingerprint("e2b", "org-a", cfg["config"]);
+  auto fp = tsb::letta::sandbox_config_fingerprint("e2b", "org-a", cfg["config"]);
   ASSERT_TRUE(fp.ok());
   EXPECT_EQ(r1["result"]["sandbox_config_fingerprint"], *fp);
   EXPECT_EQ(fake_->sandbox(rec(r1)["sandbox_id"])["metadata"]["config_state"], *fp);
@@ -379,7 +379,7 @@ TEST_F(E2BTest, E2BRunsUseTheE2BAlternative) {
   ASSERT_TRUE(r.value("ok", false)) << r.dump() << d.log_text();
   EXPECT_EQ(rec(r)["backend"], "e2b");
   EXPECT_EQ(r["result"]["func_return"], "e2b") << "the E2B env replaces the local one";
-  auto fp = letta::sandbox_config_fingerprint("e2b", "org-of-config", alt["config"]);
+  auto fp = tsb::letta::sandbox_config_fingerprint("e2b", "org-of-config", alt["config"]);
   ASSERT_TRUE(fp.ok());
   EXPECT_EQ(r["result"]["sandbox_config_fingerprint"], *fp) << "the E2B config's fingerprint, with its own organization";
   EXPECT_EQ(fake_->sandbox(rec(r)["sandbox_id"])["metadata"]["config_state"], *fp);
@@ -391,7 +391,7 @@ TEST_F(E2BTest, E2BRunsUseTheE2BAlternative) {
   ASSERT_TRUE(r.value("ok", false)) << r.dump();
   EXPECT_EQ(rec(r)["backend"], "local");
   EXPECT_EQ(r["result"]["func_return"], "local");
-  auto local_fp = letta::sandbox_config_fingerprint("local", "org-priv", local["config"]);
+  auto local_fp = tsb::letta::sandbox_config_fingerprint("local", "org-priv", local["config"]);
   ASSERT_TRUE(local_fp.ok());
   EXPECT_EQ(r["result"]["sandbox_config_fingerprint"], *local_fp);
 
@@ -402,7 +402,7 @@ TEST_F(E2BTest, E2BRunsUseTheE2BAlternative) {
   ASSERT_TRUE(r.value("ok", false)) << r.dump();
   EXPECT_EQ(rec(r)["backend"], "e2b");
   EXPECT_EQ(r["result"]["func_return"], "local");
-  local_fp = letta::sandbox_config_fingerprint("local", "org-net", local["config"]);
+  local_fp = tsb::letta::sandbox_config_fingerprint("local", "org-net", local["config"]);
   EXPECT_EQ(r["result"]["sandbox_config_fingerprint"], *local_fp);
 
   // A bad alternative is named as such.
@@ -434,7 +434,7 @@ TEST_F(E2BTest, E2BConcurrentRunsNeverShareASandbox) {
 
 TEST_F(E2BTest, E2BAdoptsRunningSandboxByMetadataWithPaging) {
   json cfg = e2b_config("adopt");
-  auto fp = letta::sandbox_config_fingerprint("e2b", "org-a", cfg["config"]);
+  auto fp = tsb::letta::sandbox_config_fingerprint("e2b", "org-a", cfg["config"]);
   ASSERT_TRUE(fp.ok());
   // Two sandboxes with our metadata exist already (left by an earlier
   // daemon); the fake lists one per page.
@@ -503,9 +503,9 @@ TEST_F(E2BTest, E2BScriptModeLettaConventions) {
 
   // Letta's legacy text framing in stdout.
   std::string payload = R"({"results": "legacy", "agent_state": null})";
-  std::string script = "import base64\nprint('x', end='')\nprint('" + std::string(letta::kLegacyStartMarker) +
+  std::string script = "import base64\nprint('x', end='')\nprint('" + std::string(tsb::letta::kLegacyStartMarker) +
                        "' + base64.b64encode(" + json(payload).dump() + ".encode()).decode() + '" +
-                       std::string(letta::kLegacyEndMarker) + "', end='')\nprint('y')\n";
+                       std::string(tsb::letta::kLegacyEndMarker) + "', end='')\nprint('y')\n";
   r = d.request(execute(script));
   EXPECT_EQ(r["result"]["func_return"], "legacy") << r.dump();
   EXPECT_EQ(rec(r)["framing"], "legacy-text");

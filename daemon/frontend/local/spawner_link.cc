@@ -266,30 +266,165 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
   std::_Exit(1);
 }
 
+// However a run's coroutine ends (an exception on the way too), the run
+// is forgotten, and one that started and has not ended is killed: it must
+// not run on, counted by the spawner, with no one reading it. (A Started
+// that comes after this is killed by the receive loop: its id is unknown
+// then.)
+struct SpawnerLink::Forget {
+  SpawnerLink& l;
+  std::uint64_t id;
+  const std::shared_ptr<Pending>& p;
+  ~Forget() {
+    if (p->answered && !p->refused && !p->ended) l.kill_once(id, *p);
+    l.warm_runs_ -= p->warm ? 1 : 0;
+    l.pending_.erase(id);
+  }
+};
+
+// The readers of a run's stdout and stderr write into buffers of their own
+// (the Ended message replaces the result), merged at the end; they hold
+// them, so a reader that outlives its run (a pipe still open after 5 s)
+// writes into nothing freed. stdout goes to `sink` instead, when there is
+// one.
+struct SpawnerLink::Output {
+  std::array<CappedOutput, 2> streams;
+  StdoutSink sink;
+  bool sink_refused = false;
+
+  void merge_into(isolate::RunResult& r) {
+    r.stdout_truncated = streams[0].truncated();
+    r.stdout_total_bytes = streams[0].total();
+    r.stdout_data = std::move(streams[0]).take();
+    r.stderr_truncated = streams[1].truncated();
+    r.stderr_total_bytes = streams[1].total();
+    r.stderr_data = std::move(streams[1]).take();
+  }
+};
+
+// Kill: the client is gone, the output sink refused more, or the spawner
+// is overdue. Sent once, whoever asks again.
+void SpawnerLink::kill_once(std::uint64_t id, Pending& p) {
+  if (p.kill_sent) return;
+  p.kill_sent = true;
+  (void)send(spawn::encode(spawn::Kill{id}));
+}
+
+asio::awaitable<bool> SpawnerLink::wait_for_spawner(Pending& p, bool until_end) {
+  // `wake` expires at the deadline; every poke before only cancels the
+  // wait. An expiry that raced an answer (its completion already queued
+  // when the answer's poke came) is no expiry.
+  const auto waiting = [&] { return until_end ? !p.ended : !p.answered; };
+  while (waiting())
+    if (!std::get<0>(co_await p.wake.async_wait(tuple_awaitable)) && waiting()) co_return false;
+  co_return true;
+}
+
+// The spawner has not answered or ended the run a margin past its timeout:
+// it may be hung. The run is killed (should the spawner come back) and
+// abandoned: its coroutines may outlive what run() lent them.
+LinkRun SpawnerLink::give_up(std::uint64_t id, Pending& p) {
+  spdlog::critical("run {}: the sandbox spawner has not ended it {} s past its timeout: it may be hung", id,
+                   overdue_margin_.count() / 1000);
+  kill_once(id, p);
+  const bool started = p.answered && !p.refused;
+  p.abandoned = p.ended = true;  // (ended: the channel's second part is not asked for)
+  LinkRun out;
+  if (!started) {
+    out.refused = spawn::Refused{id, spawn::RefuseCode::Unavailable,
+                                 "the sandbox spawner did not answer the run in time (it may be hung)"};
+    return out;
+  }
+  // It ran: a run, with its record (its output up to now is not waited for).
+  out.warm = p.warm;
+  out.result.run_id = p.result.run_id;
+  out.result.host_uid = p.result.host_uid;
+  out.result.reason = isolate::EndReason::Cancelled;
+  out.result.error = "the sandbox spawner did not end the run " + std::to_string(overdue_margin_.count() / 1000) +
+                     " s past its timeout (it may be hung): the run was given up and killed";
+  return out;
+}
+
+namespace {
+
+// stdin: written, then closed (EOF). EPIPE when the tool never reads it
+// is fine (the front end ignores SIGPIPE: daemon/frontend/main.cc). A
+// warm sandbox's is a socket: shut for writing, for its EOF.
+asio::awaitable<void> write_stdin(asio::io_context& io, UniqueFd fd, std::string data, std::string handover) {
+  stream sd(io, fd.release());
+  if (!co_await hand_over(sd, handover)) co_return;
+  if (!data.empty()) co_await asio::async_write(sd, asio::buffer(data), tuple_awaitable);
+  if (!handover.empty()) ::shutdown(sd.native_handle(), SHUT_WR);
+}
+
+}  // namespace
+
+// The result channel on the run's stdin socket (a warm sandbox's hand-over
+// first): the first part, the runner's declaration, then the second part,
+// and what the runner sends back, up to the cap. Counted as a reader.
+asio::awaitable<void> SpawnerLink::exchange_channel(asio::io_context& io, UniqueFd fd, ChannelExchange ex,
+                                                    std::shared_ptr<Pending> p, std::shared_ptr<ChannelOutcome> o,
+                                                    std::string handover) {
+  stream sd(io, fd.release());
+  std::string declaration(letta::kChannelDeclarationSize, '\0');
+  if (co_await hand_over(sd, handover) &&
+      !std::get<0>(co_await asio::async_write(sd, asio::buffer(ex.first), tuple_awaitable)) &&
+      !std::get<0>(co_await asio::async_read(sd, asio::buffer(declaration), tuple_awaitable)))
+    o->declared = letta::parse_channel_declaration(declaration);
+  std::string().swap(ex.first);  // freed, not only emptied
+  // Once Ended came nothing reads a second part, and run() may have
+  // returned (with the request `second` reads from).
+  if (o->declared && !p->ended) {
+    std::string second = ex.second(*o->declared);
+    auto [ec, n] = co_await asio::async_write(sd, asio::buffer(second), tuple_awaitable);
+    std::string().swap(second);  // not held while the tool runs
+    ::shutdown(sd.native_handle(), SHUT_WR);  // the runner reads no more
+    std::array<char, 65536> buf;
+    while (!ec) {
+      std::tie(ec, n) = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
+      if (o->result.size() < ex.cap) o->result.append(buf.data(), std::min<std::uint64_t>(n, ex.cap - o->result.size()));
+      o->result_total += n;
+    }
+  }
+  --p->readers;
+  p->poke();
+}
+
+// stdout (i 0) or stderr (i 1), read to its end: fed to its capped
+// buffer, or stdout to the sink, whose refusal kills the run (and the rest
+// is read and dropped).
+asio::awaitable<void> SpawnerLink::read_output(std::uint64_t id, UniqueFd fd, std::shared_ptr<Pending> p,
+                                               std::shared_ptr<Output> o, int i) {
+  stream sd(io_, fd.release());
+  std::array<char, 65536> buf;
+  for (;;) {
+    auto [ec, n] = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
+    if (ec) break;  // EOF or error: this stream is over
+    const std::string_view chunk(buf.data(), n);
+    if (i == 0 && o->sink) {
+      if (p->abandoned) continue;
+      if (!o->sink_refused && !o->sink(chunk)) {
+        o->sink_refused = true;
+        if (!p->ended) kill_once(id, *p);
+      }
+      continue;
+    }
+    o->streams[i].feed(chunk);
+  }
+  --p->readers;
+  p->poke();
+}
+
 asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                           std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
                                           CancelSignal& cancel, egress::RunProxy* egress,
                                           StdoutSink stdout_sink, std::optional<ChannelExchange> channel) {
+  // 1. The run is known under its id until this ends (Forget).
   auto p = std::make_shared<Pending>(io_);
   const std::uint64_t id = order.id = ++next_id_;
   pending_.emplace(id, p);
-  // However this ends (an exception on the way too), the run is forgotten,
-  // and one that started and has not ended is killed: it must not run on,
-  // counted by the spawner, with no one reading it. (A Started that comes
-  // after this is killed by the receive loop: its id is unknown then.)
-  struct Forget {
-    SpawnerLink& l;
-    std::uint64_t id;
-    const std::shared_ptr<Pending>& p;
-    ~Forget() {
-      if (p->answered && !p->refused && !p->ended && !p->kill_sent) {
-        p->kill_sent = true;
-        (void)l.send(spawn::encode(spawn::Kill{id}));
-      }
-      l.warm_runs_ -= p->warm ? 1 : 0;
-      l.pending_.erase(id);
-    }
-  } forget{*this, id, p};
+  const Forget forget{*this, id, p};
+  // 2. The order goes out; one that cannot is refused here.
   if (auto st = send(spawn::encode(order), id); !st.ok()) {
     LinkRun out;
     out.refused = spawn::Refused{id, st.error().code == EMSGSIZE ? spawn::RefuseCode::OutOfBounds : spawn::RefuseCode::Unavailable,
@@ -298,49 +433,17 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
                                      : "the sandbox spawner is not reachable: " + st.error().message};
     co_return out;
   }
+  // 3. The run's cancel signal asks the spawner to kill it. The spawner
+  // ends every run by its timeout, which it enforces itself: a run with no
+  // end a margin past it means a spawner that hangs. The client is told so
+  // rather than left waiting for ever (give_up), and the run is killed
+  // should the spawner come back.
   CancelHook hook(cancel, [this, p, id] {
-    if (p->kill_sent || p->ended) return;
-    p->kill_sent = true;
-    (void)send(spawn::encode(spawn::Kill{id}));
+    if (!p->ended) kill_once(id, *p);
   });
-  // The spawner ends every run by its timeout, which it enforces itself: a
-  // run with no end a margin past it means a spawner that hangs. The
-  // client is told so rather than left waiting for ever, and the run is
-  // killed should the spawner come back. (`wake` expires then; every poke
-  // before only cancels the wait.)
   p->wake.expires_at(std::chrono::steady_clock::now() + order.timeout + overdue_margin_);
-  const auto overdue = [&] {
-    spdlog::critical("run {}: the sandbox spawner has not ended it {} s past its timeout: it may be hung", id,
-                     overdue_margin_.count() / 1000);
-    if (!p->kill_sent) {
-      p->kill_sent = true;
-      (void)send(spawn::encode(spawn::Kill{id}));
-    }
-    const bool started = p->answered && !p->refused;
-    p->abandoned = p->ended = true;  // (ended: the channel's second part is not asked for)
-    LinkRun out;
-    if (!started) {
-      out.refused = spawn::Refused{id, spawn::RefuseCode::Unavailable,
-                                   "the sandbox spawner did not answer the run in time (it may be hung)"};
-      return out;
-    }
-    // It ran: a run, with its record (its output up to now is not waited for).
-    out.warm = p->warm;
-    out.result.run_id = p->result.run_id;
-    out.result.host_uid = p->result.host_uid;
-    out.result.reason = isolate::EndReason::Cancelled;
-    out.result.error = "the sandbox spawner did not end the run " + std::to_string(overdue_margin_.count() / 1000) +
-                       " s past its timeout (it may be hung): the run was given up and killed";
-    return out;
-  };
-  // An expiry that raced an answer (its completion already queued when the
-  // answer's poke came) is no expiry.
-  const auto expired = [&](bool waited_for_end) {
-    return waited_for_end ? !p->ended : !p->answered;
-  };
-
-  while (!p->answered)
-    if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable)) && expired(false)) co_return overdue();
+  // 4. The spawner's answer: Started, Refused, or Ended (its spawn failed).
+  if (!co_await wait_for_spawner(*p, false)) co_return give_up(id, *p);
   LinkRun out;
   if (p->refused) {
     out.refused = std::move(p->refused);
@@ -349,133 +452,57 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
   isolate::RunResult& r = p->result;
   if (egress && p->egress) egress->start(std::move(p->egress), r.run_id);
   out.warm = p->warm;
-  // A warm sandbox's hand-over comes first: the run's environment, once
-  // its runner said it is ready; then what a cold run's stdin gets.
-  std::string handover = p->warm ? runner_environ_part(order.env) : std::string();
-  std::shared_ptr<ChannelOutcome> outcome;
-  if (!p->fds.empty() && channel) {
-    // The result channel: a reader like stdout and stderr. Any failure
-    // (the runner died, it sent something else) ends the exchange; what
-    // came so far is what the shaping sees.
-    outcome = std::make_shared<ChannelOutcome>();
-    ++p->readers;
-    asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, ChannelExchange ex, std::shared_ptr<Pending> p,
-                           std::shared_ptr<ChannelOutcome> o, std::string handover) -> asio::awaitable<void> {
-      stream sd(io, fd.release());
-      std::string declaration(letta::kChannelDeclarationSize, '\0');
-      if (co_await hand_over(sd, handover) &&
-          !std::get<0>(co_await asio::async_write(sd, asio::buffer(ex.first), tuple_awaitable)) &&
-          !std::get<0>(co_await asio::async_read(sd, asio::buffer(declaration), tuple_awaitable)))
-        o->declared = letta::parse_channel_declaration(declaration);
-      std::string().swap(ex.first);  // freed, not only emptied
-      // Once Ended came nothing reads a second part, and run() may have
-      // returned (with the request `second` reads from).
-      if (o->declared && !p->ended) {
-        std::string second = ex.second(*o->declared);
-        auto [ec, n] = co_await asio::async_write(sd, asio::buffer(second), tuple_awaitable);
-        std::string().swap(second);  // not held while the tool runs
-        ::shutdown(sd.native_handle(), SHUT_WR);  // the runner reads no more
-        std::array<char, 65536> buf;
-        while (!ec) {
-          std::tie(ec, n) = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
-          if (o->result.size() < ex.cap) o->result.append(buf.data(), std::min<std::uint64_t>(n, ex.cap - o->result.size()));
-          o->result_total += n;
-        }
-      }
-      --p->readers;
-      p->poke();
-    }(io_, std::move(p->fds[0]), std::move(*channel), p, outcome, std::move(handover)), asio::detached);
-  } else if (!p->fds.empty()) {
-    // stdin: written, then closed (EOF). EPIPE when the tool never reads it
-    // is fine (the front end ignores SIGPIPE: daemon/frontend/main.cc). A
-    // warm sandbox's is a socket: shut for writing, for its EOF.
-    asio::co_spawn(io_, [](asio::io_context& io, UniqueFd fd, std::string data, std::string handover) -> asio::awaitable<void> {
-      stream sd(io, fd.release());
-      if (!co_await hand_over(sd, handover)) co_return;
-      if (!data.empty()) co_await asio::async_write(sd, asio::buffer(data), tuple_awaitable);
-      if (!handover.empty()) ::shutdown(sd.native_handle(), SHUT_WR);
-    }(io_, std::move(p->fds[0]), std::move(stdin_data), std::move(handover)), asio::detached);
-  }
-  if (!p->fds.empty()) {
-    // stdout, stderr: the first `cap` bytes kept, and past them only a
-    // result frame (capped_output.h); the run goes on, and the rest is read
-    // and dropped, so this process's memory stays bounded.
-    struct Sink {
-      std::string* data;
-      bool* truncated;
-      std::uint64_t* total;
-    };
-    const Sink sinks[2] = {{&r.stdout_data, &r.stdout_truncated, &r.stdout_total_bytes},
-                           {&r.stderr_data, &r.stderr_truncated, &r.stderr_total_bytes}};
-    // The readers write into their own buffers (the Ended message replaces
-    // the result), merged at the end; they hold them, so a reader that
-    // outlives this run (a pipe still open after 5 s) writes into nothing freed.
-    struct Output {
-      std::array<CappedOutput, 2> streams;
-      StdoutSink sink;
-      bool sink_refused = false;
-    };
-    auto output = std::make_shared<Output>(Output{{CappedOutput(stdout_cap, std::move(stdout_frame_tokens)),
-                                                   CappedOutput(stderr_cap, {})},
-                                                  std::move(stdout_sink)});
-    p->readers += 2;
-    for (int i = 0; i < 2; ++i) {
-      asio::co_spawn(io_, [](SpawnerLink& link, std::uint64_t id, UniqueFd fd, std::shared_ptr<Pending> p,
-                             std::shared_ptr<Output> o, int i) -> asio::awaitable<void> {
-        stream sd(link.io_, fd.release());
-        std::array<char, 65536> buf;
-        for (;;) {
-          auto [ec, n] = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
-          if (ec) break;  // EOF or error: this stream is over
-          const std::string_view chunk(buf.data(), n);
-          if (i == 0 && o->sink) {
-            if (p->abandoned) continue;
-            if (!o->sink_refused && !o->sink(chunk)) {
-              o->sink_refused = true;
-              if (!p->kill_sent && !p->ended) {
-                p->kill_sent = true;
-                (void)link.send(spawn::encode(spawn::Kill{id}));
-              }
-            }
-            continue;
-          }
-          o->streams[i].feed(chunk);
-        }
-        --p->readers;
-        p->poke();
-      }(*this, id, std::move(p->fds[1 + i]), p, output, i),
-                     asio::detached);
-    }
-    p->fds.clear();
-    while (!p->ended)
-      if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable)) && expired(true)) co_return overdue();
-    // Every writer is gone once pid 1 has exited: the pipes reach EOF at
-    // once. Bounded anyway (a pipe held open by something that escaped).
-    if (p->readers > 0) {
-      p->wake.expires_after(std::chrono::seconds(5));
-      while (p->readers > 0) {
-        auto [ec] = co_await p->wake.async_wait(tuple_awaitable);
-        if (!ec) break;  // the 5 s ran out
-      }
-    }
-    for (int i = 0; i < 2; ++i) {
-      CappedOutput& s = output->streams[i];
-      *sinks[i].truncated = s.truncated();
-      *sinks[i].total = s.total();
-      *sinks[i].data = std::move(s).take();
-    }
-    if (outcome) out.channel = std::move(*outcome);
-  } else {
+  if (p->fds.empty()) {
     // Ended without Started (the spawn failed; nothing ran), or Started
     // without its pipes (ended at once).
-    while (!p->ended)
-      if (!std::get<0>(co_await p->wake.async_wait(tuple_awaitable)) && expired(true)) co_return overdue();
+    if (!co_await wait_for_spawner(*p, true)) co_return give_up(id, *p);
     if (p->no_stdio) {
       r.reason = isolate::EndReason::SetupFailed;
       r.exit_code = -1;
       r.error = "the daemon could not take the run's pipes (out of file descriptors)";
     }
+    out.result = std::move(r);
+    co_return out;
   }
+  // 5. stdin: a warm sandbox's hand-over comes first (the run's
+  // environment, once its runner said it is ready), then what a cold run's
+  // stdin gets; or the result channel, a reader like stdout and stderr.
+  // Any failure of the channel (the runner died, it sent something else)
+  // ends the exchange; what came so far is what the shaping sees.
+  std::string handover = p->warm ? runner_environ_part(order.env) : std::string();
+  std::shared_ptr<ChannelOutcome> outcome;
+  if (channel) {
+    outcome = std::make_shared<ChannelOutcome>();
+    ++p->readers;
+    asio::co_spawn(io_, exchange_channel(io_, std::move(p->fds[0]), std::move(*channel), p, outcome, std::move(handover)),
+                   asio::detached);
+  } else {
+    asio::co_spawn(io_, write_stdin(io_, std::move(p->fds[0]), std::move(stdin_data), std::move(handover)), asio::detached);
+  }
+  // 6. stdout, stderr: the first `cap` bytes kept, and past them only a
+  // result frame (capped_output.h); the run goes on, and the rest is read
+  // and dropped, so this process's memory stays bounded.
+  auto output = std::make_shared<Output>(Output{{CappedOutput(stdout_cap, std::move(stdout_frame_tokens)),
+                                                 CappedOutput(stderr_cap, {})},
+                                                std::move(stdout_sink)});
+  p->readers += 2;
+  for (int i = 0; i < 2; ++i)
+    asio::co_spawn(io_, read_output(id, std::move(p->fds[1 + i]), p, output, i), asio::detached);
+  p->fds.clear();
+  // 7. The spawner's Ended; then the readers' last bytes. Every writer is
+  // gone once pid 1 has exited: the pipes reach EOF at once. Bounded anyway
+  // (a pipe held open by something that escaped).
+  if (!co_await wait_for_spawner(*p, true)) co_return give_up(id, *p);
+  if (p->readers > 0) {
+    p->wake.expires_after(std::chrono::seconds(5));
+    while (p->readers > 0) {
+      auto [ec] = co_await p->wake.async_wait(tuple_awaitable);
+      if (!ec) break;  // the 5 s ran out
+    }
+  }
+  // 8. What the readers kept, into the result Ended brought.
+  output->merge_into(r);
+  if (outcome) out.channel = std::move(*outcome);
   out.result = std::move(r);
   co_return out;
 }

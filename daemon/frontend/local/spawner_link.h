@@ -108,6 +108,25 @@ class SpawnerLink {
   Status send(std::string msg, std::uint64_t run = 0);
   asio::awaitable<void> flush_queued();
 
+  // The steps of run() and the coroutines it starts (spawner_link.cc).
+  struct Forget;
+  struct Output;
+  // Asks the spawner to kill the run, once.
+  void kill_once(std::uint64_t id, Pending& p);
+  // Waits for the spawner's answer (until_end: its Ended); false when the
+  // run's deadline came first.
+  static asio::awaitable<bool> wait_for_spawner(Pending& p, bool until_end);
+  // The spawner overdue for the run: it is killed, and what the client gets.
+  LinkRun give_up(std::uint64_t id, Pending& p);
+  // The result channel on the run's stdin socket: the first part, the
+  // runner's declaration, the second part, then what the runner sends.
+  static asio::awaitable<void> exchange_channel(asio::io_context& io, UniqueFd fd, ChannelExchange ex,
+                                                std::shared_ptr<Pending> p, std::shared_ptr<ChannelOutcome> o,
+                                                std::string handover);
+  // Reads stdout (i 0) or stderr (i 1) to its end, into `o`.
+  asio::awaitable<void> read_output(std::uint64_t id, UniqueFd fd, std::shared_ptr<Pending> p, std::shared_ptr<Output> o,
+                                    int i);
+
   asio::io_context& io_;
   UniqueFd control_;
   asio::posix::stream_descriptor sd_;
