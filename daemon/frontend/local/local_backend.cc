@@ -503,6 +503,7 @@ asio::awaitable<bool> LocalBackend::prepare_venv(PreparedRun& p, const std::stri
   out.audit += " venv=" + venv_key.substr(0, 16) + (venv.built ? " venv_built=yes" : "");
   if (venv.failure.empty()) {
     o.order.venv = venv_key;
+    o.venv_hold = std::move(venv.hold);
     co_return true;
   }
   if (venv.cancelled) {
@@ -527,7 +528,7 @@ asio::awaitable<bool> LocalBackend::prepare_venv(PreparedRun& p, const std::stri
   co_return false;
 }
 
-asio::awaitable<void> LocalBackend::run_order(PreparedRun& p, Order o, BackendRun& out) {
+asio::awaitable<void> LocalBackend::run_order(PreparedRun& p, Order& o, BackendRun& out) {
   const Policy& pol = p.policy();
   // Network egress: the run's proxy, from its Started until it ended
   // (daemon/frontend/egress/proxy.h), on any path out of here.
@@ -597,7 +598,7 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   // The run's own venv, found or built in its slot (held until the run
   // ends); a build that failed is the run's answer.
   if (!venv_key.empty() && !co_await prepare_venv(p, venv_key, o, out)) co_return out;
-  co_await run_order(p, std::move(o), out);
+  co_await run_order(p, o, out);  // o (its venv hold) lives until the run is answered
   if (!out.refused && !p.tool_mode) co_await decode_pickle(p, out);
   co_return out;
 }

@@ -83,11 +83,14 @@ class LocalBackend final : public RunBackend {
     std::string stdin_data;
     std::vector<std::string> frame_tokens;
     std::optional<ChannelExchange> channel;
+    // The venv the order names, held (its manifest's read lock) until the
+    // run has ended: a removal waits for it.
+    venv::Cache::Hold venv_hold;
   };
   std::optional<Refusal> order_for(PreparedRun& p, Order& o) const;
   asio::awaitable<std::optional<Refusal>> take_slot(PreparedRun& p);
   asio::awaitable<bool> prepare_venv(PreparedRun& p, const std::string& venv_key, Order& o, BackendRun& out);
-  asio::awaitable<void> run_order(PreparedRun& p, Order o, BackendRun& out);
+  asio::awaitable<void> run_order(PreparedRun& p, Order& o, BackendRun& out);
 
   // A run's venv: held until the run ends, or why there is none.
   struct VenvOutcome {
