@@ -226,6 +226,7 @@ RequirementSet canonical_set(const std::vector<std::string>& requirements, bool 
     if (p.verdict != Verdict::Ok) {
       set.error = "pip requirement " + quoted_for_message(s) + ": " + p.reason;
       set.forbidden = p.verdict == Verdict::Forbidden;
+      set.url_refused = set.forbidden && !allow_urls && parse_requirement(s, true).verdict == Verdict::Ok;
       set.items.clear();
       return set;
     }

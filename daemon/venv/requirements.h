@@ -67,6 +67,7 @@ struct RequirementSet {
   std::vector<Requirement> items;
   std::string error;
   bool forbidden = false;
+  bool url_refused = false;  // forbidden only for naming a URL or path (allow_urls was off)
 
   bool ok() const { return error.empty(); }
   // One canonical requirement per line, in order.

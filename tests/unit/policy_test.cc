@@ -1193,3 +1193,24 @@ TEST(PolicyPackages, TheVenvRowIsKeyedAndTheBuildPolicyIsItsOwn) {
 
 }  // namespace
 }  // namespace tsb::core
+
+namespace tsb::core {
+namespace {
+
+// The policy language and the root spawner each check a variable's name
+// (a policy's environment.set here; every run's environment there,
+// spawn::valid_env_name): the two rules must agree, or a policy would load
+// whose runs the spawner refuses.
+TEST(PolicyEnvironment, NamesFollowTheSpawnersRule) {
+  TempDir t;
+  for (const std::string& name : std::vector<std::string>{"A", "_", "a_1", "_9", "PATH", "lower", "9A", "A-B", "A B", "A.B", "", "\xc3\xa9",
+                                                          "A=B", std::string(256, 'A'), std::string(257, 'A')}) {
+    SCOPED_TRACE(name);
+    const nlohmann::json doc = {{"version", 1}, {"environment", {{"set", {{name, "v"}}}}}};
+    auto p = load_policy(t.write("e.json", doc.dump()), no_binds());
+    EXPECT_EQ(p.ok(), spawn::valid_env_name(name)) << (p.ok() ? "" : p.error().message);
+  }
+}
+
+}  // namespace
+}  // namespace tsb::core

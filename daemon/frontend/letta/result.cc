@@ -164,7 +164,8 @@ namespace {
 
 // One shaping in progress: the run, what shapes it, and the result being
 // made (an error until a step says otherwise). Each step below ends in one
-// of the answers here, or in its own.
+// of the answers here, or in its own; an answer moves the result out (a
+// tool's output can be megabytes), so nothing reads `out` after one.
 struct Shaping {
   const ShapeContext& ctx;
   const isolate::RunResult& run;
@@ -189,7 +190,7 @@ struct Shaping {
     json err = as_list(run.stderr_data);
     err.push_back(exc + ": " + msg);
     r()["stderr"] = err;
-    return out;
+    return std::move(out);
   }
   // Undecodable output: status "error", no stdout, the message as stderr.
   Shaped decode_failure(const std::string& message) {
@@ -197,7 +198,7 @@ struct Shaping {
     r()["stdout"] = json::array({""});
     r()["stderr"] = json::array({message});
     out.extra["utf8_error"] = message;
-    return out;
+    return std::move(out);
   }
   // Tool mode: what claims to be the runner's result is not.
   Shaped corrupted(const std::string& why) {
@@ -205,7 +206,7 @@ struct Shaping {
     r()["stdout"] = json::array({run.stdout_data});
     r()["stderr"] = json::array({why});
     out.extra["frame_error"] = why;
-    return out;
+    return std::move(out);
   }
   // Tool mode: the runner never sent its result (it was killed, or the tool
   // killed it or ended its process first).
@@ -217,7 +218,7 @@ struct Shaping {
       // Status 0 with no result (os._exit(0) in the tool): Letta's script
       // ended with status 0 before writing one, a success returning None.
       r()["status"] = "success";
-      return out;
+      return std::move(out);
     }
     std::string why = fallback_msg();
     if (why.empty())
@@ -226,7 +227,7 @@ struct Shaping {
                 : "the tool ended without returning a result";
     r()["func_return"] =
         failure_from_stderr(name(), run.stderr_data, fallback_name().empty() ? "RuntimeError" : fallback_name(), why);
-    return out;
+    return std::move(out);
   }
 };
 
@@ -256,7 +257,7 @@ std::optional<Shaped> shape_stopped(Shaping& s) {
                                   (ctx.pids_limit ? " of " + std::to_string(ctx.pids_limit) : std::string()) + ".");
       s.r()["stdout"] = as_list(s.run.stdout_data);
       s.r()["stderr"] = as_list(s.run.stderr_data);
-      return s.out;
+      return std::move(s.out);
     case EndReason::Exited:
     case EndReason::Signaled: break;
   }
@@ -280,7 +281,7 @@ Shaped shape_pickle(Shaping& s, const lp::ParsedOutput& p, const DecodedPickle* 
     r["agent_state"] = f->agent_state;
     out.func_return_text = f->results_text;
     if (!f->agent_state.is_null()) out.agent_state_text = f->agent_state_text;
-    return out;
+    return std::move(out);
   }
   out.extra["payload_base64"] = p.opaque_payload_base64;
   if (s.ctx.json_result_script) {
@@ -294,7 +295,7 @@ Shaped shape_pickle(Shaping& s, const lp::ParsedOutput& p, const DecodedPickle* 
     r["stdout"] = json::array({p.stdout_text});
     r["stderr"] = json::array({msg});
     out.extra["pickle_error"] = exc + ": " + msg;
-    return out;
+    return std::move(out);
   }
   if (f) {
     // pickle.loads (or the server's result["results"]) raised this:
@@ -302,13 +303,13 @@ Shaped shape_pickle(Shaping& s, const lp::ParsedOutput& p, const DecodedPickle* 
     out.extra["pickle_error"] = f->error->name + ": " + f->error->message;
     r["func_return"] = lp::friendly_error_msg(s.name(), f->error->name, f->error->message);
     r["stderr"].push_back(f->error->name + ": " + f->error->message);
-    return out;
+    return std::move(out);
   }
   const std::string why = decoded ? "the pickle payload could not be decoded: " + decoded->failure
                                   : "the result is a pickle payload, which toolsandboxd decodes only in a local sandbox";
   if (decoded) out.extra["pickle_error"] = decoded->failure;
   r["func_return"] = lp::friendly_error_msg(s.name(), "Exception", why);
-  return out;
+  return std::move(out);
 }
 
 // Script mode: the result in Letta's frame on stdout, read by the parser
@@ -330,7 +331,7 @@ Shaped shape_script(Shaping& s, const DecodedPickle* decoded) {
     // neither generation the output is kept.
     r["stdout"] = json::array({s.strict_utf8() ? std::string() : p.stdout_text});
     r["stderr"] = json::array({p.error_message});
-    return out;
+    return std::move(out);
   }
   if (s.strict_utf8() && p.stdout_decode_error) return s.decode_failure(*p.stdout_decode_error);
   if (p.opaque_pickle) return shape_pickle(s, p, decoded);
@@ -345,7 +346,7 @@ Shaped shape_script(Shaping& s, const DecodedPickle* decoded) {
   }
   if (!s.success_exit() && !p.found())
     r["func_return"] = failure_from_stderr(s.name(), s.run.stderr_data, s.fallback_name(), s.fallback_msg());
-  return out;
+  return std::move(out);
 }
 
 // Tool mode: the runner's frame, from its channel (a local sandbox) or the
@@ -375,7 +376,7 @@ std::variant<lp::NonceFrame, Shaped> runner_frame(Shaping& s, const ChannelOutco
     s.r()["stdout"] = as_list(s.run.stdout_data);
     s.r()["stderr"] = as_list(s.run.stderr_data);
     s.out.extra["result_bytes"] = channel->result_total;
-    return s.out;
+    return std::move(s.out);
   }
   auto parsed = lp::parse_channel_result(channel->result, s.run.stdout_data);
   if (!parsed.ok()) return s.corrupted(parsed.error().message);
@@ -403,14 +404,14 @@ Shaped shape_runner(Shaping& s, const ChannelOutcome* channel) {
     // is said as it is.
     r["func_return"] = f.error->raised ? failure_from_stderr(s.name(), s.run.stderr_data, "", "")
                                        : lp::friendly_error_msg(s.name(), f.error->name, f.error->message);
-    return out;
+    return std::move(out);
   }
   r["status"] = s.success_exit() ? "success" : "error";
   r["func_return"] = f.results;
   r["agent_state"] = f.agent_state;
   out.func_return_text = std::move(f.results_text);
   if (!f.agent_state.is_null()) out.agent_state_text = std::move(f.agent_state_text);
-  return out;
+  return std::move(out);
 }
 
 }  // namespace

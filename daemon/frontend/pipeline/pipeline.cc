@@ -56,7 +56,7 @@ std::optional<Refusal> prepare_requirements(PreparedRun& out, const std::string&
   out.requirements = venv::canonical_set(g.requirements, rules.allow_urls);
   if (!out.requirements.ok()) {
     std::string why = out.requirements.error;
-    if (out.requirements.forbidden && why.ends_with("URLs and paths are not allowed") && !rules.urls_hint.empty())
+    if (out.requirements.url_refused && !rules.urls_hint.empty())
       why += " (" + rules.urls_hint + ")";
     return Refusal{out.requirements.forbidden ? ErrorCode::PolicyDenied : ErrorCode::BadRequest, std::move(why)};
   }
