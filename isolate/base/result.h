@@ -56,11 +56,13 @@ struct Error {
   }
 };
 
-template <class T>
+// E: the failure's type. Error everywhere, except where a failure is a fact
+// of its own kind (an E2B step's, which carries the run's end reason).
+template <class T, class E = Error>
 class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT(google-explicit-constructor)
-  Result(Error err) : v_(std::in_place_index<1>, std::move(err)) {}  // NOLINT(google-explicit-constructor)
+  Result(E err) : v_(std::in_place_index<1>, std::move(err)) {}  // NOLINT(google-explicit-constructor)
 
   [[nodiscard]] bool ok() const noexcept { return v_.index() == 0; }
   explicit operator bool() const noexcept { return ok(); }
@@ -73,25 +75,25 @@ class [[nodiscard]] Result {
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
-  const Error& error() const& { return std::get<1>(v_); }
-  Error&& error() && { return std::get<1>(std::move(v_)); }
+  const E& error() const& { return std::get<1>(v_); }
+  E&& error() && { return std::get<1>(std::move(v_)); }
 
  private:
-  std::variant<T, Error> v_;
+  std::variant<T, E> v_;
 };
 
-template <>
-class [[nodiscard]] Result<void> {
+template <class E>
+class [[nodiscard]] Result<void, E> {
  public:
   Result() = default;
-  Result(Error err) : err_(std::move(err)), ok_(false) {}  // NOLINT(google-explicit-constructor)
+  Result(E err) : err_(std::move(err)), ok_(false) {}  // NOLINT(google-explicit-constructor)
   [[nodiscard]] bool ok() const noexcept { return ok_; }
   explicit operator bool() const noexcept { return ok_; }
-  const Error& error() const& { return err_; }
-  Error&& error() && { return std::move(err_); }
+  const E& error() const& { return err_; }
+  E&& error() && { return std::move(err_); }
 
  private:
-  Error err_;
+  E err_;
   bool ok_ = true;
 };
 
