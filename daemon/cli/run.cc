@@ -176,7 +176,7 @@ Status apply_overrides(const RunOptions& o, const core::Policy& policy, isolate:
   }
   for (const auto& b : o.binds) {
     auto m = parse_bind_option(b);
-    if (!m.ok()) return std::move(m).error();
+    if (!m.ok()) return std::move(m).error().wrap("--bind");
     fs.binds.push_back(*m);
   }
   return {};
@@ -206,16 +206,16 @@ Status complete_spec(const RunOptions& o, const core::Policy& policy, isolate::F
     req_env[e.substr(0, eq)] = e.substr(eq + 1);
   }
   auto env = core::build_environment(policy, req_env);
-  if (!env.ok()) return std::move(env).error();
+  if (!env.ok()) return std::move(env).error().wrap("the environment");
   spec.env = std::move(env).value();
   spec.argv = o.cmd;
   isolate::resolve_host_paths(fs);
   auto table = isolate::build_fs_table(fs);
-  if (!table.ok()) return std::move(table).error();
+  if (!table.ok()) return std::move(table).error().wrap("the file system table");
   spec.fs = std::move(table).value();
   if (o.stdin_src) {
     auto data = read_stdin_source(*o.stdin_src);
-    if (!data.ok()) return std::move(data).error();
+    if (!data.ok()) return std::move(data).error().wrap("--stdin");
     spec.stdin_data = std::move(data).value();
   }
   return {};

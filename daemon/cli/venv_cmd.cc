@@ -173,15 +173,15 @@ Result<OpenCache> open_cache(const VenvOptions& o) {
     const bool explicit_config = o.config.has_value();
     const std::string path = explicit_config ? *o.config : std::string(TSB_SYSCONFDIR) + "/toolsandboxd.json";
     auto cfg = core::load_daemon_config(path, !explicit_config);
-    if (!cfg.ok() && !o.cache) return std::move(cfg).error();
+    if (!cfg.ok() && !o.cache) return std::move(cfg).error().wrap("the daemon's configuration (--cache names the cache without it)");
     out.dir = o.cache ? *o.cache : cfg->venvs.cache_dir;
     out.cap = cfg.ok() ? cfg->venvs.max_bytes : core::VenvConfig{}.max_bytes;
   }
-  if (auto st = become_owner(out.dir); !st.ok()) return std::move(st).error();
+  if (auto st = become_owner(out.dir); !st.ok()) return std::move(st).error().wrap("the cache's owner");
   // gc: the cap is what it removes down to.
   if (o.verb == "gc") out.cap = o.all ? 0 : o.max_bytes.value_or(out.cap);
   auto c = venv::Cache::open(out.dir, out.cap, /*owner=*/false);
-  if (!c.ok()) return std::move(c).error();
+  if (!c.ok()) return std::move(c).error().wrap("the venv cache");
   out.cache = std::move(c).value();
   return out;
 }

@@ -85,7 +85,7 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
     if (!p->seccomp) return Error::invalid("policy " + quoted_for_message(name) + " has no compiled seccomp program");
     TSB_TRY(check_venv(*p), "the host");
     auto sp = tsb::core::to_spawn_policy(*p, runner, cfg.venvs.cache_dir);
-    if (!sp.ok()) return std::move(sp).error();
+    if (!sp.ok()) return std::move(sp).error().wrap("policy " + quoted_for_message(name));
     out.policies.push_back(std::move(sp).value());
     out.policies.back().name = name;
     // Per-tool venvs: the policy's build policy, when the builder is
@@ -93,7 +93,7 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
     const std::string builder = tsb::core::find_venv_builder(runner);
     if (p->packages.enabled && p->backend == tsb::core::Backend::Local && !builder.empty()) {
       auto bp = tsb::core::to_build_spawn_policy(*p, builder);
-      if (!bp.ok()) return std::move(bp).error();
+      if (!bp.ok()) return std::move(bp).error().wrap("policy " + quoted_for_message(name) + "'s venv builds");
       out.policies.push_back(std::move(bp).value());
       out.policies.back().name = name + "/build";
     }

@@ -94,7 +94,7 @@ Result<CgroupPlacement> prepare_cgroups(const std::string& parent_in) {
   std::string parent = parent_in;
   while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
   auto mounted = read_mounted();
-  if (!mounted.ok()) return std::move(mounted).error();
+  if (!mounted.ok()) return std::move(mounted).error().wrap("the host's mounts");
   const Mounted& m = *mounted;
   CgroupPlacement out;
   out.parent = parent;

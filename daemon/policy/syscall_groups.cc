@@ -275,6 +275,7 @@ Result<std::vector<std::string>> expand_syscall_group(std::string_view name) {
   if (group == nullptr) return Error::invalid("unknown syscall group " + quoted_for_message(name), ENOENT);
   std::vector<std::string_view> stack;
   std::set<std::string> out;
+  // context: expand_into names the group and the member it could not find
   if (Status s = expand_into(*group, stack, out); !s) return std::move(s).error();
   return std::vector<std::string>(out.begin(), out.end());
 }

@@ -157,14 +157,14 @@ Result<CompiledSet> compile_policies(const SpawnerOptions& o, bool optional, Com
   if (timed_out) ::kill(pid, SIGKILL);
   auto st = wait_child(pid);
   if (timed_out) return Error::invalid("the compile helper did not finish within 30 s, or could not be waited for (killed)", ETIMEDOUT);
-  if (!st.ok()) return std::move(st).error();
+  if (!st.ok()) return std::move(st).error().wrap("the compile helper");
   if (!WIFEXITED(*st) || WEXITSTATUS(*st) != 0)
     return Error::invalid("loading the configuration and policies failed (" + o.front_end + " " + describe_status(*st) +
                           "; its messages are above)");
   if (what == Compile::kCheck) return CompiledSet{};
   auto out = ::lseek(set_fd.get(), 0, SEEK_SET) == 0 ? read_opened_file(set_fd.get(), "the compiled set", {.max_bytes = 256u << 20})
                                                      : Error::from_errno("lseek (the compiled set)");
-  if (!out.ok()) return std::move(out).error();
+  if (!out.ok()) return std::move(out).error().wrap("the compile helper's output");
   *sources = std::move(record);
   return decode_compiled_set(*out);
 }

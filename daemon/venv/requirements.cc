@@ -187,14 +187,13 @@ Parsed parse_requirement(std::string_view req, bool allow_urls) {
   return p;
 }
 
-Gathered gather(const json* config_list, const std::vector<std::string>& tool) {
-  Gathered g;
+Result<std::vector<std::string>> gather(const json* config_list, const std::vector<std::string>& tool) {
+  std::vector<std::string> g;
   auto add = [&](std::string s) {
-    if (std::find(g.requirements.begin(), g.requirements.end(), s) == g.requirements.end())
-      g.requirements.push_back(std::move(s));
+    if (std::find(g.begin(), g.end(), s) == g.end()) g.push_back(std::move(s));
   };
   if (config_list && !config_list->is_null()) {
-    if (!config_list->is_array()) return {{}, "pip_requirements must be an array"};
+    if (!config_list->is_array()) return Error::invalid("pip_requirements must be an array");
     for (const json& e : *config_list) {
       if (e.is_string()) {
         add(e.get<std::string>());
@@ -204,7 +203,7 @@ Gathered gather(const json* config_list, const std::vector<std::string>& tool) {
         const bool versioned = e.contains("version") && e["version"].is_string() && !e["version"].get<std::string>().empty();
         add(e["name"].get<std::string>() + (versioned ? "==" + e["version"].get<std::string>() : ""));
       } else {
-        return {{}, "pip_requirements: entries must be strings or {name, version} objects"};
+        return Error::invalid("pip_requirements: entries must be strings or {name, version} objects");
       }
     }
   }
@@ -218,26 +217,23 @@ std::string RequirementSet::text() const {
   return t;
 }
 
-RequirementSet canonical_set(const std::vector<std::string>& requirements, bool allow_urls) {
+Result<RequirementSet> canonical_set(const std::vector<std::string>& requirements, bool allow_urls) {
   RequirementSet set;
   std::map<std::string, Requirement> by_name;
   for (const auto& s : requirements) {
     Parsed p = parse_requirement(s, allow_urls);
     if (p.verdict != Verdict::Ok) {
-      set.error = "pip requirement " + quoted_for_message(s) + ": " + p.reason;
-      set.forbidden = p.verdict == Verdict::Forbidden;
-      set.url_refused = set.forbidden && !allow_urls && parse_requirement(s, true).verdict == Verdict::Ok;
-      set.items.clear();
-      return set;
+      const bool forbidden = p.verdict == Verdict::Forbidden;
+      const bool url = forbidden && !allow_urls && parse_requirement(s, true).verdict == Verdict::Ok;
+      return Error::invalid("pip requirement " + quoted_for_message(s) + ": " + p.reason,
+                            url ? kUrlRefused : forbidden ? EPERM : EINVAL);
     }
     auto [it, fresh] = by_name.try_emplace(p.requirement.name, p.requirement);
     if (fresh) continue;
     Requirement& r = it->second;
-    if (r.url != p.requirement.url) {
-      set.error = "pip requirement " + quoted_for_message(s) + ": " + r.name + " is named twice, from different sources";
-      set.items.clear();
-      return set;
-    }
+    if (r.url != p.requirement.url)
+      return Error::invalid("pip requirement " + quoted_for_message(s) + ": " + r.name +
+                            " is named twice, from different sources");
     r.extras.insert(r.extras.end(), p.requirement.extras.begin(), p.requirement.extras.end());
     r.specifiers.insert(r.specifiers.end(), p.requirement.specifiers.begin(), p.requirement.specifiers.end());
     sort_unique(r.extras);

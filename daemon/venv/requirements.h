@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "isolate/base/result.h"
+
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,29 +53,24 @@ std::string normalize_name(std::string_view name);
 // {"name", "version"} objects, as local configs do: "name==version", or
 // "name" when the version is absent or null), then the tool's own. A
 // `config_list` that is not an array, null or absent, or an element of
-// another shape, is an error (the returned string says which).
-struct Gathered {
-  std::vector<std::string> requirements;
-  std::string error;
-};
-Gathered gather(const nlohmann::json* config_list, const std::vector<std::string>& tool);
+// another shape, is an error (EINVAL, its message says which, starting with
+// the field's name).
+Result<std::vector<std::string>> gather(const nlohmann::json* config_list, const std::vector<std::string>& tool);
 
 // A set of requirements in canonical form: each parsed (URLs refused), the
 // same project named twice merged into one (extras and specifiers
-// together), sorted by name. Empty `error` when every one is Ok; otherwise
-// the first problem, with `forbidden` telling a policy refusal from a
-// malformed request.
+// together), sorted by name.
 struct RequirementSet {
   std::vector<Requirement> items;
-  std::string error;
-  bool forbidden = false;
-  bool url_refused = false;  // forbidden only for naming a URL or path (allow_urls was off)
 
-  bool ok() const { return error.empty(); }
   // One canonical requirement per line, in order.
   std::string text() const;
 };
-RequirementSet canonical_set(const std::vector<std::string>& requirements, bool allow_urls = false);
+// The set, or the first problem: EINVAL for a malformed requirement, EPERM
+// for one the rules forbid (a pip option), kUrlRefused for a URL or path
+// while `allow_urls` is off (the one a setting would allow).
+inline constexpr int kUrlRefused = ENOTSUP;
+Result<RequirementSet> canonical_set(const std::vector<std::string>& requirements, bool allow_urls = false);
 
 // fnmatch-style patterns ("*", "?", "[...]") over normalised names: the
 // first requirement that no pattern matches, or "" when all are allowed.

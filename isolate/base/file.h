@@ -46,8 +46,8 @@ inline Result<std::string> read_opened_file(int fd, const std::string& path, con
   if (rules.regular_only || rules.check) {
     if (::fstat(fd, &st) != 0) return Error::from_errno("fstat '" + path + "'");
     if (rules.regular_only && !S_ISREG(st.st_mode)) return Error::invalid("'" + path + "' is not a regular file");
-    if (rules.check)
-      if (auto ok = rules.check(path, st); !ok.ok()) return std::move(ok).error();
+    // context: a check's refusal names the file (ReadRules::check)
+    if (auto ok = rules.check ? rules.check(path, st) : Status{}; !ok.ok()) return std::move(ok).error();
   }
   auto too_large = [&] {
     return Error::invalid("'" + path + "' is larger than " + std::to_string(rules.max_bytes) + " bytes", EFBIG);

@@ -226,6 +226,7 @@ Result<bool> Sandbox::try_remove_cgroup() {
   auto done = leaf_->try_remove();
   if (!done.ok()) {
     leaf_.reset();
+    // context: the leaf's removal names the cgroup
     return std::move(done).error();
   }
   if (*done) leaf_.reset();
@@ -325,7 +326,7 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
   e->reclaim_at_start();
 
   auto init = open_init(config.init_path);
-  if (!init.ok()) return std::move(init).error();
+  if (!init.ok()) return std::move(init).error().wrap("toolsandbox-init");
   e->init_exe_ = std::move(init).value();
 
   // Compiled by the caller (daemon/policy/seccomp_profile.h,
@@ -463,7 +464,7 @@ struct Engine::Launch {
     sb->run_id_ = random_hex(8);
     sb->limits_ = spec.limits;
     auto lease = engine.lease_uid_slot(&sb->slot_);
-    if (!lease.ok()) return std::move(lease).error();
+    if (!lease.ok()) return std::move(lease).error().wrap("a uid slot");
     sb->uid_slot_ = std::move(lease).value();
     sb->host_uid_ = engine.config_.uid_base + sb->slot_ * kIdsPerSlot;
     // "<prefix>.<pid>.<instance>-<n>": the instance tag names this engine
@@ -536,7 +537,7 @@ struct Engine::Launch {
     w.u32(fs.nsteps);
     w.raw(fs.steps);
     auto made = plan_memfd(w.take());
-    if (!made.ok()) return std::move(made).error();
+    if (!made.ok()) return std::move(made).error().wrap("init's plan");
     plan = std::move(made).value();
     keep.push_back(plan.get());
     for (const auto& fd : fs.fds) keep.push_back(fd.get());
@@ -658,19 +659,19 @@ Result<std::unique_ptr<Sandbox>> Engine::spawn(const RunSpec& spec) {
   // without blocking).
   Launch l(*this, spec);
   // 1. The Sandbox, its uid slot and its cgroup leaf.
-  if (auto st = l.reserve(); !st.ok()) return std::move(st).error();
+  if (auto st = l.reserve(); !st.ok()) return std::move(st).error().wrap("reserving the sandbox");
   // 2. The run's pipes, and the egress socket pair.
-  if (auto st = l.make_pipes(); !st.ok()) return std::move(st).error();
+  if (auto st = l.make_pipes(); !st.ok()) return std::move(st).error().wrap("the run's pipes");
   // 3. The mounts, detached.
-  if (auto st = l.prepare_mounts(); !st.ok()) return std::move(st).error();
+  if (auto st = l.prepare_mounts(); !st.ok()) return std::move(st).error().wrap("preparing the mounts");
   // 4. init's plan, naming every descriptor above.
-  if (auto st = l.write_plan(); !st.ok()) return std::move(st).error();
+  if (auto st = l.write_plan(); !st.ok()) return std::move(st).error().wrap("writing init's plan");
   // 5. clone3: the child waits for its maps (child.cc), then executes init.
-  if (auto st = l.clone_child(); !st.ok()) return std::move(st).error();
+  if (auto st = l.clone_child(); !st.ok()) return std::move(st).error().wrap("starting the sandbox");
   // 6. The parent's ends of the pipes; the slot's record names the child.
-  if (auto st = l.take_parent_ends(); !st.ok()) return std::move(st).error();
+  if (auto st = l.take_parent_ends(); !st.ok()) return std::move(st).error().wrap("the parent's pipe ends");
   // 7. OOM score, id maps, (v1) cgroup: the child goes on to build the sandbox.
-  if (auto st = l.release_child(); !st.ok()) return std::move(st).error();
+  if (auto st = l.release_child(); !st.ok()) return std::move(st).error().wrap("releasing the sandbox");
   return std::move(l.sb);
 }
 

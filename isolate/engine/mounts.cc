@@ -94,7 +94,7 @@ Result<UniqueFd> make_tmpfs(std::uint64_t size, std::uint32_t inodes, std::uint3
   std::string opts = options;
   if (inodes) opts += ",nr_inodes=" + std::to_string(inodes);
   auto m = make_fs("tmpfs", opts, attrs);
-  if (!m.ok()) return std::move(m).error();
+  if (!m.ok()) return std::move(m).error().wrap("tmpfs");
   if (::fchownat(m->get(), "", host_uid, host_gid, AT_EMPTY_PATH) != 0) return Error::from_errno("chown tmpfs root");
   return m;
 }
@@ -188,6 +188,7 @@ struct Steps {
       if (e.optional) return {};
     }
     auto v = open_view(f.get(), src, dir, writable, ctx);
+    // context: open_view names the operation and the host path
     if (!v.ok()) return std::move(v).error();
     attach(e, std::move(v).value(), 0, dir);
     return {};
@@ -311,6 +312,7 @@ Status probe_overlay_views(int empty_dir_fd) {
   UniqueFd usr(open_host_path("/usr"));
   if (!usr) return Error::from_errno("open '/usr'");
   auto v = open_view(usr.get(), "/usr", true, false, ctx);
+  // context: open_view names the operation and the host path
   if (!v.ok()) return std::move(v).error();
   return {};
 }

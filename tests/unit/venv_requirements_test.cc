@@ -47,36 +47,47 @@ TEST(VenvRequirements, GatherTakesLettasTwoShapes) {
   const json config = json::parse(R"([{"name": "requests", "version": "2.32.3"}, {"name": "numpy"},
                                       {"name": "rich", "version": null}, "httpx>=0.27"])");
   auto g = tsb::venv::gather(&config, {"pydantic", "numpy", "httpx>=0.27"});
-  EXPECT_EQ(g.error, "");
-  EXPECT_EQ(g.requirements, (std::vector<std::string>{"requests==2.32.3", "numpy", "rich", "httpx>=0.27", "pydantic"}));
-  EXPECT_TRUE(tsb::venv::gather(nullptr, {}).requirements.empty());
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  EXPECT_EQ(*g, (std::vector<std::string>{"requests==2.32.3", "numpy", "rich", "httpx>=0.27", "pydantic"}));
+  EXPECT_TRUE(tsb::venv::gather(nullptr, {})->empty());
   const json null = nullptr;
-  EXPECT_EQ(tsb::venv::gather(&null, {"x"}).requirements, std::vector<std::string>{"x"});
+  EXPECT_EQ(*tsb::venv::gather(&null, {"x"}), std::vector<std::string>{"x"});
   for (const char* bad : {R"({"name": "x"})", R"([1])", R"([{"version": "1"}])", R"([{"name": 3}])", R"([{"name": "x", "version": 1}])"}) {
     const json j = json::parse(bad);
-    EXPECT_NE(tsb::venv::gather(&j, {}).error, "") << bad;
+    auto g2 = tsb::venv::gather(&j, {});
+    ASSERT_FALSE(g2.ok()) << bad;
+    EXPECT_EQ(g2.error().code, EINVAL) << bad;
+    EXPECT_EQ(g2.error().message.rfind("pip_requirements", 0), 0u) << bad;
   }
 }
 
 TEST(VenvRequirements, SetMergesSortsAndRefuses) {
   auto s = canonical_set({"Requests>=2", "numpy==1.26.4", "requests[socks]<3", "REQUESTS"});
-  ASSERT_TRUE(s.ok()) << s.error;
-  EXPECT_EQ(s.text(), "numpy==1.26.4\nrequests[socks]<3,>=2\n");
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(s->text(), "numpy==1.26.4\nrequests[socks]<3,>=2\n");
   auto bad = canonical_set({"requests", "x; sys_platform=='linux'"});
-  EXPECT_FALSE(bad.ok());
-  EXPECT_FALSE(bad.forbidden);
-  EXPECT_TRUE(bad.items.empty());
-  EXPECT_NE(bad.error.find("environment markers"), std::string::npos) << bad.error;
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, EINVAL);
+  EXPECT_NE(bad.error().message.find("environment markers"), std::string::npos) << bad.error().message;
   auto url = canonical_set({"pkg @ https://e.test/p.whl"});
-  EXPECT_TRUE(url.forbidden);
-  EXPECT_NE(url.error.find("\"pkg @ https://e.test/p.whl\""), std::string::npos) << url.error;
-  EXPECT_TRUE(canonical_set({}).ok());
-  EXPECT_EQ(canonical_set({}).text(), "");
+  ASSERT_FALSE(url.ok());
+  EXPECT_EQ(url.error().code, tsb::venv::kUrlRefused);
+  EXPECT_NE(url.error().message.find("\"pkg @ https://e.test/p.whl\""), std::string::npos) << url.error().message;
+  EXPECT_EQ(canonical_set({"pkg @ https://e.test/p.whl"}, true)->text(), "pkg @ https://e.test/p.whl\n");
+  auto option = canonical_set({"--index-url=https://e.test/"}, true);
+  ASSERT_FALSE(option.ok());
+  EXPECT_EQ(option.error().code, EPERM);
+  auto twice = canonical_set({"pkg @ https://e.test/p.whl", "pkg"}, true);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.error().code, EINVAL);
+  ASSERT_TRUE(canonical_set({}).ok());
+  EXPECT_EQ(canonical_set({})->text(), "");
 }
 
 TEST(VenvRequirements, AllowPatterns) {
-  auto s = canonical_set({"requests", "Zope.Interface", "numpy"});
-  ASSERT_TRUE(s.ok());
+  auto r = canonical_set({"requests", "Zope.Interface", "numpy"});
+  ASSERT_TRUE(r.ok());
+  const auto& s = *r;
   EXPECT_EQ(tsb::venv::first_not_allowed(s, {"*"}), "");
   EXPECT_EQ(tsb::venv::first_not_allowed(s, {"requests", "numpy", "zope_*"}), "");
   EXPECT_EQ(tsb::venv::first_not_allowed(s, {"requests", "zope-*"}), "numpy");
@@ -86,13 +97,13 @@ TEST(VenvRequirements, AllowPatterns) {
 
 TEST(VenvRequirements, KeyNamesTheContent) {
   using tsb::venv::venv_key;
-  const auto a = canonical_set({"requests>=2", "numpy"}), b = canonical_set({"NumPy", "requests >= 2"});
+  const auto a = *canonical_set({"requests>=2", "numpy"}), b = *canonical_set({"NumPy", "requests >= 2"});
   EXPECT_EQ(venv_key("/usr/bin/python3", "wheels:/srv/wheels", a), venv_key("/usr/bin/python3", "wheels:/srv/wheels", b));
   EXPECT_EQ(venv_key("/usr/bin/python3", "", a).size(), 64u);
   EXPECT_NE(venv_key("/usr/bin/python3", "", a), venv_key("/usr/bin/python3.11", "", a));
   EXPECT_NE(venv_key("/usr/bin/python3", "", a), venv_key("/usr/bin/python3", "index:https://pypi.test/simple", a));
-  EXPECT_NE(venv_key("/usr/bin/python3", "", a), venv_key("/usr/bin/python3", "", canonical_set({"requests>=2"})));
-  EXPECT_NE(venv_key("/usr/bin/python3", "", a), venv_key("/usr/bin/python3", "", canonical_set({"requests>2", "numpy"})));
+  EXPECT_NE(venv_key("/usr/bin/python3", "", a), venv_key("/usr/bin/python3", "", *canonical_set({"requests>=2"})));
+  EXPECT_NE(venv_key("/usr/bin/python3", "", a), venv_key("/usr/bin/python3", "", *canonical_set({"requests>2", "numpy"})));
 }
 
 }  // namespace

@@ -753,6 +753,7 @@ Result<std::optional<NonceFrame>> extract_nonce_frame(std::string_view stdout_by
   auto decoded = b64decode_validate(stdout_bytes.substr(body, end - body));
   if (!decoded.ok()) return std::move(decoded).error().wrap("runner result frame: base64");
   auto parsed = parse_runner_payload(*decoded, "runner result frame");
+  // context: parse_runner_payload's messages begin with the name it was given
   if (!parsed.ok()) return std::move(parsed).error();
   NonceFrame f = std::move(parsed).value();
 
@@ -786,6 +787,7 @@ std::string channel_part_header(std::size_t size) { return big_endian_u32(static
 
 Result<NonceFrame> parse_channel_result(std::string_view payload, std::string_view stdout_bytes) {
   auto parsed = parse_runner_payload(payload, "runner result");
+  // context: parse_runner_payload's messages begin with the name it was given
   if (!parsed.ok()) return std::move(parsed).error();
   NonceFrame f = std::move(parsed).value();
   set_stdout_text(f, stdout_bytes);

@@ -93,7 +93,7 @@ Status SpawnerLink::handshake() {
   if (!m.ok()) return std::move(m).error().wrap("the spawner's hello");
   if (m->empty()) return Error::invalid("the spawner closed its socket before its hello", EPIPE);
   auto h = spawn::decode_hello(*m);
-  if (!h.ok()) return std::move(h).error();
+  if (!h.ok()) return std::move(h).error().wrap("the spawner's hello");
   hello_ = std::move(h).value();
   return {};
 }

@@ -39,27 +39,29 @@ std::optional<Refusal> prepare_requirements(PreparedRun& out, const std::string&
   if (counts && sc->config.is_object() && sc->config.contains("pip_requirements"))
     config_reqs = &sc->config["pip_requirements"];
   static const std::vector<std::string> kNone;
-  venv::Gathered g = venv::gather(
+  auto gathered = venv::gather(
       config_reqs, out.tool_mode ? std::get<protocol::RunToolRequest>(out.request->body).pip_requirements : kNone);
-  if (!g.error.empty()) return Refusal{ErrorCode::BadRequest, config_name + ".config." + g.error};
-  if (g.requirements.empty()) return std::nullopt;
+  if (!gathered.ok()) return Refusal{ErrorCode::BadRequest, config_name + ".config." + gathered.error().message};
+  const std::vector<std::string>& names = *gathered;
+  if (names.empty()) return std::nullopt;
   const Policy& pol = out.policy();
   const RequirementRules rules = out.backend->requirement_rules(pol);
   if (!rules.refusal.empty())
     return Refusal{ErrorCode::PolicyDenied, rules.refusal + ", and this run asks for " +
-                                                std::to_string(g.requirements.size()) + " pip requirement(s), the first " +
-                                                q(g.requirements.front())};
-  if (g.requirements.size() > rules.max)
+                                                std::to_string(names.size()) + " pip requirement(s), the first " +
+                                                q(names.front())};
+  if (names.size() > rules.max)
     return Refusal{ErrorCode::BadRequest, "policy " + q(pol.name) + " allows at most " + std::to_string(rules.max) +
-                                              " pip requirements per run (" + std::to_string(g.requirements.size()) +
+                                              " pip requirements per run (" + std::to_string(names.size()) +
                                               " given)"};
-  out.requirements = venv::canonical_set(g.requirements, rules.allow_urls);
-  if (!out.requirements.ok()) {
-    std::string why = out.requirements.error;
-    if (out.requirements.url_refused && !rules.urls_hint.empty())
-      why += " (" + rules.urls_hint + ")";
-    return Refusal{out.requirements.forbidden ? ErrorCode::PolicyDenied : ErrorCode::BadRequest, std::move(why)};
+  auto set = venv::canonical_set(names, rules.allow_urls);
+  if (!set.ok()) {
+    const int code = set.error().code;
+    std::string why = std::move(set).error().message;
+    if (code == venv::kUrlRefused && !rules.urls_hint.empty()) why += " (" + rules.urls_hint + ")";
+    return Refusal{code == EINVAL ? ErrorCode::BadRequest : ErrorCode::PolicyDenied, std::move(why)};
   }
+  out.requirements = std::move(set).value();
   if (!rules.allow.empty())
     if (std::string no = venv::first_not_allowed(out.requirements, rules.allow); !no.empty())
       return Refusal{ErrorCode::PolicyDenied,
