@@ -735,6 +735,52 @@ class DefaultProfileBehaviour : public ::testing::Test {
       rep.record("ioctl(TIOCSTI|0xffffffff<<32)",
                  ::syscall(SYS_ioctl, -1, TIOCSTI | 0xffffffff00000000ul, nullptr));
       rep.record("mbind", ::syscall(SYS_mbind, nullptr, 0, 0, nullptr, 0, 0));
+      {
+        // Out-of-band data and zero-copy sends on a real AF_UNIX pair (the
+        // CVE-2025-38236 primitive), with high bits that the kernel's int
+        // ignores; plain sends and receives on the same pair work.
+        int sv[2] = {-1, -1};
+        rep.record("oob: socketpair", ::syscall(SYS_socketpair, AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
+        char b = 'x';
+        iovec iov{&b, 1};
+        msghdr mh{};
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mmsghdr mm{};
+        mm.msg_hdr = mh;
+        const unsigned long hi = 1ul << 32;
+        rep.record("sendto(MSG_OOB)", ::syscall(SYS_sendto, sv[0], &b, 1, MSG_OOB, nullptr, 0));
+        rep.record("sendto(MSG_OOB|MSG_DONTWAIT|high bits)",
+                   ::syscall(SYS_sendto, sv[0], &b, 1, hi | MSG_OOB | MSG_DONTWAIT, nullptr, 0));
+        rep.record("sendmsg(MSG_OOB)", ::syscall(SYS_sendmsg, sv[0], &mh, MSG_OOB));
+        rep.record("sendmmsg(MSG_OOB)", ::syscall(SYS_sendmmsg, sv[0], &mm, 1, MSG_OOB));
+        rep.record("sendto(MSG_ZEROCOPY)", ::syscall(SYS_sendto, sv[0], &b, 1, MSG_ZEROCOPY, nullptr, 0));
+        rep.record("sendmsg(MSG_ZEROCOPY)", ::syscall(SYS_sendmsg, sv[0], &mh, MSG_ZEROCOPY));
+        rep.record("sendmmsg(MSG_ZEROCOPY)", ::syscall(SYS_sendmmsg, sv[0], &mm, 1, MSG_ZEROCOPY));
+        rep.record("recvfrom(MSG_OOB)", ::syscall(SYS_recvfrom, sv[1], &b, 1, MSG_OOB | MSG_DONTWAIT, nullptr, nullptr));
+        rep.record("recvmsg(MSG_OOB)", ::syscall(SYS_recvmsg, sv[1], &mh, MSG_OOB | MSG_DONTWAIT));
+        rep.record("recvmmsg(MSG_OOB)", ::syscall(SYS_recvmmsg, sv[1], &mm, 1, MSG_OOB | MSG_DONTWAIT, nullptr));
+        rep.record("sendto(plain|high bits)", ::syscall(SYS_sendto, sv[0], &b, 1, hi | MSG_NOSIGNAL, nullptr, 0));
+        rep.record("sendmsg(plain)", ::syscall(SYS_sendmsg, sv[0], &mh, MSG_NOSIGNAL));
+        rep.record("sendmmsg(plain)", ::syscall(SYS_sendmmsg, sv[0], &mm, 1, 0));
+        rep.record("recvfrom(MSG_PEEK)", ::syscall(SYS_recvfrom, sv[1], &b, 1, MSG_PEEK | MSG_DONTWAIT, nullptr, nullptr));
+        rep.record("recvmsg(plain)", ::syscall(SYS_recvmsg, sv[1], &mh, MSG_DONTWAIT));
+        rep.record("recvmmsg(plain)", ::syscall(SYS_recvmmsg, sv[1], &mm, 1, MSG_DONTWAIT, nullptr));
+        // setsockopt: SO_PEEK_OFF refused whatever the high bits of level and
+        // option; neighbours of it on either argument reach the kernel.
+        int off = 0;
+        rep.record("setsockopt(SO_PEEK_OFF)", ::syscall(SYS_setsockopt, sv[1], SOL_SOCKET, SO_PEEK_OFF, &off, sizeof off));
+        rep.record("setsockopt(SO_PEEK_OFF|high bits)",
+                   ::syscall(SYS_setsockopt, sv[1], hi | SOL_SOCKET, hi | SO_PEEK_OFF, &off, sizeof off));
+        int one = 1;
+        rep.record("setsockopt(SO_KEEPALIVE)", ::syscall(SYS_setsockopt, sv[1], SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one));
+        rep.record("setsockopt(SO_RCVBUF)", ::syscall(SYS_setsockopt, sv[1], SOL_SOCKET, SO_RCVBUF, &one, sizeof one));
+        rep.record("setsockopt(level 0, option 42)", ::syscall(SYS_setsockopt, -1, 0, SO_PEEK_OFF, &off, sizeof off));
+        rep.record("getsockopt(SO_PEEK_OFF)", [&] {
+          socklen_t len = sizeof off;
+          return ::syscall(SYS_getsockopt, sv[1], SOL_SOCKET, SO_PEEK_OFF, &off, &len);
+        }());
+      }
 
       // ENOSYS: clone3 (so glibc falls back to clone) and everything unlisted.
       rep.record("clone3", ::syscall(SYS_clone3, nullptr, 0));
@@ -894,6 +940,31 @@ TEST_F(DefaultProfileBehaviour, IoctlTiocstiRefusedWhateverTheHighBits) {
   for (const char* what : {"ioctl(TCGETS)", "ioctl(FIONREAD)", "ioctl(TIOCSTI^1)", "ioctl(0xffffffff)"}) {
     EXPECT_EQ(err(what), EBADF) << what;
   }
+}
+
+TEST_F(DefaultProfileBehaviour, OutOfBandAndZeroCopyRefusedOnEverySendAndReceive) {
+  ASSERT_EQ(err("oob: socketpair"), 0);
+  for (const char* what : {"sendto(MSG_OOB)", "sendto(MSG_OOB|MSG_DONTWAIT|high bits)", "sendmsg(MSG_OOB)",
+                           "sendmmsg(MSG_OOB)", "sendto(MSG_ZEROCOPY)", "sendmsg(MSG_ZEROCOPY)", "sendmmsg(MSG_ZEROCOPY)",
+                           "recvfrom(MSG_OOB)", "recvmsg(MSG_OOB)", "recvmmsg(MSG_OOB)"}) {
+    EXPECT_EQ(err(what), EPERM) << what << " returned " << ret(what);
+  }
+  // One byte each, in order: three plain sends, a peek, two receives.
+  EXPECT_EQ(ret("sendto(plain|high bits)"), 1);
+  EXPECT_EQ(ret("sendmsg(plain)"), 1);
+  EXPECT_EQ(ret("sendmmsg(plain)"), 1);
+  EXPECT_EQ(ret("recvfrom(MSG_PEEK)"), 1);
+  EXPECT_EQ(ret("recvmsg(plain)"), 1);
+  EXPECT_EQ(ret("recvmmsg(plain)"), 1);
+}
+
+TEST_F(DefaultProfileBehaviour, SetsockoptPeekOffsetRefusedOtherOptionsReachTheKernel) {
+  EXPECT_EQ(err("setsockopt(SO_PEEK_OFF)"), EPERM);
+  EXPECT_EQ(err("setsockopt(SO_PEEK_OFF|high bits)"), EPERM);
+  EXPECT_EQ(err("setsockopt(SO_KEEPALIVE)"), 0);
+  EXPECT_EQ(err("setsockopt(SO_RCVBUF)"), 0);
+  EXPECT_EQ(err("setsockopt(level 0, option 42)"), EBADF);
+  EXPECT_EQ(err("getsockopt(SO_PEEK_OFF)"), 0);
 }
 
 TEST_F(DefaultProfileBehaviour, LocksAllowedLeasesAndNotifyRefused) {
