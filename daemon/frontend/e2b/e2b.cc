@@ -216,7 +216,6 @@ struct E2BBackend::RunCtx {
 };
 
 struct E2BBackend::Fail {
-  bool set = false;
   std::string end_reason = "backend_error";  // or timeout, cancelled, output_limit, setup_failed
   std::string detail;                        // backend_error / setup_failed: which failure
   std::string message;                       // for the record, the log and the exception
@@ -317,7 +316,6 @@ http::Request E2BBackend::control_request(RunCtx& ctx, std::string method, std::
 E2BBackend::Fail E2BBackend::fail_from_http(const RunCtx& ctx, const http::Response& r, std::string_view what,
                                             bool data_plane) const {
   Fail f;
-  f.set = true;
   std::string w(what);
   switch (r.failure) {
     case http::Failure::Cancelled:
@@ -422,21 +420,21 @@ void E2BBackend::release(const std::shared_ptr<Sandbox>& sb, bool kill, std::str
 // Control plane
 // ---------------------------------------------------------------------------
 
-asio::awaitable<bool> E2BBackend::refresh(RunCtx& ctx, Sandbox& sb, Fail& fail, bool& gone) {
+E2BBackend::Step<E2BBackend::Refresh> E2BBackend::refresh(RunCtx& ctx, Sandbox& sb) {
   json body = {{"timeout", ctx.ttl_s}};
   auto r = co_await http_.request(control_request(ctx, "POST", "/sandboxes/" + sb.id + "/timeout", body.dump()));
   if (r.ok() && (r.status == 204 || r.status == 200)) {
     sb.expires_at = Clock::now() + std::chrono::seconds(ctx.ttl_s);
     ++counters_["refreshed"];
-    co_return true;
+    co_return Refresh::extended;
   }
-  fail = fail_from_http(ctx, r, "refreshing the timeout of sandbox " + sb.id, false);
-  gone = r.ok() && r.status == 404;
+  if (r.ok() && r.status == 404) co_return Refresh::gone;
+  Fail fail = fail_from_http(ctx, r, "refreshing the timeout of sandbox " + sb.id, false);
   fail.kill = false;
-  co_return false;
+  co_return fail;
 }
 
-asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx& ctx, Fail& fail) {
+E2BBackend::Step<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx& ctx) {
   std::vector<std::string> candidates;
   std::string next;
   for (int page = 0; page < 20; ++page) {
@@ -444,18 +442,15 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx& 
     if (!next.empty()) path += "&nextToken=" + http::py_quote_plus(next);
     auto r = co_await http_.request(control_request(ctx, "GET", path, ""));
     if (!r.ok() || r.status != 200) {
-      fail = fail_from_http(ctx, r, "listing sandboxes", false);
+      Fail fail = fail_from_http(ctx, r, "listing sandboxes", false);
       fail.kill = false;
-      co_return nullptr;
+      co_return fail;
     }
     json arr = protocol::parse_json_bounded(r.body);
-    if (!arr.is_array()) {
-      fail.set = true;
-      fail.detail = "bad_response";
-      fail.message = "listing sandboxes: the answer is not a JSON array";
-      fail.kill = false;
-      co_return nullptr;
-    }
+    if (!arr.is_array())
+      co_return Fail{.detail = "bad_response",
+                     .message = "listing sandboxes: the answer is not a JSON array",
+                     .kill = false};
     // A sandbox this daemon is creating may be listed before its create
     // answer arrived; adopting it would put two runs into one kernel.
     if (creates_in_flight_ > 0) co_return nullptr;
@@ -486,9 +481,9 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx& 
     auto r = co_await http_.request(control_request(ctx, "GET", "/sandboxes/" + id, ""));
     if (r.ok() && r.status == 404) continue;
     if (!r.ok() || r.status != 200) {
-      fail = fail_from_http(ctx, r, "reading sandbox " + id, false);
+      Fail fail = fail_from_http(ctx, r, "reading sandbox " + id, false);
       fail.kill = false;
-      co_return nullptr;
+      co_return fail;
     }
     json j = protocol::parse_json_bounded(r.body);
     if (!j.is_object()) continue;
@@ -499,13 +494,9 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx& 
     if (!valid_token(sb->token) || (!sb->domain.empty() && !valid_domain(sb->domain))) continue;
     sb->key = ctx.pool_key;
     sb->in_use = true;
-    bool gone = false;
-    Fail rf;
-    if (!co_await refresh(ctx, *sb, rf, gone)) {
-      if (gone) continue;
-      fail = rf;
-      co_return nullptr;
-    }
+    auto refreshed = co_await refresh(ctx, *sb);
+    if (!refreshed.ok()) co_return std::move(refreshed).error();
+    if (*refreshed == Refresh::gone) continue;
     if (pool_.count(id) || created_ids_.count(id)) continue;  // taken meanwhile
     created_ids_.insert(id);
     ++counters_["adopted"];
@@ -514,7 +505,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx& 
   co_return nullptr;
 }
 
-asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::create(RunCtx& ctx, Fail& fail) {
+E2BBackend::Step<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::create(RunCtx& ctx) {
   json md = json::object();
   for (const auto& [k, v] : ctx.metadata) md[k] = v;
   json body = {{"templateID", cfg_.template_id},
@@ -533,35 +524,24 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::create(RunCtx&
       created_ids_.insert(j["sandboxID"].get<std::string>());
   }
   if (!r.ok() || (r.status != 201 && r.status != 200)) {
-    fail = fail_from_http(ctx, r, "creating a sandbox", false);
+    Fail fail = fail_from_http(ctx, r, "creating a sandbox", false);
     fail.kill = false;
-    co_return nullptr;
+    co_return fail;
   }
   json j = protocol::parse_json_bounded(r.body);
   std::string id = j.is_object() ? str_field(j, "sandboxID") : "";
   auto bad = [&](std::string why) {
-    fail.set = true;
-    fail.detail = "bad_response";
-    fail.message = "creating a sandbox: " + why;
-    fail.kill = false;
     if (valid_sandbox_id(id)) kill_later(id, "unusable create answer");
+    return Fail{.detail = "bad_response", .message = "creating a sandbox: " + why, .kill = false};
   };
-  if (!valid_sandbox_id(id)) {
-    bad("the answer has no usable sandboxID");
-    co_return nullptr;
-  }
+  if (!valid_sandbox_id(id)) co_return bad("the answer has no usable sandboxID");
   auto sb = std::make_shared<Sandbox>();
   sb->id = id;
   sb->token = str_field(j, "envdAccessToken");
   if (j.contains("domain") && j["domain"].is_string()) sb->domain = j["domain"].get<std::string>();
-  if (!valid_token(sb->token)) {
-    bad("the answer has no usable envdAccessToken (the sandbox was created with secure: true)");
-    co_return nullptr;
-  }
-  if (!sb->domain.empty() && !valid_domain(sb->domain)) {
-    bad("the answer's domain is not a host name");
-    co_return nullptr;
-  }
+  if (!valid_token(sb->token))
+    co_return bad("the answer has no usable envdAccessToken (the sandbox was created with secure: true)");
+  if (!sb->domain.empty() && !valid_domain(sb->domain)) co_return bad("the answer's domain is not a host name");
   sb->key = ctx.pool_key;
   sb->in_use = true;
   sb->expires_at = Clock::now() + std::chrono::seconds(ctx.ttl_s);
@@ -571,7 +551,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::create(RunCtx&
   co_return sb;
 }
 
-asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::acquire(RunCtx& ctx, Fail& fail, bool& busy) {
+E2BBackend::Step<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::acquire(RunCtx& ctx) {
   // 1. An idle sandbox of ours with the same key, most recently used first.
   for (;;) {
     std::shared_ptr<Sandbox> pick;
@@ -582,18 +562,17 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::acquire(RunCtx
     }
     if (!pick) break;
     pick->in_use = true;
-    bool gone = false;
-    if (co_await refresh(ctx, *pick, fail, gone)) {
+    auto refreshed = co_await refresh(ctx, *pick);
+    if (!refreshed.ok()) {
+      pick->in_use = false;
+      co_return std::move(refreshed).error();
+    }
+    if (*refreshed == Refresh::extended) {
       ctx.reused = true;
       co_return pick;
     }
-    if (!gone) {
-      pick->in_use = false;
-      co_return nullptr;
-    }
     created_ids_.erase(pick->id);
     pool_.erase(pick->id);  // E2B no longer knows it
-    fail = Fail{};
   }
   // Idle sandboxes past their TTL are gone at E2B already.
   auto now = Clock::now();
@@ -612,10 +591,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::acquire(RunCtx
     std::shared_ptr<Sandbox> lru;
     for (auto& [id, sb] : pool_)
       if (!sb->in_use && (!lru || sb->last_used < lru->last_used)) lru = sb;
-    if (!lru) {
-      busy = true;
-      co_return nullptr;
-    }
+    if (!lru) co_return std::shared_ptr<Sandbox>();  // busy: no sandbox, and no failure
     pool_.erase(lru->id);
     kill_later(lru->id, "evicted to make room");
   }
@@ -625,17 +601,19 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::acquire(RunCtx
     ~Dec() { --n; }
   } dec{creating_};
 
-  // 3. A running sandbox with our metadata (left by an earlier daemon).
-  auto sb = co_await adopt(ctx, fail);
-  if (fail.set) co_return nullptr;
-  if (sb) {
+  // 3. A running sandbox with our metadata (left by an earlier daemon);
+  //    when there is none, and looking for one did not fail, 4.
+  auto adopted = co_await adopt(ctx);
+  if (!adopted.ok()) co_return std::move(adopted).error();
+  if (std::shared_ptr<Sandbox> sb = std::move(adopted).value()) {
     ctx.adopted = true;
     pool_[sb->id] = sb;
     co_return sb;
   }
   // 4. A new one.
-  sb = co_await create(ctx, fail);
-  if (!sb) co_return nullptr;
+  auto created = co_await create(ctx);
+  if (!created.ok()) co_return std::move(created).error();
+  std::shared_ptr<Sandbox> sb = std::move(created).value();
   pool_[sb->id] = sb;
   co_return sb;
 }
@@ -644,7 +622,7 @@ asio::awaitable<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::acquire(RunCtx
 // Data plane
 // ---------------------------------------------------------------------------
 
-asio::awaitable<bool> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const std::string& requirement, Fail& fail) {
+E2BBackend::Step<void> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const std::string& requirement) {
   json start = {{"process",
                  {{"cmd", "python3"}, {"args", json::array({"-m", "pip", "install", "--no-input", "--", requirement})}}}};
   std::string msg = start.dump();
@@ -716,54 +694,33 @@ asio::awaitable<bool> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const st
   };
   std::string what = "installing " + q(requirement);
   auto res = co_await http_.stream(std::move(r), on_chunk);
-  if (st.bad) {
-    fail.set = true;
-    fail.detail = "stream_error";
-    fail.message = what + ": malformed Connect envelope from envd";
-    co_return false;
-  }
-  if (!res.ok() && !(st.trailer && res.failure == http::Failure::Transport)) {
-    fail = fail_from_http(ctx, res, what, true);
-    co_return false;
-  }
-  if (res.status != 200) {
-    fail = fail_from_http(ctx, res, what, true);
-    co_return false;
-  }
-  if (!st.trailer || !st.started) {
-    fail.set = true;
-    fail.detail = "stream_error";
-    fail.message = what + ": the process stream ended without " + (st.started ? "its end-of-stream message" : "a start event");
-    co_return false;
-  }
+  if (st.bad) co_return Fail{.detail = "stream_error", .message = what + ": malformed Connect envelope from envd"};
+  if (!res.ok() && !(st.trailer && res.failure == http::Failure::Transport))
+    co_return fail_from_http(ctx, res, what, true);
+  if (res.status != 200) co_return fail_from_http(ctx, res, what, true);
+  if (!st.trailer || !st.started)
+    co_return Fail{.detail = "stream_error",
+                   .message = what + ": the process stream ended without " +
+                              (st.started ? "its end-of-stream message" : "a start event")};
   auto pip_failed = [&](std::string why) {
-    fail.set = true;
-    fail.end_reason = "setup_failed";
-    fail.detail = "pip_install_failed";
-    fail.exc_name = "RuntimeError";
     std::string err = trim_ws(lp::utf8_decode_replace(st.err).text);
-    fail.message = "Failed to install " + requirement + " in E2B sandbox: " + why +
-                   (err.empty() ? std::string() : ": " + tail(err, 600));
+    return Fail{.end_reason = "setup_failed",
+                .detail = "pip_install_failed",
+                .message = "Failed to install " + requirement + " in E2B sandbox: " + why +
+                           (err.empty() ? std::string() : ": " + tail(err, 600)),
+                .exc_name = "RuntimeError"};
   };
-  if (st.trailer_error.is_object()) {
-    pip_failed("envd ended the command with " + str_field(st.trailer_error, "code", "unknown") + " " +
-               q(str_field(st.trailer_error, "message")));
-    co_return false;
-  }
-  if (!st.ended) {
-    pip_failed("the command ended without an exit status");
-    co_return false;
-  }
-  if (st.exit_code != 0) {
-    pip_failed("pip exited with code " + std::to_string(st.exit_code));
-    co_return false;
-  }
+  if (st.trailer_error.is_object())
+    co_return pip_failed("envd ended the command with " + str_field(st.trailer_error, "code", "unknown") + " " +
+                         q(str_field(st.trailer_error, "message")));
+  if (!st.ended) co_return pip_failed("the command ended without an exit status");
+  if (st.exit_code != 0) co_return pip_failed("pip exited with code " + std::to_string(st.exit_code));
   sb.installed.insert(requirement);
   ctx.installed_now.push_back(requirement);
-  co_return true;
+  co_return Outcome<void>();
 }
 
-asio::awaitable<bool> E2BBackend::new_context(RunCtx& ctx, Sandbox& sb, std::string& context_id, Fail& fail) {
+E2BBackend::Step<std::string> E2BBackend::new_context(RunCtx& ctx, Sandbox& sb) {
   http::Request r;
   r.method = "POST";
   r.url = e2b_sandbox_base_url(cfg_, sb.id, kInterpreterPort, sb.domain) + "/contexts";
@@ -773,19 +730,13 @@ asio::awaitable<bool> E2BBackend::new_context(RunCtx& ctx, Sandbox& sb, std::str
   r.timeout = std::min<std::chrono::milliseconds>(kControlTimeout, ctx.remaining());
   r.cancel = ctx.cancel;
   auto res = co_await http_.request(std::move(r));
-  if (!res.ok() || (res.status != 200 && res.status != 201)) {
-    fail = fail_from_http(ctx, res, "creating a kernel context", true);
-    co_return false;
-  }
+  if (!res.ok() || (res.status != 200 && res.status != 201))
+    co_return fail_from_http(ctx, res, "creating a kernel context", true);
   json j = protocol::parse_json_bounded(res.body);
-  context_id = j.is_object() ? str_field(j, "id") : "";
-  if (!valid_sandbox_id(context_id)) {
-    fail.set = true;
-    fail.detail = "bad_response";
-    fail.message = "creating a kernel context: the answer has no usable id";
-    co_return false;
-  }
-  co_return true;
+  std::string context_id = j.is_object() ? str_field(j, "id") : "";
+  if (!valid_sandbox_id(context_id))
+    co_return Fail{.detail = "bad_response", .message = "creating a kernel context: the answer has no usable id"};
+  co_return context_id;
 }
 
 asio::awaitable<bool> E2BBackend::delete_context(RunCtx& ctx, Sandbox& sb, const std::string& context_id) {
@@ -798,8 +749,8 @@ asio::awaitable<bool> E2BBackend::delete_context(RunCtx& ctx, Sandbox& sb, const
   co_return res.ok() && (res.status == 200 || res.status == 204);
 }
 
-asio::awaitable<bool> E2BBackend::execute(RunCtx& ctx, Sandbox& sb, const std::string& code, const std::string& context_id,
-                                          std::chrono::milliseconds stall, Exec& ex, Fail& fail) {
+E2BBackend::Step<void> E2BBackend::execute(RunCtx& ctx, Sandbox& sb, const std::string& code,
+                                           const std::string& context_id, std::chrono::milliseconds stall, Exec& ex) {
   http::Request r;
   r.method = "POST";
   r.url = e2b_sandbox_base_url(cfg_, sb.id, kInterpreterPort, sb.domain) + "/execute";
@@ -856,35 +807,24 @@ asio::awaitable<bool> E2BBackend::execute(RunCtx& ctx, Sandbox& sb, const std::s
   if (res.ok() && !ex.ended && !lines.pending().empty()) on_line(lines.pending());
 
   const std::string what = "running the cell";
-  if (ex.out_over || ex.err_over) {
-    fail.set = true;
-    fail.end_reason = "output_limit";
-    fail.exc_name = "RuntimeError";
-    fail.message = what + ": " + (ex.out_over ? "stdout" : "stderr") + " went past its cap";
-    co_return false;
-  }
-  if (ex.bad_line || lines.overflowed()) {
-    fail.set = true;
-    fail.detail = "stream_error";
-    fail.message = what + (ex.bad_line ? ": the /execute stream broke off with a line that is not a JSON object: " + q(ex.bad_text)
-                                       : ": the /execute stream carried an over-long line");
-    co_return false;
-  }
-  if (!res.ok() && !(ex.ended && res.failure == http::Failure::Transport)) {
-    fail = fail_from_http(ctx, res, what, true);
-    co_return false;
-  }
-  if (res.status != 200) {
-    fail = fail_from_http(ctx, res, what, true);
-    co_return false;
-  }
-  if (!ex.ended) {
-    fail.set = true;
-    fail.detail = "stream_error";
-    fail.message = what + ": the /execute stream ended without end_of_execution (truncated)";
-    co_return false;
-  }
-  co_return true;
+  if (ex.out_over || ex.err_over)
+    co_return Fail{.end_reason = "output_limit",
+                   .detail = {},
+                   .message = what + ": " + (ex.out_over ? "stdout" : "stderr") + " went past its cap",
+                   .exc_name = "RuntimeError"};
+  if (ex.bad_line || lines.overflowed())
+    co_return Fail{
+        .detail = "stream_error",
+        .message = what + (ex.bad_line ? ": the /execute stream broke off with a line that is not a JSON object: " +
+                                             q(ex.bad_text)
+                                       : ": the /execute stream carried an over-long line")};
+  if (!res.ok() && !(ex.ended && res.failure == http::Failure::Transport))
+    co_return fail_from_http(ctx, res, what, true);
+  if (res.status != 200) co_return fail_from_http(ctx, res, what, true);
+  if (!ex.ended)
+    co_return Fail{.detail = "stream_error",
+                   .message = what + ": the /execute stream ended without end_of_execution (truncated)"};
+  co_return Outcome<void>();
 }
 
 // ---------------------------------------------------------------------------
@@ -969,8 +909,8 @@ E2BBackend::RunCtx E2BBackend::run_context(const PreparedRun& p, const std::stri
   return ctx;
 }
 
-asio::awaitable<bool> E2BBackend::run_tool_cell(RunCtx& ctx, Sandbox& sb, PreparedRun& p, json spec, BackendRun& out,
-                                                Fail& fail, Printed& printed) {
+E2BBackend::Step<void> E2BBackend::run_tool_cell(RunCtx& ctx, Sandbox& sb, PreparedRun& p, json spec, BackendRun& out,
+                                                 Printed& printed) {
   // The fixed cell runs the runner on the request; the beat marks its
   // heartbeat on stderr, which is dropped from what the tool printed.
   const std::string beat = "<<TSB-HB-" + random_hex(8) + ">>";
@@ -980,30 +920,25 @@ asio::awaitable<bool> E2BBackend::run_tool_cell(RunCtx& ctx, Sandbox& sb, Prepar
   spec["heartbeat"] = kHeartbeatSeconds;
   spec["beat"] = beat;
   Exec ex;
-  bool ok = co_await execute(ctx, sb, e2b_tool_cell(lp::b64encode(dump_json(spec))), "", kToolStall, ex, fail);
+  auto ran = co_await execute(ctx, sb, e2b_tool_cell(lp::b64encode(dump_json(spec))), "", kToolStall, ex);
   printed.out = join(ex.out);
   printed.err = join(ex.err);
   erase_all(printed.err, beat);
-  if (ok && ex.error) {
-    fail.set = true;
-    fail.detail = "execution_error";
-    fail.exc_name = str_field(*ex.error, "name", "SandboxException");
-    fail.message = "the fixed cell failed in the sandbox: " + str_field(*ex.error, "name") + ": " + str_field(*ex.error, "value");
+  if (!ran.ok()) co_return std::move(ran).error();
+  if (ex.error) {
     std::string tb = str_field(*ex.error, "traceback");
     if (!tb.empty()) printed.err += (printed.err.empty() || printed.err.back() == '\n' ? "" : "\n") + tb;
-    co_return false;
+    co_return Fail{.detail = "execution_error",
+                   .message = "the fixed cell failed in the sandbox: " + str_field(*ex.error, "name") + ": " +
+                              str_field(*ex.error, "value"),
+                   .exc_name = str_field(*ex.error, "name", "SandboxException")};
   }
-  if (!ok) co_return false;
   // The cell's main result is the runner's exit status (negative: a signal).
   std::string text = ex.main_result ? str_field(*ex.main_result, "text") : "";
   char* end = nullptr;
   long rc = text.empty() ? 0 : std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || rc < -255 || rc > 255) {
-    fail.set = true;
-    fail.detail = "bad_response";
-    fail.message = "the fixed cell returned no exit status";
-    co_return false;
-  }
+  if (text.empty() || *end != '\0' || rc < -255 || rc > 255)
+    co_return Fail{.detail = "bad_response", .message = "the fixed cell returned no exit status"};
   // The pipeline shapes it as it shapes a local run.
   out.run.reason = rc < 0 ? isolate::EndReason::Signaled : isolate::EndReason::Exited;
   out.run.exit_code = rc < 0 ? -1 : static_cast<int>(rc);
@@ -1013,32 +948,32 @@ asio::awaitable<bool> E2BBackend::run_tool_cell(RunCtx& ctx, Sandbox& sb, Prepar
   out.run.stdout_total_bytes = printed.out.size();
   out.run.stderr_total_bytes = printed.err.size();
   out.run.wall = Clock::now() - ctx.t0;
-  co_return true;
+  co_return Outcome<void>();
 }
 
-asio::awaitable<bool> E2BBackend::run_script_cell(RunCtx& ctx, std::shared_ptr<Sandbox>& sb, PreparedRun& p,
-                                                  BackendRun& out, Fail& fail, Printed& printed) {
+E2BBackend::Step<void> E2BBackend::run_script_cell(RunCtx& ctx, std::shared_ptr<Sandbox>& sb, PreparedRun& p,
+                                                   BackendRun& out, Printed& printed) {
   // A fresh kernel context; the environment goes in by its own fixed cell,
   // then the script as Letta's E2B sandbox runs it.
   const std::string& script = std::get<protocol::ExecuteRequest>(p.request->body).script;
-  std::string context_id;
-  bool ok = co_await new_context(ctx, *sb, context_id, fail);
-  if (ok && !p.env.empty()) {
+  auto made = co_await new_context(ctx, *sb);
+  if (!made.ok()) co_return std::move(made).error();
+  const std::string context_id = std::move(made).value();
+  if (!p.env.empty()) {
     Exec pre;
-    ok = co_await execute(ctx, *sb, with_blob(kEnvCell, lp::b64encode(dump_json(json(p.env)))), context_id, 0ms, pre, fail);
-    if (ok && pre.error) {
-      ok = false;
-      fail.set = true;
-      fail.detail = "execution_error";
-      fail.message = "setting the environment failed in the sandbox: " + str_field(*pre.error, "name") + ": " +
-                     str_field(*pre.error, "value");
-    }
+    auto env_set =
+        co_await execute(ctx, *sb, with_blob(kEnvCell, lp::b64encode(dump_json(json(p.env)))), context_id, 0ms, pre);
+    if (!env_set.ok()) co_return std::move(env_set).error();
+    if (pre.error)
+      co_return Fail{.detail = "execution_error",
+                     .message = "setting the environment failed in the sandbox: " + str_field(*pre.error, "name") +
+                                ": " + str_field(*pre.error, "value")};
   }
   Exec ex;
-  if (ok) ok = co_await execute(ctx, *sb, script, context_id, 0ms, ex, fail);
+  auto ran = co_await execute(ctx, *sb, script, context_id, 0ms, ex);
   printed.out = join(ex.out);
   printed.err = join(ex.err);
-  if (!ok) co_return false;
+  if (!ran.ok()) co_return std::move(ran).error();
   // What the kernel reported; the pipeline shapes it (shape_cell).
   CellOutcome& cell = out.cell.emplace();
   if (ex.main_result) cell.main_result = str_field(*ex.main_result, "text");
@@ -1056,22 +991,15 @@ asio::awaitable<bool> E2BBackend::run_script_cell(RunCtx& ctx, std::shared_ptr<S
   out.record["stderr_bytes"] = ex.err_bytes;
   if (ex.display_results) out.record["display_results"] = ex.display_results;
   // The kernel (and the variables the script left in it) goes away; if
-  // that fails, the whole sandbox does.
+  // that fails, the whole sandbox does (the run stands).
   if (!co_await delete_context(ctx, *sb, context_id)) {
-    fail.kill = true;
-    fail.message = "the kernel context could not be deleted";
     release(sb, true, "its kernel context could not be deleted");
     sb = nullptr;
   }
-  co_return true;
+  co_return Outcome<void>();
 }
 
-void E2BBackend::record_failure(const RunCtx& ctx, Fail& fail, BackendRun& out, const Printed& printed) const {
-  if (!fail.set) {
-    fail.set = true;
-    fail.detail = "internal";
-    fail.message = "the run failed for an unknown reason";
-  }
+void E2BBackend::record_failure(const RunCtx& ctx, const Fail& fail, BackendRun& out, const Printed& printed) const {
   isolate::RunResult& run = out.run;
   run.stdout_data = printed.out;
   run.stderr_data = printed.err;
@@ -1147,32 +1075,37 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   });
 
   const std::string run_id = random_hex(8);
-  Fail fail;
-  bool busy = false;
-  auto sb = co_await acquire(ctx, fail, busy);
-  if (busy) {
+  auto acquired = co_await acquire(ctx);
+  // An ok result without a sandbox: no room (busy), a refusal.
+  if (acquired.ok() && !*acquired) {
     ++counters_["busy"];
     co_return refuse(ErrorCode::Busy, "all " + std::to_string(cfg_.max_sandboxes) +
                                           " E2B sandboxes of this daemon are in use; retry later");
   }
+  std::shared_ptr<Sandbox> sb = acquired.ok() ? *acquired : nullptr;
   const std::string sandbox_id = sb ? sb->id : "";
   Printed printed;  // what the tool printed, for failures
-  bool ok = sb != nullptr;
+  Outcome<void> done;
+  if (!acquired.ok()) done = std::move(acquired).error();
   // The run's requirements, installed by pip in the sandbox, each once.
   for (const auto& r : p.requirements.items) {
-    if (!ok || sb->installed.count(r.text())) continue;
-    ok = co_await pip_install(ctx, *sb, r.text(), fail);
+    if (!done.ok() || sb->installed.count(r.text())) continue;
+    done = co_await pip_install(ctx, *sb, r.text());
   }
   out.run.run_id = run_id;
-  if (ok) ok = p.tool_mode ? co_await run_tool_cell(ctx, *sb, p, std::move(spec), out, fail, printed)
-                           : co_await run_script_cell(ctx, sb, p, out, fail, printed);
-  if (!ok) {
-    record_failure(ctx, fail, out, printed);
-    spdlog::warn("e2b: run {} ({}): {}{}: {}", run_id, q(c.tool_name), fail.end_reason,
-                 fail.detail.empty() ? "" : "/" + fail.detail, redact(fail.message));
+  // Not one conditional expression: GCC 12 runs both co_awaits of one
+  // whose operands are not trivial.
+  if (done.ok() && p.tool_mode) done = co_await run_tool_cell(ctx, *sb, p, std::move(spec), out, printed);
+  else if (done.ok()) done = co_await run_script_cell(ctx, sb, p, out, printed);
+  const Fail* fail = done.ok() ? nullptr : &done.error();
+  if (fail) {
+    record_failure(ctx, *fail, out, printed);
+    spdlog::warn("e2b: run {} ({}): {}{}: {}", run_id, q(c.tool_name), fail->end_reason,
+                 fail->detail.empty() ? "" : "/" + fail->detail, redact(fail->message));
   }
   if (sb) {
-    if (!ok && fail.kill) release(sb, true, "the run ended with " + fail.end_reason + (fail.detail.empty() ? "" : "/" + fail.detail));
+    if (fail && fail->kill)
+      release(sb, true, "the run ended with " + fail->end_reason + (fail->detail.empty() ? "" : "/" + fail->detail));
     else release(sb, false, "");
   }
 
@@ -1184,7 +1117,7 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   ++counters_[out.end_reason.empty() ? std::string(isolate::to_string(out.run.reason)) : out.end_reason];
   out.audit = " sandbox_id=" + (sandbox_id.empty() ? std::string("-") : sandbox_id) +
               " reused=" + (ctx.reused || ctx.adopted ? "yes" : "no") +
-              " detail=" + (fail.detail.empty() || ok ? std::string("-") : fail.detail);
+              " detail=" + (!fail || fail->detail.empty() ? std::string("-") : fail->detail);
   co_return out;
 }
 

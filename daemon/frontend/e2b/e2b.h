@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/policy/config.h"
+#include "isolate/base/result.h"
 #include "isolate/base/unique_fd.h"
 #include "daemon/frontend/e2b/http.h"
 #include "daemon/policy/registry.h"
@@ -93,41 +94,66 @@ class E2BBackend final : public RunBackend {
 
   struct Sandbox;
   struct RunCtx;
+  // What ends a run that failed: its end reason, detail, message and
+  // exception, and whether the sandbox it holds is killed. The steps of a
+  // run return it as the failure of their Result; one exists only when a
+  // step failed. The step that meets a failure names what it was doing in
+  // the message; its callers pass it up unchanged.
   struct Fail;
 
  private:
   using Clock = std::chrono::steady_clock;
+  template <class T>
+  using Outcome = Result<T, Fail>;
+  template <class T>
+  using Step = asio::awaitable<Outcome<T>>;
 
   std::vector<std::pair<std::string, std::string>> control_headers(bool json_body) const;
   std::vector<std::pair<std::string, std::string>> data_headers(const Sandbox& sb, int port) const;
   std::string redact(std::string s) const;
   http::Request control_request(RunCtx& ctx, std::string method, std::string path, std::string body) const;
 
-  asio::awaitable<std::shared_ptr<Sandbox>> acquire(RunCtx& ctx, Fail& fail, bool& busy);
-  asio::awaitable<bool> refresh(RunCtx& ctx, Sandbox& sb, Fail& fail, bool& gone);
-  asio::awaitable<std::shared_ptr<Sandbox>> adopt(RunCtx& ctx, Fail& fail);
-  asio::awaitable<std::shared_ptr<Sandbox>> create(RunCtx& ctx, Fail& fail);
-  asio::awaitable<bool> pip_install(RunCtx& ctx, Sandbox& sb, const std::string& requirement, Fail& fail);
-  asio::awaitable<bool> new_context(RunCtx& ctx, Sandbox& sb, std::string& context_id, Fail& fail);
+  // Taking a sandbox. acquire: the sandbox the run holds, or, when the
+  // daemon has no room (max_sandboxes in use, none idle to evict), an ok
+  // null: busy, which refuses the run instead of failing it. refresh:
+  // extends a sandbox's TTL; Refresh::gone when E2B no longer knows it
+  // (404), which is no failure: its callers forget it and look further.
+  // adopt: a running sandbox an earlier daemon left, or an ok null when
+  // there is none (acquire then creates one; a failure of adopt's own calls
+  // ends the run). create: a new sandbox.
+  enum class Refresh { extended, gone };
+  Step<std::shared_ptr<Sandbox>> acquire(RunCtx& ctx);
+  Step<Refresh> refresh(RunCtx& ctx, Sandbox& sb);
+  Step<std::shared_ptr<Sandbox>> adopt(RunCtx& ctx);
+  Step<std::shared_ptr<Sandbox>> create(RunCtx& ctx);
+  // Inside it: a pip install; a new kernel context (its id); deleting one
+  // (only whether it worked: a failure kills the sandbox, the run stands);
+  // a cell through /execute (`ex`: what the stream carried, also when it
+  // failed).
+  Step<void> pip_install(RunCtx& ctx, Sandbox& sb, const std::string& requirement);
+  Step<std::string> new_context(RunCtx& ctx, Sandbox& sb);
   asio::awaitable<bool> delete_context(RunCtx& ctx, Sandbox& sb, const std::string& context_id);
   struct Exec;
-  asio::awaitable<bool> execute(RunCtx& ctx, Sandbox& sb, const std::string& code, const std::string& context_id,
-                                std::chrono::milliseconds stall, Exec& ex, Fail& fail);
+  Step<void> execute(RunCtx& ctx, Sandbox& sb, const std::string& code, const std::string& context_id,
+                     std::chrono::milliseconds stall, Exec& ex);
 
   Fail fail_from_http(const RunCtx& ctx, const http::Response& r, std::string_view what, bool data_plane) const;
 
   // The steps of run(): the run's context; its execution in tool mode (the
   // fixed tool cell, `spec` holding the runner) or script mode (the script
-  // in a fresh kernel context); what a failure leaves in the record.
+  // in a fresh kernel context), which fill `printed` also when they fail;
+  // what a failure leaves in the record.
   struct Printed {
     std::string out, err;  // what the tool printed
   };
   RunCtx run_context(const PreparedRun& p, const std::string& config_state) const;
-  asio::awaitable<bool> run_tool_cell(RunCtx& ctx, Sandbox& sb, PreparedRun& p, nlohmann::json spec, BackendRun& out,
-                                      Fail& fail, Printed& printed);
-  asio::awaitable<bool> run_script_cell(RunCtx& ctx, std::shared_ptr<Sandbox>& sb, PreparedRun& p, BackendRun& out,
-                                        Fail& fail, Printed& printed);
-  void record_failure(const RunCtx& ctx, Fail& fail, BackendRun& out, const Printed& printed) const;
+  Step<void> run_tool_cell(RunCtx& ctx, Sandbox& sb, PreparedRun& p, nlohmann::json spec, BackendRun& out,
+                           Printed& printed);
+  // When the kernel context cannot be deleted after the script ran, the run
+  // stands and `sb` is released killed (and set to null).
+  Step<void> run_script_cell(RunCtx& ctx, std::shared_ptr<Sandbox>& sb, PreparedRun& p, BackendRun& out,
+                             Printed& printed);
+  void record_failure(const RunCtx& ctx, const Fail& fail, BackendRun& out, const Printed& printed) const;
   void release(const std::shared_ptr<Sandbox>& sb, bool kill, std::string_view why);
   void kill_later(std::string sandbox_id, std::string why);
 
