@@ -495,6 +495,7 @@ E2BBackend::Step<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::adopt(RunCtx&
     sb->key = ctx.pool_key;
     sb->in_use = true;
     auto refreshed = co_await refresh(ctx, *sb);
+    // context: a step's Fail names what the step was doing
     if (!refreshed.ok()) co_return std::move(refreshed).error();
     if (*refreshed == Refresh::gone) continue;
     if (pool_.count(id) || created_ids_.count(id)) continue;  // taken meanwhile
@@ -565,6 +566,7 @@ E2BBackend::Step<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::acquire(RunCt
     auto refreshed = co_await refresh(ctx, *pick);
     if (!refreshed.ok()) {
       pick->in_use = false;
+      // context: a step's Fail names what the step was doing
       co_return std::move(refreshed).error();
     }
     if (*refreshed == Refresh::extended) {
@@ -604,6 +606,7 @@ E2BBackend::Step<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::acquire(RunCt
   // 3. A running sandbox with our metadata (left by an earlier daemon);
   //    when there is none, and looking for one did not fail, 4.
   auto adopted = co_await adopt(ctx);
+  // context: a step's Fail names what the step was doing
   if (!adopted.ok()) co_return std::move(adopted).error();
   if (std::shared_ptr<Sandbox> sb = std::move(adopted).value()) {
     ctx.adopted = true;
@@ -612,6 +615,7 @@ E2BBackend::Step<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::acquire(RunCt
   }
   // 4. A new one.
   auto created = co_await create(ctx);
+  // context: a step's Fail names what the step was doing
   if (!created.ok()) co_return std::move(created).error();
   std::shared_ptr<Sandbox> sb = std::move(created).value();
   pool_[sb->id] = sb;
@@ -858,23 +862,24 @@ RequirementRules E2BBackend::requirement_rules(const Policy& pol) const {
 
 namespace {
 
-// The runner as a tool cell sends it: its source and its package's modules
-// (what a local sandbox is shown of it, find_runner_files, source only), by
-// their path below the runner's directory. Read for every run: an update
-// of the installed runner applies to the next one. "" or the refusal.
-std::string read_runner(const std::string& runner_path, std::string& source, json& package) {
+// The runner as a tool cell sends it: {"runner": its source, "package": its
+// package's modules by their path below the runner's directory} (what a
+// local sandbox is shown of it, find_runner_files, source only). Read for
+// every run: an update of the installed runner applies to the next one.
+Result<json> read_runner(const std::string& runner_path) {
   auto src = read_file(runner_path, {.max_bytes = 1u << 20, .regular_only = true});
-  if (!src.ok() || src->empty()) return "the tool runner cannot be read";
-  source = std::move(src).value();
+  if (!src.ok()) return std::move(src).error().wrap("the tool runner");
+  if (src->empty()) return Error::invalid("the tool runner '" + runner_path + "' is empty", EIO);
   char real[PATH_MAX];
   const std::string runner = ::realpath(runner_path.c_str(), real) ? std::string(real) : runner_path;
-  package = json::object();
+  json package = json::object();
   for (const std::string& m : find_runner_package(runner)) {
     auto part = read_file(m, {.max_bytes = 1u << 20, .regular_only = true});
-    if (!part.ok()) return "the tool runner's package cannot be read";
+    if (!part.ok()) return std::move(part).error().wrap("the tool runner's package");
     package[m.substr(runner.rfind('/') + 1)] = std::move(part).value();
   }
-  return package.empty() ? "the tool runner's package cannot be read" : "";
+  if (package.empty()) return Error::invalid("the tool runner's package beside '" + runner + "' is missing", ENOENT);
+  return json{{"runner", std::move(src).value()}, {"package", std::move(package)}};
 }
 
 }  // namespace
@@ -924,6 +929,7 @@ E2BBackend::Step<void> E2BBackend::run_tool_cell(RunCtx& ctx, Sandbox& sb, Prepa
   printed.out = join(ex.out);
   printed.err = join(ex.err);
   erase_all(printed.err, beat);
+  // context: a step's Fail names what the step was doing
   if (!ran.ok()) co_return std::move(ran).error();
   if (ex.error) {
     std::string tb = str_field(*ex.error, "traceback");
@@ -957,12 +963,14 @@ E2BBackend::Step<void> E2BBackend::run_script_cell(RunCtx& ctx, std::shared_ptr<
   // then the script as Letta's E2B sandbox runs it.
   const std::string& script = std::get<protocol::ExecuteRequest>(p.request->body).script;
   auto made = co_await new_context(ctx, *sb);
+  // context: a step's Fail names what the step was doing
   if (!made.ok()) co_return std::move(made).error();
   const std::string context_id = std::move(made).value();
   if (!p.env.empty()) {
     Exec pre;
     auto env_set =
         co_await execute(ctx, *sb, with_blob(kEnvCell, lp::b64encode(dump_json(json(p.env)))), context_id, 0ms, pre);
+    // context: a step's Fail names what the step was doing
     if (!env_set.ok()) co_return std::move(env_set).error();
     if (pre.error)
       co_return Fail{.detail = "execution_error",
@@ -973,6 +981,7 @@ E2BBackend::Step<void> E2BBackend::run_script_cell(RunCtx& ctx, std::shared_ptr<
   auto ran = co_await execute(ctx, *sb, script, context_id, 0ms, ex);
   printed.out = join(ex.out);
   printed.err = join(ex.err);
+  // context: a step's Fail names what the step was doing
   if (!ran.ok()) co_return std::move(ran).error();
   // What the kernel reported; the pipeline shapes it (shape_cell).
   CellOutcome& cell = out.cell.emplace();
@@ -1050,11 +1059,13 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   // were checked there too.
   json spec = json::object();
   if (p.tool_mode) {
-    std::string source;
-    json package;
-    if (std::string why = read_runner(p.runner_path, source, package); !why.empty())
-      co_return refuse(ErrorCode::Internal, why);
-    spec = {{"runner", std::move(source)}, {"package", std::move(package)}};
+    auto runner = read_runner(p.runner_path);
+    if (!runner.ok()) {
+      // The host's paths go to the log, not to the client.
+      spdlog::error("e2b: {}", runner.error().message);
+      co_return refuse(ErrorCode::Internal, "the tool runner cannot be read (the daemon's log says why)");
+    }
+    spec = std::move(runner).value();
   }
   std::string config_state;
   if (p.fingerprint) {
