@@ -63,6 +63,18 @@ BARE_TOOL = TOOL + "import json\nprint(json.dumps(add(**json.loads('{\"a\": 2, \
 # RUSAGE_CHILDREN (the rounds run one process at a time), a daemon run's
 # from its record (the sandbox's cgroup: the tool, the runner and init).
 CPU_MS: dict[str, list[float]] = {}
+# Wall time of each daemon run, ms, by variant and by the state of the
+# sandbox that served it ("warm": taken from the policy's pool; "cold":
+# spawned for the run). Back-to-back calls drain the pool faster than it
+# refills, so the runs are a mix of the two, and a median over the mix
+# jumps between them with the share of warm runs: the split is the
+# comparable figure.
+BY_STATE: dict[str, dict[str, list[float]]] = {}
+
+
+def clear_samples() -> None:
+    CPU_MS.clear()
+    BY_STATE.clear()
 
 
 def children_cpu_ms() -> float:
@@ -158,7 +170,7 @@ def main() -> int:
         if old_client:
             variants["execute@old"] = execute(old_client, "execute@old")
             variants["run_tool@old"] = run_tool(old_client, "run_tool@old")
-        lat = interleave.rounds(variants, args.n, before_rounds=CPU_MS.clear)
+        lat = interleave.rounds(variants, args.n, before_rounds=clear_samples)
         cpu = {name: statistics.median(v) for name, v in CPU_MS.items() if v}
         report["latency_ms"] = lat
         report["cpu_ms_median"] = cpu
@@ -176,6 +188,30 @@ def main() -> int:
                 m, o = lat[name]["median"], lat[name + "@old"]["median"]
                 print("| %s | %.2f | %.2f | %+.2f ms (x%.3f) | %.2f / %.2f |" % (name, m, o, m - o, m / o, cpu[name],
                                                                                cpu[name + "@old"]))
+
+        def state_median(variant: str, state: str) -> tuple[int, float | None]:
+            xs = BY_STATE.get(variant, {}).get(state, [])
+            return len(xs), (statistics.median(xs) if xs else None)
+
+        def ms(v: float | None) -> str:
+            return "-" if v is None else "%.2f" % v
+
+        by_state = {}
+        print("\n| variant | warm runs | warm median ms | cold runs | cold median ms |")
+        print("|---|---:|---:|---:|---:|")
+        for name in [v for v in ("execute", "run_tool", "execute@old", "run_tool@old") if v in BY_STATE]:
+            (nw, mw), (nc, mc) = state_median(name, "warm"), state_median(name, "cold")
+            by_state[name] = {"warm": {"n": nw, "median": mw}, "cold": {"n": nc, "median": mc}}
+            print("| %s | %d | %s | %d | %s |" % (name, nw, ms(mw), nc, ms(mc)))
+        report["latency_by_state_ms"] = by_state
+        if old_client:
+            print("\n| variant | state | this build, median ms | old, median ms | this / old |")
+            print("|---|---|---:|---:|---:|")
+            for name in ("execute", "run_tool"):
+                for state in ("warm", "cold"):
+                    m, o = state_median(name, state)[1], state_median(name + "@old", state)[1]
+                    ratio = "x%.3f" % (m / o) if m is not None and o is not None else "-"
+                    print("| %s | %s | %s | %s | %s |" % (name, state, ms(m), ms(o), ratio))
 
         thr = {}
         print("\n| mode | concurrency | daemon runs/s | bare runs/s | daemon/bare |")
@@ -218,6 +254,8 @@ def timed(fn, variant: str = "") -> float:
         raise RuntimeError("daemon run failed: %r" % (r.func_return,))
     if variant:
         CPU_MS.setdefault(variant, []).append(float(r.record["cpu_ms"]))
+        state = "warm" if r.record.get("warm") else "cold"
+        BY_STATE.setdefault(variant, {}).setdefault(state, []).append(wall)
     return wall
 
 
