@@ -42,11 +42,11 @@ case ${1:-} in
 esac
 
 exec /usr/bin/python3 - "$src" "$list" <<'PY'
-import os, re, subprocess, sys
+import os, re, sys
 
 src, show = sys.argv[1], sys.argv[2] == "1"
 sys.path.insert(0, os.path.join(src, "scripts"))
-from cxx_text import strip  # noqa: E402
+from cxx_text import checkout_sources, strip  # noqa: E402
 
 # file name, fragment of the line, reason
 ALLOWED = [
@@ -124,17 +124,7 @@ if broken:
     print("check-json-rule.sh: the check is broken:\n  " + "\n  ".join(broken), file=sys.stderr)
     sys.exit(2)
 
-# The tree: tracked files and new ones not ignored.
-try:
-    files = subprocess.run(["git", "-C", src, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           capture_output=True, check=True).stdout.decode("utf-8", "surrogateescape").split("\0")
-except (OSError, subprocess.CalledProcessError):
-    files = []
-    for root, dirs, names in os.walk(src):
-        dirs[:] = [d for d in dirs if not d.startswith((".", "build"))]
-        files += [os.path.relpath(os.path.join(root, f), src) for f in names]
-files = sorted({f for f in files if f.endswith((".cc", ".h", ".cpp", ".hpp", ".cxx", ".hh"))
-                and not f.startswith(EXCLUDED_DIRS) and os.path.isfile(os.path.join(src, f))})
+files = checkout_sources(src, EXCLUDED_DIRS)
 
 used = [0] * len(ALLOWED)
 bare = []

@@ -1,7 +1,10 @@
 """C++ source as the project's checks read it (scripts/count-root-code.sh,
-scripts/check-layout.sh, scripts/check-json-rule.sh): comments removed,
-line breaks kept so that line numbers hold."""
+scripts/check-layout.sh, scripts/check-json-rule.sh,
+scripts/check-error-idiom.py): comments removed, line breaks kept so that
+line numbers hold; and the checkout's own C++ sources."""
+import os
 import re
+import subprocess
 
 
 def strip(text, blank_strings=True):
@@ -50,3 +53,22 @@ def code_lines(path):
     """Lines of `path` with code once comments are removed (strings kept)."""
     with open(path, errors="replace") as f:
         return sum(1 for line in strip(f.read(), blank_strings=False).splitlines() if line.strip())
+
+
+CXX_SUFFIXES = (".cc", ".h", ".cpp", ".hpp", ".cxx", ".hh")
+
+
+def checkout_sources(src, excluded_dirs=("tests/", "bench/")):
+    """The C++ sources of the checkout at `src` (paths relative to it, sorted):
+    the files git tracks and the new ones it does not ignore, or every file
+    outside build trees and dot-folders without git; `excluded_dirs` left out."""
+    try:
+        files = subprocess.run(["git", "-C", src, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                               capture_output=True, check=True).stdout.decode("utf-8", "surrogateescape").split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+        for root, dirs, names in os.walk(src):
+            dirs[:] = [d for d in dirs if not d.startswith((".", "build"))]
+            files += [os.path.relpath(os.path.join(root, f), src) for f in names]
+    return sorted({f for f in files if f.endswith(CXX_SUFFIXES) and not f.startswith(tuple(excluded_dirs))
+                   and os.path.isfile(os.path.join(src, f))})

@@ -4,7 +4,7 @@
 #      size (scripts/count-root-code.sh), the layout (scripts/check-layout.sh:
 #      the root's folders, per-folder budgets, function length), no bare
 #      JSON parse (scripts/check-json-rule.sh), no error passed up without
-#      context (scripts/check-error-idiom.sh),
+#      context (scripts/check-error-idiom.py),
 #   2. the installed systemd units, checked without booting (tests/systemd/verify.sh),
 #   3. the outer guard's selftest (tests/guard/selftest.sh),
 #   4. root integration tests: real sandboxes, inside the outer guard,
@@ -53,7 +53,7 @@ tier "unit tests" unit
 # (docs/HACKING.md): no bare nlohmann parse outside the listed trusted sites.
 "$TSB_ROOT/scripts/check-json-rule.sh"
 # Every error passed up says what its caller was doing (docs/ERRORS.md).
-"$TSB_ROOT/scripts/check-error-idiom.sh"
+"$TSB_ROOT/scripts/check-error-idiom.py"
 tier_done
 
 tier "systemd units: systemd-analyze verify, sysusers.d, tmpfiles.d, toolsandboxd --check" systemd

@@ -1,46 +1,40 @@
-#!/bin/bash
-# check-error-idiom.sh: every error passed up carries context.
-#
-#   scripts/check-error-idiom.sh [--list]
-#
-# docs/ERRORS.md, section 1: a function that passes a callee's Error up adds
-# what it was doing (`.wrap("context")`, or TSB_TRY(expr, "context")), so a
-# message reads outermost first. This check fails on a bare propagation in
-# the project's C++ outside tests/, bench/ and tests' fuzz targets:
-#
-#   return X.error();   return std::move(X).error();   (and co_return)
-#
-# Two kinds of site may pass an error up unchanged, each said where it is:
-#   - the steps of a READER below, whose every message already begins with
-#     its place in the document (a policy's file:line:col and JSON pointer,
-#     a request head's part), so a step adds nothing a reader of the
-#     message lacks; the reader's caller wraps once;
-#   - a site whose line, or the comment line right above it, says
-#     `// context: <why>` (the callee names the operation and its subject).
-#
-# Before looking at the tree the check runs itself on known lines, so a
-# broken pattern fails loudly. --list prints every bare site found.
-# Exit status: 0 clean, 1 a bare propagation (or a stale reader entry), 2
-# bad usage or a broken self-check.
+#!/usr/bin/python3
+"""check-error-idiom.py: every error passed up carries context.
 
-set -u -o pipefail
+  scripts/check-error-idiom.py [--list]
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-src=$(cd "$here/.." && pwd)
-list=0
-case ${1:-} in
-  "") ;;
-  --list) list=1 ;;
-  -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
-  *) echo "check-error-idiom.sh: unknown argument '$1'" >&2; exit 2 ;;
-esac
+docs/ERRORS.md, section 1: a function that passes a callee's Error up adds
+what it was doing (`.wrap("context")`, or TSB_TRY(expr, "context")), so a
+message reads outermost first. This check fails on a bare propagation in
+the project's C++ outside tests/, bench/ and tests' fuzz targets:
 
-exec /usr/bin/python3 - "$src" "$list" <<'PY'
-import os, re, subprocess, sys
+  return X.error();   return std::move(X).error();   (and co_return)
 
-src, show = sys.argv[1], sys.argv[2] == "1"
+Two kinds of site may pass an error up unchanged, each said where it is:
+  - the steps of a READER below, whose every message already begins with
+    its place in the document (a policy's file:line:col and JSON pointer,
+    a request head's part), so a step adds nothing a reader of the
+    message lacks; the reader's caller wraps once;
+  - a site whose line, or the comment line right above it, says
+    `// context: <why>` (the callee names the operation and its subject).
+
+Before looking at the tree the check runs itself on known lines, so a
+broken pattern fails loudly. --list prints every bare site found.
+Exit status: 0 clean, 1 a bare propagation (or a stale reader entry), 2
+bad usage or a broken self-check.
+"""
+import os
+import re
+import sys
+
+src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(src, "scripts"))
-from cxx_text import strip  # noqa: E402
+from cxx_text import checkout_sources, strip  # noqa: E402
+
+if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1] != "--list"):
+    print(__doc__ if sys.argv[1] in ("-h", "--help") else "check-error-idiom.py: unknown argument '%s'" % sys.argv[1], file=sys.stderr)
+    sys.exit(2)
+show = len(sys.argv) == 2
 
 # file (path in the checkout), why its steps pass errors up unchanged
 READERS = [
@@ -91,25 +85,16 @@ MUST_PASS = [
 broken = [("not found: " + t) for t in MUST_FIND if not sites(t)]
 broken += [("found in: " + t) for t in MUST_PASS if sites(t)]
 if broken:
-    print("check-error-idiom.sh: the check is broken:\n  " + "\n  ".join(broken), file=sys.stderr)
+    print("check-error-idiom.py: the check is broken:\n  " + "\n  ".join(broken), file=sys.stderr)
     sys.exit(2)
 
-try:
-    files = subprocess.run(["git", "-C", src, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           capture_output=True, check=True).stdout.decode("utf-8", "surrogateescape").split("\0")
-except (OSError, subprocess.CalledProcessError):
-    files = []
-    for root, dirs, names in os.walk(src):
-        dirs[:] = [d for d in dirs if not d.startswith((".", "build"))]
-        files += [os.path.relpath(os.path.join(root, f), src) for f in names]
-files = sorted({f for f in files if f.endswith((".cc", ".h", ".cpp", ".hpp", ".cxx", ".hh"))
-                and not f.startswith(EXCLUDED_DIRS) and os.path.isfile(os.path.join(src, f))})
+files = checkout_sources(src, EXCLUDED_DIRS)
 
 readers = {f for f, _ in READERS}
 status = 0
 for f, _ in READERS:
     if f not in files:
-        print("check-error-idiom.sh: the reader %s is not in the tree (stale entry)" % f, file=sys.stderr)
+        print("check-error-idiom.py: the reader %s is not in the tree (stale entry)" % f, file=sys.stderr)
         status = 1
 bare = []
 passed = 0
@@ -126,7 +111,7 @@ for f in files:
         if show:
             print(bare[-1])
 if bare:
-    print("check-error-idiom.sh: an error passed up without context (docs/ERRORS.md, section 1):", file=sys.stderr)
+    print("check-error-idiom.py: an error passed up without context (docs/ERRORS.md, section 1):", file=sys.stderr)
     for b in bare:
         print("  " + b, file=sys.stderr)
     print("  Add what the caller was doing: std::move(r).error().wrap(\"...\"), or TSB_TRY(expr, \"...\").\n"
@@ -134,7 +119,6 @@ if bare:
           "  or the line above: // context: <why>.", file=sys.stderr)
     status = 1
 if status == 0 and not show:
-    print("check-error-idiom.sh: %d files, every error passed up with context (%d reader steps in %d readers)"
+    print("check-error-idiom.py: %d files, every error passed up with context (%d reader steps in %d readers)"
           % (len(files), passed, len(READERS)))
 sys.exit(status)
-PY
