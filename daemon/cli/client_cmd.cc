@@ -10,6 +10,7 @@
 #include <regex>
 #include <sstream>
 
+#include "daemon/common/quote.h"
 #include "daemon/cli/cli.h"
 #include "isolate/base/file.h"
 #include "protocol/record.h"
@@ -74,6 +75,19 @@ int usage(const char* verb, const std::string& msg) {
   return kExitUsage;
 }
 
+// What a tool printed, as it printed it when `f` is not a terminal (a file
+// or a pipe gets the bytes); on a terminal, escaped (lines and tabs kept):
+// a tool's output cannot move the cursor, retitle the window or type into
+// the operator's shell.
+void print_tool_output(std::FILE* f, const std::string& s) {
+  if (::isatty(::fileno(f))) {
+    const std::string e = escaped(s, /*keep_newlines=*/true);
+    std::fwrite(e.data(), 1, e.size(), f);
+  } else {
+    std::fwrite(s.data(), 1, s.size(), f);
+  }
+}
+
 // Prints a run's outcome the way a person wants to read it; the exit status
 // says whether the tool succeeded.
 int report(const json& resp, bool as_json) {
@@ -83,7 +97,8 @@ int report(const json& resp, bool as_json) {
   if (!resp.value("ok", false)) {
     if (!as_json) {
       const json& e = resp["error"];
-      std::fprintf(stderr, "toolsandbox: %s: %s\n", e.value("code", "?").c_str(), e.value("message", "").c_str());
+      std::fprintf(stderr, "toolsandbox: %s: %s\n", escaped(e.value("code", "?")).c_str(),
+                   escaped(e.value("message", "")).c_str());
     }
     return 1;
   }
@@ -93,15 +108,16 @@ int report(const json& resp, bool as_json) {
   }
   const json& r = resp["result"];
   if (!as_json) {
-    for (const auto& s : r["stdout"]) std::fputs(s.get<std::string>().c_str(), stdout);
-    for (const auto& s : r["stderr"]) std::fputs(s.get<std::string>().c_str(), stderr);
+    for (const auto& s : r["stdout"]) print_tool_output(stdout, s.get<std::string>());
+    for (const auto& s : r["stderr"]) print_tool_output(stderr, s.get<std::string>());
     std::printf("%s\n", core::dump_json(r["func_return"]).c_str());
     const json& rec = r["record"];
     // A local run says whether it took a warm sandbox (policies/README.md,
     // "warm_pool"); E2B's records have no such field.
     const char* warm = !rec.contains("warm") ? "" : rec.value("warm", false) ? ", warm" : ", cold";
-    std::fprintf(stderr, "[%s: %s, %.1f ms, policy %s%s]\n", r.value("status", "?").c_str(),
-                 rec.value("end_reason", "?").c_str(), rec.value("wall_ms", 0.0), rec.value("policy", "?").c_str(), warm);
+    std::fprintf(stderr, "[%s: %s, %.1f ms, policy %s%s]\n", escaped(r.value("status", "?")).c_str(),
+                 escaped(rec.value("end_reason", "?")).c_str(), rec.value("wall_ms", 0.0),
+                 escaped(rec.value("policy", "?")).c_str(), warm);
   }
   return r.value("status", "") == "success" ? 0 : 1;
 }
@@ -189,7 +205,7 @@ int cmd_client(const std::string& verb, const std::vector<std::string>& args) {
   }
   auto resp = roundtrip(socket_path, req);
   if (!resp.ok()) {
-    std::fprintf(stderr, "toolsandbox %s: %s\n", v, resp.error().message.c_str());
+    std::fprintf(stderr, "toolsandbox %s: %s\n", v, escaped(resp.error().message).c_str());
     return 1;
   }
   return report(*resp, as_json);

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "daemon/common/quote.h"
 #include "daemon/cli/cli.h"
 #include "daemon/policy/config.h"
 #include "protocol/record.h"
@@ -125,22 +126,25 @@ int venv_build(const VenvOptions& o) {
   if (!resp.ok()) return fail(resp.error().message);
   if (o.as_json) std::printf("%s\n", core::dump_json(*resp).c_str());
   if (!resp->value("ok", false)) {
-    if (!o.as_json) std::fprintf(stderr, "toolsandbox venv: %s: %s\n", (*resp)["error"].value("code", "?").c_str(),
-                                 (*resp)["error"].value("message", "").c_str());
+    if (!o.as_json)
+      std::fprintf(stderr, "toolsandbox venv: %s: %s\n", escaped((*resp)["error"].value("code", "?")).c_str(),
+                   escaped((*resp)["error"].value("message", "")).c_str());
     return 1;
   }
   const json& r = (*resp)["result"];
   const json& v = r["record"].contains("venv") ? r["record"]["venv"] : json::object();
   if (r.value("status", "") != "success") {
     if (!o.as_json) {
-      for (const auto& s : r["stderr"]) std::fprintf(stderr, "%s\n", s.get<std::string>().c_str());
-      std::fprintf(stderr, "toolsandbox venv: the build failed: %s\n", r["record"].value("error", "").c_str());
+      // What pip printed, on the operator's terminal: escaped, lines kept.
+      for (const auto& s : r["stderr"]) std::fprintf(stderr, "%s\n", escaped(s.get<std::string>(), true).c_str());
+      std::fprintf(stderr, "toolsandbox venv: the build failed: %s\n", escaped(r["record"].value("error", "")).c_str());
     }
     return 1;
   }
   if (!o.as_json)
-    std::printf("%s %s in %.0f ms (policy %s)\n", v.value("key", "?").c_str(), v.value("built", false) ? "built" : "cached",
-                v.value("build_ms", 0.0), r["record"].value("policy", "?").c_str());
+    std::printf("%s %s in %.0f ms (policy %s)\n", escaped(v.value("key", "?")).c_str(),
+                v.value("built", false) ? "built" : "cached", v.value("build_ms", 0.0),
+                escaped(r["record"].value("policy", "?")).c_str());
   return 0;
 }
 
@@ -234,7 +238,7 @@ int venv_list(venv::Cache& cache, const std::string& dir, std::uint64_t cap, con
               format_size(cap).c_str());
   for (const json& e : out) {
     std::string reqs;
-    for (const auto& r : e["requirements"]) reqs += (reqs.empty() ? "" : " ") + r.get<std::string>();
+    for (const auto& r : e["requirements"]) reqs += (reqs.empty() ? "" : " ") + escaped(r.get<std::string>());
     std::printf("%.16s  %10s  %s  %-6s  %s\n", e["key"].get<std::string>().c_str(),
                 format_size(e["bytes"].get<std::uint64_t>()).c_str(), e["last_used"].get<std::string>().c_str(),
                 e["in_use"].get<bool>() ? "in use" : "", reqs.c_str());

@@ -51,6 +51,50 @@ inline bool is_bidi_control(char32_t cp) {
          (cp >= 0x2066 && cp <= 0x2069);
 }
 
+// Appends `s` to `out` with every byte that could end a line, move the
+// cursor or start a terminal sequence escaped: control characters (\n,
+// \r, \t and ESC among them) as \n, \r, \t or \uXXXX, DEL and C1
+// controls, bidirectional controls and line separators as \uXXXX, bytes
+// that are not UTF-8 as \xNN. Quotes and backslashes stay as they are, so
+// text already quoted by quoted_for_message() comes through unchanged;
+// `keep_newlines` keeps \n and \t as they are (a block of text shown on
+// an operator's terminal, one line still one line of it).
+inline void append_escaped(std::string& out, std::string_view s, bool keep_newlines = false) {
+  char buf[16];
+  for (std::size_t i = 0; i < s.size();) {
+    char32_t cp = 0;
+    const std::size_t n = decode_utf8(s, i, cp);
+    if (n == 0) {
+      std::snprintf(buf, sizeof buf, "\\x%02X", static_cast<unsigned>(static_cast<unsigned char>(s[i])));
+      out += buf;
+      ++i;
+      continue;
+    }
+    if (keep_newlines && (cp == '\n' || cp == '\t')) {
+      out += static_cast<char>(cp);
+    } else if (cp == '\n') {
+      out += "\\n";
+    } else if (cp == '\r') {
+      out += "\\r";
+    } else if (cp == '\t') {
+      out += "\\t";
+    } else if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || is_bidi_control(cp) || cp == 0x2028 || cp == 0x2029) {
+      std::snprintf(buf, sizeof buf, "\\u%04X", static_cast<unsigned>(cp));
+      out += buf;
+    } else {
+      out.append(s.substr(i, n));
+    }
+    i += n;
+  }
+}
+
+inline std::string escaped(std::string_view s, bool keep_newlines = false) {
+  std::string out;
+  out.reserve(s.size());
+  append_escaped(out, s, keep_newlines);
+  return out;
+}
+
 // A string as a double-quoted literal safe to put in a message or a log line:
 // quotes, backslashes, control characters, DEL, C1 controls, bidirectional
 // controls and line separators are escaped, and bytes that are not UTF-8
@@ -59,31 +103,15 @@ inline std::string quoted_for_message(std::string_view s) {
   std::string q;
   q.reserve(s.size() + 2);
   q += '"';
-  char buf[16];
-  for (std::size_t i = 0; i < s.size();) {
-    char32_t cp = 0;
-    const std::size_t n = decode_utf8(s, i, cp);
-    if (n == 0) {
-      std::snprintf(buf, sizeof buf, "\\x%02X", static_cast<unsigned>(static_cast<unsigned char>(s[i])));
-      q += buf;
-      ++i;
-      continue;
+  std::size_t from = 0;
+  for (std::size_t i = 0; i <= s.size(); ++i) {
+    if (i < s.size() && s[i] != '"' && s[i] != '\\') continue;
+    append_escaped(q, s.substr(from, i - from));
+    if (i < s.size()) {
+      q += '\\';
+      q += s[i];
     }
-    switch (cp) {
-      case '"': q += "\\\""; break;
-      case '\\': q += "\\\\"; break;
-      case '\n': q += "\\n"; break;
-      case '\r': q += "\\r"; break;
-      case '\t': q += "\\t"; break;
-      default:
-        if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || is_bidi_control(cp) || cp == 0x2028 || cp == 0x2029) {
-          std::snprintf(buf, sizeof buf, "\\u%04X", static_cast<unsigned>(cp));
-          q += buf;
-        } else {
-          q.append(s.substr(i, n));
-        }
-    }
-    i += n;
+    from = i + 1;
   }
   q += '"';
   return q;

@@ -41,6 +41,7 @@
 #include "daemon/policy/seccomp_profile.h"
 #include "daemon/policy/sources.h"
 #include "daemon/compile/helper.h"
+#include "daemon/common/log.h"
 #include "daemon/common/quote.h"
 #include "daemon/frontend/local/front_codec.h"
 
@@ -117,8 +118,9 @@ int main(int argc, char** argv) {
   }
   // Logs go to stderr (the journal under systemd): the compile helper's
   // stdout carries the compiled set.
+  // Each message is escaped as it goes out (daemon/common/log.h).
   spdlog::set_default_logger(spdlog::stderr_logger_st("toolsandboxd"));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
+  spdlog::set_formatter(tsb::log_line_formatter());
   // Memory a big request used must go back to the kernel when it is freed:
   // a fixed mmap threshold keeps every block of 128 KiB or more in its own
   // mapping (glibc's default raises it after the first large free).

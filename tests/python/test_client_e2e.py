@@ -607,6 +607,55 @@ class ClientEndToEnd(unittest.TestCase):
             p = self.cli("call", tool, "--args", "[1]")
             self.assertEqual(p.returncode, 2)
 
+    # --- toolsandbox (the C++ command): what a tool prints, on a terminal ----------------------
+
+    def test_command_escapes_tool_output_on_a_terminal_only(self):
+        """A tool's stdout and stderr reach the operator's terminal escaped
+        (an OSC retitle, a screen clear, BEL, CR, DEL), lines kept; into a
+        pipe or a file they go as the tool printed them. (Bytes that are
+        not UTF-8 never reach the command: the run's output is text, as in
+        Letta.)"""
+        import pty
+        exe = os.path.join(os.path.dirname(F.daemon_binary()), "toolsandbox")
+        tool = ("import sys\n\ndef noisy() -> str:\n"
+                "    sys.stdout.write('out\\x1b]0;pwned\\x07\\x1b[2Jline\\r\\nnext\\n')\n"
+                "    sys.stdout.flush()\n"
+                "    sys.stderr.write('err\\x1b[31m\\x7f\\n')\n"
+                "    sys.stderr.flush()\n"
+                "    return 'done'\n")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "noisy.py")
+            with open(path, "w") as f:
+                f.write(tool)
+            argv = [exe, "call", path, "--org", ORG, "--socket", self.daemon.socket_path]
+            master, slave = pty.openpty()
+            try:
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+                os.close(slave)
+                seen = b""
+                while True:
+                    try:
+                        chunk = os.read(master, 65536)
+                    except OSError:  # EIO: the last holder of the terminal is gone
+                        break
+                    if not chunk:
+                        break
+                    seen += chunk
+                self.assertEqual(p.wait(timeout=60), 0, seen)
+            finally:
+                os.close(master)
+            self.assertNotIn(b"\x1b", seen)
+            self.assertNotIn(b"\x07", seen)
+            self.assertNotIn(b"\x7f", seen)
+            self.assertIn(b"out\\u001B]0;pwned\\u0007\\u001B[2Jline\\r", seen)
+            self.assertIn(b"err\\u001B[31m\\u007F", seen)
+            self.assertIn(b'"done"', seen)
+            # Into pipes: the bytes as printed.
+            piped = subprocess.run(argv, capture_output=True, timeout=60)
+            self.assertEqual(piped.returncode, 0, piped.stderr)
+            self.assertIn(b"out\x1b]0;pwned\x07\x1b[2Jline\r\nnext\n", piped.stdout)
+            self.assertIn(b"err\x1b[31m\x7f\n", piped.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

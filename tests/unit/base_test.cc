@@ -1,6 +1,7 @@
 // The header-only base (isolate/base/): the trusted-file reader, quoting
 // for messages, digests.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,11 +9,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "isolate/base/file.h"
 #include "daemon/common/hash.h"
 #include "isolate/base/random.h"
+#include "daemon/common/log.h"
 #include "daemon/common/quote.h"
 
 namespace tsb {
@@ -127,6 +130,42 @@ TEST(Quote, EscapesWhatCouldForgeALine) {
   EXPECT_EQ(quoted_for_message("\xe2\x80\xae"), R"("\u202E")");  // RIGHT-TO-LEFT OVERRIDE
   EXPECT_EQ(quoted_for_message("\xe2\x80\xa8"), R"("\u2028")");  // LINE SEPARATOR
   EXPECT_EQ(quoted_for_message("h\xc3\xa9"), "\"h\xc3\xa9\"");
+}
+
+TEST(Quote, EscapedKeepsQuotesAndEscapesTheRest) {
+  // Newline, CR, tab, ESC (a CSI and an OSC title), BEL, DEL, a C1 control,
+  // invalid UTF-8, a bidi override: none passes raw.
+  EXPECT_EQ(escaped("a\nb\rc\td\x1b[2J\x1b]0;t\x07\x7f\xc2\x9b\xff\xe2\x80\xae"),
+            R"(a\nb\rc\td\u001B[2J\u001B]0;t\u0007\u007F\u009B\xFF\u202E)");
+  // Quoted text passes unchanged: escaping twice changes nothing.
+  const std::string q = quoted_for_message("x\n\"\\\x1b");
+  EXPECT_EQ(escaped(q), q);
+  EXPECT_EQ(escaped("line 1\n\tline 2\x1b[1m", true), "line 1\n\tline 2\\u001B[1m");
+  EXPECT_EQ(escaped("h\xc3\xa9"), "h\xc3\xa9");
+}
+
+// Every log line of the front end goes through log_line_formatter(): a
+// message with a forged second line, terminal sequences and bytes that
+// are not UTF-8 comes out as one line, escaped.
+TEST(Log, LinesAreEscapedWhateverTheCallSitePutsInThem) {
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(out);
+  spdlog::logger log("test", sink);
+  log.set_formatter(tsb::log_line_formatter());
+  const std::string forged = "pip failed: /venv/x\n2026-12-06T00:00:00.000 info audit run_id=forged\x1b]0;pwned\x07\r\xff";
+  log.error("run {}: {}", "r1", forged);
+  log.flush();
+  const std::string line = out.str();
+  ASSERT_FALSE(line.empty());
+  EXPECT_EQ(line.find('\n'), line.size() - 1) << line;  // one line, ended by the sink's own newline
+  EXPECT_EQ(line.find('\x1b'), std::string::npos) << line;
+  EXPECT_EQ(line.find('\x07'), std::string::npos) << line;
+  EXPECT_EQ(line.find('\r'), std::string::npos) << line;
+  EXPECT_EQ(line.find('\xff'), std::string::npos) << line;
+  EXPECT_NE(line.find(" error run r1: pip failed: /venv/x\\n2026-12-06T00:00:00.000 info audit run_id=forged"
+                      "\\u001B]0;pwned\\u0007\\r\\xFF"),
+            std::string::npos)
+      << line;
 }
 
 TEST(Hash, KnownDigestsAndNonces) {
