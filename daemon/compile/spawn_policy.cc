@@ -150,10 +150,15 @@ Result<spawn::SpawnPolicy> to_build_spawn_policy(const Policy& p, const std::str
   s.env_allow.clear();
   s.env_set = {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}, {"LANG", "C.UTF-8"}, {"PIP_CONFIG_FILE", "/dev/null"},
                {"PIP_NO_INPUT", "1"}, {"PIP_DISABLE_PIP_VERSION_CHECK", "1"}, {"PYTHONNOUSERSITE", "1"}};
+  // Every connection of the build goes through the egress proxy, no
+  // NO_PROXY: a build has nothing of its own on its loopback, and an index
+  // the proxy refuses (a name of this host's, a private address) is then
+  // refused with the proxy's reason in pip's error ("Tunnel connection
+  // failed: 403 ..."), where a direct attempt only timed out.
   if (s.network == isolate::NetworkMode::Egress)
     for (const char* name : kEgressProxyVariables) {
       const bool no_proxy = std::string_view(name) == "NO_PROXY" || std::string_view(name) == "no_proxy";
-      s.env_set[name] = no_proxy ? "localhost,127.0.0.1,::1" : "http://127.0.0.1:" + std::to_string(isolate::kEgressProxyPort);
+      if (!no_proxy) s.env_set[name] = "http://127.0.0.1:" + std::to_string(isolate::kEgressProxyPort);
     }
   isolate::FsInputs in = fs_inputs_from(p);
   in.venv.clear();

@@ -84,6 +84,12 @@ Status parse_ports(ObjectReader& o, const char* key, std::vector<std::uint16_t>&
   return {};
 }
 
+// "localhost" and the names below it, which resolvers answer with a
+// loopback address without asking DNS (RFC 6761, section 6.3): the egress
+// proxy refuses every connection there, so a package index named so can
+// never serve a build.
+bool names_loopback(std::string_view host) { return host == "localhost" || host.ends_with(".localhost"); }
+
 // A DNS name, or "*." and one (any name below it). Addresses are not
 // names: "public" is what reaches them.
 bool egress_host_pattern(std::string_view h) {
@@ -168,6 +174,9 @@ Status parse_index_url(const std::string& url, PackagesPolicy& k) {
   }
   if (host.starts_with("*.") || !egress_host_pattern(host))
     return Error::invalid("the host must be a lower-case host name (egress allows names): " + quoted_for_message(host));
+  if (names_loopback(host))
+    return Error::invalid(quoted_for_message(host) + " is this host's loopback (RFC 6761), which the build's egress "
+                          "proxy never reaches: serve the index on an address the build may reach, or use \"wheels\"");
   k.index = url;
   k.index_host = std::string(host);
   k.index_port = static_cast<std::uint16_t>(port);
@@ -209,8 +218,12 @@ Status parse_packages(ObjectReader o, PackagesPolicy& k) {
     if (auto st = parse_index_url(index->get<std::string>(), k); !st.ok()) return o.error("index", st.error().message);
     auto hosts = o.strings("index_hosts", "host names");
     if (!hosts.ok()) return std::move(hosts).error();
-    for (const auto& h : *hosts)
-      if (h.starts_with("*.") || !egress_host_pattern(h)) return o.error("index_hosts", "not a lower-case host name: " + quoted_for_message(h));
+    for (const auto& h : *hosts) {
+      if (h.starts_with("*.") || !egress_host_pattern(h))
+        return o.error("index_hosts", "not a lower-case host name: " + quoted_for_message(h));
+      if (names_loopback(h))
+        return o.error("index_hosts", quoted_for_message(h) + " is this host's loopback, which the build's egress proxy never reaches");
+    }
     k.index_hosts = std::move(hosts).value();
   }
   if (const json* h = o.get("index_hosts"); !index && h && !(h->is_array() && h->empty()))

@@ -963,6 +963,9 @@ TEST(PolicyPackages, Refusals) {
       {R"({"version": 1, "packages": {"allow": ["*"], "index": "ftp://a.test/"}})", "http:// or https://"},
       {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://10.0.0.1/simple"}})", "host name"},
       {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://u:p@a.test/simple"}})", "plain URL"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://localhost:8080/simple"}})", "loopback"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://pypi.localhost/simple"}})", "loopback"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://a.test/", "index_hosts": ["files.localhost"]}})", "loopback"},
       {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://a.test:99999/"}})", "port"},
       {R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "index_hosts": ["b.test"]}})", "index"},
       {R"({"version": 1, "packages": {"allow": ["a b"], "wheels": "/srv/w"}})", "not a name pattern"},
@@ -1182,6 +1185,9 @@ TEST(PolicyPackages, TheVenvRowIsKeyedAndTheBuildPolicyIsItsOwn) {
   ASSERT_TRUE(ib.ok()) << ib.error().message;
   EXPECT_EQ(ib->network, isolate::NetworkMode::Egress);
   EXPECT_EQ(ib->env_set.at("HTTPS_PROXY"), "http://127.0.0.1:" + std::to_string(isolate::kEgressProxyPort));
+  // Nothing bypasses the proxy: its refusals reach pip with their reason.
+  EXPECT_FALSE(ib->env_set.contains("NO_PROXY"));
+  EXPECT_FALSE(ib->env_set.contains("no_proxy"));
   // A policy without "packages" has neither.
   auto none = load_text(t, R"({"version": 1})");
   ASSERT_TRUE(none.ok());
