@@ -570,6 +570,29 @@ class EgressTest(unittest.TestCase):
         self.assertIn("HTTP/1.1 400", chunked[0]["answer"])
         self.assertIn("Transfer-Encoding", chunked[0]["answer"])
 
+    def test_response_heads_interim_oversized_cut_off_and_folded(self):
+        """The proxy passes a few interim (1xx) heads, answers 502 with a
+        reason to too many of them, to a head too large and to one cut off
+        (never half a head), and drops a folded line with the Connection
+        field it continues."""
+        get = "GET http://api.public.test/raw?kind=%s HTTP/1.1\r\n\r\n"
+        results, _ = self.run_net("egress", "bytes", [get % "interim&n=3", get % "interim&n=9", get % "big-head",
+                                                      get % "half-head", get % "fold"])
+        few, many, big, half, fold = (r["answer"] for r in results)
+        self.assertEqual(few.count("HTTP/1.1 103 Early Hints"), 3, few)
+        self.assertIn("HTTP/1.1 200 OK", few)
+        self.assertTrue(few.endswith("\r\n\r\nok"), few)
+        self.assertEqual(many.count("HTTP/1.1 103"), 8, many)
+        self.assertIn("HTTP/1.1 502 the server sent more than 8 interim (1xx) response heads", many)
+        self.assertTrue(big.startswith("HTTP/1.1 502 the server's response head is larger than"), big[:200])
+        self.assertNotIn("X-Big", big)
+        self.assertTrue(half.startswith("HTTP/1.1 502 the server closed within its response head"), half)
+        self.assertNotIn("X-Half", half)
+        head = fold.split("\r\n\r\n", 1)[0]
+        self.assertTrue(head.startswith("HTTP/1.1 200 OK"), fold)
+        self.assertNotIn("X-Forged", head)
+        self.assertEqual(re.findall(r"(?im)^connection:.*$", head), ["Connection: close"], head)
+
     def test_a_refused_upload_gets_its_answer_not_a_reset(self):
         results, _ = self.run_net("public", "upload", ["http://private.test/", "http://10.20.0.10/"])
         for r in results:

@@ -82,6 +82,23 @@ def handler_for(args, log_lock):
                 return self._send(302, "", "text/plain", [("Location", q["to"][0])])
             if url.path == "/bytes":
                 return self._send(200, "x" * int(q["n"][0]), "application/octet-stream")
+            if url.path == "/raw":
+                # Answers written by hand, for the proxy's reading of
+                # response heads: interim heads, a head too large, a head
+                # cut off, a folded field.
+                kind, n = q["kind"][0], int(q.get("n", ["1"])[0])
+                raw = {
+                    "interim": b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" * n
+                    + b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                    "big-head": b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n",
+                    "half-head": b"HTTP/1.1 200 OK\r\nX-Half: cut",
+                    "fold": b"HTTP/1.1 200 OK\r\nConnection: keep-alive,\r\n X-Forged: yes\r\n"
+                    b"Content-Length: 2\r\n\r\nok",
+                }[kind]
+                self.wfile.write(raw)
+                self.wfile.flush()
+                self.close_connection = True
+                return None
             if url.path == "/latest/meta-data":
                 return self._send(200, SECRET, "text/plain")
             if url.path.startswith("/simple") and wheel_name:

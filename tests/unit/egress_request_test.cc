@@ -196,6 +196,19 @@ TEST(EgressRequest, TheResponseSaysTheConnectionCloses) {
   ASSERT_TRUE(cont.ok());
   EXPECT_TRUE(cont->informational);
   EXPECT_EQ(cont->head, "HTTP/1.1 100 Continue\r\n\r\n") << "another head follows: that one closes";
-  for (const char* bad : {"", "\r\n", "HTTP/2 200\r\n\r\n", "SSH-2.0-x\r\n\r\n", "HTTP/1.1 2000 x\r\n\r\n", "HTTP/1.1 20x\r\n\r\n"})
+  for (const char* bad : {"", "\r\n", "HTTP/2 200\r\n\r\n", "SSH-2.0-x\r\n\r\n", "HTTP/1.1 2000 x\r\n\r\n", "HTTP/1.1 20x\r\n\r\n",
+                          "HTTP/1.1 200 OK\r\n folded: onto the status line\r\n\r\n"})
     EXPECT_FALSE(rewrite_response_head(bad).ok()) << bad;
+}
+
+// Obsolete line folding: a continuation goes with its field. One after a
+// dropped Connection field is dropped with it (kept, it would have folded
+// onto the field before, or stood as a field of its own); one after a
+// kept field is joined to it with a space.
+TEST(EgressResponse, FoldedLinesGoWithTheirField) {
+  using tsb::egress::rewrite_response_head;
+  auto r = rewrite_response_head("HTTP/1.1 200 OK\r\nX-A: 1\r\nConnection: keep-alive,\r\n Upgrade\r\n\tX-Forged: yes\r\n"
+                                 "X-B: two\r\n  parts\r\nContent-Length: 0\r\n\r\n");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->head, "HTTP/1.1 200 OK\r\nX-A: 1\r\nX-B: two parts\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
 }

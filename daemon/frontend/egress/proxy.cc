@@ -614,38 +614,48 @@ asio::awaitable<void> RunProxy::relay_down(std::shared_ptr<Conn> c) {
   co_await relay(c, false, std::move(rest), nullptr);
 }
 
-// Plain HTTP: reads the server's response heads (any 1xx ones, then the
-// final one) and writes each to the client rewritten, counted as received
-// and toward the run's byte cap.
+// Plain HTTP: reads the server's response heads (at most
+// kMaxInformationalHeads 1xx ones, then the final one) and writes each to
+// the client rewritten, counted as received and toward the run's byte cap.
 // What followed the last head; nothing when the connection is closed here
-// (c->ended says why, unless the server or the client just went away).
+// (c->ended says why, unless the server or the client just went away). A
+// server whose answer cannot be passed on (a head too large or malformed,
+// too many interim heads, closed within a head) gets its client a 502
+// saying why: the final head is never one the server sent half of.
 asio::awaitable<std::optional<std::string>> RunProxy::pass_response_heads(std::shared_ptr<Conn> c) {
   std::string acc;
   std::array<char, 16384> b;
+  int interim = 0;
+  auto bad_gateway = [&](std::string why) -> asio::awaitable<std::optional<std::string>> {
+    c->ended = std::move(why);
+    co_await answer_error(c, 502, c->ended);
+    c->close();
+    co_return std::nullopt;
+  };
   for (bool more = true; more;) {
     std::size_t end = 0, searched = 0;
     while ((end = head_end(acc, searched)) == 0) {
-      if (acc.size() > kMaxHeadBytes) {
-        c->ended = "the server's response head is larger than " + format_bytes(kMaxHeadBytes);
-        c->close();
-        co_return std::nullopt;
-      }
+      if (acc.size() > kMaxHeadBytes)
+        co_return co_await bad_gateway("the server's response head is larger than " + format_bytes(kMaxHeadBytes));
       searched = acc.size();
       auto [ec, got] = co_await c->upstream.async_read_some(asio::buffer(b), tuple_awaitable);
       if (ec) {
-        if (!acc.empty()) c->ended = "the server closed within its response head";
-        c->close();
-        co_return std::nullopt;
+        if (acc.empty() && interim == 0) {  // no answer at all: the server went away
+          c->close();
+          co_return std::nullopt;
+        }
+        co_return co_await bad_gateway("the server closed within its response head");
       }
       c->active = Clock::now();
       acc.append(b.data(), got);
     }
+    if (end > kMaxHeadBytes)  // complete, but past the cap (it came in one read)
+      co_return co_await bad_gateway("the server's response head is larger than " + format_bytes(kMaxHeadBytes));
     auto head = rewrite_response_head(std::string_view(acc).substr(0, end));
-    if (!head.ok()) {
-      c->ended = head.error().message;
-      c->close();
-      co_return std::nullopt;
-    }
+    if (!head.ok()) co_return co_await bad_gateway(head.error().message);
+    if (head->informational && ++interim > kMaxInformationalHeads)
+      co_return co_await bad_gateway("the server sent more than " + std::to_string(kMaxInformationalHeads) +
+                                     " interim (1xx) response heads");
     c->received += end;
     bytes_received_ += end;
     svc_.bytes_received_ += end;
@@ -680,6 +690,19 @@ asio::awaitable<void> RunProxy::watch_idle(std::shared_ptr<Conn> c) {
 
 // ---- how a connection ends ---------------------------------------------------
 
+// Answers the client an HTTP error whose reason phrase (and body) is `why`
+// (phrase()), and "Connection: close".
+asio::awaitable<asio::error_code> RunProxy::answer_error(std::shared_ptr<Conn> c, int status, std::string_view why) {
+  if (c->closed) co_return asio::error::operation_aborted;
+  const std::string p = phrase(why);
+  const std::string body = "toolsandboxd egress: " + p + "\n";
+  const std::string resp = "HTTP/1.1 " + std::to_string(status) + " " + p +
+                           "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  auto [ec, w] = co_await asio::async_write(c->client, asio::buffer(resp), tuple_awaitable);
+  co_return ec;
+}
+
 // A connection not served. With a status, the client is answered an HTTP
 // error whose reason phrase says why (Python's http.client puts it in the
 // tool's exception: "Tunnel connection failed: 403 ..."), the same text as
@@ -687,30 +710,27 @@ asio::awaitable<void> RunProxy::watch_idle(std::shared_ptr<Conn> c) {
 // answers nothing. Then finish().
 asio::awaitable<void> RunProxy::refuse(std::shared_ptr<Conn> c, Refusal r) {
   if (r.status != 0 && !c->closed) {
-    const std::string p = phrase(r.reason);
-    const std::string body = "toolsandboxd egress: " + p + "\n";
-    const std::string resp =
-        "HTTP/1.1 " + std::to_string(r.status) + " " + p +
-        "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " + std::to_string(body.size()) +
-        "\r\nConnection: close\r\n\r\n" + body;
-    auto [wec, w] = co_await asio::async_write(c->client, asio::buffer(resp), tuple_awaitable);
+    const asio::error_code wec = co_await answer_error(c, r.status, r.reason);
     // A lingering close: what the client is still sending (a request
     // body: most clients read the answer only once they sent it all) is
     // read and dropped, up to a bound, so that closing does not reset the
-    // connection before the client has read the answer.
+    // connection before the client has read the answer. What it reads
+    // counts toward the run's byte cap, as a body sent on would: a tool
+    // cannot push more through refusals than through allowed connections.
     asio::error_code ec;
     c->client.shutdown(tcp::socket::shutdown_send, ec);
     asio::steady_timer limit(svc_.io_);
     limit.expires_after(std::chrono::seconds(5));
     std::array<char, 65536> sink;
     std::uint64_t drained = 0;
-    while (!wec && !c->closed && drained < c->drain_limit) {
+    while (!wec && !c->closed && drained < c->drain_limit && bytes_ < rules_.max_bytes) {
       auto rd = co_await (c->client.async_read_some(asio::buffer(sink), tuple_awaitable) ||
                           limit.async_wait(tuple_awaitable));
       if (rd.index() == 1) break;
       auto [rec, n] = std::get<0>(rd);
       if (rec) break;
       drained += n;
+      bytes_ += n;
     }
   }
   finish(*c, r.verdict, r.reason);

@@ -149,6 +149,7 @@ class RunProxy : public std::enable_shared_from_this<RunProxy> {
   asio::awaitable<void> watch_idle(std::shared_ptr<Conn> c);
   // How it ends: refused (answered, unless the status is 0), then finished.
   asio::awaitable<void> refuse(std::shared_ptr<Conn> c, Refusal r);
+  asio::awaitable<asio::error_code> answer_error(std::shared_ptr<Conn> c, int status, std::string_view why);
   void finish(Conn& c, Verdict v, std::string_view reason);
 
   Service& svc_;

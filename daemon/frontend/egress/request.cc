@@ -254,6 +254,8 @@ Result<ResponseHead> rewrite_response_head(std::string_view head) {
   ResponseHead out;
   std::size_t pos = 0;
   bool first = true;
+  bool in_field = false;  // a header field was read (a folded line continues it)
+  bool dropping = false;  // the field being read is one not passed on
   while (pos < head.size()) {
     std::size_t nl = head.find('\n', pos);
     if (nl == std::string_view::npos) nl = head.size();
@@ -272,9 +274,23 @@ Result<ResponseHead> rewrite_response_head(std::string_view head) {
       first = false;
       continue;
     }
+    // A line that starts with a blank continues the field before it
+    // (obsolete line folding): it goes, or is dropped, with that field,
+    // unfolded into one line with a space (RFC 9112, section 5.2).
+    if (line.front() == ' ' || line.front() == '\t') {
+      if (!in_field) return Error::invalid("the server's answer folds a line onto its status line");
+      if (!dropping) {
+        out.head.resize(out.head.size() - 2);  // the previous line's CRLF
+        out.head += ' ';
+        out.head += std::string(trim(line)) + "\r\n";
+      }
+      continue;
+    }
     const std::size_t colon = line.find(':');
     const std::string_view name = colon == std::string_view::npos ? line : line.substr(0, colon);
-    if (iequals(name, "connection") || iequals(name, "keep-alive") || iequals(name, "proxy-connection")) continue;
+    in_field = true;
+    dropping = iequals(name, "connection") || iequals(name, "keep-alive") || iequals(name, "proxy-connection");
+    if (dropping) continue;
     out.head += std::string(line) + "\r\n";
   }
   if (first) return Error::invalid("the server's answer is not an HTTP/1.x response");

@@ -29,6 +29,9 @@ namespace tsb::egress {
 
 // The largest request head read before a request is refused (431).
 inline constexpr std::size_t kMaxHeadBytes = 32 * 1024;
+// Interim (1xx) response heads a plain-HTTP answer may carry before its
+// final head (100 Continue, 102 Processing, 103 Early Hints: a few).
+inline constexpr int kMaxInformationalHeads = 8;
 
 struct ProxyRequest {
   bool tunnel = false;     // CONNECT
@@ -56,7 +59,8 @@ Result<ProxyRequest> parse_request(std::string_view head);
 // A plain-HTTP response head from the origin server, as the tool gets it:
 // the same, with the connection fields (Connection, Keep-Alive,
 // Proxy-Connection) replaced by "Connection: close", so that no client
-// sends a second request on a connection that carries one. `informational`:
+// sends a second request on a connection that carries one; a folded line
+// is joined to its field (and dropped with a dropped one). `informational`:
 // a 1xx head (another head follows). An error: not an HTTP/1.x response head.
 struct ResponseHead {
   std::string head;
