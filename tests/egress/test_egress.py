@@ -78,7 +78,7 @@ fd00:20::10 ula.test
 # The tool: one sandbox run tries a list of things and reports each.
 TOOL = r'''
 def net(kind: str, targets: list, ca: str = "") -> list:
-    import os, socket, ssl, subprocess, sys, urllib.error, urllib.request
+    import os, socket, ssl, subprocess, sys, time, urllib.error, urllib.request
     cafile = None
     if ca:
         cafile = "/tmp/ca.pem"
@@ -123,6 +123,21 @@ def net(kind: str, targets: list, ca: str = "") -> list:
                 # Bytes of the test's making to the proxy, then all it answers
                 # until it closes.
                 s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+                s.sendall(t.encode("latin-1"))
+                data = b""
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                s.close()
+                out["answer"] = data.decode(errors="replace")
+            elif kind == "late":
+                # A request, then the same again on the same connection
+                # while the answer to the first is still coming.
+                s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+                s.sendall(t.encode("latin-1"))
+                time.sleep(0.3)
                 s.sendall(t.encode("latin-1"))
                 data = b""
                 while True:
@@ -592,6 +607,12 @@ class EgressTest(unittest.TestCase):
         self.assertTrue(head.startswith("HTTP/1.1 200 OK"), fold)
         self.assertNotIn("X-Forged", head)
         self.assertEqual(re.findall(r"(?im)^connection:.*$", head), ["Connection: close"], head)
+
+    def test_a_second_request_during_an_answer_does_not_cut_the_answer(self):
+        results, _ = self.run_net("egress", "late", ["GET http://api.public.test/raw?kind=slow HTTP/1.1\r\n\r\n"])
+        answer = results[0]["answer"]
+        self.assertEqual(answer.count("HTTP/1.1 200"), 1, answer)
+        self.assertTrue(answer.endswith("\r\n\r\n" + "sl" * 10), answer)
 
     def test_a_refused_upload_gets_its_answer_not_a_reset(self):
         results, _ = self.run_net("public", "upload", ["http://private.test/", "http://10.20.0.10/"])

@@ -29,6 +29,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -94,8 +95,14 @@ def handler_for(args, log_lock):
                     "half-head": b"HTTP/1.1 200 OK\r\nX-Half: cut",
                     "fold": b"HTTP/1.1 200 OK\r\nConnection: keep-alive,\r\n X-Forged: yes\r\n"
                     b"Content-Length: 2\r\n\r\nok",
+                    "slow": b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n",
                 }[kind]
                 self.wfile.write(raw)
+                if kind == "slow":  # the body over a second, 2 bytes at a time
+                    for _ in range(10):
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                        self.wfile.write(b"sl")
                 self.wfile.flush()
                 self.close_connection = True
                 return None

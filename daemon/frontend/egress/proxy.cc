@@ -554,15 +554,16 @@ asio::awaitable<void> RunProxy::relay(std::shared_ptr<Conn> c, bool up, std::str
     if (pending.empty()) {
       // Plain HTTP, client side, body complete: nothing more is sent on.
       // Whatever comes now is a second request (the client reuses the
-      // connection): it ends the connection, and the client retries on a
-      // new one.
+      // connection): it is not sent on and nothing more is read, but the
+      // answer in flight goes on to its end, and the connection closes
+      // after it (with "Connection: close"); the client retries on a new
+      // one.
       const bool done = body_left && *body_left == 0;
       auto [ec, got] = co_await from.async_read_some(asio::buffer(b), tuple_awaitable);
       if (ec) break;
       c->active = Clock::now();
       if (done) {
-        c->ended = "a second request on one plain-HTTP connection (one request per connection): closed";
-        c->close();
+        c->ended = "a second request on one plain-HTTP connection (one request per connection): not sent on";
         co_return;
       }
       std::size_t n = got;
