@@ -16,9 +16,34 @@ canonical form), and writes the venv to stdout as a venv archive
 (daemon/venv/archive.h), with a manifest: the requirements, `pip freeze`,
 the Python version. pyvenv.cfg, lib64 and bin/'s interpreter links and
 ._pth files are left out: the daemon writes those itself (they decide which
-interpreter starts), and refuses an archive that has them. pip's own output goes to stderr; on failure the exit
-status is 2 (pip failed: its last lines are on stderr) or 3 (anything
-else), and stdout holds no archive end.
+interpreter starts), and refuses an archive that has them. pip's own
+output goes to stderr; on failure the exit status is 2 (pip failed: its
+last lines are on stderr) or 3 (anything else, the walk's refusals
+below included: one line on stderr, "venv build failed: ..."), and stdout
+holds no archive end.
+
+The walk trusts nothing in the tree: `pip freeze` starts the new venv's
+interpreter, a package's .pth file runs there, and a process it leaves
+behind can change /venv while it is archived, with names that are any
+bytes. So the walk resolves no path below the root: each directory is
+opened from its parent's descriptor (O_DIRECTORY|O_NOFOLLOW), listed from
+its own, and each entry examined where it is listed (fstatat, no follow).
+A link is recorded with its target (readlinkat), never followed. A file
+is opened beside its listing (O_NOFOLLOW|O_NONBLOCK: a FIFO put in its
+place cannot make the open wait), and archived only when the descriptor
+is the inode listed, still a regular file, of the same size and times
+once its bytes were read; a directory is descended only when its
+descriptor is the directory listed. Every entry must still be at its
+name once it was archived. When the tree moved (an entry replaced, gone,
+of another type or inode between the steps), or holds a FIFO, a socket
+or a device (an archive has no record for them), or is deeper than an
+archive path may be (64 components), the archive is refused: status 3,
+its end record never written. Names are data: an archive holds them as
+they are, and a message shows them escaped (ascii(): no newline, ESC or
+other control character reaches stderr). The walk holds a descriptor per
+level it is in (at most 65, the root's included); the records come in
+os.walk's order, top down, sorted: a directory's entries, then each of
+its subdirectories' in turn.
 
 `--archive DIR` writes DIR as an archive with an empty manifest (tests).
 """
@@ -31,6 +56,67 @@ import subprocess
 import sys
 
 MAGIC = b"TSBVENV1"
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO opens at once
+MAX_DEPTH = 64  # components of an archive path (archive.h)
+CHUNK = 1 << 20
+
+
+class Refused(Exception):
+    """The venv cannot be archived as it is: the build fails (status 3).
+    The message names paths with ascii(): no control character in it."""
+
+
+class Moved(Refused):
+    """The tree changed while it was walked (a process the build started,
+    by a package's .pth file during `pip freeze`, still at work): no
+    archive of a mix of states."""
+
+
+def printable(text):
+    """`text` with every character outside printable ASCII escaped as
+    ascii() does (newline, ESC, C1 and bidirectional controls, non-ASCII):
+    one line, nothing a terminal or a log reader would act on."""
+    return "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text)
+
+
+def kind_of(mode):
+    return {stat.S_IFDIR: "a directory", stat.S_IFREG: "a regular file", stat.S_IFLNK: "a symbolic link",
+            stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device"}.get(stat.S_IFMT(mode), "of an unknown type")
+
+
+def same(a, b):
+    """Whether two stat results are of one inode, of one type."""
+    return (a.st_dev, a.st_ino, stat.S_IFMT(a.st_mode)) == (b.st_dev, b.st_ino, stat.S_IFMT(b.st_mode))
+
+
+def moved(path, listed, now, when="when opened"):
+    """`path` was `listed` and is `now` (an os.stat_result, or None: gone)."""
+    if now is None:
+        then = "gone"
+    elif stat.S_IFMT(now.st_mode) != stat.S_IFMT(listed.st_mode):
+        then = kind_of(now.st_mode)
+    else:
+        then = "another inode"
+    return Moved("the venv changed while it was archived (a process of the build still at work?): %s was %s "
+                 "when listed and %s %s; the archive is refused" % (ascii(path), kind_of(listed.st_mode), then, when))
+
+
+def now_at(dir_fd, name):
+    """What `name` in the directory open at `dir_fd` is now (None: gone)."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def still_there(dir_fd, name, path, listed):
+    """After an entry was archived: Moved unless `name` is still the inode
+    that was listed (it was not replaced or moved while it was read)."""
+    now = now_at(dir_fd, name)
+    if now is None or not same(now, listed):
+        raise moved(path, listed, now, "once it was archived")
 
 
 def record(out, kind, path, mode, payload):
@@ -39,18 +125,61 @@ def record(out, kind, path, mode, payload):
     out.write(payload)
 
 
-def file_record(out, path, full, mode):
-    size = os.path.getsize(full)
-    p = path.encode("utf-8", "surrogateescape")
-    out.write(b"f" + struct.pack(">H", len(p)) + p + struct.pack(">HQ", mode, size))
-    with open(full, "rb") as f:
+def open_listed(dir_fd, name, path, listed, flags):
+    """`name` in the directory open at `dir_fd`, opened with `flags` (which
+    hold O_NOFOLLOW: a link is never followed), and its fstat; Moved unless
+    it is the inode that was listed, of the type listed."""
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as e:
+        now = now_at(dir_fd, name)
+        if now is None or not same(now, listed):
+            raise moved(path, listed, now) from None
+        raise Refused("cannot open %s: %s" % (ascii(path), e.strerror)) from None
+    try:
+        st = os.fstat(fd)
+        if not same(st, listed):
+            raise moved(path, listed, st)
+        return fd, st
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def file_record(out, dir_fd, name, path, listed):
+    """A regular file's record: its bytes read from the inode listed, opened
+    beside it (never through a path, never a FIFO's open that waits)."""
+    fd, st = open_listed(dir_fd, name, path, listed, FILE_FLAGS)
+    try:
+        size = st.st_size
+        mode = 0o755 if st.st_mode & 0o111 else 0o644
+        p = path.encode("utf-8", "surrogateescape")
+        out.write(b"f" + struct.pack(">H", len(p)) + p + struct.pack(">HQ", mode, size))
         left = size
         while left:
-            chunk = f.read(min(left, 1 << 20))
+            chunk = os.read(fd, min(left, CHUNK))
             if not chunk:
-                raise RuntimeError("%s shrank while it was archived" % path)
+                break
             out.write(chunk)
             left -= len(chunk)
+        after = os.fstat(fd)
+        if left or (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != (size, st.st_mtime_ns, st.st_ctime_ns):
+            raise Moved("the venv changed while it was archived (a process of the build still at work?): %s "
+                        "changed while its bytes were read (%d bytes, then %d); the archive is refused"
+                        % (ascii(path), size, after.st_size))
+    finally:
+        os.close(fd)
+    still_there(dir_fd, name, path, listed)
+
+
+def link_record(out, dir_fd, name, path, listed):
+    """A symbolic link's record: its target, read beside it; never followed."""
+    try:
+        target = os.readlink(name, dir_fd=dir_fd)
+    except OSError:  # gone, or no longer a link
+        raise moved(path, listed, now_at(dir_fd, name), "when read") from None
+    still_there(dir_fd, name, path, listed)  # the target read is the listed link's
+    record(out, b"l", path, 0, os.fsencode(target))
 
 
 def reserved(path):
@@ -64,29 +193,65 @@ def reserved(path):
             or (name.startswith("python3.") and name[8:].isdigit() and name[8:].isascii()))
 
 
+def entries(dir_fd, prefix):
+    """What the directory open at `dir_fd` (the archive path `prefix`: ""
+    for the root, else ending in "/") holds, sorted by name: [(name, path,
+    st)], the reserved paths left out (never examined), `st` from
+    fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW): each entry examined where it
+    was listed, never through a path."""
+    found = []
+    for name in sorted(os.listdir(dir_fd)):
+        path = prefix + name
+        if reserved(path):
+            continue
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise Moved("the venv changed while it was archived (a process of the build still at work?): %s was "
+                        "listed and gone when examined; the archive is refused" % ascii(path)) from None
+        found.append((name, path, st))
+    return found
+
+
+def write_tree(out, dir_fd, prefix):
+    """The records of the directory open at `dir_fd` (archive path
+    `prefix`), then of each of its directories, opened from `dir_fd` in
+    turn: a directory's entries, then its subdirectories' (os.walk's order,
+    top down, sorted)."""
+    subdirs = []
+    for name, path, st in entries(dir_fd, prefix):
+        if path.count("/") >= MAX_DEPTH:
+            raise Refused("%s is deeper than an archive path may be (%d components)" % (ascii(path), MAX_DEPTH))
+        if stat.S_ISLNK(st.st_mode):
+            link_record(out, dir_fd, name, path, st)
+        elif stat.S_ISDIR(st.st_mode):
+            record(out, b"d", path, 0o755, b"")
+            subdirs.append((name, path, st))
+        elif stat.S_ISREG(st.st_mode):
+            file_record(out, dir_fd, name, path, st)
+        else:
+            raise Refused("%s is %s: neither a file, a directory nor a link" % (ascii(path), kind_of(st.st_mode)))
+    for name, path, st in subdirs:
+        fd, _ = open_listed(dir_fd, name, path, st, DIR_FLAGS)
+        try:
+            write_tree(out, fd, path + "/")
+        finally:
+            os.close(fd)
+        still_there(dir_fd, name, path, st)
+
+
 def write_archive(root, out, manifest):
-    out.write(MAGIC)
-    if manifest is not None:
-        record(out, b"m", "", 0, json.dumps(manifest, sort_keys=True).encode())
-    for dirpath, dirnames, filenames in os.walk(root, topdown=True, followlinks=False):
-        rel = os.path.relpath(dirpath, root)
-        dirnames.sort()
-        for name in sorted(dirnames + filenames):
-            full = os.path.join(dirpath, name)
-            path = name if rel == "." else rel + "/" + name
-            if reserved(path):
-                if name in dirnames:
-                    dirnames.remove(name)  # not descended into either
-                continue
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                record(out, b"l", path, 0, os.fsencode(os.readlink(full)))
-            elif stat.S_ISDIR(st.st_mode):
-                record(out, b"d", path, 0o755, b"")
-            elif stat.S_ISREG(st.st_mode):
-                file_record(out, path, full, 0o755 if st.st_mode & 0o111 else 0o644)
-            else:
-                raise RuntimeError("%s is neither a file, a directory nor a link" % path)
+    """`root` as a venv archive on `out`, with `manifest` (None: none).
+    Raises Refused (and writes no end record) when the tree holds what an
+    archive cannot or moves under the walk; OSError on a failed read."""
+    root_fd = os.open(root, DIR_FLAGS)  # the one path resolved: the sandbox's own mount
+    try:
+        out.write(MAGIC)
+        if manifest is not None:
+            record(out, b"m", "", 0, json.dumps(manifest, sort_keys=True).encode())
+        write_tree(out, root_fd, "")
+    finally:
+        os.close(root_fd)
     record(out, b"e", "", 0, b"")
     out.flush()
 
@@ -142,19 +307,20 @@ def build(req):
 
 
 def main(argv):
-    if len(argv) == 3 and argv[1] == "--archive":
-        write_archive(argv[2], sys.stdout.buffer, {})
-        return 0
     try:
+        if len(argv) == 3 and argv[1] == "--archive":
+            write_archive(argv[2], sys.stdout.buffer, {})
+            return 0
         req = json.loads(sys.stdin.buffer.read())
         status, manifest = build(req)
+        if status != 0:
+            return status
+        write_archive(req.get("venv") or "/venv", sys.stdout.buffer, manifest)
+        return 0
     except Exception as e:  # the daemon reports it with stderr's last lines
-        print("venv build failed: %s: %s" % (type(e).__name__, e), file=sys.stderr)
+        why = str(e) if isinstance(e, Refused) else "%s: %s" % (type(e).__name__, e)
+        print("venv build failed: %s" % printable(why), file=sys.stderr)
         return 3
-    if status != 0:
-        return status
-    write_archive(req.get("venv") or "/venv", sys.stdout.buffer, manifest)
-    return 0
 
 
 if __name__ == "__main__":

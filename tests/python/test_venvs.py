@@ -40,6 +40,9 @@ IMPORT_TOOL = (
     "    return {'tool': tsbtool.VALUE, 'dep': tsbdep.VALUE, 'prefix': sys.prefix}\n"
 )
 
+# A name that would forge a log line and drive a terminal.
+PTH_FIFO = "fifo\n2024-01-01 00:00:00 [info] audit: allowed\x1b[2J\x1b]0;pwned\x07"
+
 
 def front_end_user():
     for name in ("toolsandboxd",):
@@ -107,6 +110,12 @@ class VenvDaemon:
             "tsbevil-1.0.data/scripts/%s._pth" % "python3": "/usr/lib/%s.zip\n/usr/lib/%s\n/usr/lib/%s/lib-dynload\n"
             "/venv/lib/%s/site-packages\n/venv/evil\n" % (ver.replace(".", ""), ver, ver, ver),
         })
+        # A wheel whose .pth file, run by `pip freeze` in the build sandbox,
+        # leaves a FIFO with a hostile name in the venv.
+        make_wheel(self.wheels, "tsbpthfifo", "1.0", modules={
+            "tsbpthfifo/__init__.py": "VALUE = 'fifo'\n",
+            "tsbpthfifo.pth": "import os, sys; p = os.path.join(sys.prefix, %r); os.path.lexists(p) or os.mkfifo(p)\n"
+                              % PTH_FIFO})
         if big:
             # Three venvs of about 6 MiB each (incompressible data).
             for name in ("tsbbiga", "tsbbigb", "tsbbigc"):
@@ -233,6 +242,20 @@ class Venvs(unittest.TestCase):
         self.assertEqual(r.status, "error", r)
         self.assertIn("longer than its limit (4s)", r.func_return)
         self.assertEqual(r.record["detail"], "venv_build_failed")
+        self.assertFalse(any(n.startswith(".tmp-") for n in self.v.listing()))
+
+    def test_a_fifo_left_in_the_venv_fails_the_build_with_its_name_escaped(self):
+        # The builder refuses the FIFO without opening it (nothing waits for
+        # a writer), and says which, escaped.
+        t0 = time.monotonic()
+        r = run_tool(self.client, IMPORT_TOOL, "versions", ["tsbpthfifo"])
+        self.assertLess(time.monotonic() - t0, 100)
+        self.assertEqual(r.status, "error", r)
+        self.assertEqual(r.record["detail"], "venv_build_failed")
+        self.assertIn("the build failed (exit status 3)", r.func_return)
+        tail = r.record["venv"]["log_tail"]
+        self.assertIn("venv build failed: %s is a FIFO: neither a file, a directory nor a link" % ascii(PTH_FIFO), tail)
+        self.assertNotRegex(tail, "[\x00-\x09\x0b-\x1f\x7f]")
         self.assertFalse(any(n.startswith(".tmp-") for n in self.v.listing()))
 
     def test_venv_is_read_only(self):
