@@ -340,7 +340,7 @@ def spawn_wire():
 # --- venv archives (daemon/venv/archive.h), big-endian ------------------------
 
 def builder_module():
-    path = os.path.join(REPO, "daemon", "runner", "toolsandbox_venv_builder.py")
+    path = os.path.join(REPO, "isolate", "runner", "toolsandbox_venv_builder.py")
     spec = importlib.util.spec_from_file_location("toolsandbox_venv_builder", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
