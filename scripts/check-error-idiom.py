@@ -29,7 +29,7 @@ import sys
 
 src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(src, "scripts"))
-from cxx_text import checkout_sources, strip  # noqa: E402
+from cxx_text import checkout_sources, report_findings, strip  # noqa: E402
 
 if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1] != "--list"):
     print(__doc__ if sys.argv[1] in ("-h", "--help") else "check-error-idiom.py: unknown argument '%s'" % sys.argv[1], file=sys.stderr)
@@ -111,12 +111,10 @@ for f in files:
         if show:
             print(bare[-1])
 if bare:
-    print("check-error-idiom.py: an error passed up without context (docs/ERRORS.md, section 1):", file=sys.stderr)
-    for b in bare:
-        print("  " + b, file=sys.stderr)
-    print("  Add what the caller was doing: std::move(r).error().wrap(\"...\"), or TSB_TRY(expr, \"...\").\n"
-          "  When the callee's message already names the operation and its subject, say so on the line\n"
-          "  or the line above: // context: <why>.", file=sys.stderr)
+    report_findings("check-error-idiom.py: an error passed up without context (docs/ERRORS.md, section 1):", bare,
+                    "  Add what the caller was doing: std::move(r).error().wrap(\"...\"), or TSB_TRY(expr, \"...\").\n"
+                    "  When the callee's message already names the operation and its subject, say so on the line\n"
+                    "  or the line above: // context: <why>.")
     status = 1
 if status == 0 and not show:
     print("check-error-idiom.py: %d files, every error passed up with context (%d reader steps in %d readers)"

@@ -46,7 +46,7 @@ import os, re, sys
 
 src, show = sys.argv[1], sys.argv[2] == "1"
 sys.path.insert(0, os.path.join(src, "scripts"))
-from cxx_text import checkout_sources, strip  # noqa: E402
+from cxx_text import checkout_sources, report_findings, strip  # noqa: E402
 
 # file name, fragment of the line, reason
 ALLOWED = [
@@ -142,12 +142,10 @@ for f in files:
 
 status = 0
 if bare:
-    print("check-json-rule.sh: a bare JSON parse outside the trusted sites (docs/HACKING.md, Conventions):", file=sys.stderr)
-    for b in bare:
-        print("  " + b, file=sys.stderr)
-    print("  Read such text with protocol::parse_json_limited (limits that fit the input) or parse_json_bounded;\n"
-          "  a site that only parses the process's own or embedded text may be added to ALLOWED in\n"
-          "  scripts/check-json-rule.sh, with its reason.", file=sys.stderr)
+    report_findings("check-json-rule.sh: a bare JSON parse outside the trusted sites (docs/HACKING.md, Conventions):", bare,
+                    "  Read such text with protocol::parse_json_limited (limits that fit the input) or parse_json_bounded;\n"
+                    "  a site that only parses the process's own or embedded text may be added to ALLOWED in\n"
+                    "  scripts/check-json-rule.sh, with its reason.")
     status = 1
 for k, n in enumerate(used):
     if n != 1:

@@ -5,6 +5,7 @@ line numbers hold; and the checkout's own C++ sources."""
 import os
 import re
 import subprocess
+import sys
 
 
 def strip(text, blank_strings=True):
@@ -72,3 +73,11 @@ def checkout_sources(src, excluded_dirs=("tests/", "bench/")):
             files += [os.path.relpath(os.path.join(root, f), src) for f in names]
     return sorted({f for f in files if f.endswith(CXX_SUFFIXES) and not f.startswith(tuple(excluded_dirs))
                    and os.path.isfile(os.path.join(src, f))})
+
+
+def report_findings(title, findings, hint):
+    """A check's failures on stderr: `title`, each finding indented, `hint`."""
+    print(title, file=sys.stderr)
+    for line in findings:
+        print("  " + line, file=sys.stderr)
+    print(hint, file=sys.stderr)

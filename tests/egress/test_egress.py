@@ -119,26 +119,15 @@ def net(kind: str, targets: list, ca: str = "") -> list:
                 first = head.split(b"\r\n", 1)[0].decode(errors="replace")
                 out.update(status=int(first.split(" ")[1]) if first.startswith("HTTP/") else 0, head=first,
                            body=body.decode(errors="replace"))
-            elif kind == "bytes":
+            elif kind in ("bytes", "late"):
                 # Bytes of the test's making to the proxy, then all it answers
-                # until it closes.
+                # until it closes. "late": the same again on the same
+                # connection while the answer to the first is still coming.
                 s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
                 s.sendall(t.encode("latin-1"))
-                data = b""
-                while True:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                s.close()
-                out["answer"] = data.decode(errors="replace")
-            elif kind == "late":
-                # A request, then the same again on the same connection
-                # while the answer to the first is still coming.
-                s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
-                s.sendall(t.encode("latin-1"))
-                time.sleep(0.3)
-                s.sendall(t.encode("latin-1"))
+                if kind == "late":
+                    time.sleep(0.3)
+                    s.sendall(t.encode("latin-1"))
                 data = b""
                 while True:
                     chunk = s.recv(65536)
