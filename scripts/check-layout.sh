@@ -48,7 +48,7 @@ BUDGETS = {
     # above each folder's size then.
     "isolate/supervise": 400,
     "isolate/init": 800,
-    # Raised from 125: the log lines' formatter and escape() (log.h,
+    # Raised from 125: the log lines' formatter and escaped() (log.h,
     # quote.h), the one place every log line and terminal text is escaped.
     "daemon/common": 150,
     "daemon/compile": 850,
