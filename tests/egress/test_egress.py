@@ -242,6 +242,12 @@ class Topology:
         # `local` route only (no interface has it): the proxy must still
         # see it as the host's.
         sh("ip", "-n", NS_DAEMON, "route", "add", "local", "198.51.100.200/32", "dev", "lo", "table", "local")
+        # The same for IPv6 (a whole range), which a bind() test missed.
+        sh("ip", "-n", NS_DAEMON, "-6", "route", "add", "local", "2001:db8:77::/64", "dev", "lo", "table", "local")
+        # A host where a socket may bind to any IPv4 address: the proxy must
+        # still tell its own addresses from the others (it asks the routing
+        # table), or every test here that reaches the world fails.
+        sh("ip", "netns", "exec", NS_DAEMON, "sysctl", "-qw", "net.ipv4.ip_nonlocal_bind=1")
         # No default route anywhere: only the subnets above exist.
         for ns in (NS_DAEMON, NS_WORLD):
             routes = sh("ip", "-n", ns, "route", "show", "default").stdout.strip()
@@ -611,11 +617,12 @@ class EgressTest(unittest.TestCase):
 
     def test_addresses_the_host_takes_as_its_own_and_cloud_platform_services(self):
         results, _ = self.run_net("public", "proxy", ["CONNECT 198.51.100.200:443", "CONNECT 168.63.129.16:80",
-                                                      "CONNECT [::ffff:0:a14:a]:80"])
-        self.assertEqual([r["status"] for r in results], [403, 403, 403], results)
+                                                      "CONNECT [::ffff:0:a14:a]:80", "CONNECT [2001:db8:77::5]:443"])
+        self.assertEqual([r["status"] for r in results], [403, 403, 403, 403], results)
         self.assertIn("local route", results[0]["body"])
         self.assertIn("WireServer", results[1]["body"])
         self.assertIn("IPv4-translated", results[2]["body"])
+        self.assertIn("local route", results[3]["body"])
 
     def test_names_are_looked_up_as_written_never_with_a_search_domain(self):
         before = read_text(T.dns_log)
