@@ -603,6 +603,12 @@ class EgressTest(unittest.TestCase):
         self.assertNotIn("X-Forged", head)
         self.assertEqual(re.findall(r"(?im)^connection:.*$", head), ["Connection: close"], head)
 
+    def test_a_name_written_with_its_root_dot_is_the_same_name(self):
+        # "api.public.test." is the absolute form of the name the policy
+        # allows: allowed, resolved and reached like it.
+        results, _ = self.run_net("egress", "proxy", ["http://api.public.test./whoami", "CONNECT api.public.test.:443"])
+        self.assertEqual([r["status"] for r in results], [200, 200], results)
+
     def test_a_second_request_during_an_answer_does_not_cut_the_answer(self):
         results, _ = self.run_net("egress", "late", ["GET http://api.public.test/raw?kind=slow HTTP/1.1\r\n\r\n"])
         answer = results[0]["answer"]
