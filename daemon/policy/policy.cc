@@ -579,6 +579,25 @@ Status read_filesystem(ObjectReader& root, const LocatedJson& doc, const PolicyC
       if (!m.ok()) return std::move(m).error();
       p.binds.push_back(std::move(m).value());
     }
+    // A writable bind is shared by every run of the policy: what a tool
+    // leaves there, the next run meets. A host path the sandbox is built
+    // from must not lie inside one, or a tool could put a link or a FIFO in
+    // its place and make every later run fail or block. (The bind's own
+    // directory, its mount's root, a tool cannot replace.)
+    for (std::size_t i = 0; i < p.binds.size(); ++i) {
+      const isolate::BindMount& w = p.binds[i];
+      if (!w.writable) continue;
+      auto inside = [&](const std::string& host) { return host != w.source && path_under(host, w.source); };
+      for (std::size_t j = 0; j < p.binds.size(); ++j)
+        if (j != i && inside(p.binds[j].source))
+          return Error::invalid(doc.where(json_pointer_append("/filesystem/binds", j)) + ": bind source " +
+                                quoted_for_message(p.binds[j].source) + " lies inside the writable bind " +
+                                quoted_for_message(w.source) + ", which a tool could change for every later run");
+      if (!p.venv.empty() && inside(p.venv))
+        return Error::invalid(fs.where("venv") + ": the venv " + quoted_for_message(p.venv) +
+                              " lies inside the writable bind " + quoted_for_message(w.source) +
+                              ", which a tool could change for every later run");
+    }
   }
   TSB_TRY(fs.done(), "policy");
   return {};

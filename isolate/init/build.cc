@@ -55,12 +55,27 @@ struct Fd {
   }
 };
 
+// `name` in `dir` as a directory, made (0755) when missing, opened without
+// following a link. What stands in its place and is not a directory (a
+// link, a FIFO, a socket, a file: what an earlier run of the policy can
+// leave in a writable bind, which every later run shares) is removed and
+// the directory made instead: it is never followed, and it does not fail
+// the runs after it. Where init may not remove it (a read-only view), the
+// step fails as before.
+int open_dir_replacing(int dir, const char* name) noexcept {
+  if (::mkdirat(dir, name, 0755) != 0 && errno != EEXIST) return -1;
+  int fd = ::openat(dir, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0 || (errno != ENOTDIR && errno != ELOOP)) return fd;
+  if (::unlinkat(dir, name, 0) != 0 || ::mkdirat(dir, name, 0755) != 0) return -1;
+  return ::openat(dir, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
 // The directory holding the last component of `path` (a sandbox path),
-// reached from the new root one component at a time: each made (0755) when
-// missing and opened without following a symlink, "." and ".." refused. So
-// no step reaches outside the new root, nor through a link a tool planted
-// in a writable host directory that an earlier run saw. `*name` is the
-// last component.
+// reached from the new root one component at a time: each made or
+// replaced as open_dir_replacing() says, "." and ".." refused. So no step
+// reaches outside the new root, nor through a link a tool planted in a
+// writable host directory that an earlier run saw. `*name` is the last
+// component.
 int open_parent(int root, const char* path, const char** name) noexcept {
   if (path[0] != '/') {
     errno = EINVAL;
@@ -82,9 +97,7 @@ int open_parent(int root, const char* path, const char** name) noexcept {
     }
     memcpy(comp, p, len);
     comp[len] = '\0';
-    int next = -1;
-    if (::mkdirat(dir, comp, 0755) == 0 || errno == EEXIST)
-      next = ::openat(dir, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    const int next = open_dir_replacing(dir, comp);
     const int saved = errno;
     ::close(dir);
     errno = saved;
@@ -95,14 +108,21 @@ int open_parent(int root, const char* path, const char** name) noexcept {
 }
 
 // `name` in `dir` as a directory or a regular file, made when missing; not
-// a symlink, whatever is there.
+// a symlink, whatever is there. A mount point of the wrong kind that an
+// earlier run left (a link, a FIFO, a socket or a device where a file is
+// mounted; an empty directory there) is removed and made anew, as
+// open_dir_replacing() does for directories.
 int open_target(int dir, const char* name, bool is_dir) noexcept {
-  if (is_dir) {
-    if (::mkdirat(dir, name, 0755) != 0 && errno != EEXIST) return -1;
-    return ::openat(dir, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  }
-  int fd = ::openat(dir, name, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-  if (fd < 0 && errno != EISDIR) return -1;
+  if (is_dir) return open_dir_replacing(dir, name);
+  struct stat there;
+  if (::fstatat(dir, name, &there, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(there.st_mode) &&
+      ::unlinkat(dir, name, S_ISDIR(there.st_mode) ? AT_REMOVEDIR : 0) != 0)
+    return -1;
+  // Made when missing, never opened for writing when there: in a writable
+  // bind it may be an earlier run's, of another uid slot, and a mount
+  // point needs no access to its inode.
+  int fd = ::openat(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0 && errno != EEXIST) return -1;
   if (fd >= 0) ::close(fd);
   fd = ::openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
   struct stat st;
@@ -222,6 +242,14 @@ int run_step(int root, const Step& s) noexcept {
       if (s.fd < 0) {
         if (s.optional) return 0;
         errno = s.err != 0 ? s.err : EBADF;
+        return -1;
+      }
+      // A host file shown by a bind must be a regular file: a FIFO, a
+      // socket or a device put in its place would block or redirect the
+      // tool's reads; the run is refused (ENXIO) instead.
+      struct stat src;
+      if (!s.dir && (::fstat(s.fd, &src) != 0 || !S_ISREG(src.st_mode))) {
+        errno = ENXIO;
         return -1;
       }
       Fd to{open_target(dir.fd, name, s.dir)};

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -151,10 +152,12 @@ TEST_F(EngineTest, NestedBindInsideABindStaysInTheSandbox) {
 // symlinks there for the next run. The sandbox is built before pivot_root,
 // when an absolute link resolves on the host: a row nested under the bind
 // must not follow one (it would make the next run's init create directories
-// and mount on the host's side), and root must not read through one when it
-// copies a host file in (a file behind a directory the run's ids cannot
-// enter, or one swapped in between a check and the read). Both refuse the
-// run instead.
+// and mount on the host's side): init removes the link and makes the
+// directory, so the run goes on and so do the runs after it. Root must not
+// read through one when it copies a host file in (a file behind a directory
+// the run's ids cannot enter, or one swapped in between a check and the
+// read): that run is refused (the policy language refuses a bind source
+// inside a writable bind, so a tool cannot plant one there).
 TEST_F(EngineTest, LinksLeftInAWritableBindAreNeverFollowed) {
   const std::string shared = "/run/tsb-test-shared", inner = "/run/tsb-test-inner", outside = "/run/tsb-test-outside",
                     secret_dir = "/run/tsb-test-secret";
@@ -176,9 +179,10 @@ TEST_F(EngineTest, LinksLeftInAWritableBindAreNeverFollowed) {
     in.binds.push_back({shared, "/data", true, false});
     in.binds.push_back({inner, "/data/a/b", false, false});
   }));
-  EXPECT_EQ(nested.reason, EndReason::SetupFailed) << describe(nested);
-  EXPECT_EQ(nested.setup_stage, Stage::MountBind) << describe(nested);
+  EXPECT_EQ(nested.reason, EndReason::Exited) << describe(nested);
   EXPECT_FALSE(std::filesystem::exists(outside + "/b")) << "the sandbox's init made a directory on the host";
+  EXPECT_FALSE(std::filesystem::is_symlink(shared + "/a")) << "the planted link is still there";
+  EXPECT_TRUE(std::filesystem::is_directory(shared + "/a"));
 
   auto copied = run(spec({kProbe, "readfile", "/cfg", "64"}, [&](tsb::isolate::FsInputs& in) {
     in.binds.push_back({shared + "/config", "/cfg", false, false});
@@ -187,6 +191,64 @@ TEST_F(EngineTest, LinksLeftInAWritableBindAreNeverFollowed) {
   EXPECT_EQ(copied.reason, EndReason::SetupFailed) << describe(copied);
   EXPECT_EQ(copied.setup_errno, ELOOP) << describe(copied);
   for (const auto& d : {shared, inner, outside, secret_dir}) std::filesystem::remove_all(d);
+}
+
+// What else a tool can leave in a writable bind for the next run: a FIFO,
+// a socket or a link where a file is mounted, an empty directory where a
+// file is mounted, a file where a directory is. Each is removed by the next
+// run's init and the mount made: no run fails or blocks on it. A FIFO that
+// is a bind's host source (the operator's, or another's) refuses that run
+// at once (ENXIO) instead of blocking the tool's read.
+TEST_F(EngineTest, WhatAToolLeavesAtAMountPointNeverBreaksTheNextRun) {
+  const std::string shared = "/run/tsb-test-leftover", files = "/run/tsb-test-leftover-src";
+  for (const auto& d : {shared, files}) std::filesystem::remove_all(d);
+  for (const auto& d : {shared, files}) {
+    ::mkdir(d.c_str(), 0777);
+    ::chmod(d.c_str(), 0777);
+  }
+  std::ofstream(files + "/cfg") << "config-bytes\n";
+  ::chmod((files + "/cfg").c_str(), 0644);
+  ::mkdir((files + "/dir").c_str(), 0755);
+  std::ofstream(files + "/dir/inside") << "in\n";
+  ::chmod((files + "/dir/inside").c_str(), 0644);
+  // Left by "an earlier run": a mount point of the wrong kind, each in a
+  // run of its own (and the run after it).
+  struct Leftover {
+    const char* name;
+    std::function<int(const std::string&)> make;
+    bool dir_mount;
+  };
+  const Leftover leftovers[] = {
+      {"fifo", [](const std::string& p) { return ::mkfifo(p.c_str(), 0666); }, false},
+      {"link", [](const std::string& p) { return ::symlink("/etc/shadow", p.c_str()); }, false},
+      {"emptydir", [](const std::string& p) { return ::mkdir(p.c_str(), 0777); }, false},
+      {"file", [](const std::string& p) { return std::ofstream(p) << "x" ? 0 : -1; }, true},
+  };
+  for (const Leftover& l : leftovers) {
+    const std::string at = shared + "/" + l.name;
+    ASSERT_EQ(l.make(at), 0) << l.name << ": " << std::strerror(errno);
+    auto s = spec({"/bin/cat", l.dir_mount ? std::string("/data/") + l.name + "/inside" : std::string("/data/") + l.name},
+                  [&](tsb::isolate::FsInputs& in) {
+                    in.binds.push_back({shared, "/data", true, false});
+                    // Writable: a view (a read-only file would be a copy,
+                    // which needs no mount point).
+                    in.binds.push_back({l.dir_mount ? files + "/dir" : files + "/cfg", std::string("/data/") + l.name,
+                                        !l.dir_mount, false});
+                  });
+    for (int i = 0; i < 2; ++i) {
+      auto r = run(s);
+      EXPECT_EQ(r.reason, EndReason::Exited) << l.name << " (run " << i << "): " << describe(r);
+      EXPECT_EQ(r.stdout_data, l.dir_mount ? "in\n" : "config-bytes\n") << l.name << ": " << describe(r);
+    }
+  }
+  // A FIFO as a bind's own source: refused at once, never opened.
+  ASSERT_EQ(::mkfifo((files + "/pipe").c_str(), 0666), 0);
+  auto fifo = run(spec({"/bin/cat", "/pipe"}, [&](tsb::isolate::FsInputs& in) {
+    in.binds.push_back({files + "/pipe", "/pipe", false, false});
+  }));
+  EXPECT_EQ(fifo.reason, EndReason::SetupFailed) << describe(fifo);
+  EXPECT_EQ(fifo.setup_errno, ENXIO) << describe(fifo);
+  for (const auto& d : {shared, files}) std::filesystem::remove_all(d);
 }
 
 // A read-only host file up to kMaxCopiedFileBytes is a copy in the root

@@ -581,6 +581,32 @@ std::vector<std::string> section(const std::string& page, const std::string& hea
   return out;
 }
 
+// A host path the sandbox is built from may not lie inside a writable bind
+// (a tool could replace it for every later run); beside it, or the bind's
+// own directory again, it may.
+TEST(PolicyBinds, NoSourceInsideAWritableBind) {
+  TempDir t;
+  PolicyContext ctx;
+  ctx.bind_allowlist = {"/srv"};
+  auto inside = load_policy(t.write("in.json", R"({"version": 1, "filesystem": {"venv": null, "binds": [
+      {"source": "/srv/data", "target": "/data", "writable": true}, {"source": "/srv/data/app.json", "target": "/etc-app.json"}]}})"),
+                            ctx);
+  ASSERT_FALSE(inside.ok());
+  EXPECT_NE(inside.error().message.find("\"/srv/data/app.json\" lies inside the writable bind \"/srv/data\""),
+            std::string::npos)
+      << inside.error().message;
+  auto venv = load_policy(t.write("venv.json", R"({"version": 1, "filesystem": {"venv": "/srv/data/venv", "binds": [
+      {"source": "/srv/data", "target": "/data", "writable": true}]}})"),
+                          ctx);
+  ASSERT_FALSE(venv.ok());
+  EXPECT_NE(venv.error().message.find("the venv"), std::string::npos) << venv.error().message;
+  auto beside = load_policy(t.write("ok.json", R"({"version": 1, "filesystem": {"venv": null, "binds": [
+      {"source": "/srv/data", "target": "/data", "writable": true}, {"source": "/srv/data", "target": "/data-ro"},
+      {"source": "/srv/dataset", "target": "/dataset"}, {"source": "/srv", "target": "/srv-all"}]}})"),
+                            ctx);
+  EXPECT_TRUE(beside.ok()) << beside.error().message;
+}
+
 TEST(PolicyExplainPage, DangerousGrantsAreFlaggedWhereTheyAppearAndListedAtTheEnd) {
   TempDir t;
   PolicyContext ctx;
