@@ -566,6 +566,28 @@ class ClientEndToEnd(unittest.TestCase):
         self.assertEqual(r1.func_return, [1])
         self.assertEqual(r2.agent_state["memory"]["blocks"][0]["value"], "likes tea; n")
 
+    def test_out_of_band_data_is_refused_in_a_default_run(self):
+        """The shipped default policy's filter, in a real sandbox: a tool's
+        MSG_OOB on an AF_UNIX pair (the CVE-2025-38236 primitive) gets
+        EPERM both ways; plain sends and MSG_PEEK work."""
+        tool = ("import errno, socket\n\n"
+                "def oob() -> dict:\n"
+                "    a, b = socket.socketpair()\n"
+                "    out = {}\n"
+                "    for name, f in ((\"send_oob\", lambda: a.send(b\"x\", socket.MSG_OOB)),\n"
+                "                    (\"recv_oob\", lambda: b.recv(1, socket.MSG_OOB | socket.MSG_DONTWAIT)),\n"
+                "                    (\"send\", lambda: a.send(b\"y\")),\n"
+                "                    (\"peek\", lambda: b.recv(1, socket.MSG_PEEK).decode())):\n"
+                "        try:\n"
+                "            out[name] = f()\n"
+                "        except OSError as e:\n"
+                "            out[name] = errno.errorcode[e.errno]\n"
+                "    return out\n")
+        r = self.client.run_tool(tool, tool_name="oob", args={}, organization_id=ORG)
+        self.assertEqual(r.status, "success", "%s %s" % (r.func_return, r.stderr))
+        self.assertEqual(r.record["policy"], "default")
+        self.assertEqual(r.func_return, {"send_oob": "EPERM", "recv_oob": "EPERM", "send": 1, "peek": "y"})
+
     # --- the command line ------------------------------------------------------------------------
 
     def cli(self, *args, stdin=None):
