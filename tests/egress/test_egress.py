@@ -247,7 +247,9 @@ class Topology:
         # A host where a socket may bind to any IPv4 address: the proxy must
         # still tell its own addresses from the others (it asks the routing
         # table), or every test here that reaches the world fails.
-        sh("ip", "netns", "exec", NS_DAEMON, "sysctl", "-qw", "net.ipv4.ip_nonlocal_bind=1")
+        sh("ip", "netns", "exec", NS_DAEMON, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_nonlocal_bind")
+        nonlocal_bind = sh("ip", "netns", "exec", NS_DAEMON, "cat", "/proc/sys/net/ipv4/ip_nonlocal_bind").stdout.strip()
+        assert nonlocal_bind == "1", "ip_nonlocal_bind in %s: %r" % (NS_DAEMON, nonlocal_bind)
         # No default route anywhere: only the subnets above exist.
         for ns in (NS_DAEMON, NS_WORLD):
             routes = sh("ip", "-n", ns, "route", "show", "default").stdout.strip()
