@@ -136,6 +136,21 @@ def net(kind: str, targets: list, ca: str = "") -> list:
                     data += chunk
                 s.close()
                 out["answer"] = data.decode(errors="replace")
+            elif kind == "upload+get":
+                # An upload, then a GET in the same run: what the second
+                # one is answered.
+                up, get = t.split(" ")
+                try:
+                    with urllib.request.urlopen(urllib.request.Request(up, data=b"u" * (8 << 20), method="POST"),
+                                                timeout=20):
+                        pass
+                except Exception:  # refused: its answer, or a reset once the cap stopped the drain
+                    pass
+                try:
+                    with urllib.request.urlopen(get, timeout=20) as r:
+                        out["status"] = r.status
+                except urllib.error.HTTPError as e:
+                    out.update(status=e.code, body=e.read().decode(errors="replace"))
             elif kind == "upload":
                 req = urllib.request.Request(t, data=b"u" * (8 << 20), method="POST")
                 try:
@@ -662,6 +677,18 @@ class EgressTest(unittest.TestCase):
         self.assertEqual(results[1].get("status"), 403, results[1])
         self.assertIn("byte cap", results[1]["body"])
         self.assertIn('reason="the run\'s byte cap (64 KiB) was reached"', self.daemon.log())
+
+    def test_what_a_refusal_drains_counts_toward_the_byte_cap(self):
+        # An 8 MiB upload to a denied host is refused; what the proxy reads
+        # and drops of its body meanwhile is the run's traffic too, so the
+        # 64 KiB cap is spent and the next allowed request is refused.
+        results, _ = self.run_net("caps", "upload", ["http://private.test/"])
+        self.assertNotEqual(results[0].get("status"), 200, results[0])
+        after, _ = self.run_net("caps", "urllib", ["http://api.public.test/whoami"])
+        self.assertEqual(after[0].get("status"), 200, "a new run has its own cap: %s" % after[0])
+        both, _ = self.run_net("caps", "upload+get", ["http://private.test/ http://api.public.test/whoami"])
+        self.assertEqual(both[0].get("status"), 403, both[0])
+        self.assertIn("byte cap", both[0].get("body", ""), both[0])
 
     def test_audit_line_per_connection_and_status_counters(self):
         before = self.daemon.status()["egress"]
