@@ -70,7 +70,11 @@ class Refused(Exception):
 class Moved(Refused):
     """The tree changed while it was walked (a process the build started,
     by a package's .pth file during `pip freeze`, still at work): no
-    archive of a mix of states."""
+    archive of a mix of states. `what`: which change, the path in ascii()."""
+
+    def __init__(self, what):
+        super().__init__("the venv changed while it was archived (a process of the build still at work?): %s; "
+                         "the archive is refused" % what)
 
 
 def printable(text):
@@ -99,8 +103,7 @@ def moved(path, listed, now, when="when opened"):
         then = kind_of(now.st_mode)
     else:
         then = "another inode"
-    return Moved("the venv changed while it was archived (a process of the build still at work?): %s was %s "
-                 "when listed and %s %s; the archive is refused" % (ascii(path), kind_of(listed.st_mode), then, when))
+    return Moved("%s was %s when listed and %s %s" % (ascii(path), kind_of(listed.st_mode), then, when))
 
 
 def now_at(dir_fd, name):
@@ -119,9 +122,13 @@ def still_there(dir_fd, name, path, listed):
         raise moved(path, listed, now, "once it was archived")
 
 
-def record(out, kind, path, mode, payload):
+def header(out, kind, path, mode, size):
     p = path.encode("utf-8", "surrogateescape")
-    out.write(kind + struct.pack(">H", len(p)) + p + struct.pack(">HQ", mode, len(payload)))
+    out.write(kind + struct.pack(">H", len(p)) + p + struct.pack(">HQ", mode, size))
+
+
+def record(out, kind, path, mode, payload):
+    header(out, kind, path, mode, len(payload))
     out.write(payload)
 
 
@@ -153,8 +160,7 @@ def file_record(out, dir_fd, name, path, listed):
     try:
         size = st.st_size
         mode = 0o755 if st.st_mode & 0o111 else 0o644
-        p = path.encode("utf-8", "surrogateescape")
-        out.write(b"f" + struct.pack(">H", len(p)) + p + struct.pack(">HQ", mode, size))
+        header(out, b"f", path, mode, size)
         left = size
         while left:
             chunk = os.read(fd, min(left, CHUNK))
@@ -164,9 +170,7 @@ def file_record(out, dir_fd, name, path, listed):
             left -= len(chunk)
         after = os.fstat(fd)
         if left or (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != (size, st.st_mtime_ns, st.st_ctime_ns):
-            raise Moved("the venv changed while it was archived (a process of the build still at work?): %s "
-                        "changed while its bytes were read (%d bytes, then %d); the archive is refused"
-                        % (ascii(path), size, after.st_size))
+            raise Moved("%s changed while its bytes were read (%d bytes, then %d)" % (ascii(path), size, after.st_size))
     finally:
         os.close(fd)
     still_there(dir_fd, name, path, listed)
@@ -207,8 +211,7 @@ def entries(dir_fd, prefix):
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
-            raise Moved("the venv changed while it was archived (a process of the build still at work?): %s was "
-                        "listed and gone when examined; the archive is refused" % ascii(path)) from None
+            raise Moved("%s was listed and gone when examined" % ascii(path)) from None
         found.append((name, path, st))
     return found
 
