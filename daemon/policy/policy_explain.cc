@@ -88,6 +88,8 @@ constexpr ValueName kPersonalities[] = {
 
 constexpr ValueName kIoctlRequests[] = {
     {0x5412, "TIOCSTI"},
+    {0x541C, "TIOCLINUX"},
+    {0x5423, "TIOCSETD"},
 };
 
 struct ArgNames {

@@ -734,6 +734,10 @@ class DefaultProfileBehaviour : public ::testing::Test {
       rep.record("ioctl(TIOCSTI|1<<32)", ::syscall(SYS_ioctl, -1, TIOCSTI | (1ul << 32), nullptr));
       rep.record("ioctl(TIOCSTI|0xffffffff<<32)",
                  ::syscall(SYS_ioctl, -1, TIOCSTI | 0xffffffff00000000ul, nullptr));
+      rep.record("ioctl(TIOCLINUX)", ::syscall(SYS_ioctl, -1, TIOCLINUX, nullptr));
+      rep.record("ioctl(TIOCLINUX|1<<32)", ::syscall(SYS_ioctl, -1, TIOCLINUX | (1ul << 32), nullptr));
+      rep.record("ioctl(TIOCSETD)", ::syscall(SYS_ioctl, -1, TIOCSETD, nullptr));
+      rep.record("ioctl(TIOCSETD|1<<32)", ::syscall(SYS_ioctl, -1, TIOCSETD | (1ul << 32), nullptr));
       rep.record("mbind", ::syscall(SYS_mbind, nullptr, 0, 0, nullptr, 0, 0));
       {
         // Out-of-band data and zero-copy sends on a real AF_UNIX pair (the
@@ -788,18 +792,26 @@ class DefaultProfileBehaviour : public ::testing::Test {
       rep.record("inotify_init1", ::syscall(SYS_inotify_init1, ~0));
       rep.record("syscall 1000", ::syscall(1000));
       rep.record("personality(ADDR_NO_RANDOMIZE)", ::syscall(SYS_personality, ADDR_NO_RANDOMIZE));
+      rep.record("personality(READ_IMPLIES_EXEC)", ::syscall(SYS_personality, READ_IMPLIES_EXEC));
+      rep.record("personality(PER_LINUX32)", ::syscall(SYS_personality, PER_LINUX32));
+      rep.record("personality(UNAME26)", ::syscall(SYS_personality, UNAME26));
+      rep.record("personality(query|1<<32)", ::syscall(SYS_personality, 0xfffffffful | (1ul << 32)));
       rep.record("fcntl(F_GETFD|1<<32)", ::syscall(SYS_fcntl, -1, (1ul << 32) | F_GETFD, 0));
 
       // Allowed: reaches the kernel, which answers EBADF for fd -1.
       rep.record("ioctl(TCGETS)", ::syscall(SYS_ioctl, -1, TCGETS, nullptr));
       rep.record("ioctl(FIONREAD)", ::syscall(SYS_ioctl, -1, FIONREAD, nullptr));
       rep.record("ioctl(TIOCSTI^1)", ::syscall(SYS_ioctl, -1, TIOCSTI ^ 1, nullptr));
+      rep.record("ioctl(TIOCGETD)", ::syscall(SYS_ioctl, -1, TIOCGETD, nullptr));
+      rep.record("ioctl(TIOCLINUX^1)", ::syscall(SYS_ioctl, -1, TIOCLINUX ^ 1, nullptr));
+      rep.record("ioctl(TIOCSETD^0x20)", ::syscall(SYS_ioctl, -1, TIOCSETD ^ 0x20, nullptr));
       rep.record("ioctl(0xffffffff)", ::syscall(SYS_ioctl, -1, 0xfffffffful, nullptr));
       rep.record("fcntl(F_GETFD)", ::syscall(SYS_fcntl, -1, F_GETFD, 0));
       rep.record("fcntl(F_SETLK)", ::syscall(SYS_fcntl, -1, F_SETLK, nullptr));
 
       // Allowed and working.
       rep.record("personality(query)", ::syscall(SYS_personality, 0xffffffff));
+      rep.record("personality(PER_LINUX)", ::syscall(SYS_personality, PER_LINUX));
       for (const auto& [name, family, protocol] :
            std::initializer_list<std::tuple<const char*, int, int>>{
                {"socket(AF_UNIX)", AF_UNIX, 0},
@@ -886,6 +898,7 @@ TEST_F(DefaultProfileBehaviour, BasicsWork) {
   EXPECT_EQ(err("open"), 0);
   EXPECT_EQ(err("memfd_create"), 0);
   EXPECT_EQ(err("personality(query)"), 0);
+  EXPECT_EQ(err("personality(PER_LINUX)"), 0);
   EXPECT_EQ(err("seccomp(GET_ACTION_AVAIL)"), 0);
 }
 
@@ -913,7 +926,9 @@ TEST_F(DefaultProfileBehaviour, PlainForkAndThreadsWork) {
 
 TEST_F(DefaultProfileBehaviour, Clone3AndUnlistedSyscallsGetEnosys) {
   for (const char* what : {"clone3", "vmsplice", "inotify_init1", "syscall 1000",
-                           "personality(ADDR_NO_RANDOMIZE)", "fcntl(F_GETFD|1<<32)"}) {
+                           "personality(ADDR_NO_RANDOMIZE)", "personality(READ_IMPLIES_EXEC)",
+                           "personality(PER_LINUX32)", "personality(UNAME26)", "personality(query|1<<32)",
+                           "fcntl(F_GETFD|1<<32)"}) {
     EXPECT_EQ(err(what), ENOSYS) << what << " returned " << ret(what);
   }
 }
@@ -937,9 +952,15 @@ TEST_F(DefaultProfileBehaviour, IoctlTiocstiRefusedWhateverTheHighBits) {
   EXPECT_EQ(err("ioctl(TIOCSTI)"), EPERM);
   EXPECT_EQ(err("ioctl(TIOCSTI|1<<32)"), EPERM);
   EXPECT_EQ(err("ioctl(TIOCSTI|0xffffffff<<32)"), EPERM);
-  for (const char* what : {"ioctl(TCGETS)", "ioctl(FIONREAD)", "ioctl(TIOCSTI^1)", "ioctl(0xffffffff)"}) {
+  for (const char* what : {"ioctl(TCGETS)", "ioctl(FIONREAD)", "ioctl(TIOCSTI^1)", "ioctl(0xffffffff)",
+                           "ioctl(TIOCGETD)", "ioctl(TIOCLINUX^1)", "ioctl(TIOCSETD^0x20)"}) {
     EXPECT_EQ(err(what), EBADF) << what;
   }
+}
+
+TEST_F(DefaultProfileBehaviour, ConsolePasteAndLineDisciplineIoctlsRefusedWhateverTheHighBits) {
+  for (const char* what : {"ioctl(TIOCLINUX)", "ioctl(TIOCLINUX|1<<32)", "ioctl(TIOCSETD)", "ioctl(TIOCSETD|1<<32)"})
+    EXPECT_EQ(err(what), EPERM) << what << " returned " << ret(what);
 }
 
 TEST_F(DefaultProfileBehaviour, OutOfBandAndZeroCopyRefusedOnEverySendAndReceive) {
