@@ -129,29 +129,16 @@ constexpr std::size_t kReadChunk = 256u << 10;
 // scattered through the heap, below live data, where free() cannot return them.
 constexpr std::size_t kTrimAfterBytes = 1u << 20;
 
+PoolLimits pool_limits(const DaemonConfig& c) {
+  return PoolLimits{.buffered_bytes = c.max_buffered_bytes,
+                    .byte_floor = c.max_frame_bytes,
+                    .allowance = kConnectionAllowance,
+                    .connections = c.max_connections,
+                    .running = c.max_concurrent_runs,
+                    .queued = c.max_queued_runs};
+}
+
 }  // namespace
-
-bool BudgetHold::try_take(std::size_t n) {
-  std::size_t more = charged_for(bytes_ + n) - charged_for(bytes_);
-  // Within the connection's own allowance nothing is charged: always fits,
-  // even when answers have pushed the budget past its limit.
-  if (more != 0 && (more > budget_.limit || budget_.charged > budget_.limit - more)) return false;
-  take(n);
-  return true;
-}
-
-void BudgetHold::take(std::size_t n) {
-  budget_.charged += charged_for(bytes_ + n) - charged_for(bytes_);
-  budget_.held += n;
-  bytes_ += n;
-}
-
-void BudgetHold::release(std::size_t n) {
-  n = std::min(n, bytes_);
-  budget_.charged -= charged_for(bytes_) - charged_for(bytes_ - n);
-  budget_.held -= n;
-  bytes_ -= n;
-}
 
 bool LogThrottle::admit(std::uint64_t* suppressed) {
   auto now = std::chrono::steady_clock::now();
@@ -213,7 +200,8 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
       config_path_(std::move(config_path)),
       cfg_(std::move(cfg)),
       link_(std::move(link)),
-      local_(std::make_unique<LocalBackend>(io, *link_, cfg_.max_concurrent_runs, cfg_.max_queued_runs)),
+      shares_(pool_limits(cfg_)),
+      local_(std::make_unique<LocalBackend>(io, *link_, shares_)),
       policies_(std::move(policies)),
       signals_(io, SIGTERM, SIGINT) {
   runner_path_ = find_runner(cfg_.runner_path);
@@ -222,7 +210,9 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
                   [](const auto& kv) { return kv.second->packages.enabled; }))
     local_->open_venv_cache(cfg_.venvs.cache_dir, cfg_.venvs.max_bytes);
   if (cfg_.e2b.enabled) e2b_ = std::make_unique<E2BBackend>(io_, cfg_.e2b);
-  budget_.limit = cfg_.max_buffered_bytes;
+  // A peer's first connection or its last one changes every share: runs
+  // queued past the old share may start.
+  shares_.on_peers_changed = [this] { local_->shares_changed(); };
   link_->on_reload = [this](bool applied, UniqueFd sources, UniqueFd key) {
     if (applied) return reload(std::move(sources), std::move(key));
     // The spawner kept its set (its log says why): so does this side, and
@@ -312,21 +302,39 @@ asio::awaitable<void> Server::accept_loop() {
                                               "uid " + std::to_string(peer.uid) + " is not allowed to use this daemon"));
       continue;
     }
-    if (connections_open_ >= cfg_.max_connections) {
+    // The connection's place among max_connections, by peer: refused when
+    // they are all taken and this peer holds its share (or no peer holds
+    // more than its own); a peer over its share may give one up for it.
+    auto state = std::make_shared<ConnState>();
+    std::unique_ptr<PeerConn> conn = shares_.open(peer.uid, [state] {
+      asio::error_code ignored;
+      if (state->sock) state->sock->cancel(ignored);
+    });
+    if (!conn) {
       ++refused_connections_;
       std::uint64_t left_out = 0;
       if (refusal_log_.admit(&left_out))
-        spdlog::warn("refused a connection of uid={} pid={}: {} connections open (max_connections) ({} similar "
-                     "messages left out)",
-                     peer.uid, peer.pid, connections_open_, left_out);
+        spdlog::warn("refused a connection of uid={} pid={}: {} connections open (max_connections), {} of this peer "
+                     "({} similar messages left out)",
+                     peer.uid, peer.pid, shares_.connections(), shares_.connections(peer.uid), left_out);
       refuse_now(sock, protocol::encode_error("", ErrorCode::Busy,
-                                              "too many connections open (" + std::to_string(connections_open_) +
-                                                  ", max_connections); retry later; closing"));
+                                              "too many connections open (" + std::to_string(shares_.connections()) +
+                                                  ", max_connections; " + share_words(peer.uid) +
+                                                  "); retry later; closing"));
       continue;
     }
     ++connections_open_;
-    asio::co_spawn(io_, serve(std::move(sock), std::move(peer)), asio::detached);
+    asio::co_spawn(io_, serve(std::move(sock), std::move(peer), std::move(conn), std::move(state)), asio::detached);
   }
+}
+
+std::string Server::share_words(uid_t uid) const {
+  const PoolLimits& l = shares_.limits();
+  return "peer uid " + std::to_string(uid) + " holds " + std::to_string(shares_.connections(uid)) + " connections and " +
+         format_size(shares_.charged(uid)) + " of request data; its share is " +
+         std::to_string(shares_.connection_share()) + " of max_connections " + std::to_string(l.connections) + " and " +
+         format_size(shares_.byte_share()) + " of max_buffered_bytes " + format_size(l.buffered_bytes) +
+         ", shared by " + std::to_string(shares_.peers()) + (shares_.peers() == 1 ? " peer" : " peers");
 }
 
 void Server::refuse_now(socket_t& sock, const std::string& line) {
@@ -353,7 +361,7 @@ asio::awaitable<bool> Server::write_line(socket_t& sock, const std::string& line
   co_return !ec;
 }
 
-asio::awaitable<std::optional<std::size_t>> Server::read_line(socket_t& sock, LineBuffer& buf, BudgetHold& hold, std::string* closing) {
+asio::awaitable<std::optional<std::size_t>> Server::read_line(socket_t& sock, LineBuffer& buf, PeerConn& hold, std::string* closing) {
   closing->clear();
   // One deadline for the whole line, from the moment the daemon starts
   // waiting for it: a line trickled in byte by byte is bounded too, and so
@@ -376,24 +384,35 @@ asio::awaitable<std::optional<std::size_t>> Server::read_line(socket_t& sock, Li
     // whole chunk of the shared budget meanwhile, which refused another
     // connection's maximal line whenever the two overlapped.
     if (hold.bytes() < kConnectionAllowance) want = std::min(want, kConnectionAllowance - hold.bytes());
-    bool took = hold.try_take(want);
-    if (!took) {
+    PeerConn::Take took = hold.try_take(want);
+    if (took != PeerConn::Take::Taken) {
       // With the budget spent, a read still fits in what is left of this
       // connection's own allowance, which needs no budget: a small request
       // is served all the same.
-      want = std::min(want, kConnectionAllowance - std::min(kConnectionAllowance, hold.bytes()));
-      took = want > 0 && hold.try_take(want);
+      const std::size_t small = std::min(want, kConnectionAllowance - std::min(kConnectionAllowance, hold.bytes()));
+      if (small > 0 && hold.try_take(small) == PeerConn::Take::Taken) {
+        want = small;
+        took = PeerConn::Take::Taken;
+      }
     }
-    if (!took) {
+    if (hold.gave_up() != PeerConn::GaveUp::No) break;
+    if (took != PeerConn::Take::Taken) {
       ++refused_budget_;
       std::uint64_t left_out = 0;
       if (budget_log_.admit(&left_out))
-        spdlog::warn("refused a request: {} bytes buffered for all connections, max_buffered_bytes is {} ({} similar "
-                     "messages left out)",
-                     budget_.held, budget_.limit, left_out);
-      *closing = protocol::encode_error("", ErrorCode::Busy,
-                                        "the daemon holds too much request data (max_buffered_bytes " +
-                                            format_size(budget_.limit) + "); retry later; closing");
+        spdlog::warn("refused a request of uid={}: {} bytes buffered for all connections, max_buffered_bytes is {}, "
+                     "{} charged to this peer, its share {} ({} similar messages left out)",
+                     hold.uid(), shares_.held(), shares_.limits().buffered_bytes, shares_.charged(hold.uid()),
+                     shares_.byte_share(), left_out);
+      // A peer alone (or every peer within its share) is told the daemon
+      // is full; a peer over its share, that it is.
+      const bool share = took == PeerConn::Take::OverShare && shares_.peers() > 1;
+      *closing = protocol::encode_error(
+          "", ErrorCode::Busy,
+          (share ? "this peer holds its share of the request data the daemon buffers (" + share_words(hold.uid()) + ")"
+                 : "the daemon holds too much request data (max_buffered_bytes " +
+                       format_size(shares_.limits().buffered_bytes) + ")") +
+              "; retry later; closing");
       co_return std::nullopt;
     }
     if (!buf.reserve(buf.size + want, cap)) {
@@ -412,33 +431,49 @@ asio::awaitable<std::optional<std::size_t>> Server::read_line(socket_t& sock, Li
     auto [ec, n] = std::get<0>(res);
     hold.release(want - n);
     buf.size += n;
+    if (hold.gave_up() != PeerConn::GaveUp::No) break;  // its read was cancelled
     if (ec) {
       if (ec == asio::error::eof && buf.size > 0)
         *closing = protocol::encode_error("", ErrorCode::BadRequest, "connection closed in the middle of a request line");
       co_return std::nullopt;  // eof between requests, reset, ...: just close
     }
   }
+  if (hold.gave_up() != PeerConn::GaveUp::No) {
+    // Its place went to another peer's connection or request line: what it
+    // held is given back already.
+    *closing = protocol::encode_error(
+        "", ErrorCode::Busy,
+        std::string(hold.gave_up() == PeerConn::GaveUp::Connection
+                        ? "this connection gave its place up to another peer's: max_connections were all open"
+                        : "this request line gave its place up to another peer's: max_buffered_bytes was full") +
+            ", and this peer held more than its share (" + share_words(hold.uid()) + "); retry later; closing");
+    co_return std::nullopt;
+  }
   *closing = protocol::encode_error("", ErrorCode::TooLarge, "request larger than " + format_size(cfg_.max_frame_bytes) + "; closing");
   co_return std::nullopt;
 }
 
-asio::awaitable<void> Server::serve(socket_t sock, Peer peer) {
+asio::awaitable<void> Server::serve(socket_t sock, Peer peer, std::unique_ptr<PeerConn> conn,
+                                    std::shared_ptr<ConnState> state) {
   struct Open {
     Server* s;
     socket_t* sock;
+    ConnState& state;
     ~Open() {
       --s->connections_open_;
       s->open_sockets_.erase(sock);
+      state.sock = nullptr;
     }
-  } open{this, &sock};
+  } open{this, &sock, *state};
   open_sockets_.insert(&sock);
+  state->sock = &sock;
   // Everything this connection holds is charged to the budget, until it
   // ends: the line being read, the request being handled (its decoded form
   // and the sandbox's stdin are about the size of the line), the answer
   // being written. Past the budget, new request bytes are refused; answers
   // of runs that happened are never refused, and they are bounded by the
-  // runs (slots and queue).
-  BudgetHold hold(budget_);
+  // runs (slots and queue). The budget is shared by peers (FairShare).
+  PeerConn& hold = *conn;
   LineBuffer buf;
   // One bad peer must never take the daemon down: everything is caught here.
   try {
@@ -448,7 +483,11 @@ asio::awaitable<void> Server::serve(socket_t sock, Peer peer) {
         co_return;
       }
       std::string closing;
+      // While it reads a request, the connection holds nothing of a run:
+      // it may give its place up to another peer's.
+      hold.set_reading(true);
       std::optional<std::size_t> line = co_await read_line(sock, buf, hold, &closing);
+      hold.set_reading(false);
       if (!line) {
         // What was read is given back before the last line goes out: a
         // peer that does not read it must not keep the budget meanwhile.
@@ -515,11 +554,15 @@ asio::awaitable<std::string> Server::run_request(const protocol::Request& req, c
   // never refused: their run happened). Meanwhile what is held stays below
   // the budget plus one answer per run in flight; the client is told why.
   if (shutting_down_) co_return protocol::encode_error(req.id, ErrorCode::Unavailable, "the daemon is shutting down");
-  if (budget_.charged >= budget_.limit) {
+  if (shares_.charged(peer.uid) >= shares_.byte_share()) {
     ++rejected_busy_;
-    co_return protocol::encode_error(req.id, ErrorCode::Busy,
-                                     "answers not yet read by their clients fill max_buffered_bytes (" +
-                                         format_size(budget_.limit) + "); retry later");
+    co_return protocol::encode_error(
+        req.id, ErrorCode::Busy,
+        shares_.peers() == 1
+            ? "answers not yet read by their clients fill max_buffered_bytes (" +
+                  format_size(shares_.limits().buffered_bytes) + "); retry later"
+            : "answers not yet read by this peer's connections fill its share of max_buffered_bytes (" +
+                  share_words(peer.uid) + "); retry later");
   }
 
   PreparedRun p;
@@ -582,6 +625,19 @@ asio::awaitable<std::string> Server::run_request(const protocol::Request& req, c
   co_return line;
 }
 
+json Server::fairness_json() const {
+  // Each share as it is now (FairShare: max(pool / peers, floor)), and what
+  // peers over their share gave up for others since start.
+  json shares = {{"connections", shares_.connection_share()},
+                 {"buffered_bytes", shares_.byte_share()},
+                 {"runs", shares_.run_share()},
+                 {"queued_runs", shares_.queue_share()}};
+  json given_up = {{"connections", shares_.connections_given_up()},
+                   {"request_lines", shares_.lines_given_up()},
+                   {"queued_runs", shares_.queued_runs_given_up()}};
+  return {{"peers", shares_.peers()}, {"shares", std::move(shares)}, {"given_up", std::move(given_up)}};
+}
+
 json Server::status_json(json warm_pool) const {
   json totals = json::object();
   for (const auto& [k, v] : totals_) totals[k] = v;
@@ -600,7 +656,8 @@ json Server::status_json(json warm_pool) const {
           {"max_connections", cfg_.max_connections},
           {"refused_connections", refused_connections_},
           {"refused_budget", refused_budget_},
-          {"buffered_bytes", budget_.held},
+          {"buffered_bytes", shares_.held()},
+          {"fairness", fairness_json()},
           {"max_buffered_bytes", cfg_.max_buffered_bytes},
           {"write_timeouts", write_timeouts_},
           {"abandoned_in_queue", local_->abandoned_in_queue()},
@@ -657,8 +714,8 @@ void Server::reload(UniqueFd sources, UniqueFd e2b_key) {
   // Connections already open stay; a lower max_connections only refuses
   // new ones. A larger max_concurrent_runs starts queued runs now; a
   // smaller one lets the runs in flight finish.
-  budget_.limit = cfg_.max_buffered_bytes;
-  local_->set_limits(cfg_.max_concurrent_runs, cfg_.max_queued_runs);
+  shares_.set_limits(pool_limits(cfg_));
+  local_->shares_changed();
   // A policy that now installs packages: the cache opens (its place and cap
   // are read at start only, as the engine's settings).
   if (std::any_of(policies_->policies.begin(), policies_->policies.end(),

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/frontend/admission/fair_share.h"
 #include "daemon/policy/config.h"
 #include "daemon/frontend/local/local_backend.h"
 #include "daemon/frontend/pipeline/pipeline.h"
@@ -30,36 +31,6 @@
 namespace tsb::core {
 
 class E2BBackend;
-
-// Bytes held by all connections (request lines being read, requests being
-// handled, answers being written) against max_buffered_bytes. Each
-// connection's first kConnectionAllowance bytes are not charged.
-struct BufferBudget {
-  std::size_t limit = 0;
-  std::size_t charged = 0;  // beyond the allowances: what the limit applies to
-  std::size_t held = 0;     // everything, allowances included (status)
-};
-
-// One connection's share of the budget; gives it all back when destroyed.
-class BudgetHold {
- public:
-  explicit BudgetHold(BufferBudget& b) : budget_(b) {}
-  ~BudgetHold() { release(bytes_); }
-  BudgetHold(const BudgetHold&) = delete;
-  BudgetHold& operator=(const BudgetHold&) = delete;
-
-  // Takes n more bytes if the budget has room for them; false otherwise.
-  bool try_take(std::size_t n);
-  // Takes n more bytes even past the limit (an answer that already exists).
-  void take(std::size_t n);
-  void release(std::size_t n);
-  std::size_t bytes() const noexcept { return bytes_; }
-
- private:
-  static std::size_t charged_for(std::size_t b) { return b > kConnectionAllowance ? b - kConnectionAllowance : 0; }
-  BufferBudget& budget_;
-  std::size_t bytes_ = 0;
-};
 
 // At most one log line per interval for an event that can repeat fast (an
 // accept that fails, refusals under a flood), with the count left out.
@@ -96,12 +67,20 @@ class Server {
   asio::awaitable<void> accept_loop();
   // Refusals at accept time: one error line, sent without blocking, then close.
   void refuse_now(socket_t& sock, const std::string& line);
-  asio::awaitable<void> serve(socket_t sock, Peer peer);
+  // What closes a connection that gives its place up to another peer
+  // (FairShare): its socket's pending read is cancelled.
+  struct ConnState {
+    socket_t* sock = nullptr;
+  };
+  asio::awaitable<void> serve(socket_t sock, Peer peer, std::unique_ptr<PeerConn> conn, std::shared_ptr<ConnState> state);
   // Reads one request line into `buf` within request_timeout, drawing on the
   // budget. Returns its length (before the '\n'), or nothing when the
   // connection is to be closed after *closing (if not empty) is sent.
   struct LineBuffer;
-  asio::awaitable<std::optional<std::size_t>> read_line(socket_t& sock, LineBuffer& buf, BudgetHold& hold, std::string* closing);
+  asio::awaitable<std::optional<std::size_t>> read_line(socket_t& sock, LineBuffer& buf, PeerConn& hold, std::string* closing);
+  // Why a connection was refused or closed for what its peer holds
+  // (FairShare), for its closing line.
+  std::string share_words(uid_t uid) const;
   // Writes within write_timeout; false when the peer did not take it in time
   // or the connection failed: the caller then closes.
   asio::awaitable<bool> write_line(socket_t& sock, const std::string& line);
@@ -119,6 +98,8 @@ class Server {
   void notify_ready(std::string_view status);
   // `warm_pool`: the spawner's answer (LocalBackend::warm_status).
   nlohmann::json status_json(nlohmann::json warm_pool) const;
+  // status "fairness": the peers and their shares.
+  nlohmann::json fairness_json() const;
 
   // Completes only when the peer has closed its end entirely (true), or
   // when cancelled (false).
@@ -128,6 +109,8 @@ class Server {
   std::string config_path_;
   DaemonConfig cfg_;
   std::unique_ptr<SpawnerLink> link_;
+  // The connections, request bytes, run slots and queue, shared by peers.
+  FairShare shares_;
   std::unique_ptr<LocalBackend> local_;
   std::shared_ptr<const PolicySet> policies_;
   std::string runner_path_;
@@ -145,7 +128,6 @@ class Server {
   std::uint64_t refused_budget_ = 0;       // over max_buffered_bytes
   std::uint64_t write_timeouts_ = 0;
   std::uint64_t accept_errors_ = 0;
-  BufferBudget budget_;
   LogThrottle accept_log_{std::chrono::seconds(5)};
   // One throttle per kind of event, so that a flood of one cannot hide
   // the others: at most one line per 5 s each, with the count left out.

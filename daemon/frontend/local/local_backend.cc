@@ -296,20 +296,17 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun&
   co_return o;
 }
 
-LocalBackend::LocalBackend(asio::io_context& io, SpawnerLink& link, unsigned max_concurrent, unsigned max_queued)
-    : io_(io), link_(link), max_concurrent_(max_concurrent), max_queued_(max_queued), egress_(io) {}
+LocalBackend::LocalBackend(asio::io_context& io, SpawnerLink& link, FairShare& shares)
+    : io_(io), link_(link), shares_(shares), egress_(io) {}
 
 LocalBackend::~LocalBackend() = default;
 
-void LocalBackend::set_limits(unsigned max_concurrent, unsigned max_queued) {
-  max_concurrent_ = max_concurrent;
-  max_queued_ = max_queued;
-  grant_waiting();
-}
-
 void LocalBackend::stop_taking_runs() {
   stopping_ = true;
-  for (auto& w : waiters_) w->timer.cancel();  // not granted: they answer `unavailable`
+  for (auto& [id, w] : waiters_) {
+    shares_.leave_queue(id);
+    w->timer.cancel();  // not granted: they answer `unavailable`
+  }
   waiters_.clear();
 }
 
@@ -369,25 +366,36 @@ asio::awaitable<LocalBackend::Slot> LocalBackend::acquire_slot(const PreparedRun
     ++abandoned_in_queue_;
     co_return Slot::ClientGone;
   }
-  if (in_flight_ < max_concurrent_ && waiters_.empty()) {
-    ++in_flight_;
-    co_return Slot::Granted;
+  const std::uint64_t id = ++next_waiter_;
+  const FairShare::Admission a = shares_.admit_run(p.peer.uid, id);
+  if (a.dropped)
+    if (auto it = waiters_.find(*a.dropped); it != waiters_.end()) {
+      it->second->gave_up = true;
+      it->second->timer.cancel();
+      waiters_.erase(it);
+    }
+  switch (a.admit) {
+    case FairShare::Admit::Start: co_return Slot::Granted;
+    case FairShare::Admit::BusyShare: co_return Slot::BusyShare;
+    case FairShare::Admit::BusyFull: co_return Slot::Busy;
+    case FairShare::Admit::Queue: break;
   }
-  if (waiters_.size() >= max_queued_) co_return Slot::Busy;
   auto w = std::make_shared<Waiter>(io_);
-  waiters_.push_back(w);
-  // The timer is cancelled by grant_waiting (a slot), by shutdown (none) or
-  // by the run's cancel signal (the client went away).
+  waiters_[id] = w;
+  // The timer is cancelled by grant_waiting (a slot), by shutdown (none),
+  // by another peer's run taking its place (none) or by the run's cancel
+  // signal (the client went away).
   {
     CancelHook hook(*p.cancel, [w] { w->timer.cancel(); });
     co_await w->timer.async_wait(tuple_awaitable);
   }
   const bool gone = p.cancel->requested() || p.client_gone();
   if (!w->granted) {
-    // Not granted: still queued when the client left (remove it), or
-    // woken by shutdown (which already emptied the queue).
-    auto it = std::find(waiters_.begin(), waiters_.end(), w);
-    if (it != waiters_.end()) waiters_.erase(it);
+    // Not granted: still queued when the client left (it leaves), or its
+    // place given to another peer's run, or woken by shutdown (both of
+    // which took it out of the queue already).
+    if (waiters_.erase(id) != 0) shares_.leave_queue(id);
+    if (w->gave_up) co_return Slot::GaveUp;
     if (gone) {
       ++abandoned_in_queue_;
       co_return Slot::ClientGone;
@@ -395,32 +403,44 @@ asio::awaitable<LocalBackend::Slot> LocalBackend::acquire_slot(const PreparedRun
     co_return Slot::ShuttingDown;
   }
   if (gone) {
-    release_slot();  // the slot it was handed passes on
+    release_slot(p.peer.uid);  // the slot it was handed passes on
     ++abandoned_in_queue_;
     co_return Slot::ClientGone;
   }
   if (stopping_) {
-    release_slot();  // the slot it was handed goes back: nothing new starts
+    release_slot(p.peer.uid);  // the slot it was handed goes back: nothing new starts
     co_return Slot::ShuttingDown;
   }
   co_return Slot::Granted;
 }
 
-void LocalBackend::release_slot() {
-  --in_flight_;
+void LocalBackend::release_slot(uid_t uid) {
+  shares_.run_ended(uid);
   grant_waiting();
 }
 
 void LocalBackend::grant_waiting() {
-  // Oldest first. After a reload lowered max_concurrent_runs, nothing is
-  // handed on until the runs in flight are below the new limit.
-  while (!stopping_ && in_flight_ < max_concurrent_ && !waiters_.empty()) {
-    auto w = waiters_.front();
-    waiters_.pop_front();
-    ++in_flight_;
-    w->granted = true;
-    w->timer.cancel();
+  // In the order of the shares (fair_share.h): the waiting peer with the
+  // fewest runs first, below its share. After a reload lowered
+  // max_concurrent_runs, nothing is handed on until the runs in flight are
+  // below the new limit.
+  while (!stopping_) {
+    std::optional<std::uint64_t> id = shares_.next_run();
+    if (!id) break;
+    auto it = waiters_.find(*id);
+    if (it == waiters_.end()) continue;  // never: both are updated together
+    it->second->granted = true;
+    it->second->timer.cancel();
+    waiters_.erase(it);
   }
+}
+
+std::string LocalBackend::share_words(uid_t uid) const {
+  return "peer uid " + std::to_string(uid) + " has " + std::to_string(shares_.queued(uid)) + " runs queued and " +
+         std::to_string(shares_.running(uid)) + " running; its share is " + std::to_string(shares_.queue_share()) +
+         " of max_queued_runs " + std::to_string(shares_.limits().queued) + " and " +
+         std::to_string(shares_.run_share()) + " of max_concurrent_runs " + std::to_string(shares_.limits().running) +
+         ", shared by " + std::to_string(shares_.peers()) + " peers";
 }
 
 RequirementRules LocalBackend::requirement_rules(const Policy& pol) const {
@@ -482,8 +502,18 @@ asio::awaitable<std::optional<Refusal>> LocalBackend::take_slot(PreparedRun& p) 
                    q(p.request->id), p.peer.uid, p.peer.pid, q(c.organization_id), q(c.tool_name));
       co_return Refusal{ErrorCode::Unavailable, "the client disconnected before the run started"};
     case Slot::Busy:
-      co_return Refusal{ErrorCode::Busy, "too many runs in flight (" + std::to_string(in_flight_) + " running, " +
-                                             std::to_string(waiters_.size()) + " queued); retry later"};
+      co_return Refusal{ErrorCode::Busy, "too many runs in flight (" + std::to_string(shares_.running()) +
+                                             " running, " + std::to_string(shares_.queued()) + " queued); retry later"};
+    case Slot::BusyShare:
+      if (shares_.peers() == 1)  // its share is the whole queue
+        co_return Refusal{ErrorCode::Busy, "too many runs in flight (" + std::to_string(shares_.running()) +
+                                               " running, " + std::to_string(shares_.queued()) + " queued); retry later"};
+      co_return Refusal{ErrorCode::Busy, "this peer holds its share of the run queue (" + share_words(p.peer.uid) +
+                                             "); retry later"};
+    case Slot::GaveUp:
+      co_return Refusal{ErrorCode::Busy, "the run queue filled up and this peer held more than its share of it (" +
+                                             share_words(p.peer.uid) +
+                                             "): this queued run gave its place up to another peer's; retry later"};
     case Slot::ShuttingDown: break;
   }
   co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
@@ -585,7 +615,7 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   if ((out.refused = co_await take_slot(p))) co_return out;
   // The slot goes back once the pipeline has recorded the run (or when
   // `out` is dropped on any other path).
-  out.held = std::shared_ptr<void>(nullptr, [this](void*) { release_slot(); });
+  out.held = std::shared_ptr<void>(nullptr, [this, uid = p.peer.uid](void*) { release_slot(uid); });
 
   live_.insert(p.cancel);
   // Out of live_ however the run ends (an exception too): shutdown waits

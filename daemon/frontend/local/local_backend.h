@@ -2,10 +2,12 @@
 // built by the root spawner (daemon/frontend/local/spawner_link.h), under the front
 // end's run slots.
 //
-// Run slots: at most max_concurrent_runs run, at most max_queued_runs wait;
+// Run slots: at most max_concurrent_runs run, at most max_queued_runs wait,
+// both shared fairly between peers (daemon/frontend/admission/fair_share.h);
 // beyond that a request is answered `busy` at once. A request waiting in the
 // queue leaves it, and never starts, when its client goes away (the run's
-// cancel signal); one that holds a slot has its sandbox killed.
+// cancel signal) or gives its place up to another peer's (answered `busy`);
+// one that holds a slot has its sandbox killed.
 #pragma once
 
 #include <asio/awaitable.hpp>
@@ -21,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "daemon/frontend/admission/fair_share.h"
 #include "daemon/frontend/pipeline/pipeline.h"
 #include "daemon/wire/compiled.h"
 #include "daemon/frontend/local/spawner_link.h"
@@ -32,16 +35,18 @@ namespace tsb::core {
 
 class LocalBackend final : public RunBackend {
  public:
-  LocalBackend(asio::io_context& io, SpawnerLink& link, unsigned max_concurrent, unsigned max_queued);
+  // `shares`: the run slots and queue (its limits), by peer; the server's.
+  LocalBackend(asio::io_context& io, SpawnerLink& link, FairShare& shares);
   ~LocalBackend() override;
 
   std::string_view name() const noexcept override { return "local"; }
   RequirementRules requirement_rules(const Policy& p) const override;
   asio::awaitable<BackendRun> run(PreparedRun& p) override;
 
-  // A reload: a larger max_concurrent starts queued runs now; a smaller one
-  // lets the runs in flight finish.
-  void set_limits(unsigned max_concurrent, unsigned max_queued);
+  // The shares changed (a reload of the limits, a peer came or went): a
+  // larger share starts queued runs now; a smaller one lets the runs in
+  // flight finish.
+  void shares_changed() { grant_waiting(); }
   // Shutdown, first step: nothing new starts and queued requests are told
   // the daemon is shutting down.
   void stop_taking_runs();
@@ -49,8 +54,8 @@ class LocalBackend final : public RunBackend {
   // killed, and this returns once every run has ended.
   asio::awaitable<void> finish_runs(std::chrono::steady_clock::time_point deadline);
 
-  unsigned in_flight() const noexcept { return in_flight_; }
-  std::size_t queued() const noexcept { return waiters_.size(); }
+  unsigned in_flight() const noexcept { return shares_.running(); }
+  std::size_t queued() const noexcept { return shares_.queued(); }
   std::uint64_t abandoned_in_queue() const noexcept { return abandoned_in_queue_; }
   // The engine's part of `status`.
   nlohmann::json engine_status() const;
@@ -105,25 +110,28 @@ class LocalBackend final : public RunBackend {
   asio::awaitable<VenvOutcome> venv_for(PreparedRun& p, const venv::RequirementSet& set, const std::string& key);
   asio::awaitable<VenvOutcome> build_venv(PreparedRun& p, const venv::RequirementSet& set, const std::string& key);
 
-  enum class Slot { Granted, Busy, ShuttingDown, ClientGone };
+  // Busy: the queue is full; BusyShare: the peer holds its share of it;
+  // GaveUp: queued, it gave its place up to another peer's run.
+  enum class Slot { Granted, Busy, BusyShare, GaveUp, ShuttingDown, ClientGone };
   asio::awaitable<Slot> acquire_slot(const PreparedRun& p);
-  void release_slot();
-  // Hands free slots to the oldest waiters.
+  void release_slot(uid_t uid);
+  // Hands free slots to waiters, in the order of the shares.
   void grant_waiting();
+  std::string share_words(uid_t uid) const;
 
   struct Waiter {
     asio::steady_timer timer;
-    bool granted = false;  // release_slot passed its slot to this waiter
+    bool granted = false;   // grant_waiting passed a slot to this waiter
+    bool gave_up = false;   // its place went to another peer's run
     explicit Waiter(asio::io_context& io) : timer(io, std::chrono::steady_clock::time_point::max()) {}
   };
 
   asio::io_context& io_;
   SpawnerLink& link_;
-  unsigned max_concurrent_;
-  unsigned max_queued_;
+  FairShare& shares_;
   bool stopping_ = false;
-  unsigned in_flight_ = 0;
-  std::deque<std::shared_ptr<Waiter>> waiters_;
+  std::uint64_t next_waiter_ = 0;
+  std::map<std::uint64_t, std::shared_ptr<Waiter>> waiters_;  // by the id FairShare knows them by
   // The cancel signals of the runs in flight (shutdown cancels what is left).
   std::set<std::shared_ptr<CancelSignal>> live_;
   std::uint64_t abandoned_in_queue_ = 0;
