@@ -229,6 +229,7 @@ int report_run(const isolate::RunResult& r, const core::Policy& policy, const is
     nlohmann::json j = core::run_record_json(r);
     j["policy"] = policy.name;
     j["policy_fingerprint"] = policy.fingerprint;
+    j["landlock"] = isolate::landlock_summary(r.landlock);
     j["stdout"] = r.stdout_data;
     j["stderr"] = r.stderr_data;
     std::fputs(core::dump_json(j).c_str(), stdout);

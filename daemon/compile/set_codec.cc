@@ -63,6 +63,7 @@ std::string encode_compiled_set(const CompiledSet& s) {
   w.str(e.leaf_prefix);
   w.strs(e.stale_leaves);
   w.u8(e.hide_host_paths ? 1 : 0);
+  w.u8(e.landlock ? 1 : 0);
   w.i32(e.sandbox_oom_score_adj);
   put_program(w, *s.init_filter);
   w.str(s.socket_path);

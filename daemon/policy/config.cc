@@ -169,6 +169,13 @@ Status read_engine(ObjectReader& w, const LocatedJson& doc, DaemonConfig& c) {
     if (!h->is_boolean()) return Error::invalid(we.where("hide_host_paths") + ": must be true or false");
     c.engine.hide_host_paths = h->get<bool>();
   }
+  // The tool's Landlock ruleset (docs/SECURITY.md, "Landlock"): "auto"
+  // applies what the kernel's ABI allows, "off" none.
+  if (const json* l = we.get("landlock")) {
+    if (!l->is_string() || (*l != "auto" && *l != "off"))
+      return Error::invalid(we.where("landlock") + ": must be \"auto\" or \"off\"");
+    c.engine.landlock = *l == "auto";
+  }
   // Only from 0 up: a sandbox is never less likely than an ordinary
   // process to be chosen by the OOM killer.
   TRY_SET(n, we.number("sandbox_oom_score_adj", static_cast<std::uint64_t>(c.engine.sandbox_oom_score_adj), 0, 1000));

@@ -105,6 +105,7 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
   e.leaf_prefix = r.str(kMaxName);
   e.stale_leaves = r.strs(1u << 16, kMaxName);
   e.hide_host_paths = r.flag();
+  e.landlock = r.flag();
   e.sandbox_oom_score_adj = r.i32();
   s.init_filter = get_program(r);
   s.socket_path = r.str(kMaxName);
@@ -222,6 +223,7 @@ std::string encode(const Hello& m) {
   w.str(m.cgroup_summary);
   for (bool f : {m.features.memfd_noexec, m.features.overlay_views, m.features.tcp_memory_limit, m.features.oom_score_floor})
     w.u8(f);
+  w.i32(m.features.landlock_abi);
   w.strs(m.notes);
   return w.take();
 }
@@ -285,7 +287,7 @@ std::string encode(const Ended& m) {
   for (bool f : {o.have_tool_status, o.have_setup_error, o.timed_out, o.output_exceeded, o.cpu_exceeded, o.cancelled,
                  o.backstop, o.socket_limit_reached})
     w.u8(f ? 1 : 0);
-  for (int v : {o.tool_status, o.setup_stage, o.setup_errno, o.backstop_s, o.engine_errno}) w.i32(v);
+  for (int v : {o.tool_status, o.setup_stage, o.setup_errno, o.backstop_s, o.engine_errno, o.landlock}) w.i32(v);
   w.u64(o.oom_kills);
   w.u64(o.pids_max_hits);
   w.str(o.engine_error);

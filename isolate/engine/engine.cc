@@ -256,6 +256,8 @@ void Sandbox::read_reports(Observations& o) const {
     } else if (r.kind == Report::kBackstop) {
       o.backstop = true;
       o.backstop_s = r.value;
+    } else if (r.kind == Report::kLandlock) {
+      o.landlock = r.value;
     }
   }
 }
@@ -342,6 +344,12 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
     e->startup_notes_.push_back(
         "this kernel has no vm.memfd_noexec (Linux 6.3+): a tool can execute a binary it writes to a memfd; "
         "policies that must refuse it drop memfd_create from their seccomp profile");
+  // Landlock's ABI (0: none): the init applies what it allows to every run.
+  const long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, 1u /* LANDLOCK_CREATE_RULESET_VERSION */);
+  e->features_.landlock_abi = !config.landlock ? -1 : abi > 0 ? static_cast<int>(abi) : 0;
+  if (config.landlock && abi <= 0)
+    e->startup_notes_.push_back("this kernel has no Landlock (" + std::string(std::strerror(errno)) +
+                                "): runs have no second wall behind their mounts (docs/SECURITY.md, \"Landlock\")");
   e->features_.tcp_memory_limit =
       e->core_->cgroups->mode() == CgroupMode::V2 || e->core_->cgroups->has_tcp_memory_limit();
   if (!e->features_.tcp_memory_limit)
@@ -522,6 +530,7 @@ struct Engine::Launch {
     w.i32(egress_init.get());
     w.u32(static_cast<std::uint32_t>((wall + slack).count() / 1000 + 1));
     w.u8(spec.network == NetworkMode::Host ? kNetworkHost : !egress_init ? kNetworkOwn : kNetworkEgress);
+    w.u8(engine.config_.landlock ? kLandlockAuto : 0);
     w.cstr(engine.staging_root_);
     w.cstr(spec.hostname);
     w.cstr(spec.workdir);

@@ -62,6 +62,9 @@ struct EngineConfig {
   // oom_score_adj of every sandbox process (-1000..1000): under memory
   // pressure the kernel kills runs before the daemon or anything else.
   int sandbox_oom_score_adj = 1000;
+  // The tool's Landlock ruleset, as far as the kernel's ABI goes (docs/SECURITY.md,
+  // "Landlock"); false: none (engine.landlock "off").
+  bool landlock = true;
 };
 
 // What this kernel lets the engine do, probed once by Engine::create.
@@ -70,6 +73,7 @@ struct EngineFeatures {
   bool overlay_views = false; // read-only host directories shown through overlays
   bool tcp_memory_limit = false;  // v1: memory.kmem.tcp.limit_in_bytes; v2 charges sockets to memory.max
   bool oom_score_floor = false;   // CAP_SYS_RESOURCE: a run's oom_score_adj is also its floor
+  int landlock_abi = 0;           // the Landlock ABI runs get (0: the kernel has none; -1: turned off)
 };
 
 // What the supervisor (the root spawner's loop, or isolate/supervise/supervise.h)
@@ -87,6 +91,7 @@ struct Observations {
   bool cancelled = false;
   bool backstop = false;     // the sandbox's init ended the run at its own wall-clock fence
   int backstop_s = 0;
+  int landlock = -1;  // the tool's Landlock report (isolate/engine/stage.h); -1: none came
   std::uint64_t oom_kills = 0;
   std::uint64_t pids_max_hits = 0;
   bool socket_limit_reached = false;  // v1: socket buffers reached the run's memory limit

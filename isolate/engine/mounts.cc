@@ -147,7 +147,11 @@ struct Steps {
             std::uint32_t mode = 0, bool dir = false) {
     w.u8(static_cast<std::uint8_t>(op));
     w.u8(static_cast<std::uint8_t>(e.stage));
-    w.u8((dir ? kStepDir : 0) | (e.optional ? kStepOptional : 0));
+    // Whether the mount is writable or noexec, for the tool's Landlock rules
+    // (every tmpfs is noexec, prepare_fs below).
+    const bool tmpfs = e.kind == FsEntry::kTmpfs;
+    w.u8((dir ? kStepDir : 0) | (e.optional ? kStepOptional : 0) | (tmpfs || e.kind == FsEntry::kBind ? kStepWritable : 0) |
+         (tmpfs || e.kind == FsEntry::kDev ? kStepNoExec : 0));
     w.u32(mode);
     w.i32(fd);
     w.i32(err);
@@ -260,6 +264,7 @@ Result<PreparedFs> prepare_fs(const FsTable& table, const MountContext& ctx) {
       const std::string name = e.path.substr(dev_prefix.size());
       if (name.find('/') != std::string::npos) return Error::invalid("'" + e.path + "': only names directly in /dev");
       TSB_TRY(make_in_dev(dev, name, e), "populating /dev");
+      if (e.kind == FsEntry::kDevNode) s.step(Op::kDevice, e, "", "");
       continue;
     }
     switch (e.kind) {

@@ -18,6 +18,7 @@
 //   u8    network: 0 the host's (nothing to do), 1 a namespace of its own
 //         (bring lo up), 2 egress (lo up, then a listener on
 //         127.0.0.1:kEgressProxyPort sent over the egress socket)
+//   u8    Landlock: 0 off, 1 as far as the kernel's ABI goes (kLandlockAuto)
 //   text  staging directory (where the root tmpfs is attached, a host path)
 //   text  hostname, working directory
 //   u32   the tool's uid, gid (inside the sandbox)
@@ -25,7 +26,8 @@
 //   u32   argc, then argc texts; u32 envc, then envc texts ("KEY=VALUE")
 //   bytes the tool's seccomp program, the init's seccomp program (sock_filter arrays)
 //   u32   step count, then each step:
-//           u8 Op, u8 Stage, u8 flags (kStepDir, kStepOptional), u32 mode,
+//           u8 Op, u8 Stage, u8 flags (kStepDir, kStepOptional, kStepWritable,
+//           kStepNoExec), u32 mode,
 //           i32 fd (kAttach: a detached mount, -1 with `err`; kCopyFile: a
 //           host file opened read-only), i32 err,
 //           text path (a sandbox path), text source, bytes data
@@ -59,10 +61,15 @@ enum class Op : std::uint8_t {
   kReadOnly,   // when path exists: bind it over itself, read-only
   kBootId,     // a new file at path (mode) holding a random boot id
   kCopyFile,   // a new file at path (mode) holding what the regular file fd holds, at most kMaxCopiedFileBytes
+  kDevice,     // path is a character device the engine made in the attached /dev: checked; the tool may use it
 };
-inline constexpr std::uint8_t kOpLast = static_cast<std::uint8_t>(Op::kCopyFile);
+inline constexpr std::uint8_t kOpLast = static_cast<std::uint8_t>(Op::kDevice);
 inline constexpr std::uint8_t kStepDir = 1;       // kAttach: the mount is a directory
 inline constexpr std::uint8_t kStepOptional = 2;  // kAttach with fd -1: skip instead of failing
+// What the tool may do at path, for its Landlock rules (isolate/init/landlock.h):
+inline constexpr std::uint8_t kStepWritable = 4;  // kAttach: the mount is writable
+inline constexpr std::uint8_t kStepNoExec = 8;    // kAttach: nothing on the mount can be executed
+inline constexpr std::uint8_t kLandlockAuto = 1;
 
 // Where a tool in network mode "egress" finds the daemon's proxy: a
 // listener init creates in the sandbox's network namespace, which the

@@ -41,6 +41,7 @@ enum class Stage : int {
   InitReady,       // the tool waiting until the sandbox init runs
   Plan,            // toolsandbox-init reading the plan the engine wrote
   Egress,          // the egress proxy's listener, made and handed over
+  Landlock,        // the tool's Landlock ruleset, made and enforced
   kCount
 };
 
@@ -52,6 +53,7 @@ struct Report {
     kToolStatus = 2,  // the tool ended: its wait status
     kBackstop = 3,    // init's own wall-clock backstop ended the run: value = seconds
     kEngineGone = 4,  // init saw the engine's end of the watch pipe close
+    kLandlock = 5,    // the tool's Landlock domain, before its execve: value as below
   };
   int magic;   // kReportMagic
   int kind;    // Kind
@@ -59,5 +61,8 @@ struct Report {
   int value;   // errno for kSetupError; wait status for kToolStatus; seconds for kBackstop
 };
 inline constexpr int kReportMagic = 0x7473626f;  // "tsbo"
+// A kLandlock report's value: the kernel's ABI in bits 0-7 (0: this kernel
+// has no Landlock) and the layers applied, or kLandlockOff (turned off).
+inline constexpr int kLandlockFs = 1 << 8, kLandlockNet = 1 << 9, kLandlockScope = 1 << 10, kLandlockOff = 1 << 16;
 
 }  // namespace tsb::isolate

@@ -260,6 +260,18 @@ int run_step(int root, const Step& s) noexcept {
       Fd to{::openat(dir.fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)};
       return to.fd < 0 ? -1 : mount_proc(to.fd);
     }
+    case Op::kDevice: {
+      // Made by the engine in the /dev it attached; the tool's Landlock
+      // rules let it read and write what stands here, so it must be the
+      // character device the engine made.
+      struct stat st;
+      if (::fstatat(dir.fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return -1;
+      if (!S_ISCHR(st.st_mode)) {
+        errno = ENODEV;
+        return -1;
+      }
+      return 0;
+    }
     case Op::kMask:
     case Op::kReadOnly: {
       // Only what exists is covered. A mask is an empty file or directory

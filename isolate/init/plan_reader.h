@@ -23,6 +23,8 @@ struct Step {
   Stage stage;
   bool dir;
   bool optional;
+  bool writable;  // kAttach: a writable mount (kStepWritable)
+  bool noexec;    // kAttach: a noexec mount (kStepNoExec)
   uint32_t mode;
   int fd;
   int err;
@@ -42,6 +44,7 @@ struct Plan {
   int egress_fd;  // network kNetworkEgress only; -1 otherwise
   uint32_t backstop_s;
   uint8_t network;  // kNetworkHost, kNetworkOwn, kNetworkEgress
+  uint8_t landlock;  // 0 (off) or kLandlockAuto
   const char* staging;
   const char* hostname;
   const char* workdir;
@@ -134,6 +137,7 @@ inline bool read_plan(const char* buf, size_t len, Plan* p) {
   p->egress_fd = c.i32();
   p->backstop_s = c.u32();
   p->network = c.u8();
+  p->landlock = c.u8();
   p->staging = c.cstr(true);
   p->hostname = c.cstr(true);
   p->workdir = c.cstr(true);
@@ -146,7 +150,7 @@ inline bool read_plan(const char* buf, size_t len, Plan* p) {
   // The tool is never uid or gid 0 (pid 1's) or the overflow ids; the
   // backstop is at most about half a year, as the engine computes it.
   // An egress socket exactly when the network is egress.
-  if (!c.ok() || p->network > kNetworkEgress || (p->network == kNetworkEgress) != (p->egress_fd >= 0) ||
+  if (!c.ok() || p->network > kNetworkEgress || p->landlock > kLandlockAuto || (p->network == kNetworkEgress) != (p->egress_fd >= 0) ||
       p->egress_fd < -1 || p->staging[0] != '/' || p->workdir[0] != '/' || p->hostname[0] == '\0' ||
       p->tool_uid == 0 || p->tool_uid >= 65534 || p->tool_gid == 0 || p->tool_gid >= 65534 || p->backstop_s > (1u << 24))
     return false;
@@ -160,11 +164,15 @@ inline bool read_plan(const char* buf, size_t len, Plan* p) {
   for (uint32_t i = 0; i < p->nsteps && c.ok(); ++i) {
     Step& s = p->steps[i];
     const uint8_t op = c.u8(), stage = c.u8(), flags = c.u8();
-    if (op > kOpLast || stage >= static_cast<uint8_t>(Stage::kCount) || flags > (kStepDir | kStepOptional)) return false;
+    if (op > kOpLast || stage >= static_cast<uint8_t>(Stage::kCount) ||
+        flags > (kStepDir | kStepOptional | kStepWritable | kStepNoExec))
+      return false;
     s.op = static_cast<Op>(op);
     s.stage = static_cast<Stage>(stage);
     s.dir = flags & kStepDir;
     s.optional = flags & kStepOptional;
+    s.writable = flags & kStepWritable;
+    s.noexec = flags & kStepNoExec;
     s.mode = c.u32();
     s.fd = c.i32();
     s.err = c.i32();

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "isolate/init/init.h"
+#include "isolate/init/landlock.h"
 
 namespace tsb::isolate::init {
 namespace {
@@ -128,6 +129,20 @@ int set_rlimit(int resource, uint64_t value) noexcept {
   }
 
   if (::chdir(plan.workdir) != 0) fail(Stage::Chdir);
+
+  // Landlock: a second wall behind the mounts, made from the plan's steps
+  // (isolate/init/landlock.h). After no_new_privs, which it needs, and
+  // before the filter, which refuses its system calls. A kernel without it
+  // runs as before; any other failure ends the run. What was applied goes
+  // to the run's record.
+  {
+    const int root = ::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    const int applied = root < 0 ? -1 : apply_landlock(plan, root);
+    if (applied < 0) fail(Stage::Landlock);
+    ::close(root);
+    Report r{kReportMagic, Report::kLandlock, 0, applied};
+    if (!write_all(rep, &r, sizeof r)) fail(Stage::Landlock);
+  }
 
   // Wait for pid 1: EOF once it runs with its own filter loaded. A byte
   // means the sandbox is being torn down: exit without a word (the failure

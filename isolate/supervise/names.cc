@@ -40,9 +40,21 @@ const char* stage_name(Stage s) noexcept {
     case Stage::InitReady: return "init-ready";
     case Stage::Plan: return "plan";
     case Stage::Egress: return "egress-listener";
+    case Stage::Landlock: return "landlock";
     case Stage::kCount: break;
   }
   return "unknown";
+}
+
+std::string landlock_summary(int report) {
+  if (report < 0) return "-";
+  if (report == kLandlockOff) return "off";
+  const int abi = report & 0xff;
+  if (abi == 0) return "unavailable";
+  std::string layers;
+  for (const auto& [bit, name] : {std::pair{kLandlockFs, "fs"}, {kLandlockNet, "net"}, {kLandlockScope, "scope"}})
+    if (report & bit) layers += (layers.empty() ? "" : ",") + std::string(name);
+  return "abi" + std::to_string(abi) + ":" + (layers.empty() ? "none" : layers);
 }
 
 std::string_view to_string(EndReason r) noexcept {

@@ -12,6 +12,7 @@
 namespace tsb::isolate {
 
 void classify(const Observations& o, RunResult& r) {
+  r.landlock = o.landlock;
   // The engine could not start the run: nothing ran.
   if (!o.engine_error.empty()) {
     r.reason = EndReason::SetupFailed;

@@ -31,6 +31,12 @@ std::string_view to_string(EndReason r) noexcept;
 // results and logs ("mount-proc").
 const char* stage_name(Stage s) noexcept;
 
+// What the tool's Landlock domain was, from its report (isolate/engine/stage.h):
+// "abi7:fs,net,scope" (the kernel's ABI and the layers applied),
+// "unavailable" (a kernel without Landlock), "off" (turned off), "-" (no
+// report: the run ended before its tool was set up).
+std::string landlock_summary(int report);
+
 struct RunResult {
   std::string run_id;
   EndReason reason = EndReason::SetupFailed;
@@ -49,6 +55,7 @@ struct RunResult {
   std::uint64_t stdout_total_bytes = 0;  // bytes the tool wrote (up to the end of the run)
   std::uint64_t stderr_total_bytes = 0;
   std::uint32_t host_uid = 0;            // base of the host id range the run used
+  int landlock = -1;                     // the tool's Landlock report (landlock_summary)
 };
 
 // The end reason and sentence, from what was observed.

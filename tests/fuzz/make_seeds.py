@@ -301,7 +301,7 @@ def compiled_set():
                  + wstr(b"pids") + wstr(b"/sys/fs/cgroup/pids/toolsandbox")
                  + wstrs([b"/sys/fs/cgroup/memory/toolsandbox", b"/sys/fs/cgroup/pids/toolsandbox"]) + wstr(b"") + wstrs([]))
     return (b"TSBSET3\n" + placement + wstr(b"/run/toolsandbox") + u32(1 << 30) + u32(1024)
-            + wstr(b"/usr/libexec/toolsandbox/toolsandbox-init") + wstr(b"run") + wstrs([b"run.4242.00c0ffee-7"]) + u8(1) + u32(1000)
+            + wstr(b"/usr/libexec/toolsandbox/toolsandbox-init") + wstr(b"run") + wstrs([b"run.4242.00c0ffee-7"]) + u8(1) + u8(1) + u32(1000)
             + program(b"<sandbox init filter>", allow)
             + wstr(b"/run/toolsandboxd/toolsandboxd.sock") + u32(0o660) + u32(995) + wstr(b"toolsandboxd") + u32(999)
             + u32(995) + wstr(b"") + u32(8) + u64(30000) + u32(1) + policy)

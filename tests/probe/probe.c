@@ -33,6 +33,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,7 @@
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -1277,6 +1279,80 @@ static void q_net_connect(const char *host, const char *port_arg) {
   j_end();
 }
 
+/* open-rw PATH: open an existing file for reading and writing (no create,
+ * no truncation); the file is closed again without a byte written. */
+static void q_open_rw(const char *path) {
+  j_begin("open-rw");
+  j_str("path", path);
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  j_bool("ok", fd >= 0);
+  if (fd < 0) j_errno(errno);
+  else close(fd);
+  j_end();
+}
+
+/* tcp-self PORT: a TCP listener on 127.0.0.1:PORT and a connection to it,
+ * as a tool talking to a server it started itself. */
+static void q_tcp_self(const char *port_arg) {
+  j_begin("tcp-self");
+  unsigned long long port;
+  if (!parse_ull(port_arg, &port) || port > 65535) {
+    j_str("error", "PORT must be 0-65535");
+    g_usage_errors++;
+    j_end();
+    return;
+  }
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t al = sizeof(a);
+  const char *stage = "socket";
+  int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), c = -1, e = 0;
+  if (l >= 0) stage = "bind";
+  if (l >= 0 && bind(l, (struct sockaddr *)&a, sizeof(a)) == 0 && (stage = "listen", listen(l, 4) == 0) &&
+      (stage = "getsockname", getsockname(l, (struct sockaddr *)&a, &al) == 0)) {
+    stage = "connect";
+    c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c >= 0 && connect(c, (struct sockaddr *)&a, sizeof(a)) == 0) stage = NULL;
+  }
+  if (stage != NULL) e = errno;
+  if (c >= 0) close(c);
+  if (l >= 0) close(l);
+  j_bool("ok", stage == NULL);
+  if (stage != NULL) {
+    j_str("stage", stage);
+    j_errno(e);
+  }
+  j_end();
+}
+
+/* unix-abstract NAME: connect a stream socket to the abstract Unix address
+ * NAME (the address a peer bound with a leading NUL). */
+static void q_unix_abstract(const char *name) {
+  j_begin("unix-abstract");
+  j_str("name", name);
+  struct sockaddr_un u;
+  memset(&u, 0, sizeof(u));
+  u.sun_family = AF_UNIX;
+  size_t n = strlen(name);
+  if (n + 1 > sizeof(u.sun_path)) {
+    j_str("error", "NAME is too long");
+    g_usage_errors++;
+    j_end();
+    return;
+  }
+  memcpy(u.sun_path + 1, name, n);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int r = fd < 0 ? -1 : connect(fd, (struct sockaddr *)&u, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n));
+  int e = errno;
+  if (fd >= 0) close(fd);
+  j_bool("ok", r == 0);
+  if (r != 0) j_errno(e);
+  j_end();
+}
+
 /* ------------------------------------------------------------------------ */
 /* try-syscall: each call uses arguments that make it fail harmlessly when
  * the filter lets it through (bad fd -1, pointer 1, invalid flags), so the
@@ -1684,6 +1760,9 @@ static const struct query {
     {"flood", ARG_ONE, .f1 = q_flood, .help = "BYTES: write that many bytes to stdout, then a summary"},
     {"kill-all", ARG_NONE, .f0 = q_kill_all, .help = "kill(-1, SIGKILL)"},
     {"net-connect", ARG_TWO, .f2 = q_net_connect, .help = "HOST PORT: TCP connect to a numeric address"},
+    {"open-rw", ARG_ONE, .f1 = q_open_rw, .help = "PATH: open an existing file read-write, or errno"},
+    {"tcp-self", ARG_ONE, .f1 = q_tcp_self, .help = "PORT: listen on 127.0.0.1:PORT and connect to it"},
+    {"unix-abstract", ARG_ONE, .f1 = q_unix_abstract, .help = "NAME: connect to the abstract Unix socket NAME"},
     {"help", ARG_NONE, .f0 = q_help, .help = "this list"},
 };
 

@@ -31,6 +31,7 @@ struct PlanIn {
   int egress = -1;
   std::uint32_t backstop = 70;
   std::uint8_t network = tsb::isolate::kNetworkOwn;
+  std::uint8_t landlock = tsb::isolate::kLandlockAuto;
   std::string staging = "/run/toolsandbox/root", hostname = "sandbox", workdir = "/work";
   std::vector<std::string> argv = {"/venv/bin/python3", "-c", "pass"}, envp = {"PATH=/venv/bin:/usr/bin", "HOME=/work"};
   std::string tool_filter = std::string(sizeof(sock_filter) * 2, '\x01'), init_filter = std::string(sizeof(sock_filter), '\x02');
@@ -40,6 +41,9 @@ struct PlanIn {
       {Op::kAttach, Stage::MountBind, tsb::isolate::kStepOptional, 0, -1, 2, "/lib32", "", ""},
       {Op::kMask, Stage::MaskProc, 0, 0, -1, 0, "/proc/kcore", "/.masked", ""},
       {Op::kCopyFile, Stage::MountSkeleton, 0, 0444, 12, 0, "/etc/hosts", "", ""},
+      {Op::kAttach, Stage::MountTmpfs, tsb::isolate::kStepDir | tsb::isolate::kStepWritable | tsb::isolate::kStepNoExec,
+       0, 13, 0, "/tmp", "", ""},
+      {Op::kDevice, Stage::MountDev, 0, 0, -1, 0, "/dev/null", "", ""},
   };
 
   std::string bytes() const {
@@ -49,6 +53,7 @@ struct PlanIn {
     w.i32(egress);
     w.u32(backstop);
     w.u8(network);
+    w.u8(landlock);
     w.cstr(staging);
     w.cstr(hostname);
     w.cstr(workdir);
@@ -107,7 +112,8 @@ TEST(PlanReader, ReadsThePlanAsDocumented) {
   EXPECT_EQ(p.envp[2], nullptr);
   EXPECT_EQ(p.tool_filter.len, 2);
   EXPECT_EQ(p.init_filter.len, 1);
-  ASSERT_EQ(p.nsteps, 5u);
+  EXPECT_EQ(p.landlock, tsb::isolate::kLandlockAuto);
+  ASSERT_EQ(p.nsteps, 7u);
   EXPECT_EQ(p.steps[0].op, Op::kAttach);
   EXPECT_TRUE(p.steps[0].dir);
   EXPECT_EQ(p.steps[0].fd, 11);
@@ -119,6 +125,9 @@ TEST(PlanReader, ReadsThePlanAsDocumented) {
   EXPECT_STREQ(p.steps[3].source, "/.masked");
   EXPECT_EQ(p.steps[4].op, Op::kCopyFile);
   EXPECT_EQ(p.steps[4].fd, 12);
+  EXPECT_FALSE(p.steps[0].writable || p.steps[0].noexec);
+  EXPECT_TRUE(p.steps[5].writable && p.steps[5].noexec && p.steps[5].dir);
+  EXPECT_EQ(p.steps[6].op, Op::kDevice);
   init::release_plan(&p);
 }
 
@@ -165,7 +174,8 @@ TEST(PlanReader, RefusesAnythingElse) {
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.tool_filter = std::string((BPF_MAXINSNS + 1) * sizeof(sock_filter), 'x'); })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[0].op = static_cast<Op>(tsb::isolate::kOpLast + 1); })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[0].stage = Stage::kCount; })));
-  EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[0].flags = 4; })));
+  EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[0].flags = 16; })));
+  EXPECT_FALSE(reads(variant([](PlanIn& p) { p.landlock = 2; })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[0].path = "usr"; }))) << "a step outside the sandbox's root";
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[3].source = std::string("/.m\0asked", 9); })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[4].fd = -1; }))) << "a copy without its host file";

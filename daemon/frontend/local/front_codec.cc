@@ -29,6 +29,7 @@ Result<Hello> decode_hello(std::string_view b) {
   m.features.overlay_views = r.flag();
   m.features.tcp_memory_limit = r.flag();
   m.features.oom_score_floor = r.flag();
+  m.features.landlock_abi = r.i32();
   m.notes = r.strs(1024, kMaxName);
   return finish_message(r, std::move(m), "hello");
 }
@@ -95,7 +96,8 @@ Result<Ended> decode_ended(std::string_view b) {
   for (bool* f : {&o.have_tool_status, &o.have_setup_error, &o.timed_out, &o.output_exceeded, &o.cpu_exceeded,
                   &o.cancelled, &o.backstop, &o.socket_limit_reached})
     *f = r.flag();
-  for (int* v : {&o.tool_status, &o.setup_stage, &o.setup_errno, &o.backstop_s, &o.engine_errno}) *v = r.i32();
+  for (int* v : {&o.tool_status, &o.setup_stage, &o.setup_errno, &o.backstop_s, &o.engine_errno, &o.landlock})
+    *v = r.i32();
   if (o.setup_stage < 0 || o.setup_stage >= static_cast<int>(isolate::Stage::kCount)) r.fail();
   o.oom_kills = r.u64();
   o.pids_max_hits = r.u64();

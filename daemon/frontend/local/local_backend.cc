@@ -289,9 +289,11 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun&
     o.failure += "; the package index was not reachable: the egress proxy refused " + proxy->first_refusal();
   if (!o.failure.empty()) {
     ++venv_build_failures_;
-    spdlog::warn("venv {}: build failed (run {}): {}", key.substr(0, 12), r.run_id.empty() ? "-" : r.run_id, o.failure);
+    spdlog::warn("venv {}: build failed (run {}, landlock {}): {}", key.substr(0, 12), r.run_id.empty() ? "-" : r.run_id,
+                 isolate::landlock_summary(r.landlock), o.failure);
   } else {
-    spdlog::info("venv {}: built in {:.0f} ms (run {})", key.substr(0, 12), ms, r.run_id);
+    spdlog::info("venv {}: built in {:.0f} ms (run {}, landlock {})", key.substr(0, 12), ms, r.run_id,
+                 isolate::landlock_summary(r.landlock));
   }
   co_return o;
 }
@@ -357,6 +359,11 @@ nlohmann::json LocalBackend::engine_status() const {
             {"overlay_views", f.overlay_views},
             {"tcp_memory_limit", f.tcp_memory_limit},
             {"oom_score_floor", f.oom_score_floor}}},
+          // What runs get (docs/SECURITY.md, "Landlock"), and what the last one got.
+          {"landlock",
+           {{"abi", std::max(f.landlock_abi, 0)},
+            {"mode", f.landlock_abi < 0 ? "off" : f.landlock_abi == 0 ? "unavailable" : "auto"},
+            {"last_run", isolate::landlock_summary(last_landlock_)}}},
           {"notes", h.notes}};
 }
 
@@ -597,6 +604,10 @@ asio::awaitable<void> LocalBackend::run_order(PreparedRun& p, Order& o, BackendR
   }
   out.run = std::move(ran.result);
   out.channel = std::move(ran.channel);
+  // What the tool's Landlock domain was (isolate/supervise/outcome.h).
+  out.record["landlock"] = isolate::landlock_summary(out.run.landlock);
+  out.audit += " landlock=" + isolate::landlock_summary(out.run.landlock);
+  if (out.run.landlock >= 0) last_landlock_ = out.run.landlock;
   out.record["warm"] = ran.warm;
   if (ran.warm) out.audit += " warm=yes";
   if (out.run.reason == isolate::EndReason::SetupFailed && !out.run.error.empty())

@@ -135,6 +135,7 @@ class LocalBackend final : public RunBackend {
   // The cancel signals of the runs in flight (shutdown cancels what is left).
   std::set<std::shared_ptr<CancelSignal>> live_;
   std::uint64_t abandoned_in_queue_ = 0;
+  int last_landlock_ = -1;  // the last run's Landlock report (isolate/supervise/outcome.h)
   egress::Service egress_;
   // Per-tool venvs.
   std::unique_ptr<venv::Cache> venvs_;
