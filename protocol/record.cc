@@ -22,7 +22,9 @@ nlohmann::json run_record_json(const isolate::RunResult& r) {
   if (r.reason == isolate::EndReason::SetupFailed) {
     j["setup_stage"] = r.setup_stage == isolate::Stage::None ? nlohmann::json() : nlohmann::json(isolate::stage_name(r.setup_stage));
     j["setup_errno"] = r.setup_errno;
+    if (!r.setup_path.empty()) j["setup_path"] = r.setup_path;
   }
+  if (!r.moved_aside.empty()) j["moved_aside"] = r.moved_aside;
   if (!r.error.empty()) j["error"] = r.error;
   return j;
 }

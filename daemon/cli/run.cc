@@ -12,6 +12,7 @@
 #include "daemon/compile/spawn_policy.h"
 #include "daemon/cli/cli.h"
 #include "daemon/cli/seccomp_cache.h"
+#include "daemon/common/quote.h"
 #include "daemon/policy/seccomp_profile.h"
 #include "daemon/policy/policy.h"
 #include "protocol/record.h"
@@ -247,7 +248,7 @@ int report_run(const isolate::RunResult& r, const core::Policy& policy, const is
       if (!json) std::fprintf(stderr, "toolsandbox run: killed by signal %d\n", r.signal);
       return 128 + r.signal;
     case EndReason::SetupFailed:
-      if (!json) std::fprintf(stderr, "toolsandbox run: %s\n", r.error.c_str());
+      if (!json) std::fprintf(stderr, "toolsandbox run: %s\n", escaped(r.error).c_str());
       return kExitSetup;
     case EndReason::Timeout:
       if (!json) std::fprintf(stderr, "toolsandbox run: timed out after %s; the whole process tree was killed\n",
@@ -284,6 +285,7 @@ int cmd_run(const std::vector<std::string>& args) {
     return kExitSetup;
   }
   isolate::RunResult r = (*engine)->run(spec);
+  name_setup_path(r);
   return report_run(r, *policy, spec, opts->json);
 }
 

@@ -99,6 +99,15 @@ inline std::string escaped(std::string_view s, bool keep_newlines = false) {
 // quotes, backslashes, control characters, DEL, C1 controls, bidirectional
 // controls and line separators are escaped, and bytes that are not UTF-8
 // become \xNN.
+inline std::string quoted_for_message(std::string_view s);
+
+// A set-up failure's sentence names the sandbox path of the step that
+// failed, quoted (a path can hold any byte). `R`: isolate::RunResult.
+template <typename R>
+void name_setup_path(R& r) {
+  if (!r.setup_path.empty()) r.error += " (at " + quoted_for_message(r.setup_path) + ")";
+}
+
 inline std::string quoted_for_message(std::string_view s) {
   std::string q;
   q.reserve(s.size() + 2);

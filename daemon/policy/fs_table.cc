@@ -1,5 +1,7 @@
 #include "daemon/policy/fs_table.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 
 namespace tsb::isolate {
@@ -219,20 +221,18 @@ Result<std::shared_ptr<const FsTable>> build_fs_table(const FsInputs& in) {
   }
 
   // 7. A new /proc for the new pid namespace, host-wide entries covered by
-  //    files of the root tmpfs (read-only once built).
+  //    objects of the root tmpfs that init makes for each mask, under
+  //    /.masks (read-only once built).
   b.add(FsEntry::kProc, "/proc", Stage::MountProc, "processes of this pid namespace only").mode = 0555;
-  b.file("/.masked", "", 0444, "empty file bound over the masked /proc files");
-  b.add(FsEntry::kDir, "/.masked-dir", Stage::MountSkeleton, "empty directory bound over the masked /proc directories")
-      .mode = 0555;
-  b.add(FsEntry::kBootId, "/.boot_id", Stage::MountSkeleton, "a random boot id for this run, bound over the host's")
-      .mode = 0444;
   for (const auto& m : kProcMasks) {
     if (m.cover == ProcCover::kReadOnly) {
       b.add(FsEntry::kReadOnly, m.path, Stage::MaskProc, std::string(m.reason) + " (if present)");
       continue;
     }
-    b.add(FsEntry::kMask, m.path, Stage::MaskProc, std::string(m.reason) + " (if present)").source =
-        m.cover == ProcCover::kDir ? "/.masked-dir" : m.cover == ProcCover::kBootId ? "/.boot_id" : "/.masked";
+    FsEntry& e = b.add(m.cover == ProcCover::kBootId ? FsEntry::kBootId : FsEntry::kMask, m.path, Stage::MaskProc,
+                       std::string(m.reason) + " (if present)");
+    e.source = "/.masks/" + e.path.substr(e.path.rfind('/') + 1);
+    e.mode = m.cover == ProcCover::kDir ? S_IFDIR | 0555 : S_IFREG | 0444;
   }
 
   // 8. A minimal /dev: a tmpfs the engine fills (binding the host's

@@ -392,9 +392,7 @@ std::vector<MountRow> mount_rows(const Policy& p) {
   auto table = isolate::build_fs_table(fs_inputs_from(p, kRunnerStandIn));
   if (!table.ok()) return rows;
   std::string dev;  // the /dev row's path: the rows inside it are the engine's
-  std::map<std::string, const E*> made;  // rows by path, for what a mask covers with
   for (const E& e : **table) {
-    made[e.path] = &e;
     MountRow r;
     r.path = e.path;
     r.note = e.reason;
@@ -413,18 +411,12 @@ std::vector<MountRow> mount_rows(const Policy& p) {
       case E::kDir: r.type = "dir", r.mode = r.inside_parent_mount ? "-" : "ro", r.source = "mode " + mode_string(e.mode); break;
       case E::kSymlink: r.type = "symlink", r.mode = "-", r.source = "-> " + e.source; break;
       case E::kFile: r.type = "file", r.mode = "ro", r.source = "generated"; break;
-      case E::kBootId: r.type = "file", r.mode = "ro", r.source = "random per run"; break;
       case E::kProc: r.type = "proc", r.mode = "rw,noexec", r.source = "new instance"; break;
-      case E::kMask: {
-        const E* cover = made.count(e.source) ? made[e.source] : nullptr;
+      case E::kBootId:
+      case E::kMask:
         r.type = "masked", r.mode = "ro";
-        r.source = !cover                       ? "covered by " + e.source
-                   : cover->kind == E::kBootId  ? "random per run"
-                   : cover->kind == E::kDir     ? "empty directory"
-                   : cover->data.empty()        ? "empty file"
-                                                : "covered by " + e.source;
+        r.source = e.kind == E::kBootId ? "random per run" : S_ISDIR(e.mode) ? "empty directory" : "empty file";
         break;
-      }
       case E::kReadOnly: r.type = "bind", r.mode = "ro", r.source = "itself"; break;
     }
     if (e.path == isolate::kRunnerSandboxPath) r.source = "the daemon's runner";

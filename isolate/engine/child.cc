@@ -1,7 +1,10 @@
 #include "isolate/engine/child.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <linux/openat2.h>
 #include <signal.h>
+#include <sys/statfs.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -29,6 +32,18 @@ namespace {
 }
 
 }  // namespace
+
+int open_proc_file(int proc, const char* path) noexcept {
+  struct open_how how {};
+  how.flags = O_WRONLY | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+  const int fd = static_cast<int>(::syscall(SYS_openat2, proc, path, &how, sizeof how));
+  struct statfs fs;
+  if (fd < 0 || (::fstatfs(fd, &fs) == 0 && fs.f_type == PROC_SUPER_MAGIC)) return fd;
+  ::close(fd);
+  errno = EXDEV;
+  return -1;
+}
 
 [[noreturn]] void child_main(const ChildStart& c) noexcept {
   // Our copy of the sync pipe's write end goes first: with it, a read of
@@ -65,7 +80,7 @@ namespace {
   // namespace can ever be executed. A binary written to a memfd is the one
   // way left to run code that is not on a read-only or noexec mount.
   if (c.memfd_noexec) {
-    int fd = ::open("/proc/sys/vm/memfd_noexec", O_WRONLY | O_CLOEXEC);
+    int fd = open_proc_file(c.proc_fd, "sys/vm/memfd_noexec");
     if (fd < 0 || ::write(fd, "2", 1) != 1) fail(c, Stage::MemfdNoexec);
     ::close(fd);
   }

@@ -19,12 +19,21 @@ struct ChildStart {
   int sync_w_fd;   // the parent's write end, inherited: closed first, so EOF means the engine is gone
   int report_fd;   // write end of the report pipe
   int init_fd;     // toolsandbox-init, opened O_PATH by the engine
+  int proc_fd;     // the engine's /proc, checked (open_proc_file)
   const int* keep;  // descriptors init gets (the plan names them), made inheritable here
   std::size_t nkeep;
   bool memfd_noexec;  // write vm.memfd_noexec=2 for the new pid namespace
   char report_arg[16];  // init's arguments: the report pipe's and the plan's descriptors
   char plan_arg[16];
 };
+
+// `path` (relative) beneath `proc`, the root of a procfs mount the engine
+// checked once, opened for writing: no link, magic link or other mount
+// crossed on the way (a mount over /proc/<pid>/... or a link in a fake tree
+// cannot redirect a write of root's, the runc CVE-2025-52881 class), and
+// the file itself on procfs (else EXDEV). -1 and errno on failure.
+// Async-signal-safe: the engine and its child both write through it.
+int open_proc_file(int proc, const char* path) noexcept;
 
 // Entry point of the clone3 child. Never returns.
 [[noreturn]] void child_main(const ChildStart& c) noexcept;

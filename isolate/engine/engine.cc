@@ -10,8 +10,10 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,9 +37,15 @@ constexpr std::uint32_t kIdsPerSlot = 65536;
 // glibc 2.36's <sys/pidfd.h> lacks C linkage for C++; the raw call is simpler.
 int pidfd_signal(int pidfd, int sig) { return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0)); }
 
-Status write_proc(pid_t pid, const char* file, const std::string& data) {
-  std::string path = "/proc/" + std::to_string(pid) + "/" + file;
-  return write_text_file(path, data);
+// Through the engine's checked /proc only (open_proc_file, child.h).
+Status write_proc(int proc, pid_t pid, const char* file, const std::string& data) {
+  const std::string path = std::to_string(pid) + "/" + file;
+  UniqueFd fd(open_proc_file(proc, path.c_str()));
+  ssize_t n = -1;
+  if (fd) do n = ::write(fd.get(), data.data(), data.size());
+    while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(data.size())) return Error::from_errno("writing /proc/" + path);
+  return {};
 }
 
 Result<UniqueFd> open_init(const std::string& path) {
@@ -246,10 +254,15 @@ void Sandbox::read_reports(Observations& o) const {
     ssize_t n = ::read(report_r_.get(), &r, sizeof r);
     if (n < 0 && errno == EINTR) continue;
     if (n != static_cast<ssize_t>(sizeof r) || r.magic != kReportMagic) break;
+    // The path of the step a report names: the table's, with no byte of a tool's.
+    const std::string path = r.step >= 0 && static_cast<std::size_t>(r.step) < step_paths_.size() ? step_paths_[r.step] : "";
     if (r.kind == Report::kSetupError && !o.have_setup_error) {
       o.have_setup_error = true;
       o.setup_stage = r.stage;
       o.setup_errno = r.value;
+      o.setup_path = path;
+    } else if (r.kind == Report::kMovedAside && !path.empty() && o.moved_aside.size() < 64) {
+      o.moved_aside.push_back(path + kAsideInfix + std::to_string(static_cast<unsigned>(r.value)));
     } else if (r.kind == Report::kToolStatus) {
       o.have_tool_status = true;
       o.tool_status = r.value;
@@ -276,6 +289,15 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
 
   // (That /proc is this pid namespace's, the engine names its children
   // by pid there, was checked by the set-up: daemon/compile/prepare.h, check_proc.)
+  // What the engine writes there (id maps, OOM scores, vm.memfd_noexec)
+  // goes through this one handle: the root of a procfs mount (its root
+  // inode is 1), else no run starts (open_proc_file, child.h).
+  e->proc_.reset(::open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  struct statfs pfs{};
+  struct stat pst{};
+  if (!e->proc_ || ::fstatfs(e->proc_.get(), &pfs) != 0 || ::fstat(e->proc_.get(), &pst) != 0 ||
+      pfs.f_type != PROC_SUPER_MAGIC || pst.st_ino != 1)
+    return Error::invalid("/proc is not the root of a procfs mount: the engine writes id maps only there", EXDEV);
 
   // Sandboxes inherit the engine's supplementary groups and setgroups(2) is
   // denied inside them (so they cannot be dropped there): drop them here.
@@ -315,7 +337,7 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
     const std::string lock = e->engines_dir_ + "/" + e->instance_ + ".lock";
     e->instance_lock_.reset(::open(e->engines_dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
     if (!e->instance_lock_ || ::flock(e->instance_lock_.get(), LOCK_EX | LOCK_NB) != 0 ||
-        ::linkat(AT_FDCWD, ("/proc/self/fd/" + std::to_string(e->instance_lock_.get())).c_str(), AT_FDCWD,
+        ::linkat(e->proc_.get(), ("self/fd/" + std::to_string(e->instance_lock_.get())).c_str(), AT_FDCWD,
                  lock.c_str(), AT_SYMLINK_FOLLOW) != 0)
       return Error::from_errno("creating '" + lock + "'");
   }
@@ -339,7 +361,7 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
 
   // Kernel features. Each one that is missing is either fatal (the engine
   // was asked for it) or said at start-up, never silently dropped.
-  e->features_.memfd_noexec = ::access("/proc/sys/vm/memfd_noexec", F_OK) == 0;
+  e->features_.memfd_noexec = ::faccessat(e->proc_.get(), "sys/vm/memfd_noexec", F_OK, 0) == 0;
   if (!e->features_.memfd_noexec)
     e->startup_notes_.push_back(
         "this kernel has no vm.memfd_noexec (Linux 6.3+): a tool can execute a binary it writes to a memfd; "
@@ -511,6 +533,7 @@ struct Engine::Launch {
                                       .empty_dir_fd = engine.empty_dir_.get()});
     if (!made.ok()) return std::move(made).error().wrap("preparing the sandbox's mounts");
     fs = std::move(made).value();
+    sb->step_paths_ = std::move(fs.paths);
     return {};
   }
 
@@ -563,7 +586,7 @@ struct Engine::Launch {
   // fork).
   Status clone_child() {
     ChildStart start{.sync_fd = sync.r.get(), .sync_w_fd = sync.w.get(), .report_fd = rep.w.get(),
-                     .init_fd = engine.init_exe_.get(), .keep = keep.data(), .nkeep = keep.size(),
+                     .init_fd = engine.init_exe_.get(), .proc_fd = engine.proc_.get(), .keep = keep.data(), .nkeep = keep.size(),
                      .memfd_noexec = engine.features_.memfd_noexec, .report_arg = {}, .plan_arg = {}};
     std::snprintf(start.report_arg, sizeof start.report_arg, "%d", rep.w.get());
     std::snprintf(start.plan_arg, sizeof start.plan_arg, "%d", plan.get());
@@ -613,15 +636,15 @@ struct Engine::Launch {
     // Written by the engine, which holds CAP_SYS_RESOURCE: that also makes it
     // the floor (oom_score_adj_min) for every process of the run, none of
     // which may then lower its score. Written from inside, it would not be.
-    TSB_TRY(write_proc(sb->pid_, "oom_score_adj", std::to_string(engine.config_.sandbox_oom_score_adj)),
+    TSB_TRY(write_proc(engine.proc_.get(), sb->pid_, "oom_score_adj", std::to_string(engine.config_.sandbox_oom_score_adj)),
             "setting the run's OOM score");
     // Id maps: sandbox 0..65535 -> host range of this slot. setgroups first
     // ("deny" is required before an unprivileged gid_map and keeps the tool
     // from ever changing its groups).
     const std::string map = "0 " + std::to_string(sb->host_uid_) + " " + std::to_string(kIdsPerSlot) + "\n";
-    TSB_TRY(write_proc(sb->pid_, "setgroups", "deny"), "writing id maps");
-    TSB_TRY(write_proc(sb->pid_, "uid_map", map), "writing id maps");
-    TSB_TRY(write_proc(sb->pid_, "gid_map", map), "writing id maps");
+    TSB_TRY(write_proc(engine.proc_.get(), sb->pid_, "setgroups", "deny"), "writing id maps");
+    TSB_TRY(write_proc(engine.proc_.get(), sb->pid_, "uid_map", map), "writing id maps");
+    TSB_TRY(write_proc(engine.proc_.get(), sb->pid_, "gid_map", map), "writing id maps");
     if (int e = signal_child(kSyncMaps)) return unless_gone(Error::from_errno(e, "signalling the sandbox"));
     // v1: migrate while the child builds its file system (the two overlap);
     // on v2 it was born in its leaf, and this does nothing.

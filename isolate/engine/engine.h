@@ -85,6 +85,8 @@ struct Observations {
   bool have_setup_error = false;
   int setup_stage = 0;
   int setup_errno = 0;
+  std::string setup_path;  // the sandbox path of the plan's step that failed, when a step did
+  std::vector<std::string> moved_aside;  // what the set-up moved out of mount points' way, where it went
   bool timed_out = false;
   bool output_exceeded = false;
   bool cpu_exceeded = false;
@@ -178,6 +180,7 @@ class Sandbox {
   UniqueFd uid_slot_;  // an OFD lock on the slot's record in the lock file (init holds it too)
   std::uint32_t slot_ = 0;
   std::unique_ptr<CgroupLeaf> leaf_;
+  std::vector<std::string> step_paths_;  // the plan's steps' paths, which reports name by index
 };
 
 class Engine {
@@ -226,6 +229,7 @@ class Engine {
   std::string engines_dir_;  // <state_dir>/engines: one lock file per live engine
   UniqueFd instance_lock_;   // flock'ed for this engine's lifetime
   UniqueFd init_exe_;        // O_PATH
+  UniqueFd proc_;            // O_PATH of /proc, checked: the root of a procfs mount
   std::string init_filter_;  // its instructions, as each plan carries them
   UniqueFd empty_dir_;       // O_PATH of <state_dir>/empty, the overlays' lowest layer
   std::uint64_t seq_ = 0;

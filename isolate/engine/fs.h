@@ -40,9 +40,11 @@ struct FsEntry {
     kDir,      // a directory, `mode` (inside kDev: made by the engine)
     kSymlink,  // a symlink to `source` (inside kDev: made by the engine)
     kFile,     // a file holding `data`, `mode`
-    kBootId,   // a file holding a boot id made at random for the run, `mode`
+    kBootId,   // as kMask, the new file holding a boot id made at random for the run
     kProc,     // a new proc for the sandbox's pid namespace, on a directory of `mode`
-    kMask,     // when `path` exists: `source` (a sandbox path made above) bound over it, read-only
+    kMask,     // when `path` exists: a new empty file or directory (`mode`: S_IFREG or S_IFDIR and
+               // its permissions) that init makes at `source`, a new name in the root tmpfs, bound
+               // over it read-only
     kReadOnly, // when `path` exists: itself, bound over itself read-only
   };
   Kind kind = kDir;

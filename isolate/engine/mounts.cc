@@ -158,6 +158,7 @@ struct Steps {
     w.cstr(e.path);
     w.cstr(source);
     w.cstr(data);
+    out.paths.push_back(e.path);
     ++out.nsteps;
   }
   void attach(const FsEntry& e, UniqueFd fd, int err, bool dir) {
@@ -293,9 +294,11 @@ Result<PreparedFs> prepare_fs(const FsTable& table, const MountContext& ctx) {
       case FsEntry::kDir: s.step(Op::kMkdir, e, "", "", -1, 0, e.mode); break;
       case FsEntry::kSymlink: s.step(Op::kSymlink, e, e.source, ""); break;
       case FsEntry::kFile: s.step(Op::kWriteFile, e, "", e.data, -1, 0, e.mode); break;
-      case FsEntry::kBootId: s.step(Op::kBootId, e, "", "", -1, 0, e.mode); break;
       case FsEntry::kProc: s.step(Op::kProc, e, "", "", -1, 0, e.mode); break;
-      case FsEntry::kMask: s.step(Op::kMask, e, e.source, ""); break;
+      case FsEntry::kBootId:
+      case FsEntry::kMask:
+        s.step(e.kind == FsEntry::kMask ? Op::kMask : Op::kBootId, e, e.source, "", -1, 0, e.mode & 07777, S_ISDIR(e.mode));
+        break;
       case FsEntry::kReadOnly: s.step(Op::kReadOnly, e, "", ""); break;
       case FsEntry::kRoot:
       case FsEntry::kDevNode: return Error::invalid("'" + e.path + "': a root or device row out of place");

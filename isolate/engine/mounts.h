@@ -40,6 +40,7 @@ struct PreparedFs {
   std::vector<UniqueFd> fds;
   std::string steps;  // the plan's steps, encoded
   std::uint32_t nsteps = 0;
+  std::vector<std::string> paths;  // each step's sandbox path, in order
 };
 
 // A host path that cannot be opened is not an error here: its step gets fd

@@ -57,9 +57,9 @@ enum class Op : std::uint8_t {
   kWriteFile,  // a new file at path (mode) holding data
   kAttach,     // move the detached mount fd onto path (a directory, or an empty file unless kStepDir)
   kProc,       // mount a new proc on path (a directory of mode)
-  kMask,       // when path exists: bind source (a sandbox path) over it, read-only
+  kMask,       // when path exists: a new empty file (kStepDir: directory) of mode at source, bound over it read-only
   kReadOnly,   // when path exists: bind it over itself, read-only
-  kBootId,     // a new file at path (mode) holding a random boot id
+  kBootId,     // as kMask, the new file holding a random boot id
   kCopyFile,   // a new file at path (mode) holding what the regular file fd holds, at most kMaxCopiedFileBytes
   kDevice,     // path is a character device the engine made in the attached /dev: checked; the tool may use it
 };

@@ -54,15 +54,18 @@ struct Report {
     kBackstop = 3,    // init's own wall-clock backstop ended the run: value = seconds
     kEngineGone = 4,  // init saw the engine's end of the watch pipe close
     kLandlock = 5,    // the tool's Landlock domain, before its execve: value as below
+    kMovedAside = 6,  // what stood at step's mount point was renamed to its path + kAsideInfix + value
   };
   int magic;   // kReportMagic
   int kind;    // Kind
   int stage;   // Stage, for kSetupError
   int value;   // errno for kSetupError; wait status for kToolStatus; seconds for kBackstop
+  int step = -1;  // the plan's step (its path names the place), for kSetupError and kMovedAside
 };
 inline constexpr int kReportMagic = 0x7473626f;  // "tsbo"
 // A kLandlock report's value: the kernel's ABI in bits 0-7 (0: this kernel
 // has no Landlock) and the layers applied, or kLandlockOff (turned off).
 inline constexpr int kLandlockFs = 1 << 8, kLandlockNet = 1 << 9, kLandlockScope = 1 << 10, kLandlockOff = 1 << 16;
+inline constexpr char kAsideInfix[] = ".left-by-a-run-";
 
 }  // namespace tsb::isolate

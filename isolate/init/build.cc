@@ -19,7 +19,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <climits>
+#include <cstdio>
 #include <cstring>
 
 #include "isolate/init/init.h"
@@ -107,16 +110,44 @@ int open_parent(int root, const char* path, const char** name) noexcept {
   return -1;
 }
 
+// Where a set-up step reports what it moved out of its way.
+struct Where {
+  int report_fd;
+  int step;  // the plan's index of the step
+  Stage stage;
+};
+
+// `name` in `dir`, which is not empty, renamed within `dir` to name +
+// kAsideInfix + a random number, whole (nothing of it is removed or
+// opened), and reported: the engine names it in the run's record.
+int move_aside(int dir, const char* name, const Where& at) noexcept {
+  unsigned v = 0;
+  if (::getrandom(&v, sizeof v, 0) != static_cast<ssize_t>(sizeof v)) return -1;
+  v &= 0x7fffffffu;
+  char aside[NAME_MAX + 1];
+  const int n = snprintf(aside, sizeof aside, "%s%s%u", name, kAsideInfix, v);
+  if (n < 0 || n > NAME_MAX) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  if (::renameat2(dir, name, dir, aside, RENAME_NOREPLACE) != 0) return -1;
+  Report r{kReportMagic, Report::kMovedAside, static_cast<int>(at.stage), static_cast<int>(v), at.step};
+  return write_all(at.report_fd, &r, sizeof r) ? 0 : -1;
+}
+
 // `name` in `dir` as a directory or a regular file, made when missing; not
 // a symlink, whatever is there. A mount point of the wrong kind that an
 // earlier run left (a link, a FIFO, a socket or a device where a file is
 // mounted; an empty directory there) is removed and made anew, as
-// open_dir_replacing() does for directories.
-int open_target(int dir, const char* name, bool is_dir) noexcept {
+// open_dir_replacing() does for directories; a directory with something
+// in it, where a file is mounted, is moved aside (move_aside), so that
+// nothing of it is lost and no later run fails on it.
+int open_target(int dir, const char* name, bool is_dir, const Where& at) noexcept {
   if (is_dir) return open_dir_replacing(dir, name);
   struct stat there;
   if (::fstatat(dir, name, &there, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(there.st_mode) &&
-      ::unlinkat(dir, name, S_ISDIR(there.st_mode) ? AT_REMOVEDIR : 0) != 0)
+      ::unlinkat(dir, name, S_ISDIR(there.st_mode) ? AT_REMOVEDIR : 0) != 0 &&
+      (!S_ISDIR(there.st_mode) || (errno != ENOTEMPTY && errno != EEXIST) || move_aside(dir, name, at) != 0))
     return -1;
   // Made when missing, never opened for writing when there: in a writable
   // bind it may be an earlier run's, of another uid slot, and a mount
@@ -174,8 +205,8 @@ int copy_new_file(int dir, const char* name, int from, unsigned mode) noexcept {
   }
 }
 
-// A version-4 UUID in the kernel's boot_id text form, at random.
-int write_boot_id(int dir, const char* name, unsigned mode) noexcept {
+// A version-4 UUID in the kernel's boot_id text form, at random, into `fd`.
+int write_boot_id(int fd) noexcept {
   unsigned char r[16];
   if (::getrandom(r, sizeof r, 0) != static_cast<ssize_t>(sizeof r)) return -1;
   r[6] = static_cast<unsigned char>((r[6] & 0x0f) | 0x40);
@@ -189,7 +220,51 @@ int write_boot_id(int dir, const char* name, unsigned mode) noexcept {
     text[o++] = kHex[r[i] & 0xf];
   }
   text[o++] = '\n';
-  return write_new_file(dir, name, text, static_cast<size_t>(o), mode);
+  return write_all(fd, text, static_cast<unsigned long>(o)) ? 0 : -1;
+}
+
+// Whether the directory open as `fd` holds nothing but "." and "..".
+bool dir_is_empty(int fd) noexcept {
+  alignas(struct dirent64) char buf[512];
+  const long n = ::syscall(SYS_getdents64, fd, buf, sizeof buf);
+  int entries = 0;
+  for (long off = 0; off < n; off += reinterpret_cast<struct dirent64*>(buf + off)->d_reclen) ++entries;
+  return n > 0 && entries == 2;
+}
+
+// The object a mask binds over a /proc entry (kMask, kBootId), made here
+// and now at `s.source`, a new name in the root tmpfs (O_EXCL: whatever
+// stood there is never used): an empty directory (kStepDir) or an empty
+// file (kBootId: holding a random boot id), of the step's mode. Bound from
+// this descriptor, once checked to be that object: on the root tmpfs,
+// ours, one link, not writable, empty. So no link, file with something in
+// it, or object of another mount can be bound over /proc in a mask's name
+// (the runc CVE-2025-31133 class). -1 and errno (EEXIST: something stood
+// there; EPERM: the object is not the one made).
+int make_mask(int root, const Step& s) noexcept {
+  const char* name = nullptr;
+  Fd dir{open_parent(root, s.source, &name)};
+  if (dir.fd < 0) return -1;
+  int fd = -1;
+  if (s.dir) {
+    if (::mkdirat(dir.fd, name, s.mode) == 0) fd = ::openat(dir.fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  } else {
+    fd = ::openat(dir.fd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, s.mode);
+    if (fd >= 0 && s.op == Op::kBootId && write_boot_id(fd) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
+  if (fd < 0) return -1;
+  struct stat st, rt;
+  const bool made = ::fstat(fd, &st) == 0 && ::fstat(root, &rt) == 0 && st.st_dev == rt.st_dev && st.st_uid == 0 &&
+                    (st.st_mode & 0222) == 0 &&
+                    (s.dir ? S_ISDIR(st.st_mode) && st.st_nlink == 2 && dir_is_empty(fd)
+                           : S_ISREG(st.st_mode) && st.st_nlink == 1 && (s.op == Op::kBootId || st.st_size == 0));
+  if (made) return fd;
+  ::close(fd);
+  errno = EPERM;
+  return -1;
 }
 
 // A clone of the mount tree at `from`, read-only with `attrs`, moved onto
@@ -217,7 +292,7 @@ int mount_proc(int to) noexcept {
 }
 
 // One step of the plan, under the new root `root`; 0 or -1 with errno set.
-int run_step(int root, const Step& s) noexcept {
+int run_step(int root, const Step& s, const Where& at) noexcept {
   const char* name = nullptr;
   Fd dir{open_parent(root, s.path, &name)};
   if (dir.fd < 0) return -1;
@@ -228,8 +303,6 @@ int run_step(int root, const Step& s) noexcept {
       return ::symlinkat(s.source, dir.fd, name);
     case Op::kWriteFile:
       return write_new_file(dir.fd, name, s.data, s.len, s.mode);
-    case Op::kBootId:
-      return write_boot_id(dir.fd, name, s.mode);
     case Op::kCopyFile: {
       Fd host{s.fd};  // the host file's descriptor is closed as soon as it is copied
       return copy_new_file(dir.fd, name, host.fd, s.mode);
@@ -252,7 +325,7 @@ int run_step(int root, const Step& s) noexcept {
         errno = ENXIO;
         return -1;
       }
-      Fd to{open_target(dir.fd, name, s.dir)};
+      Fd to{open_target(dir.fd, name, s.dir, at)};
       return to.fd < 0 ? -1 : sys_move_mount(s.fd, to.fd);
     }
     case Op::kProc: {
@@ -273,6 +346,7 @@ int run_step(int root, const Step& s) noexcept {
       return 0;
     }
     case Op::kMask:
+    case Op::kBootId:
     case Op::kReadOnly: {
       // Only what exists is covered. A mask is an empty file or directory
       // of the root tmpfs, not a tmpfs of its own: a tmpfs mounted here
@@ -282,10 +356,7 @@ int run_step(int root, const Step& s) noexcept {
       Fd to{::openat(dir.fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)};
       if (to.fd < 0) return errno == ENOENT ? 0 : -1;
       if (s.op == Op::kReadOnly) return bind_read_only(to.fd, to.fd, true);
-      const char* src_name = nullptr;
-      Fd src_dir{open_parent(root, s.source, &src_name)};
-      if (src_dir.fd < 0) return -1;
-      Fd from{::openat(src_dir.fd, src_name, O_PATH | O_NOFOLLOW | O_CLOEXEC)};
+      Fd from{make_mask(root, s)};
       return from.fd < 0 ? -1 : bind_read_only(from.fd, to.fd, false);
     }
   }
@@ -379,7 +450,11 @@ void build_sandbox(const Plan& plan) noexcept {
   // 3. The file-system table's steps (daemon/policy/fs_table.h): skeleton, /etc
   //    stubs and copies, read-only views of the system directories and the
   //    venv, tmpfs /tmp and working dir, /proc with masks, a minimal /dev.
-  for (uint32_t i = 0; i < plan.nsteps; ++i) FAIL_IF(run_step(top.fd, plan.steps[i]) != 0, plan.steps[i].stage);
+  //    A failure names its step, whose path the engine reports.
+  for (uint32_t i = 0; i < plan.nsteps; ++i) {
+    const Where at{plan.report_fd, static_cast<int>(i), plan.steps[i].stage};
+    if (run_step(top.fd, plan.steps[i], at) != 0) fail_at(plan.report_fd, at.stage, errno, 1, at.step);
+  }
 
   // 4. A private hostname (new uts namespace): the host's name does not leak.
   FAIL_IF(::sethostname(plan.hostname, strlen(plan.hostname)) != 0, Stage::Hostname);

@@ -67,8 +67,8 @@ bool write_all(int fd, const void* buf, unsigned long len) noexcept {
   return true;
 }
 
-[[noreturn]] void fail_at(int report_fd, Stage stage, int err, int code) noexcept {
-  Report r{kReportMagic, Report::kSetupError, static_cast<int>(stage), err};
+[[noreturn]] void fail_at(int report_fd, Stage stage, int err, int code, int step) noexcept {
+  Report r{kReportMagic, Report::kSetupError, static_cast<int>(stage), err, step};
   (void)write_all(report_fd, &r, sizeof r);
   ::_exit(code);
 }

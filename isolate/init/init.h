@@ -8,8 +8,9 @@
 
 namespace tsb::isolate::init {
 
-// Writes one set-up error report on `report_fd` and _exit(code).
-[[noreturn]] void fail_at(int report_fd, Stage stage, int err, int code) noexcept;
+// Writes one set-up error report on `report_fd` (naming the plan's step
+// that failed, when one did) and _exit(code).
+[[noreturn]] void fail_at(int report_fd, Stage stage, int err, int code, int step = -1) noexcept;
 
 // From inside the sandbox's namespaces, as their root: the plan's steps,
 // the hostname, lo, pivot_root, / read-only, the cgroup leaf (waits for the

@@ -20,6 +20,7 @@ void classify(const Observations& o, RunResult& r) {
     r.error = o.engine_error;
     return;
   }
+  r.moved_aside = o.moved_aside;
   if (o.have_tool_status) {
     if (WIFEXITED(o.tool_status)) r.exit_code = WEXITSTATUS(o.tool_status);
     if (WIFSIGNALED(o.tool_status)) r.signal = WTERMSIG(o.tool_status);
@@ -29,6 +30,7 @@ void classify(const Observations& o, RunResult& r) {
     r.reason = EndReason::SetupFailed;
     r.setup_stage = static_cast<Stage>(o.setup_stage);
     r.setup_errno = o.setup_errno;
+    r.setup_path = o.setup_path;
     r.error = std::string("sandbox set-up failed at ") + stage_name(r.setup_stage) + ": " +
               std::strerror(o.setup_errno);
     r.exit_code = -1;

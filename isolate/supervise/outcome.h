@@ -44,6 +44,8 @@ struct RunResult {
   int signal = 0;      // valid when the tool was killed by a signal
   Stage setup_stage = Stage::None;
   int setup_errno = 0;
+  std::string setup_path;  // the sandbox path of the set-up step that failed, when one did (raw: quote it to show it)
+  std::vector<std::string> moved_aside;  // what the set-up moved out of mount points' way, and where
   std::string error;   // human sentence for SetupFailed and engine errors
   std::chrono::nanoseconds wall{0};
   std::chrono::nanoseconds cpu{0};     // whole cgroup, user + system

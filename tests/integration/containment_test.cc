@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -80,7 +81,7 @@ TEST_F(EngineTest, MountinfoShowsNothingOfTheHost) {
     if (fstype != "proc") EXPECT_EQ(dev.rfind("0:", 0), 0u) << "a host device number: " << line;
     // Roots: "/" for the engine's own mounts, or a path inside the root
     // tmpfs / procfs (masks, the read-only /proc parts).
-    EXPECT_TRUE(root == "/" || root.rfind("/.masked", 0) == 0 || root == "/.boot_id" || fstype == "proc")
+    EXPECT_TRUE(root == "/" || root.rfind("/.masks/", 0) == 0 || fstype == "proc")
         << "a host path as mount root: " << line;
     EXPECT_EQ(line.find("uid="), std::string::npos) << "an owner in the mount options: " << line;
     EXPECT_EQ(line.find("gid="), std::string::npos) << "an owner in the mount options: " << line;
@@ -196,9 +197,11 @@ TEST_F(EngineTest, LinksLeftInAWritableBindAreNeverFollowed) {
 // What else a tool can leave in a writable bind for the next run: a FIFO,
 // a socket or a link where a file is mounted, an empty directory where a
 // file is mounted, a file where a directory is. Each is removed by the next
-// run's init and the mount made: no run fails or blocks on it. A FIFO that
-// is a bind's host source (the operator's, or another's) refuses that run
-// at once (ENXIO) instead of blocking the tool's read.
+// run's init and the mount made: no run fails or blocks on it. A directory
+// with something in it where a file is mounted is moved aside within the
+// same directory, whole, and the run's record says where. A FIFO that is a
+// bind's host source (the operator's, or another's) refuses that run at
+// once (ENXIO) instead of blocking the tool's read, naming the bind.
 TEST_F(EngineTest, WhatAToolLeavesAtAMountPointNeverBreaksTheNextRun) {
   const std::string shared = "/run/tsb-test-leftover", files = "/run/tsb-test-leftover-src";
   for (const auto& d : {shared, files}) std::filesystem::remove_all(d);
@@ -222,6 +225,14 @@ TEST_F(EngineTest, WhatAToolLeavesAtAMountPointNeverBreaksTheNextRun) {
       {"fifo", [](const std::string& p) { return ::mkfifo(p.c_str(), 0666); }, false},
       {"link", [](const std::string& p) { return ::symlink("/etc/shadow", p.c_str()); }, false},
       {"emptydir", [](const std::string& p) { return ::mkdir(p.c_str(), 0777); }, false},
+      {"fulldir",
+       [](const std::string& p) {
+         return ::mkdir(p.c_str(), 0777) == 0 && ::mkdir((p + "/sub").c_str(), 0777) == 0 &&
+                        (std::ofstream(p + "/sub/kept") << "kept\n")
+                    ? 0
+                    : -1;
+       },
+       false},
       {"file", [](const std::string& p) { return std::ofstream(p) << "x" ? 0 : -1; }, true},
   };
   for (const Leftover& l : leftovers) {
@@ -239,6 +250,19 @@ TEST_F(EngineTest, WhatAToolLeavesAtAMountPointNeverBreaksTheNextRun) {
       auto r = run(s);
       EXPECT_EQ(r.reason, EndReason::Exited) << l.name << " (run " << i << "): " << describe(r);
       EXPECT_EQ(r.stdout_data, l.dir_mount ? "in\n" : "config-bytes\n") << l.name << ": " << describe(r);
+      if (std::string(l.name) != "fulldir") {
+        EXPECT_TRUE(r.moved_aside.empty()) << l.name;
+        continue;
+      }
+      // Moved aside once, whole, beside the mount point; the run says where.
+      if (i == 1) {
+        EXPECT_TRUE(r.moved_aside.empty()) << "moved twice";
+        continue;
+      }
+      ASSERT_EQ(r.moved_aside.size(), 1u) << describe(r);
+      const std::string prefix = std::string("/data/fulldir") + tsb::isolate::kAsideInfix;
+      ASSERT_EQ(r.moved_aside[0].rfind(prefix, 0), 0u) << r.moved_aside[0];
+      EXPECT_EQ(host_file(shared + r.moved_aside[0].substr(5) + "/sub/kept"), "kept\n") << r.moved_aside[0];
     }
   }
   // A FIFO as a bind's own source: refused at once, never opened.
@@ -248,6 +272,7 @@ TEST_F(EngineTest, WhatAToolLeavesAtAMountPointNeverBreaksTheNextRun) {
   }));
   EXPECT_EQ(fifo.reason, EndReason::SetupFailed) << describe(fifo);
   EXPECT_EQ(fifo.setup_errno, ENXIO) << describe(fifo);
+  EXPECT_EQ(fifo.setup_path, "/pipe") << describe(fifo);
   for (const auto& d : {shared, files}) std::filesystem::remove_all(d);
 }
 
@@ -279,6 +304,45 @@ TEST_F(EngineTest, SmallHostFilesAreCopiedWhole) {
   EXPECT_EQ(r.stdout_data.substr(big.size()),
             "555 " + std::to_string(big.size()) + "\n444 6\nsmall\n0\n")
       << "exec bits, sizes, content, or a mount of their own";
+}
+
+// A mask binds only an object init made for it, at a new name (O_EXCL),
+// from the descriptor it made: whatever stands at the mask's source before
+// (a file with bytes in it, a link) refuses the run at mask-proc, naming
+// the /proc entry; it is never bound over /proc (the runc CVE-2025-31133
+// class).
+TEST_F(EngineTest, MasksBindOnlyObjectsInitMadeForThem) {
+  struct Planted {
+    const char* name;
+    tsb::isolate::FsEntry::Kind kind;
+    const char* data;  // a file's bytes, a link's target
+  };
+  for (const Planted& p : {Planted{"file", tsb::isolate::FsEntry::kFile, "planted\n"},
+                           Planted{"link", tsb::isolate::FsEntry::kSymlink, "/etc/hostname"}}) {
+    auto s = spec({"/bin/cat", "/proc/cmdline"});
+    auto table = std::make_shared<tsb::isolate::FsTable>(*s.fs);
+    auto mask = std::find_if(table->begin(), table->end(), [](const tsb::isolate::FsEntry& e) {
+      return e.kind == tsb::isolate::FsEntry::kMask && e.path == "/proc/cmdline";
+    });
+    ASSERT_NE(mask, table->end());
+    mask->source = "/.planted";
+    tsb::isolate::FsEntry planted;
+    planted.kind = p.kind;
+    planted.path = "/.planted";
+    planted.mode = 0444;
+    (p.kind == tsb::isolate::FsEntry::kFile ? planted.data : planted.source) = p.data;
+    table->insert(mask, planted);
+    s.fs = table;
+    auto r = run(s);
+    EXPECT_EQ(r.reason, EndReason::SetupFailed) << p.name << ": bound over /proc/cmdline: " << describe(r);
+    EXPECT_EQ(r.setup_stage, Stage::MaskProc) << p.name << ": " << describe(r);
+    EXPECT_EQ(r.setup_errno, EEXIST) << p.name << ": " << describe(r);
+    EXPECT_EQ(r.setup_path, "/proc/cmdline") << p.name << ": " << describe(r);
+  }
+  // The table's own masks: new, empty, read-only, under /.masks.
+  auto r = run(spec({"/bin/sh", "-c", "cat /proc/cmdline; stat -c '%a %s %h %F' /.masks/cmdline /.masks/boot_id"}));
+  ASSERT_EQ(r.reason, EndReason::Exited) << describe(r);
+  EXPECT_EQ(r.stdout_data, "444 0 1 regular empty file\n444 37 1 regular file\n") << describe(r);
 }
 
 TEST_F(EngineTest, CmdlineIsMaskedAndBootIdIsPerRun) {

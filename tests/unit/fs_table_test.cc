@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+
+#include <sys/stat.h>
 
 #include "daemon/policy/fs_table.h"
 
@@ -144,27 +147,32 @@ TEST(FsTable, BindsShallowestFirstAndTheRunnerLast) {
   EXPECT_FALSE(tsb::isolate::build_fs_table(none).ok());
 }
 
-TEST(FsTable, ProcMasksFollowProcAndCoverWithRowsMadeBefore) {
+TEST(FsTable, ProcMasksFollowProcAndCoverWithObjectsInitMakesForEach) {
   const FsTable& t = table_of(FsInputs{});
   const auto proc = index_of(t, "/proc", FsEntry::kProc);
   ASSERT_LT(proc, t.size());
   int masks = 0;
+  std::set<std::string> sources;
   for (std::size_t i = 0; i < t.size(); ++i) {
     const FsEntry& e = t[i];
-    if (e.kind != FsEntry::kMask && e.kind != FsEntry::kReadOnly) continue;
+    if (e.kind != FsEntry::kMask && e.kind != FsEntry::kReadOnly && e.kind != FsEntry::kBootId) continue;
     ++masks;
     EXPECT_GT(i, proc) << e.path;
     EXPECT_EQ(e.path.rfind("/proc/", 0), 0u) << e.path;
-    if (e.kind == FsEntry::kMask) {
-      auto cover = std::find_if(t.begin(), t.begin() + static_cast<long>(i), [&](const FsEntry& c) { return c.path == e.source; });
-      EXPECT_NE(cover, t.begin() + static_cast<long>(i)) << e.path << " is covered by " << e.source << ", made later or never";
-    }
+    if (e.kind == FsEntry::kReadOnly) continue;
+    // Init makes each mask's object new (O_EXCL) at its source: a name of
+    // its own, that no other row makes, in the root tmpfs.
+    EXPECT_EQ(e.source.rfind("/.masks/", 0), 0u) << e.path;
+    EXPECT_TRUE(sources.insert(e.source).second) << e.source << " covers two entries";
+    EXPECT_FALSE(has(t, e.source)) << e.source << " is made by another row";
+    EXPECT_TRUE(S_ISREG(e.mode) || (S_ISDIR(e.mode) && e.kind == FsEntry::kMask)) << e.path;
+    EXPECT_EQ(e.mode & 0222, 0u) << e.path;
   }
   EXPECT_GE(masks, 15);
   for (const char* p : {"/proc/kcore", "/proc/sysrq-trigger", "/proc/sys/kernel/random/boot_id", "/proc/cmdline"})
     EXPECT_TRUE(has(t, p)) << p;
   // The boot id is covered after /proc/sys turned read-only (a bind inside it).
-  EXPECT_LT(index_of(t, "/proc/sys", FsEntry::kReadOnly), index_of(t, "/proc/sys/kernel/random/boot_id", FsEntry::kMask));
+  EXPECT_LT(index_of(t, "/proc/sys", FsEntry::kReadOnly), index_of(t, "/proc/sys/kernel/random/boot_id", FsEntry::kBootId));
 }
 
 TEST(FsTable, DevHoldsOnlyTheEnginesRowsThenShm) {

@@ -188,6 +188,24 @@ TEST(SpawnWire, MessagesRoundTripAndRefuseOtherTypes) {
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(s::run_result_from(*f).reason, tsb::isolate::EndReason::SetupFailed);
   EXPECT_EQ(s::run_result_from(*f).error, failed.observations.engine_error);
+  // A set-up step's failure names its path, escaped (a path can hold any
+  // byte); what the set-up moved aside is kept, bounded.
+  s::Ended step;
+  step.observations.have_setup_error = true;
+  step.observations.setup_stage = static_cast<int>(tsb::isolate::Stage::MountBind);
+  step.observations.setup_errno = ENXIO;
+  step.observations.setup_path = "/data/x\n\x1b[2Jaudit run_id=forged";
+  step.observations.moved_aside = {"/data/cfg.left-by-a-run-7"};
+  auto sf = s::decode_ended(s::encode(step));
+  ASSERT_TRUE(sf.ok());
+  const tsb::isolate::RunResult sr = s::run_result_from(*sf);
+  EXPECT_EQ(sr.reason, tsb::isolate::EndReason::SetupFailed);
+  EXPECT_EQ(sr.setup_path, step.observations.setup_path);
+  EXPECT_EQ(sr.error, "sandbox set-up failed at mount-bind: No such device or address "
+                      "(at \"/data/x\\n\\u001B[2Jaudit run_id=forged\")");
+  EXPECT_EQ(sr.moved_aside, step.observations.moved_aside);
+  step.observations.moved_aside.assign(65, "/x");
+  EXPECT_FALSE(s::decode_ended(s::encode(step)).ok()) << "more moves than the front end takes";
   s::Hello h{"tag", "v2", "summary", {true, false, true, false}, {"note"}};
   auto hh = s::decode_hello(s::encode(h));
   ASSERT_TRUE(hh.ok());

@@ -4,6 +4,7 @@
 // spawner; the unit tests and the spawn_wire fuzz target hold both halves
 // to one format.
 #include "daemon/frontend/local/front_codec.h"
+#include "daemon/common/quote.h"
 #include "isolate/supervise/outcome.h"
 
 namespace tsb::spawn {
@@ -103,6 +104,8 @@ Result<Ended> decode_ended(std::string_view b) {
   o.pids_max_hits = r.u64();
   o.engine_error = r.str(kMaxValue);
   o.cleanup_error = r.str(kMaxValue);
+  o.setup_path = r.str(kMaxValue);
+  o.moved_aside = r.strs(64, kMaxValue);
   return finish_message(r, std::move(m), "ended");
 }
 
@@ -114,6 +117,7 @@ isolate::RunResult run_result_from(const Ended& e) {
   r.cpu = e.cpu;
   r.peak_memory_bytes = e.peak_memory_bytes;
   isolate::classify(e.observations, r);
+  name_setup_path(r);
   return r;
 }
 
