@@ -18,6 +18,7 @@
 #include <optional>
 #include <set>
 
+#include "daemon/policy/egress_host.h"
 #include "daemon/policy/embedded.h"
 #include "daemon/policy/units.h"
 #include "daemon/common/hash.h"
@@ -86,9 +87,37 @@ Status parse_ports(ObjectReader& o, const char* key, std::vector<std::uint16_t>&
 
 // "localhost" and the names below it, which resolvers answer with a
 // loopback address without asking DNS (RFC 6761, section 6.3): the egress
-// proxy refuses every connection there, so a package index named so can
-// never serve a build.
+// proxy refuses every connection there.
 bool names_loopback(std::string_view host) { return host == "localhost" || host.ends_with(".localhost"); }
+
+// Why the egress proxy would refuse every connection to `host` (a host a
+// policy names for a rule or a package index: a name, or "*." and one),
+// or "" when it may serve it. The proxy's own reading of a host and its
+// deny list (daemon/policy/egress_host.h) decide, so a policy that loads
+// names nothing the proxy then refuses for what it is: an address on the
+// deny list (however spelled: "127.1", "0x7f000001", "[::ffff:10.0.0.1]"),
+// any other address (a rule or an index names hosts; only "public"
+// reaches an address), a name the proxy does not read as one (a label
+// longer than 63 bytes, or beginning or ending with '-'), or localhost.
+std::string egress_refusal(std::string_view written) {
+  const std::string_view host = written.starts_with("*.") ? written.substr(2) : written;
+  const egress::Host h = egress::parse_host(host);
+  if (h.kind == egress::Host::kAddress) {
+    const std::string_view why = egress::denied(h.address, {});
+    if (!why.empty())
+      return quoted_for_message(written) + " is " + std::string(why) + ": the egress proxy would refuse every "
+             "connection to it (its deny list, which no rule overrides)";
+    return quoted_for_message(written) + " is an address: the egress proxy allows hosts by name, and an address "
+           "only through \"public\"";
+  }
+  if (h.kind != egress::Host::kName)
+    return quoted_for_message(written) + " is not a host name the egress proxy takes (labels of 1 to 63 letters, "
+           "digits, '-' or '_', neither beginning nor ending with '-')";
+  if (names_loopback(h.name))
+    return quoted_for_message(written) + " is this host's loopback (RFC 6761): the egress proxy would refuse every "
+           "connection to it";
+  return "";
+}
 
 // A DNS name, or "*." and one (any name below it). Addresses are not
 // names: "public" is what reaches them.
@@ -115,9 +144,11 @@ Status parse_egress(ObjectReader o, EgressRules& e) {
       auto hosts = r.strings("hosts", "host names");
       if (!hosts.ok()) return std::move(hosts).error();
       if (hosts->empty()) return r.error("hosts", "is required: the host names this rule allows");
-      for (const auto& h : *hosts)
+      for (const auto& h : *hosts) {
+        if (std::string why = egress_refusal(h); !why.empty()) return r.error("hosts", why);
         if (!egress_host_pattern(h))
           return r.error("hosts", "not a lower-case host name or \"*.\" and one: " + quoted_for_message(h));
+      }
       rule.hosts = std::move(hosts).value();
       TSB_TRY(parse_ports(r, "ports", rule.ports), "egress");
       TSB_TRY(r.done(), "egress");
@@ -163,7 +194,10 @@ Status parse_index_url(const std::string& url, PackagesPolicy& k) {
     return Error::invalid("must be a plain URL: no user, query, fragment, blanks or quotes");
   std::string_view host = authority;
   std::uint32_t port = https ? 443 : 80;
-  if (const std::size_t colon = authority.rfind(':'); colon != std::string_view::npos) {
+  // "[v6]" or "[v6]:port": the colon that ends the host is after the ']'.
+  const std::size_t after_host = authority.starts_with("[") ? authority.find(']') : 0;
+  if (const std::size_t colon = authority.rfind(':');
+      colon != std::string_view::npos && after_host != std::string_view::npos && colon > after_host) {
     host = authority.substr(0, colon);
     std::string_view ps = authority.substr(colon + 1);
     port = 0;
@@ -172,11 +206,13 @@ Status parse_index_url(const std::string& url, PackagesPolicy& k) {
     for (char c : ps) port = port * 10 + static_cast<std::uint32_t>(c - '0');
     if (port < 1 || port > 65535) return Error::invalid("the port must be from 1 to 65535");
   }
+  // What the build's egress proxy would refuse, refused now with its
+  // reason (every build would fail on it); then the policy's own form.
+  if (std::string why = egress_refusal(host); !why.empty())
+    return Error::invalid("the build reaches the index through the egress proxy, and " + why +
+                          ": serve the index on a host name the build may reach, or use \"wheels\"");
   if (host.starts_with("*.") || !egress_host_pattern(host))
     return Error::invalid("the host must be a lower-case host name (egress allows names): " + quoted_for_message(host));
-  if (names_loopback(host))
-    return Error::invalid(quoted_for_message(host) + " is this host's loopback (RFC 6761), which the build's egress "
-                          "proxy never reaches: serve the index on an address the build may reach, or use \"wheels\"");
   k.index = url;
   k.index_host = std::string(host);
   k.index_port = static_cast<std::uint16_t>(port);
@@ -219,10 +255,10 @@ Status parse_packages(ObjectReader o, PackagesPolicy& k) {
     auto hosts = o.strings("index_hosts", "host names");
     if (!hosts.ok()) return std::move(hosts).error();
     for (const auto& h : *hosts) {
+      if (std::string why = egress_refusal(h); !why.empty())
+        return o.error("index_hosts", "the build reaches these hosts through the egress proxy, and " + why);
       if (h.starts_with("*.") || !egress_host_pattern(h))
         return o.error("index_hosts", "not a lower-case host name: " + quoted_for_message(h));
-      if (names_loopback(h))
-        return o.error("index_hosts", quoted_for_message(h) + " is this host's loopback, which the build's egress proxy never reaches");
     }
     k.index_hosts = std::move(hosts).value();
   }

@@ -28,7 +28,8 @@ const char* to_string(isolate::NetworkMode n) noexcept;
 
 // What a tool in network mode "egress" may reach through the daemon's proxy
 // (policies/README.md, "egress"). Beyond every rule, the deny list always
-// applies (daemon/frontend/egress/address.h).
+// applies (daemon/policy/egress_host.h), and a host it would always refuse
+// is refused when the policy is read.
 struct EgressRules {
   struct Rule {
     std::vector<std::string> hosts;  // "api.example.com", or "*.example.com" (any name below it)

@@ -987,7 +987,23 @@ TEST(PolicyPackages, Refusals) {
       {R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "index": "https://a.test/"}})", "exactly one of"},
       {R"({"version": 1, "packages": {"allow": ["*"], "wheels": "srv/w"}})", "absolute"},
       {R"({"version": 1, "packages": {"allow": ["*"], "index": "ftp://a.test/"}})", "http:// or https://"},
-      {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://10.0.0.1/simple"}})", "host name"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://10.0.0.1/simple"}})",
+       "\"10.0.0.1\" is a private network (RFC 1918): the egress proxy would refuse every connection to it"},
+      // Every spelling of an address is read as the proxy reads it.
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://127.1:8080/simple"}})", "is loopback: the egress proxy would refuse"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://0177.0.0.1/simple"}})", "is loopback: the egress proxy would refuse"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://0xa9fea9fe/simple"}})", "is link-local (169.254/16"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://100.64.1.1/simple"}})", "CGNAT"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://0.0.0.0/simple"}})", "unspecified"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://224.0.0.1/simple"}})", "multicast"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://[::1]/simple"}})", "loopback (::1): the egress proxy would refuse"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://[fe80::1]:8080/simple"}})", "link-local (fe80::/10)"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://[::ffff:192.168.1.5]/simple"}})", "a private network (RFC 1918)"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://[64:ff9b::a00:1]/simple"}})", "NAT64"},
+      // A public address: the build's rules allow the index by name only.
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://198.51.100.7/simple"}})", "is an address: the egress proxy allows hosts by name"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://-pypi.example.com/simple"}})", "not a host name the egress proxy takes"},
+      {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://a.test/", "index_hosts": ["10.1.2.3"]}})", "private network"},
       {R"({"version": 1, "packages": {"allow": ["*"], "index": "https://u:p@a.test/simple"}})", "plain URL"},
       {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://localhost:8080/simple"}})", "loopback"},
       {R"({"version": 1, "packages": {"allow": ["*"], "index": "http://pypi.localhost/simple"}})", "loopback"},
@@ -1008,6 +1024,46 @@ TEST(PolicyPackages, Refusals) {
     auto r = load_text(t, text);
     ASSERT_FALSE(r.ok()) << text;
     EXPECT_NE(r.error().message.find(words), std::string::npos) << text << "\n" << r.error().message;
+  }
+}
+
+// An egress rule that names a host the proxy would always refuse (an
+// address on its deny list, however spelled; any address, which only
+// "public" reaches; localhost; a name the proxy does not read as one) is
+// refused when the policy is read, with the proxy's reason; names it
+// serves still load.
+TEST(PolicyEgress, HostsTheProxyWouldRefuseAreRefusedWithItsReason) {
+  TempDir t;
+  const auto policy = [](const std::string& host) {
+    return R"({"version": 1, "network": "egress", "egress": {"allow": [{"hosts": [")" + host + R"("], "ports": [443]}]}})";
+  };
+  const std::pair<const char*, const char*> refused[] = {
+      {"127.0.0.1", "\"127.0.0.1\" is loopback: the egress proxy would refuse every connection to it"},
+      {"2130706433", "is loopback"},
+      {"0x7f.1", "is loopback"},
+      {"10.0.0.1", "a private network (RFC 1918)"},
+      {"172.16.5.4", "a private network (RFC 1918)"},
+      {"169.254.169.254", "link-local (169.254/16: the cloud metadata service)"},
+      {"[::1]", "loopback (::1)"},
+      {"[fd12::1]", "a private network (ULA fc00::/7)"},
+      {"[::ffff:169.254.169.254]", "link-local"},
+      {"*.10.0.0.1", "a private network"},
+      {"198.51.100.7", "is an address: the egress proxy allows hosts by name, and an address only through \"public\""},
+      {"localhost", "is this host's loopback (RFC 6761)"},
+      {"*.localhost", "is this host's loopback (RFC 6761)"},
+      {"a.localhost", "is this host's loopback (RFC 6761)"},
+      {"-a.example.com", "not a host name the egress proxy takes"},
+      {"a-.example.com", "not a host name the egress proxy takes"},
+  };
+  for (const auto& [host, words] : refused) {
+    auto r = load_text(t, policy(host));
+    ASSERT_FALSE(r.ok()) << host;
+    EXPECT_NE(r.error().message.find("p.json:1:68: "), std::string::npos) << r.error().message;  // the host's place
+    EXPECT_NE(r.error().message.find(words), std::string::npos) << host << "\n" << r.error().message;
+  }
+  for (const char* host : {"api.example.com", "*.example.com", "a_b.example.com", "xn--bcher-kva.example", "localhost.example.com"}) {
+    auto r = load_text(t, policy(host));
+    EXPECT_TRUE(r.ok()) << host << ": " << r.error().message;
   }
 }
 

@@ -1,6 +1,6 @@
 // A policy's egress rules (policies/README.md, "egress") applied to what a
 // request names, before any address is known. The deny list
-// (daemon/frontend/egress/address.h) applies afterwards, to every address, whatever
+// (daemon/policy/egress_host.h) applies afterwards, to every address, whatever
 // the rules said.
 #pragma once
 
