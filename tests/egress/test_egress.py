@@ -278,10 +278,12 @@ class Topology:
         with open(self.cert) as f:
             self.ca = f.read()
         wheel = make_wheel(self.tmp)
+        noisy = make_wheel(self.tmp, "tsbnoisy", modules={"tsbnoisy_hook.py": NOISY_HOOK,
+                                                          "tsbnoisy.pth": "import tsbnoisy_hook\n"})
         world = os.path.join(HERE, "world.py")
         self.start(in_ns(NS_WORLD, sys.executable, world, "--http", "80,22,8080", "--https", "443", "--cert", self.cert,
                          "--key", key, "--log", self.world_log, "--name", "world", "--wheel", wheel,
-                         "--offsite", OFFSITE_URL))
+                         "--wheel", noisy, "--offsite", OFFSITE_URL))
         self.start(in_ns(NS_DAEMON, sys.executable, world, "--http", str(LOOPBACK_PORT), "--log", self.loopback_log,
                          "--name", "daemon-host"))
 
@@ -726,6 +728,20 @@ class EgressTest(unittest.TestCase):
 
 # --- per-tool venvs built from a package index ---------------------------------
 
+# A package whose .pth file, run by the build's `pip freeze`, asks the
+# build's egress proxy for a host written with a C1 control (U+009B, a
+# terminal's CSI), a bidirectional control and a byte that is not UTF-8,
+# then fails the freeze: the build fails, and its error names the proxy's
+# refusal, escaped.
+NOISY_TARGET = b"evil\xc2\x9b2J\xe2\x80\xae.test\xff:443"
+NOISY_HOOK = (
+    "import os, socket\n"
+    "s = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n"
+    "s.sendall(b'CONNECT ' + %r + b' HTTP/1.1\\r\\n\\r\\n')\n"
+    "s.recv(4096)\n"
+    "s.close()\n"
+    "os._exit(1)\n" % NOISY_TARGET)
+
 # The tool of the venv tests: it imports the index's wheel.
 IMPORT_TOOL = (
     "import sys\n\n"
@@ -861,6 +877,27 @@ class VenvIndexTest(unittest.TestCase):
                                             r'verdict=refused reason="api.public.test is not allowed by the policy"'
                          % re.escape(offsite_run))
         self.assertEqual(self.keys(), before)
+
+    def test_a_refusal_that_fails_the_build_is_named_escaped(self):
+        r = self.run_imp("pkgs", ["tsbnoisy"])
+        build_run = self.assert_build_failed(r, "tsbnoisy")
+        error = r.record["error"]
+        # The build's error names the proxy's refusal, after pip's failure.
+        self.assertIn("pip failed; the egress proxy refused a request: not a host name or an address: "
+                      '"evil\\u009B2J\\u202E.test\\xFF"', error)
+        self.assertIn("the egress proxy refused a request", r.func_return)
+        for text in (error, r.func_return):
+            self.assertFalse([c for c in text if ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f or c in "\u202e\ufffd"], text)
+        # The daemon's log: the refusal's audit line and the build's
+        # failure, each one line, escaped.
+        with open(self.daemon.log_path, "rb") as f:
+            log = f.read()
+        for raw in (b"\xc2\x9b", b"\xe2\x80\xae", b"\xff", b"\x1b"):
+            self.assertNotIn(raw, log)
+        self.assertRegex(log.decode(), r'egress run_id=%s .*verdict=refused reason="not a host name or an address: '
+                                       r'\\"evil\\\\u009B2J\\\\u202E.test\\\\xFF\\""' % re.escape(build_run))
+        self.assertRegex(log.decode(), r"venv [0-9a-f]{12}: build failed \(run %s\): .*the egress proxy refused a request: "
+                                       r'not a host name or an address: "evil\\u009B2J\\u202E.test\\xFF"' % re.escape(build_run))
 
     def test_an_index_at_a_denied_address_fails_the_build_and_is_never_reached(self):
         before = self.keys()

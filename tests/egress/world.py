@@ -2,7 +2,7 @@
 egress tests create (tests/egress/test_egress.py), never on a real network.
 
     python3 world.py --http PORT[,PORT...] [--https PORT --cert FILE --key FILE]
-                     --log FILE --name NAME [--wheel FILE [--offsite URL]]
+                     --log FILE --name NAME [--wheel FILE]... [--offsite URL]
 
 Every server listens on all addresses of its namespace (IPv4 and IPv6) and
 answers:
@@ -10,11 +10,11 @@ answers:
                      request arrived on, the Host field, the method
   /redirect?to=URL   302 to URL
   /bytes?n=N         N bytes of "x"
-  /simple/...        a PEP 503 index holding --wheel (any other project: 404;
+  /simple/...        a PEP 503 index holding each --wheel (any other project: 404;
                      with --offsite URL, project "tsboffsite" lists one
                      file, at URL: another server's, for a test to prove a
                      build never fetches it)
-  /files/NAME        the wheel
+  /files/NAME        a wheel
   /latest/meta-data  a stand-in for instance credentials ("SECRET-...")
   anything else      JSON as /whoami
 Each request is appended to --log as one JSON line, so a test can prove a
@@ -47,7 +47,7 @@ class Server(ThreadingHTTPServer):
 
 
 def handler_for(args, log_lock):
-    wheel_name = os.path.basename(args.wheel) if args.wheel else None
+    wheels = {os.path.basename(w): w for w in args.wheel or []}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -108,9 +108,8 @@ def handler_for(args, log_lock):
                 return None
             if url.path == "/latest/meta-data":
                 return self._send(200, SECRET, "text/plain")
-            if url.path.startswith("/simple") and wheel_name:
-                project = wheel_name.split("-")[0].replace("_", "-").lower()
-                projects = {project: "/files/" + wheel_name}
+            if url.path.startswith("/simple") and wheels:
+                projects = {w.split("-")[0].replace("_", "-").lower(): "/files/" + w for w in wheels}
                 if args.offsite:
                     projects["tsboffsite"] = args.offsite
                 parts = [p for p in url.path.split("/") if p]
@@ -122,8 +121,8 @@ def handler_for(args, log_lock):
                     return self._send(404, "no such project", "text/plain")
                 name = link.rsplit("/", 1)[1]
                 return self._send(200, '<a href="%s">%s</a>' % (link, name), "text/html")
-            if url.path.startswith("/files/") and wheel_name and url.path.endswith(wheel_name):
-                with open(args.wheel, "rb") as f:
+            if url.path.startswith("/files/") and url.path[len("/files/"):] in wheels:
+                with open(wheels[url.path[len("/files/"):]], "rb") as f:
                     return self._send(200, f.read(), "application/octet-stream")
             return self._send(200, json.dumps(entry))
 
@@ -146,7 +145,7 @@ def main():
     ap.add_argument("--key")
     ap.add_argument("--log", required=True)
     ap.add_argument("--name", required=True)
-    ap.add_argument("--wheel")
+    ap.add_argument("--wheel", action="append")
     ap.add_argument("--offsite")
     args = ap.parse_args()
     lock = threading.Lock()

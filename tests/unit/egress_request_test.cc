@@ -212,3 +212,22 @@ TEST(EgressResponse, FoldedLinesGoWithTheirField) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->head, "HTTP/1.1 200 OK\r\nX-A: 1\r\nX-B: two parts\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
 }
+
+// A refusal's reason carries the host a tool wrote, and reaches the audit
+// line, the tool's answer and, for a venv build, the build's error that
+// its client sees. Control characters below 0x20 end the head at once
+// (above); what passes them (C1 controls such as U+009B, a terminal's CSI,
+// bidirectional controls, bytes that are not UTF-8) is quoted and escaped
+// in the reason, never written raw.
+TEST(EgressRequest, AHostileHostIsQuotedInTheRefusal) {
+  for (const std::string target : {std::string("evil\xc2\x9b" "2J.test\xff:443"), std::string("a\xe2\x80\xae::1:443")}) {
+    const std::string why = refusal("CONNECT " + target + " HTTP/1.1\r\n\r\n");
+    ASSERT_FALSE(why.empty()) << target;
+    for (char c : why) {
+      const auto u = static_cast<unsigned char>(c);
+      EXPECT_TRUE(u >= 0x20 && u < 0x7f) << "raw byte " << int(u) << " in: " << why;
+    }
+  }
+  EXPECT_EQ(refusal("CONNECT evil\xc2\x9b" "2J.test\xff:443 HTTP/1.1\r\n\r\n"),
+            "not a host name or an address: \"evil\\u009B2J.test\\xFF\"");
+}

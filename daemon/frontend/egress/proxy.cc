@@ -747,8 +747,11 @@ void RunProxy::finish(Conn& c, Verdict v, std::string_view reason) {
   }
   c.decided = true;
   if (reason.size() > 512) reason = reason.substr(0, 512);
+  // Escaped: what a tool or a package sent can be in it, and a build's
+  // error that names it goes to the client and the command line.
   if (v != Verdict::Allowed && first_refusal_.empty() && !reason.empty())
-    first_refusal_ = c.host + (c.port ? ":" + std::to_string(c.port) : std::string()) + ": " + std::string(reason);
+    first_refusal_ = escaped((c.host == "-" ? std::string("a request") : c.host + (c.port ? ":" + std::to_string(c.port) : std::string())) +
+                             ": " + std::string(reason));
   const auto ms = std::chrono::duration<double, std::milli>(Clock::now() - c.t0).count();
   spdlog::info("egress run_id={} request_id={} org={} tool={} host={} port={} address={} verdict={} reason={} "
                "sent={} received={} duration_ms={:.1f}",

@@ -110,8 +110,9 @@ class RunProxy : public std::enable_shared_from_this<RunProxy> {
   nlohmann::json summary() const;
   // The same for the run's audit line (" egress_connections=N ...").
   std::string audit_fields() const;
-  // "host:port: reason" of the run's first refused or failed connection,
-  // or "" (a venv build's failure names it: pip alone would not).
+  // "host:port: reason" of the run's first refused or failed connection
+  // ("a request: reason" when it named no host), escaped, or "" (a venv
+  // build's failure names it: pip alone would not).
   const std::string& first_refusal() const noexcept { return first_refusal_; }
 
  private:

@@ -5,6 +5,8 @@
 #include <cctype>
 #include <vector>
 
+#include "daemon/common/quote.h"
+
 namespace tsb::egress {
 namespace {
 
@@ -61,7 +63,7 @@ Result<Authority> parse_authority(std::string_view a, std::uint16_t default_port
     }
   } else if (const std::size_t colon = a.rfind(':'); colon != std::string_view::npos) {
     if (a.find(':') != colon)
-      return Error::invalid("an IPv6 address must be in brackets: [" + std::string(a.substr(0, 255)) + "]");
+      return Error::invalid("an IPv6 address must be in brackets: " + quoted_for_message("[" + std::string(a.substr(0, 255)) + "]"));
     host = a.substr(0, colon);
     port = a.substr(colon + 1);
   }
@@ -77,7 +79,7 @@ Result<Authority> parse_authority(std::string_view a, std::uint16_t default_port
   }
   out.host = parse_host(host);
   if (out.host.kind == Host::kInvalid)
-    return Error::invalid("not a host name or an address: " + std::string(host.substr(0, 255)));
+    return Error::invalid("not a host name or an address: " + quoted_for_message(host.substr(0, 255)));
   out.host_text = std::string(host);
   return out;
 }

@@ -284,9 +284,10 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun&
     if (!o.hold) o.failure = what + ": the venv was removed before the run could take it (cache cap too small?)";
   }
   o.built = o.failure.empty();
-  // The proxy's refusals, which pip reports only as a missing package.
+  // The proxy's refusals, which pip reports only as a missing package
+  // (or a package's process made, which pip does not report at all).
   if (!o.failure.empty() && proxy && !proxy->first_refusal().empty())
-    o.failure += "; the package index was not reachable: the egress proxy refused " + proxy->first_refusal();
+    o.failure += "; the egress proxy refused " + proxy->first_refusal();
   if (!o.failure.empty()) {
     ++venv_build_failures_;
     spdlog::warn("venv {}: build failed (run {}, landlock {}): {}", key.substr(0, 12), r.run_id.empty() ? "-" : r.run_id,
