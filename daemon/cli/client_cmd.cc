@@ -71,7 +71,7 @@ Result<std::string> read_input_file(const std::string& path) {
 }
 
 int usage(const char* verb, const std::string& msg) {
-  std::fprintf(stderr, "toolsandbox %s: %s\n", verb, msg.c_str());
+  print_line(stderr, "toolsandbox %s: %s", verb, msg.c_str());
   return kExitUsage;
 }
 
@@ -81,8 +81,7 @@ int usage(const char* verb, const std::string& msg) {
 // the operator's shell.
 void print_tool_output(std::FILE* f, const std::string& s) {
   if (::isatty(::fileno(f))) {
-    const std::string e = escaped(s, /*keep_newlines=*/true);
-    std::fwrite(e.data(), 1, e.size(), f);
+    print_block(f, s);
   } else {
     std::fwrite(s.data(), 1, s.size(), f);
   }
@@ -97,8 +96,8 @@ int report(const json& resp, bool as_json) {
   if (!resp.value("ok", false)) {
     if (!as_json) {
       const json& e = resp["error"];
-      std::fprintf(stderr, "toolsandbox: %s: %s\n", escaped(e.value("code", "?")).c_str(),
-                   escaped(e.value("message", "")).c_str());
+      print_line(stderr, "toolsandbox: %s: %s", e.value("code", "?").c_str(),
+                   e.value("message", "").c_str());
     }
     return 1;
   }
@@ -115,9 +114,9 @@ int report(const json& resp, bool as_json) {
     // A local run says whether it took a warm sandbox (policies/README.md,
     // "warm_pool"); E2B's records have no such field.
     const char* warm = !rec.contains("warm") ? "" : rec.value("warm", false) ? ", warm" : ", cold";
-    std::fprintf(stderr, "[%s: %s, %.1f ms, policy %s%s]\n", escaped(r.value("status", "?")).c_str(),
-                 escaped(rec.value("end_reason", "?")).c_str(), rec.value("wall_ms", 0.0),
-                 escaped(rec.value("policy", "?")).c_str(), warm);
+    print_line(stderr, "[%s: %s, %.1f ms, policy %s%s]", r.value("status", "?").c_str(),
+                 rec.value("end_reason", "?").c_str(), rec.value("wall_ms", 0.0),
+                 rec.value("policy", "?").c_str(), warm);
   }
   return r.value("status", "") == "success" ? 0 : 1;
 }
@@ -205,7 +204,7 @@ int cmd_client(const std::string& verb, const std::vector<std::string>& args) {
   }
   auto resp = roundtrip(socket_path, req);
   if (!resp.ok()) {
-    std::fprintf(stderr, "toolsandbox %s: %s\n", v, escaped(resp.error().message).c_str());
+    print_line(stderr, "toolsandbox %s: %s", v, resp.error().message.c_str());
     return 1;
   }
   return report(*resp, as_json);

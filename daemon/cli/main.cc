@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "daemon/cli/cli.h"
+#include "daemon/common/quote.h"
 
 namespace {
 
@@ -52,9 +53,9 @@ int main(int argc, char** argv) {
   if (verb == "venv") return tsb::cli::cmd_venv(args);
   if (verb == "exec" || verb == "call" || verb == "status") return tsb::cli::cmd_client(verb, args);
   if (verb == "version" || verb == "--version") {
-    std::printf("toolsandbox %s\n", TSB_VERSION);
+    tsb::print_line(stdout, "toolsandbox %s", TSB_VERSION);
     return 0;
   }
-  std::fprintf(stderr, "toolsandbox: unknown command '%s' (try 'toolsandbox --help')\n", verb.c_str());
+  tsb::print_line(stderr, "toolsandbox: unknown command '%s' (try 'toolsandbox --help')", verb.c_str());
   return 2;
 }

@@ -57,7 +57,7 @@ struct PolicyArgs {
 };
 
 int usage_error(const std::string& sub, const std::string& msg) {
-  std::fprintf(stderr, "toolsandbox policy %s: %s\n", escaped(sub).c_str(), escaped(msg).c_str());
+  print_line(stderr, "toolsandbox policy %s: %s", sub.c_str(), msg.c_str());
   return kExitUsage;
 }
 
@@ -259,7 +259,7 @@ int cmd_check(const PolicyArgs& a, const core::PolicyContext& ctx) {
   int rc = 0;
   for (const auto& ls : lines) {
     for (const auto& l : ls) {
-      std::fprintf(l.error ? stderr : stdout, "%s\n", escaped(l.text).c_str());
+      print_line(l.error ? stderr : stdout, "%s", l.text.c_str());
       if (l.error) rc = 1;
     }
   }
@@ -267,8 +267,8 @@ int cmd_check(const PolicyArgs& a, const core::PolicyContext& ctx) {
 }
 
 void skipped_organizations(const std::string& sub, const std::string& ref) {
-  std::fprintf(stderr, "%s: skipped: an organizations file, not a policy (policy %s applies to policies; policy check checks it)\n",
-               escaped(ref).c_str(), escaped(sub).c_str());
+  print_line(stderr, "%s: skipped: an organizations file, not a policy (policy %s applies to policies; policy check checks it)",
+               ref.c_str(), sub.c_str());
 }
 
 int cmd_fingerprint(const PolicyArgs& a, const core::PolicyContext& ctx) {
@@ -280,32 +280,32 @@ int cmd_fingerprint(const PolicyArgs& a, const core::PolicyContext& ctx) {
     }
     auto p = resolve_policy(ref, ctx);
     if (!p.ok()) {
-      std::fprintf(stderr, "%s\n", escaped(p.error().message).c_str());
+      print_line(stderr, "%s", p.error().message.c_str());
       rc = 1;
       continue;
     }
-    std::printf("%s  %s\n", p->fingerprint.c_str(), escaped(ref).c_str());
+    print_line(stdout, "%s  %s", p->fingerprint.c_str(), ref.c_str());
   }
   return rc;
 }
 
 int cmd_explain(const PolicyArgs& a, const core::PolicyContext& ctx) {
   if (organizations_operand(a.operands[0])) {
-    std::fprintf(stderr,
+    print_line(stderr,
                  "%s: an organizations file, not a policy: explain describes one policy (policy check checks an "
-                 "organizations file and the policies it names)\n",
+                 "organizations file and the policies it names)",
                  a.operands[0].c_str());
     return 1;
   }
   auto p = resolve_policy(a.operands[0], ctx);
   if (!p.ok()) {
-    std::fprintf(stderr, "%s\n", escaped(p.error().message).c_str());
+    print_line(stderr, "%s", p.error().message.c_str());
     return 1;
   }
   if (!a.compare) {
     core::ExplainOptions options;
     options.host_facts = a.host_facts;
-    std::fputs(escaped(core::explain_policy(*p, options), /*keep_newlines=*/true).c_str(), stdout);
+    print_block(stdout, core::explain_policy(*p, options));
     return 0;
   }
   // Third-party profiles list syscalls newer than this libseccomp; dropping
@@ -315,10 +315,10 @@ int cmd_explain(const PolicyArgs& a, const core::PolicyContext& ctx) {
   lenient.unresolvable_syscalls = policy::SeccompParseOptions::UnresolvableSyscalls::SkipInAllowRules;
   auto other = policy::load_seccomp_profile_file(*a.compare, lenient);
   if (!other.ok()) {
-    std::fprintf(stderr, "%s\n", escaped(other.error().wrap("--compare").message).c_str());
+    print_line(stderr, "%s", other.error().wrap("--compare").message.c_str());
     return 1;
   }
-  std::fputs(escaped(core::compare_profiles(*p, *other, *a.compare), /*keep_newlines=*/true).c_str(), stdout);
+  print_block(stdout, core::compare_profiles(*p, *other, *a.compare));
   return 0;
 }
 
@@ -333,7 +333,7 @@ int cmd_lint(const PolicyArgs& a, const core::PolicyContext& ctx) {
     for (const auto& f : report.findings) {
       if (f.severity == core::LintSeverity::Note && !a.notes) continue;
       std::FILE* out = f.severity == core::LintSeverity::Error ? stderr : stdout;
-      std::fprintf(out, "%s\n", escaped(f.format()).c_str());
+      print_line(out, "%s", f.format().c_str());
     }
     rc = std::max(rc, report.exit_status());
   }
@@ -360,7 +360,7 @@ int cmd_policy(const std::vector<std::string>& args) {
     return 0;
   }
   if (sub != "check" && sub != "fingerprint" && sub != "explain" && sub != "lint") {
-    std::fprintf(stderr, "toolsandbox policy: unknown subcommand '%s'\n", escaped(sub).c_str());
+    print_line(stderr, "toolsandbox policy: unknown subcommand '%s'", sub.c_str());
     return kExitUsage;
   }
   PolicyArgs a;
@@ -370,7 +370,7 @@ int cmd_policy(const std::vector<std::string>& args) {
 
   auto ctx = context_from(a);
   if (!ctx.ok()) {
-    std::fprintf(stderr, "%s\n", escaped(ctx.error().message).c_str());
+    print_line(stderr, "%s", ctx.error().message.c_str());
     return sub == "lint" ? 2 : 1;
   }
   if (sub == "check") return cmd_check(a, *ctx);

@@ -11,6 +11,7 @@
 
 #include "daemon/compile/spawn_policy.h"
 #include "daemon/cli/cli.h"
+#include "daemon/common/quote.h"
 #include "daemon/cli/seccomp_cache.h"
 #include "daemon/common/quote.h"
 #include "daemon/policy/seccomp_profile.h"
@@ -26,7 +27,7 @@ namespace tsb::cli {
 namespace {
 
 int fail_usage(const std::string& msg) {
-  std::fprintf(stderr, "toolsandbox run: %s\n", msg.c_str());
+  print_line(stderr, "toolsandbox run: %s", msg.c_str());
   return kExitUsage;
 }
 
@@ -245,17 +246,17 @@ int report_run(const isolate::RunResult& r, const core::Policy& policy, const is
     case EndReason::Exited:
       return r.exit_code;
     case EndReason::Signaled:
-      if (!json) std::fprintf(stderr, "toolsandbox run: killed by signal %d\n", r.signal);
+      if (!json) print_line(stderr, "toolsandbox run: killed by signal %d", r.signal);
       return 128 + r.signal;
     case EndReason::SetupFailed:
-      if (!json) std::fprintf(stderr, "toolsandbox run: %s\n", escaped(r.error).c_str());
+      if (!json) print_line(stderr, "toolsandbox run: %s", r.error.c_str());
       return kExitSetup;
     case EndReason::Timeout:
-      if (!json) std::fprintf(stderr, "toolsandbox run: timed out after %s; the whole process tree was killed\n",
+      if (!json) print_line(stderr, "toolsandbox run: timed out after %s; the whole process tree was killed",
                               core::format_duration(spec.limits.wall_timeout).c_str());
       return kExitTimeout;
     default:
-      if (!json) std::fprintf(stderr, "toolsandbox run: run ended: %s\n", std::string(isolate::to_string(r.reason)).c_str());
+      if (!json) print_line(stderr, "toolsandbox run: run ended: %s", std::string(isolate::to_string(r.reason)).c_str());
       return 128 + 9;
   }
 }
@@ -271,7 +272,7 @@ int cmd_run(const std::vector<std::string>& args) {
   if (!policy.ok()) return fail_usage(policy.error().message);
   auto init_filter = compiled(opts->seccomp_cache, "init", [] { return policy::compile_init_filter(); });
   if (!init_filter.ok()) {
-    std::fprintf(stderr, "toolsandbox run: compiling the init filter: %s\n", init_filter.error().message.c_str());
+    print_line(stderr, "toolsandbox run: compiling the init filter: %s", init_filter.error().message.c_str());
     return kExitSetup;
   }
   isolate::RunSpec spec = core::run_spec_from(*policy);
@@ -281,7 +282,7 @@ int cmd_run(const std::vector<std::string>& args) {
 
   auto engine = policy::create_engine(opts->cfg, std::move(init_filter).value());
   if (!engine.ok()) {
-    std::fprintf(stderr, "toolsandbox run: %s\n", engine.error().message.c_str());
+    print_line(stderr, "toolsandbox run: %s", engine.error().message.c_str());
     return kExitSetup;
   }
   isolate::RunResult r = (*engine)->run(spec);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "daemon/common/quote.h"
 #include "isolate/base/file.h"
 #include "daemon/common/hash.h"
 #include "isolate/base/random.h"
@@ -125,7 +126,7 @@ Result<std::shared_ptr<const isolate::SeccompProgram>> cached_or_compiled(const 
   auto compiled = compile();
   if (!compiled.ok()) return compiled;
   if (auto st = store_cached_program(dir, key, **compiled); !st.ok())
-    std::fprintf(stderr, "%s: not caching the compiled seccomp program: %s\n", who, st.error().message.c_str());
+    print_line(stderr, "%s: not caching the compiled seccomp program: %s", who, st.error().message.c_str());
   return compiled;
 }
 

@@ -38,12 +38,13 @@ constexpr const char* kUsage =
     "       toolsandbox venv build REQUIREMENT... [--org ID] [--policy NAME] [--socket PATH] [--json]\n";
 
 int usage(const std::string& msg) {
-  std::fprintf(stderr, "toolsandbox venv: %s\n%s", msg.c_str(), kUsage);
+  print_line(stderr, "toolsandbox venv: %s", msg.c_str());
+  std::fputs(kUsage, stderr);
   return kExitUsage;
 }
 
 int fail(const std::string& msg) {
-  std::fprintf(stderr, "toolsandbox venv: %s\n", msg.c_str());
+  print_line(stderr, "toolsandbox venv: %s", msg.c_str());
   return 1;
 }
 
@@ -127,8 +128,8 @@ int venv_build(const VenvOptions& o) {
   if (o.as_json) std::printf("%s\n", core::dump_json(*resp).c_str());
   if (!resp->value("ok", false)) {
     if (!o.as_json)
-      std::fprintf(stderr, "toolsandbox venv: %s: %s\n", escaped((*resp)["error"].value("code", "?")).c_str(),
-                   escaped((*resp)["error"].value("message", "")).c_str());
+      print_line(stderr, "toolsandbox venv: %s: %s", (*resp)["error"].value("code", "?").c_str(),
+                   (*resp)["error"].value("message", "").c_str());
     return 1;
   }
   const json& r = (*resp)["result"];
@@ -136,15 +137,15 @@ int venv_build(const VenvOptions& o) {
   if (r.value("status", "") != "success") {
     if (!o.as_json) {
       // What pip printed, on the operator's terminal: escaped, lines kept.
-      for (const auto& s : r["stderr"]) std::fprintf(stderr, "%s\n", escaped(s.get<std::string>(), true).c_str());
-      std::fprintf(stderr, "toolsandbox venv: the build failed: %s\n", escaped(r["record"].value("error", "")).c_str());
+      for (const auto& s : r["stderr"]) print_block(stderr, s.get<std::string>() + "\n");
+      print_line(stderr, "toolsandbox venv: the build failed: %s", r["record"].value("error", "").c_str());
     }
     return 1;
   }
   if (!o.as_json)
-    std::printf("%s %s in %.0f ms (policy %s)\n", escaped(v.value("key", "?")).c_str(),
+    print_line(stdout, "%s %s in %.0f ms (policy %s)", v.value("key", "?").c_str(),
                 v.value("built", false) ? "built" : "cached", v.value("build_ms", 0.0),
-                escaped(r["record"].value("policy", "?")).c_str());
+                r["record"].value("policy", "?").c_str());
   return 0;
 }
 
@@ -234,12 +235,12 @@ int venv_list(venv::Cache& cache, const std::string& dir, std::uint64_t cap, con
     std::printf("%s\n", json{{"dir", dir}, {"bytes", cache.total_bytes()}, {"max_bytes", cap}, {"venvs", out}}.dump(2).c_str());
     return 0;
   }
-  std::printf("%s: %zu venvs, %s of %s\n", dir.c_str(), out.size(), format_size(cache.total_bytes()).c_str(),
+  print_line(stdout, "%s: %zu venvs, %s of %s", dir.c_str(), out.size(), format_size(cache.total_bytes()).c_str(),
               format_size(cap).c_str());
   for (const json& e : out) {
     std::string reqs;
     for (const auto& r : e["requirements"]) reqs += (reqs.empty() ? "" : " ") + escaped(r.get<std::string>());
-    std::printf("%.16s  %10s  %s  %-6s  %s\n", e["key"].get<std::string>().c_str(),
+    print_line(stdout, "%.16s  %10s  %s  %-6s  %s", e["key"].get<std::string>().c_str(),
                 format_size(e["bytes"].get<std::uint64_t>()).c_str(), e["last_used"].get<std::string>().c_str(),
                 e["in_use"].get<bool>() ? "in use" : "", reqs.c_str());
   }
@@ -254,8 +255,8 @@ int venv_gc(venv::Cache& cache, const std::string& dir, const VenvOptions& o) {
   if (o.as_json) {
     std::printf("%s\n", json{{"removed", gone}, {"bytes_before", before}, {"bytes", cache.total_bytes()}}.dump(2).c_str());
   } else {
-    for (const auto& k : gone) std::printf("removed %s\n", k.c_str());
-    std::printf("%s: %zu venvs removed, %s left (%zu venvs)\n", dir.c_str(), gone.size(),
+    for (const auto& k : gone) print_line(stdout, "removed %s", k.c_str());
+    print_line(stdout, "%s: %zu venvs removed, %s left (%zu venvs)", dir.c_str(), gone.size(),
                 format_size(cache.total_bytes()).c_str(), cache.entries().size());
   }
   return 0;

@@ -4,6 +4,7 @@
 // helper, the command line); nothing of it runs in the root process.
 #pragma once
 
+#include <cstdarg>
 #include <cstddef>
 #include <cstdio>
 #include <string>
@@ -93,6 +94,36 @@ inline std::string escaped(std::string_view s, bool keep_newlines = false) {
   out.reserve(s.size());
   append_escaped(out, s, keep_newlines);
   return out;
+}
+
+// The command line's one way to put text on an operator's terminal (or
+// in a file a person reads): a line made with printf's format, escaped
+// whole as a log line is (append_escaped), then a newline. A name, a
+// path, a message, pip's output or anything else a daemon, a tool, a
+// package or a file put in it cannot end the line, move the cursor or
+// start a terminal sequence, whether or not its call site thought of it.
+// (JSON documents, whose encoder escapes every control character, and a
+// tool's output into a pipe are written as they are.)
+[[gnu::format(printf, 2, 3)]] inline void print_line(std::FILE* to, const char* format, ...) {
+  std::va_list ap;
+  va_start(ap, format);
+  std::va_list again;
+  va_copy(again, ap);
+  const int n = std::vsnprintf(nullptr, 0, format, ap);
+  va_end(ap);
+  std::string raw(n > 0 ? static_cast<std::size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(raw.data(), raw.size() + 1, format, again);
+  va_end(again);
+  std::string line = escaped(raw);
+  line += '\n';
+  std::fwrite(line.data(), 1, line.size(), to);
+}
+
+// A block of text (a review page, a usage text, a tool's output on a
+// terminal): escaped as print_line() escapes, its lines and tabs kept.
+inline void print_block(std::FILE* to, std::string_view text) {
+  const std::string e = escaped(text, /*keep_newlines=*/true);
+  std::fwrite(e.data(), 1, e.size(), to);
 }
 
 // A string as a double-quoted literal safe to put in a message or a log line:

@@ -995,7 +995,26 @@ Result<std::string> read_policy_text(const std::string& path, SourceFiles* files
   return read_file(path, rules);
 }
 
+// A policy's name is its file's stem, and it goes everywhere: the audit
+// line, run records, the organizations table, `status`, the spawner's own
+// log (which escapes nothing it did not make: docs/ERRORS.md, section 3).
+// So it is a plain word: 1 to 128 letters, digits, '.', '_' or '-', not
+// beginning with '.' or '-'. A file named otherwise (a newline, a terminal
+// sequence, bytes that are not UTF-8) is refused, never shown raw.
+namespace {
+bool valid_policy_name(std::string_view n) {
+  if (n.empty() || n.size() > 128 || n.front() == '.' || n.front() == '-') return false;
+  return std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+}  // namespace
+
 Result<Policy> load_policy(const std::string& path, const PolicyContext& ctx) {
+  if (const std::string name = policy_stem(path); !valid_policy_name(name))
+    return Error::invalid("policy: " + quoted_for_message(path) + ": a policy's name is its file's stem, " +
+                          quoted_for_message(name) + ", which must be 1 to 128 letters, digits, '.', '_' or '-' "
+                          "(not beginning with '.' or '-'): rename the file");
   auto text = read_policy_text(path, ctx.files);
   if (!text.ok()) return std::move(text).error().wrap("policy");
   auto doc = parse_jsonc(*text, path);

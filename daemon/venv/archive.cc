@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+
+#include "daemon/common/quote.h"
 #include <string>
 #include <vector>
 
@@ -109,8 +111,13 @@ bool reserved_path(std::string_view path) {
 
 Extractor::Extractor(UniqueFd root, ArchiveLimits limits) : root_(std::move(root)), limits_(limits) {}
 
+// Every refusal of the extractor comes here, and many name a path the
+// build wrote (a package's file names, or names a process left behind
+// in /venv chose): escaped once, here, for every message that carries
+// it (the build's error its client sees, the daemon's log, the command
+// line), so a name cannot add a line or start a terminal sequence.
 Status Extractor::fail(std::string why) {
-  if (error_.empty()) error_ = "venv archive: " + why;
+  if (error_.empty()) error_ = "venv archive: " + escaped(why);
   file_.reset();
   return Error::invalid(error_, EPROTO);
 }

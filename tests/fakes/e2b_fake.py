@@ -57,6 +57,9 @@ A fault: {"op": OP, "kind": KIND, "status": N, "times": N (default 1; -1 = alway
           "display_first"     (execute) a display_data result carrying a decoy
                               payload before the real output
           "deadline_exceeded" (process) end the stream with that Connect error
+          "stderr"            (process) the command writes the bytes of
+                              `stderr_b64` (base64) on its stderr and fails
+    "message": the error body's message (KIND "status")
 """
 
 import argparse
@@ -663,6 +666,12 @@ class Handler(BaseHTTPRequestHandler):
             return self.drop_connection()
         if kind == "deadline_exceeded":
             self.chunk(envelope(2, {"error": {"code": "deadline_exceeded", "message": "context deadline exceeded"}}))
+            return self.end_chunked()
+        if kind == "stderr":
+            # The command fails and writes the fault's bytes (base64) on its stderr.
+            self.chunk(envelope(0, {"event": {"data": {"stderr": fault.get("stderr_b64", "")}}}))
+            self.chunk(envelope(0, {"event": {"end": {"exitCode": 1, "exited": True, "status": "exit status 1"}}}))
+            self.chunk(envelope(2, {}))
             return self.end_chunked()
         is_pip = len(argv) == 7 and argv[:6] == ["python3", "-m", "pip", "install", "--no-input", "--"]
         name = ""

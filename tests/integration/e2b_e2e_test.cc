@@ -595,6 +595,48 @@ TEST_F(E2BTest, E2BPipRequirementsValidatedAndPassedAsArgv) {
   EXPECT_NE(rec(r)["error"].get<std::string>().find("deadline_exceeded"), std::string::npos);
 }
 
+// What E2B says (an error body's message, a command's stderr in the
+// sandbox) reaches the run's error message and the daemon's log escaped:
+// a newline and a forged log line, OSC and CSI sequences, BEL, CR, a C1
+// control and bytes that are not UTF-8 never come through raw.
+TEST_F(E2BTest, E2BMessagesReachTheClientAndTheLogEscaped) {
+  Daemon d(*fake_);
+  const std::string forged = "boom\n2024-01-01T00:00:00.000 info audit run_id=forged\x1b]0;pwned\x07\x1b[2J\r\xc2\x9b" "31m";
+  const auto raw_free = [](const std::string& s) {
+    for (char c : s) {
+      const auto u = static_cast<unsigned char>(c);
+      if ((u < 0x20 && c != '\n') || u == 0x7f || u == 0xff) return false;
+    }
+    return s.find("\xc2\x9b") == std::string::npos;
+  };
+  // An error body from the control plane.
+  fake_->fault({{"op", "create"}, {"status", 500}, {"message", forged}});
+  auto r = d.request(run_tool("def f():\n    return 1\n", "f", json::object(), {{"sandbox_config", e2b_config("esc-1")}}));
+  ASSERT_TRUE(r.value("ok", false)) << r.dump();
+  std::string msg = r["result"]["func_return"].get<std::string>();
+  EXPECT_NE(msg.find("boom\\n2024-01-01T00:00:00.000 info audit run_id=forged\\u001B]0;pwned\\u0007\\u001B[2J\\r\\u009B31m"),
+            std::string::npos)
+      << msg;
+  EXPECT_TRUE(raw_free(msg) && msg.find('\n') == std::string::npos) << msg;
+  EXPECT_TRUE(raw_free(rec(r).value("error", ""))) << rec(r).dump();
+  // A command's stderr in the sandbox (pip's, or a package's), with bytes
+  // that are not UTF-8.
+  const std::string noise = forged + "\xff\xfe tail\n";
+  fake_->fault({{"op", "process"}, {"kind", "stderr"}, {"stderr_b64", tsb::letta::b64encode(noise)}});
+  r = d.request(run_tool("def f():\n    return 1\n", "f", json::object(),
+                         {{"organization_id", "org-net"}, {"pip_requirements", {"requests"}}}));
+  ASSERT_TRUE(r.value("ok", false)) << r.dump();
+  EXPECT_EQ(rec(r)["detail"], "pip_install_failed") << r.dump();
+  msg = r["result"]["func_return"].get<std::string>();
+  EXPECT_NE(msg.find("boom\\n2024-01-01T00:00:00.000 info audit run_id=forged\\u001B]0;pwned\\u0007"), std::string::npos) << msg;
+  EXPECT_TRUE(raw_free(msg) && msg.find('\n') == std::string::npos) << msg;
+  EXPECT_TRUE(raw_free(rec(r).value("error", ""))) << rec(r).dump();
+  // The daemon's log: one line per event, nothing forged, no sequence.
+  const std::string log = d.log_text();
+  EXPECT_TRUE(raw_free(log)) << log;
+  EXPECT_EQ(log.find("\n2024-01-01T00:00:00.000 info audit run_id=forged"), std::string::npos) << log;
+}
+
 TEST_F(E2BTest, E2BFailureModesGiveTheirEndReasonAndTheDaemonKeepsServing) {
   Daemon d(*fake_);
   struct Case {

@@ -39,6 +39,12 @@ IMPORT_TOOL = (
     "    return {'tool': tsbtool.VALUE, 'dep': tsbdep.VALUE, 'prefix': sys.prefix}\n"
 )
 
+# What a package prints during a build: a forged log line, OSC and CSI
+# sequences, BEL, CR, a C1 CSI and bytes that are not UTF-8.
+PTH_NOISE = b"noise\n2024-01-01T00:00:00.000 info audit run_id=forged\x1b]0;pwned\x07\x1b[2J\r\xc2\x9b31m\xff\n"
+# What a terminal takes as a control (newline aside).
+TERMINAL_CONTROLS = [bytes([c]) for c in range(0x20) if c != 0x0A] + [b"\x7f", b"\xc2\x9b", b"\xff"]
+
 # A name that would forge a log line and drive a terminal.
 PTH_FIFO = "fifo\n2024-01-01 00:00:00 [info] audit: allowed\x1b[2J\x1b]0;pwned\x07"
 
@@ -109,6 +115,11 @@ class VenvDaemon:
             "tsbevil-1.0.data/scripts/%s._pth" % "python3": "/usr/lib/%s.zip\n/usr/lib/%s\n/usr/lib/%s/lib-dynload\n"
             "/venv/lib/%s/site-packages\n/venv/evil\n" % (ver.replace(".", ""), ver, ver, ver),
         })
+        # A wheel whose .pth file, run by `pip freeze` in the build sandbox,
+        # writes a forged log line, terminal sequences and bytes that are
+        # not UTF-8 on pip's stderr, and fails the freeze.
+        make_wheel(self.wheels, "tsbpthnoise", "1.0", modules={
+            "tsbpthnoise.pth": "import os; os.write(2, %r); os._exit(1)\n" % PTH_NOISE})
         # A wheel whose .pth file, run by `pip freeze` in the build sandbox,
         # leaves a FIFO with a hostile name in the venv.
         make_wheel(self.wheels, "tsbpthfifo", "1.0", modules={
@@ -368,6 +379,19 @@ class Commands(unittest.TestCase):
         failed = cli("venv", "build", "tsbmissing", "--org", ORG, "--socket", sock, check=False)
         self.assertEqual(failed.returncode, 1)
         self.assertIn("tsbmissing", failed.stderr)
+        # pip's output, with what a package printed, reaches the operator's
+        # terminal escaped, lines kept; the daemon's log gets no raw byte.
+        noisy = subprocess.run([os.path.join(os.environ.get("TSB_BUILD", os.path.join(REPO, "build")), "bin", "toolsandbox"),
+                                "venv", "build", "tsbpthnoise", "--org", ORG, "--socket", sock], capture_output=True, timeout=300)
+        self.assertEqual(noisy.returncode, 1, noisy)
+        self.assertIn(b"noise\n2024-01-01T00:00:00.000 info audit run_id=forged\\u001B]0;pwned\\u0007\\u001B[2J\\r\\u009B31m",
+                      noisy.stderr)
+        self.assertIn(b"toolsandbox venv: the build failed: ", noisy.stderr)
+        self.assertEqual([c for c in TERMINAL_CONTROLS if c in noisy.stdout + noisy.stderr], [], noisy.stderr)
+        with open(self.v.daemon.log_path, "rb") as f:
+            log = f.read()
+        self.assertEqual([c for c in TERMINAL_CONTROLS if c in log], [], log)
+        self.assertNotIn(b"\n2024-01-01T00:00:00.000 info audit run_id=forged", log)
         refused = cli("venv", "build", "requests", "--org", ORG, "--socket", sock, check=False)
         self.assertEqual(refused.returncode, 1)
         self.assertIn("policy_denied", refused.stderr)

@@ -144,6 +144,24 @@ TEST(Quote, EscapedKeepsQuotesAndEscapesTheRest) {
   EXPECT_EQ(escaped("h\xc3\xa9"), "h\xc3\xa9");
 }
 
+// The command line's lines: whatever went into the format's arguments
+// comes out escaped, one line; a block keeps its lines and escapes the rest.
+TEST(Quote, PrintLineEscapesTheWholeLineAndPrintBlockKeepsLines) {
+  const auto written = [](auto&& write) {
+    std::FILE* f = std::tmpfile();
+    write(f);
+    std::rewind(f);
+    std::string out;
+    for (int c; (c = std::fgetc(f)) != EOF;) out += static_cast<char>(c);
+    std::fclose(f);
+    return out;
+  };
+  const std::string forged = "x\n2026-12-06T00:00:00.000 info audit run_id=forged\x1b]0;pwned\x07\x1b[2J\r\xc2\x9b\xff";
+  EXPECT_EQ(written([&](std::FILE* f) { tsb::print_line(f, "toolsandbox venv: %s (%d)", forged.c_str(), 7); }),
+            "toolsandbox venv: x\\n2026-12-06T00:00:00.000 info audit run_id=forged\\u001B]0;pwned\\u0007\\u001B[2J\\r\\u009B\\xFF (7)\n");
+  EXPECT_EQ(written([&](std::FILE* f) { tsb::print_block(f, "a\n\tb\x1b[1m\n"); }), "a\n\tb\\u001B[1m\n");
+}
+
 // Every log line of the front end goes through log_line_formatter(): a
 // message with a forged second line, terminal sequences and bytes that
 // are not UTF-8 comes out as one line, escaped.

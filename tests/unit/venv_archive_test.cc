@@ -181,6 +181,29 @@ TEST(VenvArchive, NothingIsFollowedOrOverwritten) {
   EXPECT_NE(error_of(extract(h, magic + rec('f', "a", 0644, "1") + rec('f', "a/b", 0644, "1") + kEnd)), "");
 }
 
+// A refusal that names a path the build wrote (here: the same name twice,
+// and a parent that was never made) says it escaped: a newline and a
+// forged log line, OSC and CSI sequences, BEL, CR, a C1 control, a
+// bidirectional control and bytes that are not UTF-8 all come out as
+// escapes, in one line.
+TEST(VenvArchive, ARefusalNamesAHostilePathEscaped) {
+  const std::string magic = "TSBVENV1";
+  const std::string hostile = "x\n2024-01-01 00:00:00 info audit run_id=forged\x1b]0;pwned\x07\x1b[2J\r\xc2\x9b\xe2\x80\xae\xff";
+  for (const std::string& stream : {magic + rec('f', hostile, 0644, "1") + rec('f', hostile, 0644, "2") + kEnd,
+                                    magic + rec('f', hostile + "/y", 0644, "1") + kEnd}) {
+    Dir d;
+    const std::string err = error_of(extract(d, stream));
+    ASSERT_NE(err, "");
+    for (char c : err) {
+      const auto u = static_cast<unsigned char>(c);
+      EXPECT_TRUE(u >= 0x20 && u < 0x7f) << "raw byte " << int(u) << " in: " << err;
+    }
+    EXPECT_NE(err.find("x\\n2024-01-01 00:00:00 info audit run_id=forged\\u001B]0;pwned\\u0007\\u001B[2J\\r\\u009B\\u202E\\xFF"),
+              std::string::npos)
+        << err;
+  }
+}
+
 TEST(VenvArchive, ModesAreNeverWritableOrSetuid) {
   Dir d;
   const std::string s = "TSBVENV1" + rec('d', "bin", 07777, "") + rec('f', "bin/x", 07777, "#!") +

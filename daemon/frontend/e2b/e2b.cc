@@ -18,6 +18,7 @@
 #include <climits>
 #include <cstdlib>
 
+#include "daemon/common/quote.h"
 #include "daemon/frontend/letta/result.h"
 #include "protocol/record.h"
 #include "daemon/policy/units.h"
@@ -711,11 +712,11 @@ E2BBackend::Step<void> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const s
     return Fail{.end_reason = "setup_failed",
                 .detail = "pip_install_failed",
                 .message = "Failed to install " + requirement + " in E2B sandbox: " + why +
-                           (err.empty() ? std::string() : ": " + tail(err, 600)),
+                           (err.empty() ? std::string() : ": " + escaped(tail(err, 600))),
                 .exc_name = "RuntimeError"};
   };
   if (st.trailer_error.is_object())
-    co_return pip_failed("envd ended the command with " + str_field(st.trailer_error, "code", "unknown") + " " +
+    co_return pip_failed("envd ended the command with " + escaped(str_field(st.trailer_error, "code", "unknown")) + " " +
                          q(str_field(st.trailer_error, "message")));
   if (!st.ended) co_return pip_failed("the command ended without an exit status");
   if (st.exit_code != 0) co_return pip_failed("pip exited with code " + std::to_string(st.exit_code));
@@ -935,8 +936,8 @@ E2BBackend::Step<void> E2BBackend::run_tool_cell(RunCtx& ctx, Sandbox& sb, Prepa
     std::string tb = str_field(*ex.error, "traceback");
     if (!tb.empty()) printed.err += (printed.err.empty() || printed.err.back() == '\n' ? "" : "\n") + tb;
     co_return Fail{.detail = "execution_error",
-                   .message = "the fixed cell failed in the sandbox: " + str_field(*ex.error, "name") + ": " +
-                              str_field(*ex.error, "value"),
+                   .message = "the fixed cell failed in the sandbox: " + escaped(str_field(*ex.error, "name")) + ": " +
+                              escaped(str_field(*ex.error, "value")),
                    .exc_name = str_field(*ex.error, "name", "SandboxException")};
   }
   // The cell's main result is the runner's exit status (negative: a signal).
@@ -974,8 +975,8 @@ E2BBackend::Step<void> E2BBackend::run_script_cell(RunCtx& ctx, std::shared_ptr<
     if (!env_set.ok()) co_return std::move(env_set).error();
     if (pre.error)
       co_return Fail{.detail = "execution_error",
-                     .message = "setting the environment failed in the sandbox: " + str_field(*pre.error, "name") +
-                                ": " + str_field(*pre.error, "value")};
+                     .message = "setting the environment failed in the sandbox: " + escaped(str_field(*pre.error, "name")) +
+                                ": " + escaped(str_field(*pre.error, "value"))};
   }
   Exec ex;
   auto ran = co_await execute(ctx, *sb, script, context_id, 0ms, ex);
