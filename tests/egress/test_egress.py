@@ -894,7 +894,8 @@ class VenvIndexTest(unittest.TestCase):
             log = f.read()
         for raw in (b"\xc2\x9b", b"\xe2\x80\xae", b"\xff", b"\x1b"):
             self.assertNotIn(raw, log)
-        self.assertRegex(log.decode(), r'egress run_id=%s .*verdict=refused reason="not a host name or an address: '
+        # (A request the proxy cannot read is "failed", not "refused".)
+        self.assertRegex(log.decode(), r'egress run_id=%s .*verdict=failed reason="not a host name or an address: '
                                        r'\\"evil\\\\u009B2J\\\\u202E.test\\\\xFF\\""' % re.escape(build_run))
         self.assertRegex(log.decode(), r"venv [0-9a-f]{12}: build failed \(run %s\): .*the egress proxy refused a request: "
                                        r'not a host name or an address: "evil\\u009B2J\\u202E.test\\xFF"' % re.escape(build_run))
