@@ -897,7 +897,7 @@ class VenvIndexTest(unittest.TestCase):
         # (A request the proxy cannot read is "failed", not "refused".)
         self.assertRegex(log.decode(), r'egress run_id=%s .*verdict=failed reason="not a host name or an address: '
                                        r'\\"evil\\\\u009B2J\\\\u202E.test\\\\xFF\\""' % re.escape(build_run))
-        self.assertRegex(log.decode(), r"venv [0-9a-f]{12}: build failed \(run %s\): .*the egress proxy refused a request: "
+        self.assertRegex(log.decode(), r"venv [0-9a-f]{12}: build failed \(run %s[,)].*: pip failed; the egress proxy refused a request: "
                                        r'not a host name or an address: "evil\\u009B2J\\u202E.test\\xFF"' % re.escape(build_run))
 
     def test_an_index_at_a_denied_address_fails_the_build_and_is_never_reached(self):
