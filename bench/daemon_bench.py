@@ -17,7 +17,10 @@ Starts its own toolsandboxd on a temporary socket (or uses --socket), then:
 
 --compare OLD_BUILD runs a second daemon built from another revision (the
 previous design) in the same interleaved rounds and throughput runs, and
-prints the two side by side.
+prints the two side by side. --compare-config JSON merges JSON into the
+second daemon's configuration; alone, the second daemon is of this build,
+so one setting is measured against its default (in the tables, "old" is
+then the daemon with JSON).
 
 Standard library only: /usr/bin/python3 bench/daemon_bench.py [--n 200] [--compare OLD_BUILD]
 """
@@ -102,6 +105,16 @@ def _die_with_us() -> None:
         os._exit(127)
 
 
+def _merge(into: dict, more: dict) -> None:
+    """`more` merged into `into`, objects key by key (so {"engine": {...}}
+    adds to the engine section rather than replacing it)."""
+    for k, v in more.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v
+
+
 def start_daemon(build: Path, tmp: Path, concurrency: int, tag: str = "",
                  uid_base: int = 1 << 30, extra: dict | None = None) -> tuple[subprocess.Popen, str]:
     """A daemon of `build` in `tmp`, answering on its socket; `extra`: more
@@ -118,8 +131,8 @@ def start_daemon(build: Path, tmp: Path, concurrency: int, tag: str = "",
         # their own uid ranges.
         "engine": {"state_dir": str(tmp / "state"), "cgroup_parent": "/toolsandbox-bench-daemon" + tag,
                    "uid_base": uid_base},
-        **(extra or {}),
     }
+    _merge(cfg, extra or {})
     (tmp / "config.json").write_text(json.dumps(cfg))
     log = open(tmp / "log", "wb")
     proc = subprocess.Popen([str(build / "bin" / "toolsandboxd"), "--config", str(tmp / "config.json")],
@@ -143,15 +156,20 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--compare", type=Path, metavar="OLD_BUILD",
                     help="also run a second daemon from OLD_BUILD (another design), interleaved in the same rounds")
+    ap.add_argument("--compare-config", type=json.loads, metavar="JSON",
+                    help="the second daemon's configuration gets this JSON object merged in; without --compare "
+                         "it is a daemon of this build (an A/B of one setting, e.g. '{\"engine\": {\"landlock\": \"off\"}}')")
     args = ap.parse_args()
     rundir = "/run" if os.access("/run", os.W_OK) else None
     tmp = Path(tempfile.mkdtemp(prefix="tsb-bench-", dir=rundir))
     proc, sock = start_daemon(args.build, tmp, 32)
     client = Client(sock)
     old_proc = old_tmp = old_client = None
+    if args.compare_config is not None and not args.compare:
+        args.compare = args.build
     if args.compare:
         old_tmp = Path(tempfile.mkdtemp(prefix="tsb-bench-old-", dir=rundir))
-        old_proc, old_sock = start_daemon(args.compare, old_tmp, 32, "-old", 1 << 31)
+        old_proc, old_sock = start_daemon(args.compare, old_tmp, 32, "-old", 1 << 31, args.compare_config)
         old_client = Client(old_sock)
     report = {"n": args.n, "load_before": os.getloadavg(), "machine": os.uname().release}
     try:

@@ -44,7 +44,7 @@ Status write_proc(int proc, pid_t pid, const char* file, const std::string& data
   ssize_t n = -1;
   if (fd) do n = ::write(fd.get(), data.data(), data.size());
     while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(data.size())) return Error::from_errno("writing /proc/" + path);
+  if (n != static_cast<ssize_t>(data.size())) return Error::from_errno(n < 0 ? errno : EIO, "writing /proc/" + path);
   return {};
 }
 
@@ -368,6 +368,11 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, std::shared_
         "policies that must refuse it drop memfd_create from their seccomp profile");
   // Landlock's ABI (0: none): the init applies what it allows to every run.
   const long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, 1u /* LANDLOCK_CREATE_RULESET_VERSION */);
+  // As init decides per run: only "not built in" or "turned off at boot"
+  // means no Landlock; any other refusal (an outer seccomp filter) would
+  // fail every run at stage landlock, so it fails here, once.
+  if (config.landlock && abi < 0 && errno != ENOSYS && errno != EOPNOTSUPP)
+    return Error::from_errno("probing Landlock (engine.landlock \"off\" runs without it)");
   e->features_.landlock_abi = !config.landlock ? -1 : abi > 0 ? static_cast<int>(abi) : 0;
   if (config.landlock && abi <= 0)
     e->startup_notes_.push_back("this kernel has no Landlock (" + std::string(std::strerror(errno)) +

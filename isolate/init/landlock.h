@@ -117,6 +117,10 @@ inline int apply_landlock(const Plan& plan, int root) {
   const long version = ::syscall(ll::kSysCreateRuleset, nullptr, 0, ll::kCreateRulesetVersion);
   if (version < 0) return errno == ENOSYS || errno == EOPNOTSUPP ? 0 : -1;
   const int abi = static_cast<int>(version);
+  // ABI 1 has no REFER right: a domain that handles the file system refuses
+  // every rename and link across directories, /tmp and the working dir
+  // included, and it has no network or scope layer. No ruleset there.
+  if (abi < 2) return abi;
   ll::RulesetAttr attr = landlock_attr(plan, abi);
   const unsigned long size = abi >= 6 ? ll::kAttrSizeV6 : abi >= 4 ? ll::kAttrSizeV4 : ll::kAttrSizeV1;
   detail::LandlockFd rs{static_cast<int>(::syscall(ll::kSysCreateRuleset, &attr, size, 0))};

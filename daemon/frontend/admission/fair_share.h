@@ -5,7 +5,7 @@
 //
 // A peer is a uid (SO_PEERCRED) with a connection open; N is how many there
 // are (at least 1). Each peer's share of a pool of size P is max(P / N,
-// floor). A peer within its share is never refused for what another peer
+// floor), rounded up for run slots. A peer within its share is never refused for what another peer
 // holds over its own share:
 //   - connections and request bytes: when the pool is full, the peer most
 //     over its share gives back one connection that is reading a request
@@ -114,7 +114,9 @@ class FairShare {
   // --- shares ----------------------------------------------------------
   std::size_t byte_share() const;
   unsigned connection_share() const { return share(limits_.connections, 1); }
-  unsigned run_share() const { return share(limits_.running, 1); }
+  // Rounded up: with slots that do not divide evenly, no slot stays idle
+  // while every peer waits at a rounded-down share (8 slots, 3 peers: 3).
+  unsigned run_share() const { return limits_.running ? share(limits_.running + peers() - 1, 1) : 0; }
   unsigned queue_share() const { return share(limits_.queued, 1); }
 
   // --- request bytes ---------------------------------------------------
