@@ -1217,17 +1217,22 @@ static void q_kill_all(void) {
   j_end();
 }
 
+/* PORT of a query, 0-65535; otherwise the query's object says so, is
+ * closed, and counts as a usage error. */
+static int parse_port(const char *arg, unsigned long long *port) {
+  if (parse_ull(arg, port) && *port <= 65535) return 1;
+  j_str("error", "PORT must be 0-65535");
+  g_usage_errors++;
+  j_end();
+  return 0;
+}
+
 static void q_net_connect(const char *host, const char *port_arg) {
   j_begin("net-connect");
   j_str("host", host);
   j_str("port", port_arg);
   unsigned long long port;
-  if (!parse_ull(port_arg, &port) || port > 65535) {
-    j_str("error", "PORT must be 0-65535");
-    g_usage_errors++;
-    j_end();
-    return;
-  }
+  if (!parse_port(port_arg, &port)) return;
   struct sockaddr_storage ss;
   socklen_t sl;
   memset(&ss, 0, sizeof(ss));
@@ -1296,12 +1301,7 @@ static void q_open_rw(const char *path) {
 static void q_tcp_self(const char *port_arg) {
   j_begin("tcp-self");
   unsigned long long port;
-  if (!parse_ull(port_arg, &port) || port > 65535) {
-    j_str("error", "PORT must be 0-65535");
-    g_usage_errors++;
-    j_end();
-    return;
-  }
+  if (!parse_port(port_arg, &port)) return;
   struct sockaddr_in a;
   memset(&a, 0, sizeof(a));
   a.sin_family = AF_INET;
