@@ -5,8 +5,8 @@
 //
 // A peer is a uid (SO_PEERCRED) with a connection open; N is how many there
 // are (at least 1). Each peer's share of a pool of size P is max(P / N,
-// floor), rounded up for run slots. A peer within its share is never refused for what another peer
-// holds over its own share:
+// floor), rounded up for run slots. A peer within its share is never
+// refused for what another peer holds over its own share:
 //   - connections and request bytes: when the pool is full, the peer most
 //     over its share gives back one connection that is reading a request
 //     (the one holding least for connections, most for bytes): it is
