@@ -228,6 +228,21 @@ TEST(FairShare, RunSlotsAreKeptForAConnectedPeerAndHandedOutFewestRunsFirst) {
   EXPECT_EQ(f.queued(kHostile), 0u);
 }
 
+// 4 slots, 3 peers: a share of 4 / 3 rounded down (1) would leave a slot
+// idle while every peer waits; rounded up (2), all 4 run.
+TEST(FairShare, NoRunSlotStaysIdleWhenThePoolDoesNotDivideEvenly) {
+  FairShare f(limits());
+  Conn a = open(f, kHostile), b = open(f, kGood), c = open(f, 7);
+  ASSERT_EQ(f.peers(), 3u);
+  EXPECT_EQ(f.run_share(), 2u);
+  std::uint64_t id = 1;
+  for (uid_t uid : {kHostile, kGood, uid_t{7}})
+    for (int i = 0; i < 2; ++i) f.admit_run(uid, id++);
+  while (f.next_run()) {
+  }
+  EXPECT_EQ(f.running(), 4u);
+}
+
 TEST(FairShare, AFullQueueTakesThePlaceOfThePeerMostOverItsShare) {
   PoolLimits l = limits();
   l.running = 1;
