@@ -47,17 +47,6 @@ int sys_setattr(int fd, std::uint64_t set, bool recursive) noexcept {
       ::syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr, sizeof attr));
 }
 
-// Closes a descriptor when it goes out of scope, keeping errno.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd < 0) return;
-    const int saved = errno;
-    ::close(fd);
-    errno = saved;
-  }
-};
-
 // `name` in `dir` as a directory, made (0755) when missing, opened without
 // following a link. What stands in its place and is not a directory (a
 // link, a FIFO, a socket, a file: what an earlier run of the policy can

@@ -3,10 +3,24 @@
 // one Report {stage, errno} on the report pipe (isolate/engine/stage.h), then exit.
 #pragma once
 
+#include <errno.h>
+#include <unistd.h>
+
 #include "isolate/init/plan_reader.h"
 #include "isolate/engine/stage.h"
 
 namespace tsb::isolate::init {
+
+// Closes a descriptor when it goes out of scope, keeping errno.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd < 0) return;
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+  }
+};
 
 // Writes one set-up error report on `report_fd` (naming the plan's step
 // that failed, when one did) and _exit(code).

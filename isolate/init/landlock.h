@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "isolate/engine/stage.h"
+#include "isolate/init/init.h"
 #include "isolate/init/landlock_abi.h"
 #include "isolate/init/plan_reader.h"
 
@@ -79,22 +80,12 @@ inline int landlock_report(const ll::RulesetAttr& attr, int abi) {
 
 namespace detail {
 
-struct LandlockFd {
-  int fd = -1;
-  ~LandlockFd() {
-    if (fd < 0) return;
-    const int saved = errno;
-    ::close(fd);
-    errno = saved;
-  }
-};
-
 // One path-beneath rule for the sandbox path `path`, resolved beneath
 // `root` without following its last component. A path that is not there
 // or not reachable by the tool gets no rule (less access, never more).
 inline int add_path_rule(int ruleset, int root, const char* path, uint64_t access) {
   if (access == 0) return 0;
-  LandlockFd f{::openat(root, path[1] != '\0' ? path + 1 : ".", O_PATH | O_NOFOLLOW | O_CLOEXEC)};
+  Fd f{::openat(root, path[1] != '\0' ? path + 1 : ".", O_PATH | O_NOFOLLOW | O_CLOEXEC)};
   if (f.fd < 0) return errno == ENOENT || errno == EACCES || errno == ENOTDIR ? 0 : -1;
   struct stat st;
   if (::fstat(f.fd, &st) != 0) return -1;
@@ -123,7 +114,7 @@ inline int apply_landlock(const Plan& plan, int root) {
   if (abi < 2) return abi;
   ll::RulesetAttr attr = landlock_attr(plan, abi);
   const unsigned long size = abi >= 6 ? ll::kAttrSizeV6 : abi >= 4 ? ll::kAttrSizeV4 : ll::kAttrSizeV1;
-  detail::LandlockFd rs{static_cast<int>(::syscall(ll::kSysCreateRuleset, &attr, size, 0))};
+  Fd rs{static_cast<int>(::syscall(ll::kSysCreateRuleset, &attr, size, 0))};
   if (rs.fd < 0) return -1;
   if (detail::add_path_rule(rs.fd, root, "/", ll::kFsReadDir) != 0) return -1;
   for (uint32_t i = 0; i < plan.nsteps; ++i)
