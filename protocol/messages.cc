@@ -24,7 +24,7 @@ struct Slice {
 constexpr std::string_view kRequestFields[] = {
     "id",       "v",          "type",       "tool_name",   "organization_id", "policy", "env", "timeout", "sandbox_config",
     "agent_id", "project_id", "script",     "source_code", "args",            "json_schema", "agent_state",
-    "pip_requirements", "json_dialect", "e2b"};
+    "pip_requirements", "json_dialect", "e2b", "source_type", "npm_requirements"};
 constexpr std::string_view kSandboxConfigFields[] = {"type", "config", "organization_id"};
 constexpr std::string_view kE2BFields[] = {"sandbox_config", "env"};
 
@@ -233,6 +233,23 @@ void decode_e2b(Decoder& d, const Slice& e, std::optional<E2BAlternative>& out) 
   out = std::move(alt);
 }
 
+// pip_requirements or npm_requirements: an array of at most `max` strings.
+void decode_requirements(Decoder& d, const Slice& p, const char* field, std::size_t max, std::vector<std::string>& out) {
+  bool failed = false;
+  for_each_child(p.text, [&](const JsonChild& e) {
+    if (failed) return;
+    if (out.size() >= max) {
+      d.fail(d.where + ": " + field + " holds more than " + std::to_string(max) + " requirements");
+      failed = true;
+    } else if (e.kind != JsonKind::String) {
+      d.fail(d.where + ": " + field + " must be strings");
+      failed = true;
+    } else {
+      out.push_back(json_string_value(e.value));
+    }
+  });
+}
+
 void decode_common(Decoder& d, CommonRunFields& c) {
   auto name = d.str("tool_name", true, 256);
   if (name) {
@@ -262,22 +279,14 @@ void decode_common(Decoder& d, CommonRunFields& c) {
     else if (*dialect != "strict")
       d.fail(d.where + ": \"json_dialect\" must be \"strict\" or \"python\"");
   }
-}
-
-void decode_pip_requirements(Decoder& d, const Slice& p, std::vector<std::string>& out) {
-  bool failed = false;
-  for_each_child(p.text, [&](const JsonChild& e) {
-    if (failed) return;
-    if (out.size() >= kMaxPipRequirements) {
-      d.fail(d.where + ": pip_requirements holds more than " + std::to_string(kMaxPipRequirements) + " requirements");
-      failed = true;
-    } else if (e.kind != JsonKind::String) {
-      d.fail(d.where + ": pip_requirements must be strings");
-      failed = true;
-    } else {
-      out.push_back(json_string_value(e.value));
-    }
-  });
+  if (auto lang = d.str("source_type", false, 16)) {
+    if (*lang == "typescript")
+      c.source_type = SourceType::TypeScript;
+    else if (*lang != "python")
+      d.fail(d.where + ": \"source_type\" must be \"python\" or \"typescript\"");
+  }
+  if (const Slice* p = d.get("npm_requirements", JsonKind::Array, false))
+    decode_requirements(d, *p, "npm_requirements", kMaxNpmRequirements, c.npm_requirements);
 }
 
 }  // namespace
@@ -384,7 +393,11 @@ std::variant<Request, ProtocolError> decode_request(std::string_view line, std::
     if (const Slice* a = d.get("args", JsonKind::Object, false)) r.args.assign(a->text);
     if (const Slice* s = d.get("json_schema", JsonKind::Object, false)) r.json_schema.assign(s->text);
     if (const Slice* s = d.get("agent_state", JsonKind::Object, false)) r.agent_state.assign(s->text);
-    if (const Slice* p = d.get("pip_requirements", JsonKind::Array, false)) decode_pip_requirements(d, *p, r.pip_requirements);
+    if (const Slice* p = d.get("pip_requirements", JsonKind::Array, false))
+      decode_requirements(d, *p, "pip_requirements", kMaxPipRequirements, r.pip_requirements);
+    // Letta gives a TypeScript tool no agent_state (its generator has none).
+    if (r.common.source_type == SourceType::TypeScript && r.agent_state != "null")
+      d.fail(d.where + ": a TypeScript tool takes no \"agent_state\" (send null or leave it out)");
     req.body = std::move(r);
   } else if (*type == "status") {
     req.body = StatusRequest{};

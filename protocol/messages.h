@@ -32,6 +32,7 @@ inline constexpr std::size_t kMaxIdLength = 128;
 // tiny elements cannot make the daemon hold many times the line's size.
 inline constexpr std::size_t kMaxEnvVariables = 4096;        // env entries
 inline constexpr std::size_t kMaxPipRequirements = 1024;     // pip_requirements elements
+inline constexpr std::size_t kMaxNpmRequirements = 1024;     // npm_requirements elements
 inline constexpr std::size_t kMaxSandboxConfigBytes = 1u << 20;  // sandbox_config, as sent
 
 // Stable error codes. Clients switch on these, never on messages.
@@ -70,8 +71,15 @@ struct E2BAlternative {
   std::optional<std::map<std::string, std::string>> env;
 };
 
+// The language of the tool (Letta's Tool.source_type).
+enum class SourceType { Python, TypeScript };
+
 struct CommonRunFields {
   std::string tool_name;          // Python identifier; used in messages and audit
+  SourceType source_type = SourceType::Python;
+  // A TypeScript tool's npm packages (Letta's Tool.npm_requirements, each
+  // "name" or "name@range"), checked by the pipeline (venv/npm_requirements.h).
+  std::vector<std::string> npm_requirements;
   std::string organization_id;    // selects policy and backend
   std::optional<std::string> policy;  // must be allowed for the organization
   std::map<std::string, std::string> env;  // the tool's variables (secrets included)

@@ -143,6 +143,30 @@ class RequestBuilding(unittest.TestCase):
         self.assertEqual(set(r), {"v", "id", "type", "tool_name", "organization_id", "source_code", "args",
                                   "json_dialect"})
 
+    def test_typescript_fields(self):
+        class NpmReq:  # Letta's NpmRequirement
+            def __init__(self, name, version=None):
+                self.name, self.version = name, version
+
+        class SourceType:  # Letta's ToolSourceType enum member
+            value = "typescript"
+
+        r = P.run_tool_request("export function t() { return 1; }", tool_name="t", args={}, organization_id="o",
+                               source_type=SourceType(),
+                               npm_requirements=["zod", NpmReq("left-pad", "^1.3.0"), NpmReq("@types/node"),
+                                                 {"name": "a", "version": "1"}])
+        self.assertEqual(r["source_type"], "typescript")
+        self.assertEqual(r["npm_requirements"], ["zod", "left-pad@^1.3.0", "@types/node", "a@1"])
+        self.assertTrue(P.asks_for_packages(r))
+        e = P.execute_request("x", tool_name="t", organization_id="o", source_type="typescript")
+        self.assertEqual(e["source_type"], "typescript")
+        # Python is the default and is not sent.
+        self.assertNotIn("source_type", P.execute_request("x", tool_name="t", organization_id="o", source_type="python"))
+        with self.assertRaises(ValueError):
+            P.execute_request("x", tool_name="t", organization_id="o", source_type="javascript")
+        with self.assertRaises(TypeError):
+            P.execute_request("x", tool_name="t", organization_id="o", npm_requirements="zod")
+
     def test_sandbox_config_forms(self):
         class SandboxType(enum.Enum):
             LOCAL = "local"

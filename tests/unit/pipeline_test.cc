@@ -21,8 +21,10 @@ class StubBackend : public RunBackend {
   explicit StubBackend(std::string_view name) : name_(name) {}
   std::string_view name() const noexcept override { return name_; }
   RequirementRules requirement_rules(const Policy&) const override { return rules; }
+  TypeScriptRules typescript_rules(const Policy&) const override { return ts; }
   asio::awaitable<BackendRun> run(PreparedRun&) override { co_return BackendRun{}; }
   RequirementRules rules;
+  TypeScriptRules ts;
 
  private:
   std::string_view name_;
@@ -509,6 +511,74 @@ TEST_F(Pipeline, RequirementUrlsFollowTheBackendsRules) {
   PreparedRun q;
   ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(true), "/runner.py", q));
   EXPECT_EQ(q.requirements.text(), "pkg @ https://example.com/pkg.whl\n");
+}
+
+// A TypeScript tool: the backend's rules decide whether it runs, and its
+// npm requirements are canonical and checked once; a Python tool has none.
+TEST_F(Pipeline, TypeScriptRunsFollowTheBackendsRules) {
+  const json ts_tool = {{"source_type", "typescript"},
+                        {"source_code", "export function add(a: number, b: number) { return a + b; }"},
+                        {"npm_requirements", {"left-pad@^1.3.0", "@types/node", "left-pad@^1.3.0"}}};
+  auto req = request(run_tool(ts_tool));
+  local_.ts = TypeScriptRules{};
+  local_.ts.refusal = "policy \"default\" runs no TypeScript tools";
+  PreparedRun refused_run;
+  auto refused = prepare_run(req, Peer{}, set_, backends(false), "/runner.py", refused_run);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, ErrorCode::PolicyDenied);
+  EXPECT_EQ(refused->message, "policy \"default\" runs no TypeScript tools");
+
+  local_.ts = TypeScriptRules{};
+  PreparedRun p;
+  auto ok = prepare_run(req, Peer{}, set_, backends(false), "/runner.py", p);
+  ASSERT_FALSE(ok) << ok->message;
+  EXPECT_TRUE(p.typescript);
+  EXPECT_EQ(venv::npm_set_text(p.npm_requirements), "@types/node\nleft-pad@^1.3.0\n");
+
+  local_.ts.allow = {"@types/*"};
+  PreparedRun not_allowed;
+  refused = prepare_run(req, Peer{}, set_, backends(false), "/runner.py", not_allowed);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, ErrorCode::PolicyDenied);
+  EXPECT_NE(refused->message.find("\"left-pad\" is not allowed"), std::string::npos) << refused->message;
+
+  local_.ts = TypeScriptRules{};
+  local_.ts.npm_refusal = "policy \"default\" installs no npm packages";
+  PreparedRun no_npm;
+  refused = prepare_run(req, Peer{}, set_, backends(false), "/runner.py", no_npm);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, ErrorCode::PolicyDenied);
+  EXPECT_NE(refused->message.find("installs no npm packages, and this run asks for 3 npm requirement(s)"),
+            std::string::npos) << refused->message;
+
+  // A git URL is a source the policy never names: refused, not malformed.
+  local_.ts = TypeScriptRules{};
+  json git = ts_tool;
+  git["npm_requirements"] = {"github:user/repo"};
+  auto git_req = request(run_tool(git));
+  PreparedRun g;
+  refused = prepare_run(git_req, Peer{}, set_, backends(false), "/runner.py", g);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, ErrorCode::PolicyDenied);
+
+  // pip requirements only where the backend installs them with a TypeScript tool.
+  json with_pip = ts_tool;
+  with_pip["pip_requirements"] = {"requests"};
+  auto pip_req = request(run_tool(with_pip));
+  PreparedRun pip_local;
+  refused = prepare_run(pip_req, Peer{}, set_, backends(false), "/runner.py", pip_local);
+  ASSERT_TRUE(refused);
+  EXPECT_NE(refused->message.find("has no Python venv"), std::string::npos) << refused->message;
+  local_.ts.pip = true;
+  PreparedRun pip_ok;
+  EXPECT_FALSE(prepare_run(pip_req, Peer{}, set_, backends(false), "/runner.py", pip_ok));
+
+  // A Python tool has no npm requirements.
+  auto py = request(run_tool({{"npm_requirements", {"left-pad"}}}));
+  PreparedRun pp;
+  refused = prepare_run(py, Peer{}, set_, backends(false), "/runner.py", pp);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, ErrorCode::BadRequest);
 }
 
 // A backend that is not there refuses the run before anything else.

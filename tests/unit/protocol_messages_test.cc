@@ -532,6 +532,45 @@ TEST(DecodeRequest, PipRequirementsMustBeStrings) {
   EXPECT_TRUE(decode(j).req);
 }
 
+// Letta's TypeScript tools: source_type and npm_requirements in both modes;
+// a TypeScript run_tool takes no agent_state.
+TEST(DecodeRequest, SourceTypeAndNpmRequirements) {
+  for (json j : {minimal_execute(), minimal_run_tool()}) {
+    Decoded plain = decode(j);
+    ASSERT_TRUE(plain.req);
+    const auto& pc = std::visit([](const auto& b) -> const CommonRunFields* {
+      if constexpr (std::is_same_v<std::decay_t<decltype(b)>, StatusRequest>) return nullptr;
+      else return &b.common;
+    }, plain.req->body);
+    EXPECT_EQ(pc->source_type, SourceType::Python);
+    j["source_type"] = "typescript";
+    j["npm_requirements"] = json::array({"left-pad@^1.3.0", "@letta-ai/letta-client"});
+    Decoded d = decode(j);
+    ASSERT_TRUE(d.req) << d.err->message;
+    const CommonRunFields* c = std::visit([](const auto& b) -> const CommonRunFields* {
+      if constexpr (std::is_same_v<std::decay_t<decltype(b)>, StatusRequest>) return nullptr;
+      else return &b.common;
+    }, d.req->body);
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->source_type, SourceType::TypeScript);
+    EXPECT_EQ(c->npm_requirements, (std::vector<std::string>{"left-pad@^1.3.0", "@letta-ai/letta-client"}));
+    j["source_type"] = "javascript";
+    EXPECT_BAD_REQUEST(j, "\"source_type\" must be \"python\" or \"typescript\"");
+    j["source_type"] = "typescript";
+    j["npm_requirements"] = json::array({"left-pad", 7});
+    EXPECT_BAD_REQUEST(j, "npm_requirements must be strings");
+    j["npm_requirements"] = json::array();
+    for (int i = 0; i <= 1024; ++i) j["npm_requirements"].push_back("p");
+    EXPECT_BAD_REQUEST(j, "npm_requirements holds more than 1024 requirements");
+  }
+  json t = minimal_run_tool();
+  t["source_type"] = "typescript";
+  t["agent_state"] = json::object();
+  EXPECT_BAD_REQUEST(t, "a TypeScript tool takes no \"agent_state\"");
+  t["agent_state"] = nullptr;
+  EXPECT_TRUE(decode(t).req);
+}
+
 TEST(DecodeRequest, TimeoutRange) {
   auto with = [](std::string_view timeout_literal) {
     return decode(std::string(R"({"v":1,"id":"t","type":"execute","tool_name":"f","organization_id":"o","script":"","timeout":)") +

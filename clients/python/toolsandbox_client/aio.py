@@ -86,10 +86,13 @@ class AsyncClient:
         agent_id: Optional[str] = None,
         project_id: Optional[str] = None,
         e2b: Optional[Mapping[str, Any]] = None,
+        source_type: Optional[str] = None,
+        npm_requirements: Optional[Iterable[Any]] = None,
     ) -> P.ToolResult:
         req = P.execute_request(script, tool_name=tool_name, organization_id=organization_id, env=env,
                                 timeout=timeout, policy=policy, sandbox_config=sandbox_config,
-                                agent_id=agent_id, project_id=project_id, e2b=e2b)
+                                agent_id=agent_id, project_id=project_id, e2b=e2b,
+                                source_type=source_type, npm_requirements=npm_requirements)
         return P.ToolResult.from_json(await self.request(req, "result", self._run_wait(timeout, req)), req["id"])
 
     async def run_tool(
@@ -109,11 +112,14 @@ class AsyncClient:
         project_id: Optional[str] = None,
         pip_requirements: Optional[Iterable[Any]] = None,
         e2b: Optional[Mapping[str, Any]] = None,
+        source_type: Optional[str] = None,
+        npm_requirements: Optional[Iterable[Any]] = None,
     ) -> P.ToolResult:
         req = P.run_tool_request(source_code, tool_name=tool_name, args=args, organization_id=organization_id,
                                  json_schema=json_schema, agent_state=agent_state, env=env, timeout=timeout,
                                  policy=policy, sandbox_config=sandbox_config, agent_id=agent_id,
-                                 project_id=project_id, pip_requirements=pip_requirements, e2b=e2b)
+                                 project_id=project_id, pip_requirements=pip_requirements, e2b=e2b,
+                                 source_type=source_type, npm_requirements=npm_requirements)
         return P.ToolResult.from_json(await self.request(req, "result", self._run_wait(timeout, req)), req["id"])
 
     async def close(self) -> None:

@@ -101,12 +101,15 @@ class Client:
         agent_id: Optional[str] = None,
         project_id: Optional[str] = None,
         e2b: Optional[Mapping[str, Any]] = None,
+        source_type: Optional[str] = None,
+        npm_requirements: Optional[Iterable[Any]] = None,
     ) -> P.ToolResult:
         """Run a complete Python script (as letta-server generates it) and
         parse its Letta result frame."""
         req = P.execute_request(script, tool_name=tool_name, organization_id=organization_id, env=env,
                                 timeout=timeout, policy=policy, sandbox_config=sandbox_config,
-                                agent_id=agent_id, project_id=project_id, e2b=e2b)
+                                agent_id=agent_id, project_id=project_id, e2b=e2b,
+                                source_type=source_type, npm_requirements=npm_requirements)
         return P.ToolResult.from_json(self.request(req, "result", self._run_wait(timeout, req)), req["id"])
 
     def run_tool(
@@ -126,6 +129,8 @@ class Client:
         project_id: Optional[str] = None,
         pip_requirements: Optional[Iterable[Any]] = None,
         e2b: Optional[Mapping[str, Any]] = None,
+        source_type: Optional[str] = None,
+        npm_requirements: Optional[Iterable[Any]] = None,
     ) -> P.ToolResult:
         """Call function `tool_name` of `source_code` with `args` (JSON data,
         never spliced into code). agent_state (a dict or a pydantic model) is
@@ -133,7 +138,8 @@ class Client:
         req = P.run_tool_request(source_code, tool_name=tool_name, args=args, organization_id=organization_id,
                                  json_schema=json_schema, agent_state=agent_state, env=env, timeout=timeout,
                                  policy=policy, sandbox_config=sandbox_config, agent_id=agent_id,
-                                 project_id=project_id, pip_requirements=pip_requirements, e2b=e2b)
+                                 project_id=project_id, pip_requirements=pip_requirements, e2b=e2b,
+                                 source_type=source_type, npm_requirements=npm_requirements)
         return P.ToolResult.from_json(self.request(req, "result", self._run_wait(timeout, req)), req["id"])
 
     def close(self) -> None:

@@ -221,6 +221,18 @@ def _pip_requirements(tool: Any) -> Optional[List[Any]]:
     return list(reqs) if reqs else None
 
 
+def _npm_requirements(tool: Any) -> Optional[List[Any]]:
+    reqs = getattr(tool, "npm_requirements", None) if tool is not None else None
+    return list(reqs) if reqs else None
+
+
+def tool_source_type(tool: Any) -> str:
+    """Letta's Tool.source_type ("python" when absent): AsyncToolSandboxBase.
+    is_typescript_tool()."""
+    value = _enum_value(getattr(tool, "source_type", None)) if tool is not None else None
+    return "typescript" if value == "typescript" else "python"
+
+
 class ToolSandboxDaemonSandbox:
     """Runs one Letta tool call in toolsandboxd; see the module docstring."""
 
@@ -240,6 +252,8 @@ class ToolSandboxDaemonSandbox:
         source_code: Optional[str] = None,
         json_schema: Optional[Mapping[str, Any]] = None,
         pip_requirements: Optional[List[Any]] = None,
+        source_type: Optional[str] = None,
+        npm_requirements: Optional[List[Any]] = None,
         sandbox_config_env_vars: Optional[Mapping[str, Any]] = None,
         e2b_sandbox_config: Any = None,
         e2b_sandbox_config_env_vars: Optional[Mapping[str, Any]] = None,
@@ -274,6 +288,12 @@ class ToolSandboxDaemonSandbox:
         self.policy = policy
         self.raise_on_daemon_error = raise_on_daemon_error
         self.resolve_from_letta = resolve_from_letta
+        # A TypeScript tool (Letta 0.16's source_type "typescript"): no
+        # agent_state or agent_id parameter (LETTA_AGENT_ID is its agent id),
+        # and its npm requirements installed for it, in both modes.
+        self.source_type = getattr(source_type, "value", source_type) or tool_source_type(tool_object)
+        self.npm_requirements = (npm_requirements if npm_requirements is not None
+                                 else _npm_requirements(tool_object) if self.source_type == "typescript" else None)
 
         if organization_id is None:
             organization_id = user if isinstance(user, str) else getattr(user, "organization_id", None)
@@ -304,8 +324,10 @@ class ToolSandboxDaemonSandbox:
                 raise ValueError("tool %s has no source code: pass tool_object or source_code=" % tool_name)
             self.json_schema = json_schema if json_schema is not None else getattr(tool_object, "json_schema", None)
             self.pip_requirements = pip_requirements if pip_requirements is not None else _pip_requirements(tool_object)
-            # As Letta decides it: the tool gets agent_state only if it declares it.
-            self.inject_agent_state = "agent_state" in declared_parameters(self.source_code, tool_name)
+            # As Letta decides it: the tool gets agent_state only if it
+            # declares it, and a TypeScript tool never does.
+            self.inject_agent_state = (self.source_type == "python"
+                                       and "agent_state" in declared_parameters(self.source_code, tool_name))
 
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET_PATH
         self.client = client or AsyncClient(self.socket_path)
@@ -405,13 +427,15 @@ class ToolSandboxDaemonSandbox:
             agent_id=self.agent_id,
             project_id=self.project_id,
             e2b=e2b,
+            source_type=self.source_type,
+            npm_requirements=self.npm_requirements,
         )
         try:
             if self.mode == "script":
                 result = await self.client.execute(self.script, **common)
             else:
                 state = to_json_object(agent_state, "agent_state") if self.inject_agent_state else None
-                if agent_state is not None:
+                if agent_state is not None and self.source_type == "python":
                     # The agent_id a tool that declares one receives: Letta's
                     # script takes it from the agent state.
                     state_id = agent_state.get("id") if isinstance(agent_state, Mapping) else getattr(agent_state, "id", None)

@@ -257,6 +257,29 @@ def _pip_requirements(reqs: Optional[Iterable[Any]]) -> Optional[List[str]]:
     return out
 
 
+def _npm_requirements(reqs: Optional[Iterable[Any]]) -> Optional[List[str]]:
+    if reqs is None:
+        return None
+    if isinstance(reqs, (str, bytes)):
+        raise TypeError("npm_requirements must be a list of strings")
+    out = []
+    for r in reqs:
+        if isinstance(r, str):
+            out.append(r)
+            continue
+        # Letta's NpmRequirement {name, version?}: npm's name@version (Letta
+        # quotes the version for its shell; the daemon never uses one).
+        name = r.get("name") if isinstance(r, Mapping) else getattr(r, "name", None)
+        version = r.get("version") if isinstance(r, Mapping) else getattr(r, "version", None)
+        if not isinstance(name, str):
+            raise TypeError("npm_requirements entries must be strings or {name, version}")
+        out.append("%s@%s" % (name, version) if version else name)
+    return out
+
+
+SOURCE_TYPES = ("python", "typescript")
+
+
 def _common(
     req: Dict[str, Any],
     *,
@@ -269,8 +292,19 @@ def _common(
     agent_id: Optional[str],
     project_id: Optional[str],
     e2b: Optional[Mapping[str, Any]],
+    source_type: Optional[str] = None,
+    npm_requirements: Optional[Iterable[Any]] = None,
 ) -> None:
     req["tool_name"] = _check_str("tool_name", tool_name)
+    if source_type is not None:
+        source_type = getattr(source_type, "value", source_type)  # Letta's ToolSourceType enum
+        if source_type not in SOURCE_TYPES:
+            raise ValueError("source_type must be \"python\" or \"typescript\"")
+        if source_type != "python":
+            req["source_type"] = source_type
+    npm = _npm_requirements(npm_requirements)
+    if npm:
+        req["npm_requirements"] = npm
     req["organization_id"] = _check_str("organization_id", organization_id)
     optional = {
         "policy": _check_str("policy", policy, optional=True),
@@ -314,18 +348,22 @@ def execute_request(
     project_id: Optional[str] = None,
     e2b: Optional[Mapping[str, Any]] = None,
     request_id: Optional[str] = None,
+    source_type: Optional[str] = None,
+    npm_requirements: Optional[Iterable[Any]] = None,
 ) -> Dict[str, Any]:
     req = _envelope("execute", request_id)
     _common(req, tool_name=tool_name, organization_id=organization_id, env=env, timeout=timeout, policy=policy,
-            sandbox_config=sandbox_config, agent_id=agent_id, project_id=project_id, e2b=e2b)
+            sandbox_config=sandbox_config, agent_id=agent_id, project_id=project_id, e2b=e2b,
+            source_type=source_type, npm_requirements=npm_requirements)
     req["script"] = _check_str("script", script)
     return req
 
 
 def asks_for_packages(req: Mapping[str, Any]) -> bool:
-    """Whether a request names pip requirements (its own, or its sandbox
-    config's): a local run may then wait for its venv to be built."""
-    if req.get("pip_requirements"):
+    """Whether a request names pip or npm requirements (its own, or its
+    sandbox config's): a local run may then wait for its packages to be
+    built."""
+    if req.get("pip_requirements") or req.get("npm_requirements"):
         return True
     sc = req.get("sandbox_config")
     config = sc.get("config") if isinstance(sc, Mapping) else None
@@ -349,10 +387,13 @@ def run_tool_request(
     pip_requirements: Optional[Iterable[Any]] = None,
     e2b: Optional[Mapping[str, Any]] = None,
     request_id: Optional[str] = None,
+    source_type: Optional[str] = None,
+    npm_requirements: Optional[Iterable[Any]] = None,
 ) -> Dict[str, Any]:
     req = _envelope("run_tool", request_id)
     _common(req, tool_name=tool_name, organization_id=organization_id, env=env, timeout=timeout, policy=policy,
-            sandbox_config=sandbox_config, agent_id=agent_id, project_id=project_id, e2b=e2b)
+            sandbox_config=sandbox_config, agent_id=agent_id, project_id=project_id, e2b=e2b,
+            source_type=source_type, npm_requirements=npm_requirements)
     req["source_code"] = _check_str("source_code", source_code)
     if args is None:
         args = {}

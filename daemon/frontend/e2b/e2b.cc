@@ -861,6 +861,14 @@ RequirementRules E2BBackend::requirement_rules(const Policy& pol) const {
   return r;
 }
 
+TypeScriptRules E2BBackend::typescript_rules(const Policy& pol) const {
+  TypeScriptRules r;
+  r.refusal = "the E2B backend of this daemon does not run TypeScript tools";
+  r.max_npm = pol.packages.max_requirements;
+  r.pip = true;
+  return r;
+}
+
 namespace {
 
 // The runner as a tool cell sends it: {"runner": its source, "package": its

@@ -81,6 +81,7 @@ class E2BBackend final : public RunBackend {
 
   std::string_view name() const noexcept override { return "e2b"; }
   RequirementRules requirement_rules(const Policy& p) const override;
+  TypeScriptRules typescript_rules(const Policy& p) const override;
   // One execute or run_tool request placed on E2B (prepared by the
   // pipeline). The run's cancel signal ends it and kills its sandbox.
   asio::awaitable<BackendRun> run(PreparedRun& p) override;

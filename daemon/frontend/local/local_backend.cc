@@ -462,6 +462,13 @@ RequirementRules LocalBackend::requirement_rules(const Policy& pol) const {
   return r;
 }
 
+TypeScriptRules LocalBackend::typescript_rules(const Policy& pol) const {
+  TypeScriptRules r;
+  r.refusal = "policy " + q(pol.name) + " runs no TypeScript tools on the local backend";
+  r.npm_refusal = r.refusal;
+  return r;
+}
+
 std::optional<Refusal> LocalBackend::order_for(PreparedRun& p, Order& o) const {
   const Policy& pol = p.policy();
   // What the spawner's decoder accepts (daemon/wire/wire.h); execve

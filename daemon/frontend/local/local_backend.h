@@ -41,6 +41,7 @@ class LocalBackend final : public RunBackend {
 
   std::string_view name() const noexcept override { return "local"; }
   RequirementRules requirement_rules(const Policy& p) const override;
+  TypeScriptRules typescript_rules(const Policy& p) const override;
   asio::awaitable<BackendRun> run(PreparedRun& p) override;
 
   // The shares changed (a reload of the limits, a peer came or went): a

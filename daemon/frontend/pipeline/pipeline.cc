@@ -69,6 +69,48 @@ std::optional<Refusal> prepare_requirements(PreparedRun& out, const std::string&
   return std::nullopt;
 }
 
+// A TypeScript tool's checks: that the backend runs TypeScript under the
+// policy, and its npm requirements, canonical and checked once. A Python
+// tool has no npm requirements.
+std::optional<Refusal> prepare_typescript(PreparedRun& out) {
+  const protocol::CommonRunFields& c = *out.common;
+  out.typescript = c.source_type == protocol::SourceType::TypeScript;
+  if (!out.typescript) {
+    if (!c.npm_requirements.empty())
+      return Refusal{ErrorCode::BadRequest, "npm_requirements are for TypeScript tools (source_type \"typescript\")"};
+    return std::nullopt;
+  }
+  const Policy& pol = out.policy();
+  const TypeScriptRules rules = out.backend->typescript_rules(pol);
+  if (!rules.refusal.empty()) return Refusal{ErrorCode::PolicyDenied, rules.refusal};
+  if (!rules.pip && !out.requirements.items.empty())
+    return Refusal{ErrorCode::PolicyDenied, "a TypeScript tool has no Python venv here, and this run asks for " +
+                                                std::to_string(out.requirements.items.size()) +
+                                                " pip requirement(s), the first " +
+                                                q(out.requirements.items.front().text())};
+  if (c.npm_requirements.empty()) return std::nullopt;
+  if (!rules.npm_refusal.empty())
+    return Refusal{ErrorCode::PolicyDenied, rules.npm_refusal + ", and this run asks for " +
+                                                std::to_string(c.npm_requirements.size()) +
+                                                " npm requirement(s), the first " + q(c.npm_requirements.front())};
+  if (c.npm_requirements.size() > rules.max_npm)
+    return Refusal{ErrorCode::BadRequest, "policy " + q(pol.name) + " allows at most " + std::to_string(rules.max_npm) +
+                                              " npm requirements per run (" +
+                                              std::to_string(c.npm_requirements.size()) + " given)"};
+  auto set = venv::canonical_npm_set(c.npm_requirements);
+  if (!set.ok()) {
+    const int code = set.error().code;
+    return Refusal{code == venv::kNpmForbidden ? ErrorCode::PolicyDenied : ErrorCode::BadRequest,
+                   std::move(set).error().message};
+  }
+  out.npm_requirements = std::move(set).value();
+  if (!rules.allow.empty())
+    if (std::string no = venv::first_npm_not_allowed(out.npm_requirements, rules.allow); !no.empty())
+      return Refusal{ErrorCode::PolicyDenied,
+                     "npm requirement " + q(no) + " is not allowed by policy " + q(pol.name) + " (typescript.packages.allow)"};
+  return std::nullopt;
+}
+
 }  // namespace
 
 bool changes_how_a_program_starts(std::string_view name) {
@@ -125,6 +167,7 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
 
   if (auto refused = prepare_requirements(out, alt_config ? "e2b.sandbox_config" : "sandbox_config"))
     return refused;
+  if (auto refused = prepare_typescript(out)) return refused;
 
   // The tool's environment: the policy's fixed values plus the request's,
   // for names the policy allows. Never the daemon's own environment.

@@ -34,6 +34,7 @@
 #include "daemon/frontend/pipeline/cancel.h"
 #include "daemon/frontend/letta/result.h"
 #include "daemon/policy/registry.h"
+#include "daemon/venv/npm_requirements.h"
 #include "daemon/venv/requirements.h"
 #include "isolate/supervise/outcome.h"
 #include "protocol/messages.h"
@@ -65,6 +66,17 @@ struct RequirementRules {
   std::string urls_hint;           // said after a refused URL: the switch that allows them
 };
 
+// What a backend does with TypeScript tools (Letta's source_type
+// "typescript") under a policy: whether it runs them, and what it installs
+// of their npm requirements; prepare_run checks a run against it, once.
+struct TypeScriptRules {
+  std::string refusal;             // not empty: it runs no TypeScript tool under this policy, and why
+  std::string npm_refusal;         // not empty: it installs no npm package under this policy, and why
+  std::uint32_t max_npm = 16;      // npm requirements per run
+  std::vector<std::string> allow;  // fnmatch patterns over npm package names; empty: any
+  bool pip = false;                // whether a TypeScript run may also have pip requirements (E2B installs them)
+};
+
 class RunBackend;
 // The daemon's backends (null: not available) and whether E2B is
 // configured (organizations may then be placed there).
@@ -79,6 +91,10 @@ struct PreparedRun {
   const protocol::Request* request = nullptr;
   const protocol::CommonRunFields* common = nullptr;
   bool tool_mode = false;
+  // A TypeScript tool (source_type "typescript"), and its npm requirements,
+  // canonical and checked against the backend's TypeScriptRules.
+  bool typescript = false;
+  std::vector<venv::NpmRequirement> npm_requirements;
   Peer peer;
   // The policy set the run started with: a reload does not change it.
   std::shared_ptr<const PolicySet> policies;
@@ -181,6 +197,8 @@ class RunBackend {
   virtual std::string_view name() const noexcept = 0;
   // What it installs of pip requirements under `p` (prepare_run checks).
   virtual RequirementRules requirement_rules(const Policy& p) const = 0;
+  // What it does with TypeScript tools under `p` (prepare_run checks).
+  virtual TypeScriptRules typescript_rules(const Policy& p) const = 0;
   // May move what it feeds the run out of `run` (runner_request).
   virtual asio::awaitable<BackendRun> run(PreparedRun& run) = 0;
 };
