@@ -26,9 +26,9 @@ TEST(NpmRequirements, Grammar) {
     EXPECT_EQ(code_of(ok), 0) << ok;
   for (const char* no : {"-g", "--registry=http://evil", "https://evil.test/x.tgz", "x@https://evil.test/x.tgz",
                          "git+ssh://git@github.com/u/r.git", "github:u/r", "u/r", "file:../x", "./x", "/abs/x", "~/x",
-                         "x@npm:y", "x@file:../y", "x@git+https://h/r.git", "@scope/x/y", "x@u/r"})
+                         "x@npm:y", "x@file:../y", "x@git+https://h/r.git", "@scope/x/y", "x@u/r", ".hidden"})
     EXPECT_EQ(code_of(no), kNpmForbidden) << no;
-  for (const char* bad : {"", "Left-Pad", ".hidden", "_under", "@scope", "@/x", "x@", "x@ ", "x@\"1.0\"", "x@1;rm -rf /",
+  for (const char* bad : {"", "Left-Pad", "_under", "@scope", "@/x", "x@", "x@ ", "x@\"1.0\"", "x@1;rm -rf .",
                           "x@$(id)", "x@`id`", "na me", "x\n", "x@1\t2", "p\xc3\xa9"})
     EXPECT_EQ(code_of(bad), kNpmMalformed) << bad;
   EXPECT_EQ(code_of(std::string(214, 'a').c_str()), 0);
