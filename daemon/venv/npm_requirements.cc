@@ -78,7 +78,7 @@ Result<std::vector<NpmRequirement>> canonical_npm_set(const std::vector<std::str
   std::vector<NpmRequirement> out;
   for (const std::string& t : requirements) {
     auto parsed = parse_npm_requirement(t);
-    if (!parsed.ok()) return std::move(parsed).error();
+    if (!parsed.ok()) return std::move(parsed).error();  // context: the message names the requirement
     NpmRequirement r = std::move(parsed).value();
     auto same = std::find_if(out.begin(), out.end(), [&](const NpmRequirement& o) { return o.name == r.name; });
     if (same == out.end()) {
