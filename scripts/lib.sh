@@ -28,6 +28,7 @@ TSB_PACKAGES=(
   qemu-system-x86 busybox-static kmod
   clang-14 libclang-rt-14-dev llvm-14
   stress-ng acl
+  nodejs esbuild node-typescript node-acorn
 )
 
 # Sanitizer findings abort with a report and a non-zero status. halt_on_error

@@ -97,6 +97,16 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
       out.policies.push_back(std::move(bp).value());
       out.policies.back().name = name + "/build";
     }
+    // TypeScript tools: the policy's runs under node, when the TypeScript
+    // runner is installed (node itself is looked for at run time: a host
+    // without it still starts).
+    const std::string ts_runner = tsb::core::find_ts_runner(runner);
+    if (p->typescript.enabled && p->backend == tsb::core::Backend::Local && !ts_runner.empty()) {
+      auto tp = tsb::core::to_typescript_spawn_policy(*p, ts_runner);
+      if (!tp.ok()) return std::move(tp).error().wrap("policy " + quoted_for_message(name) + "'s TypeScript runs");
+      out.policies.push_back(std::move(tp).value());
+      out.policies.back().name = name + "/typescript";
+    }
   }
   return out;
 }

@@ -194,6 +194,30 @@ Result<spawn::SpawnPolicy> to_build_spawn_policy(const Policy& p, const std::str
   return s;
 }
 
+Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std::string& ts_runner) {
+  if (!p.typescript.enabled) return Error::invalid("policy '" + p.name + "' has no \"typescript\"");
+  const TypeScriptPolicy& t = p.typescript;
+  spawn::SpawnPolicy s = spawn_policy_fields(p);
+  s.name = typescript_policy_name(p);
+  s.warm_min = s.warm_max = 0;
+  isolate::FsInputs in = fs_inputs_from(p);
+  in.binds.push_back({ts_runner, std::string(kTsRunnerSandboxPath), false, false});
+  isolate::resolve_host_paths(in);
+  auto fs = isolate::build_fs_table(in);
+  if (!fs.ok()) return std::move(fs).error().wrap("policy '" + s.name + "'");
+  auto& tool = s.modes[static_cast<int>(spawn::RunMode::Tool)];
+  tool.argv = {t.node, std::string(kTsRunnerSandboxPath), t.strip_types, t.stripper()};
+  tool.fs = std::move(fs).value();
+  s.modes[static_cast<int>(spawn::RunMode::Script)] = tool;  // execute runs the same runner
+  return s;
+}
+
+std::string find_ts_runner(const std::string& runner) {
+  if (runner.empty()) return "";
+  const std::string r = runner.substr(0, runner.rfind('/') + 1) + "toolsandbox_ts_runner.js";
+  return root_owned_readonly_file(r) ? r : "";
+}
+
 Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner, const std::string& venv_cache) {
   spawn::SpawnPolicy s = spawn_policy_fields(p);
   auto& script = s.modes[static_cast<int>(spawn::RunMode::Script)];

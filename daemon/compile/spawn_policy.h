@@ -91,6 +91,16 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
 // (build_egress_rules). Script mode runs the same.
 Result<spawn::SpawnPolicy> to_build_spawn_policy(const Policy& p, const std::string& builder);
 inline constexpr std::string_view kBuilderSandboxPath = "/opt/toolsandbox/builder/toolsandbox_venv_builder.py";
+// The TypeScript policy of a policy with "typescript", named
+// typescript_policy_name(p): both modes run `ts_runner`
+// (isolate/runner/toolsandbox_ts_runner.js, read-only at
+// kTsRunnerSandboxPath) under the policy's node, with the stripper it names;
+// everything else is the policy's (its file system, seccomp filter, user,
+// limits, network). No warm pool: a TypeScript run is cold.
+Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std::string& ts_runner);
+inline constexpr std::string_view kTsRunnerSandboxPath = "/opt/toolsandbox/runner/toolsandbox_ts_runner.js";
+// The TypeScript runner installed beside `runner` (root_owned_readonly_file), or "".
+std::string find_ts_runner(const std::string& runner);
 // A RunSpec carrying everything the policy decides, for a command the
 // caller gives (argv, env, stdin and the file-system table left to the
 // caller: build_fs_table(fs_inputs_from(p)), plus what it adds).

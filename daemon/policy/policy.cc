@@ -290,6 +290,37 @@ Status parse_packages(ObjectReader o, PackagesPolicy& k) {
   return o.done();
 }
 
+// A path of the TypeScript runtime: absolute, normalised, below /usr (the
+// sandbox's /usr is the host's, read-only, so the path is the same in both).
+Status typescript_path(ObjectReader& o, const char* key, std::string& out) {
+  const json* v = o.get(key);
+  if (!v) return {};
+  if (!v->is_string()) return o.error(key, "must be a path below /usr");
+  const std::string path = v->get<std::string>();
+  if (!isolate::check_sandbox_path(path, key).ok() || !path.starts_with("/usr/"))
+    return o.error(key, "must be an absolute, normalised path below /usr (the sandbox has the host's /usr, read-only): " +
+                            quoted_for_message(path));
+  out = path;
+  return {};
+}
+
+Status parse_typescript(ObjectReader o, TypeScriptPolicy& t) {
+  TSB_TRY(o.object("\"typescript\""), "typescript");
+  t.enabled = true;
+  // context: each step's message begins with its place in the document
+  if (auto st = typescript_path(o, "node", t.node); !st.ok()) return st;
+  if (const json* v = o.get("strip_types")) {
+    if (!v->is_string() || (*v != "esbuild" && *v != "typescript"))
+      return o.error("strip_types", "must be \"esbuild\" (Debian's esbuild) or \"typescript\" (node-typescript)");
+    t.strip_types = v->get<std::string>();
+  }
+  // context: each step's message begins with its place in the document
+  if (auto st = typescript_path(o, "esbuild", t.esbuild); !st.ok()) return st;
+  // context: each step's message begins with its place in the document
+  if (auto st = typescript_path(o, "typescript_module", t.typescript); !st.ok()) return st;
+  return o.done();
+}
+
 Status parse_warm_pool(ObjectReader o, WarmPool& w) {
   TSB_TRY(o.object("\"warm_pool\""), "warm_pool");
   auto max = o.number("max", 0, 0, 64);
@@ -669,6 +700,16 @@ Status read_packages(ObjectReader& root, const LocatedJson& doc, Policy& p) {
   return {};
 }
 
+// "typescript" (null: none): the local backend's Node runtime.
+Status read_typescript(ObjectReader& root, const LocatedJson& doc, Policy& p) {
+  const json* v = root.get("typescript");
+  if (!v || v->is_null()) return {};
+  TSB_TRY(parse_typescript(ObjectReader(doc, *v, "/typescript"), p.typescript), "policy");
+  TSB_TRY(expect(p.backend == Backend::Local, root.where("typescript"),
+                 "applies to the local backend (E2B runs TypeScript in its own kernel)"), "policy");
+  return {};
+}
+
 // "warm_pool" (null: none): a pool with a size is for the local backend.
 Status read_warm_pool(ObjectReader& root, const LocatedJson& doc, Policy& p) {
   const json* v = root.get("warm_pool");
@@ -926,6 +967,11 @@ void set_canonical_and_fingerprint(Policy& p, const json& seccomp_canon) {
                      {"hostname", p.hostname}};
   if (p.network == isolate::NetworkMode::Egress) p.canonical["egress"] = egress_json(p.egress);
   if (p.packages.enabled) p.canonical["packages"] = packages_json(p.packages);
+  if (p.typescript.enabled)
+    p.canonical["typescript"] = {{"node", p.typescript.node},
+                                 {"strip_types", p.typescript.strip_types},
+                                 {"esbuild", p.typescript.esbuild},
+                                 {"typescript_module", p.typescript.typescript}};
   if (p.warm.max > 0)
     p.canonical["warm_pool"] = {{"max", p.warm.max}, {"min", p.warm.min}, {"idle", format_duration(p.warm.idle)}};
   p.fingerprint = "sha256:" + sha256_hex(p.canonical.dump());
@@ -946,6 +992,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   if (auto st = read_filesystem(root, doc, ctx, p); !st.ok()) return std::move(st).error();
   if (auto st = read_network(root, doc, p); !st.ok()) return std::move(st).error();
   if (auto st = read_packages(root, doc, p); !st.ok()) return std::move(st).error();
+  if (auto st = read_typescript(root, doc, p); !st.ok()) return std::move(st).error();
   if (auto st = read_warm_pool(root, doc, p); !st.ok()) return std::move(st).error();
   if (auto st = read_environment(root, doc, p); !st.ok()) return std::move(st).error();
   if (auto st = set_egress_proxy_variables(doc, p); !st.ok()) return std::move(st).error();
@@ -1092,6 +1139,7 @@ std::string PackagesPolicy::index_settings() const {
 }
 
 std::string build_policy_name(const Policy& p) { return p.name + "/build"; }
+std::string typescript_policy_name(const Policy& p) { return p.name + "/typescript"; }
 
 EgressRules build_egress_rules(const PackagesPolicy& k) {
   EgressRules e;

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -70,6 +71,24 @@ struct PackagesPolicy {
   std::string index_settings() const;
 };
 
+// TypeScript tools (policies/README.md, "typescript"): Letta's tools of
+// source_type "typescript" run locally under node, their types stripped by
+// esbuild or node-typescript, every path below the sandbox's read-only /usr
+// (the host's). A host without them still starts: such a run fails its
+// set-up, saying what is missing.
+struct TypeScriptPolicy {
+  bool enabled = false;              // the policy has a "typescript" section
+  std::string node = "/usr/bin/node";
+  std::string strip_types = "esbuild";  // or "typescript"
+  std::string esbuild = "/usr/bin/esbuild";
+  std::string typescript = "/usr/share/nodejs/typescript";
+  // The stripper's path (esbuild's program, or node-typescript's module).
+  const std::string& stripper() const { return strip_types == "esbuild" ? esbuild : typescript; }
+};
+// The acorn parser the TypeScript runner reads the stripped script with
+// (Debian's node-acorn), below /usr like the rest of the runtime.
+inline constexpr std::string_view kAcornPath = "/usr/share/nodejs/acorn";
+
 // Warm sandboxes (policies/README.md, "warm_pool"): per mode (the policy's own venv), up
 // to `max` sandboxes made before their request, each used once. The pool
 // grows by one on every run that finds it empty, keeps at least `min`, and
@@ -91,6 +110,7 @@ struct Policy {
   isolate::NetworkMode network = isolate::NetworkMode::None;
   EgressRules egress;                          // network "egress" only
   PackagesPolicy packages;
+  TypeScriptPolicy typescript;
   WarmPool warm;
   std::map<std::string, std::string> env_set;  // fixed values, always present
   std::vector<std::string> env_allow;          // names (or PREFIX_*) a request may set
@@ -135,6 +155,9 @@ isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner = ""
 std::string build_policy_name(const Policy& p);
 EgressRules build_egress_rules(const PackagesPolicy& k);
 inline constexpr std::string_view kWheelsSandboxPath = "/wheels";
+// The TypeScript policy of a policy with "typescript": its runs, under
+// node (daemon/compile/spawn_policy.h, to_typescript_spawn_policy).
+std::string typescript_policy_name(const Policy& p);
 
 
 }  // namespace tsb::core

@@ -555,6 +555,18 @@ void explain_packages(std::ostream& out, const Policy& p, const std::vector<Poli
          "            bound read-only; least recently used venvs no run holds are removed past the cache's cap\n";
 }
 
+// TypeScript (when enabled): what runs a TypeScript tool, from where.
+void explain_typescript(std::ostream& out, const Policy& p) {
+  if (!p.typescript.enabled) return;
+  const TypeScriptPolicy& t = p.typescript;
+  out << "\nTypeScript (Letta's source_type \"typescript\", both modes, on this host)\n";
+  out << "  runtime   " << t.node << ", the runner /opt/toolsandbox/runner/toolsandbox_ts_runner.js read-only\n";
+  out << "  types     stripped by " << (t.strip_types == "esbuild" ? "esbuild " : "node-typescript ") << t.stripper()
+      << "; parsed with " << kAcornPath << "\n";
+  out << "  sandbox   this policy's: its file system (all of the above from the host's read-only /usr), seccomp\n"
+         "            filter, user, limits and network; always cold (no warm pool); no npm packages\n";
+}
+
 // Warm pool (when it has a size): how many sandboxes wait, and what they
 // hold before their request arrives.
 void explain_warm_pool(std::ostream& out, const Policy& p) {
@@ -816,6 +828,7 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
   explain_namespaces(out, p);
   explain_egress(out, p, risks);
   explain_packages(out, p, risks);
+  explain_typescript(out, p);
   explain_warm_pool(out, p);
   explain_every_run(out, p, options);
   explain_file_system(out, p, options);

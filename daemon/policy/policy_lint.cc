@@ -1,5 +1,7 @@
 #include "daemon/policy/policy_lint.h"
 
+#include <sys/stat.h>
+
 #include <seccomp.h>
 
 #include <algorithm>
@@ -342,12 +344,32 @@ void assess_allowed_by_name(const ProfileView& view, std::vector<PolicyRisk>& ri
 
 }  // namespace
 
+// TypeScript: what the policy names must be on this host, or every
+// TypeScript run fails its set-up (the daemon still starts).
+void assess_typescript(const Policy& p, std::vector<PolicyRisk>& risks) {
+  if (!p.typescript.enabled) return;
+  const TypeScriptPolicy& t = p.typescript;
+  struct stat st{};
+  const std::string how = " (Debian: apt-get install nodejs esbuild node-typescript node-acorn)";
+  if (::stat(t.node.c_str(), &st) != 0)
+    add_policy_key(risks, "/typescript/node", "typescript node " + q(t.node) + " is not on this host: every TypeScript run "
+                                              "fails its set-up" + how);
+  if (::stat(t.stripper().c_str(), &st) != 0)
+    add_policy_key(risks, t.strip_types == "esbuild" ? "/typescript/esbuild" : "/typescript/typescript_module",
+                   "typescript strip_types " + q(t.strip_types) + ": " + q(t.stripper()) +
+                       " is not on this host: every TypeScript run fails its set-up" + how);
+  if (::stat(std::string(kAcornPath).c_str(), &st) != 0)
+    add_policy_key(risks, "/typescript", "typescript: the runner's parser " + q(kAcornPath) +
+                                             " is not on this host: every TypeScript run fails its set-up" + how);
+}
+
 // The policy's keys first, in the order the explain page shows them, then
 // the seccomp profile's.
 std::vector<PolicyRisk> assess_policy(const Policy& p) {
   std::vector<PolicyRisk> risks;
   assess_network(p, risks);
   assess_packages(p, risks);
+  assess_typescript(p, risks);
   assess_binds(p, risks);
   assess_environment(p, risks);
   assess_limits(p, risks);

@@ -1289,6 +1289,50 @@ namespace {
 // (a policy's environment.set here; every run's environment there,
 // spawn::valid_env_name): the two rules must agree, or a policy would load
 // whose runs the spawner refuses.
+// "typescript": its runs are a spawn policy of their own, under node with
+// the TypeScript runner, the policy's file system otherwise, never warm.
+TEST(PolicyTypeScript, TheRuntimeIsBelowUsrAndItsRunsAreTheirOwnPolicy) {
+  TempDir t;
+  auto p = load_text(t, R"({"version": 1, "typescript": {"strip_types": "typescript"},
+      "warm_pool": {"max": 2, "min": 1}})");
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  p->name = "ts";
+  EXPECT_TRUE(p->typescript.enabled);
+  EXPECT_EQ(p->typescript.node, "/usr/bin/node");
+  EXPECT_EQ(p->typescript.stripper(), "/usr/share/nodejs/typescript");
+  EXPECT_EQ(p->canonical["typescript"]["strip_types"], "typescript");
+  const std::string runner = "/usr/share/toolsandbox/runner/toolsandbox_ts_runner.js";
+  auto tp = to_typescript_spawn_policy(*p, runner);
+  ASSERT_TRUE(tp.ok()) << tp.error().message;
+  EXPECT_EQ(tp->name, "ts/typescript");
+  EXPECT_EQ(tp->fingerprint, p->fingerprint);
+  EXPECT_EQ(tp->warm_max, 0u);
+  for (const auto& m : tp->modes) {
+    EXPECT_EQ(m.argv, (std::vector<std::string>{"/usr/bin/node", std::string(kTsRunnerSandboxPath), "typescript",
+                                                "/usr/share/nodejs/typescript"}));
+    EXPECT_TRUE(m.pooled_argv.empty());
+    std::map<std::string, const isolate::FsEntry*> rows;
+    for (const auto& e : *m.fs) rows[e.path] = &e;
+    ASSERT_TRUE(rows.contains(std::string(kTsRunnerSandboxPath)));
+    EXPECT_EQ(rows[std::string(kTsRunnerSandboxPath)]->source, runner);
+    EXPECT_EQ(rows[std::string(kTsRunnerSandboxPath)]->kind, isolate::FsEntry::kHost);  // read-only
+    ASSERT_TRUE(rows.contains("/usr"));  // node, esbuild and acorn come from here, read-only
+    EXPECT_FALSE(rows.contains(std::string(isolate::kRunnerSandboxPath)));
+  }
+  // Not below /usr, a stripper it does not know, on E2B: refused.
+  for (const char* bad : {R"({"version": 1, "typescript": {"node": "/opt/node/bin/node"}})",
+                          R"({"version": 1, "typescript": {"node": "/usr/../opt/node"}})",
+                          R"({"version": 1, "typescript": {"esbuild": "/usr"}})",
+                          R"({"version": 1, "typescript": {"strip_types": "babel"}})",
+                          R"({"version": 1, "typescript": {"modules": "/node_modules"}})",
+                          R"({"version": 1, "backend": "e2b", "typescript": {}})"})
+    EXPECT_FALSE(load_text(t, bad).ok()) << bad;
+  auto none = load_text(t, R"({"version": 1, "typescript": null})");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->typescript.enabled);
+  EXPECT_FALSE(to_typescript_spawn_policy(*none, runner).ok());
+}
+
 TEST(PolicyEnvironment, NamesFollowTheSpawnersRule) {
   TempDir t;
   for (const std::string& name : std::vector<std::string>{"A", "_", "a_1", "_9", "PATH", "lower", "9A", "A-B", "A B", "A.B", "", "\xc3\xa9",
