@@ -458,5 +458,34 @@ TEST_F(ChannelShaping, ARaisedErrorIsReadFromStderr) {
   EXPECT_EQ(s.extra["error_kind"], "tool");
 }
 
+// A local TypeScript run (both modes): the same channel and table, its
+// own framing, and output that is not UTF-8 replaced as E2B hands Letta
+// text, never a UnicodeDecodeError.
+TEST_F(ChannelShaping, TypeScriptRunsAnswerOnTheChannelInBothModes) {
+  ctx.typescript = true;
+  run.stdout_data = "bytes \xff\n";
+  run.stderr_data = "warn \xfe\n";
+  for (bool tool_mode : {true, false}) {
+    ctx.tool_mode = tool_mode;
+    const auto ch = sent(false, R"({"results":{"a":[1,"x"]},"agent_state":null})");
+    auto s = shape(&ch);
+    EXPECT_EQ(s.result["status"], "success") << tool_mode;
+    EXPECT_EQ(s.result["func_return"], json({{"a", {1, "x"}}}));
+    EXPECT_EQ(s.extra["framing"], "typescript-json");
+    EXPECT_EQ(s.result["stdout"], json::array({"bytes \xef\xbf\xbd\n"}));
+    EXPECT_EQ(s.result["stderr"], json::array({"warn \xef\xbf\xbd\n"}));
+    // A thrown error, as E2B's kernel names it.
+    run.exit_code = 1;
+    const auto err = sent(false, R"({"results":null,"agent_state":null,"error":{"kind":"tool","name":"TypeError",)"
+                                 R"("message":"Do not know how to serialize a BigInt"}})");
+    EXPECT_EQ(shape(&err).result["func_return"], "Error executing function f: TypeError: Do not know how to serialize a BigInt");
+    run.exit_code = 0;
+  }
+  // Execute never looks for a pickle to decode in a TypeScript run.
+  ctx.tool_mode = false;
+  run.stdout_data = std::string(tsb::letta::kLegacyStartMarker) + "gASVAgAAAAAAAABLAS4=" + std::string(tsb::letta::kLegacyEndMarker);
+  EXPECT_FALSE(pickle_payload_to_decode(ctx, run));
+}
+
 }  // namespace
 }  // namespace tsb::core

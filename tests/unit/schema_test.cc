@@ -846,6 +846,17 @@ std::vector<Shaping> shapings() {
   channel("run_tool channel result too large", false, std::string(16, ' '), 0, 5u << 20);
   channel("run_tool channel no declaration", std::nullopt, "", 3);
   channel("run_tool channel status 0 without a result", true, "", 0);
+  // A local TypeScript run, both modes: the same channel, its own framing.
+  for (bool tool_mode : {true, false}) {
+    channel(std::string(tool_mode ? "run_tool" : "execute") + " typescript success", false,
+            R"({"results":{"a":1},"agent_state":null})", 0);
+    out.back().ctx.typescript = true;
+    out.back().ctx.tool_mode = tool_mode;
+    channel(std::string(tool_mode ? "run_tool" : "execute") + " typescript error", false,
+            R"({"results":null,"agent_state":null,"error":{"kind":"tool","name":"TypeError","message":"x"}})", 1);
+    out.back().ctx.typescript = true;
+    out.back().ctx.tool_mode = tool_mode;
+  }
   return out;
 }
 

@@ -136,6 +136,10 @@ std::string runner_channel_second(const protocol::RunToolRequest& t, bool declar
                      true);
 }
 
+std::string runner_channel_script(std::string_view script) {
+  return object_text({{"script", script, true}}, true);
+}
+
 std::string runner_channel_unpickle(std::string_view payload_base64) {
   return object_text({{"unpickle", payload_base64, true}}, true);
 }
@@ -177,7 +181,9 @@ struct Shaping {
   // Letta decodes stderr, then stdout without its frame, as strict UTF-8;
   // invalid bytes raise UnicodeDecodeError there, which its sandbox answers
   // as an internal error.
-  bool strict_utf8() const { return ctx.tool_mode || ctx.generation == lp::ScriptGeneration::kCurrent; }
+  bool strict_utf8() const {
+    return !ctx.typescript && (ctx.tool_mode || ctx.generation == lp::ScriptGeneration::kCurrent);
+  }
   // What a run killed by a signal and without a result is said to have raised.
   std::string fallback_name() const { return run.reason == EndReason::Signaled ? "RuntimeError" : ""; }
   std::string fallback_msg() const { return run.reason == EndReason::Signaled ? signal_text(run.signal) : ""; }
@@ -211,8 +217,9 @@ struct Shaping {
   // Tool mode: the runner never sent its result (it was killed, or the tool
   // killed it or ended its process first).
   Shaped no_result(const ChannelOutcome* channel) {
-    if (auto e = lp::python_utf8_decode_error(run.stdout_data)) return decode_failure(*e);
-    r()["stdout"] = as_list(run.stdout_data);
+    if (strict_utf8())
+      if (auto e = lp::python_utf8_decode_error(run.stdout_data)) return decode_failure(*e);
+    r()["stdout"] = as_list(ctx.typescript ? lp::utf8_decode_replace(run.stdout_data).text : run.stdout_data);
     r()["stderr"] = as_list(run.stderr_data);
     if (ctx.channel && success_exit() && channel && channel->declared) {
       // Status 0 with no result (os._exit(0) in the tool): Letta's script
@@ -364,7 +371,7 @@ std::variant<lp::NonceFrame, Shaped> runner_frame(Shaping& s, const ChannelOutco
     if (!ctx.may_declare && !(*frame)->agent_state.is_null()) return s.corrupted(kUndeclared);
     return std::move(**frame);
   }
-  s.out.extra["framing"] = "channel";
+  s.out.extra["framing"] = ctx.typescript ? "typescript-json" : "channel";
   if (!channel || !channel->declared || channel->result_total == 0) return s.no_result(channel);
   if (channel->result_total > ctx.result_cap) {
     // As a print of that size would: the run ends in error, here with its
@@ -392,9 +399,9 @@ Shaped shape_runner(Shaping& s, const ChannelOutcome* channel) {
   json& r = s.r();
   Shaped& out = s.out;
   if (f.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
-  if (f.stdout_decode_error) return s.decode_failure(*f.stdout_decode_error);
+  if (f.stdout_decode_error && s.strict_utf8()) return s.decode_failure(*f.stdout_decode_error);
   r["stdout"] = as_list(f.stdout_text);
-  r["stderr"] = as_list(s.run.stderr_data);
+  r["stderr"] = as_list(s.ctx.typescript ? lp::utf8_decode_replace(s.run.stderr_data).text : s.run.stderr_data);
   if (f.error) {
     out.extra["error_kind"] = f.error->kind;
     // What the tool raised is read from stderr exactly as Letta reads its
@@ -424,12 +431,13 @@ Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run,
   if (auto stopped = shape_stopped(s)) return std::move(*stopped);
   if (s.strict_utf8())
     if (auto e = lp::python_utf8_decode_error(run.stderr_data)) return s.decode_failure(*e);
-  return ctx.tool_mode ? shape_runner(s, channel) : shape_script(s, decoded);
+  // (A local TypeScript execute answers on the channel too.)
+  return ctx.tool_mode || ctx.channel ? shape_runner(s, channel) : shape_script(s, decoded);
 }
 
 std::optional<std::string> pickle_payload_to_decode(const ShapeContext& ctx, const isolate::RunResult& run) {
   // Most runs have no frame marker at all: no shaping for them.
-  if (ctx.tool_mode || ctx.json_result_script ||
+  if (ctx.tool_mode || ctx.channel || ctx.json_result_script ||
       (run.stdout_data.find(lp::kBinaryMarker) == std::string::npos &&
        run.stdout_data.find(lp::kLegacyStartMarker) == std::string::npos))
     return std::nullopt;

@@ -30,6 +30,11 @@ struct ShapeContext {
   bool channel = false;
   std::uint64_t result_cap = 0;
   std::string nonce;
+  // A TypeScript tool (source_type "typescript"). In a local sandbox both
+  // modes answer on the result channel (the TypeScript runner: framing
+  // "typescript-json"), and output that is not UTF-8 is replaced, as E2B's
+  // kernel hands Letta text, never failed.
+  bool typescript = false;
   // Nonce mode: the tool's source names agent_state, so the request
   // carried it (runner_request_text) and a frame may carry it back; a
   // frame with one from a source that cannot declare it is not the runner's.
@@ -134,6 +139,9 @@ std::string runner_request_text(const protocol::RunToolRequest& t, std::string_v
 std::string runner_channel_first(const protocol::RunToolRequest& t);
 std::string runner_channel_second(const protocol::RunToolRequest& t, bool declared,
                                   const std::map<std::string, std::string>& env = {});
+// A TypeScript execute's first part: the script Letta generated; its second
+// is channel_part_header(2) + "{}".
+std::string runner_channel_script(std::string_view script);
 // An unpickle request's first part; its second is channel_part_header(2) + "{}".
 std::string runner_channel_unpickle(std::string_view payload_base64);
 // A warm sandbox's first part (daemon/frontend/letta/letta.h, kChannelReady): the

@@ -8,9 +8,11 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 
+#include "daemon/compile/spawn_policy.h"
 #include "daemon/policy/jsonc.h"
 #include "daemon/policy/units.h"
 #include "daemon/frontend/letta/letta.h"
@@ -463,10 +465,32 @@ RequirementRules LocalBackend::requirement_rules(const Policy& pol) const {
 }
 
 TypeScriptRules LocalBackend::typescript_rules(const Policy& pol) const {
+  // Under node, with the runtime the policy's "typescript" names.
   TypeScriptRules r;
-  r.refusal = "policy " + q(pol.name) + " runs no TypeScript tools on the local backend";
-  r.npm_refusal = r.refusal;
+  if (!pol.typescript.enabled)
+    r.refusal = "policy " + q(pol.name) + " runs no TypeScript tools on the local backend (it has no \"typescript\" section)";
+  r.npm_refusal = "policy " + q(pol.name) + " installs no npm packages on the local backend";
   return r;
+}
+
+std::optional<std::string> LocalBackend::typescript_runtime_missing(const PreparedRun& p) const {
+  // What the policy names must be on this host; the daemon starts without
+  // them (a shipped policy never stops a host without node from starting),
+  // and a run says which is missing.
+  const TypeScriptPolicy& t = p.policy().typescript;
+  const std::string how = " (Debian: apt-get install nodejs esbuild node-typescript node-acorn)";
+  struct stat st{};
+  if (::stat(t.node.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || !(st.st_mode & S_IXOTH))
+    return "the policy's Node runtime " + q(t.node) + " is not installed on this host (typescript.node)" + how;
+  if (::stat(t.stripper().c_str(), &st) != 0)
+    return "the policy's type stripper " + q(t.stripper()) + " is not installed on this host (typescript.strip_types " +
+           q(t.strip_types) + ")" + how;
+  if (::stat(std::string(kAcornPath).c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return "the JavaScript parser the TypeScript runner reads scripts with, " + q(kAcornPath) +
+           ", is not installed on this host" + how;
+  if (find_ts_runner(p.runner_path).empty())
+    return std::string("the TypeScript runner (toolsandbox_ts_runner.js, beside the tool runner) is not installed on this host");
+  return std::nullopt;
 }
 
 std::optional<Refusal> LocalBackend::order_for(PreparedRun& p, Order& o) const {
@@ -481,6 +505,24 @@ std::optional<Refusal> LocalBackend::order_for(PreparedRun& p, Order& o) const {
   o.order.fingerprint = pol.fingerprint;
   o.order.env = p.env;
   o.order.timeout = p.timeout;
+  if (p.typescript) {
+    // The TypeScript runner, in both modes: the request on its result
+    // channel, the result back on it (toolsandbox_ts_runner.js). Cold: the
+    // warm pools are Python's.
+    o.order.policy = typescript_policy_name(pol);
+    o.order.mode = spawn::RunMode::Tool;
+    o.order.warm = false;
+    if (p.tool_mode) {
+      const auto& t = std::get<protocol::RunToolRequest>(p.request->body);
+      o.channel = ChannelExchange{runner_channel_first(t),
+                                  [&t, env = p.runner_env](bool declared) { return runner_channel_second(t, declared, env); },
+                                  pol.limits.stdout_bytes};
+    } else {
+      o.channel = ChannelExchange{runner_channel_script(std::get<protocol::ExecuteRequest>(p.request->body).script),
+                                  [](bool) { return letta::channel_part_header(2) + "{}"; }, pol.limits.stdout_bytes};
+    }
+    return std::nullopt;
+  }
   if (p.tool_mode) {
     // The runner's request and result travel on its result channel
     // (daemon/frontend/letta/letta.h); stdout and stderr are the tool's alone.
@@ -626,6 +668,19 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   BackendRun out;
   Order o;
   if ((out.refused = order_for(p, o))) co_return out;
+  if (p.typescript) {
+    out.record["typescript"] = {{"node", p.policy().typescript.node}, {"strip_types", p.policy().typescript.strip_types}};
+    out.audit += " typescript=yes";
+    if (auto missing = typescript_runtime_missing(p)) {
+      // No sandbox: the run fails its set-up, saying what is missing.
+      out.run.reason = isolate::EndReason::SetupFailed;
+      out.run.error = *missing;
+      out.record["setup_stage"] = "typescript-runtime";
+      out.record["setup_errno"] = ENOENT;
+      out.record["error"] = *missing;
+      co_return out;
+    }
+  }
   // The run's requirements (prepare_run checked them): the venv is found
   // or built once the run holds its slot.
   const std::string venv_key = p.requirements.items.empty()
@@ -648,7 +703,7 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   // ends); a build that failed is the run's answer.
   if (!venv_key.empty() && !co_await prepare_venv(p, venv_key, o, out)) co_return out;
   co_await run_order(p, o, out);  // o (its venv hold) lives until the run is answered
-  if (!out.refused && !p.tool_mode) co_await decode_pickle(p, out);
+  if (!out.refused && !p.tool_mode && !p.typescript) co_await decode_pickle(p, out);
   co_return out;
 }
 

@@ -94,6 +94,9 @@ class LocalBackend final : public RunBackend {
     venv::Cache::Hold venv_hold;
   };
   std::optional<Refusal> order_for(PreparedRun& p, Order& o) const;
+  // What of the TypeScript runtime the run's policy names is missing on
+  // this host (node, the stripper, acorn, the TypeScript runner), or nothing.
+  std::optional<std::string> typescript_runtime_missing(const PreparedRun& p) const;
   asio::awaitable<std::optional<Refusal>> take_slot(PreparedRun& p);
   asio::awaitable<bool> prepare_venv(PreparedRun& p, const std::string& venv_key, Order& o, BackendRun& out);
   asio::awaitable<void> run_order(PreparedRun& p, Order& o, BackendRun& out);

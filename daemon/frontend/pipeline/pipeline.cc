@@ -240,6 +240,13 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
       out.runner_request = runner_request_text(std::get<protocol::RunToolRequest>(req.body), out.shape.nonce, out.runner_env);
     }
   }
+  // A local TypeScript run answers on its result channel in both modes
+  // (isolate/runner/toolsandbox_ts_runner.js).
+  out.shape.typescript = out.typescript;
+  if (out.typescript && out.placement.backend == Backend::Local) {
+    out.shape.channel = true;
+    out.shape.result_cap = pol.limits.stdout_bytes;
+  }
   if (!out.cancel) out.cancel = std::make_shared<CancelSignal>();
   if (!out.client_gone) out.client_gone = [] { return false; };
   return std::nullopt;
