@@ -28,7 +28,12 @@ routed by any of:
   port 49983 (envd):
     POST   /process.Process/Start        -> Connect envelopes (process.proto Start); runs nothing:
                                             a pip install of an allowed name
-                                            succeeds, anything else fails
+                                            succeeds, anything else fails;
+                                            `npm install -- SPEC` of an allowed
+                                            name drops a small package into
+                                            the sandbox's node_modules (no
+                                            registry is ever reached), others
+                                            fail with npm's 404 text
     GET    /health                       -> 204
 
 Cells run as a plain /usr/bin/python3 subprocess per cell, in a per-sandbox
@@ -36,6 +41,14 @@ working directory, with a clean environment (the fake's own is never passed
 on) plus what earlier cells of the same context put into os.environ. The main
 result is the value of the cell's last expression, if it is one, as repr()
 with one pair of quotes stripped, as the real server does.
+
+A context created with language "typescript" (or "ts", "javascript", "js")
+is a persistent Node process instead (tests/fakes/e2b_ts_kernel.js, which
+says how it follows E2B's TypeScript kernel): one global scope for all its
+cells, top-level await, the last value as util.inspect() text (one pair of
+quotes stripped by the server, as for Python), console output as stream
+chunks, errors as name, value and traceback. It needs Debian's
+node-typescript (scripts/lib.sh installs it).
 
 Test control (no key needed):
     POST /_control/faults    body: a fault or a list of faults (appended)
@@ -143,11 +156,13 @@ def envelope(flags, obj):
 
 
 class State:
-    def __init__(self, api_key, domain, pip_allow, page_size, workdir):
+    def __init__(self, api_key, domain, pip_allow, page_size, workdir, npm_allow=()):
         self.lock = threading.Lock()
         self.api_key = api_key
         self.domain = domain
         self.pip_allow = set(pip_allow)
+        self.npm_allow = set(npm_allow)
+        self.kernels = {}  # (sandbox id, context id) -> TsKernel
         self.page_size = page_size
         self.workdir = workdir
         self.reset()
@@ -159,6 +174,9 @@ class State:
         self.pip_calls = []
         self.procs = {}  # sandbox id -> set of Popen
         self.execution_count = 0
+        for k in getattr(self, "kernels", {}).values():
+            k.kill()
+        self.kernels = {}
 
     def take_fault(self, op):
         with self.lock:
@@ -185,6 +203,57 @@ class State:
 
 
 STATE = None
+TS_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2b_ts_kernel.js")
+TS_LANGUAGES = {"ts": "typescript", "typescript": "typescript", "js": "javascript", "javascript": "javascript"}
+
+
+class TsKernel:
+    """One TypeScript context: a Node process (e2b_ts_kernel.js) fed one cell
+    at a time; its messages arrive as JSON lines on a pipe of their own."""
+
+    def __init__(self, sdir):
+        r, w = os.pipe()
+        self.proc = subprocess.Popen(
+            ["/usr/bin/node", TS_KERNEL], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, pass_fds=(w,), cwd=sdir, start_new_session=True,
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": sdir, "LANG": "C.UTF-8", "TSB_KERNEL_FD": str(w)})
+        os.close(w)
+        self.fd = r
+        self.buf = b""
+        self.lock = threading.Lock()  # one cell at a time
+
+    def send(self, code):
+        self.proc.stdin.write((json.dumps({"code": code}) + "\n").encode("utf-8"))
+        self.proc.stdin.flush()
+
+    def message(self, timeout):
+        """The next message, None when none came within `timeout`, or an
+        error message when the kernel died."""
+        while b"\n" not in self.buf:
+            r, _, _ = select.select([self.fd], [], [], timeout)
+            if not r:
+                return None
+            data = os.read(self.fd, 65536)
+            if not data:
+                return {"type": "error", "name": "UnexpectedEndOfExecution", "value": "the kernel died",
+                        "traceback": ""}
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -402,6 +471,7 @@ class Handler(BaseHTTPRequestHandler):
                 "refreshes": 0,
                 "executions": 0,
                 "contexts": {None: {}},
+                "context_languages": {},
                 "dir": sdir,
             }
             with STATE.lock:
@@ -503,14 +573,26 @@ class Handler(BaseHTTPRequestHandler):
             if rest == "/contexts" and self.command == "POST":
                 if self.fault_status("contexts"):
                     return
+                try:
+                    creq = json.loads(body or b"{}")
+                except ValueError:
+                    return self.send_error_body(422, "invalid JSON")
+                language = str(creq.get("language") or "python").lower().strip()
+                language = TS_LANGUAGES.get(language, language)
                 cid = uuid.uuid4().hex
                 with STATE.lock:
                     sb["contexts"][cid] = {}
-                return self.send_json(200, {"id": cid, "language": "python", "cwd": "/home/user"})
+                    sb["context_languages"][cid] = language
+                    if language in ("typescript", "javascript"):
+                        STATE.kernels[(sb["sandboxID"], cid)] = TsKernel(sb["dir"])
+                return self.send_json(200, {"id": cid, "language": language, "cwd": "/home/user"})
             m = re.match(r"^/contexts/([A-Za-z0-9_-]+)$", rest)
             if m and self.command == "DELETE":
                 with STATE.lock:
                     found = sb["contexts"].pop(m.group(1), None) is not None
+                    kernel = STATE.kernels.pop((sb["sandboxID"], m.group(1)), None)
+                if kernel:
+                    kernel.kill()
                 return self.send_json(204 if found else 404, None)
         if port == ENVD_PORT:
             if rest == "/health":
@@ -538,6 +620,10 @@ class Handler(BaseHTTPRequestHandler):
         if kind == "status":
             status = int(fault.get("status", 500))
             return self.send_error_body(status, "injected failure %d" % status)
+        with STATE.lock:
+            kernel = STATE.kernels.get((sb["sandboxID"], ctx_id))
+        if kernel:
+            return self.execute_ts(sb, kernel, req["code"])
 
         sdir = sb["dir"]
         cell = tempfile.NamedTemporaryFile("w", dir=sdir, suffix=".py", delete=False, encoding="utf-8")
@@ -639,6 +725,66 @@ class Handler(BaseHTTPRequestHandler):
                 except OSError:
                     pass
 
+    def execute_ts(self, sb, kernel, code):
+        with STATE.lock:
+            STATE.execution_count += 1
+            count = STATE.execution_count
+            sb["executions"] += 1
+
+        def line(obj):
+            self.chunk((json.dumps(obj) + "\n").encode("utf-8"))
+
+        with kernel.lock:
+            try:
+                self.start_chunked(None)
+                line({"type": "number_of_executions", "execution_count": count})
+                kernel.send(code)
+                while True:
+                    m = kernel.message(0.5)
+                    if m is None:
+                        if self.client_gone():
+                            kernel.kill()
+                            return self.drop_connection()
+                        continue
+                    t = m.get("type")
+                    if t in ("stdout", "stderr"):
+                        line({"type": t, "text": m["text"], "timestamp": now_iso()})
+                    elif t == "result":
+                        line({"type": "result", "text": strip_quotes(m["text"]), "extra": {}, "is_main_result": True})
+                    elif t == "error":
+                        line({"type": "error", "name": m["name"], "value": m["value"], "traceback": m["traceback"]})
+                        if m["name"] == "UnexpectedEndOfExecution":
+                            break
+                    elif t == "done":
+                        break
+                line({"type": "end_of_execution"})
+                self.end_chunked()
+            except (BrokenPipeError, ConnectionResetError):
+                kernel.kill()
+                self.close_connection = True
+
+    def npm_install(self, sb, argv, cwd):
+        """`npm install -- SPEC` in the kernel's working directory: an allowed
+        name gets a small local package in node_modules, whose module exports
+        its name and version (and, for Letta's client, a LettaClient class)."""
+        spec = argv[3]
+        m = re.match(r"^(@[a-z0-9._-]+/[a-z0-9._-]+|[a-z0-9._-]+)(?:@(.*))?$", spec)
+        name = m.group(1) if m else ""
+        if name and name in STATE.npm_allow and cwd == "/home/user":
+            version = "1.0.0"
+            target = os.path.join(sb["dir"], "node_modules", *name.split("/"))
+            os.makedirs(target, exist_ok=True)
+            with open(os.path.join(target, "package.json"), "w") as f:
+                json.dump({"name": name, "version": version, "main": "index.js"}, f)
+            extra = ("class LettaClient { constructor(options) { this.options = options; } }\n"
+                     "module.exports.LettaClient = LettaClient;\n") if name == "@letta-ai/letta-client" else ""
+            with open(os.path.join(target, "index.js"), "w") as f:
+                f.write("module.exports = { name: %s, version: %s, greet: (s) => 'hello ' + s };\n%s"
+                        % (json.dumps(name), json.dumps(version), extra))
+            return True, ("\nadded 1 package in 1s\n").encode()
+        return False, ("npm ERR! code E404\nnpm ERR! 404 Not Found - GET https://registry.npmjs.org/%s - Not found\n"
+                       "npm ERR! 404\nnpm ERR! 404  '%s' is not in this registry.\n" % (name or spec, spec)).encode()
+
     def process_start(self, sb, body):
         if self.headers.get("Authorization") not in ("Basic dXNlcjo=", "Basic cm9vdDo="):
             return self.send_json(401, {"code": "unauthenticated", "message": "missing user"})
@@ -652,7 +798,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(400, {"code": "invalid_argument", "message": "bad StartRequest"})
         with STATE.lock:
             STATE.pip_calls.append({"sandbox": sb["sandboxID"], "argv": argv, "envs": proc.get("envs"),
-                                    "content_type": self.headers.get("Content-Type")})
+                                    "cwd": proc.get("cwd"), "content_type": self.headers.get("Content-Type")})
         fault = STATE.take_fault("process")
         kind = fault.get("kind", "status") if fault else None
         if kind == "status":
@@ -671,6 +817,14 @@ class Handler(BaseHTTPRequestHandler):
             # The command fails and writes the fault's bytes (base64) on its stderr.
             self.chunk(envelope(0, {"event": {"data": {"stderr": fault.get("stderr_b64", "")}}}))
             self.chunk(envelope(0, {"event": {"end": {"exitCode": 1, "exited": True, "status": "exit status 1"}}}))
+            self.chunk(envelope(2, {}))
+            return self.end_chunked()
+        if len(argv) == 4 and argv[:3] == ["npm", "install", "--"]:
+            ok, text = self.npm_install(sb, argv, proc.get("cwd"))
+            self.chunk(envelope(0, {"event": {"data": {"stdout" if ok else "stderr": base64.b64encode(text).decode()}}}))
+            end = {"exited": True, "status": "exit status 0"} if ok else \
+                {"exitCode": 1, "exited": True, "status": "exit status 1"}
+            self.chunk(envelope(0, {"event": {"end": end}}))
             self.chunk(envelope(2, {}))
             return self.end_chunked()
         is_pip = len(argv) == 7 and argv[:6] == ["python3", "-m", "pip", "install", "--no-input", "--"]
@@ -699,13 +853,14 @@ def main():
     ap.add_argument("--api-key-file", required=True)
     ap.add_argument("--domain", default="e2b.test")
     ap.add_argument("--pip-allow", default="six,requests,tsb-fake-ok")
+    ap.add_argument("--npm-allow", default="tsb-fake-npm-ok,@letta-ai/letta-client")
     ap.add_argument("--page-size", type=int, default=100)
     args = ap.parse_args()
     with open(args.api_key_file) as f:
         key = f.read().strip()
     workdir = tempfile.mkdtemp(prefix="e2b-fake-")
     STATE = State(key, args.domain, [n.strip().lower() for n in args.pip_allow.split(",") if n.strip()],
-                  args.page_size, workdir)
+                  args.page_size, workdir, [n.strip() for n in args.npm_allow.split(",") if n.strip()])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     srv = ThreadingHTTPServer((LISTEN_ADDRESS, args.port), Handler)
     srv.daemon_threads = True
@@ -722,6 +877,8 @@ def main():
         for procs in STATE.procs.values():
             for p in procs:
                 p.kill()
+        for k in STATE.kernels.values():
+            k.kill()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
