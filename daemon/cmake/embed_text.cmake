@@ -1,5 +1,5 @@
 # Generates a C++ header that embeds text files as string_view constants,
-# each without its leading comment block (the lines starting with "#" at
+# each without its leading comment block (the lines starting with "#" or "//" at
 # the top of the file: what the file says about itself, not what is sent).
 # Usage: cmake -DOUT=file.h -DBASE=dir -DFILES="a.py;b.py" -DNAMES="kA;kB" -P embed_text.cmake
 list(LENGTH FILES nfiles)
@@ -13,7 +13,7 @@ foreach(i RANGE ${last})
   list(GET FILES ${i} f)
   list(GET NAMES ${i} name)
   file(READ "${BASE}/${f}" content)
-  string(REGEX REPLACE "^(#[^\n]*\n)+" "" content "${content}")
+  string(REGEX REPLACE "^((#|//)[^\n]*\n)+" "" content "${content}")
   string(FIND "${content}" ")tsbembed\"" clash)
   if(NOT clash EQUAL -1)
     message(FATAL_ERROR "${f} contains the embedding delimiter")

@@ -577,3 +577,132 @@ def run_seed(tool_name, source_code, args, json_schema, python, env=None, agent_
             decoded = seed_unpickle(func_result, python)
         return {"status": "success", "func_return": decoded["results"], "agent_state": decoded["agent_state"],
                 "stdout": [stdout] if stdout else [], "stderr": [proc.stderr] if proc.stderr else []}
+
+
+# ---------------------------------------------------------------------------
+# TypeScript tools on E2B
+# ---------------------------------------------------------------------------
+# Restated from letta/services/tool_sandbox/typescript_generator.py (the
+# generator and parser, verbatim but for docstrings) and
+# letta/services/tool_sandbox/e2b_sandbox.py (AsyncToolSandboxE2B.run: what
+# an execution becomes).
+
+
+def convert_param_to_ts_value(param_type, raw_value):
+    if raw_value is None:
+        return "null"
+    if param_type == "string":
+        return json.dumps(raw_value)
+    if param_type in ("number", "integer"):
+        return str(raw_value)
+    if param_type == "boolean":
+        if isinstance(raw_value, bool):
+            return "true" if raw_value else "false"
+        if isinstance(raw_value, int) and raw_value in (0, 1):
+            return "true" if raw_value else "false"
+        if isinstance(raw_value, str) and raw_value.strip().lower() in ("true", "false"):
+            return raw_value.strip().lower()
+        raise ValueError(f"Invalid boolean value: {raw_value}")
+    if param_type in ("array", "object"):
+        return json.dumps(raw_value)
+    return json.dumps(raw_value)
+
+
+def is_async_typescript_function(source_code, function_name):
+    pattern1 = rf"export\s+async\s+function\s+{re.escape(function_name)}"
+    if re.search(pattern1, source_code):
+        return True
+    pattern2 = rf"export\s+const\s+{re.escape(function_name)}\s*=\s*async"
+    if re.search(pattern2, source_code):
+        return True
+    return False
+
+
+def generate_typescript_execution_script(tool_name, tool_source_code, args, json_schema, env_vars_to_inject=None):
+    lines = []
+    import_pattern = r"^import\s+.+?['\"];?\s*$"
+    user_imports = re.findall(import_pattern, tool_source_code, re.MULTILINE)
+    source_without_imports = re.sub(import_pattern, "", tool_source_code, flags=re.MULTILINE)
+    if user_imports:
+        for imp in user_imports:
+            lines.append(imp.strip())
+        lines.append("")
+    lines.extend(
+        [
+            "// Initialize Letta client for TypeScript tool execution",
+            "let client: any = null;",
+            "try {",
+            "    const { LettaClient } = await import('@letta-ai/letta-client');",
+            "    const apiKey = process.env.LETTA_API_KEY;",
+            "    if (apiKey) {",
+            "        client = new LettaClient({ apiKey });",
+            "    }",
+            "} catch (e) {",
+            "    // Package not available - client remains null",
+            "}",
+            "",
+        ]
+    )
+    if json_schema is None:
+        json_schema = {}
+    properties = json_schema.get("parameters", {}).get("properties", {})
+    for param_name, param_value in args.items():
+        param_spec = properties.get(param_name, {})
+        param_type = param_spec.get("type")
+        ts_value = convert_param_to_ts_value(param_type, param_value)
+        lines.append(f"const {param_name} = {ts_value};")
+    if args:
+        lines.append("")
+    stripped_source = re.sub(r"\bexport\s+", "", source_without_imports)
+    lines.append(stripped_source.strip())
+    lines.append("")
+    is_async = is_async_typescript_function(tool_source_code, tool_name)
+    parameters = json_schema.get("parameters", {})
+    required_params = parameters.get("required", [])
+    schema_properties = parameters.get("properties", {})
+    ordered_params = []
+    for param in required_params:
+        if param in args:
+            ordered_params.append(param)
+    for param in schema_properties.keys():
+        if param in args and param not in ordered_params:
+            ordered_params.append(param)
+    for param in args.keys():
+        if param not in ordered_params:
+            ordered_params.append(param)
+    params_str = ", ".join(ordered_params)
+    func_call = f"{tool_name}({params_str})"
+    if is_async:
+        lines.append(f"const _result = await {func_call};")
+    else:
+        lines.append(f"const _result = {func_call};")
+    lines.append("const _output = { results: _result, agent_state: null };")
+    lines.append("JSON.stringify(_output);")
+    return "\n".join(lines) + "\n"
+
+
+def parse_typescript_result(result_text):
+    if not result_text:
+        return None, None
+    try:
+        result = json.loads(result_text)
+        return result.get("results"), result.get("agent_state")
+    except json.JSONDecodeError:
+        return result_text, None
+
+
+def e2b_typescript_result(tool_name, results, error, stdout, stderr):
+    """AsyncToolSandboxE2B.run for a TypeScript tool, from what run_code
+    returned: `results` the texts of execution.results, `error` None or
+    (name, value, traceback), `stdout`/`stderr` execution.logs' lists. An
+    exception it raises is what Letta's manager reports (its message)."""
+    stderr = list(stderr)
+    if results:
+        func_return, agent_state = parse_typescript_result(results[0])
+    elif error:
+        func_return = get_friendly_error_msg(function_name=tool_name, exception_name=error[0], exception_message=error[1])
+        stderr.append(error[2])
+    else:
+        raise ValueError(f"Tool {tool_name} returned execution with None")
+    return {"func_return": func_return, "agent_state": None, "stdout": list(stdout), "stderr": stderr,
+            "status": "error" if error else "success"}

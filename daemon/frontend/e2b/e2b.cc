@@ -131,6 +131,70 @@ using embedded::kToolCell;  // daemon/frontend/e2b/cells/tool_cell.py
 // fixed cell, before the script's cell, and dies with that kernel.
 using embedded::kEnvCell;  // daemon/frontend/e2b/cells/env_cell.py
 
+// TypeScript tools: the same in a TypeScript context, and the fixed cell
+// that calls the tool in tool mode.
+using embedded::kTsEnvCell;   // daemon/frontend/e2b/cells/env_cell.ts
+using embedded::kTsToolCell;  // daemon/frontend/e2b/cells/tool_cell.ts
+
+// Letta's E2B sandbox installs its client package for every TypeScript tool
+// (a failure only warns).
+constexpr const char* kLettaClientPackage = "@letta-ai/letta-client";
+// The kernel's working directory, where npm installs so the kernel resolves.
+constexpr const char* kKernelCwd = "/home/user";
+
+// Python's str.isspace() for the ASCII range, which re's \s matches; and
+// \w's word characters (every non-ASCII byte counts as one).
+bool py_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }
+bool py_word(unsigned char c) { return is_ident_char(static_cast<char>(c)) || c == '_' || c >= 0x80; }
+
+std::string py_strip(std::string_view s) {
+  while (!s.empty() && py_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && py_space(s.back())) s.remove_suffix(1);
+  return std::string(s);
+}
+
+// Where r"^import\s+.+?['\"];?\s*$" (re.MULTILINE) matching at the line
+// start `i` ends, or npos: \s+ greedy, .+? (no newline) up to a quote,
+// an optional ';', then \s* backed off to an end of line.
+std::size_t import_match_end(std::string_view s, std::size_t i) {
+  constexpr auto npos = std::string_view::npos;
+  if (s.compare(i, 6, "import") != 0) return npos;
+  const std::size_t j = i + 6;
+  std::size_t k = j;
+  while (k < s.size() && py_space(s[k])) ++k;
+  if (k == j || k >= s.size()) return npos;
+  auto after_quote = [&](std::size_t q) -> std::size_t {
+    for (int semi = 1; semi >= 0; --semi) {
+      std::size_t e = q + 1;
+      if (semi) {
+        if (e < s.size() && s[e] == ';') ++e;
+        else continue;
+      }
+      std::size_t w = e;
+      while (w < s.size() && py_space(s[w])) ++w;
+      for (std::size_t p = w + 1; p-- > e;)
+        if (p == s.size() || s[p] == '\n') return p;
+    }
+    return npos;
+  };
+  if (s[k] != '\n') {
+    const std::size_t line_end = std::min(s.find('\n', k), s.size());
+    for (std::size_t q = k + 1; q < line_end; ++q)
+      if (s[q] == '\'' || s[q] == '"')
+        if (std::size_t end = after_quote(q); end != npos) return end;
+  }
+  // \s+ backed off by one leaves .+? a blank to start with and the quote at k.
+  if ((s[k] == '\'' || s[k] == '"') && k - 1 > j && s[k - 1] != '\n') return after_quote(k);
+  return npos;
+}
+
+// Letta's \s+ after a keyword at `i` (at least one): where it ends, or npos.
+std::size_t after_blanks(std::string_view s, std::size_t i) {
+  std::size_t k = i;
+  while (k < s.size() && py_space(s[k])) ++k;
+  return k == i ? std::string_view::npos : k;
+}
+
 std::string with_blob(std::string_view cell, std::string_view blob) {
   std::string out(cell);
   out.replace(out.find("@BLOB@"), 6, blob);
@@ -180,6 +244,80 @@ std::string e2b_sandbox_base_url(const E2BConfig& cfg, std::string_view id, int 
 
 std::string e2b_tool_cell(std::string_view blob_base64) { return with_blob(kToolCell, blob_base64); }
 
+std::string e2b_typescript_tool_cell(std::string_view blob_base64) { return with_blob(kTsToolCell, blob_base64); }
+
+std::string e2b_typescript_source(std::string_view s) {
+  // re.findall and re.sub of the import pattern: the matches, and the rest.
+  std::vector<std::string> imports;
+  std::string rest;
+  std::size_t copied = 0;
+  for (std::size_t i = 0; i < s.size();) {
+    if (std::size_t end = import_match_end(s, i); end != std::string_view::npos) {
+      imports.push_back(py_strip(s.substr(i, end - i)));
+      rest.append(s.substr(copied, i - copied));
+      copied = i = end;
+    }
+    std::size_t nl = s.find('\n', i);
+    if (nl == std::string_view::npos) break;
+    i = nl + 1;
+  }
+  rest.append(s.substr(copied));
+  // re.sub(r"\bexport\s+", "", ...), then .strip().
+  std::string stripped;
+  for (std::size_t i = 0; i < rest.size();) {
+    if (rest.compare(i, 6, "export") == 0 && (i == 0 || !py_word(rest[i - 1]))) {
+      if (std::size_t k = after_blanks(rest, i + 6); k != std::string_view::npos) {
+        i = k;
+        continue;
+      }
+    }
+    stripped += rest[i++];
+  }
+  std::string out;
+  for (const auto& imp : imports) out += imp + "\n";
+  if (!imports.empty()) out += "\n";
+  return out + py_strip(stripped) + "\n";
+}
+
+bool e2b_typescript_is_async(std::string_view s, std::string_view name) {
+  // re.search(r"export\s+async\s+function\s+NAME") or
+  // re.search(r"export\s+const\s+NAME\s*=\s*async"): no word boundary
+  // after NAME in the first, as there.
+  constexpr auto npos = std::string_view::npos;
+  auto word = [&](std::size_t k, std::string_view w) { return k != npos && s.compare(k, w.size(), w) == 0; };
+  auto blanks0 = [&](std::size_t k) {
+    while (k < s.size() && py_space(s[k])) ++k;
+    return k;
+  };
+  for (std::size_t i = s.find("export"); i != npos; i = s.find("export", i + 1)) {
+    std::size_t k = after_blanks(s, i + 6);
+    if (word(k, "async")) {
+      std::size_t f = after_blanks(s, k + 5);
+      if (word(f, "function")) {
+        std::size_t n = after_blanks(s, f + 8);
+        if (word(n, name)) return true;
+      }
+    }
+    if (word(k, "const")) {
+      std::size_t n = after_blanks(s, k + 5);
+      if (word(n, name)) {
+        std::size_t e = blanks0(n + name.size());
+        if (e < s.size() && s[e] == '=' && word(blanks0(e + 1), "async")) return true;
+      }
+    }
+  }
+  return false;
+}
+
+bool e2b_typescript_identifier(std::string_view name) {
+  if (name.empty() || name.size() > 256) return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    if (!(is_ident_char(c) || c == '_' || c == '$') || (i == 0 && c >= '0' && c <= '9')) return false;
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------------------
 // Backend state
 // ---------------------------------------------------------------------------
@@ -207,7 +345,8 @@ struct E2BBackend::RunCtx {
   long ttl_s = 300;
   std::uint64_t stdout_cap = 1u << 20, stderr_cap = 1u << 20;
   bool reused = false, adopted = false;
-  std::vector<std::string> installed_now;
+  std::vector<std::string> installed_now, npm_installed_now;
+  std::string letta_client;  // TypeScript: what became of Letta's client package
 
   std::chrono::milliseconds remaining() const {
     auto r = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -627,10 +766,19 @@ E2BBackend::Step<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::acquire(RunCt
 // Data plane
 // ---------------------------------------------------------------------------
 
-E2BBackend::Step<void> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const std::string& requirement) {
-  json start = {{"process",
-                 {{"cmd", "python3"}, {"args", json::array({"-m", "pip", "install", "--no-input", "--", requirement})}}}};
-  std::string msg = start.dump();
+struct E2BBackend::Install {
+  enum class Kind { pip, npm, letta_client } kind = Kind::pip;
+  std::string requirement;  // canonical text: what is installed, and its key in Sandbox::installed
+  std::string shown;        // how Letta's message names it
+};
+
+E2BBackend::Step<void> E2BBackend::install(RunCtx& ctx, Sandbox& sb, const Install& in) {
+  const std::string& requirement = in.requirement;
+  const bool npm = in.kind != Install::Kind::pip;
+  json process = npm ? json{{"cmd", "npm"}, {"args", json::array({"install", "--", requirement})}, {"cwd", kKernelCwd}}
+                     : json{{"cmd", "python3"},
+                            {"args", json::array({"-m", "pip", "install", "--no-input", "--", requirement})}};
+  std::string msg = json{{"process", process}}.dump();
   http::Request r;
   r.method = "POST";
   r.url = e2b_sandbox_base_url(cfg_, sb.id, kEnvdPort, sb.domain) + "/process.Process/Start";
@@ -709,6 +857,14 @@ E2BBackend::Step<void> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const s
                               (st.started ? "its end-of-stream message" : "a start event")};
   auto pip_failed = [&](std::string why) {
     std::string err = trim_ws(lp::utf8_decode_replace(st.err).text);
+    if (npm)  // Letta's message, with the E2B SDK's CommandExitException text
+      return Fail{.end_reason = "setup_failed",
+                  .detail = "npm_install_failed",
+                  .message = "Failed to install tool npm requirement '" + escaped(in.shown) + "' for tool '" +
+                             escaped(ctx.tool_name) +
+                             "' in E2B sandbox. This may be due to package version incompatibility. Error: " + why +
+                             " and error:\n" + escaped(tail(err, 600)),
+                  .exc_name = "RuntimeError"};
     return Fail{.end_reason = "setup_failed",
                 .detail = "pip_install_failed",
                 .message = "Failed to install " + requirement + " in E2B sandbox: " + why +
@@ -719,19 +875,21 @@ E2BBackend::Step<void> E2BBackend::pip_install(RunCtx& ctx, Sandbox& sb, const s
     co_return pip_failed("envd ended the command with " + escaped(str_field(st.trailer_error, "code", "unknown")) + " " +
                          q(str_field(st.trailer_error, "message")));
   if (!st.ended) co_return pip_failed("the command ended without an exit status");
-  if (st.exit_code != 0) co_return pip_failed("pip exited with code " + std::to_string(st.exit_code));
-  sb.installed.insert(requirement);
-  ctx.installed_now.push_back(requirement);
+  if (st.exit_code != 0)
+    co_return pip_failed(npm ? "Command exited with code " + std::to_string(st.exit_code)
+                             : "pip exited with code " + std::to_string(st.exit_code));
+  sb.installed.insert(npm ? "npm:" + requirement : requirement);
+  (npm ? ctx.npm_installed_now : ctx.installed_now).push_back(requirement);
   co_return Outcome<void>();
 }
 
-E2BBackend::Step<std::string> E2BBackend::new_context(RunCtx& ctx, Sandbox& sb) {
+E2BBackend::Step<std::string> E2BBackend::new_context(RunCtx& ctx, Sandbox& sb, const char* language) {
   http::Request r;
   r.method = "POST";
   r.url = e2b_sandbox_base_url(cfg_, sb.id, kInterpreterPort, sb.domain) + "/contexts";
   r.headers = data_headers(sb, kInterpreterPort);
   r.headers.emplace_back("Content-Type", "application/json");
-  r.body = json{{"language", "python"}, {"cwd", "/home/user"}}.dump();
+  r.body = json{{"language", language}, {"cwd", kKernelCwd}}.dump();
   r.timeout = std::min<std::chrono::milliseconds>(kControlTimeout, ctx.remaining());
   r.cancel = ctx.cancel;
   auto res = co_await http_.request(std::move(r));
@@ -862,8 +1020,12 @@ RequirementRules E2BBackend::requirement_rules(const Policy& pol) const {
 }
 
 TypeScriptRules E2BBackend::typescript_rules(const Policy& pol) const {
+  // npm in the E2B sandbox, from the registry it reaches: only with
+  // internet access, as pip; the policy's limit on their number.
   TypeScriptRules r;
-  r.refusal = "the E2B backend of this daemon does not run TypeScript tools";
+  if (pol.network == isolate::NetworkMode::None)
+    r.npm_refusal = "npm requirements need network access, which policy " + q(pol.name) +
+                    " does not allow (its sandboxes have no internet access)";
   r.max_npm = pol.packages.max_requirements;
   r.pip = true;
   return r;
@@ -971,14 +1133,16 @@ E2BBackend::Step<void> E2BBackend::run_script_cell(RunCtx& ctx, std::shared_ptr<
   // A fresh kernel context; the environment goes in by its own fixed cell,
   // then the script as Letta's E2B sandbox runs it.
   const std::string& script = std::get<protocol::ExecuteRequest>(p.request->body).script;
-  auto made = co_await new_context(ctx, *sb);
+  // A TypeScript tool's script (Letta's run_code(language="ts")) runs in a
+  // TypeScript context, with the environment set by its TypeScript cell.
+  auto made = co_await new_context(ctx, *sb, p.typescript ? "typescript" : "python");
   // context: a step's Fail names what the step was doing
   if (!made.ok()) co_return std::move(made).error();
   const std::string context_id = std::move(made).value();
   if (!p.env.empty()) {
     Exec pre;
-    auto env_set =
-        co_await execute(ctx, *sb, with_blob(kEnvCell, lp::b64encode(dump_json(json(p.env)))), context_id, 0ms, pre);
+    auto env_set = co_await execute(ctx, *sb, with_blob(p.typescript ? kTsEnvCell : kEnvCell, lp::b64encode(dump_json(json(p.env)))),
+                                    context_id, 0ms, pre);
     // context: a step's Fail names what the step was doing
     if (!env_set.ok()) co_return std::move(env_set).error();
     if (pre.error)
@@ -994,6 +1158,7 @@ E2BBackend::Step<void> E2BBackend::run_script_cell(RunCtx& ctx, std::shared_ptr<
   if (!ran.ok()) co_return std::move(ran).error();
   // What the kernel reported; the pipeline shapes it (shape_cell).
   CellOutcome& cell = out.cell.emplace();
+  cell.typescript = p.typescript;
   if (ex.main_result) cell.main_result = str_field(*ex.main_result, "text");
   cell.out = ex.out;
   cell.err = ex.err;
@@ -1013,6 +1178,121 @@ E2BBackend::Step<void> E2BBackend::run_script_cell(RunCtx& ctx, std::shared_ptr<
   if (!co_await delete_context(ctx, *sb, context_id)) {
     release(sb, true, "its kernel context could not be deleted");
     sb = nullptr;
+  }
+  co_return Outcome<void>();
+}
+
+E2BBackend::Step<void> E2BBackend::run_ts_tool_cells(RunCtx& ctx, std::shared_ptr<Sandbox>& sb, PreparedRun& p,
+                                                     BackendRun& out, Printed& printed) {
+  const auto& t = std::get<protocol::RunToolRequest>(p.request->body);
+  auto made = co_await new_context(ctx, *sb, "typescript");
+  // context: a step's Fail names what the step was doing
+  if (!made.ok()) co_return std::move(made).error();
+  const std::string context_id = std::move(made).value();
+  Exec ex;
+  // A fixed cell's own failure (not the tool's) leaves the kernel in an
+  // unknown state: the sandbox is killed.
+  auto fixed_failed = [&](const Exec& e, const char* what) {
+    return Fail{.detail = "execution_error",
+                .message = std::string(what) + " failed in the sandbox: " + escaped(str_field(*e.error, "name")) + ": " +
+                           escaped(str_field(*e.error, "value"))};
+  };
+  if (!p.env.empty()) {
+    Exec pre;
+    auto env_set = co_await execute(ctx, *sb, with_blob(kTsEnvCell, lp::b64encode(dump_json(json(p.env)))), context_id,
+                                    0ms, pre);
+    // context: a step's Fail names what the step was doing
+    if (!env_set.ok()) co_return std::move(env_set).error();
+    if (pre.error) co_return fixed_failed(pre, "setting the environment");
+  }
+  // The tool's source as Letta's script holds it, in a cell of its own:
+  // its declarations become the context's globals. An error there is the
+  // tool's (Letta's script would raise it): the kernel's error, shaped as
+  // in script mode.
+  {
+    Exec src;
+    auto ran = co_await execute(ctx, *sb, e2b_typescript_source(t.source_code), context_id, 0ms, src);
+    printed.out = join(src.out);
+    printed.err = join(src.err);
+    // context: a step's Fail names what the step was doing
+    if (!ran.ok()) co_return std::move(ran).error();
+    if (src.error) {
+      CellOutcome& cell = out.cell.emplace();
+      cell.typescript = true;
+      cell.out = src.out;
+      cell.err = src.err;
+      cell.error = CellOutcome::Raised{str_field(*src.error, "name"), str_field(*src.error, "value"),
+                                       str_field(*src.error, "traceback")};
+      out.record = base_record();
+      out.record["exit_code"] = 1;
+      out.record["failed_cell"] = "source";
+      out.run.reason = isolate::EndReason::Exited;
+    }
+  }
+  if (!out.cell) {
+    // The call: arguments and schema spliced in as the client sent them
+    // (their key order is Letta's positional order), the name as a string.
+    std::string spec = "{\"name\":" + dump_json(json(p.common->tool_name)) + ",\"nonce\":" + dump_json(json(p.shape.nonce)) +
+                       ",\"await\":" + (e2b_typescript_is_async(t.source_code, p.common->tool_name) ? "true" : "false") +
+                       ",\"args\":" + t.args + ",\"schema\":" + t.json_schema + "}";
+    auto ran = co_await execute(ctx, *sb, e2b_typescript_tool_cell(lp::b64encode(spec)), context_id, 0ms, ex);
+    printed.out += join(ex.out);
+    printed.err += join(ex.err);
+    // context: a step's Fail names what the step was doing
+    if (!ran.ok()) co_return std::move(ran).error();
+    if (ex.error) co_return fixed_failed(ex, "the fixed call cell");
+    const std::string text = ex.main_result ? str_field(*ex.main_result, "text") : "";
+    if (text != "0" && text != "1")
+      co_return Fail{.detail = "bad_response", .message = "the fixed call cell returned no exit status"};
+    // The pipeline shapes it as a run_tool of a Python tool on E2B.
+    out.run.reason = isolate::EndReason::Exited;
+    out.run.exit_code = text == "0" ? 0 : 1;
+    out.run.stdout_data = printed.out;
+    out.run.stderr_data = printed.err;
+    out.run.stdout_total_bytes = printed.out.size();
+    out.run.stderr_total_bytes = printed.err.size();
+    out.run.wall = Clock::now() - ctx.t0;
+  }
+  if (!co_await delete_context(ctx, *sb, context_id)) {
+    release(sb, true, "its kernel context could not be deleted");
+    sb = nullptr;
+  }
+  co_return Outcome<void>();
+}
+
+E2BBackend::Step<void> E2BBackend::npm_installs(RunCtx& ctx, Sandbox& sb, PreparedRun& p) {
+  // As Letta's E2B sandbox: each npm requirement (a failure ends the run),
+  // then its client package (a failure only warns). Each once per sandbox.
+  for (const auto& r : p.npm_requirements) {
+    if (sb.installed.count("npm:" + r.text())) continue;
+    // Letta names it str(NpmRequirement): name@"version".
+    const Install in{Install::Kind::npm, r.text(), r.range.empty() ? r.name : r.name + "@\"" + r.range + "\""};
+    auto done = co_await install(ctx, sb, in);
+    // context: a step's Fail names what the step was doing
+    if (!done.ok()) co_return std::move(done).error();
+  }
+  // Without internet access npm cannot reach a registry: not tried.
+  if (!ctx.internet) {
+    ctx.letta_client = "skipped";
+    co_return Outcome<void>();
+  }
+  const std::string client_key = std::string("npm:") + kLettaClientPackage;
+  if (sb.installed.count(client_key) || sb.installed.count(client_key + " failed")) co_return Outcome<void>();
+  // A named Install: GCC 12 destroys a braced temporary in a co_await twice.
+  const Install client{Install::Kind::letta_client, kLettaClientPackage, kLettaClientPackage};
+  auto done = co_await install(ctx, sb, client);
+  if (done.ok()) {
+    ctx.letta_client = "installed";
+  } else if (done.error().end_reason == "setup_failed") {
+    // npm ran and failed: Letta logs a warning and runs the tool. Not tried
+    // again in this sandbox.
+    ctx.letta_client = "failed";
+    sb.installed.insert(client_key + " failed");
+    spdlog::warn("e2b: installing {} in sandbox {} failed (the tool runs without it): {}", kLettaClientPackage, sb.id,
+                 redact(done.error().message));
+  } else {
+    // context: a step's Fail names what the step was doing
+    co_return std::move(done).error();
   }
   co_return Outcome<void>();
 }
@@ -1045,7 +1325,7 @@ void E2BBackend::record_failure(const RunCtx& ctx, const Fail& fail, BackendRun&
   out.record["detail"] = fail.detail;
   out.record["error"] = fail.message;
   if (fail.end_reason == "setup_failed") {
-    out.record["setup_stage"] = "pip-install";
+    out.record["setup_stage"] = fail.detail == "npm_install_failed" ? "npm-install" : "pip-install";
     out.record["setup_errno"] = 0;
   }
   out.failure = RunFailure{fail.exc_name, fail.message};
@@ -1067,7 +1347,14 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   // gets a minimal base plus the request's (docs/E2B.md). The requirements
   // were checked there too.
   json spec = json::object();
-  if (p.tool_mode) {
+  if (p.tool_mode && p.typescript) {
+    // The tool-mode cell looks the function up by its name.
+    if (!e2b_typescript_identifier(c.tool_name))
+      co_return refuse(ErrorCode::BadRequest, "tool_name " + q(c.tool_name) +
+                                                  " is not an identifier, which a TypeScript tool's name must be");
+    // A TypeScript tool has no agent_state: a frame carrying one is not ours.
+    p.shape.may_declare = false;
+  } else if (p.tool_mode) {
     auto runner = read_runner(p.runner_path);
     if (!runner.ok()) {
       // The host's paths go to the log, not to the client.
@@ -1110,12 +1397,15 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   // The run's requirements, installed by pip in the sandbox, each once.
   for (const auto& r : p.requirements.items) {
     if (!done.ok() || sb->installed.count(r.text())) continue;
-    done = co_await pip_install(ctx, *sb, r.text());
+    const Install pip{Install::Kind::pip, r.text(), r.text()};
+    done = co_await install(ctx, *sb, pip);
   }
+  if (done.ok() && p.typescript) done = co_await npm_installs(ctx, *sb, p);
   out.run.run_id = run_id;
   // Not one conditional expression: GCC 12 runs both co_awaits of one
   // whose operands are not trivial.
-  if (done.ok() && p.tool_mode) done = co_await run_tool_cell(ctx, *sb, p, std::move(spec), out, printed);
+  if (done.ok() && p.tool_mode && p.typescript) done = co_await run_ts_tool_cells(ctx, sb, p, out, printed);
+  else if (done.ok() && p.tool_mode) done = co_await run_tool_cell(ctx, *sb, p, std::move(spec), out, printed);
   else if (done.ok()) done = co_await run_script_cell(ctx, sb, p, out, printed);
   const Fail* fail = done.ok() ? nullptr : &done.error();
   if (fail) {
@@ -1134,6 +1424,8 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   out.record["sandbox_id"] = sandbox_id.empty() ? json() : json(sandbox_id);
   out.record["sandbox_reused"] = ctx.reused || ctx.adopted;
   if (!ctx.installed_now.empty()) out.record["pip_installed"] = ctx.installed_now;
+  if (!ctx.npm_installed_now.empty()) out.record["npm_installed"] = ctx.npm_installed_now;
+  if (!ctx.letta_client.empty()) out.record["letta_client"] = ctx.letta_client;
   ++counters_[out.end_reason.empty() ? std::string(isolate::to_string(out.run.reason)) : out.end_reason];
   out.audit = " sandbox_id=" + (sandbox_id.empty() ? std::string("-") : sandbox_id) +
               " reused=" + (ctx.reused || ctx.adopted ? "yes" : "no") +

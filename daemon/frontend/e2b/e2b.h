@@ -10,7 +10,8 @@
 // Flow of one run (the pipeline checked the environment and the pip
 // requirements, against requirement_rules): read the runner -> take a sandbox (an idle one of this daemon
 // with the same reuse key, else a running one found by its metadata, else a
-// new one), refreshing its TTL -> install missing requirements through
+// new one), refreshing its TTL -> install missing requirements (pip; npm for
+// a TypeScript tool) through
 // envd's process API (argv, never a shell) -> run the cell through the code
 // interpreter's /execute (NDJSON stream) -> report what happened (the
 // pipeline shapes it, as a local run) -> give the sandbox back, or kill it when the run failed or timed out.
@@ -62,6 +63,21 @@ std::string e2b_sandbox_base_url(const E2BConfig& cfg, std::string_view sandbox_
 // The fixed program run as the cell in tool mode; "@BLOB@" stands for the
 // base64 literal. Exposed for tests.
 std::string e2b_tool_cell(std::string_view blob_base64);
+
+// TypeScript tools (docs/E2B.md, "TypeScript tools"), as Letta's
+// generate_typescript_execution_script (letta/services/tool_sandbox/
+// typescript_generator.py) treats them:
+// - the tool's source as its script holds it: the lines its import pattern
+//   (r"^import\s+.+?['\"];?\s*$", MULTILINE) matches moved to the top, each
+//   stripped, and every r"\bexport\s+" removed (in strings too, as there);
+std::string e2b_typescript_source(std::string_view source);
+// - whether its script awaits the call (is_async_typescript_function: the
+//   source says "export async function NAME" or "export const NAME = async");
+bool e2b_typescript_is_async(std::string_view source, std::string_view name);
+// - a name the tool-mode cell may look up: [A-Za-z_$][A-Za-z0-9_$]*.
+bool e2b_typescript_identifier(std::string_view name);
+// The fixed TypeScript tool-mode cell; "@BLOB@" stands for the base64 literal.
+std::string e2b_typescript_tool_cell(std::string_view blob_base64);
 
 // ---------------------------------------------------------------------------
 // The backend
@@ -127,12 +143,15 @@ class E2BBackend final : public RunBackend {
   Step<Refresh> refresh(RunCtx& ctx, Sandbox& sb);
   Step<std::shared_ptr<Sandbox>> adopt(RunCtx& ctx);
   Step<std::shared_ptr<Sandbox>> create(RunCtx& ctx);
-  // Inside it: a pip install; a new kernel context (its id); deleting one
-  // (only whether it worked: a failure kills the sandbox, the run stands);
-  // a cell through /execute (`ex`: what the stream carried, also when it
-  // failed).
-  Step<void> pip_install(RunCtx& ctx, Sandbox& sb, const std::string& requirement);
-  Step<std::string> new_context(RunCtx& ctx, Sandbox& sb);
+  // Inside it: one package installed through envd's process API (argv,
+  // never a shell: a pip requirement, a TypeScript tool's npm requirement,
+  // or Letta's client package for TypeScript tools); a new kernel context
+  // of a language (its id); deleting one (only whether it worked: a failure
+  // kills the sandbox, the run stands); a cell through /execute (`ex`: what
+  // the stream carried, also when it failed).
+  struct Install;
+  Step<void> install(RunCtx& ctx, Sandbox& sb, const Install& what);
+  Step<std::string> new_context(RunCtx& ctx, Sandbox& sb, const char* language);
   asio::awaitable<bool> delete_context(RunCtx& ctx, Sandbox& sb, const std::string& context_id);
   struct Exec;
   Step<void> execute(RunCtx& ctx, Sandbox& sb, const std::string& code, const std::string& context_id,
@@ -150,6 +169,13 @@ class E2BBackend final : public RunBackend {
   RunCtx run_context(const PreparedRun& p, const std::string& config_state) const;
   Step<void> run_tool_cell(RunCtx& ctx, Sandbox& sb, PreparedRun& p, nlohmann::json spec, BackendRun& out,
                            Printed& printed);
+  // A TypeScript tool in tool mode: a fresh TypeScript context, the
+  // environment cell, the tool's source, the fixed call cell; the context is
+  // deleted after (if that fails, `sb` is released killed and set to null).
+  Step<void> run_ts_tool_cells(RunCtx& ctx, std::shared_ptr<Sandbox>& sb, PreparedRun& p, BackendRun& out,
+                               Printed& printed);
+  // npm requirements, then Letta's client package, for a TypeScript tool.
+  Step<void> npm_installs(RunCtx& ctx, Sandbox& sb, PreparedRun& p);
   // When the kernel context cannot be deleted after the script ran, the run
   // stands and `sb` is released killed (and set to null).
   Step<void> run_script_cell(RunCtx& ctx, std::shared_ptr<Sandbox>& sb, PreparedRun& p, BackendRun& out,

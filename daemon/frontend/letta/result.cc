@@ -7,6 +7,7 @@
 #include <variant>
 
 #include "daemon/policy/units.h"
+#include "protocol/json_limits.h"
 #include "protocol/json_scan.h"
 #include "daemon/frontend/letta/letta.h"
 #include "daemon/frontend/letta/pyjson.h"
@@ -468,7 +469,58 @@ struct CellResult {
   bool found = false;
   json results, agent_state;
   std::string bad;  // the result is there but unusable: why
+  std::string bad_exception = "Exception";
 };
+
+// Python's type name of a JSON value, as json.loads makes it.
+std::string python_type_name(const json& v) {
+  if (v.is_array()) return "list";
+  if (v.is_string()) return "str";
+  if (v.is_boolean()) return "bool";
+  if (v.is_null()) return "NoneType";
+  if (v.is_number_float()) return "float";
+  return "int";
+}
+
+// A TypeScript script's main result as Letta's parse_typescript_result
+// reads it (letta/services/tool_sandbox/typescript_generator.py): empty
+// text -> (None, None); JSON -> its "results" and "agent_state" (a value that
+// is not an object has no .get: AttributeError); anything else -> the text
+// itself. The text is what E2B's kernel made of the script's last value
+// (util.inspect, one pair of quotes stripped by its server): PROTOCOL.md §13.
+CellResult typescript_result(const std::string& text, Shaped& out) {
+  CellResult c;
+  c.found = true;
+  if (text.empty()) {
+    out.extra["framing"] = "typescript-empty";
+    return c;
+  }
+  // Python's JSON exactly (NaN, integers of any size), through the same
+  // parser as a payload of Letta's text framing.
+  lp::ParsedOutput exact = lp::parse_letta_stdout(
+      std::string(lp::kLegacyStartMarker) + lp::b64encode(text) + std::string(lp::kLegacyEndMarker),
+      lp::ScriptGeneration::kLegacy);
+  if (exact.usable() && !exact.empty_payload) {
+    out.extra["framing"] = "typescript-json";
+    c.results = exact.results;
+    c.agent_state = exact.agent_state;
+    out.func_return_text = exact.results_text;
+    if (!c.agent_state.is_null()) out.agent_state_text = exact.agent_state_text;
+    return c;
+  }
+  json v = protocol::parse_json_bounded(text);
+  if (!v.is_discarded()) {
+    out.extra["framing"] = "typescript-json";
+    c.found = false;
+    c.bad_exception = "AttributeError";
+    c.bad = "'" + python_type_name(v) + "' object has no attribute 'get'";
+    out.extra["frame_error"] = c.bad;
+    return c;
+  }
+  out.extra["framing"] = "typescript-text";
+  c.results = text;
+  return c;
+}
 
 CellResult cell_result(const CellOutcome& cell, Shaped& out, json& stdout_list) {
   CellResult c;
@@ -479,6 +531,7 @@ CellResult cell_result(const CellOutcome& cell, Shaped& out, json& stdout_list) 
     out.func_return_text = p.results_text;
     if (!c.agent_state.is_null()) out.agent_state_text = p.agent_state_text;
   };
+  if (cell.main_result && cell.typescript) return typescript_result(*cell.main_result, out);
   if (cell.main_result) {
     out.extra["framing"] = "e2b-result";
     const std::string& text = *cell.main_result;
@@ -538,7 +591,7 @@ Shaped shape_cell(const ShapeContext& ctx, const CellOutcome& cell) {
     r["agent_state"] = c.agent_state;
   } else if (!c.bad.empty()) {
     r["status"] = "error";
-    r["func_return"] = lp::friendly_error_msg(tool, "Exception", c.bad);
+    r["func_return"] = lp::friendly_error_msg(tool, c.bad_exception, c.bad);
   } else if (cell.error) {
     r["func_return"] = lp::friendly_error_msg(tool, cell.error->name, cell.error->value);
   } else {

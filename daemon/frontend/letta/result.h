@@ -96,6 +96,9 @@ struct CellOutcome {
   std::optional<std::string> main_result;
   std::vector<std::string> out, err;
   std::optional<Raised> error;
+  // A TypeScript tool's script (Letta's run_code(language="ts")): the main
+  // result is read by Letta's parse_typescript_result.
+  bool typescript = false;
 };
 
 // `decoded`: for a run whose payload is a pickle, its decoding, if any.
