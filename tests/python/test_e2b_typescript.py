@@ -156,6 +156,8 @@ CASES = [
     # The agent's id is in process.env (TypeScript tools get no agent_state).
     ("agent", "export function agent(): string { return String(process.env.LETTA_AGENT_ID); }\n", {},
      schema("agent", {})),
+    # A source that does not compile: the kernel's SyntaxError, before any call.
+    ("syntax", "export function syntax(: number { return 1; }\n", {}, schema("syntax", {})),
     # Imports are hoisted, `export` goes everywhere (in strings too).
     ("imports", "import os from 'os';\nimport * as path from 'path';\n\nexport function imports(): string {\n"
      "  return typeof os.hostname + path.join('export ', 'x');\n}\n", {}, schema("imports", {})),
