@@ -28,7 +28,7 @@ void usage(std::FILE* out) {
       "       toolsandbox exec SCRIPT.py [--org ID] [--env NAME=VALUE]... [--timeout S] [--socket PATH] [--json]\n"
       "       toolsandbox call TOOL.py [--args JSON] [--function NAME] [--agent-state FILE] [--org ID] [--json]\n"
       "       toolsandbox status [--socket PATH] [--json]\n"
-      "       toolsandbox policy check FILE...\n"
+      "       toolsandbox policy check FILE... [--e2b]\n"
       "       toolsandbox policy explain NAME|FILE [--compare PROFILE] [--no-host]\n"
       "       toolsandbox policy fingerprint FILE...\n"
       "       toolsandbox policy lint FILE... [--notes]\n"

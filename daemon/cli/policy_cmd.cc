@@ -6,6 +6,12 @@
 //                          and every policy it names must be among the
 //                          policies checked (see check_organizations below).
 //                          Exit 0 when every file loads, 1 otherwise.
+//       --e2b              as a daemon with E2B: E2B must be able to run
+//                          as written (daemon/policy/e2b_network.h) every
+//                          policy a delegated entry of an organizations file
+//                          among the operands may run under, or, with no
+//                          organizations file, every policy. A configuration
+//                          that enables E2B implies it for organizations files.
 //   fingerprint FILE...    "sha256:<hex>  FILE" per file (exit as check);
 //                          organizations files are skipped with a note.
 //   explain NAME|FILE      the review page (daemon/policy/policy_explain.h).
@@ -34,6 +40,7 @@
 #include "daemon/common/quote.h"
 #include "daemon/cli/cli.h"
 #include "daemon/policy/config.h"
+#include "daemon/policy/e2b_network.h"
 #include "daemon/policy/embedded.h"
 #include "daemon/policy/policy.h"
 #include "daemon/policy/policy_explain.h"
@@ -54,6 +61,8 @@ struct PolicyArgs {
   std::optional<std::string> compare;
   bool host_facts = true;
   bool notes = false;
+  bool e2b = false;       // check --e2b
+  bool e2b_orgs = false;  // --e2b, or the configuration enables E2B: delegated entries checked
 };
 
 int usage_error(const std::string& sub, const std::string& msg) {
@@ -69,6 +78,7 @@ std::optional<std::string> parse_args(const std::string& sub, const std::vector<
     opts.push_back({"no-host", nullptr});
   }
   if (sub == "lint") opts.push_back({"notes", nullptr});
+  if (sub == "check") opts.push_back({"e2b", nullptr});
   // args[0] is the sub-command.
   const std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
   return parse_options(rest, opts, /*operands_after_dashdash_only=*/false,
@@ -80,19 +90,22 @@ std::optional<std::string> parse_args(const std::string& sub, const std::vector<
                          } else if (name == "compare") out.compare = v;
                          else if (name == "no-host") out.host_facts = false;
                          else if (name == "notes") out.notes = true;
+                         else if (name == "e2b") out.e2b = true;
                          return std::nullopt;
                        },
                        &out.operands);
 }
 
-// The bind allow-list the daemon would apply.
-Result<core::PolicyContext> context_from(const PolicyArgs& a) {
+// The bind allow-list the daemon would apply; `e2b` set when its
+// configuration enables E2B.
+Result<core::PolicyContext> context_from(const PolicyArgs& a, bool& e2b) {
   core::PolicyContext ctx;
   const bool explicit_config = a.config.has_value();
   const std::string path = explicit_config ? *a.config : std::string(TSB_SYSCONFDIR) + "/toolsandboxd.json";
   auto cfg = core::load_daemon_config(path, !explicit_config);
   if (!cfg.ok()) return std::move(cfg).error().wrap("daemon configuration");
   ctx.bind_allowlist = cfg->bind_allowlist;
+  e2b = cfg->e2b.enabled;
   ctx.bind_allowlist.insert(ctx.bind_allowlist.end(), a.bind_allow.begin(), a.bind_allow.end());
   return ctx;
 }
@@ -192,9 +205,13 @@ struct CheckLine {
 // policies/*.json` checks a policies directory as a daemon would load it),
 // else the policies next to the organizations file (for the embedded one,
 // the embedded policies). One line: the summary, or every problem found.
+// With E2B (`e2b`), an entry's e2b_policy is named too, and the policies
+// checked that a delegated entry may run under must be ones E2B can run.
 std::vector<CheckLine> check_organizations(const std::string& ref, const OrgsRef& orgs_ref,
-                                           const std::set<std::string>& loaded, const std::set<std::string>& failed,
-                                           bool policies_checked) {
+                                           const std::map<std::string, std::shared_ptr<const core::Policy>>& policies,
+                                           const std::set<std::string>& failed, bool policies_checked, bool e2b) {
+  std::set<std::string> loaded;
+  for (const auto& [name, p] : policies) loaded.insert(name);
   auto orgs = core::load_organizations(orgs_ref.path);
   if (!orgs.ok()) {
     // Named like the policy loader's messages ("policy: ..."); a read error
@@ -209,7 +226,9 @@ std::vector<CheckLine> check_organizations(const std::string& ref, const OrgsRef
   std::set<std::string> named;
   std::size_t privileged = orgs->fallback.privileged ? 1 : 0;
   const auto check_entry = [&](const core::OrgEntry& e, const std::string& who) {
-    for (const auto& n : e.allowed_policies) {
+    std::vector<std::string> names = e.allowed_policies;
+    if (e2b && !e.privileged && !e.e2b_policy.empty()) names.push_back(e.e2b_policy);
+    for (const auto& n : names) {
       named.insert(n);
       if (known.count(n)) continue;
       std::string why;
@@ -225,6 +244,9 @@ std::vector<CheckLine> check_organizations(const std::string& ref, const OrgsRef
     privileged += e.privileged ? 1 : 0;
     check_entry(e, "organization " + quoted_for_message(id));
   }
+  if (problems.empty() && e2b && policies_checked)
+    if (auto st = core::check_delegated_policies(*orgs, policies); !st.ok())
+      problems.push_back({ref + ": " + st.error().message, true});
   if (!problems.empty()) return problems;
   std::string line = ref + ": ok: organizations, " + std::to_string(orgs->orgs.size()) + " listed, " +
                      std::to_string(privileged) + " privileged entr" + (privileged == 1 ? "y" : "ies") +
@@ -237,13 +259,15 @@ int cmd_check(const PolicyArgs& a, const core::PolicyContext& ctx) {
   // Policies first, so that the organizations files can be checked against
   // them; then every line in the order of the operands.
   std::vector<std::optional<OrgsRef>> kinds;
+  for (const auto& ref : a.operands) kinds.push_back(organizations_operand(ref));
+  const bool with_orgs = std::any_of(kinds.begin(), kinds.end(), [](const auto& k) { return k.has_value(); });
   std::vector<std::vector<CheckLine>> lines(a.operands.size());
-  std::set<std::string> loaded, failed;
+  std::map<std::string, std::shared_ptr<const core::Policy>> loaded;
+  std::set<std::string> failed;
   bool policies_checked = false;
   for (std::size_t i = 0; i < a.operands.size(); ++i) {
     const std::string& ref = a.operands[i];
-    kinds.push_back(organizations_operand(ref));
-    if (kinds.back()) continue;
+    if (kinds[i]) continue;
     policies_checked = true;
     auto p = resolve_policy(ref, ctx);
     if (!p.ok()) {
@@ -251,11 +275,18 @@ int cmd_check(const PolicyArgs& a, const core::PolicyContext& ctx) {
       failed.insert(policy_name_of(ref));
       continue;
     }
-    loaded.insert(p->name);
+    // --e2b without an organizations file: as a policy that runs on E2B.
+    if (const core::E2BNetwork net = core::e2b_network(*p); a.e2b && !with_orgs && !net.refusal.empty()) {
+      lines[i] = {{ref + ": " + net.refused_at + ": E2B (--e2b) cannot run policy '" + p->name + "': " + net.refusal, true}};
+      failed.insert(p->name);
+      continue;
+    }
+    const std::string name = p->name;
     lines[i] = {{core::check_summary(ref, *p), false}};
+    loaded[name] = std::make_shared<const core::Policy>(std::move(p).value());
   }
   for (std::size_t i = 0; i < a.operands.size(); ++i)
-    if (kinds[i]) lines[i] = check_organizations(a.operands[i], *kinds[i], loaded, failed, policies_checked);
+    if (kinds[i]) lines[i] = check_organizations(a.operands[i], *kinds[i], loaded, failed, policies_checked, a.e2b_orgs);
   int rc = 0;
   for (const auto& ls : lines) {
     for (const auto& l : ls) {
@@ -341,7 +372,7 @@ int cmd_lint(const PolicyArgs& a, const core::PolicyContext& ctx) {
 }
 
 constexpr const char* kPolicyUsage =
-    "usage: toolsandbox policy check FILE... [--config FILE] [--bind-allow PATH]...\n"
+    "usage: toolsandbox policy check FILE... [--e2b] [--config FILE] [--bind-allow PATH]...\n"
     "       toolsandbox policy fingerprint FILE... [--config FILE] [--bind-allow PATH]...\n"
     "       toolsandbox policy explain NAME|FILE [--compare PROFILE] [--no-host] [--config FILE] [--bind-allow PATH]...\n"
     "       toolsandbox policy lint FILE... [--notes] [--config FILE] [--bind-allow PATH]...\n"
@@ -368,11 +399,13 @@ int cmd_policy(const std::vector<std::string>& args) {
   if (sub == "explain" && a.operands.size() != 1) return usage_error(sub, "need exactly one NAME or FILE");
   if (a.operands.empty()) return usage_error(sub, "need at least one FILE");
 
-  auto ctx = context_from(a);
+  bool e2b_configured = false;
+  auto ctx = context_from(a, e2b_configured);
   if (!ctx.ok()) {
     print_line(stderr, "%s", ctx.error().message.c_str());
     return sub == "lint" ? 2 : 1;
   }
+  a.e2b_orgs = a.e2b || e2b_configured;
   if (sub == "check") return cmd_check(a, *ctx);
   if (sub == "fingerprint") return cmd_fingerprint(a, *ctx);
   if (sub == "explain") return cmd_explain(a, *ctx);

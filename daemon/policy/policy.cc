@@ -18,6 +18,7 @@
 #include <optional>
 #include <set>
 
+#include "daemon/policy/e2b_network.h"
 #include "daemon/policy/egress_host.h"
 #include "daemon/policy/embedded.h"
 #include "daemon/policy/units.h"
@@ -682,6 +683,12 @@ Status read_network(ObjectReader& root, const LocatedJson& doc, Policy& p) {
     TSB_TRY(expect(p.network == isolate::NetworkMode::Egress, root.where("egress"),
                    "applies to \"network\": \"egress\" only"), "policy");
     TSB_TRY(parse_egress(ObjectReader(doc, *v, "/egress"), p.egress), "policy");
+  }
+  // A policy that always runs on E2B: its network as E2B takes it, or
+  // refused now, not at its first run (daemon/policy/e2b_network.h).
+  if (p.backend == Backend::E2B) {
+    const E2BNetwork n = e2b_network(p);
+    TSB_TRY(expect(n.refusal.empty(), doc.where(n.refused_at), "backend \"e2b\": " + n.refusal), "policy");
   }
   return {};
 }

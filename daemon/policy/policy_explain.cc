@@ -1,4 +1,5 @@
 #include "daemon/policy/policy_explain.h"
+#include "daemon/policy/e2b_network.h"
 
 #include <seccomp.h>
 #include <sys/socket.h>
@@ -817,6 +818,18 @@ void explain_dangerous_grants(std::ostream& out, const std::vector<PolicyRisk>& 
   if (!accepted.empty()) out << "\nAccepted (from dangerous groups, inert in every toolsandboxd sandbox)\n" << accepted;
 }
 
+// What an E2B sandbox of the policy may reach: where it runs (backend
+// "e2b", or an organization delegated to E2B), exactly what is sent and
+// what E2B enforces of it (daemon/policy/e2b_network.h).
+void explain_e2b_network(std::ostream& out, const Policy& p) {
+  out << "\nOn E2B (" << (p.backend == Backend::E2B ? "backend \"e2b\": every run of this policy"
+                                                    : "runs of organizations delegated to E2B")
+      << "; docs/E2B.md, \"Networks\")\n";
+  // A line of e2b_network_lines that starts with "! " is a grant to flag.
+  for (const auto& l : e2b_network_lines(e2b_network(p)))
+    out << (l.starts_with("! ") ? "! " + l.substr(2) : "  " + l) << "\n";
+}
+
 }  // namespace
 
 // The page, section by section in the order a reviewer reads it; the
@@ -827,6 +840,7 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
   explain_header(out, p);
   explain_namespaces(out, p);
   explain_egress(out, p, risks);
+  explain_e2b_network(out, p);
   explain_packages(out, p, risks);
   explain_typescript(out, p);
   explain_warm_pool(out, p);

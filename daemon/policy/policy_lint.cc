@@ -198,10 +198,17 @@ void assess_network(const Policy& p, std::vector<PolicyRisk>& risks) {
                                                 " (anything it holds can leave for any server on the internet; the host and "
                                                 "its private networks stay denied)");
   }
-  if (p.network != isolate::NetworkMode::None && p.backend == Backend::E2B)
-    add_policy_key(risks, "/network", std::string("backend e2b with network \"") + to_string(p.network) +
-                                          "\": E2B switches internet access on or off only; its sandboxes reach the whole "
-                                          "internet, and no egress rule or cap applies there");
+  // Under E2B (docs/E2B.md, "Networks"): "host" is E2B's whole internet;
+  // "egress" is enforced by name, without the proxy's caps and with E2B's
+  // resolver open.
+  if (p.network == isolate::NetworkMode::Host && p.backend == Backend::E2B)
+    add_policy_key(risks, "/network", "backend e2b with network \"host\": the E2B sandbox reaches the whole internet, "
+                                      "every port and protocol; no egress rule or cap applies there");
+  if (p.network == isolate::NetworkMode::Egress && p.backend == Backend::E2B &&
+      (!p.egress.allow.empty() || !p.egress.public_ports.empty()))
+    add_policy_key(risks, "/network", "backend e2b with network \"egress\": E2B allows the rules' hosts by name on ports "
+                                      "80 and 443 only, but does not apply max_connections or max_bytes, and its sandbox "
+                                      "reaches E2B's resolver 8.8.8.8 on any port (DNS queries can carry data out)");
 }
 
 // Packages: build code that runs, and an index whose every project a tool

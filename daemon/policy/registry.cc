@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "daemon/policy/e2b_network.h"
 #include "daemon/policy/jsonc.h"
 #include "daemon/policy/sources.h"
 
@@ -25,6 +26,13 @@ Result<OrgEntry> parse_org(const LocatedJson& doc, const json& v, const std::str
     auto allowed = r.strings("allowed_policies", "policy names");
     if (!allowed.ok()) return std::move(allowed).error();
     e.allowed_policies = *allowed;
+  }
+  if (r.get("e2b_policy")) {
+    if (!r.get("e2b_policy")->is_string()) return r.error("e2b_policy", "must be a policy name");
+    auto e2b = r.string("e2b_policy", "");
+    if (!e2b.ok()) return std::move(e2b).error();
+    if (e2b->empty()) return r.error("e2b_policy", "must be a policy name");
+    e.e2b_policy = *e2b;
   }
   if (auto st = r.done(); !st.ok()) return std::move(st).error();
   if (std::find(e.allowed_policies.begin(), e.allowed_policies.end(), e.policy) == e.allowed_policies.end())
@@ -85,7 +93,7 @@ Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg
   ctx.bind_allowlist = cfg.bind_allowlist;
   SourceFiles disk;  // without a record: the file system, read directly
   ctx.files = files ? files : &disk;
-  std::vector<std::string> names = {"default", "privileged"};
+  std::vector<std::string> names = {"default", "privileged", "e2b"};
   if (!cfg.policies_dir.empty()) {
     auto listed = ctx.files->policy_names(cfg.policies_dir);
     if (!listed.ok()) return std::move(listed).error();
@@ -107,14 +115,44 @@ Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg
   };
   TSB_TRY(check(set->orgs.fallback, "the default entry"), "organizations");
   for (const auto& [id, e] : set->orgs.orgs) TSB_TRY(check(e, "organization " + quoted_for_message(id)), "organizations");
+  if (cfg.e2b.enabled) TSB_TRY(check_delegated_policies(set->orgs, set->policies), "organizations");
   return std::shared_ptr<const PolicySet>(set);
+}
+
+std::vector<std::string> delegated_policies(const OrgEntry& e) {
+  if (e.privileged) return {};
+  std::vector<std::string> names = e.allowed_policies;
+  if (std::find(names.begin(), names.end(), e.delegated_policy()) == names.end()) names.push_back(e.delegated_policy());
+  return names;
+}
+
+Status check_delegated_policies(const Organizations& orgs,
+                                const std::map<std::string, std::shared_ptr<const Policy>>& policies) {
+  auto check = [&](const OrgEntry& e, const std::string& who) -> Status {
+    for (const auto& n : delegated_policies(e)) {
+      auto it = policies.find(n);
+      if (it == policies.end())
+        return Error::invalid(orgs.source + ": " + who + " is delegated to E2B and names policy " +
+                              quoted_for_message(n) + ", which is not loaded");
+      const E2BNetwork net = e2b_network(*it->second);
+      if (!net.refusal.empty())
+        return Error::invalid(orgs.source + ": " + who + " is delegated to E2B (not privileged, E2B configured) and " +
+                              "may run under policy " + quoted_for_message(n) + ", which E2B cannot run: " +
+                              e2b_refusal_message(net, it->second->source + ": " + net.refused_at));
+    }
+    return {};
+  };
+  TSB_TRY(check(orgs.fallback, "the default entry"), "E2B");
+  for (const auto& [id, e] : orgs.orgs) TSB_TRY(check(e, "organization " + quoted_for_message(id)), "E2B");
+  return {};
 }
 
 Result<Placement> place_run(const PolicySet& set, const std::string& org_id,
                             const std::optional<std::string>& requested, bool e2b_configured) {
   const OrgEntry& e = set.orgs.lookup(org_id);
-  std::string name = requested.value_or(e.policy);
-  if (std::find(e.allowed_policies.begin(), e.allowed_policies.end(), name) == e.allowed_policies.end())
+  const bool delegated = !e.privileged && e2b_configured;
+  std::string name = requested.value_or(delegated ? e.delegated_policy() : e.policy);
+  if (requested && std::find(e.allowed_policies.begin(), e.allowed_policies.end(), name) == e.allowed_policies.end())
     return Error::invalid("policy " + quoted_for_message(name) + " is not allowed for organization " +
                               quoted_for_message(org_id),
                           EPERM);
@@ -124,7 +162,7 @@ Result<Placement> place_run(const PolicySet& set, const std::string& org_id,
   p.policy = it->second;
   p.privileged = e.privileged;
   if (p.policy->backend == Backend::E2B) p.backend = Backend::E2B;
-  else if (!e.privileged && e2b_configured) p.backend = Backend::E2B;
+  else if (delegated) p.backend = Backend::E2B;
   else p.backend = Backend::Local;
   return p;
 }

@@ -18,6 +18,12 @@ struct OrgEntry {
   bool privileged = false;
   std::string policy = "default";
   std::vector<std::string> allowed_policies{"default"};
+  // The policy of a run that goes to E2B because the organization is
+  // delegated there (not privileged, E2B configured) and that names no
+  // policy; "" = `policy`. Not added to allowed_policies: a request names
+  // it only when allowed_policies has it.
+  std::string e2b_policy;
+  const std::string& delegated_policy() const { return e2b_policy.empty() ? policy : e2b_policy; }
 };
 
 struct Organizations {
@@ -34,7 +40,22 @@ struct PolicySet {
   Organizations orgs;
 };
 
+// With E2B configured (cfg.e2b.enabled), every policy a delegated entry may
+// run under (check_delegated_policies) must be loaded and one E2B can run
+// as written, or the set is refused.
 Result<std::shared_ptr<const PolicySet>> load_policy_set(const DaemonConfig& cfg, SourceFiles* files = nullptr);
+
+// The policies the runs of an entry that is delegated to E2B (not
+// privileged) may go there under: its allowed_policies and its
+// delegated_policy(). None for a privileged entry.
+std::vector<std::string> delegated_policies(const OrgEntry& e);
+
+// Each of them, for every entry (the default one and each organization),
+// is among `policies` and E2B can run its network as written
+// (daemon/policy/e2b_network.h); else why not, naming the entry, the
+// policy and the rule.
+Status check_delegated_policies(const Organizations& orgs,
+                                const std::map<std::string, std::shared_ptr<const Policy>>& policies);
 
 // What an operator must hear about a set that loads but cannot work as
 // written ("" when nothing): a warm pool in a daemon whose engine.uid_slots
@@ -46,7 +67,8 @@ std::string policy_set_warning(const DaemonConfig& cfg, const PolicySet& set);
 // letta-ai/letta's letta/services/tool_executor/tool_execution_sandbox.py):
 // a privileged organization runs locally; one that is not goes to E2B when
 // E2B is configured, else runs locally under its (strict) policy. A policy
-// whose backend is "e2b" always goes to E2B.
+// whose backend is "e2b" always goes to E2B. A delegated run that names no
+// policy gets the entry's delegated_policy().
 struct Placement {
   std::shared_ptr<const Policy> policy;
   Backend backend = Backend::Local;

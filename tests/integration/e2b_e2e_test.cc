@@ -14,11 +14,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <thread>
 
 #include "daemon/frontend/e2b/e2b.h"
+#include "daemon/policy/e2b_network.h"
 #include "isolate/base/random.h"
 #include "daemon/frontend/letta/letta.h"
 #include "tests/integration/harness.h"
@@ -153,8 +156,8 @@ class Fake {
 
 // The daemon, as in daemon_e2e_test.cc, with an E2B section and our own
 // organizations: org-priv is privileged (local), org-net is not and uses the
-// "privileged" policy (host network: pip allowed), everyone else is not and
-// uses "default" (no network).
+// "privileged" policy (egress to public hosts on 80 and 443: pip allowed),
+// everyone else is not and uses "default" (no network).
 class Daemon {
  public:
   Daemon(const Fake& fake, json extra = json::object(), bool expect_start = true) {
@@ -258,6 +261,9 @@ std::string letta_e2b_script(const std::string& payload_json, const std::string&
 
 const json& rec(const json& r) { return r["result"]["record"]; }
 
+// tsb_network of a sandbox created for a policy without network.
+const std::string kNoNetwork = tsb::core::e2b_network(tsb::core::Policy{}).digest;
+
 using tsb::testing::EngineTest;
 
 class E2BTest : public EngineTest {
@@ -294,9 +300,10 @@ TEST_F(E2BTest, E2BPlacementPrivilegedLocalOthersRemote) {
   EXPECT_EQ(body["templateID"], "code-interpreter-v1");
   EXPECT_EQ(body["secure"], true);
   EXPECT_EQ(body["allow_internet_access"], false) << "the default policy has no network";
+  EXPECT_FALSE(body.contains("network")) << body.dump();
   EXPECT_EQ(body["envVars"], json::object());
   EXPECT_TRUE(body["metadata"].contains("config_state"));
-  EXPECT_EQ(body["metadata"]["tsb_network"], "none");
+  EXPECT_EQ(body["metadata"]["tsb_network"], kNoNetwork);
   EXPECT_EQ(body["metadata"]["tsb_org"], "org-a");
   EXPECT_GE(body["timeout"].get<int>(), 300);
 
@@ -439,7 +446,7 @@ TEST_F(E2BTest, E2BAdoptsRunningSandboxByMetadataWithPaging) {
   // Two sandboxes with our metadata exist already (left by an earlier
   // daemon); the fake lists one per page.
   json create = {{"templateID", "code-interpreter-v1"}, {"timeout", 300}, {"secure", true},
-                 {"metadata", {{"config_state", *fp}, {"tsb_network", "none"}, {"tsb_org", "org-a"}}},
+                 {"metadata", {{"config_state", *fp}, {"tsb_network", kNoNetwork}, {"tsb_org", "org-a"}}},
                  {"envVars", json::object()}};
   for (int i = 0; i < 2; ++i) http_call(fake_->port(), "POST", "/sandboxes", create.dump(), {"X-API-KEY: " + kApiKey});
   // And one with the same fingerprint but another network setting.
@@ -462,7 +469,8 @@ TEST_F(E2BTest, E2BAdoptsRunningSandboxByMetadataWithPaging) {
   auto lists = fake_->requests_where("GET", "/v2/sandboxes");
   ASSERT_GE(lists.size(), 2u);
   std::string want =
-      "/v2/sandboxes?metadata=config_state%3D" + *fp + "%26tsb_network%3Dnone%26tsb_org%3Dorg-a&state=running&limit=100";
+      "/v2/sandboxes?metadata=config_state%3D" + *fp + "%26tsb_network%3D" + kNoNetwork +
+      "%26tsb_org%3Dorg-a&state=running&limit=100";
   EXPECT_EQ(lists[0]["path"], want);
   EXPECT_EQ(lists[1]["path"], want + "&nextToken=1");
 }
@@ -573,8 +581,12 @@ TEST_F(E2BTest, E2BPipRequirementsValidatedAndPassedAsArgv) {
   ASSERT_EQ(pip.size(), 1u) << pip.dump();
   EXPECT_EQ(pip[0]["argv"], json::array({"python3", "-m", "pip", "install", "--no-input", "--", "six==1.16.0"}));
   EXPECT_EQ(pip[0]["content_type"], "application/connect+json");
+  // "privileged" is egress to public hosts on 80 and 443: E2B's name
+  // wildcard, nothing else (daemon/policy/e2b_network.h).
   auto creates = fake_->requests_where("POST", "/sandboxes");
-  EXPECT_EQ(json::parse(creates.back()["body"].get<std::string>())["allow_internet_access"], true);
+  json created = json::parse(creates.back()["body"].get<std::string>());
+  EXPECT_EQ(created["allow_internet_access"], false) << created.dump();
+  EXPECT_EQ(created["network"], json::parse(R"({"allowOut": ["*"], "denyOut": ["0.0.0.0/0"]})")) << created.dump();
   // Installed once per sandbox.
   r = d.request(run_tool(src, "f", json::object(), {{"organization_id", "org-net"}, {"pip_requirements", {"six==1.16.0"}}}));
   EXPECT_EQ(r["result"]["func_return"], "ok");
@@ -593,6 +605,96 @@ TEST_F(E2BTest, E2BPipRequirementsValidatedAndPassedAsArgv) {
   r = d.request(run_tool(src, "f", json::object(), {{"organization_id", "org-net"}, {"pip_requirements", {"requests"}}}));
   EXPECT_EQ(rec(r)["end_reason"], "setup_failed") << r.dump();
   EXPECT_NE(rec(r)["error"].get<std::string>().find("deadline_exceeded"), std::string::npos);
+}
+
+// A policies directory of its own: the shipped files, and egress policies
+// with rules of their own (warm pools off: these run on E2B only).
+std::string policies_with(const std::string& dir, const std::map<std::string, json>& egress_allow) {
+  namespace fs = std::filesystem;
+  const std::string pol = dir + "/policies";
+  fs::create_directories(pol + "/seccomp");
+  for (const char* f : {"default.json", "privileged.json", "e2b.json", "seccomp/default.json"})
+    fs::copy_file(std::string(TSB_SOURCE_DIR) + "/policies/" + f, pol + "/" + f);
+  for (const auto& [name, allow] : egress_allow)
+    std::ofstream(pol + "/" + name + ".json") << json{{"version", 1}, {"include", "default.json"}, {"network", "egress"},
+                                                      {"egress", {{"allow", allow}}}, {"warm_pool", nullptr}}
+                                                     .dump(2);
+  return pol;
+}
+
+// An E2B sandbox is created with exactly its policy's network: none gives
+// no internet; egress gives its hosts and no more; two policies with
+// different rules never share a sandbox. The delegated default is the
+// entry's e2b_policy.
+TEST_F(E2BTest, E2BNetworkIsThePolicysRulesAndNoWider) {
+  const std::string dir = "/tmp/tsb-e2b-n-" + tsb::random_hex(4);
+  const std::string pol = policies_with(
+      dir, {{"web-a", json::array({{{"hosts", {"api.example.com"}}, {"ports", {80, 443}}}})},
+            {"web-b", json::array({{{"hosts", {"*.example.org", "b.example.net"}}, {"ports", {443, 80}}}})}});
+  std::ofstream(pol + "/organizations.json")
+      << json{{"version", 1},
+              {"default", {{"policy", "default"}, {"allowed_policies", {"default", "web-a", "web-b"}}, {"e2b_policy", "web-a"}}}}
+             .dump(2);
+  Daemon d(*fake_, {{"policies_dir", pol}, {"organizations", pol + "/organizations.json"}});
+  const json cfg = e2b_config("net");
+  auto created = [&](std::size_t i) {
+    auto creates = fake_->requests_where("POST", "/sandboxes");
+    return i < creates.size() ? json::parse(creates[i]["body"].get<std::string>()) : json();
+  };
+  // Delegated and naming none: the entry's e2b_policy, its host only.
+  auto a = d.request(run_tool("def f():\n    return 1\n", "f", json::object(), {{"sandbox_config", cfg}}));
+  ASSERT_EQ(a["result"]["func_return"], 1) << a.dump() << d.log_text();
+  EXPECT_EQ(rec(a)["policy"], "web-a");
+  json body = created(0);
+  EXPECT_EQ(body["allow_internet_access"], false) << body.dump();
+  EXPECT_EQ(body["network"], json::parse(R"({"allowOut": ["api.example.com"], "denyOut": ["0.0.0.0/0"]})")) << body.dump();
+  const std::string digest_a = body["metadata"]["tsb_network"];
+  EXPECT_EQ(digest_a.size(), 64u);
+
+  // Other rules: another sandbox, created with those rules.
+  auto b = d.request(run_tool("def f():\n    return 2\n", "f", json::object(), {{"sandbox_config", cfg}, {"policy", "web-b"}}));
+  ASSERT_EQ(b["result"]["func_return"], 2) << b.dump() << d.log_text();
+  EXPECT_EQ(rec(b)["sandbox_reused"], false);
+  EXPECT_NE(rec(b)["sandbox_id"], rec(a)["sandbox_id"]);
+  body = created(1);
+  EXPECT_EQ(body["network"], json::parse(R"({"allowOut": ["*.example.org", "b.example.net"], "denyOut": ["0.0.0.0/0"]})"))
+      << body.dump();
+  EXPECT_NE(body["metadata"]["tsb_network"], digest_a);
+
+  // The first policy again: its own sandbox, reused.
+  auto a2 = d.request(run_tool("def f():\n    return 3\n", "f", json::object(), {{"sandbox_config", cfg}, {"policy", "web-a"}}));
+  ASSERT_EQ(a2["result"]["func_return"], 3) << a2.dump();
+  EXPECT_EQ(rec(a2)["sandbox_id"], rec(a)["sandbox_id"]);
+  EXPECT_EQ(rec(a2)["sandbox_reused"], true);
+
+  // No network: no internet, no rules, and never a sandbox with rules.
+  auto n = d.request(run_tool("def f():\n    return 4\n", "f", json::object(), {{"sandbox_config", cfg}, {"policy", "default"}}));
+  ASSERT_EQ(n["result"]["func_return"], 4) << n.dump();
+  EXPECT_EQ(rec(n)["sandbox_reused"], false);
+  body = created(2);
+  EXPECT_EQ(body["allow_internet_access"], false);
+  EXPECT_FALSE(body.contains("network")) << body.dump();
+  EXPECT_EQ(body["metadata"]["tsb_network"], kNoNetwork);
+  EXPECT_EQ(fake_->creates(), 3u);
+  d.stop();
+  if (std::system(("rm -rf " + dir).c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir.c_str());
+}
+
+// A delegated organization allowed a policy whose rules E2B cannot run as
+// written: the daemon does not start, and says which rule and why.
+TEST_F(E2BTest, E2BDaemonRefusesADelegatedPolicyE2BCannotRun) {
+  const std::string dir = "/tmp/tsb-e2b-n-" + tsb::random_hex(4);
+  const std::string pol = policies_with(dir, {{"narrow", json::array({{{"hosts", {"api.example.com"}}, {"ports", {443}}}})}});
+  std::ofstream(pol + "/organizations.json")
+      << json{{"version", 1}, {"default", {{"policy", "default"}, {"allowed_policies", {"default", "narrow"}}}}}.dump(2);
+  Daemon d(*fake_, {{"policies_dir", pol}, {"organizations", pol + "/organizations.json"}}, /*expect_start=*/false);
+  EXPECT_NE(d.wait_exit(10s), 0);
+  EXPECT_NE(d.log_text().find("may run under policy \"narrow\", which E2B cannot run: " + pol +
+                              "/narrow.json: /egress/allow/0/ports: egress allow[0] (hosts \"api.example.com\", ports 443)"),
+            std::string::npos)
+      << d.log_text();
+  EXPECT_EQ(fake_->creates(), 0u);
+  if (std::system(("rm -rf " + dir).c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir.c_str());
 }
 
 // What E2B says (an error body's message, a command's stderr in the

@@ -296,7 +296,7 @@ TEST_P(PolicyGoldenExplain, MatchesTheSnapshot) {
   EXPECT_EQ(without_host_lines(explain_policy(*p, ExplainOptions{})), page);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shipped, PolicyGoldenExplain, testing::Values("default", "privileged"), test_name);
+INSTANTIATE_TEST_SUITE_P(Shipped, PolicyGoldenExplain, testing::Values("default", "privileged", "e2b"), test_name);
 
 // ---------------------------------------------------------------------------
 // Moby's default profile: loads with unknown names skipped in allow rules,

@@ -435,7 +435,7 @@ TEST(Organizations, StrictWithPositions) {
   auto r = load_organizations(bad);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().message,
-            bad + ":3:15: unknown key \"priviledged\" (known here: privileged, policy, allowed_policies)");
+            bad + ":3:15: unknown key \"priviledged\" (known here: privileged, policy, allowed_policies, e2b_policy)");
   auto nov = load_organizations(t.write("nov.json", R"({"default": {}})"));
   ASSERT_FALSE(nov.ok());
 }
@@ -731,6 +731,13 @@ TEST(PolicyLint, ShippedPoliciesWarnOnlyAboutWhatTheyGrantOnPurpose) {
         "packages allow \"*\" with an index: a tool may have any project of \"https://pypi.org/simple\" installed and "
         "imported (name the projects tools need instead)",
         "environment allow \"*\": a request may set any variable the policy does not fix"}},
+      {"e2b",
+       {"egress \"public\": a tool may connect to any public address on port 80, 443 (anything it holds can leave "
+        "for any server on the internet; the host and its private networks stay denied)",
+        "backend e2b with network \"egress\": E2B allows the rules' hosts by name on ports 80 and 443 only, but does "
+        "not apply max_connections or max_bytes, and its sandbox reaches E2B's resolver 8.8.8.8 on any port (DNS "
+        "queries can carry data out)",
+        "environment allow \"*\": a request may set any variable the policy does not fix"}},
   };
   for (const auto& [name, warnings] : expected) {
     const LintReport r = lint_policy_file("embedded:" + name + ".json", PolicyContext{});
@@ -888,7 +895,7 @@ TEST(PolicySchema, OrganizationsSchemaMatchesTheRegistry) {
   ASSERT_TRUE(s.is_object());
   EXPECT_EQ(s["$schema"], "https://json-schema.org/draft/2020-12/schema");
   EXPECT_EQ(keys_of(s), (std::set<std::string>{"version", "default", "organizations"}));
-  EXPECT_EQ(keys_of(s["$defs"]["entry"]), (std::set<std::string>{"privileged", "policy", "allowed_policies"}));
+  EXPECT_EQ(keys_of(s["$defs"]["entry"]), (std::set<std::string>{"privileged", "policy", "allowed_policies", "e2b_policy"}));
   // ... and the registry accepts exactly those.
   TempDir t;
   EXPECT_TRUE(load_organizations(t.write("o.json", R"({"version": 1, "default": {"privileged": false, "policy": "default",
@@ -911,7 +918,7 @@ void expect_declared(const json& value, const json& schema, const json& defs, co
 
 TEST(PolicySchema, ShippedPoliciesUseOnlyDeclaredKeys) {
   const json s = load_schema("policy.schema.json");
-  for (const char* f : {"default.json", "privileged.json"}) {
+  for (const char* f : {"default.json", "privileged.json", "e2b.json"}) {
     auto doc = parse_jsonc(read_file(kSource + "/policies/" + f), f);
     ASSERT_TRUE(doc.ok()) << doc.error().message;
     expect_declared(doc->value, s, s["$defs"], f);
@@ -934,10 +941,11 @@ TEST(PolicyReadme, NamesEveryKeyAndVerb) {
   for (const auto& k : keys_of(s["$defs"]["egress"]["properties"]["allow"]["items"])) keys.insert(k);
   for (const auto& k : keys_of(s["$defs"]["seccompProfile"])) keys.insert(k);
   for (const auto& k : keys_of(s["$defs"]["seccompProfile"]["properties"]["syscalls"]["items"])) keys.insert(k);
-  for (const char* k : {"privileged", "policy", "allowed_policies", "organizations", "bind_allowlist"}) keys.insert(k);
+  for (const char* k : {"privileged", "policy", "allowed_policies", "e2b_policy", "organizations", "bind_allowlist"})
+    keys.insert(k);
   for (const auto& k : keys) EXPECT_NE(readme.find("`" + k + "`"), std::string::npos) << "README does not explain `" << k << "`";
   for (const char* verb : {"policy check", "policy fingerprint", "policy explain", "policy lint", "--compare", "--no-host",
-                           "--notes", "--bind-allow", "--config", "TSB_UPDATE_GOLDEN"})
+                           "--notes", "--e2b", "--bind-allow", "--config", "TSB_UPDATE_GOLDEN"})
     EXPECT_NE(readme.find(verb), std::string::npos) << verb;
 }
 

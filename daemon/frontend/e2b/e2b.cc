@@ -21,6 +21,7 @@
 #include "daemon/common/quote.h"
 #include "daemon/frontend/letta/result.h"
 #include "protocol/record.h"
+#include "daemon/policy/e2b_network.h"
 #include "daemon/policy/units.h"
 #include "daemon/venv/requirements.h"
 #include "isolate/base/file.h"
@@ -326,7 +327,7 @@ struct E2BBackend::Sandbox {
   std::string id;
   std::string token;   // envdAccessToken: header only
   std::string domain;  // "" = the configured one
-  std::string key;     // reuse key: config_state + network + organization
+  std::string key;     // reuse key: config_state + network digest + organization
   bool in_use = false;
   Clock::time_point expires_at;
   Clock::time_point last_used;
@@ -341,7 +342,8 @@ struct E2BBackend::RunCtx {
   std::shared_ptr<http::CancelSignal> cancel;
   std::vector<std::pair<std::string, std::string>> metadata;
   std::string pool_key;
-  bool internet = false;
+  json network;         // the create body's network members (daemon/policy/e2b_network.h)
+  std::string network_digest;
   long ttl_s = 300;
   std::uint64_t stdout_cap = 1u << 20, stderr_cap = 1u << 20;
   bool reused = false, adopted = false;
@@ -653,9 +655,9 @@ E2BBackend::Step<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::create(RunCtx
                {"timeout", ctx.ttl_s},
                {"autoPause", false},
                {"secure", true},
-               {"allow_internet_access", ctx.internet},
                {"metadata", md},
                {"envVars", json::object()}};
+  body.update(ctx.network);  // allow_internet_access, and network for egress: exactly what the digest covers
   ++creates_in_flight_;
   auto r = co_await http_.request(control_request(ctx, "POST", "/sandboxes", body.dump()));
   --creates_in_flight_;
@@ -687,8 +689,8 @@ E2BBackend::Step<std::shared_ptr<E2BBackend::Sandbox>> E2BBackend::create(RunCtx
   sb->in_use = true;
   sb->expires_at = Clock::now() + std::chrono::seconds(ctx.ttl_s);
   ++counters_["created"];
-  spdlog::info("e2b: created sandbox {} (template {}, internet {}, ttl {}s)", id, q(cfg_.template_id),
-               ctx.internet ? "yes" : "no", ctx.ttl_s);
+  spdlog::info("e2b: created sandbox {} (template {}, network {}, ttl {}s)", id, q(cfg_.template_id),
+               ctx.network_digest, ctx.ttl_s);
   co_return sb;
 }
 
@@ -1067,10 +1069,12 @@ E2BBackend::RunCtx E2BBackend::run_context(const PreparedRun& p, const std::stri
   // The pipeline requests it when the client goes away; the daemon's
   // shutdown, through running_.
   ctx.cancel = p.cancel;
-  // E2B has internet access on or off: on for "host" and "egress" (whose
-  // rules E2B cannot apply: `policy lint` says so), off for "none".
-  ctx.internet = pol.network != isolate::NetworkMode::None;
-  const std::string network = to_string(pol.network);
+  // The policy's network as E2B takes it (daemon/policy/e2b_network.h),
+  // and its digest: sandboxes created with different rules are never shared.
+  const E2BNetwork net = e2b_network(pol);
+  ctx.network = net.body;
+  ctx.network_digest = net.digest;
+  const std::string& network = net.digest;
   // The request's organization is part of the key (and of the metadata a
   // restarted daemon adopts sandboxes by) whatever the fingerprint hashes:
   // the sandbox config may name another organization, and a sandbox is never
@@ -1340,6 +1344,9 @@ asio::awaitable<BackendRun> E2BBackend::run(PreparedRun& p) {
   };
   if (stopping_) co_return refuse(ErrorCode::Unavailable, "the daemon is shutting down");
   if (api_key_.empty()) co_return refuse(ErrorCode::Unavailable, "E2B is configured but its API key is not loaded");
+  // Refused when the policy set was read; checked again here, fail closed.
+  if (const E2BNetwork net = e2b_network(p.policy()); !net.refusal.empty())
+    co_return refuse(ErrorCode::PolicyDenied, "policy " + q(p.policy().name) + ": " + net.refusal);
 
   // Everything is checked before any call to E2B. The policy decided which
   // environment names the request may set (prepare_run); its fixed values

@@ -1,0 +1,1 @@
+check default.json e2b-narrow.json e2b-web.json e2b-delegated.json

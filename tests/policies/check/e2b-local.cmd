@@ -1,0 +1,1 @@
+check e2b-narrow.json e2b-web.json
