@@ -246,7 +246,7 @@ std::vector<CheckLine> check_organizations(const std::string& ref, const OrgsRef
   }
   if (problems.empty() && e2b && policies_checked)
     if (auto st = core::check_delegated_policies(*orgs, policies); !st.ok())
-      problems.push_back({ref + ": " + st.error().message, true});
+      problems.push_back({st.error().message, true});  // names the file already
   if (!problems.empty()) return problems;
   std::string line = ref + ": ok: organizations, " + std::to_string(orgs->orgs.size()) + " listed, " +
                      std::to_string(privileged) + " privileged entr" + (privileged == 1 ? "y" : "ies") +

@@ -108,8 +108,8 @@ std::vector<std::string> e2b_network_lines(const E2BNetwork& n) {
     for (const auto& h : n.allow_out) names += (names.empty() ? "" : ", ") + (h == "*" ? std::string("any name") : h);
     lines.push_back("reach          by name, on TCP ports 80 (HTTP Host header) and 443 (TLS SNI) only: " + names);
     lines.push_back("               E2B connects to the name itself and refuses private, CGNAT, loopback and");
-    lines.push_back("               link-local addresses; nothing by address; UDP and TCP to E2B's resolver");
-    lines.push_back("               8.8.8.8 (any port); max_connections and max_bytes are not enforced there");
+    lines.push_back("               link-local addresses; nothing by address but E2B's resolver 8.8.8.8 (any");
+    lines.push_back("               port and protocol); max_connections and max_bytes are not enforced there");
   }
   return lines;
 }

@@ -204,9 +204,9 @@ TEST(DelegatedCheck, APolicyE2BCannotRunIsRefusedWhenE2BIsConfigured) {
   Organizations orgs;
   orgs.source = "/etc/p/organizations.json";
   orgs.fallback = OrgEntry{};
-  orgs.orgs["org-t"] = OrgEntry{true, "narrow", {"narrow"}};  // privileged: never on E2B
+  orgs.orgs["org-t"] = OrgEntry{true, "narrow", {"narrow"}, ""};  // privileged: never on E2B
   EXPECT_TRUE(check_delegated_policies(orgs, policies).ok());
-  orgs.orgs["org-u"] = OrgEntry{false, "default", {"default", "narrow"}};
+  orgs.orgs["org-u"] = OrgEntry{false, "default", {"default", "narrow"}, ""};
   auto st = check_delegated_policies(orgs, policies);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().message,

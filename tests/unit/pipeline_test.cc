@@ -46,7 +46,7 @@ class Pipeline : public testing::Test {
     remote.name = "remote";
     remote.backend = Backend::E2B;
     set->policies["remote"] = std::make_shared<const Policy>(remote);
-    set->orgs.fallback = OrgEntry{false, "default", {"default", "remote"}};
+    set->orgs.fallback = OrgEntry{false, "default", {"default", "remote"}, ""};
     set_ = set;
   }
 

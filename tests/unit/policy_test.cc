@@ -331,8 +331,8 @@ class PlaceRun : public testing::Test {
     set_.policies["remote"] = std::make_shared<const Policy>(remote);
 
     set_.orgs.fallback = OrgEntry{};  // not privileged, "default" only
-    set_.orgs.orgs["org-privileged"] = OrgEntry{true, "privileged", {"privileged", "default", "remote"}};
-    set_.orgs.orgs["org-plain"] = OrgEntry{false, "default", {"default", "privileged", "ghost"}};
+    set_.orgs.orgs["org-privileged"] = OrgEntry{true, "privileged", {"privileged", "default", "remote"}, ""};
+    set_.orgs.orgs["org-plain"] = OrgEntry{false, "default", {"default", "privileged", "ghost"}, ""};
   }
   PolicySet set_;
 };
@@ -732,11 +732,11 @@ TEST(PolicyLint, ShippedPoliciesWarnOnlyAboutWhatTheyGrantOnPurpose) {
         "imported (name the projects tools need instead)",
         "environment allow \"*\": a request may set any variable the policy does not fix"}},
       {"e2b",
-       {"egress \"public\": a tool may connect to any public address on port 80, 443 (anything it holds can leave "
-        "for any server on the internet; the host and its private networks stay denied)",
-        "backend e2b with network \"egress\": E2B allows the rules' hosts by name on ports 80 and 443 only, but does "
+       {"backend e2b with network \"egress\": E2B allows the rules' hosts by name on ports 80 and 443 only, but does "
         "not apply max_connections or max_bytes, and its sandbox reaches E2B's resolver 8.8.8.8 on any port (DNS "
         "queries can carry data out)",
+        "egress \"public\": a tool may connect to any public address on port 80, 443 (anything it holds can leave "
+        "for any server on the internet; the host and its private networks stay denied)",
         "environment allow \"*\": a request may set any variable the policy does not fix"}},
   };
   for (const auto& [name, warnings] : expected) {
