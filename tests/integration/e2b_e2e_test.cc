@@ -637,9 +637,11 @@ TEST_F(E2BTest, E2BNetworkIsThePolicysRulesAndNoWider) {
              .dump(2);
   Daemon d(*fake_, {{"policies_dir", pol}, {"organizations", pol + "/organizations.json"}});
   const json cfg = e2b_config("net");
-  auto created = [&](std::size_t i) {
-    auto creates = fake_->requests_where("POST", "/sandboxes");
-    return i < creates.size() ? json::parse(creates[i]["body"].get<std::string>()) : json();
+  auto created = [&](std::size_t i) {  // the i-th create, not a TTL refresh
+    std::vector<json> creates;
+    for (const auto& r : fake_->requests_where("POST", "/sandboxes"))
+      if (r["path"] == "/sandboxes") creates.push_back(json::parse(r["body"].get<std::string>()));
+    return i < creates.size() ? creates[i] : json();
   };
   // Delegated and naming none: the entry's e2b_policy, its host only.
   auto a = d.request(run_tool("def f():\n    return 1\n", "f", json::object(), {{"sandbox_config", cfg}}));
