@@ -344,6 +344,7 @@ struct E2BBackend::RunCtx {
   std::string pool_key;
   json network;         // the create body's network members (daemon/policy/e2b_network.h)
   std::string network_digest;
+  bool internet = false;  // the policy has a network ("egress" or "host")
   long ttl_s = 300;
   std::uint64_t stdout_cap = 1u << 20, stderr_cap = 1u << 20;
   bool reused = false, adopted = false;
@@ -1074,6 +1075,7 @@ E2BBackend::RunCtx E2BBackend::run_context(const PreparedRun& p, const std::stri
   const E2BNetwork net = e2b_network(pol);
   ctx.network = net.body;
   ctx.network_digest = net.digest;
+  ctx.internet = pol.network != isolate::NetworkMode::None;
   const std::string& network = net.digest;
   // The request's organization is part of the key (and of the metadata a
   // restarted daemon adopts sandboxes by) whatever the fingerprint hashes:
