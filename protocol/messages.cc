@@ -196,6 +196,8 @@ void decode_sandbox_config(Decoder& d, const Slice& sc, std::optional<SandboxCon
   SandboxConfig cfg;
   if (auto t = s.str("type", true, 64)) cfg.type = *t;
   cfg.organization_id = s.str("organization_id", false, 256);
+  const Slice* org = members.slot(members.index("organization_id"));
+  cfg.organization_null = org && org->kind == JsonKind::Null;
   if (const Slice* c2 = s.get("config", JsonKind::Object, true)) {
     // Scanned above as part of sandbox_config (size, depth); equal keys
     // keep the last, as Python's dict does.

@@ -61,6 +61,9 @@ struct SandboxConfig {
   // The config's own organization (Letta's SandboxConfig.organization_id),
   // which its fingerprint uses; absent: the request's organization_id.
   std::optional<std::string> organization_id;
+  // Sent as null: the config has no organization (Letta's None), which its
+  // fingerprint hashes as null.
+  bool organization_null = false;
 };
 
 // What a run delegated to E2B uses instead of the request's own values

@@ -352,7 +352,7 @@ json packages_json(const PackagesPolicy& k) {
             {"venv_size", format_size(k.venv_size)}}}};
 }
 
-Status parse_limits(ObjectReader o, const LocatedJson& doc, isolate::Limits& lim) {
+Status parse_limits(ObjectReader o, const LocatedJson& doc, isolate::Limits& lim, std::uint64_t& result_bytes) {
   TSB_TRY(o.object("\"limits\""), "limits");
   auto dur = [&](const char* key, std::chrono::milliseconds& out, bool allow_zero) -> Status {
     if (const json* v = o.get(key)) {
@@ -396,13 +396,15 @@ Status parse_limits(ObjectReader o, const LocatedJson& doc, isolate::Limits& lim
   TSB_TRY(size("work_size", lim.work_bytes, 1ull << 20), "limits");
   TSB_TRY(size("stdout", lim.stdout_bytes, 1024), "limits");
   TSB_TRY(size("stderr", lim.stderr_bytes, 1024), "limits");
+  TSB_TRY(size("result", result_bytes, 1024), "limits");
+  if (result_bytes > (1ull << 30)) return Error::invalid(o.where("result") + ": must be at most 1GiB");
   TSB_TRY(size("file_size", lim.file_size_bytes, 1024), "limits");
   TSB_TRY(count("open_files", lim.open_files, 16, 1u << 20), "limits");
   (void)doc;
   return o.done();
 }
 
-json limits_json(const isolate::Limits& l) {
+json limits_json(const isolate::Limits& l, std::uint64_t result_bytes) {
   return json{{"wall_timeout", format_duration(l.wall_timeout)},
               {"cpu_time", format_duration(l.cpu_time)},
               {"memory", format_size(l.memory_bytes)},
@@ -412,6 +414,7 @@ json limits_json(const isolate::Limits& l) {
               {"work_size", format_size(l.work_bytes)},
               {"stdout", format_size(l.stdout_bytes)},
               {"stderr", format_size(l.stderr_bytes)},
+              {"result", format_size(result_bytes)},
               {"file_size", format_size(l.file_size_bytes)},
               {"open_files", l.open_files}};
 }
@@ -964,7 +967,7 @@ void set_canonical_and_fingerprint(Policy& p, const json& seccomp_canon) {
   p.canonical = json{{"version", 1},
                      {"description", p.description},
                      {"backend", to_string(p.backend)},
-                     {"limits", limits_json(p.limits)},
+                     {"limits", limits_json(p.limits, p.result_bytes)},
                      {"filesystem", {{"venv", p.venv.empty() ? json() : json(p.venv)}, {"workdir", p.workdir}, {"binds", binds}}},
                      {"network", to_string(p.network)},
                      {"environment", {{"set", p.env_set}, {"allow", p.env_allow}}},
@@ -995,7 +998,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   TSB_TRY(root.object("a policy"), path);
 
   if (auto st = read_header(root, doc, p); !st.ok()) return std::move(st).error();
-  if (const json* v = root.get("limits")) TSB_TRY(parse_limits(ObjectReader(doc, *v, "/limits"), doc, p.limits), "policy");
+  if (const json* v = root.get("limits")) TSB_TRY(parse_limits(ObjectReader(doc, *v, "/limits"), doc, p.limits, p.result_bytes), "policy");
   if (auto st = read_filesystem(root, doc, ctx, p); !st.ok()) return std::move(st).error();
   if (auto st = read_network(root, doc, p); !st.ok()) return std::move(st).error();
   if (auto st = read_packages(root, doc, p); !st.ok()) return std::move(st).error();

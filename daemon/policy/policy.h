@@ -104,6 +104,11 @@ struct Policy {
   std::string description;
   Backend backend = Backend::Local;
   isolate::Limits limits;
+  // limits.result: the largest result a run may return on its result
+  // channel (tool mode; a pickle's decoding), held by the front end. Its
+  // own cap, not stdout's: Letta keeps returns of up to 1,000,000
+  // characters (Tool.return_char_limit), up to 12 MB as the runner's JSON.
+  std::uint64_t result_bytes = 16ull << 20;
   std::string venv;         // host path; "" = no venv
   std::string workdir = "/work";
   std::vector<isolate::BindMount> binds;

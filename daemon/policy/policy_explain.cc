@@ -643,6 +643,7 @@ void explain_limits(std::ostream& out, const Policy& p, const std::vector<Policy
   limit("work_size", format_size(l.work_bytes), "tmpfs " + p.workdir);
   limit("stdout", format_size(l.stdout_bytes), "captured; past it the run ends");
   limit("stderr", format_size(l.stderr_bytes), "captured; past it the run ends");
+  limit("result", format_size(p.result_bytes), "largest result a tool returns (tool mode, a pickle's decoding)");
   limit("file_size", format_size(l.file_size_bytes), "largest file a process may write (RLIMIT_FSIZE)");
   limit("open_files", std::to_string(l.open_files), "descriptors per process (RLIMIT_NOFILE)");
   out << "  " << pad("core dumps", 14) << pad("none", 9) << "RLIMIT_CORE 0 (not a policy setting)\n";

@@ -9,6 +9,7 @@ Written from letta-ai/letta, the last release of the server:
   letta/services/helpers/tool_parser_helper.py parse_function_arguments,
                                                convert_param_to_str_value,
                                                parse_stdout_best_effort
+  letta/schemas/sandbox_config.py              SandboxConfig.fingerprint
   letta/utils.py                               get_friendly_error_msg,
                                                parse_stderr_error_msg
   letta/services/tool_executor/tool_execution_manager.py (what an exception
@@ -248,6 +249,15 @@ def parse_stderr_error_msg(stderr_txt, last_n_lines=3):
     return "", ""
 
 
+def sandbox_config_fingerprint(config):
+    """SandboxConfig.fingerprint() (letta/schemas/sandbox_config.py) of a
+    config given as {"type", "organization_id", "config"}: its organization
+    as it is, None included."""
+    text = json.dumps({"type": config["type"], "organization_id": config["organization_id"], "config": config["config"]},
+                      sort_keys=True, separators=(",", ":"))
+    return str(int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest(), byteorder="big"))
+
+
 def parse_function_arguments(source_code, tool_name):
     tree = ast.parse(source_code)
     args = []
@@ -371,10 +381,10 @@ def generate_script(tool_name, source_code, args, json_schema, agent_state_pickl
     return "\n".join(lines) + "\n"
 
 
-def parse_out_function_results_markers(data):
+def parse_out_function_results_markers(data, errors="strict"):
     pos = data.find(START_MARKER)
     if pos < 0:
-        return b"", data.decode("utf-8") if data else ""
+        return b"", data.decode("utf-8", errors) if data else ""
     pos_start = pos + len(START_MARKER)
     checksum_start = pos_start + 4
     message_start = checksum_start + 32
@@ -383,7 +393,9 @@ def parse_out_function_results_markers(data):
     message_data = data[message_start:message_start + message_len]
     if hashlib.md5(message_data).hexdigest().encode("ascii") == checksum:
         remainder = data[:pos] + data[message_start + message_len:]
-        return message_data, (remainder.decode("utf-8") if remainder else "")
+        return message_data, (remainder.decode("utf-8", errors) if remainder else "")
+    # Letta's only use of this message: a checksum that does not match (never
+    # for output that does not decode, which raises UnicodeDecodeError).
     raise Exception("Function ran, but output is corrupted.")
 
 
@@ -435,12 +447,15 @@ def letta_script(tool_name, source_code, args, json_schema, python, agent_state=
     return generate_script(tool_name, source_code, args, json_schema, pickled, agent_id)
 
 
-def run_local(tool_name, source_code, args, json_schema, python, env=None, timeout=60.0, agent_state=None):
+def run_local(tool_name, source_code, args, json_schema, python, env=None, timeout=60.0, agent_state=None,
+              decode_errors="strict"):
     """AsyncToolSandboxLocal.run for this tool, as a ToolExecutionResult dict
     (without sandbox_config_fingerprint); agent_state as JSON, and so in the
     result (Letta's AgentState.model_validate of it, dumped again). An
     exception the sandbox raises (the timeout) becomes what
-    ToolExecutionManager returns for it."""
+    ToolExecutionManager returns for it. decode_errors: how its
+    _execute_tool_subprocess decodes stderr and stdout ("strict" in Letta;
+    "replace" is the daemon's tool mode, PROTOCOL.md 13.2)."""
     script = letta_script(tool_name, source_code, args, json_schema, python, agent_state)
     with tempfile.TemporaryDirectory() as sandbox_dir:
         with tempfile.NamedTemporaryFile(mode="w", dir=sandbox_dir, suffix=".py", delete=False) as temp_file:
@@ -457,8 +472,8 @@ def run_local(tool_name, source_code, args, json_schema, python, env=None, timeo
                 msg = f"Executing tool {tool_name} timed out after {timeout} seconds."
                 return {"status": "error", "func_return": get_friendly_error_msg(tool_name, "TimeoutError", msg),
                         "agent_state": None, "stdout": None, "stderr": ["TimeoutError: " + msg]}
-            stderr = proc.stderr.decode("utf-8") if proc.stderr else ""
-            func_result_bytes, stdout_text = parse_out_function_results_markers(proc.stdout)
+            stderr = proc.stderr.decode("utf-8", decode_errors) if proc.stderr else ""
+            func_result_bytes, stdout_text = parse_out_function_results_markers(proc.stdout, decode_errors)
             func_return, agent_state = parse_stdout_best_effort(func_result_bytes)
             if proc.returncode != 0 and func_return is None:
                 exception_name, msg = parse_stderr_error_msg(stderr)
@@ -544,11 +559,15 @@ def seed_unpickle(text, python):
     return json.loads(out)
 
 
-def run_seed(tool_name, source_code, args, json_schema, python, env=None, agent_state=None, json_result=False):
+def run_seed(tool_name, source_code, args, json_schema, python, env=None, agent_state=None, json_result=False,
+             python_values=False):
     """The seed's run_local_dir_sandbox_venv for this tool (success path),
     as a ToolExecutionResult dict without the fingerprint; json_result: the
     legacy-json generation (its parse_best_effort: base64, UTF-8, json.loads,
-    AgentState.model_validate of a truthy agent_state)."""
+    AgentState.model_validate of a truthy agent_state). python_values: the
+    func_return the seed's server held, its parse_best_effort's pickle.loads
+    here (for results of builtin types: tuples, sets, bytes, keys of any
+    type), instead of its JSON."""
     script = seed_script(tool_name, source_code, args, json_schema, python, agent_state, json_result)
     with tempfile.TemporaryDirectory() as sandbox_dir:
         path = os.path.join(sandbox_dir, "tool.py")
@@ -557,8 +576,17 @@ def run_seed(tool_name, source_code, args, json_schema, python, env=None, agent_
         exec_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": sandbox_dir, "LANG": "C.UTF-8"}
         exec_env.update(env or {})
         exec_env["PYTHONWARNINGS"] = "ignore"
-        proc = subprocess.run([python, path], env=exec_env, cwd=sandbox_dir, timeout=60, capture_output=True,
-                              text=True, check=True)
+        try:
+            # text=True: stdout, then stderr, decoded strictly in the server
+            # (its locale's encoding, UTF-8).
+            proc = subprocess.run([python, path], env=exec_env, cwd=sandbox_dir, timeout=60, capture_output=True,
+                                  text=True, encoding="utf-8", check=True)
+        except UnicodeDecodeError as e:
+            # Raised out of the sandbox; ToolExecutionManager reports it.
+            import traceback
+
+            return {"status": "error", "func_return": get_friendly_error_msg(tool_name, type(e).__name__, str(e)),
+                    "agent_state": None, "stdout": None, "stderr": [traceback.format_exc()]}
         text = proc.stdout
         if LEGACY_START not in text:
             func_result, stdout = "", text
@@ -573,6 +601,11 @@ def run_seed(tool_name, source_code, args, json_schema, python, env=None, agent_
 
             result = json.loads(base64.b64decode(func_result).decode("utf-8"))
             decoded = {"results": result.get("results"), "agent_state": result.get("agent_state") or None}
+        elif python_values:
+            import base64
+            import pickle
+
+            decoded = {"results": pickle.loads(base64.b64decode(func_result))["results"], "agent_state": None}
         else:
             decoded = seed_unpickle(func_result, python)
         return {"status": "success", "func_return": decoded["results"], "agent_state": decoded["agent_state"],

@@ -183,6 +183,12 @@ class RequestBuilding(unittest.TestCase):
         self.assertEqual(P.sandbox_config_wire({"id": "s", "type": "e2b", "config": {}, "organization_id": "o"}),
                          {"type": "e2b", "config": {}, "organization_id": "o"})
         self.assertEqual(P.sandbox_config_wire({"type": "e2b", "config": {}}), {"type": "e2b", "config": {}})
+        # A config whose organization is None says so: Letta's fingerprint hashes null.
+        Cfg.organization_id = None
+        self.assertEqual(P.sandbox_config_wire(Cfg()),
+                         {"type": "local", "config": {"sandbox_dir": "/x"}, "organization_id": None})
+        self.assertEqual(P.sandbox_config_wire({"type": "e2b", "config": {}, "organization_id": None}),
+                         {"type": "e2b", "config": {}, "organization_id": None})
         with self.assertRaises(TypeError):
             P.sandbox_config_wire({"type": "e2b", "config": {}, "organization_id": 7})
         with self.assertRaises(TypeError):

@@ -229,6 +229,11 @@ SCRIPT_MODE_ONLY = {
 }
 CASES.update(SCRIPT_MODE_ONLY)
 
+# Output that is not UTF-8 costs a Letta tool its result (a strict decode of
+# the output that carries it); tool mode keeps the result and decodes the
+# output as Python's errors="replace" does.
+READ_LENIENTLY_IN_TOOL_MODE = {"non_utf8_stdout", "non_utf8_stderr", "lone_surrogate_printed"}
+
 # The agent state each case is called with (Letta passes the agent's, or None
 # for a tool run without an agent).
 NO_AGENT = {"agent_state_none"}
@@ -241,6 +246,19 @@ def agent_state_json(name):
 
 def exact(value):
     return json.dumps(value, allow_nan=True)
+
+
+def typed(value):
+    """value with its types spelled out, sets in a stable order: equal only
+    for equal values of equal types (1, 1.0 and True, a tuple and a list, a
+    set and a frozenset, bytes and bytearray differ)."""
+    if isinstance(value, dict):
+        return ["dict", [[typed(k), typed(v)] for k, v in value.items()]]
+    if isinstance(value, (list, tuple)):
+        return [type(value).__name__, [typed(v) for v in value]]
+    if isinstance(value, (set, frozenset)):
+        return [type(value).__name__, sorted((typed(v) for v in value), key=repr)]
+    return [type(value).__name__, repr(value)]
 
 
 def last_line(stderr):
@@ -287,16 +305,17 @@ class Harness(unittest.TestCase):
         cls.daemon = F.start_daemon(cls, policies_dir=policies)
         cls.references = {}
 
-    def reference(self, name):
-        if name not in self.references:
+    def reference(self, name, decode_errors="strict"):
+        if (name, decode_errors) not in self.references:
             source, args, json_schema = CASES[name]
             tool_name = json_schema["name"]
             state = agent_state_json(name)
             # Letta's environment layers include the agent's secrets.
             env = {v["key"]: v["value"] for v in state["secrets"]} if state else {}
-            self.references[name] = ref.run_local(tool_name, source, args, json_schema, self.python, env=env,
-                                                   agent_state=state)
-        return self.references[name]
+            self.references[name, decode_errors] = ref.run_local(tool_name, source, args, json_schema, self.python,
+                                                                  env=env, agent_state=state,
+                                                                  decode_errors=decode_errors)
+        return self.references[name, decode_errors]
 
     def through_adapter(self, name):
         source, args, json_schema = CASES[name]
@@ -328,8 +347,8 @@ class Harness(unittest.TestCase):
 
         return asyncio.run(go())
 
-    def assert_same(self, name, got, how):
-        want = self.reference(name)
+    def assert_same(self, name, got, how, decode_errors="strict"):
+        want = self.reference(name, decode_errors)
         fields = {k: getattr(got, k) for k in ("status", "func_return", "agent_state", "stdout", "stderr")}
         where = "%s through %s" % (name, how)
         self.assertEqual(fields["status"], want["status"], (where, fields, want))
@@ -356,12 +375,7 @@ class LettaCompat(Harness):
 
 
 def letta_fingerprint(config):
-    """SandboxConfig.fingerprint() (letta/schemas/sandbox_config.py)."""
-    import hashlib
-
-    text = json.dumps({"type": config["type"], "organization_id": config["organization_id"], "config": config["config"]},
-                      sort_keys=True, separators=(",", ":"))
-    return str(int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest(), "big"))
+    return ref.sandbox_config_fingerprint(config)
 
 
 class Timeouts(Harness):
@@ -435,6 +449,37 @@ class EnvironmentAndFingerprints(Harness):
             got = asyncio.run(go())
             self.assertEqual(got.sandbox_config_fingerprint, letta_fingerprint(config), config)
 
+    def test_a_config_without_an_organization_has_lettas_fingerprint(self):
+        # SandboxConfig.organization_id is Optional: None is hashed as null,
+        # not replaced by the request's organization.
+        config = dict(SANDBOX_CONFIG, organization_id=None)
+        want = letta_fingerprint(config)
+        self.assertNotEqual(want, FINGERPRINT)
+
+        import enum
+
+        class SandboxType(enum.Enum):
+            LOCAL = "local"
+
+        class Config:  # as Letta's SandboxConfig, through the adapter
+            id = "sandbox-config-1"
+            type = SandboxType.LOCAL
+            organization_id = None
+
+        Config.config = config["config"]
+        sb = L.ToolSandboxDaemonSandbox("f", {}, USER, source_code="def f():\n    return 1\n",
+                                        socket_path=self.daemon.socket_path, sandbox_config=Config(),
+                                        resolve_from_letta=False)
+        got = asyncio.run(sb.run())
+        self.assertEqual((got.func_return, got.sandbox_config_fingerprint), (1, want))
+
+        async def go():
+            client = AsyncClient(self.daemon.socket_path, timeout=60)
+            return await client.run_tool("def f():\n    return 1\n", tool_name="f", args={},
+                                         organization_id=USER.organization_id, sandbox_config=config)
+
+        self.assertEqual(asyncio.run(go()).sandbox_config_fingerprint, want)
+
 
 class OutputPastTheCap(Harness):
     """Letta returns the result however much the tool printed; so does the
@@ -468,29 +513,55 @@ class OutputPastTheCap(Harness):
             del CASES["output_past_the_cap"]
 
 
+class LettasLargestReturn(Harness):
+    """Letta keeps a return whole up to its largest return_char_limit,
+    1,000,000 characters, then cuts it; here the characters take 4 bytes of
+    UTF-8 and 12 of the JSON's escapes, past the 1 MiB stdout cap. The
+    result has a limit of its own (limits.result, PROTOCOL.md 13.2)."""
+
+    SOURCE = "def f(n: int):\n    print('big')\n    return '\\U0001F600' * n\n"
+
+    def test_a_million_four_byte_characters_come_back_whole(self):
+        CASES["largest_return"] = (self.SOURCE, {"n": 1_000_000}, schema("f", n="integer"))
+        try:
+            want = self.reference("largest_return")
+            self.assertEqual((want["status"], len(want["func_return"])), ("success", 1_000_000))
+            self.assertEqual(len(want["func_return"].encode("utf-8")), 4_000_000)
+            for how, got in (("tool mode", self.through_adapter("largest_return")),
+                             ("script mode", self.through_execute("largest_return"))):
+                self.assertEqual((got.status, got.stdout, got.stderr), (want["status"], want["stdout"], want["stderr"]),
+                                 how)
+                self.assertTrue(got.func_return == want["func_return"], how)
+        finally:
+            del CASES["largest_return"]
+
+
 class ToolModeIsSaferThanLetta(Harness):
     """Where Letta is unsafe, tool mode differs on purpose (PROTOCOL.md 13.2)."""
 
     def test_forged_binary_frame_is_never_the_result(self):
         # Letta takes the forged frame, and then fails on the real one left
         # in stdout (not UTF-8). Tool mode ignores it: the forged bytes stay
-        # stdout, which is not UTF-8 either, so the run fails the same way,
-        # but the forged result is never returned.
+        # stdout (not UTF-8 either: shown as errors="replace" shows them),
+        # and the tool's own result is returned.
         want = self.reference("forged_binary_frame")
         self.assertEqual(want["status"], "error")
         self.assertTrue(want["func_return"].startswith("Error executing function f: UnicodeDecodeError: "), want)
         got = self.through_adapter("forged_binary_frame")
-        self.assertEqual(got.status, "error")
-        self.assertTrue(got.func_return.startswith("Error executing function f: UnicodeDecodeError: "), got)
-        self.assertNotIn("forged", repr(got.func_return))
+        self.assertEqual((got.status, got.func_return), ("success", "real"), got)
+        self.assertIn('{"results": "forged"', got.stdout[0])
+        self.assertIn("\ufffd", got.stdout[0])
 
     def test_corrupt_frame_printed_by_the_tool_is_plain_output(self):
         got = self.through_adapter("corrupt_binary_frame")
-        # The bytes are not UTF-8 (the marker): a UnicodeDecodeError, as any
-        # such output; never Letta's "output is corrupted" for a frame the
-        # runner did not write.
-        self.assertEqual(got.status, "error")
-        self.assertIn("UnicodeDecodeError", got.func_return)
+        # Letta says "Function ran, but output is corrupted." only for its
+        # own frame whose checksum does not match; a frame the runner did
+        # not write is the tool's output, and the result is the tool's.
+        want = self.reference("corrupt_binary_frame", decode_errors="replace")
+        self.assertIn("output is corrupted", want["func_return"])
+        self.assertEqual((got.status, got.func_return), ("success", "real"), got)
+        self.assertTrue(got.stdout[0].endswith("hello"), got.stdout)
+        self.assertIn("\ufffd", got.stdout[0])  # the marker, not UTF-8
 
 
 # Tools run through the seed's own generator (ToolExecutionSandbox before
@@ -510,6 +581,13 @@ SEED_ONLY = {
     "seed_tuple_result": ("def f():\n    return (1, ('a', None), [2.5])\n", {}, schema("f")),
 }
 NO_AGENT.add("seed_agent_state_none")
+# Values JSON has no type for: the seed's server held them as they were.
+SEED_PYTHON_TYPES = {
+    "seed_python_types": ("def f():\n"
+                          "    return (1, ('a', None), [2.5, b'\\x00\\xff'], bytearray(b'xy'), set(),\n"
+                          "            {1: 'a', 2.5: 'b', None: 'c', False: 'd', float('inf'): 'e',\n"
+                          "             'k': {frozenset({(1, 2)}), 3, b'z'}, (1, 2): 'tuple key'})\n", {}, schema("f")),
+}
 SEED_CASES = ["plain_int", "string_with_quotes", "structured", "returns_none", "stderr_then_return", "big_ints",
               "non_finite_floats", "float_spelling", "lone_surrogate_returned", "keys_of_other_types",
               "agent_state_write", "agent_state_returned_block"] + sorted(SEED_ONLY)
@@ -572,6 +650,44 @@ class SeedScripts(Harness):
         self.assertEqual(got.stdout, ["before\n"])
         self.assertTrue(got.record["pickle_decoded"])
 
+    def test_output_that_is_not_utf8_fails_as_in_the_seeds_server(self):
+        # Its server read the output with subprocess.run(text=True): a
+        # UnicodeDecodeError raised out of the sandbox, which the manager
+        # reports (stderr: the daemon's captured output and the exception's
+        # line, PROTOCOL.md 13.2).
+        for name in ("non_utf8_stdout", "non_utf8_stderr"):
+            for json_result in (False, True):
+                want = self.seed_reference(name, json_result)
+                self.assertTrue(want["func_return"].startswith("Error executing function f: UnicodeDecodeError: "),
+                                want)
+                got = self.seed_through_execute(name, json_result=json_result)
+                where = (name, json_result, got, want)
+                self.assertEqual((got.status, got.func_return), (want["status"], want["func_return"]), where)
+                self.assertEqual(got.stderr[-1], last_line(want["stderr"]), where)
+                self.assertIsNone(got.agent_state, where)
+                self.assertEqual(got.record["utf8_error"], want["func_return"].split("UnicodeDecodeError: ", 1)[1])
+
+    def test_pickled_python_types_come_back_through_the_adapter(self):
+        # The seed's server held the pickle's own values: tuples, sets,
+        # bytes, keys of other types. The daemon's plain data says which they
+        # were (record.pickle_types); the adapter rebuilds them. A tuple key
+        # stays its str() (PROTOCOL.md 13.1).
+        source, args, json_schema = SEED_PYTHON_TYPES["seed_python_types"]
+        want = ref.run_seed("f", source, args, json_schema, self.python, python_values=True)["func_return"]
+        script = ref.seed_script("f", source, args, json_schema, self.python)
+        sb = L.ToolSandboxDaemonSandbox("f", {}, USER, mode="script", script=script, sandbox_config=SANDBOX_CONFIG,
+                                        socket_path=self.daemon.socket_path, resolve_from_letta=False)
+        got = asyncio.run(sb.run())
+        self.assertEqual(got.status, "success", got)
+        want_key = "(1, 2)"
+        self.assertIn((1, 2), want[5])
+        want[5][want_key] = want[5].pop((1, 2))
+        self.assertEqual(typed(got.func_return), typed(want))
+        through = self.seed_through_execute(None, script)
+        self.assertEqual(through.func_return[:3], [1, ["a", None], [2.5, "b'\\x00\\xff'"]])  # plain data, as before
+        self.assertEqual(typed(through.python_func_return()), typed(want))
+        self.assertTrue(through.record["pickle_types"])
+
     def test_a_payload_that_is_not_a_pickle_fails_as_pickle_loads(self):
         import base64
         import pickle
@@ -627,6 +743,15 @@ class AgentStateWithoutLettaInTheVenv(Harness):
 
 def _add_case(name):
     def tool_mode(self):
+        if name in READ_LENIENTLY_IN_TOOL_MODE:
+            # Different on purpose (PROTOCOL.md 13.2): Letta's strict decode
+            # loses the tool's result; tool mode's result does not travel
+            # through the output, which is shown as errors="replace" shows it.
+            strict = self.reference(name)
+            self.assertEqual(strict["status"], "error")
+            self.assertIn("UnicodeDecodeError", strict["func_return"])
+            self.assert_same(name, self.through_adapter(name), "the adapter (tool mode)", decode_errors="replace")
+            return
         self.assert_same(name, self.through_adapter(name), "the adapter (tool mode)")
 
     if name in AGENT_STATE_CASES:

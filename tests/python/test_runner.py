@@ -871,6 +871,45 @@ class Unpickle(RunnerCase):
         r = unpickle(pickle.dumps(None), tool_name="f")
         self.assertEqual((r.code, r.error["kind"]), (2, "request"))
 
+    def test_types_say_which_values_json_lacks_and_rebuild_them(self):
+        # What letta-server's pickle.loads kept: the client rebuilds it from
+        # the plain data and "types" alone (nothing unpickled there).
+        import pickle
+
+        sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+        from toolsandbox_client.protocol import rebuild_pickled_types
+
+        value = (1, ("a", None), [2.5, b"\x00\xff", bytearray(b"xy")], set(), frozenset({(1, b"k")}),
+                 {1: "a", -2: {3.5: (4,)}, None: "n", True: "t", float("nan"): "nan", "s": {(1, 2), "x"},
+                  (5, 6): "a tuple key"})
+        r = unpickle(pickle.dumps({"results": value, "agent_state": None}))
+        self.assertEqual(r.code, 0, r)
+        self.assertEqual(r.results[0:3], [1, ["a", None], [2.5, "b'\\x00\\xff'", "bytearray(b'xy')"]])
+        types = r.payload["types"]
+        self.assertIn([[], "tuple"], types)
+        self.assertIn([[5, "1"], "key", "int"], types)
+        got = rebuild_pickled_types(r.results, types)
+        want = list(value)
+        want[5] = {(str(k) if k == (5, 6) else k): v for k, v in value[5].items()}  # a tuple key stays its str()
+        def canon(v):  # the value with its types spelled out, sets in a stable order
+            if isinstance(v, dict):
+                return ["dict", [[canon(k), canon(x)] for k, x in v.items()]]
+            if isinstance(v, (list, tuple)):
+                return [type(v).__name__, [canon(x) for x in v]]
+            if isinstance(v, (set, frozenset)):
+                return [type(v).__name__, sorted((canon(x) for x in v), key=repr)]
+            return [type(v).__name__, repr(v)]
+
+        self.assertEqual(canon(got), canon(tuple(want)))
+        self.assertIs(type(got[4]), frozenset)
+        self.assertIs(type(got[2][2]), bytearray)
+        # Nothing to say: no "types".
+        self.assertNotIn("types", unpickle(pickle.dumps({"results": [1, {"a": "b"}], "agent_state": None})).payload)
+        # Bounded: past 65536 entries none are sent, and the result stays.
+        r = unpickle(pickle.dumps({"results": [(i,) for i in range(70000)], "agent_state": None}))
+        self.assertEqual((r.code, r.payload.get("types_omitted"), "types" in r.payload), (0, True, False), r.stderr)
+        self.assertEqual(r.results[69999], [69999])
+
     def test_integers_past_pythons_digit_limit_fail_as_json_dumps_does(self):
         import pickle
 

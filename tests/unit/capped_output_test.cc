@@ -15,8 +15,8 @@ const std::string kToken = "<<TSB-RESULT-0123>>";
 
 // Feeds `text` in pieces of the given sizes (cycled).
 CappedOutput feed(std::uint64_t cap, const std::string& text, const std::vector<std::size_t>& pieces,
-                  std::vector<std::string> tokens = {kToken}) {
-  CappedOutput c(cap, std::move(tokens));
+                  std::vector<std::string> tokens = {kToken}, std::uint64_t frame_cap = 0) {
+  CappedOutput c(cap, std::move(tokens), frame_cap);
   std::size_t at = 0, i = 0;
   while (at < text.size()) {
     const std::size_t n = std::min(pieces[i++ % pieces.size()], text.size() - at);
@@ -91,6 +91,22 @@ TEST(CappedOutput, TheFrameIsBoundedByTheCapToo) {
   const std::string kept = std::move(c).take();
   EXPECT_EQ(kept.size(), 20u);
   EXPECT_EQ(kept, std::string(10, 'h') + kToken.substr(0, 10));
+}
+
+// The frame's own allowance (the policy's limits.result) may be larger
+// than the head's: a result larger than stdout's cap stays whole, both when
+// the frame starts past the cap and inside the head.
+TEST(CappedOutput, TheFrameHasItsOwnCap) {
+  const std::string frame = kToken + std::string(500, 'p') + "<<END>>";
+  for (std::size_t piece : {3u, 4096u}) {
+    SCOPED_TRACE(piece);
+    auto past = feed(10, std::string(10, 'h') + std::string(100, 'n') + frame, {piece}, {kToken}, 1000);
+    EXPECT_EQ(std::move(past).take(), std::string(10, 'h') + frame);
+    auto inside = feed(10, "ab" + frame, {piece}, {kToken}, 1000);
+    EXPECT_EQ(std::move(inside).take(), "ab" + frame);
+    auto bounded = feed(10, "ab" + frame, {piece}, {kToken}, 100);
+    EXPECT_EQ(std::move(bounded).take().size(), 110u);
+  }
 }
 
 TEST(CappedOutput, WithoutATokenOnlyTheHead) {

@@ -237,7 +237,8 @@ TEST(LettaFingerprintVsCPython, RandomConfigs) {
     }
   };
   struct Case {
-    std::string type, org;
+    std::string type;
+    std::optional<std::string> org;  // nullopt: None (a config without one)
     json config;
   };
   std::vector<Case> cases;
@@ -248,8 +249,9 @@ TEST(LettaFingerprintVsCPython, RandomConfigs) {
     cfg["pip_requirements"] = ojson::array({ojson{{"name", text()}, {"version", nullptr}}});
     cfg["use_venv"] = rng() % 2 == 0;
     for (int k = static_cast<int>(rng() % 4); k > 0; --k) cfg[text()] = value(0);
-    Case c{rng() % 2 ? "local" : "e2b", "org-" + text(), json::parse(cfg.dump())};
-    ojson doc = {{"type", c.type}, {"organization_id", c.org}, {"config", cfg}};
+    Case c{rng() % 2 ? "local" : "e2b", std::nullopt, json::parse(cfg.dump())};
+    if (i % 8 != 0) c.org = "org-" + text();
+    ojson doc = {{"type", c.type}, {"organization_id", c.org ? ojson(*c.org) : ojson()}, {"config", cfg}};
     hexes.push_back(to_hex(doc.dump(-1, ' ', false)));
     cases.push_back(std::move(c));
   }

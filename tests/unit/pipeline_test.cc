@@ -156,6 +156,13 @@ TEST_F(Pipeline, FingerprintUsesTheConfigsOwnOrganization) {
   ASSERT_FALSE(prepare_run(without, Peer{}, set_, backends(false), "", q));
   EXPECT_EQ(q.fingerprint, *letta::sandbox_config_fingerprint("local", "org-1", cfg));
   EXPECT_NE(q.fingerprint, p.fingerprint);
+  // A config whose organization is None (sent as null) is hashed with null,
+  // as Letta's; not with the request's.
+  auto none = request(execute({{"sandbox_config", {{"type", "local"}, {"config", cfg}, {"organization_id", nullptr}}}}));
+  PreparedRun n;
+  ASSERT_FALSE(prepare_run(none, Peer{}, set_, backends(false), "", n));
+  EXPECT_EQ(n.fingerprint, *letta::sandbox_config_fingerprint("local", std::nullopt, cfg));
+  EXPECT_NE(n.fingerprint, q.fingerprint);
 }
 
 // A run delegated to E2B is described by the request's "e2b" alternative
@@ -260,7 +267,8 @@ TEST_F(Pipeline, ToolModeUsesTheChannelLocallyAndAFreshNonceOnE2B) {
   ASSERT_FALSE(prepare_run(req, Peer{}, set_, backends(false), "/runner.py", l));
   EXPECT_TRUE(l.tool_mode);
   EXPECT_TRUE(l.shape.channel);
-  EXPECT_EQ(l.shape.result_cap, l.policy().limits.stdout_bytes);
+  EXPECT_EQ(l.shape.result_cap, l.policy().result_bytes);  // limits.result, not stdout's cap
+  EXPECT_GT(l.policy().result_bytes, l.policy().limits.stdout_bytes);
   EXPECT_TRUE(l.shape.nonce.empty());
   EXPECT_TRUE(l.runner_request.empty());
   EXPECT_EQ(l.runner_path, "/runner.py");

@@ -408,7 +408,7 @@ TEST_F(ChannelShaping, ALargerResultThanTheCapIsAnError) {
   EXPECT_EQ(s.result["status"], "error");
   EXPECT_EQ(s.result["func_return"],
             "Error executing function f: RuntimeError: the tool's result of 5000 bytes is larger than the policy's "
-            "limit of 1000B (limits.stdout)");
+            "limit of 1000B (limits.result)");
   EXPECT_EQ(s.extra["result_bytes"], 5000);
 }
 
@@ -485,6 +485,93 @@ TEST_F(ChannelShaping, TypeScriptRunsAnswerOnTheChannelInBothModes) {
   ctx.tool_mode = false;
   run.stdout_data = std::string(tsb::letta::kLegacyStartMarker) + "gASVAgAAAAAAAABLAS4=" + std::string(tsb::letta::kLegacyEndMarker);
   EXPECT_FALSE(pickle_payload_to_decode(ctx, run));
+}
+
+// Tool mode's result does not travel through the output: output that is not
+// UTF-8 is shown as Python's errors="replace" decode shows it, and the
+// result stands (PROTOCOL.md 13.2), also for an error read from stderr.
+TEST_F(ChannelShaping, OutputThatIsNotUtf8LeavesTheResult) {
+  run.stdout_data = "ok \xff\xfe done\n";
+  run.stderr_data = "warn \xe2\x82\n";
+  const auto ch = sent(false, R"({"results":1,"agent_state":null})");
+  auto s = shape(&ch);
+  EXPECT_EQ(s.result["status"], "success");
+  EXPECT_EQ(s.result["func_return"], 1);
+  EXPECT_EQ(s.result["stdout"], json::array({"ok \uFFFD\uFFFD done\n"}));
+  EXPECT_EQ(s.result["stderr"], json::array({"warn \uFFFD\n"}));
+  EXPECT_TRUE(s.extra["stdout_invalid_utf8"]);
+  EXPECT_TRUE(s.extra["stderr_invalid_utf8"]);
+  EXPECT_FALSE(s.extra.contains("utf8_error"));
+  run.exit_code = 1;
+  run.stderr_data = "\xff\nTraceback (most recent call last):\nValueError: bad \xc3\n";
+  const auto raised = sent(false, R"({"results":null,"agent_state":null,"error":{"kind":"tool","name":"ValueError",)"
+                                  R"("message":"bad","raised":true}})");
+  EXPECT_EQ(shape(&raised).result["func_return"], "Error executing function f: ValueError: bad \uFFFD");
+}
+
+// Script mode, the seed's generator and legacy-json (text markers): their
+// server decoded stdout, then stderr, strictly (subprocess.run(text=True))
+// and raised; a script of neither keeps its output, replaced.
+TEST_F(ChannelShaping, TheSeedsScriptsFailOnOutputThatIsNotUtf8) {
+  ctx.tool_mode = false;
+  ctx.channel = false;
+  ctx.generation = letta::ScriptGeneration::kLegacy;
+  const std::string frame = std::string(letta::kLegacyStartMarker) + "eyJyZXN1bHRzIjogMX0=" +
+                            std::string(letta::kLegacyEndMarker);  // {"results": 1}
+  run.stdout_data = "ok \xff\xfe done\n" + frame;
+  run.stderr_data = "warn \xe2\x82\n";
+  auto s = shape_tool_result(ctx, run);
+  const std::string msg = "'utf-8' codec can't decode byte 0xff in position 3: invalid start byte";
+  EXPECT_EQ(s.result["status"], "error");
+  EXPECT_EQ(s.result["func_return"], "Error executing function f: UnicodeDecodeError: " + msg);
+  EXPECT_EQ(s.result["stderr"].back(), "UnicodeDecodeError: " + msg);
+  EXPECT_EQ(s.extra["utf8_error"], msg);
+  run.stdout_data = frame;  // then stderr's
+  EXPECT_EQ(shape_tool_result(ctx, run).extra["utf8_error"],
+            "'utf-8' codec can't decode bytes in position 5-6: invalid continuation byte");
+  run.stderr_data.clear();
+  EXPECT_EQ(shape_tool_result(ctx, run).result["func_return"], 1);
+  ctx.generation = letta::ScriptGeneration::kUnknown;
+  run.stdout_data = "ok \xff" + frame;
+  s = shape_tool_result(ctx, run);
+  EXPECT_EQ(s.result["func_return"], 1);
+  EXPECT_TRUE(s.extra["stdout_invalid_utf8"]);
+}
+
+// A decoded pickle's types (the runner's "types") reach the record as
+// record.pickle_types; a malformed list is refused, never passed on.
+TEST_F(ChannelShaping, APicklesTypesReachTheRecord) {
+  ctx.tool_mode = false;
+  ctx.channel = false;
+  ctx.generation = letta::ScriptGeneration::kLegacy;
+  run.stdout_data = std::string(letta::kLegacyStartMarker) + "gARLAS4=" + std::string(letta::kLegacyEndMarker);
+  auto decoded = [](std::string payload) {
+    DecodedPickle d;
+    auto f = letta::parse_channel_result(payload, "");
+    if (f.ok()) d.frame = std::move(f).value();
+    else d.failure = f.error().message;
+    return d;
+  };
+  const std::string types = R"([[[],"tuple"],[[1,"1"],"key","int"],[[2],"set","[[1,2]]",[[[0],"tuple"]]],)"
+                            R"([[3],"bytes","AP8="]])";
+  DecodedPickle d = decoded(R"({"results":[1,{"1":"a"},"{(1, 2)}","b'\\x00\\xff'"],"agent_state":null,"types":)" +
+                            types + "}");
+  ASSERT_TRUE(d.frame) << d.failure;
+  auto s = shape_tool_result(ctx, run, &d);
+  EXPECT_EQ(s.result["status"], "success");
+  EXPECT_TRUE(s.extra["pickle_decoded"]);
+  EXPECT_EQ(s.extra["pickle_types"], json::parse(types));
+  EXPECT_FALSE(s.extra.contains("pickle_types_omitted"));
+  DecodedPickle omitted = decoded(R"({"results":[1],"agent_state":null,"types_omitted":true})");
+  ASSERT_TRUE(omitted.frame);
+  EXPECT_TRUE(shape_tool_result(ctx, run, &omitted).extra["pickle_types_omitted"]);
+  for (const char* bad : {R"("types":{})", R"("types":[[[],"list"]])", R"("types":[[["a",-1],"tuple"]])",
+                          R"("types":[[[],"key","int"]])", R"("types":[[["k"],"key","str"]])",
+                          R"("types":[[[],"set","[]",[[[],"nope"]]]])", R"("types":[[[],"bytes",1]])",
+                          R"("types_omitted":false)"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_FALSE(decoded(std::string(R"({"results":1,"agent_state":null,)") + bad + "}").frame);
+  }
 }
 
 }  // namespace

@@ -487,7 +487,9 @@ class ToolSandboxDaemonSandbox:
                     status="error",
                     func_return=friendly_error_msg(self.tool_name, type(e).__name__, str(e)),
                     stdout=r.stdout, stderr=[str(e)], sandbox_config_fingerprint=r.sandbox_config_fingerprint)
-        return self._make_result(status=r.status, func_return=r.func_return, agent_state=agent_state or None,
+        # A pickled result of an old script (the seed's) with the Python types
+        # its pickle.loads gave letta-server (record.pickle_types).
+        return self._make_result(status=r.status, func_return=r.python_func_return(), agent_state=agent_state or None,
                                  stdout=r.stdout, stderr=r.stderr,
                                  sandbox_config_fingerprint=r.sandbox_config_fingerprint)
 

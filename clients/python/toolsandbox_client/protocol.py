@@ -38,6 +38,7 @@ __all__ = [
     "encode_request",
     "decode_response",
     "describe_request",
+    "rebuild_pickled_types",
 ]
 
 PROTOCOL_VERSION = 1
@@ -80,6 +81,13 @@ class ToolResult:
     def end_reason(self) -> Optional[str]:
         return self.record.get("end_reason")
 
+    def python_func_return(self) -> Any:
+        """func_return with the Python types a decoded pickle result had
+        (record.pickle_types: tuples, sets, frozensets, bytes, bytearrays,
+        keys that were not strings), as letta-server's pickle.loads gave
+        them; func_return itself for any other result."""
+        return rebuild_pickled_types(self.func_return, self.record.get("pickle_types"))
+
     def to_letta_dict(self) -> Dict[str, Any]:
         """The ToolExecutionResult fields only, as a dict."""
         return {k: getattr(self, k) for k in LETTA_RESULT_FIELDS}
@@ -121,6 +129,91 @@ class ToolResult:
             record=record,
             request_id=request_id,
         )
+
+
+# --- a decoded pickle's Python types (PROTOCOL.md 13.1) ----------------------
+
+_KEY_TYPES = {
+    "int": int,
+    "float": float,
+    "bool": lambda name: {"true": True, "false": False}[name],
+    "none": lambda name: {"null": None}[name],
+}
+
+
+def rebuild_pickled_types(value: Any, types: Any) -> Any:
+    """value (a result's func_return) with the types record.pickle_types
+    names rebuilt: [path, "tuple"], [path, "key", "int"|"float"|"bool"|"none"],
+    [path, "bytes"|"bytearray", base64], [path, "set"|"frozenset", JSON of
+    the items as a list, their own entries]; a path is the member names and
+    indices from func_return down. Nothing is evaluated or unpickled; an
+    entry whose path does not lead to a value of the JSON type it names is
+    skipped. value is not modified: containers on annotated paths are
+    copied."""
+    if not isinstance(types, list) or not types:
+        return value
+    tree: Dict[str, Any] = {}
+    for entry in types:
+        if not (isinstance(entry, list) and len(entry) >= 2 and isinstance(entry[0], list)):
+            continue
+        node = tree
+        for step in entry[0]:
+            if isinstance(step, bool) or not isinstance(step, (int, str)):
+                break
+            node = node.setdefault("children", {}).setdefault(step, {})
+        else:
+            node.setdefault("tags", []).append(entry[1:])
+    return _rebuild(value, tree)
+
+
+def _rebuild(value: Any, node: Dict[str, Any]) -> Any:
+    children = node.get("children")
+    if children and isinstance(value, list):
+        value = list(value)
+        for step, sub in children.items():
+            if isinstance(step, int) and 0 <= step < len(value):
+                value[step] = _rebuild(value[step], sub)
+    elif children and isinstance(value, dict):
+        rebuilt = {}
+        for name, v in value.items():
+            sub = children.get(name)
+            if sub is None:
+                rebuilt[name] = v
+                continue
+            key = name
+            for tag in sub.get("tags", ()):
+                if len(tag) == 2 and tag[0] == "key" and tag[1] in _KEY_TYPES:
+                    try:
+                        key = _KEY_TYPES[tag[1]](name)
+                    except (KeyError, ValueError):
+                        pass
+            rebuilt[key] = _rebuild(v, sub)
+        value = rebuilt
+    for tag in node.get("tags", ()):
+        value = _retype(value, tag)
+    return value
+
+
+def _retype(value: Any, tag: List[Any]) -> Any:
+    kind = tag[0] if tag else None
+    if kind == "tuple" and isinstance(value, list):
+        return tuple(value)
+    if kind in ("bytes", "bytearray") and isinstance(value, str) and len(tag) == 2 and isinstance(tag[1], str):
+        import base64
+        import binascii
+
+        try:
+            raw = base64.b64decode(tag[1], validate=True)
+        except (binascii.Error, ValueError):
+            return value
+        return bytearray(raw) if kind == "bytearray" else raw
+    if kind in ("set", "frozenset") and isinstance(value, str) and len(tag) == 3 and isinstance(tag[1], str):
+        try:
+            items = rebuild_pickled_types(json.loads(tag[1]), tag[2])
+            return frozenset(items) if kind == "frozenset" else set(items)
+        except (ValueError, TypeError):
+            return value
+    return value  # "key" tags are their dict's; anything else is skipped
 
 
 def new_request_id() -> str:
@@ -190,16 +283,20 @@ def sandbox_config_wire(sandbox_config: Any) -> Optional[Dict[str, Any]]:
 
     Letta's SandboxConfig also has id, ...; type, config and the config's own
     organization_id go into the fingerprint (SandboxConfig.fingerprint()),
-    and the daemon refuses other fields. Without an organization_id of its
-    own, the daemon uses the request's.
+    and the daemon refuses other fields. An organization_id that is None (a
+    SandboxConfig's, or a mapping's "organization_id": None) is sent as null,
+    which the fingerprint hashes as Letta does; without the field at all the
+    daemon uses the request's.
     """
     if sandbox_config is None:
         return None
     if isinstance(sandbox_config, Mapping):
         typ, config = sandbox_config.get("type"), sandbox_config.get("config")
+        has_org = "organization_id" in sandbox_config
         org = sandbox_config.get("organization_id")
     else:
         typ, config = getattr(sandbox_config, "type", None), getattr(sandbox_config, "config", None)
+        has_org = hasattr(sandbox_config, "organization_id")
         org = getattr(sandbox_config, "organization_id", None)
     typ = _enum_value(typ)
     if not isinstance(typ, str):
@@ -213,6 +310,8 @@ def sandbox_config_wire(sandbox_config: Any) -> Optional[Dict[str, Any]]:
         if not isinstance(org, str):
             raise TypeError("sandbox_config.organization_id must be a string")
         out["organization_id"] = org
+    elif has_org:
+        out["organization_id"] = None
     return out
 
 

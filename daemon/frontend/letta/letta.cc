@@ -405,11 +405,11 @@ std::string big_endian_to_decimal(std::string_view bytes) {
   return out;
 }
 
-Result<std::string> sandbox_config_fingerprint(std::string_view type, std::string_view organization_id,
+Result<std::string> sandbox_config_fingerprint(std::string_view type, std::optional<std::string_view> organization_id,
                                                const nlohmann::json& config) {
   nlohmann::json doc = nlohmann::json::object();
   doc["type"] = std::string(type);
-  doc["organization_id"] = std::string(organization_id);
+  doc["organization_id"] = organization_id ? nlohmann::json(std::string(*organization_id)) : nlohmann::json();
   doc["config"] = config;
   auto text = dumps_compact_sorted(doc);
   if (!text.ok()) return std::move(text).error().wrap("sandbox config fingerprint");
@@ -672,6 +672,27 @@ Result<std::string> make_nonce_frame(std::string_view nonce, const nlohmann::jso
 
 namespace {
 
+// A decoded pickle's "types" (letta.h, NonceFrame::types): entries of
+// [path, tag, ...], each path an array of member names and indices.
+bool valid_pickle_types(const nlohmann::json& entries) {
+  if (!entries.is_array()) return false;
+  for (const auto& e : entries) {
+    if (!e.is_array() || e.size() < 2 || !e[0].is_array() || !e[1].is_string()) return false;
+    for (const auto& step : e[0])
+      if (!step.is_string() && !step.is_number_unsigned()) return false;
+    const std::string& tag = e[1].get_ref<const std::string&>();
+    bool ok = false;
+    if (tag == "tuple") ok = e.size() == 2;
+    else if (tag == "key")
+      ok = e.size() == 3 && !e[0].empty() && e[0].back().is_string() && e[2].is_string() &&
+           (e[2] == "int" || e[2] == "float" || e[2] == "bool" || e[2] == "none");
+    else if (tag == "bytes" || tag == "bytearray") ok = e.size() == 3 && e[2].is_string();
+    else if (tag == "set" || tag == "frozenset") ok = e.size() == 4 && e[2].is_string() && valid_pickle_types(e[3]);
+    if (!ok) return false;
+  }
+  return true;
+}
+
 // The runner's payload (a frame's decoded base64, or the result channel's
 // bytes), checked against the shape in letta.h. `what` starts each error.
 Result<NonceFrame> parse_runner_payload(std::string_view text, std::string_view what) {
@@ -687,7 +708,9 @@ Result<NonceFrame> parse_runner_payload(std::string_view text, std::string_view 
   if (payload.is_discarded()) return bad("payload is not JSON");
   if (!payload.is_object()) return bad("payload is not an object");
   for (auto it = payload.begin(); it != payload.end(); ++it) {
-    if (it.key() != "results" && it.key() != "agent_state" && it.key() != "error") return bad("unexpected payload key");
+    if (it.key() != "results" && it.key() != "agent_state" && it.key() != "error" && it.key() != "types" &&
+        it.key() != "types_omitted")
+      return bad("unexpected payload key");
   }
   if (!payload.contains("results") || !payload.contains("agent_state")) {
     return bad("payload lacks \"results\" or \"agent_state\"");
@@ -700,6 +723,14 @@ Result<NonceFrame> parse_runner_payload(std::string_view text, std::string_view 
   f.results_text.assign(exact.results);
   if (exact.agent_state_kind == JsonKind::Object) f.agent_state_text.assign(exact.agent_state);
   if (!f.agent_state.is_null() && !f.agent_state.is_object()) return bad("agent_state is not an object");
+  if (auto it = payload.find("types"); it != payload.end()) {
+    if (!valid_pickle_types(*it)) return bad("types is malformed");
+    f.types = std::move(*it);
+  }
+  if (auto it = payload.find("types_omitted"); it != payload.end()) {
+    if (*it != true) return bad("types_omitted is not true");
+    f.types_omitted = true;
+  }
   if (auto it = payload.find("error"); it != payload.end()) {
     if (!it->is_object()) return bad("error is not an object");
     auto kind = get_string(*it, "kind");

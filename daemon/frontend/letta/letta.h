@@ -36,7 +36,8 @@ std::string big_endian_to_decimal(std::string_view bytes);
 //       separators=(",", ":")).encode()).digest(), "big"))
 // Fails only when a string is not valid UTF-8 or config holds something
 // json.dumps could not have serialized (see dumps_compact_sorted).
-Result<std::string> sandbox_config_fingerprint(std::string_view type, std::string_view organization_id,
+// organization_id nullopt: a config without one (Letta's None, JSON null).
+Result<std::string> sandbox_config_fingerprint(std::string_view type, std::optional<std::string_view> organization_id,
                                                const nlohmann::json& config);
 
 // ---------------------------------------------------------------------------
@@ -239,6 +240,12 @@ struct NonceFrame {
   std::string results_text;      // their exact text, as in ParsedOutput
   std::string agent_state_text;  // (empty: null or absent)
   std::optional<RunnerError> error;
+  // A decoded pickle's result (an unpickle request): where `results` stands
+  // for a Python type JSON lacks, checked against the shape PROTOCOL.md
+  // 13.1 gives (record.pickle_types); null when none. types_omitted: there
+  // were more than the runner sends.
+  nlohmann::json types;
+  bool types_omitted = false;
   // stdout without the frame (and without the frame's own leading and
   // trailing newline), invalid UTF-8 replaced as in ParsedOutput.
   std::string stdout_text;

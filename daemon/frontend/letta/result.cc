@@ -179,11 +179,13 @@ struct Shaping {
   json& r() { return out.result; }
   const std::string& name() const { return ctx.tool_name; }
   bool success_exit() const { return run.reason == EndReason::Exited && run.exit_code == 0; }
-  // Letta decodes stderr, then stdout without its frame, as strict UTF-8;
-  // invalid bytes raise UnicodeDecodeError there, which its sandbox answers
-  // as an internal error.
+  // Letta's current sandbox decodes stderr, then stdout without its frame,
+  // as strict UTF-8; invalid bytes raise UnicodeDecodeError there, which it
+  // answers as an internal error. (Tool mode's result never passes through
+  // the output, nor a TypeScript run's: their output is decoded as
+  // errors="replace" would, up front.)
   bool strict_utf8() const {
-    return !ctx.typescript && (ctx.tool_mode || ctx.generation == lp::ScriptGeneration::kCurrent);
+    return !ctx.typescript && !ctx.tool_mode && ctx.generation == lp::ScriptGeneration::kCurrent;
   }
   // What a run killed by a signal and without a result is said to have raised.
   std::string fallback_name() const { return run.reason == EndReason::Signaled ? "RuntimeError" : ""; }
@@ -218,9 +220,7 @@ struct Shaping {
   // Tool mode: the runner never sent its result (it was killed, or the tool
   // killed it or ended its process first).
   Shaped no_result(const ChannelOutcome* channel) {
-    if (strict_utf8())
-      if (auto e = lp::python_utf8_decode_error(run.stdout_data)) return decode_failure(*e);
-    r()["stdout"] = as_list(ctx.typescript ? lp::utf8_decode_replace(run.stdout_data).text : run.stdout_data);
+    r()["stdout"] = as_list(run.stdout_data);
     r()["stderr"] = as_list(run.stderr_data);
     if (ctx.channel && success_exit() && channel && channel->declared) {
       // Status 0 with no result (os._exit(0) in the tool): Letta's script
@@ -284,6 +284,10 @@ Shaped shape_pickle(Shaping& s, const lp::ParsedOutput& p, const DecodedPickle* 
   if (f && !f->error) {
     // What letta-server's pickle.loads gave it, as plain data.
     out.extra["pickle_decoded"] = true;
+    // Which values were tuples, sets, bytes, keys of other types: for a
+    // client to rebuild what letta-server's pickle.loads gave it.
+    if (!f->types.is_null()) out.extra["pickle_types"] = f->types;
+    if (f->types_omitted) out.extra["pickle_types_omitted"] = true;
     r["status"] = s.success_exit() ? "success" : "error";
     r["func_return"] = f->results;
     r["agent_state"] = f->agent_state;
@@ -380,7 +384,7 @@ std::variant<lp::NonceFrame, Shaped> runner_frame(Shaping& s, const ChannelOutco
     s.r()["func_return"] = lp::friendly_error_msg(s.name(), "RuntimeError",
                                                   "the tool's result of " + std::to_string(channel->result_total) +
                                                       " bytes is larger than the policy's limit of " +
-                                                      format_size(ctx.result_cap) + " (limits.stdout)");
+                                                      format_size(ctx.result_cap) + " (limits.result)");
     s.r()["stdout"] = as_list(s.run.stdout_data);
     s.r()["stderr"] = as_list(s.run.stderr_data);
     s.out.extra["result_bytes"] = channel->result_total;
@@ -399,8 +403,6 @@ Shaped shape_runner(Shaping& s, const ChannelOutcome* channel) {
   lp::NonceFrame& f = std::get<lp::NonceFrame>(read);
   json& r = s.r();
   Shaped& out = s.out;
-  if (f.stdout_invalid_utf8) out.extra["stdout_invalid_utf8"] = true;
-  if (f.stdout_decode_error && s.strict_utf8()) return s.decode_failure(*f.stdout_decode_error);
   r["stdout"] = as_list(f.stdout_text);
   r["stderr"] = as_list(s.ctx.typescript ? lp::utf8_decode_replace(s.run.stderr_data).text : s.run.stderr_data);
   if (f.error) {
@@ -424,14 +426,56 @@ Shaped shape_runner(Shaping& s, const ChannelOutcome* channel) {
 
 }  // namespace
 
+namespace {
+
+// Tool mode and TypeScript runs: the run with its output as Python's errors="replace" decode
+// shows it (the result is on its own channel or frame, which output that is
+// not UTF-8 cannot touch); the record says which stream had invalid bytes.
+// nullopt when both are valid UTF-8 (no copy).
+std::optional<isolate::RunResult> output_decoded_replacing(const isolate::RunResult& run, json& extra) {
+  const bool out_ok = lp::is_valid_utf8(run.stdout_data), err_ok = lp::is_valid_utf8(run.stderr_data);
+  if (out_ok && err_ok) return std::nullopt;
+  isolate::RunResult copy = run;
+  if (!out_ok) {
+    copy.stdout_data = lp::utf8_decode_replace(run.stdout_data).text;
+    extra["stdout_invalid_utf8"] = true;
+  }
+  if (!err_ok) {
+    copy.stderr_data = lp::utf8_decode_replace(run.stderr_data).text;
+    extra["stderr_invalid_utf8"] = true;
+  }
+  return copy;
+}
+
+// Script mode, a script of the seed's generator or its legacy-json successor
+// (the text markers): its server read the output with subprocess.run(...,
+// text=True), which decodes stdout, then stderr, strictly and raises
+// UnicodeDecodeError out of the sandbox; ToolExecutionManager reports it.
+std::optional<std::string> legacy_decode_error(const ShapeContext& ctx, const isolate::RunResult& run) {
+  if (ctx.tool_mode || ctx.generation != lp::ScriptGeneration::kLegacy) return std::nullopt;
+  if (auto e = lp::python_utf8_decode_error(run.stdout_data)) return e;
+  return lp::python_utf8_decode_error(run.stderr_data);
+}
+
+}  // namespace
+
 Shaped shape_tool_result(const ShapeContext& ctx, const isolate::RunResult& run, const DecodedPickle* decoded,
                          const ChannelOutcome* channel) {
   Shaped shaped;
   shaped.result = tool_execution_result(ctx);
-  Shaping s{ctx, run, std::move(shaped)};
+  std::optional<isolate::RunResult> replaced;
+  if (ctx.tool_mode || ctx.typescript) replaced = output_decoded_replacing(run, shaped.extra);
+  Shaping s{ctx, replaced ? *replaced : run, std::move(shaped)};
   if (auto stopped = shape_stopped(s)) return std::move(*stopped);
   if (s.strict_utf8())
     if (auto e = lp::python_utf8_decode_error(run.stderr_data)) return s.decode_failure(*e);
+  if (auto e = legacy_decode_error(ctx, run)) {
+    Shaped failed = shape_failure(ctx, run, RunFailure{"UnicodeDecodeError", *e});
+    failed.extra = std::move(s.out.extra);
+    failed.extra["utf8_error"] = *e;
+    if (!lp::is_valid_utf8(run.stdout_data)) failed.extra["stdout_invalid_utf8"] = true;
+    return failed;
+  }
   // (A local TypeScript execute answers on the channel too.)
   return ctx.tool_mode || ctx.channel ? shape_runner(s, channel) : shape_script(s, decoded);
 }

@@ -4,8 +4,8 @@
 
 namespace tsb::core {
 
-CappedOutput::CappedOutput(std::uint64_t cap, std::vector<std::string> frame_tokens)
-    : cap_(cap), tokens_(std::move(frame_tokens)) {
+CappedOutput::CappedOutput(std::uint64_t cap, std::vector<std::string> frame_tokens, std::uint64_t frame_cap)
+    : cap_(cap), frame_cap_(frame_cap ? frame_cap : cap), tokens_(std::move(frame_tokens)) {
   std::erase_if(tokens_, [](const std::string& t) { return t.empty(); });
   for (const auto& t : tokens_) longest_ = std::max(longest_, t.size());
 }
@@ -30,13 +30,14 @@ void CappedOutput::feed(std::string_view chunk) {
     carry_head_bytes_ = keep;
   }
   if (found_) {
-    const auto room = static_cast<std::size_t>(cap_ - std::min<std::uint64_t>(cap_, tail_.size()));
+    const auto room = static_cast<std::size_t>(frame_cap_ - std::min<std::uint64_t>(frame_cap_, tail_.size()));
     tail_.append(chunk.substr(0, std::min(room, chunk.size())));
     return;
   }
   search(chunk);
   if (!found_ && head_has_token_) {
-    const auto room = static_cast<std::size_t>(cap_ - std::min<std::uint64_t>(cap_, continuation_.size()));
+    const auto room =
+        static_cast<std::size_t>(frame_cap_ - std::min<std::uint64_t>(frame_cap_, continuation_.size()));
     continuation_.append(chunk.substr(0, std::min(room, chunk.size())));
   }
 }
@@ -61,7 +62,7 @@ void CappedOutput::search(std::string_view chunk) {
   // a token that began in the head goes on right after it.
   const std::size_t from = std::max(at, carry_head_bytes_);
   const std::string_view rest = std::string_view(window).substr(from);
-  tail_.assign(rest.substr(0, static_cast<std::size_t>(std::min<std::uint64_t>(rest.size(), cap_))));
+  tail_.assign(rest.substr(0, static_cast<std::size_t>(std::min<std::uint64_t>(rest.size(), frame_cap_))));
   carry_.clear();
 }
 

@@ -5,12 +5,13 @@
 // drop the frame, which comes last. So past the cap the stream is still read
 // (and counted) to its end, and searched for the start token of a frame: the
 // runner's, whose token carries the run's nonce (no tool can print it), or
-// Letta's markers in script mode. From the first token found, up to another
-// `cap` bytes are kept, so the frame can still be parsed from head + frame;
-// what lies between the two is dropped and the output marked truncated. A
-// frame that began inside the head (no token past the cap) keeps the `cap`
-// bytes that follow the head instead. At most 2 x cap bytes are held. A
-// frame larger than the cap stays broken.
+// Letta's markers in script mode. From the first token found, up to
+// `frame_cap` bytes (the policy's limits.result; `cap` when 0) are kept, so
+// the frame can still be parsed from head + frame; what lies between the two
+// is dropped and the output marked truncated. A frame that began inside the
+// head (no token past the cap) keeps the `frame_cap` bytes that follow the
+// head instead. At most cap + frame_cap bytes are held. A frame larger than
+// frame_cap stays broken.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +23,7 @@ namespace tsb::core {
 
 class CappedOutput {
  public:
-  CappedOutput(std::uint64_t cap, std::vector<std::string> frame_tokens);
+  CappedOutput(std::uint64_t cap, std::vector<std::string> frame_tokens, std::uint64_t frame_cap = 0);
 
   void feed(std::string_view chunk);
 
@@ -36,6 +37,7 @@ class CappedOutput {
   void search(std::string_view chunk);
 
   std::uint64_t cap_;
+  std::uint64_t frame_cap_;
   std::vector<std::string> tokens_;
   std::size_t longest_ = 0;
   std::string head_;

@@ -530,7 +530,7 @@ std::optional<Refusal> LocalBackend::order_for(PreparedRun& p, Order& o) const {
     const auto& t = std::get<protocol::RunToolRequest>(p.request->body);
     o.channel = ChannelExchange{runner_channel_first(t),
                                 [&t, env = p.runner_env](bool declared) { return runner_channel_second(t, declared, env); },
-                                pol.limits.stdout_bytes};
+                                pol.result_bytes};
   } else {
     // The script arrives on stdin, so no size limit of argv applies and it
     // never touches a file system. Where Letta's result frame starts is kept
@@ -631,7 +631,7 @@ asio::awaitable<void> LocalBackend::run_order(PreparedRun& p, Order& o, BackendR
   } stop_proxy{proxy};
   LinkRun ran = co_await link_.run(std::move(o.order), std::move(o.stdin_data), pol.limits.stdout_bytes,
                                    pol.limits.stderr_bytes, std::move(o.frame_tokens), *p.cancel, proxy.get(), {},
-                                   std::move(o.channel));
+                                   std::move(o.channel), pol.result_bytes);
   if (proxy) {
     proxy->stop();
     out.record["egress"] = proxy->summary();
@@ -729,10 +729,10 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   // the run's own limit, at most 10 s.
   order.timeout = std::min(p.timeout, std::chrono::milliseconds(10'000));
   order.warm = true;
-  // On its result channel, as a tool's request; its result is at most
-  // what the script's own stdout held.
+  // On its result channel, as a tool's request; its result (with the
+  // types that come with it) at most limits.result, as a tool's.
   ChannelExchange channel{runner_channel_unpickle(*payload),
-                          [](bool) { return letta::channel_part_header(2) + "{}"; }, pol.limits.stdout_bytes};
+                          [](bool) { return letta::channel_part_header(2) + "{}"; }, pol.result_bytes};
   LinkRun ran = co_await link_.run(std::move(order), {}, pol.limits.stdout_bytes, pol.limits.stderr_bytes, {},
                                    *p.cancel, nullptr, {}, std::move(channel));
   if (ran.refused) {
@@ -748,8 +748,8 @@ asio::awaitable<void> LocalBackend::decode_pickle(PreparedRun& p, BackendRun& ou
   } else if (!ch || ch->result_total == 0) {
     d.failure = "the decoder wrote no result";
   } else if (ch->result_total > ch->result.size()) {
-    d.failure = "the decoded result is larger than the policy's limit of " + format_size(pol.limits.stdout_bytes) +
-                " (limits.stdout)";
+    d.failure = "the decoded result is larger than the policy's limit of " + format_size(pol.result_bytes) +
+                " (limits.result)";
   } else if (auto f = letta::parse_channel_result(ch->result, r.stdout_data); !f.ok()) {
     d.failure = f.error().message;
   } else {

@@ -418,7 +418,8 @@ asio::awaitable<void> SpawnerLink::read_output(std::uint64_t id, UniqueFd fd, st
 asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                           std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
                                           CancelSignal& cancel, egress::RunProxy* egress,
-                                          StdoutSink stdout_sink, std::optional<ChannelExchange> channel) {
+                                          StdoutSink stdout_sink, std::optional<ChannelExchange> channel,
+                                          std::uint64_t frame_cap) {
   // 1. The run is known under its id until this ends (Forget).
   auto p = std::make_shared<Pending>(io_);
   const std::uint64_t id = order.id = ++next_id_;
@@ -482,7 +483,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
   // 6. stdout, stderr: the first `cap` bytes kept, and past them only a
   // result frame (capped_output.h); the run goes on, and the rest is read
   // and dropped, so this process's memory stays bounded.
-  auto output = std::make_shared<Output>(Output{{CappedOutput(stdout_cap, std::move(stdout_frame_tokens)),
+  auto output = std::make_shared<Output>(Output{{CappedOutput(stdout_cap, std::move(stdout_frame_tokens), frame_cap),
                                                  CappedOutput(stderr_cap, {})},
                                                 std::move(stdout_sink)});
   p->readers += 2;

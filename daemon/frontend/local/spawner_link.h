@@ -71,11 +71,12 @@ class SpawnerLink {
   // not used. A warm sandbox (the order allowed one and the spawner gave
   // one) first gets the hand-over: the order's environment, after its
   // runner said it is ready (daemon/frontend/letta/letta.h, kChannelReady).
+  // `frame_cap`: what is kept of a frame past stdout's cap (capped_output.h).
   using StdoutSink = std::function<bool(std::string_view)>;
   asio::awaitable<LinkRun> run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
                                CancelSignal& cancel, egress::RunProxy* egress = nullptr, StdoutSink stdout_sink = {},
-                               std::optional<ChannelExchange> channel = std::nullopt);
+                               std::optional<ChannelExchange> channel = std::nullopt, std::uint64_t frame_cap = 0);
   // The spawner's warm pools as they are now; nullopt when it did not
   // answer within 2 s.
   asio::awaitable<std::optional<spawn::PoolState>> pool_state();

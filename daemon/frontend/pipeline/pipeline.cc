@@ -158,7 +158,10 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
   out.sandbox_config = alt_config ? &*alt->sandbox_config : c.sandbox_config ? &*c.sandbox_config : nullptr;
   if (const protocol::SandboxConfig* sc = out.sandbox_config) {
     // Letta's SandboxConfig.fingerprint() uses the config's own organization.
-    auto fp = letta::sandbox_config_fingerprint(sc->type, sc->organization_id.value_or(c.organization_id), sc->config);
+    // Sent as null: it has none, and Letta hashes None.
+    std::optional<std::string_view> org = sc->organization_id ? *sc->organization_id : c.organization_id;
+    if (sc->organization_null) org = std::nullopt;
+    auto fp = letta::sandbox_config_fingerprint(sc->type, org, sc->config);
     if (!fp.ok())
       return Refusal{ErrorCode::BadRequest, std::string(alt_config ? "e2b." : "") + "sandbox_config: " +
                                                 fp.error().message};
@@ -233,7 +236,7 @@ std::optional<Refusal> prepare_run(const protocol::Request& req, const Peer& pee
     // A local sandbox's runner answers on its result channel, built by the
     // backend; an E2B cell's in a frame marked with a fresh nonce.
     out.shape.channel = out.placement.backend == Backend::Local;
-    out.shape.result_cap = pol.limits.stdout_bytes;
+    out.shape.result_cap = pol.result_bytes;
     if (!out.shape.channel) {
       out.shape.nonce = random_hex(16);
       out.shape.may_declare = source_may_declare_agent_state(std::get<protocol::RunToolRequest>(req.body).source_code);

@@ -166,7 +166,12 @@ def _final_payload(body, status, inject_agent_state):
             _error_payload("tool", "TypeError", "agent_state must stay a dict, got %s" % type(agent_state).__name__),
             EXIT_TOOL_ERROR,
         )
-    return {"results": msg["results"], "agent_state": agent_state}, EXIT_OK
+    payload = {"results": msg["results"], "agent_state": agent_state}
+    # A decoded pickle's types (unpickler._types); the daemon checks their shape.
+    for key in ("types", "types_omitted"):
+        if key in msg:
+            payload[key] = msg[key]
+    return payload, EXIT_OK
 
 
 def _frame(nonce, payload):

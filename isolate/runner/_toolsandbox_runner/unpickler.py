@@ -14,13 +14,17 @@ fields (a pydantic model: its __dict__, plus __pydantic_extra__), an object
 built from one argument (an enum member) that argument. results then
 becomes JSON as Letta's JSON script turns a result into it (_jsonable), and
 agent_state as AgentState.model_dump(mode="json") would (datetimes in
-ISO 8601, sets as lists), for the daemon's client to revalidate.
+ISO 8601, sets as lists), for the daemon's client to revalidate. Where the
+JSON of results stands for a tuple, a set, a frozenset, bytes, a bytearray
+or a dict key that was not a string, "types" says so (_types; the
+daemon's record.pickle_types, PROTOCOL.md 13.1), so that a client can
+rebuild the values letta-server's pickle.loads gave it.
 
 Imported only for an unpickle request (a warm runner has it loaded before
 its hand-over)."""
 
 from .base import _ExactIntegers, _error_line, _error_payload, _safe_str
-from .tool import _MAX_RESULT_DEPTH, _json_key, _serialize_result
+from .tool import _MAX_RESULT_DEPTH, _json_key, _jsonable, _payload_bytes, _serialize_result
 
 
 class _Stub:
@@ -193,7 +197,9 @@ def _plain(obj, json_mode, depth, active, budget):
         if isinstance(obj, dict):
             return {key(k): sub(v) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
-            return [sub(v) for v in obj]
+            items = [sub(v) for v in obj]
+            # A tuple stays one outside json_mode, for _types to name.
+            return tuple(items) if isinstance(obj, tuple) and not json_mode else items
         if not json_mode:
             return obj  # a set, a datetime, ...: str() of it, as Letta's script writes it (_jsonable)
         if isinstance(obj, (set, frozenset)):
@@ -210,6 +216,82 @@ def _plain(obj, json_mode, depth, active, budget):
         return _safe_str(obj)
     finally:
         active.discard(id(obj))
+
+
+_MAX_TYPE_ENTRIES = 1 << 16  # entries of "types", nested ones included
+
+
+class _TooManyTypes(Exception):
+    pass
+
+
+def _key_type(k):
+    # The key types json.dumps writes as strings and a client can read back.
+    if isinstance(k, str):
+        return None
+    if k is True or k is False:
+        return "bool"
+    if k is None:
+        return "none"
+    if isinstance(k, int):
+        return "int"
+    if isinstance(k, float):
+        return "float"
+    return None  # a tuple, frozenset, bytes ... key: its str(), as JSON has it
+
+
+def _annotate(obj, path, out, budget):
+    """Appends to out an entry for each value under obj whose JSON (as
+    _jsonable writes it) stands for another type: [path, "tuple"],
+    [path, "key", "int"|"float"|"bool"|"none"] (path ends with the member's
+    name), [path, "bytes"|"bytearray", base64], [path, "set"|"frozenset",
+    JSON text of its items as a list, entries of that list]."""
+
+    def add(entry):
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _TooManyTypes()
+        out.append(entry)
+
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return
+    if isinstance(obj, (list, tuple)):
+        if isinstance(obj, tuple):
+            add([path, "tuple"])
+        for i, v in enumerate(obj):
+            _annotate(v, path + [i], out, budget)
+    elif isinstance(obj, dict):
+        # As _jsonable's dict: of keys written alike, the last one's value stays.
+        members = {}
+        for k, v in obj.items():
+            members[_json_key(k)] = (k, v)
+        for name, (k, v) in members.items():
+            kind = _key_type(k)
+            if kind:
+                add([path + [name], "key", kind])
+            _annotate(v, path + [name], out, budget)
+    elif isinstance(obj, (set, frozenset)):
+        items = list(obj)  # in str()'s order
+        inner = []
+        _annotate(items, [], inner, budget)
+        add([path, "frozenset" if isinstance(obj, frozenset) else "set",
+             _payload_bytes(_jsonable(items, 0, set())).decode("ascii"), inner])
+    elif isinstance(obj, (bytes, bytearray)):
+        import base64
+
+        add([path, "bytearray" if isinstance(obj, bytearray) else "bytes", base64.b64encode(bytes(obj)).decode("ascii")])
+
+
+def _types(value):
+    """The "types" of a decoded result (_annotate's entries, in document
+    order): None when there are none, False when there are more than
+    _MAX_TYPE_ENTRIES (or they cannot be written), and then none are sent."""
+    out = []
+    try:
+        _annotate(value, [], out, [_MAX_TYPE_ENTRIES])
+    except (_TooManyTypes, ValueError, TypeError, RecursionError):
+        return False
+    return out or None
 
 
 def _decode_pickle(b64, err_fd):
@@ -265,5 +347,14 @@ def _decode_pickle(b64, err_fd):
             plain = results  # a cycle, extreme depth: str() of it, with the warning
     except (_TooLarge, ValueError, TypeError, RecursionError) as e:
         return failed(ValueError(str(e)) if isinstance(e, _TooLarge) else e)
+    try:
+        results, types = _jsonable(plain, 0, set()), _types(plain)
+    except Exception:
+        results, types = _serialize_result(plain, err_fd), None  # str() of it, with the warning
     # An empty agent_state is none, as the JSON framings read it.
-    return {"results": _serialize_result(plain, err_fd), "agent_state": state or None}
+    msg = {"results": results, "agent_state": state or None}
+    if types:
+        msg["types"] = types
+    elif types is False:
+        msg["types_omitted"] = True
+    return msg
