@@ -182,41 +182,14 @@ json egress_json(const EgressRules& e) {
           {"max_bytes", format_size(e.max_bytes)}};
 }
 
-// "index": "http(s)://host[:port]/path": a host name (the build reaches it
-// through the egress proxy, which allows names), no user, query or fragment.
+// "index": "http(s)://host[:port]/path" (package_source_url).
 Status parse_index_url(const std::string& url, PackagesPolicy& k) {
-  std::string_view u = url;
-  const bool https = u.starts_with("https://");
-  if (!https && !u.starts_with("http://")) return Error::invalid("must be an http:// or https:// URL");
-  u.remove_prefix(https ? 8 : 7);
-  const std::size_t slash = u.find('/');
-  std::string_view authority = u.substr(0, slash);
-  if (url.find_first_of("@?# \t\n\r\\\"'") != std::string::npos)
-    return Error::invalid("must be a plain URL: no user, query, fragment, blanks or quotes");
-  std::string_view host = authority;
-  std::uint32_t port = https ? 443 : 80;
-  // "[v6]" or "[v6]:port": the colon that ends the host is after the ']'.
-  const std::size_t after_host = authority.starts_with("[") ? authority.find(']') : 0;
-  if (const std::size_t colon = authority.rfind(':');
-      colon != std::string_view::npos && after_host != std::string_view::npos && colon > after_host) {
-    host = authority.substr(0, colon);
-    std::string_view ps = authority.substr(colon + 1);
-    port = 0;
-    if (ps.empty() || ps.size() > 5 || !std::all_of(ps.begin(), ps.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      return Error::invalid("the port must be a number");
-    for (char c : ps) port = port * 10 + static_cast<std::uint32_t>(c - '0');
-    if (port < 1 || port > 65535) return Error::invalid("the port must be from 1 to 65535");
-  }
-  // What the build's egress proxy would refuse, refused now with its
-  // reason (every build would fail on it); then the policy's own form.
-  if (std::string why = egress_refusal(host); !why.empty())
-    return Error::invalid("the build reaches the index through the egress proxy, and " + why +
-                          ": serve the index on a host name the build may reach, or use \"wheels\"");
-  if (host.starts_with("*.") || !egress_host_pattern(host))
-    return Error::invalid("the host must be a lower-case host name (egress allows names): " + quoted_for_message(host));
+  std::string host;
+  std::uint16_t port = 0;
+  if (auto st = package_source_url(url, "index", "use \"wheels\"", host, port); !st.ok()) return st;
   k.index = url;
-  k.index_host = std::string(host);
-  k.index_port = static_cast<std::uint16_t>(port);
+  k.index_host = std::move(host);
+  k.index_port = port;
   return {};
 }
 
@@ -305,7 +278,7 @@ Status typescript_path(ObjectReader& o, const char* key, std::string& out) {
   return {};
 }
 
-Status parse_typescript(ObjectReader o, TypeScriptPolicy& t) {
+Status parse_typescript(ObjectReader o, TypeScriptPolicy& t, NpmPackagesPolicy& npm) {
   TSB_TRY(o.object("\"typescript\""), "typescript");
   t.enabled = true;
   // context: each step's message begins with its place in the document
@@ -319,6 +292,8 @@ Status parse_typescript(ObjectReader o, TypeScriptPolicy& t) {
   if (auto st = typescript_path(o, "esbuild", t.esbuild); !st.ok()) return st;
   // context: each step's message begins with its place in the document
   if (auto st = typescript_path(o, "typescript_module", t.typescript); !st.ok()) return st;
+  if (const json* k = o.get("packages"); k && !k->is_null())
+    TSB_TRY(parse_npm_packages(ObjectReader(o.doc(), *k, "/typescript/packages"), npm), "policy");
   return o.done();
 }
 
@@ -710,11 +685,12 @@ Status read_packages(ObjectReader& root, const LocatedJson& doc, Policy& p) {
   return {};
 }
 
-// "typescript" (null: none): the local backend's Node runtime.
+// "typescript" (null: none): the local backend's Node runtime, and its
+// "packages", a TypeScript tool's own node_modules (npm_packages.h).
 Status read_typescript(ObjectReader& root, const LocatedJson& doc, Policy& p) {
   const json* v = root.get("typescript");
   if (!v || v->is_null()) return {};
-  TSB_TRY(parse_typescript(ObjectReader(doc, *v, "/typescript"), p.typescript), "policy");
+  TSB_TRY(parse_typescript(ObjectReader(doc, *v, "/typescript"), p.typescript, p.npm_packages), "policy");
   TSB_TRY(expect(p.backend == Backend::Local, root.where("typescript"),
                  "applies to the local backend (E2B runs TypeScript in its own kernel)"), "policy");
   return {};
@@ -977,11 +953,13 @@ void set_canonical_and_fingerprint(Policy& p, const json& seccomp_canon) {
                      {"hostname", p.hostname}};
   if (p.network == isolate::NetworkMode::Egress) p.canonical["egress"] = egress_json(p.egress);
   if (p.packages.enabled) p.canonical["packages"] = packages_json(p.packages);
-  if (p.typescript.enabled)
+  if (p.typescript.enabled) {
     p.canonical["typescript"] = {{"node", p.typescript.node},
                                  {"strip_types", p.typescript.strip_types},
                                  {"esbuild", p.typescript.esbuild},
                                  {"typescript_module", p.typescript.typescript}};
+    if (p.npm_packages.enabled) p.canonical["typescript"]["packages"] = npm_packages_json(p.npm_packages);
+  }
   if (p.warm.max > 0)
     p.canonical["warm_pool"] = {{"max", p.warm.max}, {"min", p.warm.min}, {"idle", format_duration(p.warm.idle)}};
   p.fingerprint = "sha256:" + sha256_hex(p.canonical.dump());
@@ -1146,6 +1124,44 @@ isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner) {
 
 std::string PackagesPolicy::index_settings() const {
   return (wheels.empty() ? "index=" + index : "wheels=" + wheels) + (source_builds ? "\nsource_builds" : "");
+}
+
+// "http(s)://host[:port]/path": a host name (a build reaches it through
+// the egress proxy, which allows names), no user, query or fragment.
+Status package_source_url(const std::string& url, std::string_view what, std::string_view instead, std::string& host_out,
+                          std::uint16_t& port_out) {
+  std::string_view u = url;
+  const bool https = u.starts_with("https://");
+  if (!https && !u.starts_with("http://")) return Error::invalid("must be an http:// or https:// URL");
+  u.remove_prefix(https ? 8 : 7);
+  const std::size_t slash = u.find('/');
+  std::string_view authority = u.substr(0, slash);
+  if (url.find_first_of("@?# \t\n\r\\\"'") != std::string::npos)
+    return Error::invalid("must be a plain URL: no user, query, fragment, blanks or quotes");
+  std::string_view host = authority;
+  std::uint32_t port = https ? 443 : 80;
+  // "[v6]" or "[v6]:port": the colon that ends the host is after the ']'.
+  const std::size_t after_host = authority.starts_with("[") ? authority.find(']') : 0;
+  if (const std::size_t colon = authority.rfind(':');
+      colon != std::string_view::npos && after_host != std::string_view::npos && colon > after_host) {
+    host = authority.substr(0, colon);
+    std::string_view ps = authority.substr(colon + 1);
+    port = 0;
+    if (ps.empty() || ps.size() > 5 || !std::all_of(ps.begin(), ps.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return Error::invalid("the port must be a number");
+    for (char c : ps) port = port * 10 + static_cast<std::uint32_t>(c - '0');
+    if (port < 1 || port > 65535) return Error::invalid("the port must be from 1 to 65535");
+  }
+  // What the build's egress proxy would refuse, refused now with its
+  // reason (every build would fail on it); then the policy's own form.
+  if (std::string why = egress_refusal(host); !why.empty())
+    return Error::invalid("the build reaches the " + std::string(what) + " through the egress proxy, and " + why +
+                          ": serve the " + std::string(what) + " on a host name the build may reach, or " + std::string(instead));
+  if (host.starts_with("*.") || !egress_host_pattern(host))
+    return Error::invalid("the host must be a lower-case host name (egress allows names): " + quoted_for_message(host));
+  host_out = std::string(host);
+  port_out = static_cast<std::uint16_t>(port);
+  return {};
 }
 
 std::string build_policy_name(const Policy& p) { return p.name + "/build"; }

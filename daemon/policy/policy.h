@@ -17,6 +17,7 @@
 #include "isolate/base/result.h"
 #include "daemon/policy/seccomp_profile.h"
 #include "daemon/policy/fs_table.h"
+#include "daemon/policy/npm_packages.h"
 
 namespace tsb::core {
 
@@ -116,6 +117,7 @@ struct Policy {
   EgressRules egress;                          // network "egress" only
   PackagesPolicy packages;
   TypeScriptPolicy typescript;
+  NpmPackagesPolicy npm_packages;              // "typescript": {"packages"} (npm_packages.h)
   WarmPool warm;
   std::map<std::string, std::string> env_set;  // fixed values, always present
   std::vector<std::string> env_allow;          // names (or PREFIX_*) a request may set
@@ -158,6 +160,12 @@ isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner = ""
 // The name of the build policy of a policy with "packages", and the egress
 // rules of its builds: its index's hosts only (daemon/compile/spawn_policy.h).
 std::string build_policy_name(const Policy& p);
+// A package source URL (a pip index, an npm registry) that builds reach
+// through the egress proxy: "http(s)://host[:port]/path", its host a name
+// the proxy would not always refuse (else why, naming `what` and what to
+// use `instead`); its host and port.
+Status package_source_url(const std::string& url, std::string_view what, std::string_view instead, std::string& host,
+                          std::uint16_t& port);
 EgressRules build_egress_rules(const PackagesPolicy& k);
 inline constexpr std::string_view kWheelsSandboxPath = "/wheels";
 // The TypeScript policy of a policy with "typescript": its runs, under
