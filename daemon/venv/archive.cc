@@ -244,6 +244,13 @@ Status Extractor::finish_entry() {
   return {};
 }
 
+Status Extractor::finish_tree() {
+  if (!error_.empty()) return Error::invalid(error_, EPROTO);
+  if (state_ != State::Done) return fail("the archive ends before its end record");
+  if (auto s = make_read_only(root_.get(), 0); !s.ok()) return fail("cannot make the tree read-only: " + s.error().message);
+  return {};
+}
+
 Status Extractor::finish(const Interpreter& py) {
   if (!error_.empty()) return Error::invalid(error_, EPROTO);
   if (state_ != State::Done) return fail("the archive ends before its end record");

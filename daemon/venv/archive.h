@@ -82,6 +82,10 @@ class Extractor {
   // bin/python and bin/python3.N -> python3; lib64 -> lib) and makes every
   // directory read-only (0555).
   Status finish(const Interpreter& py);
+  // After the last byte, for a tree with no interpreter frame (a
+  // TypeScript tool's node_modules): the end record must have been seen;
+  // every directory made read-only (0555).
+  Status finish_tree();
 
   std::uint64_t file_bytes() const noexcept { return file_bytes_; }
   std::uint64_t entries() const noexcept { return entries_; }

@@ -76,6 +76,12 @@ Status remove_venv_dir(int dir, const std::string& name) {
 
 }  // namespace
 
+std::string kind_of(const json& m) {
+  if (m.is_object())
+    if (auto k = m.find("kind"); k != m.end() && k->is_string() && *k == kNodeModulesKind) return std::string(kNodeModulesKind);
+  return std::string(kVenvKind);
+}
+
 bool is_key(std::string_view s) {
   return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string_view::npos;
 }
@@ -217,13 +223,30 @@ Result<std::unique_ptr<Cache::Staging>> Cache::stage(const std::string& key, con
 Status Cache::publish(Staging& s, const json& extra, const Interpreter& py) {
   if (!s.extractor_) return Error::invalid("venv " + s.key_ + " is already published");
   TSB_TRY(s.extractor_->finish(py), "the venv archive");
-  if (s.extractor_->manifest().empty()) return Error::invalid("the venv archive has no manifest", EPROTO);
+  return publish_finished(s, extra, kVenvKind);
+}
+
+Status Cache::publish_tree(Staging& s, const json& extra) {
+  if (!s.extractor_) return Error::invalid("node_modules " + s.key_ + " is already published");
+  TSB_TRY(s.extractor_->finish_tree(), "the node_modules archive");
+  return publish_finished(s, extra, kNodeModulesKind);
+}
+
+Status Cache::publish_finished(Staging& s, const json& extra, std::string_view kind) {
+  const std::string archive = kind == kVenvKind ? "the venv archive" : "the node_modules archive";
+  if (s.extractor_->manifest().empty()) return Error::invalid(archive + " has no manifest", EPROTO);
   auto built = read_builder_manifest(s.extractor_->manifest(), s.extractor_->limits().max_manifest);
-  if (!built.ok()) return std::move(built).error().wrap("the venv archive");
+  if (!built.ok()) return std::move(built).error().wrap(archive);
   json manifest = json::object();
-  manifest["freeze"] = std::move(built->freeze);
-  manifest["python"] = std::move(built->python);
+  if (kind == kVenvKind) {
+    manifest["freeze"] = std::move(built->freeze);
+    manifest["python"] = std::move(built->python);
+  } else {
+    manifest["packages"] = std::move(built->packages);
+    manifest["node"] = std::move(built->node);
+  }
   for (auto it = extra.begin(); it != extra.end(); ++it) manifest[it.key()] = it.value();
+  manifest["kind"] = kind;
   const std::uint64_t bytes = s.extractor_->file_bytes() + s.extractor_->entries() * kBlock;
   manifest["key"] = s.key_;
   manifest["bytes"] = bytes;

@@ -1,5 +1,7 @@
 // The venv cache: per-tool venvs, by content key (requirements.h), in a
-// directory the front end owns (config venvs.cache_dir):
+// directory the front end owns (config venvs.cache_dir); TypeScript tools'
+// node_modules (npm_requirements.h, npm_key) share it, each entry's
+// manifest naming its "kind", with the same cap, locks and eviction:
 //
 //   <key>/          the venv, read-only (archive.h made it); the spawner
 //                   binds it at /venv for a run that names the key
@@ -112,6 +114,11 @@ class Cache {
   // strings) and "python" (a string): the builder ran packages' code, so
   // nothing else it says is kept. Then evicts down to the cap.
   Status publish(Staging& s, const nlohmann::json& extra, const Interpreter& py = {});
+  // The same for a tree with no interpreter frame (a TypeScript tool's
+  // node_modules, bound at /node_modules): of the builder's manifest only
+  // "packages" (a list of strings) and "node" (a string) are kept. The
+  // manifest's "kind" says which of the two an entry is.
+  Status publish_tree(Staging& s, const nlohmann::json& extra);
 
   // Removes least recently used venvs no run holds until the total is
   // within the cap (or `target` bytes, when given); the keys removed.
@@ -130,6 +137,7 @@ class Cache {
   Cache(std::string dir, UniqueFd fd, std::uint64_t max_bytes) : dir_(std::move(dir)), fd_(std::move(fd)), max_bytes_(max_bytes) {}
   Status scan();
   void touch(const std::string& key);
+  Status publish_finished(Staging& s, const nlohmann::json& extra, std::string_view kind);
 
   std::string dir_;
   UniqueFd fd_;
@@ -138,6 +146,13 @@ class Cache {
   std::uint64_t total_ = 0;
   std::map<std::string, CacheEntry> entries_;
 };
+
+// An entry's "kind" in its manifest (absent: a venv, as written before
+// node_modules shared the cache).
+inline constexpr std::string_view kVenvKind = "venv";
+inline constexpr std::string_view kNodeModulesKind = "node_modules";
+// The kind of a manifest as read (cache.manifest(key)).
+std::string kind_of(const nlohmann::json& manifest);
 
 // Whether `s` is a venv key: 64 lower-case hex digits.
 bool is_key(std::string_view s);

@@ -28,6 +28,13 @@ Result<BuilderManifest> read_builder_manifest(std::string_view text, std::size_t
     for (const auto& e : *f) strings = strings && e.is_string();
     if (strings) m.freeze = std::move(*f);
   }
+  if (auto f = doc->find("packages"); f != doc->end() && f->is_array() && f->size() <= kMaxFreezeLines) {
+    bool strings = true;
+    for (const auto& e : *f) strings = strings && e.is_string();
+    if (strings) m.packages = std::move(*f);
+  }
+  if (auto n = doc->find("node"); n != doc->end() && n->is_string() && n->get_ref<const std::string&>().size() <= kMaxPythonVersion)
+    m.node = std::move(*n);
   if (auto p = doc->find("python"); p != doc->end() && p->is_string() && p->get_ref<const std::string&>().size() <= kMaxPythonVersion)
     m.python = std::move(*p);
   return m;

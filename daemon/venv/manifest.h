@@ -9,6 +9,9 @@
 //    "python": "3.11.2",                 the sandbox's Python
 //    "requirements": ["numpy==1.26.4"]}  the daemon's own request, echoed
 //
+// or, for a TypeScript tool's node_modules, {"packages": ["a@1.0.0", ...],
+// "node": "20.19.2", "requirements": [...]} (npm's tree, one line each),
+//
 // so it nests 2 levels, holds about as many values as pip freeze has lines,
 // and its longest string is a freeze line. Anything beyond that is refused
 // with the reason (the build fails), and of what passes only freeze (a list
@@ -45,6 +48,11 @@ protocol::JsonLimits builder_manifest_limits(std::size_t max_bytes);
 struct BuilderManifest {
   nlohmann::json freeze;  // a list of at most kMaxFreezeLines strings; null when the builder's was of another shape
   nlohmann::json python;  // a string of at most kMaxPythonVersion bytes; null otherwise
+  // A node_modules build's (the same builder, npm's kind): "packages",
+  // name@version of every package in the tree (at most kMaxFreezeLines
+  // strings), and "node", the sandbox's Node version; null otherwise.
+  nlohmann::json packages;
+  nlohmann::json node;
 };
 
 // The builder's manifest `text`, or why it is refused ("the builder's

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "daemon/common/hash.h"
 #include "daemon/common/quote.h"
 
 namespace tsb::venv {
@@ -105,6 +106,15 @@ std::string npm_set_text(const std::vector<NpmRequirement>& set) {
   std::string s;
   for (const NpmRequirement& r : set) s += r.text() + "\n";
   return s;
+}
+
+std::string npm_key(std::string_view node, std::string_view source_settings, const std::vector<NpmRequirement>& set) {
+  std::string text = "toolsandboxd node_modules 1\nnode ";
+  text.append(node);
+  text += "\nsource ";
+  text.append(source_settings);
+  text += "\nrequirements\n" + npm_set_text(set);
+  return sha256_hex(text);
 }
 
 }  // namespace tsb::venv

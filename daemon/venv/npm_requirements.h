@@ -58,4 +58,11 @@ std::string first_npm_not_allowed(const std::vector<NpmRequirement>& set, const 
 // One canonical requirement per line, in order.
 std::string npm_set_text(const std::vector<NpmRequirement>& set);
 
+// The content key of a node_modules: sha256 (hex) of a versioned text
+// naming the Node runtime (`node`: its path, size and change time), the
+// source of packages and whether install scripts run (`source_settings`,
+// core::NpmPackagesPolicy::source_settings) and the canonical set. Never a
+// venv's key: the texts differ in their first line.
+std::string npm_key(std::string_view node, std::string_view source_settings, const std::vector<NpmRequirement>& set);
+
 }  // namespace tsb::venv
