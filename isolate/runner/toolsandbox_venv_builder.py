@@ -46,6 +46,28 @@ os.walk's order, top down, sorted: a directory's entries, then each of
 its subdirectories' in turn.
 
 `--archive DIR` writes DIR as an archive with an empty manifest (tests).
+
+The same builder makes a TypeScript tool's node_modules, for a request of
+kind "npm":
+
+    {"kind": "npm",
+     "requirements": ["left-pad@^1.3.0", "@scope/x"],
+     "tarballs": "/tarballs" | null,       # a local directory of .tgz files
+     "registry": "https://..." | null,     # else this registry (through the proxy)
+     "install_scripts": false,             # true: npm runs packages' scripts
+     "build": "/build"}
+
+It runs the host's npm with Node (`node NPM-CLI install --no-audit
+--no-fund --omit=dev --no-package-lock --ignore-scripts ... -- REQS`,
+argv, never a shell) in `build` (an empty, writable directory of the
+sandbox's own), with no configuration file, its cache in /tmp; for a
+tarball directory it first serves a minimal npm registry on the sandbox's
+own loopback (packuments made from each tarball's package.json, the
+tarballs themselves), so packages that depend on one another resolve with
+no network. build/node_modules comes out as the same archive, its
+manifest naming every package of the tree (name@version) and Node's
+version. npm's output goes to stderr; the exit statuses are a venv
+build's.
 """
 
 import json
@@ -309,20 +331,206 @@ def build(req):
     return 0, manifest
 
 
+NPM_CLIS = ("/usr/lib/node_modules/npm/bin/npm-cli.js",  # nodesource's nodejs
+            "/usr/share/nodejs/npm/bin/npm-cli.js")   # Debian's npm package
+MAX_PACKAGE_JSON = 1 << 20
+KIND = ["venv"]  # what the build makes, for its failure line
+
+
+def tarball_package_json(path):
+    """The package.json of an npm tarball (package/package.json, or the
+    one file named package.json one level down, as npm packs it), parsed;
+    None when it has none or it is not an object with a name and version."""
+    import tarfile
+    try:
+        with tarfile.open(path, "r:gz") as t:
+            for m in t:
+                parts = m.name.split("/")
+                if len(parts) == 2 and parts[1] == "package.json" and m.isfile() and m.size <= MAX_PACKAGE_JSON:
+                    doc = json.loads(t.extractfile(m).read().decode("utf-8"))
+                    if isinstance(doc, dict) and isinstance(doc.get("name"), str) and isinstance(doc.get("version"), str):
+                        return doc
+                    return None
+    except (OSError, ValueError, EOFError, tarfile.TarError):
+        return None
+    return None
+
+
+def version_order(v):
+    """A sort key for semver text: releases above prereleases, numbers as numbers."""
+    core, _, pre = v.partition("-")
+    nums = []
+    for x in core.split("+")[0].split("."):
+        nums.append(int(x) if x.isdigit() else -1)
+    return (nums, not pre, pre)
+
+
+def local_registry(directory):
+    """A minimal npm registry of the tarballs in `directory`, served on
+    127.0.0.1 (the sandbox's own loopback) from a thread; its URL."""
+    import base64
+    import hashlib
+    import http.server
+    import threading
+    import urllib.parse
+    files, packuments = {}, {}
+    names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    for i, f in enumerate(n for n in names if n.endswith(".tgz")):
+        path = os.path.join(directory, f)
+        doc = tarball_package_json(path)
+        if doc is None:
+            print("npm build: %s is not an npm tarball with a package.json; skipped" % ascii(f), file=sys.stderr)
+            continue
+        with open(path, "rb") as fh:
+            data = fh.read()
+        tag = "%d.tgz" % i
+        files[tag] = data
+        doc = dict(doc)
+        doc["dist"] = {"tarball": "/-/" + tag,  # made absolute below
+                       "shasum": hashlib.sha1(data).hexdigest(),
+                       "integrity": "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()}
+        pk = packuments.setdefault(doc["name"], {"name": doc["name"], "versions": {}})
+        pk["versions"][doc["version"]] = doc
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            path = urllib.parse.unquote(self.path.split("?")[0])
+            if path.startswith("/-/") and path[3:] in files:
+                body, kind = files[path[3:]], "application/octet-stream"
+            elif path[1:] in packuments:
+                pk = packuments[path[1:]]
+                base = "http://127.0.0.1:%d" % self.server.server_address[1]
+                versions = {}
+                for v, d in pk["versions"].items():
+                    d = dict(d)
+                    d["dist"] = dict(d["dist"], tarball=base + d["dist"]["tarball"])
+                    versions[v] = d
+                releases = [v for v in versions if "-" not in v] or list(versions)
+                latest = max(releases, key=version_order)
+                body = json.dumps({"name": pk["name"], "dist-tags": {"latest": latest}, "versions": versions}).encode()
+                kind = "application/json"
+            else:
+                body, kind = b'{"error":"Not found"}', "application/json"
+                self.send_response(404)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return "http://127.0.0.1:%d/" % server.server_address[1]
+
+
+def tree_packages(node_modules):
+    """name@version of every package in the tree (nested ones too), read
+    from each package.json without following a link; sorted."""
+    found = set()
+
+    def walk(nm, depth):
+        if depth > 32:
+            return
+        try:
+            entries = sorted(os.scandir(nm), key=lambda e: e.name)
+        except OSError:
+            return
+        for e in entries:
+            if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
+                continue
+            dirs = [e.path]
+            if e.name.startswith("@"):
+                try:
+                    dirs = [x.path for x in sorted(os.scandir(e.path), key=lambda x: x.name)
+                            if x.is_dir(follow_symlinks=False)]
+                except OSError:
+                    dirs = []
+            for d in dirs:
+                try:
+                    fd = os.open(os.path.join(d, "package.json"), FILE_FLAGS)
+                    with os.fdopen(fd, "rb") as fh:
+                        doc = json.loads(fh.read(MAX_PACKAGE_JSON).decode("utf-8", "replace"))
+                    if isinstance(doc, dict) and isinstance(doc.get("name"), str) and isinstance(doc.get("version"), str):
+                        found.add("%s@%s" % (doc["name"][:214], doc["version"][:256]))
+                except (OSError, ValueError):
+                    pass
+                walk(os.path.join(d, "node_modules"), depth + 1)
+
+    walk(node_modules, 0)
+    return sorted(found)
+
+
+def build_npm(req):
+    build_dir = req.get("build") or "/build"
+    requirements = req["requirements"]
+    if not isinstance(requirements, list) or not requirements or not all(
+            isinstance(r, str) and r and not r.startswith("-") for r in requirements):
+        raise ValueError("requirements must be a list of npm requirement strings")
+    cli = next((c for c in NPM_CLIS if os.path.isfile(c)), None)
+    if cli is None:
+        raise RuntimeError("npm is not installed on this host (looked for %s)" % ", ".join(NPM_CLIS))
+    if req.get("tarballs"):
+        registry = local_registry(req["tarballs"])
+    elif req.get("registry"):
+        registry = req["registry"]
+    else:
+        raise ValueError("neither tarballs nor registry")
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "NODE_OPTIONS": "",
+           "npm_config_userconfig": "/tmp/npmrc-none", "npm_config_globalconfig": "/tmp/npmrc-global-none",
+           "npm_config_update_notifier": "false", "npm_config_cache": "/tmp/npm-cache"}
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
+                 "no_proxy"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    if req.get("registry") and "HTTPS_PROXY" in os.environ:
+        env["npm_config_proxy"] = env["npm_config_https_proxy"] = os.environ["HTTPS_PROXY"]
+    with open(os.path.join(build_dir, "package.json"), "x") as f:
+        f.write('{"name": "toolsandbox-node-modules", "version": "0.0.0", "private": true}\n')
+    args = ["/usr/bin/node", cli, "install", "--no-audit", "--no-fund", "--omit=dev", "--no-package-lock",
+            "--no-update-notifier", "--no-progress", "--prefix", build_dir, "--registry", registry]
+    if not req.get("install_scripts"):
+        args.append("--ignore-scripts")
+    installed = subprocess.run(args + ["--"] + requirements, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, env=env, cwd=build_dir)
+    sys.stderr.buffer.write(installed.stdout)
+    sys.stderr.flush()
+    if installed.returncode != 0:
+        return 2, None
+    version = subprocess.run(["/usr/bin/node", "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, env=env)
+    manifest = {
+        "requirements": requirements,
+        "packages": tree_packages(os.path.join(build_dir, "node_modules")),
+        "node": version.stdout.decode("ascii", "replace").strip().lstrip("v")[:64],
+    }
+    return 0, manifest
+
+
 def main(argv):
     try:
         if len(argv) == 3 and argv[1] == "--archive":
             write_archive(argv[2], sys.stdout.buffer, {})
             return 0
         req = json.loads(sys.stdin.buffer.read())
-        status, manifest = build(req)
+        npm = req.get("kind") == "npm"
+        KIND[0] = "node_modules" if npm else "venv"
+        status, manifest = build_npm(req) if npm else build(req)
         if status != 0:
             return status
-        write_archive(req.get("venv") or "/venv", sys.stdout.buffer, manifest)
+        root = os.path.join(req.get("build") or "/build", "node_modules") if npm else req.get("venv") or "/venv"
+        write_archive(root, sys.stdout.buffer, manifest)
         return 0
     except Exception as e:  # the daemon reports it with stderr's last lines
         why = str(e) if isinstance(e, Refused) else "%s: %s" % (type(e).__name__, e)
-        print("venv build failed: %s" % printable(why), file=sys.stderr)
+        print("%s build failed: %s" % (KIND[0], printable(why)), file=sys.stderr)
         return 3
 
 

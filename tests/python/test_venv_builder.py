@@ -369,3 +369,63 @@ class VenvBuilderWalkTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class NpmBuilderTest(unittest.TestCase):
+    """The builder's npm kind on the host: npm against the registry the
+    builder serves from a tarball directory on 127.0.0.1 (no other
+    network), the tree written as an archive with npm's resolution."""
+
+    def setUp(self):
+        from npm_tarballs import make_tarball
+        if not any(os.path.isfile(p) for p in ("/usr/lib/node_modules/npm/bin/npm-cli.js",
+                                               "/usr/share/nodejs/npm/bin/npm-cli.js")):
+            raise AssertionError("npm is missing (scripts/lib.sh installs it)")
+        self.tmp = tempfile.mkdtemp(prefix="tsb-npm-builder-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.tarballs = os.path.join(self.tmp, "tarballs")
+        os.mkdir(self.tarballs)
+        make_tarball(self.tarballs, "@tsb/base", "1.0.0", scripts={
+            "install": "node -e \"require('fs').writeFileSync('install-ran', 'yes')\""})
+        make_tarball(self.tarballs, "@tsb/base", "1.1.0-beta.1")
+        make_tarball(self.tarballs, "tsb-top", "2.1.0", dependencies={"@tsb/base": "^1.0.0"})
+        with open(os.path.join(self.tarballs, "not-a-tarball.tgz"), "wb") as f:
+            f.write(b"\x1b]0;pwned\x07")
+
+    def build(self, requirements, install_scripts=False):
+        out = os.path.join(self.tmp, "build-%d" % len(os.listdir(self.tmp)))
+        os.mkdir(out)
+        req = {"kind": "npm", "requirements": requirements, "tarballs": self.tarballs, "registry": None,
+               "install_scripts": install_scripts, "build": out}
+        p = subprocess.run([PYTHON, "-I", "-B", BUILDER], input=json.dumps(req).encode(), capture_output=True,
+                           timeout=300, env={"PATH": "/usr/bin:/bin", "HOME": self.tmp})
+        return p, out
+
+    def test_dependencies_between_tarballs_resolve_offline_and_scripts_do_not_run(self):
+        p, out = self.build(["tsb-top@^2"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        records = read_archive(p.stdout)
+        manifest = json.loads(records[0][3])
+        self.assertEqual(records[0][0], "m")
+        self.assertEqual(manifest["packages"], ["@tsb/base@1.0.0", "tsb-top@2.1.0"])
+        self.assertEqual(manifest["requirements"], ["tsb-top@^2"])
+        paths = {r[1] for r in records}
+        self.assertIn("tsb-top/index.js", paths)
+        self.assertIn("@tsb/base/index.js", paths)
+        self.assertNotIn("@tsb/base/install-ran", paths)
+        self.assertEqual(records[-1][0], "e")
+        # The file that is no tarball is named escaped, and skipped.
+        self.assertIn(b"'not-a-tarball.tgz'", p.stderr)
+        self.assertNotIn(b"\x1b", p.stderr)
+
+    def test_install_scripts_run_when_asked(self):
+        p, out = self.build(["tsb-top"], install_scripts=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("@tsb/base/install-ran", {r[1] for r in read_archive(p.stdout)})
+
+    def test_a_missing_package_fails_with_npms_message_and_no_archive(self):
+        p, out = self.build(["tsb-missing"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(b"E404", p.stderr)
+        self.assertIn(b"tsb-missing", p.stderr)
+        self.assertEqual(p.stdout, b"")
