@@ -102,10 +102,17 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
     // without it still starts).
     const std::string ts_runner = tsb::core::find_ts_runner(runner);
     if (p->typescript.enabled && p->backend == tsb::core::Backend::Local && !ts_runner.empty()) {
-      auto tp = tsb::core::to_typescript_spawn_policy(*p, ts_runner);
+      auto tp = tsb::core::to_typescript_spawn_policy(*p, ts_runner, cfg.venvs.cache_dir);
       if (!tp.ok()) return std::move(tp).error().wrap("policy " + quoted_for_message(name) + "'s TypeScript runs");
       out.policies.push_back(std::move(tp).value());
       out.policies.back().name = name + "/typescript";
+    }
+    // TypeScript tools' node_modules: the policy's npm build policy.
+    if (p->npm_packages.enabled && p->backend == tsb::core::Backend::Local && !builder.empty()) {
+      auto bp = tsb::core::to_npm_build_spawn_policy(*p, builder);
+      if (!bp.ok()) return std::move(bp).error().wrap("policy " + quoted_for_message(name) + "'s node_modules builds");
+      out.policies.push_back(std::move(bp).value());
+      out.policies.back().name = tsb::core::npm_build_policy_name(name);
     }
   }
   return out;

@@ -194,7 +194,26 @@ Result<spawn::SpawnPolicy> to_build_spawn_policy(const Policy& p, const std::str
   return s;
 }
 
-Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std::string& ts_runner) {
+// TypeScript tools' node_modules: an optional keyed row, bound only for a
+// run that names a key (its source until then is a name the cache never
+// holds: is_key refuses it).
+static void add_node_modules_row(spawn::SpawnPolicy::Mode& m, const std::string& venv_cache) {
+  auto t = std::make_shared<isolate::FsTable>(*m.fs);
+  isolate::FsEntry e;
+  e.kind = isolate::FsEntry::kHost;
+  e.path = std::string(isolate::kNodeModulesPath);
+  e.source = venv_cache + "/.none";
+  e.data = venv_cache;
+  e.keyed = true;
+  e.optional = true;
+  e.stage = isolate::Stage::MountBind;
+  e.reason = "a TypeScript tool's own node_modules, built from its npm requirements (" + venv_cache + "/<key>), read-only";
+  t->push_back(std::move(e));
+  m.fs = std::move(t);
+}
+
+Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std::string& ts_runner,
+                                                      const std::string& venv_cache) {
   if (!p.typescript.enabled) return Error::invalid("policy '" + p.name + "' has no \"typescript\"");
   const TypeScriptPolicy& t = p.typescript;
   spawn::SpawnPolicy s = spawn_policy_fields(p);
@@ -208,6 +227,7 @@ Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std
   auto& tool = s.modes[static_cast<int>(spawn::RunMode::Tool)];
   tool.argv = {t.node, std::string(kTsRunnerSandboxPath), t.strip_types, t.stripper()};
   tool.fs = std::move(fs).value();
+  if (p.npm_packages.enabled && !venv_cache.empty()) add_node_modules_row(tool, venv_cache);
   s.modes[static_cast<int>(spawn::RunMode::Script)] = tool;  // execute runs the same runner
   return s;
 }
@@ -216,6 +236,61 @@ std::string find_ts_runner(const std::string& runner) {
   if (runner.empty()) return "";
   const std::string r = runner.substr(0, runner.rfind('/') + 1) + "toolsandbox_ts_runner.js";
   return root_owned_readonly_file(r) ? r : "";
+}
+
+Result<spawn::SpawnPolicy> to_npm_build_spawn_policy(const Policy& p, const std::string& builder) {
+  if (!p.npm_packages.enabled) return Error::invalid("policy '" + p.name + "' has no \"typescript.packages\"");
+  const NpmPackagesPolicy& k = p.npm_packages;
+  spawn::SpawnPolicy s = spawn_policy_fields(p);
+  s.name = npm_build_policy_name(p.name);
+  s.network = k.registry.empty() ? isolate::NetworkMode::None : isolate::NetworkMode::Egress;
+  // npm's own limits: a run's CPU and processes are not a build's.
+  s.limits.wall_timeout = k.build_timeout;
+  s.limits.cpu_time = k.build_timeout;
+  s.limits.memory_bytes = k.build_memory;
+  s.limits.pids = std::max<std::uint64_t>(s.limits.pids, 256);
+  s.limits.open_files = std::max<std::uint64_t>(s.limits.open_files, 4096);  // npm keeps many tarballs open
+  s.limits.file_size_bytes = std::max(s.limits.file_size_bytes, k.size);
+  s.limits.tmp_bytes = std::max<std::uint64_t>(s.limits.tmp_bytes, 256ull << 20);  // npm's cache, in /tmp
+  s.limits.stdout_bytes = k.size + (64ull << 20);  // the archive, streamed into the cache
+  s.limits.stderr_bytes = 256u << 10;              // npm's log: its tail goes in the manifest
+  s.env_allow.clear();
+  s.env_set = {{"PATH", "/usr/bin:/bin"}, {"HOME", "/tmp"}, {"LANG", "C.UTF-8"}, {"PYTHONNOUSERSITE", "1"}};
+  // As a venv build's: every connection through the egress proxy.
+  if (s.network == isolate::NetworkMode::Egress)
+    for (const char* name : kEgressProxyVariables) {
+      const bool no_proxy = std::string_view(name) == "NO_PROXY" || std::string_view(name) == "no_proxy";
+      if (!no_proxy) s.env_set[name] = "http://127.0.0.1:" + std::to_string(isolate::kEgressProxyPort);
+    }
+  isolate::FsInputs in = fs_inputs_from(p);
+  in.venv.clear();
+  in.network = s.network;
+  in.tmp_bytes = s.limits.tmp_bytes;
+  in.workdir = "/work";
+  in.binds.clear();
+  // Missing: an empty registry (npm says which requirement it cannot find).
+  if (!k.tarballs.empty()) in.binds.push_back({k.tarballs, std::string(kTarballsSandboxPath), false, true});
+  in.binds.push_back({builder, std::string(kBuilderSandboxPath), false, false});
+  isolate::resolve_host_paths(in);
+  auto fs = isolate::build_fs_table(in);
+  if (!fs.ok()) return std::move(fs).error().wrap("policy '" + s.name + "'");
+  auto table = std::make_shared<isolate::FsTable>(*fs.value());
+  auto at = std::find_if(table->begin(), table->end(), [](const isolate::FsEntry& e) { return e.kind == isolate::FsEntry::kTmpfs; });
+  isolate::FsEntry b;
+  b.kind = isolate::FsEntry::kTmpfs;
+  b.path = std::string(kNpmBuildPath);
+  b.stage = isolate::Stage::MountTmpfs;
+  b.size = k.size;
+  b.inodes = 1048576;  // node_modules trees hold many small files
+  b.mode = 0755;
+  b.tool_owned = true;
+  b.reason = "the node_modules being built, owned by the tool's user; counts toward memory";
+  table->insert(at, std::move(b));
+  auto& tool = s.modes[static_cast<int>(spawn::RunMode::Tool)];
+  tool.argv = {"/usr/bin/python3", "-I", "-B", "-u", std::string(kBuilderSandboxPath)};
+  tool.fs = std::move(table);
+  s.modes[static_cast<int>(spawn::RunMode::Script)] = tool;
+  return s;
 }
 
 Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner, const std::string& venv_cache) {
@@ -263,6 +338,8 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
         }
       m->fs = std::move(t);
     }
+  if (p.npm_packages.enabled && !venv_cache.empty())
+    for (auto* m : {&script, &tool}) add_node_modules_row(*m, venv_cache);
   return s;
 }
 

@@ -79,7 +79,10 @@ std::vector<std::string> find_runner_files(const std::string& runner);
 // runner at isolate::kRunnerSandboxPath with its package and bytecode
 // (find_runner_files), none when `runner` is "") and the table.
 // A policy with "packages" gets a keyed /venv row: a run naming a venv key
-// has `venv_cache`/<key> there (daemon/venv/cache.h).
+// has `venv_cache`/<key> there (daemon/venv/cache.h). A policy with
+// "typescript.packages" gets a keyed, optional /node_modules row
+// (isolate::kNodeModulesPath): a run naming a node_modules key has
+// `venv_cache`/<key> there, read-only; any other run has none.
 Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& runner, const std::string& venv_cache = "");
 
 // The build policy of a policy with "packages", named build_policy_name(p):
@@ -90,6 +93,15 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
 // network with a wheel directory, else egress to the index's hosts only
 // (build_egress_rules). Script mode runs the same.
 Result<spawn::SpawnPolicy> to_build_spawn_policy(const Policy& p, const std::string& builder);
+// The npm build policy of a policy with "typescript.packages", named
+// npm_build_policy_name(p.name): the same builder (its npm kind) under
+// /usr/bin/python3 -I, a writable tmpfs at /build (the tree being made) of
+// typescript.packages.build.size, the tarball directory read-only at
+// /tarballs, the policy's seccomp filter, its user, and the npm build
+// limits; no network but the sandbox's own loopback (where the builder
+// serves the tarballs as a registry), or egress to the registry's host
+// only (npm_build_egress_rules).
+Result<spawn::SpawnPolicy> to_npm_build_spawn_policy(const Policy& p, const std::string& builder);
 inline constexpr std::string_view kBuilderSandboxPath = "/opt/toolsandbox/builder/toolsandbox_venv_builder.py";
 // The TypeScript policy of a policy with "typescript", named
 // typescript_policy_name(p): both modes run `ts_runner`
@@ -97,7 +109,10 @@ inline constexpr std::string_view kBuilderSandboxPath = "/opt/toolsandbox/builde
 // kTsRunnerSandboxPath) under the policy's node, with the stripper it names;
 // everything else is the policy's (its file system, seccomp filter, user,
 // limits, network). No warm pool: a TypeScript run is cold.
-Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std::string& ts_runner);
+// With "typescript.packages" and a venv cache, both modes have the keyed
+// /node_modules row (a run's own node_modules).
+Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std::string& ts_runner,
+                                                      const std::string& venv_cache = "");
 inline constexpr std::string_view kTsRunnerSandboxPath = "/opt/toolsandbox/runner/toolsandbox_ts_runner.js";
 // The TypeScript runner installed beside `runner` (root_owned_readonly_file), or "".
 std::string find_ts_runner(const std::string& runner);

@@ -381,9 +381,12 @@ void Spawner::handle_run(const std::string& msg) {
   // A per-tool venv: a key of the cache the policy's venv row names (the
   // front end built it there), never a path.
   const auto& rows = *p->modes[static_cast<int>(o.mode)].fs;
-  if (!o.venv.empty() && (o.venv.size() != 64 || o.venv.find_first_not_of("0123456789abcdef") != std::string::npos ||
-                          std::none_of(rows.begin(), rows.end(), [](const isolate::FsEntry& e) { return e.keyed; })))
-    return refuse(o.id, RefuseCode::OutOfBounds, "policy '" + p->name + "' takes no per-tool venv of that name");
+  for (const std::string_view path : {isolate::kVenvPath, isolate::kNodeModulesPath}) {
+    const std::string& key = path == isolate::kVenvPath ? o.venv : o.node_modules;  // TypeScript tools' in the same cache
+    if (!key.empty() && (key.size() != 64 || key.find_first_not_of("0123456789abcdef") != std::string::npos ||
+                         std::none_of(rows.begin(), rows.end(), [path](const isolate::FsEntry& e) { return e.keyed && e.path == path; })))
+      return refuse(o.id, RefuseCode::OutOfBounds, "policy '" + p->name + "' takes no per-tool " + std::string(path.substr(1)) + " of that name");
+  }
   if (p->modes[static_cast<int>(o.mode)].argv.empty())
     return refuse(o.id, RefuseCode::OutOfBounds, "the tool runner is not installed on this host");
 
@@ -393,7 +396,7 @@ void Spawner::handle_run(const std::string& msg) {
   Live l;
   l.id = o.id;
   UniqueFd in, out, err, egress;
-  if (Pool* pool = o.warm && o.venv.empty() ? pool_for(*p, o.mode) : nullptr) {
+  if (Pool* pool = o.warm && o.venv.empty() && o.node_modules.empty() ? pool_for(*p, o.mode) : nullptr) {
     pool->last_run = Clock::now();
     for (auto it = pool->idle.begin(); it != pool->idle.end() && !l.sb;) {
       // Ended since the last turn: init's pidfd, or the runner's end of the
@@ -417,7 +420,7 @@ void Spawner::handle_run(const std::string& msg) {
   }
   const bool warm = l.sb != nullptr;
   if (!warm) {
-    isolate::RunSpec spec = run_spec_from(*p, o.mode, o.venv);
+    isolate::RunSpec spec = run_spec_from(*p, o.mode, o.venv, false, o.node_modules);
     spec.limits.wall_timeout = o.timeout;
     spec.env = environment_of(p->env_set, o.env);
     auto spawned = engine_->spawn(spec);

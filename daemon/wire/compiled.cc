@@ -151,14 +151,18 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
   return s;
 }
 
-isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv, bool pooled) {
+isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv, bool pooled,
+                               const std::string& node_modules) {
   isolate::RunSpec s;
   const SpawnPolicy::Mode& m = p.modes[static_cast<int>(mode)];
   s.argv = pooled ? m.pooled_argv : m.argv;
   s.fs = m.fs;
-  if (!venv.empty()) {  // a per-tool venv (the caller checked the key): in the cache its row names
+  if (!venv.empty() || !node_modules.empty()) {  // per-tool (the caller checked the keys): in the cache a row names
     auto fs = std::make_shared<isolate::FsTable>(*s.fs);
-    for (auto& e : *fs) e.source = e.keyed ? e.data + "/" + venv : e.source;
+    for (auto& e : *fs) {
+      const std::string& key = e.path == isolate::kNodeModulesPath ? node_modules : venv;
+      e.source = e.keyed && !key.empty() ? e.data + "/" + key : e.source;
+    }
     s.fs = std::move(fs);
   }
   s.limits = p.limits;
@@ -239,6 +243,7 @@ Result<RunOrder> decode_run(std::string_view b) {
   m.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
   m.venv = r.str(64);
   m.warm = r.flag();
+  m.node_modules = r.str(64);
   return finish_message(r, std::move(m), "run");
 }
 

@@ -57,7 +57,9 @@ struct SpawnPolicy {
 // (env and stdin left to the run). The one place a policy becomes an
 // engine's spec. `pooled`: a warm sandbox's (its pooled command; stdin the
 // hand-over's socket in both modes; the policy's own venv).
-isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv = "", bool pooled = false);
+// `node_modules`: a key for the keyed row at isolate::kNodeModulesPath.
+isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv = "", bool pooled = false,
+                               const std::string& node_modules = "");
 
 struct CompiledSet {
   isolate::EngineConfig engine;
@@ -112,6 +114,7 @@ struct RunOrder {
   std::map<std::string, std::string> env;  // the request's part only
   std::chrono::milliseconds timeout{0};
   std::string venv;  // a per-tool venv's key (64 hex digits), or "" for the policy's venv
+  std::string node_modules;  // a TypeScript tool's node_modules key (in the same cache), or "": none
   // A warm sandbox of the policy's pool may take it (a run whose
   // environment changes nothing of how a program starts: the pooled one
   // started without it).

@@ -66,5 +66,6 @@ struct RunSpec {
 
 // Fixed paths inside every sandbox.
 inline constexpr std::string_view kVenvPath = "/venv";
+inline constexpr std::string_view kNodeModulesPath = "/node_modules";  // a TypeScript tool's own, read-only
 
 }  // namespace tsb::isolate

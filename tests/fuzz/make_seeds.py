@@ -254,8 +254,9 @@ def wmap(m): return u32(len(m)) + b"".join(wstr(k) + wstr(v) for k, v in sorted(
 def wstrs(v): return u32(len(v)) + b"".join(wstr(x) for x in v)
 
 
-def run_order(id_, policy, fp, mode, env, timeout_ms, venv=b"", warm=0):
-    return u8(2) + u64(id_) + wstr(policy) + wstr(fp) + u8(mode) + wmap(env) + u64(timeout_ms) + wstr(venv) + u8(warm)
+def run_order(id_, policy, fp, mode, env, timeout_ms, venv=b"", warm=0, node_modules=b""):
+    return (u8(2) + u64(id_) + wstr(policy) + wstr(fp) + u8(mode) + wmap(env) + u64(timeout_ms) + wstr(venv) + u8(warm)
+            + wstr(node_modules))
 
 
 def program(name, insns):
@@ -315,8 +316,9 @@ def spawn_wire():
     write(d, "run-tool-env.bin", b"\x01" + run_order(7, b"default", fp, 1, {b"LETTA_AGENT_ID": b"agent-1", b"TZ": b"UTC"},
                                                      1500))
     write(d, "run-duplicate-env.bin", b"\x01" + u8(2) + u64(3) + wstr(b"default") + wstr(fp) + u8(0) + u32(2)
-          + wstr(b"A") + wstr(b"1") + wstr(b"A") + wstr(b"2") + u64(1000) + wstr(b"") + u8(0))
+          + wstr(b"A") + wstr(b"1") + wstr(b"A") + wstr(b"2") + u64(1000) + wstr(b"") + u8(0) + wstr(b""))
     write(d, "run-venv.bin", b"\x01" + run_order(8, b"default", fp, 1, {}, 1500, b"0123456789abcdef" * 4, warm=1))
+    write(d, "run-node-modules.bin", b"\x01" + run_order(10, b"default", fp, 1, {}, 1500, node_modules=b"fedcba9876543210" * 4))
     write(d, "run-bad-warm.bin", b"\x01" + run_order(9, b"default", fp, 1, {}, 1500, warm=2))
     write(d, "pools.bin", b"\x01" + u8(9))
     write(d, "run-truncated.bin", b"\x01" + good[:-2])

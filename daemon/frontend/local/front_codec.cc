@@ -46,6 +46,7 @@ std::string encode(const RunOrder& m) {
   w.u64(static_cast<std::uint64_t>(m.timeout.count()));
   w.str(m.venv);
   w.u8(m.warm ? 1 : 0);
+  w.str(m.node_modules);
   return w.take();
 }
 
