@@ -57,18 +57,19 @@ BUDGETS = {
     # then from 150: print_line() and print_block(), the command line's one
     # way to write text for a person.
     "daemon/common": 170,
-    "daemon/compile": 850,
+    # Raised from 850: the npm build policy of TypeScript tools' node_modules.
+    "daemon/compile": 950,
     # Raised from 5000: the egress proxy's reading of a host and its deny
     # list moved here (egress_host.cc, from daemon/frontend/egress, whose
     # budget went down as much), so a policy is checked against them; then
     # from 5200: a policy's network as E2B takes it (e2b_network.cc), so
     # what E2B cannot run as written is refused when a policy is read, and
-    # the delegated organizations' check (registry.cc); and limits.result,
-    # the result channel's own limit (parsed, bounded, in the fingerprint
-    # and in policy explain).
-    "daemon/policy": 5400,
-    # Raised from 1100: npm requirements of TypeScript tools (npm_requirements.cc).
-    "daemon/venv": 1250,
+    # the delegated organizations' check (registry.cc); limits.result, the
+    # result channel's own limit; and typescript.packages (npm_packages.cc).
+    "daemon/policy": 5550,
+    # Raised from 1100: npm requirements of TypeScript tools (npm_requirements.cc);
+    # then from 1250: a node_modules' key, and trees in the cache.
+    "daemon/venv": 1300,
     "daemon/cli": 1250,
     "daemon/frontend": 950,
     # Set with the folder: per-peer fairness, about 10 % above its size (346).
@@ -77,8 +78,9 @@ BUDGETS = {
     "daemon/frontend/pipeline": 400,
     # Raised from 1400: TypeScript rules of the local backend; then from
     # 1420: a TypeScript run's order (the policy's TypeScript policy, its
-    # channel in both modes) and the check of its runtime on this host.
-    "daemon/frontend/local": 1460,
+    # channel in both modes), the check of its runtime on this host, and a
+    # TypeScript tool's node_modules, found or built like a venv.
+    "daemon/frontend/local": 1640,
     # Lowered from 1700: its steps return Result<T, Fail>. Raised from 1630:
     # TypeScript tools (npm installs, the source handling, the tool-mode cells).
     "daemon/frontend/e2b": 1850,

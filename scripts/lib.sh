@@ -57,6 +57,13 @@ install_packages() {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
+  # npm, which builds TypeScript tools' node_modules: a nodejs that does
+  # not carry it (Debian's own) gets Debian's npm package.
+  if [ ! -f /usr/lib/node_modules/npm/bin/npm-cli.js ] && [ ! -f /usr/share/nodejs/npm/bin/npm-cli.js ]; then
+    log "installing: npm"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
 }
 
 # The default venv of the embedded policies: Debian's own python3, so the

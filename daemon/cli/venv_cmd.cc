@@ -7,7 +7,9 @@
 //                    followed); a venv a run holds is never removed.
 //   build            asks the daemon: a run of a trivial tool with the
 //                    requirements builds the venv exactly as a tool's run
-//                    would, under the organization's policy.
+//                    would, under the organization's policy; with --npm,
+//                    a TypeScript tool's node_modules (same cache, same
+//                    verbs: list shows each entry's kind).
 #include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -35,7 +37,7 @@ constexpr const char* kUsage =
     "usage: toolsandbox venv list [--json] [--config FILE | --cache DIR]\n"
     "       toolsandbox venv show KEY [--config FILE | --cache DIR]\n"
     "       toolsandbox venv gc [--all | --max-bytes SIZE] [--json] [--config FILE | --cache DIR]\n"
-    "       toolsandbox venv build REQUIREMENT... [--org ID] [--policy NAME] [--socket PATH] [--json]\n";
+    "       toolsandbox venv build [--npm] REQUIREMENT... [--org ID] [--policy NAME] [--socket PATH] [--json]\n";
 
 int usage(const std::string& msg) {
   print_line(stderr, "toolsandbox venv: %s", msg.c_str());
@@ -76,7 +78,7 @@ struct VenvOptions {
   std::optional<std::string> config, cache;
   std::string socket_path = kDefaultSocket, org = "default", policy;
   std::optional<std::uint64_t> max_bytes;
-  bool as_json = false, all = false;
+  bool as_json = false, all = false, npm = false;
   std::vector<std::string> operands;
 };
 
@@ -87,6 +89,7 @@ Result<VenvOptions> parse_venv_options(const std::vector<std::string>& args) {
   static const std::vector<OptionSpec> kOptions = {
       {"json", nullptr},   {"config", "a file"}, {"cache", "a directory"}, {"all", nullptr},
       {"max-bytes", "a size"}, {"org", "an organization id"}, {"policy", "a name"}, {"socket", "a path"},
+      {"npm", nullptr},
   };
   auto err = parse_options(std::vector<std::string>(args.begin() + 1, args.end()), kOptions, false,
                            [&](const std::string& name, const std::string& v) -> std::optional<std::string> {
@@ -94,6 +97,7 @@ Result<VenvOptions> parse_venv_options(const std::vector<std::string>& args) {
                              else if (name == "config") o.config = v;
                              else if (name == "cache") o.cache = v;
                              else if (name == "all") o.all = true;
+                             else if (name == "npm") o.npm = true;
                              else if (name == "org") o.org = v;
                              else if (name == "policy") o.policy = v;
                              else if (name == "socket") o.socket_path = v;
@@ -113,7 +117,7 @@ Result<VenvOptions> parse_venv_options(const std::vector<std::string>& args) {
 // daemon, builds the venv exactly as a tool's run would.
 int venv_build(const VenvOptions& o) {
   if (o.operands.empty()) return usage("build needs at least one requirement");
-  if (o.config || o.cache || o.all || o.max_bytes) return usage("build takes --org, --policy, --socket and --json");
+  if (o.config || o.cache || o.all || o.max_bytes) return usage("build takes --npm, --org, --policy, --socket and --json");
   json req = {{"v", 1},
               {"id", "venv-build-" + random_hex(8)},
               {"type", "run_tool"},
@@ -122,6 +126,15 @@ int venv_build(const VenvOptions& o) {
               {"source_code", "def venv_build() -> str:\n    import sys\n    return sys.prefix\n"},
               {"args", json::object()},
               {"pip_requirements", o.operands}};
+  if (o.npm) {
+    // A TypeScript tool's: its node_modules is built before the tool runs.
+    req["tool_name"] = "node_modules_build";
+    req["source_code"] = "export function node_modules_build(): string {\n  return \"ok\";\n}\n";
+    req["source_type"] = "typescript";
+    req["json_schema"] = {{"name", "node_modules_build"}, {"parameters", {{"type", "object"}, {"properties", json::object()}}}};
+    req.erase("pip_requirements");
+    req["npm_requirements"] = o.operands;
+  }
   if (!o.policy.empty()) req["policy"] = o.policy;
   auto resp = roundtrip(o.socket_path, req);
   if (!resp.ok()) return fail(resp.error().message);
@@ -133,10 +146,14 @@ int venv_build(const VenvOptions& o) {
     return 1;
   }
   const json& r = (*resp)["result"];
-  const json& v = r["record"].contains("venv") ? r["record"]["venv"] : json::object();
-  if (r.value("status", "") != "success") {
+  const char* part = o.npm ? "node_modules" : "venv";
+  const json& v = r["record"].contains(part) ? r["record"][part] : json::object();
+  // --npm: built (or found) is what counts, whatever the trivial tool did.
+  const bool built = o.npm ? v.is_object() && v.contains("key") && r["record"].value("detail", "") != "node_modules_build_failed"
+                           : r.value("status", "") == "success";
+  if (!built) {
     if (!o.as_json) {
-      // What pip printed, on the operator's terminal: escaped, lines kept.
+      // What pip or npm printed, on the operator's terminal: escaped, lines kept.
       for (const auto& s : r["stderr"]) print_block(stderr, s.get<std::string>() + "\n");
       print_line(stderr, "toolsandbox venv: the build failed: %s", r["record"].value("error", "").c_str());
     }
@@ -153,6 +170,7 @@ int venv_build(const VenvOptions& o) {
 // another verb are refused before anything is opened.
 Status check_cache_options(const VenvOptions& o) {
   if (o.verb != "list" && o.verb != "show" && o.verb != "gc") return Error::invalid("unknown verb '" + o.verb + "'");
+  if (o.npm) return Error::invalid("--npm is for build");
   if (!o.org.empty() && o.org != "default") return Error::invalid("--org is for build");
   if (!o.policy.empty()) return Error::invalid("--policy is for build");
   if ((o.all || o.max_bytes) && o.verb != "gc") return Error::invalid("--all and --max-bytes are for gc");
@@ -225,6 +243,7 @@ int venv_list(venv::Cache& cache, const std::string& dir, std::uint64_t cap, con
         if (r.is_string()) reqs.push_back(r);
     const json policy = m.is_object() && m.contains("policy") && m["policy"].is_string() ? m["policy"] : json("");
     out.push_back({{"key", e->key},
+                   {"kind", venv::kind_of(m)},
                    {"bytes", e->bytes},
                    {"last_used", when(e->last_used)},
                    {"in_use", cache.held_anywhere(e->key)},
@@ -240,7 +259,8 @@ int venv_list(venv::Cache& cache, const std::string& dir, std::uint64_t cap, con
   for (const json& e : out) {
     std::string reqs;
     for (const auto& r : e["requirements"]) reqs += (reqs.empty() ? "" : " ") + escaped(r.get<std::string>());
-    print_line(stdout, "%.16s  %10s  %s  %-6s  %s", e["key"].get<std::string>().c_str(),
+    print_line(stdout, "%.16s  %-12s  %10s  %s  %-6s  %s", e["key"].get<std::string>().c_str(),
+                e["kind"].get<std::string>().c_str(),
                 format_size(e["bytes"].get<std::uint64_t>()).c_str(), e["last_used"].get<std::string>().c_str(),
                 e["in_use"].get<bool>() ? "in use" : "", reqs.c_str());
   }

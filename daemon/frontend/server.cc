@@ -207,7 +207,7 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
   runner_path_ = find_runner(cfg_.runner_path);
   // Only if some policy installs packages: otherwise no cache is needed.
   if (std::any_of(policies_->policies.begin(), policies_->policies.end(),
-                  [](const auto& kv) { return kv.second->packages.enabled; }))
+                  [](const auto& kv) { return kv.second->packages.enabled || kv.second->npm_packages.enabled; }))
     local_->open_venv_cache(cfg_.venvs.cache_dir, cfg_.venvs.max_bytes);
   if (cfg_.e2b.enabled) e2b_ = std::make_unique<E2BBackend>(io_, cfg_.e2b);
   // A peer's first connection or its last one changes every share: runs
@@ -719,7 +719,7 @@ void Server::reload(UniqueFd sources, UniqueFd e2b_key) {
   // A policy that now installs packages: the cache opens (its place and cap
   // are read at start only, as the engine's settings).
   if (std::any_of(policies_->policies.begin(), policies_->policies.end(),
-                  [](const auto& kv) { return kv.second->packages.enabled; }))
+                  [](const auto& kv) { return kv.second->packages.enabled || kv.second->npm_packages.enabled; }))
     local_->open_venv_cache(cfg_.venvs.cache_dir, cfg_.venvs.max_bytes);
   for (const auto& [name, p] : policies_->policies) spdlog::info("policy {} {}", q(name), p->fingerprint);
   spdlog::info("reloaded configuration and {} policies", policies_->policies.size());

@@ -11,6 +11,7 @@ using tsb::venv::canonical_npm_set;
 using tsb::venv::first_npm_not_allowed;
 using tsb::venv::kNpmForbidden;
 using tsb::venv::kNpmMalformed;
+using tsb::venv::npm_key;
 using tsb::venv::npm_set_text;
 using tsb::venv::parse_npm_requirement;
 
@@ -59,6 +60,18 @@ TEST(NpmRequirements, AllowPatterns) {
   EXPECT_EQ(first_npm_not_allowed(*set, {"@types/*"}), "left-pad");
   EXPECT_EQ(first_npm_not_allowed(*set, {"*"}), "") << "fnmatch's * crosses the scope's /";
   EXPECT_EQ(first_npm_not_allowed(*set, {"left-*"}), "@types/node");
+}
+
+TEST(NpmKey, TheKeyNamesNodeTheSourceScriptsAndTheSetAndIsNeverAVenvs) {
+  auto set = [](std::vector<std::string> r) { return canonical_npm_set(r).value(); };
+  const std::string k = npm_key("/usr/bin/node 1 2", "tarballs=/srv/npm", set({"b@^1", "a"}));
+  EXPECT_EQ(k.size(), 64u);
+  // Two spellings of one set, one key.
+  EXPECT_EQ(k, npm_key("/usr/bin/node 1 2", "tarballs=/srv/npm", set({"a", "b@^1", "a"})));
+  EXPECT_NE(k, npm_key("/usr/bin/node 1 2", "tarballs=/srv/npm", set({"a"})));
+  EXPECT_NE(k, npm_key("/usr/bin/node 1 3", "tarballs=/srv/npm", set({"b@^1", "a"})));
+  EXPECT_NE(k, npm_key("/usr/bin/node 1 2", "tarballs=/srv/npm\ninstall_scripts", set({"b@^1", "a"})));
+  EXPECT_NE(k, npm_key("/usr/bin/node 1 2", "registry=https://registry.npmjs.org/", set({"b@^1", "a"})));
 }
 
 }  // namespace

@@ -861,6 +861,11 @@ TEST(PolicySchema, DeclaresDraft202012AndTheLoadersKeys) {
             loader_keys(R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "zz_unknown": 1}})"));
   EXPECT_EQ(keys_of(defs["packages"]["properties"]["build"]),
             loader_keys(R"({"version": 1, "packages": {"allow": ["*"], "wheels": "/srv/w", "build": {"zz_unknown": 1}}})"));
+  EXPECT_EQ(keys_of(defs["typescript"]), loader_keys(R"({"version": 1, "typescript": {"zz_unknown": 1}})"));
+  EXPECT_EQ(keys_of(defs["npm_packages"]),
+            loader_keys(R"({"version": 1, "typescript": {"packages": {"allow": ["*"], "tarballs": "/srv/n", "zz_unknown": 1}}})"));
+  EXPECT_EQ(keys_of(defs["npm_packages"]["properties"]["build"]),
+            loader_keys(R"({"version": 1, "typescript": {"packages": {"allow": ["*"], "tarballs": "/srv/n", "build": {"zz_unknown": 1}}}})"));
   // The embedded OCI profile schema names what daemon/policy/seccomp_profile.cc accepts.
   EXPECT_EQ(keys_of(defs["seccompProfile"]),
             (std::set<std::string>{"defaultAction", "defaultErrnoRet", "architectures", "archMap", "syscalls", "flags",
@@ -1221,6 +1226,90 @@ TEST(PolicyWarmPool, PooledCommandsAndTheRunnerForScripts) {
                           R"({"version": 1, "backend": "e2b", "warm_pool": {"max": 2}})"})
     EXPECT_FALSE(load_text(t, bad).ok()) << bad;
   EXPECT_TRUE(load_text(t, R"({"version": 1, "warm_pool": null})").ok());
+}
+
+// ---------------------------------------------------------------------------
+// typescript.packages: TypeScript tools' node_modules.
+
+TEST(PolicyNpmPackages, TarballsOrRegistryTheirRefusalsAndTheBuildPolicy) {
+  TempDir t;
+  auto w = load_text(t, R"({"version": 1, "typescript": {"packages": {"allow": ["tsb-*", "@types/*"], "tarballs": "/srv/npm",
+      "build": {"wall_timeout": "30s", "memory": "1GiB", "size": "128MiB"}}}})");
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  EXPECT_TRUE(w->npm_packages.enabled);
+  EXPECT_FALSE(w->packages.enabled);
+  EXPECT_FALSE(w->npm_packages.install_scripts);  // the default: --ignore-scripts
+  EXPECT_EQ(w->npm_packages.max_requirements, 16u);
+  EXPECT_EQ(w->npm_packages.source_settings(), "tarballs=/srv/npm");
+  EXPECT_EQ(w->canonical["typescript"]["packages"]["build"]["size"], "128MiB");
+  auto r = load_text(t, R"({"version": 1, "typescript": {"packages": {"allow": ["*"], "registry": "https://registry.npmjs.org/",
+      "install_scripts": true}}})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->npm_packages.registry_host, "registry.npmjs.org");
+  EXPECT_EQ(r->npm_packages.registry_port, 443);
+  EXPECT_EQ(r->npm_packages.source_settings(), "registry=https://registry.npmjs.org/\ninstall_scripts");
+  const EgressRules e = npm_build_egress_rules(r->npm_packages);
+  ASSERT_EQ(e.allow.size(), 1u);
+  EXPECT_EQ(e.allow[0].hosts, (std::vector<std::string>{"registry.npmjs.org"}));
+  EXPECT_NE(w->fingerprint, r->fingerprint);
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"version": 1, "typescript": {"packages": {"tarballs": "/srv/npm"}}})", "allow"},
+           {R"({"version": 1, "typescript": {"packages": {"allow": ["*"]}}})", "exactly one"},
+           {R"({"version": 1, "typescript": {"packages": {"allow": ["*"], "tarballs": "/srv/npm", "registry": "https://r.test/"}}})", "exactly one"},
+           {R"({"version": 1, "typescript": {"packages": {"allow": ["*"], "registry": "http://127.0.0.1:4873/"}}})", "loopback"},
+           {R"({"version": 1, "typescript": {"packages": {"allow": ["*"], "registry": "http://npm.localhost/"}}})", "loopback"},
+           {R"({"version": 1, "typescript": {"packages": {"allow": ["*"], "tarballs": "srv/npm"}}})", "absolute"},
+           {R"({"version": 1, "typescript": {"packages": {"allow": ["*"], "tarballs": "/srv/npm", "scripts": true}}})", "scripts"},
+           {R"({"version": 1, "typescript": {"packages": {"allow": ["*"], "tarballs": "/srv/npm", "build": {"size": "1MiB"}}}})", "size"},
+           {R"({"version": 1, "typescript": {"runtime": 1}})", "runtime"},
+       }) {
+    auto p = load_text(t, text);
+    ASSERT_FALSE(p.ok()) << text;
+    EXPECT_NE(p.error().message.find(want), std::string::npos) << p.error().message;
+  }
+
+  // The build policy: the builder, a writable /build, the tarballs read-only, no network.
+  w->name = "ts";
+  auto bp = to_npm_build_spawn_policy(*w, "/usr/share/toolsandbox/runner/toolsandbox_venv_builder.py");
+  ASSERT_TRUE(bp.ok()) << bp.error().message;
+  EXPECT_EQ(bp->name, "ts/npm-build");
+  EXPECT_EQ(bp->network, isolate::NetworkMode::None);
+  EXPECT_EQ(bp->limits.wall_timeout, std::chrono::milliseconds(30'000));
+  EXPECT_EQ(bp->limits.memory_bytes, 1ull << 30);
+  const auto& tool = bp->modes[static_cast<int>(spawn::RunMode::Tool)];
+  std::map<std::string, const isolate::FsEntry*> rows;
+  for (const auto& e : *tool.fs) rows[e.path] = &e;
+  ASSERT_TRUE(rows.contains("/build"));
+  EXPECT_EQ(rows["/build"]->kind, isolate::FsEntry::kTmpfs);
+  EXPECT_TRUE(rows["/build"]->tool_owned);
+  EXPECT_EQ(rows["/build"]->size, 128ull << 20);
+  ASSERT_TRUE(rows.contains("/tarballs"));
+  EXPECT_EQ(rows["/tarballs"]->kind, isolate::FsEntry::kHost);
+  EXPECT_FALSE(rows.contains("/venv"));
+  auto rbp = to_npm_build_spawn_policy(*r, "/usr/share/toolsandbox/runner/toolsandbox_venv_builder.py");
+  ASSERT_TRUE(rbp.ok());
+  EXPECT_EQ(rbp->network, isolate::NetworkMode::Egress);
+  EXPECT_EQ(rbp->env_set.at("HTTPS_PROXY"), "http://127.0.0.1:3128");
+
+  // The run's /node_modules: keyed, optional, bound only for a run that names a key.
+  auto sp = to_spawn_policy(*w, "/usr/share/toolsandbox/runner/toolsandbox_runner.py", "/var/cache/toolsandbox/venvs");
+  ASSERT_TRUE(sp.ok()) << sp.error().message;
+  const std::string key(64, 'b');
+  auto spec = spawn::run_spec_from(*sp, spawn::RunMode::Tool, "", false, key);
+  auto row = std::find_if(spec.fs->begin(), spec.fs->end(), [](const isolate::FsEntry& e) { return e.path == "/node_modules"; });
+  ASSERT_NE(row, spec.fs->end());
+  EXPECT_EQ(row->source, "/var/cache/toolsandbox/venvs/" + key);
+  EXPECT_TRUE(row->keyed);
+  EXPECT_TRUE(row->optional);
+  EXPECT_EQ(row->kind, isolate::FsEntry::kHost);  // read-only
+  auto plain = spawn::run_spec_from(*sp, spawn::RunMode::Tool, "", false);
+  row = std::find_if(plain.fs->begin(), plain.fs->end(), [](const isolate::FsEntry& e) { return e.path == "/node_modules"; });
+  ASSERT_NE(row, plain.fs->end());
+  EXPECT_EQ(row->source, "/var/cache/toolsandbox/venvs/.none");  // not a key: never in the cache
+  // A venv key alone does not move the node_modules row, nor the other way round.
+  auto venv_only = spawn::run_spec_from(*sp, spawn::RunMode::Tool, std::string(64, 'c'), false);
+  row = std::find_if(venv_only.fs->begin(), venv_only.fs->end(), [](const isolate::FsEntry& e) { return e.path == "/node_modules"; });
+  EXPECT_EQ(row->source, "/var/cache/toolsandbox/venvs/.none");
 }
 
 TEST(PolicyPackages, TheVenvRowIsKeyedAndTheBuildPolicyIsItsOwn) {

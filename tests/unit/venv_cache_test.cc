@@ -342,5 +342,36 @@ TEST(VenvKey, Shape) {
   EXPECT_FALSE(is_key(std::string(63, 'f') + "/"));
 }
 
+
+TEST_F(CacheTest, ANodeModulesTreeIsPublishedWithoutAVenvFrameAndSaysItsKind) {
+  auto c = open();
+  auto s = c->stage(key('d'), ArchiveLimits{});
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  const std::string tree = std::string(kArchiveMagic) +
+                           record('m', "", 0, R"({"packages": ["tsb-base@1.0.0", "tsb-top@2.1.0"], "node": "20.1.0", "freeze": ["x==1"]})") +
+                           record('d', "tsb-top", 0755, "") + record('f', "tsb-top/index.js", 0644, "module.exports = 1;\n") +
+                           record('e', "", 0, "");
+  ASSERT_TRUE((*s)->feed(tree).ok());
+  ASSERT_TRUE(c->publish_tree(**s, {{"requirements", {"tsb-top"}}}).ok());
+  EXPECT_TRUE(exists(key('d') + "/tsb-top/index.js"));
+  EXPECT_FALSE(exists(key('d') + "/pyvenv.cfg"));  // no interpreter frame
+  EXPECT_FALSE(exists(key('d') + "/bin"));
+  auto m = c->manifest(key('d'));
+  EXPECT_EQ(m["kind"], "node_modules");
+  EXPECT_EQ(kind_of(m), "node_modules");
+  EXPECT_EQ(m["packages"], nlohmann::json::array({"tsb-base@1.0.0", "tsb-top@2.1.0"}));
+  EXPECT_EQ(m["node"], "20.1.0");
+  EXPECT_FALSE(m.contains("freeze"));  // what a venv keeps is not a tree's
+  struct stat st{};
+  ASSERT_EQ(::stat((dir_ + "/" + key('d')).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0555u);
+  // A venv says its kind too; one written before kinds reads as a venv.
+  publish(*c, key('c'), 10);
+  EXPECT_EQ(c->manifest(key('c'))["kind"], "venv");
+  EXPECT_EQ(kind_of(nlohmann::json::object()), "venv");
+  // The same cache, the same eviction: both go when nothing holds them.
+  EXPECT_EQ(c->evict(0).size(), 2u);
+}
+
 }  // namespace
 }  // namespace tsb::venv

@@ -54,6 +54,15 @@ std::string host_interpreter_id() {
   return std::string(real) + " " + std::to_string(st.st_size) + " " + std::to_string(st.st_ctim.tv_sec);
 }
 
+// What names the Node runtime npm builds run (as host_interpreter_id).
+std::string host_node_id() {
+  char real[PATH_MAX];
+  if (!::realpath("/usr/bin/node", real)) return "/usr/bin/node";
+  struct stat st{};
+  if (::stat(real, &st) != 0) return real;
+  return std::string(real) + " " + std::to_string(st.st_size) + " " + std::to_string(st.st_ctim.tv_sec);
+}
+
 // The interpreter per-tool venvs point at, as the sandbox sees it (/usr is
 // the host's), and its X.Y from the name it resolves to (python3.11).
 venv::Interpreter host_interpreter() {
@@ -78,6 +87,7 @@ void LocalBackend::open_venv_cache(const std::string& dir, std::uint64_t max_byt
   }
   wanted_venv_dir_ = dir;
   interpreter_id_ = host_interpreter_id();
+  node_id_ = host_node_id();
   interpreter_ = host_interpreter();
   auto c = venv::Cache::open(dir, max_bytes);
   if (!c.ok()) {
@@ -114,7 +124,7 @@ std::vector<std::string> LocalBackend::venv_gc(std::uint64_t target) {
 }
 
 asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(PreparedRun& p, const venv::RequirementSet& set,
-                                                                  const std::string& key) {
+                                                                  const std::string& key, bool npm) {
   const auto t0 = Clock::now();
   for (;;) {
     VenvOutcome o;
@@ -158,7 +168,11 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(PreparedRun& p
       } done{this, key, b};
       VenvOutcome r;
       try {
-        r = co_await build_venv(p, set, key);
+        // (Two statements: a co_await in each arm of ?: is not safe with GCC 12.)
+        if (npm)
+          r = co_await build_node_modules(p, key);
+        else
+          r = co_await build_venv(p, set, key);
       } catch (const std::exception& e) {
         spdlog::error("venv {}: the build failed in the daemon: {}", key.substr(0, 12), e.what());
         r = VenvOutcome{};
@@ -297,6 +311,103 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun&
   } else {
     spdlog::info("venv {}: built in {:.0f} ms (run {}, landlock {})", key.substr(0, 12), ms, r.run_id,
                  isolate::landlock_summary(r.landlock));
+  }
+  co_return o;
+}
+
+asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_node_modules(PreparedRun& p, const std::string& key) {
+  VenvOutcome o;
+  const Policy& pol = p.policy();
+  const NpmPackagesPolicy& k = pol.npm_packages;
+  const auto t0 = Clock::now();
+  ++venv_builds_;
+  venv::ArchiveLimits limits;
+  limits.max_file_bytes = k.size;
+  auto staged = venvs_->stage(key, limits);
+  if (!staged.ok()) {
+    ++venv_build_failures_;
+    o.failure = "the venv cache: " + staged.error().message;
+    co_return o;
+  }
+  std::shared_ptr<venv::Cache::Staging> staging = std::move(staged).value();
+  auto archive_error = std::make_shared<std::string>();
+  auto sink = [staging, archive_error](std::string_view chunk) {
+    if (auto st = staging->feed(chunk); !st.ok()) {
+      *archive_error = st.error().message;
+      return false;
+    }
+    return true;
+  };
+  json reqs = json::array();
+  for (const auto& r : p.npm_requirements) reqs.push_back(r.text());
+  const json request = {{"kind", "npm"},
+                        {"requirements", reqs},
+                        {"tarballs", k.tarballs.empty() ? json() : json(std::string(kTarballsSandboxPath))},
+                        {"registry", k.registry.empty() ? json() : json(k.registry)},
+                        {"install_scripts", k.install_scripts},
+                        {"build", std::string(kNpmBuildPath)}};
+  spawn::RunOrder order;
+  order.policy = npm_build_policy_name(pol.name);
+  order.fingerprint = pol.fingerprint;
+  order.mode = spawn::RunMode::Tool;
+  order.timeout = k.build_timeout;
+  const protocol::CommonRunFields& c = *p.common;
+  std::shared_ptr<egress::RunProxy> proxy;
+  if (!k.registry.empty())
+    proxy = std::make_shared<egress::RunProxy>(egress_, npm_build_egress_rules(k),
+                                               egress::RunLabels{p.request->id + "/node_modules", c.organization_id, c.tool_name});
+  spdlog::info("node_modules {}: building for request {} (policy {}): {}", key.substr(0, 12), q(p.request->id),
+               q(pol.name), reqs.dump());
+  LinkRun ran = co_await link_.run(std::move(order), request.dump(), 0, 256u << 10, {}, *p.cancel, proxy.get(), sink);
+  if (proxy) proxy->stop();
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const isolate::RunResult& r = ran.result;
+  o.build_run_id = r.run_id;
+  o.log_tail = last_lines(r.stderr_data, 12);
+  const std::string what = "installing npm packages " + reqs.dump();
+  if (ran.refused) {
+    o.failure = what + ": the build could not start: " + ran.refused->message;
+  } else if (!archive_error->empty()) {
+    o.failure = what + ": the built node_modules was refused: " + *archive_error;
+  } else if (r.reason == isolate::EndReason::Cancelled) {
+    o.failure = what + ": the build was stopped";
+    o.cancelled = true;
+  } else if (r.reason == isolate::EndReason::Timeout) {
+    o.failure = what + ": the build took longer than its limit (" + std::to_string(k.build_timeout.count() / 1000) +
+                "s) and was killed";
+  } else if (r.reason != isolate::EndReason::Exited || r.exit_code != 0) {
+    o.failure = what + ": " +
+                (r.reason == isolate::EndReason::Exited && r.exit_code == 2
+                     ? std::string("npm failed") + (k.tarballs.empty() ? "" : " (packages come only from the tarball directory " + k.tarballs + ")")
+                 : r.reason == isolate::EndReason::Exited ? "the build failed (exit status " + std::to_string(r.exit_code) + ")"
+                 : r.reason == isolate::EndReason::SetupFailed ? "the build sandbox could not be set up: " + r.error
+                                                               : "the build ended: " + std::string(isolate::to_string(r.reason)));
+  } else {
+    json extra = {{"requirements", reqs},
+                  {"policy", pol.name},
+                  {"policy_fingerprint", pol.fingerprint},
+                  {"source_settings", k.source_settings()},
+                  {"node_runtime", node_id_},
+                  {"build_ms", ms},
+                  {"build_run_id", r.run_id},
+                  {"built_at", std::chrono::duration_cast<std::chrono::seconds>(
+                                   std::chrono::system_clock::now().time_since_epoch()).count()},
+                  {"log_tail", o.log_tail}};
+    if (auto st = venvs_->publish_tree(*staging, extra); !st.ok()) o.failure = what + ": " + st.error().message;
+  }
+  if (o.failure.empty()) {
+    o.hold = venvs_->hold(key);
+    if (!o.hold) o.failure = what + ": the node_modules was removed before the run could take it (cache cap too small?)";
+  }
+  o.built = o.failure.empty();
+  if (!o.failure.empty() && proxy && !proxy->first_refusal().empty())
+    o.failure += "; the egress proxy refused " + proxy->first_refusal();
+  if (!o.failure.empty()) {
+    ++venv_build_failures_;
+    spdlog::warn("node_modules {}: build failed (run {}): {}", key.substr(0, 12), r.run_id.empty() ? "-" : r.run_id,
+                 o.failure);
+  } else {
+    spdlog::info("node_modules {}: built in {:.0f} ms (run {})", key.substr(0, 12), ms, r.run_id);
   }
   co_return o;
 }
@@ -469,7 +580,13 @@ TypeScriptRules LocalBackend::typescript_rules(const Policy& pol) const {
   TypeScriptRules r;
   if (!pol.typescript.enabled)
     r.refusal = "policy " + q(pol.name) + " runs no TypeScript tools on the local backend (it has no \"typescript\" section)";
-  r.npm_refusal = "policy " + q(pol.name) + " installs no npm packages on the local backend";
+  // A TypeScript tool's node_modules, built in a sandbox of the policy's
+  // "typescript.packages".
+  const NpmPackagesPolicy& k = pol.npm_packages;
+  if (!k.enabled)
+    r.npm_refusal = "policy " + q(pol.name) + " installs no npm packages (it has no \"typescript\": {\"packages\"} section)";
+  r.max_npm = k.max_requirements;
+  r.allow = k.allow;
   return r;
 }
 
@@ -615,6 +732,44 @@ asio::awaitable<bool> LocalBackend::prepare_venv(PreparedRun& p, const std::stri
   co_return false;
 }
 
+asio::awaitable<bool> LocalBackend::prepare_node_modules(PreparedRun& p, const std::string& key, Order& o,
+                                                         BackendRun& out) {
+  VenvOutcome nm = co_await venv_for(p, p.requirements, key, /*npm=*/true);
+  json requirements = json::array();
+  for (const auto& r : p.npm_requirements) requirements.push_back(r.text());
+  out.record["node_modules"] = {{"key", key},
+                                {"requirements", requirements},
+                                {"built", nm.built},
+                                {"build_ms", nm.build_ms},
+                                {"build_run_id", nm.build_run_id.empty() ? json() : json(nm.build_run_id)}};
+  out.audit += " node_modules=" + key.substr(0, 16) + (nm.built ? " node_modules_built=yes" : "");
+  if (nm.failure.empty()) {
+    o.order.node_modules = key;
+    o.node_modules_hold = std::move(nm.hold);
+    co_return true;
+  }
+  if (nm.cancelled) {
+    out.refused = Refusal{ErrorCode::Unavailable, nm.failure};
+    co_return false;
+  }
+  // As a failed venv build: an error naming the requirements, with npm's
+  // last lines (valid UTF-8, escaped where shown); nothing ran.
+  isolate::RunResult& run = out.run;
+  run.reason = isolate::EndReason::Exited;
+  run.exit_code = -1;
+  run.stderr_data = nm.log_tail;
+  run.stderr_total_bytes = nm.log_tail.size();
+  out.end_reason = "setup_failed";
+  out.record["exit_code"] = nullptr;
+  out.record["detail"] = "node_modules_build_failed";
+  out.record["error"] = nm.failure;
+  out.record["setup_stage"] = "node_modules-build";
+  out.record["setup_errno"] = 0;
+  out.record["node_modules"]["log_tail"] = nm.log_tail;
+  out.failure = RunFailure{"RuntimeError", nm.failure};
+  co_return false;
+}
+
 asio::awaitable<void> LocalBackend::run_order(PreparedRun& p, Order& o, BackendRun& out) {
   const Policy& pol = p.policy();
   // Network egress: the run's proxy, from its Started until it ended
@@ -702,6 +857,11 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   // The run's own venv, found or built in its slot (held until the run
   // ends); a build that failed is the run's answer.
   if (!venv_key.empty() && !co_await prepare_venv(p, venv_key, o, out)) co_return out;
+  // A TypeScript tool's node_modules, likewise (bound at /node_modules).
+  if (p.typescript && !p.npm_requirements.empty() &&
+      !co_await prepare_node_modules(
+          p, venv::npm_key(node_id_, p.policy().npm_packages.source_settings(), p.npm_requirements), o, out))
+    co_return out;
   co_await run_order(p, o, out);  // o (its venv hold) lives until the run is answered
   if (!out.refused && !p.tool_mode && !p.typescript) co_await decode_pickle(p, out);
   co_return out;

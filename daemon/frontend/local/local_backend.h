@@ -92,6 +92,7 @@ class LocalBackend final : public RunBackend {
     // The venv the order names, held (its manifest's read lock) until the
     // run has ended: a removal waits for it.
     venv::Cache::Hold venv_hold;
+    venv::Cache::Hold node_modules_hold;  // a TypeScript tool's, likewise
   };
   std::optional<Refusal> order_for(PreparedRun& p, Order& o) const;
   // What of the TypeScript runtime the run's policy names is missing on
@@ -99,6 +100,9 @@ class LocalBackend final : public RunBackend {
   std::optional<std::string> typescript_runtime_missing(const PreparedRun& p) const;
   asio::awaitable<std::optional<Refusal>> take_slot(PreparedRun& p);
   asio::awaitable<bool> prepare_venv(PreparedRun& p, const std::string& venv_key, Order& o, BackendRun& out);
+  // A TypeScript tool's node_modules (npm requirements), found or built in
+  // the same cache, in the same way (false: `out` is the answer).
+  asio::awaitable<bool> prepare_node_modules(PreparedRun& p, const std::string& key, Order& o, BackendRun& out);
   asio::awaitable<void> run_order(PreparedRun& p, Order& o, BackendRun& out);
 
   // A run's venv: held until the run ends, or why there is none.
@@ -111,8 +115,11 @@ class LocalBackend final : public RunBackend {
     std::string log_tail;         // the build's last lines of output
     bool cancelled = false;       // the build was stopped (client gone, shutdown)
   };
-  asio::awaitable<VenvOutcome> venv_for(PreparedRun& p, const venv::RequirementSet& set, const std::string& key);
+  // `npm`: the key is a node_modules' (build_node_modules), not a venv's.
+  asio::awaitable<VenvOutcome> venv_for(PreparedRun& p, const venv::RequirementSet& set, const std::string& key,
+                                        bool npm = false);
   asio::awaitable<VenvOutcome> build_venv(PreparedRun& p, const venv::RequirementSet& set, const std::string& key);
+  asio::awaitable<VenvOutcome> build_node_modules(PreparedRun& p, const std::string& key);
 
   // Busy: the queue is full; BusyShare: the peer holds its share of it;
   // GaveUp: queued, it gave its place up to another peer's run.
@@ -145,6 +152,7 @@ class LocalBackend final : public RunBackend {
   std::unique_ptr<venv::Cache> venvs_;
   std::string venvs_error_;  // why there is no cache
   std::string interpreter_id_;  // the host's python3, for the venv key
+  std::string node_id_;         // the host's node, for the node_modules key
   venv::Interpreter interpreter_;  // what a venv's frame points at
   std::string wanted_venv_dir_;    // the configuration's (venvs_ stays where it opened)
   struct Build {
