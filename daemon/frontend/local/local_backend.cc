@@ -858,10 +858,12 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   // ends); a build that failed is the run's answer.
   if (!venv_key.empty() && !co_await prepare_venv(p, venv_key, o, out)) co_return out;
   // A TypeScript tool's node_modules, likewise (bound at /node_modules).
-  if (p.typescript && !p.npm_requirements.empty() &&
-      !co_await prepare_node_modules(
-          p, venv::npm_key(node_id_, p.policy().npm_packages.source_settings(), p.npm_requirements), o, out))
-    co_return out;
+  // The key is a named variable of this frame, made once: prepare_node_modules
+  // and the build it may start hold it by reference across their suspensions.
+  const std::string nm_key = p.typescript && !p.npm_requirements.empty()
+                                 ? venv::npm_key(node_id_, p.policy().npm_packages.source_settings(), p.npm_requirements)
+                                 : "";
+  if (!nm_key.empty() && !co_await prepare_node_modules(p, nm_key, o, out)) co_return out;
   co_await run_order(p, o, out);  // o (its venv hold) lives until the run is answered
   if (!out.refused && !p.tool_mode && !p.typescript) co_await decode_pickle(p, out);
   co_return out;
