@@ -337,43 +337,35 @@ def e2b_wire(e2b: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
     return out
 
 
-def _pip_requirements(reqs: Optional[Iterable[Any]]) -> Optional[List[str]]:
+def _requirements(field: str, reqs: Optional[Iterable[Any]], render: Any) -> Optional[List[str]]:
+    """Strings as given; Letta's {name, version?} objects (PipRequirement,
+    NpmRequirement, or dicts) rendered by `render(name, version)`."""
     if reqs is None:
         return None
     if isinstance(reqs, (str, bytes)):
-        raise TypeError("pip_requirements must be a list of strings")
+        raise TypeError("%s must be a list of strings" % field)
     out = []
     for r in reqs:
         if isinstance(r, str):
             out.append(r)
             continue
-        # Letta's PipRequirement {name, version?} renders as name==version.
         name = r.get("name") if isinstance(r, Mapping) else getattr(r, "name", None)
         version = r.get("version") if isinstance(r, Mapping) else getattr(r, "version", None)
         if not isinstance(name, str):
-            raise TypeError("pip_requirements entries must be strings or {name, version}")
-        out.append("%s==%s" % (name, version) if version else name)
+            raise TypeError("%s entries must be strings or {name, version}" % field)
+        out.append(render(name, version) if version else name)
     return out
+
+
+def _pip_requirements(reqs: Optional[Iterable[Any]]) -> Optional[List[str]]:
+    # Letta's PipRequirement renders as name==version.
+    return _requirements("pip_requirements", reqs, lambda n, v: "%s==%s" % (n, v))
 
 
 def _npm_requirements(reqs: Optional[Iterable[Any]]) -> Optional[List[str]]:
-    if reqs is None:
-        return None
-    if isinstance(reqs, (str, bytes)):
-        raise TypeError("npm_requirements must be a list of strings")
-    out = []
-    for r in reqs:
-        if isinstance(r, str):
-            out.append(r)
-            continue
-        # Letta's NpmRequirement {name, version?}: npm's name@version (Letta
-        # quotes the version for its shell; the daemon never uses one).
-        name = r.get("name") if isinstance(r, Mapping) else getattr(r, "name", None)
-        version = r.get("version") if isinstance(r, Mapping) else getattr(r, "version", None)
-        if not isinstance(name, str):
-            raise TypeError("npm_requirements entries must be strings or {name, version}")
-        out.append("%s@%s" % (name, version) if version else name)
-    return out
+    # Letta's NpmRequirement: npm's name@version (Letta quotes the version
+    # for its shell; the daemon never uses one).
+    return _requirements("npm_requirements", reqs, lambda n, v: "%s@%s" % (n, v))
 
 
 SOURCE_TYPES = ("python", "typescript")
