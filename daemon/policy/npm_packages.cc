@@ -56,26 +56,10 @@ Status parse_npm_packages(ObjectReader o, NpmPackagesPolicy& k) {
   auto scripts = o.boolean("install_scripts", false);
   if (!scripts.ok()) return std::move(scripts).error();  // context: the reader names file:line:col and the key
   k.install_scripts = *scripts;
-  if (const json* b = o.get("build")) {
-    ObjectReader r(o.doc(), *b, o.pointer("build"));
-    TSB_TRY(r.object("\"build\""), "typescript.packages");
-    if (const json* v = r.get("wall_timeout")) {
-      auto d = parse_duration(*v);
-      if (!d.ok() || d->count() < 1000 || d->count() > 3'600'000)
-        return r.error("wall_timeout", "must be a duration from 1s to 1h, like \"300s\"");
-      k.build_timeout = *d;
-    }
-    for (auto [key, out, lo] : {std::tuple<const char*, std::uint64_t*, std::uint64_t>{"memory", &k.build_memory, 64ull << 20},
-                                {"size", &k.size, 16ull << 20}}) {
-      if (const json* v = r.get(key)) {
-        auto sz = parse_size(*v);
-        if (!sz.ok() || *sz < lo || *sz > (64ull << 30))
-          return r.error(key, "must be a size from " + format_size(lo) + " to 64GiB, like \"1GiB\"");
-        *out = *sz;
-      }
-    }
-    TSB_TRY(r.done(), "typescript.packages");
-  }
+  // context: the reader names file:line:col and the key
+  if (auto st = parse_build_limits(o, "typescript.packages", "size", "1GiB", k.build_timeout, k.build_memory, k.size);
+      !st.ok())
+    return st;
   return o.done();
 }
 

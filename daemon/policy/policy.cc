@@ -28,6 +28,31 @@
 #include "isolate/base/unique_fd.h"
 
 namespace tsb::core {
+Status parse_build_limits(ObjectReader& o, std::string_view section, const char* size_key, std::string_view example,
+                          std::chrono::milliseconds& timeout, std::uint64_t& memory, std::uint64_t& size) {
+  const nlohmann::json* b = o.get("build");
+  if (!b) return {};
+  ObjectReader r(o.doc(), *b, o.pointer("build"));
+  TSB_TRY(r.object("\"build\""), section);
+  if (const nlohmann::json* v = r.get("wall_timeout")) {
+    auto d = parse_duration(*v);
+    if (!d.ok() || d->count() < 1000 || d->count() > 3'600'000)
+      return r.error("wall_timeout", "must be a duration from 1s to 1h, like \"300s\"");
+    timeout = *d;
+  }
+  for (auto [key, out, lo] : {std::tuple<const char*, std::uint64_t*, std::uint64_t>{"memory", &memory, 64ull << 20},
+                              {size_key, &size, 16ull << 20}}) {
+    if (const nlohmann::json* v = r.get(key)) {
+      auto sz = parse_size(*v);
+      if (!sz.ok() || *sz < lo || *sz > (64ull << 30))
+        return r.error(key, "must be a size from " + format_size(lo) + " to 64GiB, like \"" + std::string(example) + "\"");
+      *out = *sz;
+    }
+  }
+  TSB_TRY(r.done(), section);
+  return {};
+}
+
 namespace {
 
 using nlohmann::json;
@@ -241,26 +266,10 @@ Status parse_packages(ObjectReader o, PackagesPolicy& k) {
   auto src = o.boolean("source_builds", false);
   if (!src.ok()) return std::move(src).error();
   k.source_builds = *src;
-  if (const json* b = o.get("build")) {
-    ObjectReader r(o.doc(), *b, o.pointer("build"));
-    TSB_TRY(r.object("\"build\""), "packages");
-    if (const json* v = r.get("wall_timeout")) {
-      auto d = parse_duration(*v);
-      if (!d.ok() || d->count() < 1000 || d->count() > 3'600'000)
-        return r.error("wall_timeout", "must be a duration from 1s to 1h, like \"300s\"");
-      k.build_timeout = *d;
-    }
-    for (auto [key, out, lo] : {std::tuple<const char*, std::uint64_t*, std::uint64_t>{"memory", &k.build_memory, 64ull << 20},
-                                {"venv_size", &k.venv_size, 16ull << 20}}) {
-      if (const json* v = r.get(key)) {
-        auto sz = parse_size(*v);
-        if (!sz.ok() || *sz < lo || *sz > (64ull << 30))
-          return r.error(key, "must be a size from " + format_size(lo) + " to 64GiB, like \"2GiB\"");
-        *out = *sz;
-      }
-    }
-    TSB_TRY(r.done(), "packages");
-  }
+  // context: the reader names file:line:col and the key
+  if (auto st = parse_build_limits(o, "packages", "venv_size", "2GiB", k.build_timeout, k.build_memory, k.venv_size);
+      !st.ok())
+    return st;
   return o.done();
 }
 

@@ -19,6 +19,10 @@
 #include "daemon/policy/fs_table.h"
 #include "daemon/policy/npm_packages.h"
 
+namespace tsb {
+class ObjectReader;  // daemon/policy/jsonc.h
+}  // namespace tsb
+
 namespace tsb::core {
 
 class SourceFiles;
@@ -160,6 +164,11 @@ isolate::FsInputs fs_inputs_from(const Policy& p, const std::string& runner = ""
 // The name of the build policy of a policy with "packages", and the egress
 // rules of its builds: its index's hosts only (daemon/compile/spawn_policy.h).
 std::string build_policy_name(const Policy& p);
+// A build's limits (a packages section's "build"): wall_timeout (1s-1h),
+// memory (64MiB-64GiB) and the built tree's `size_key` (16MiB-64GiB), each
+// kept when absent; `example` is the size a message shows.
+Status parse_build_limits(ObjectReader& o, std::string_view section, const char* size_key, std::string_view example,
+                          std::chrono::milliseconds& timeout, std::uint64_t& memory, std::uint64_t& size);
 // A package source URL (a pip index, an npm registry) that builds reach
 // through the egress proxy: "http(s)://host[:port]/path", its host a name
 // the proxy would not always refuse (else why, naming `what` and what to
