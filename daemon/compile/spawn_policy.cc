@@ -318,9 +318,13 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
       // Warm sandboxes take their hand-over through the runner, in both
       // modes: a script run of this policy sees it too, cold or warm, so
       // the two look alike.
+      // The modules to preload follow the program (sys.argv[1:], which the
+      // runner empties before the hand-over, as a cold start's is).
       tool.pooled_argv = flags;
       tool.pooled_argv.emplace_back(kRunnerPooledBoot);
       script.pooled_argv = {p.interpreter, "-c", script_launcher(true)};
+      for (auto* argv : {&tool.pooled_argv, &script.pooled_argv})
+        argv->insert(argv->end(), p.warm.preload.begin(), p.warm.preload.end());
       script.fs = tool.fs;
     }
   } else {

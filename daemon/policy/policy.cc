@@ -306,6 +306,21 @@ Status parse_typescript(ObjectReader o, TypeScriptPolicy& t, NpmPackagesPolicy& 
   return o.done();
 }
 
+// "numpy", "email.mime.text": ASCII identifiers joined by dots, at most
+// 128 bytes (they become the warm runner's arguments).
+bool python_module_name(std::string_view m) {
+  if (m.empty() || m.size() > 128) return false;
+  for (std::size_t start = 0;;) {
+    const std::size_t end = std::min(m.find('.', start), m.size());
+    const std::string_view part = m.substr(start, end - start);
+    if (part.empty() || std::isdigit(static_cast<unsigned char>(part[0])) ||
+        !std::all_of(part.begin(), part.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }))
+      return false;
+    if (end == m.size()) return true;
+    start = end + 1;
+  }
+}
+
 Status parse_warm_pool(ObjectReader o, WarmPool& w) {
   TSB_TRY(o.object("\"warm_pool\""), "warm_pool");
   auto max = o.number("max", 0, 0, 64);
@@ -319,6 +334,16 @@ Status parse_warm_pool(ObjectReader o, WarmPool& w) {
     if (!d.ok() || d->count() < 1000 || d->count() > 86'400'000)
       return o.error("idle", "must be a duration from 1s to 24h, like \"300s\"");
     w.idle = *d;
+  }
+  if (o.get("preload")) {
+    auto mods = o.strings("preload", "module names");
+    if (!mods.ok()) return std::move(mods).error();
+    if (mods->size() > 64) return o.error("preload", "names more than 64 modules");
+    for (const auto& m : *mods) {
+      if (!python_module_name(m)) return o.error("preload", "not a dotted Python module name: " + quoted_for_message(m));
+      if (std::count(mods->begin(), mods->end(), m) > 1) return o.error("preload", "names " + m + " twice");
+    }
+    w.preload = std::move(mods).value();
   }
   return o.done();
 }
@@ -970,7 +995,8 @@ void set_canonical_and_fingerprint(Policy& p, const json& seccomp_canon) {
     if (p.npm_packages.enabled) p.canonical["typescript"]["packages"] = npm_packages_json(p.npm_packages);
   }
   if (p.warm.max > 0)
-    p.canonical["warm_pool"] = {{"max", p.warm.max}, {"min", p.warm.min}, {"idle", format_duration(p.warm.idle)}};
+    p.canonical["warm_pool"] = {
+        {"max", p.warm.max}, {"min", p.warm.min}, {"idle", format_duration(p.warm.idle)}, {"preload", p.warm.preload}};
   p.fingerprint = "sha256:" + sha256_hex(p.canonical.dump());
 }
 

@@ -98,9 +98,16 @@ inline constexpr std::string_view kAcornPath = "/usr/share/nodejs/acorn";
 // to `max` sandboxes made before their request, each used once. The pool
 // grows by one on every run that finds it empty, keeps at least `min`, and
 // shrinks by one for every `idle` without a run.
+// What Letta's generated scripts import (letta/services/tool_sandbox,
+// every generation): a warm pool's default preload.
+inline const std::vector<std::string> kLettaPreload = {"base64", "hashlib", "json", "pickle", "struct", "sys", "typing"};
+
 struct WarmPool {
   std::uint32_t min = 0, max = 0;  // max 0: no pool
   std::chrono::milliseconds idle{300'000};
+  // Modules a warm sandbox imports before its hand-over (dotted names of
+  // the policy's venv or the standard library).
+  std::vector<std::string> preload = kLettaPreload;
 };
 
 struct Policy {

@@ -408,6 +408,8 @@ void Spawner::handle_run(const std::string& msg) {
         it = pool->idle.erase(it);
         lose(*pool, Clock::now());
       } else {
+        // Full until now: how long it is short counts from here.
+        if (pool->idle.size() >= pool->target) pool->full_at = Clock::now();
         l.sb = std::move(it->sb);
         in = std::move(it->in), out = std::move(it->out), err = std::move(it->err), egress = std::move(it->egress);
         pool->idle.erase(it);
@@ -457,6 +459,7 @@ Spawner::Pool* Spawner::pool_for(const SpawnPolicy& p, RunMode mode) {
   auto [it, made] = pools_.try_emplace(p.fingerprint + (mode == RunMode::Tool ? "/tool" : "/script"));
   Pool& pool = it->second;
   if (made) {
+    pool.key = it->first;
     pool.policy = &p;
     pool.mode = mode;
     pool.target = p.warm_min;
@@ -472,18 +475,33 @@ void Spawner::fill(Pool& pool) {
   // in the pool (idle: older ones are replaced) and then the longest run.
   spec.limits.wall_timeout = p.warm_idle + p.limits.wall_timeout;
   spec.env = environment_of(p.env_set, {});
-  auto spawned = engine_->spawn(spec);
-  if (!spawned.ok()) {
-    spdlog::error("warm pool of policy {}: spawn failed: {}", q(p.name), spawned.error().message);
+  spawn_thread_->submit(pools_generation_, std::move(spec));
+  filling_ = pool.key;
+}
+
+void Spawner::take_filled(Clock::time_point now) {
+  auto done = spawn_thread_->take();
+  if (!done) return;
+  auto found = pools_.find(filling_);
+  // Made for pools a reload or the stop ended: destroyed (killed) here.
+  if (done->tag != pools_generation_ || found == pools_.end()) return;
+  Pool& pool = found->second;
+  if (!done->sandbox.ok()) {
+    spdlog::error("warm pool of policy {}: spawn failed: {}", q(pool.policy->name), done->sandbox.error().message);
     ++pool.lost;
-    pool.paused_until = Clock::now() + std::chrono::seconds(10);
+    pool.paused_until = now + std::chrono::seconds(10);
     return;
   }
   Pooled w;
   w.seq = ++pooled_seq_;
-  w.sb = std::move(spawned).value();
+  w.sb = std::move(done->sandbox).value();
   w.in = w.sb->take_stdin(), w.out = w.sb->take_stdout(), w.err = w.sb->take_stderr(), w.egress = w.sb->take_egress();
   pool.idle.push_back(std::move(w));
+}
+
+void Spawner::end_pools() {
+  pools_.clear();
+  ++pools_generation_;
 }
 
 void Spawner::lose(Pool& pool, Clock::time_point now) {
@@ -539,6 +557,7 @@ Spawner::Pool* Spawner::next_to_fill(Clock::time_point now, Clock::time_point& d
   // Warm sandboxes hold uid slots too: never so many that runs lack one.
   const std::size_t room = std::min<std::size_t>(set_.max_concurrent_runs,
                                                  set_.engine.uid_slots - std::min(set_.engine.uid_slots, set_.max_concurrent_runs));
+  if (spawn_thread_->busy()) return nullptr;  // its end wakes the loop
   std::size_t total = 0;
   for (const auto& [key, pool] : pools_) {
     total += pool.idle.size();
@@ -546,8 +565,8 @@ Spawner::Pool* Spawner::next_to_fill(Clock::time_point now, Clock::time_point& d
       if (!w.ready) return nullptr;  // its readiness (or loss) wakes the loop
   }
   if (stopping_ || total >= room) return nullptr;
-  // A spawn holds this loop for milliseconds (more on v1 after idle, its
-  // cgroup migration), and the runner's start takes CPU: a refill waits
+  // A spawn (on the spawn thread) and the runner's start take CPU, and on
+  // v1 a spawn holds the kernel's cgroup lock for a while: a refill waits
   // until no run is in flight and none began or ended for kRefillQuiet. A
   // pool short of its target for kRefillUnderLoad gets one anyway, at most
   // one every kRefillUnderLoad. Then the emptiest pool first.
@@ -636,12 +655,15 @@ void Spawner::finish(Live& l) {
   l.obs.cancelled = sb.cancelled();
   e.cpu = cs.cpu - std::min(cs.cpu, l.cpu_before);
   e.peak_memory_bytes = cs.peak_memory_bytes;
-  // One non-blocking attempt; a leaf still busy goes to the engine's
-  // pending clean-up with the Sandbox, collected on later turns.
-  if (auto done = sb.try_remove_cgroup(); !done.ok()) l.obs.cleanup_error = done.error().message;
   e.observations = std::move(l.obs);
   if (!l.orphan) send(encode(e));
   last_activity_ = Clock::now();
+  // After the Ended, and not while the spawn thread works: removing a leaf
+  // waits for the kernel's cgroup lock, which a spawn may hold through an
+  // RCU grace period (v1). One attempt; a leaf still busy, or left for
+  // later, goes to the engine's pending clean-up with the Sandbox.
+  if (spawn_thread_->busy()) return;
+  if (auto done = sb.try_remove_cgroup(); !done.ok()) spdlog::warn("run {}: {}", e.run_id, done.error().message);
 }
 
 void Spawner::check_limits(Clock::time_point now) {
@@ -745,7 +767,7 @@ void Spawner::reload() {
     // tool runner (its row and command), the key file and the run limit
     // change now. Warm sandboxes were made under the old set (its policies,
     // its venvs as they were): all end; the new set fills its own pools.
-    pools_.clear();
+    end_pools();
     previous_ = std::move(set_.policies);
     previous_until_ = Clock::now() + kPreviousSetLifetime;
     set_.policies = std::move(set->policies);
@@ -763,13 +785,14 @@ void Spawner::reload() {
 }
 
 // What one turn of run()'s loop waits for, in this order: the signals, the
-// front end's socket and its pidfd, each run's pidfd, then each warm
-// sandbox's pidfd and its socket.
+// front end's socket and its pidfd, the spawn thread's eventfd, each run's
+// pidfd, then each warm sandbox's pidfd and its socket.
 struct Spawner::Watched {
   std::vector<pollfd> fds;
   std::vector<std::uint64_t> runs;  // by id
   // By pool key and seq: a reload or a stop on this turn ends every pool.
   std::vector<std::pair<std::string, std::uint64_t>> warm;
+  static constexpr std::size_t kFirstRun = 4;
 };
 
 // The descriptors of this turn, in Watched's order.
@@ -778,6 +801,7 @@ Spawner::Watched Spawner::watch_list() const {
   w.fds.push_back({signals_.get(), POLLIN, 0});
   w.fds.push_back({control_ ? control_.get() : -1, POLLIN, 0});
   w.fds.push_back({fe_pidfd_ ? fe_pidfd_.get() : -1, POLLIN, 0});
+  w.fds.push_back({spawn_thread_->fd(), POLLIN, 0});
   for (const auto& [id, l] : runs_) {
     w.fds.push_back({l.sb->pidfd(), POLLIN, 0});
     w.runs.push_back(id);
@@ -804,7 +828,7 @@ void Spawner::take_signals(Clock::time_point now) {
       spdlog::info("signal {}: stopping", si.ssi_signo);
       sd_notify(0, "STOPPING=1");
       stopping_ = true;
-      pools_.clear();
+      end_pools();
       // The front end drains (shutdown_grace), then exits; past that and
       // a margin it is killed.
       stop_deadline_ = now + set_.shutdown_grace + std::chrono::seconds(15);
@@ -836,13 +860,13 @@ void Spawner::read_front_end() {
 // is lost; one whose runner wrote on its socket is ready.
 void Spawner::watch_sandboxes(const Watched& w, Clock::time_point now) {
   for (std::size_t i = 0; i < w.runs.size(); ++i) {
-    if (!(w.fds[3 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    if (!(w.fds[Watched::kFirstRun + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
     auto it = runs_.find(w.runs[i]);
     if (it == runs_.end()) continue;
     finish(it->second);
     runs_.erase(it);
   }
-  for (std::size_t i = 0, at = 3 + w.runs.size(); i < w.warm.size(); ++i, at += 2) {
+  for (std::size_t i = 0, at = Watched::kFirstRun + w.runs.size(); i < w.warm.size(); ++i, at += 2) {
     auto found = pools_.find(w.warm[i].first);
     if (found == pools_.end()) continue;  // ended by a reload or the stop
     Pool* pool = &found->second;
@@ -868,6 +892,9 @@ int Spawner::run() {
   ::signal(SIGPIPE, SIG_IGN);
   signals_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!signals_) return critical(Error::from_errno("signalfd").message);
+  auto thread = SpawnThread::start(*engine_);
+  if (!thread.ok()) return critical(thread.error().message);
+  spawn_thread_ = std::move(thread).value();
   if (auto st = start_front_end(); !st.ok()) return critical(st.error().message);
   // One turn: what is due is started, the loop waits for any of its
   // descriptors or the next deadline, then handles what came in this
@@ -895,8 +922,10 @@ int Spawner::run() {
     if (w.fds[0].revents & POLLIN) take_signals(now);
     // 4. The front end's messages (at most 64 a turn).
     if (control_ && (w.fds[1].revents & (POLLIN | POLLHUP | POLLERR))) read_front_end();
-    // 5. Runs that ended; warm sandboxes that ended or became ready.
+    // 5. Runs that ended; warm sandboxes that ended or became ready, or
+    // that the spawn thread made.
     watch_sandboxes(w, now);
+    if (w.fds[3].revents & POLLIN) take_filled(now);
     // 6. The front end's end: its runs killed, another one due, or the stop.
     if (fe_pidfd_ && (w.fds[2].revents & POLLIN)) front_end_gone(now);
     // 7. A front end that does not stop in time is killed.
@@ -909,9 +938,10 @@ int Spawner::run() {
     // engine's pending clean-up.
     check_limits(now);
     tend_pools(now, n == 0 || !(w.fds[1].revents & POLLIN));
-    (void)engine_->collect_retired();
+    if (!spawn_thread_->busy()) (void)engine_->collect_retired();
   }
-  pools_.clear();
+  end_pools();
+  spawn_thread_.reset();  // a spawn under way finishes, and its sandbox ends
   (void)engine_->drain_retired(std::chrono::seconds(2));
   spdlog::info("stopped");
   return fe_exit_;

@@ -13,18 +13,19 @@
 //   Pools    the warm pools as they are (PoolState).
 //
 // Warm sandboxes: a policy with a warm_pool gets, per mode, up to its max
-// sandboxes made before any request (with the policy's own venv: a
+// sandboxes made before any request, on the spawn thread (spawn_thread.h) (with the policy's own venv: a
 // per-tool venv's run is always cold), with the policy's fixed environment
 // only, each waiting on its stdin socket. A Run that allows it takes a
 // ready one still alive (Started says so) and its wall-clock and CPU-time
 // limits count from then; none is ever used twice. They are made one at a
 // time, when no run has been in flight for a moment (or, for a pool short
 // for a while, at a slow pace), never past max_concurrent_runs in all nor
-// so many that runs would lack a uid slot.
+// so many that runs would lack a uid slot. How long a pool has been short
+// counts from the run that took from it, not from a turn of the loop.
 // A reload or a stop ends them all.
 //
 // The wall-clock and CPU-time limits and the kill are enforced here, in one
-// poll loop (no threads: the engine calls clone3). A front end that dies
+// poll loop; its only other thread is the spawn thread. A front end that dies
 // has its runs killed and is started again; one that cannot start ends the
 // spawner.
 #pragma once
@@ -38,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/spawner/spawn_thread.h"
 #include "daemon/wire/compiled.h"
 #include "isolate/base/result.h"
 #include "isolate/base/unique_fd.h"
@@ -95,12 +97,13 @@ class Spawner {
     bool ready = false;  // its runner wrote on the socket: it waits for the hand-over
   };
   struct Pool {
+    std::string key;                      // in pools_
     const SpawnPolicy* policy = nullptr;  // in set_ (pools end at a reload)
     RunMode mode = RunMode::Tool;
     std::vector<Pooled> idle;
     std::uint32_t target = 0;
     std::chrono::steady_clock::time_point last_run, paused_until;
-    std::chrono::steady_clock::time_point full_at;  // the last turn it had its target
+    std::chrono::steady_clock::time_point full_at;  // the last time it had its target
     std::uint64_t hits = 0, misses = 0, lost = 0;
     unsigned lost_in_a_row = 0;
   };
@@ -111,6 +114,8 @@ class Spawner {
   // (max: none wanted).
   Pool* next_to_fill(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::time_point& due);
   void fill(Pool& pool);
+  void take_filled(std::chrono::steady_clock::time_point now);  // the spawn thread's sandbox into its pool
+  void end_pools();  // a reload or the stop: every warm sandbox ends
 
   Status start_front_end();
   // The steps of one turn of run()'s loop, in the order it takes them.
@@ -145,6 +150,7 @@ class Spawner {
   std::chrono::steady_clock::time_point previous_until_{};
   static constexpr std::chrono::seconds kPreviousSetLifetime{60};
   std::unique_ptr<isolate::Engine> engine_;
+  std::unique_ptr<SpawnThread> spawn_thread_;  // after engine_: ends first
   UniqueFd listener_;
   bool owns_socket_file_ = false;
   dev_t socket_dev_ = 0;
@@ -162,6 +168,8 @@ class Spawner {
   std::map<std::uint64_t, Live> runs_;  // by the front end's id; orphans keep theirs
   std::uint64_t orphan_seq_ = 0;
   std::map<std::string, Pool> pools_;  // by fingerprint and mode
+  std::uint64_t pools_generation_ = 0;  // end_pools: a spawn under way is for pools that are gone
+  std::string filling_;                 // the key of the pool the spawn thread works for
   std::uint64_t pooled_seq_ = 0;
   std::chrono::steady_clock::time_point last_fill_{};
   std::chrono::steady_clock::time_point last_activity_{};  // a Run received, an Ended sent

@@ -296,7 +296,6 @@ std::string encode(const Ended& m) {
   w.u64(o.oom_kills);
   w.u64(o.pids_max_hits);
   w.str(o.engine_error);
-  w.str(o.cleanup_error);
   w.str(o.setup_path);
   w.strs(o.moved_aside);
   return w.take();

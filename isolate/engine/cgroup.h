@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <cstdint>
@@ -69,8 +70,8 @@ class Cgroups {
   // Human description for start-up logs and `status`.
   std::string describe() const;
   // v2 features found at the parent (kernel 5.14+ / 5.19+); false on v1.
-  bool has_cgroup_kill() const noexcept { return has_cgroup_kill_; }
-  bool has_memory_peak() const noexcept { return has_memory_peak_; }
+  bool has_cgroup_kill() const noexcept { return has_cgroup_kill_.load(std::memory_order_relaxed); }
+  bool has_memory_peak() const noexcept { return has_memory_peak_.load(std::memory_order_relaxed); }
 
   // Create a leaf named `name` under the parent and write its limits.
   Result<std::unique_ptr<CgroupLeaf>> create_leaf(const std::string& name, const CgroupLimits& limits);
@@ -90,8 +91,10 @@ class Cgroups {
   CgroupMode mode_ = CgroupMode::V2;
   std::string parent_;
   std::vector<Hierarchy> hierarchies_;  // v2: exactly one
-  bool has_memory_peak_ = false;        // v2 memory.peak (5.19+)
-  bool has_cgroup_kill_ = false;        // v2 cgroup.kill (5.14+)
+  // v2 memory.peak (5.19+), cgroup.kill (5.14+): probed again on each new
+  // leaf, which the spawner's spawn thread makes while its loop reads them.
+  std::atomic<bool> has_memory_peak_ = false;
+  std::atomic<bool> has_cgroup_kill_ = false;
   bool has_memsw_ = false;              // v1 memory.memsw.* (swap accounting on)
   bool has_kmem_tcp_ = false;           // v1 memory.kmem.tcp.limit_in_bytes
 };

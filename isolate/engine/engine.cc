@@ -21,6 +21,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "isolate/base/random.h"
@@ -155,11 +156,18 @@ struct Retired {
   std::uint32_t slot = 0;
 };
 
+// Locked: a Sandbox may be made on one thread (the spawner's spawn thread)
+// and destroyed on another.
 struct EngineCore {
   std::unique_ptr<Cgroups> cgroups;
-  std::vector<Retired> retired;
+
+  void retire(Retired r) {
+    std::lock_guard lock(mu);
+    retired.push_back(std::move(r));
+  }
 
   std::size_t collect() {
+    std::lock_guard lock(mu);
     for (auto it = retired.begin(); it != retired.end();) {
       if (!it->reaped && it->pidfd) {
         siginfo_t si{};
@@ -186,19 +194,22 @@ struct EngineCore {
     }
     return retired.size();
   }
+
+ private:
+  std::mutex mu;
+  std::vector<Retired> retired;
 };
 
 // ---------------------------------------------------------------- Sandbox
 
 Sandbox::~Sandbox() {
-  // Never blocks: what the kernel is not done with yet (an init still
-  // exiting, a busy leaf, with the uid-slot lease, held until both are
-  // gone) stays with the engine, which finishes the clean-up later
-  // (collect_retired); what is done goes at once.
+  // Never blocks: what is left (an init to reap, a leaf to remove, with the
+  // uid-slot lease, held until both are gone) goes to the engine, whose
+  // owner collects it when it chooses (collect_retired: the spawner not
+  // while its spawn thread may hold the kernel's cgroup lock).
   if (!core_) return;
   if (pidfd_ && !reaped_) kill();
-  core_->retired.push_back(Retired{std::move(pidfd_), reaped_, std::move(leaf_), std::move(uid_slot_), slot_});
-  (void)core_->collect();
+  core_->retire(Retired{std::move(pidfd_), reaped_, std::move(leaf_), std::move(uid_slot_), slot_});
 }
 
 void Sandbox::kill() noexcept {
@@ -433,7 +444,7 @@ void Engine::reclaim_at_start() {
     if (!leaf || name.rfind(config_.leaf_prefix + ".", 0) != 0) continue;
     (void)leaf->kill_all();
     names += (names.empty() ? "" : ", ") + name;
-    core_->retired.push_back(Retired{UniqueFd(), true, std::move(leaf), UniqueFd(), 0});
+    core_->retire(Retired{UniqueFd(), true, std::move(leaf), UniqueFd(), 0});
   }
   if (!names.empty())
     startup_notes_.push_back("reclaiming " + std::to_string(config_.stale_leaves.size()) +
@@ -498,6 +509,9 @@ struct Engine::Launch {
     sb->started_ = std::chrono::steady_clock::now();
     sb->run_id_ = random_hex(8);
     sb->limits_ = spec.limits;
+    // The engine's own state (the next slot, the leaf counter) is shared by
+    // spawns on several threads.
+    std::lock_guard lock(engine.reserve_mu_);
     auto lease = engine.lease_uid_slot(&sb->slot_);
     if (!lease.ok()) return std::move(lease).error().wrap("a uid slot");
     sb->uid_slot_ = std::move(lease).value();

@@ -8,9 +8,11 @@
 //   supervise()      per run (isolate/supervise/supervise.h): I/O, limits, result.
 //   Engine::run      blocking spawn + supervise, for the command line.
 //
-// Single-threaded by design: clone3 must be called from a process with one
-// thread (the child inherits only the calling thread, and locks held by
-// others would stay held forever in the child).
+// Engine::spawn may run on several threads at once (the spawner makes warm
+// sandboxes on a thread of their own, docs/ARCHITECTURE.md): the engine's
+// shared state is locked, and the clone3 child (child.h) takes no lock and
+// allocates nothing, so a lock another thread held at clone3 never matters
+// to it. A Sandbox is used by one thread at a time.
 #pragma once
 
 #include <sys/types.h>
@@ -19,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -99,7 +102,6 @@ struct Observations {
   bool socket_limit_reached = false;  // v1: socket buffers reached the run's memory limit
   std::string engine_error;  // the engine could not start the run: why (nothing ran)
   int engine_errno = 0;
-  std::string cleanup_error;  // the run's cgroup leaf could not be removed: why
 };
 struct RunResult;  // isolate/supervise/outcome.h
 struct EngineCore;  // shared by the engine and its sandboxes (engine.cc)
@@ -234,7 +236,8 @@ class Engine {
   UniqueFd empty_dir_;       // O_PATH of <state_dir>/empty, the overlays' lowest layer
   std::uint64_t seq_ = 0;
   std::string instance_;     // random tag in leaf names (see spawn)
-  std::uint32_t next_slot_ = 0;
+  std::uint32_t next_slot_ = 0;     // with seq_: under reserve_mu_
+  std::mutex reserve_mu_;
   std::vector<std::string> startup_notes_;
 };
 

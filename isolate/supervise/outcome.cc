@@ -69,7 +69,6 @@ void classify(const Observations& o, RunResult& r) {
   if (r.reason != EndReason::Exited && r.reason != EndReason::Signaled) {
     if (!o.have_tool_status || WIFSIGNALED(o.tool_status)) r.exit_code = -1;
   }
-  if (r.error.empty()) r.error = o.cleanup_error;
 }
 
 RunResult setup_failure_result(const Error& err) {

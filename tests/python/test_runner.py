@@ -66,7 +66,11 @@ POOLED_BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\n"
                "toolsandbox_runner.run_pooled()\n" % os.path.dirname(RUNNER))
 PROGRAM = ["-c", BOOT]
 CHANNEL_PROGRAM = ["-c", CHANNEL_BOOT]
-POOLED_PROGRAM = ["-c", POOLED_BOOT]
+# The daemon's pooled command ends with the policy's warm_pool.preload, by
+# default what Letta's generated scripts import (kLettaPreload in
+# daemon/policy/policy.h).
+LETTA_PRELOAD = ["base64", "hashlib", "json", "pickle", "struct", "sys", "typing"]
+POOLED_PROGRAM = ["-c", POOLED_BOOT, *LETTA_PRELOAD]
 # A warm runner's ready line (kChannelReady in daemon/frontend/letta/letta.h).
 READY = b"TSB1 ready\n"
 TIMEOUT = 60  # seconds, per runner started
@@ -1435,6 +1439,32 @@ class PooledHandOver(unittest.TestCase):
                     part({"environ": {}, "more": 1}), part([1])):
             r, _ = self.exchange(bad + tool)
             self.assertEqual((r.code, r.declaration, r.payload), (3, b"", None), (bad, r))
+
+    def test_preloaded_modules_are_loaded_and_argv_is_a_cold_starts(self):
+        # The modules after the program are imported before the ready line;
+        # the tool then finds them loaded, and sys.argv as a cold start's.
+        tool = ("import sys\n"
+                "def f():\n"
+                "    return [sys.argv, 'email.mime.text' in sys.modules, 'xml.dom.minidom' in sys.modules]\n")
+        first = environ_part({}) + part({"tool_name": "f", "source_code": tool})
+        r, _ = self.exchange(first, program=["-c", POOLED_BOOT, "email.mime.text"])
+        self.assertEqual(r.code, 0, r)
+        self.assertEqual(r.results, [["-c"], True, False])
+
+    def test_a_module_that_cannot_be_preloaded_ends_the_runner_before_ready(self):
+        for module, why in (("no_such_module_tsb", b"ModuleNotFoundError"), ("json.no_such_part", b"ModuleNotFoundError")):
+            ours, theirs = socket.socketpair()
+            with ours:
+                with theirs:
+                    proc = subprocess.Popen([PYTHON, *FLAGS, "-c", POOLED_BOOT, "json", module], stdin=theirs,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                ours.settimeout(TIMEOUT)
+                got = ours.recv(len(READY), socket.MSG_WAITALL)
+                _, err = proc.communicate(timeout=TIMEOUT)
+            self.assertEqual(got, b"", "no ready line")
+            self.assertEqual(proc.returncode, 3)
+            self.assertIn(b"cannot preload module " + module.encode(), err)
+            self.assertIn(why, err)
 
     def test_ready_before_any_request(self):
         ours, theirs = socket.socketpair()

@@ -1201,15 +1201,22 @@ TEST(PolicyWarmPool, PooledCommandsAndTheRunnerForScripts) {
   EXPECT_EQ(p->warm.min, 1u);
   EXPECT_EQ(p->warm.idle.count(), 90'000);
   EXPECT_NE(p->fingerprint, cold->fingerprint);
-  EXPECT_EQ(p->canonical["warm_pool"], (nlohmann::json{{"max", 3}, {"min", 1}, {"idle", "90s"}}));
+  EXPECT_EQ(p->canonical["warm_pool"],
+            (nlohmann::json{{"max", 3}, {"min", 1}, {"idle", "90s"}, {"preload", kLettaPreload}}));
   EXPECT_FALSE(cold->canonical.contains("warm_pool")) << "no pool: the fingerprints of policies without one stay";
   auto sp = to_spawn_policy(*p, runner);
   ASSERT_TRUE(sp.ok()) << sp.error().message;
   EXPECT_EQ(sp->warm_max, 3u);
   const auto& tool = sp->modes[static_cast<int>(spawn::RunMode::Tool)];
   const auto& script = sp->modes[static_cast<int>(spawn::RunMode::Script)];
-  EXPECT_EQ(tool.pooled_argv.back(), std::string(kRunnerPooledBoot));
-  EXPECT_EQ(script.pooled_argv.back(), script_launcher(true));
+  // The program, then the modules to preload (by default Letta's imports).
+  const std::size_t n = kLettaPreload.size();
+  ASSERT_GT(tool.pooled_argv.size(), n);
+  ASSERT_GT(script.pooled_argv.size(), n);
+  EXPECT_EQ(tool.pooled_argv[tool.pooled_argv.size() - n - 1], std::string(kRunnerPooledBoot));
+  EXPECT_EQ(script.pooled_argv[script.pooled_argv.size() - n - 1], script_launcher(true));
+  EXPECT_EQ(std::vector<std::string>(tool.pooled_argv.end() - n, tool.pooled_argv.end()), kLettaPreload);
+  EXPECT_EQ(std::vector<std::string>(script.pooled_argv.end() - n, script.pooled_argv.end()), kLettaPreload);
   EXPECT_EQ(script.argv.back(), script_launcher(false));
   EXPECT_NE(script_launcher(true).find("await_script()"), std::string::npos);
   EXPECT_NE(script_launcher(false).find("sys.stdin.buffer.read()"), std::string::npos);
@@ -1226,6 +1233,39 @@ TEST(PolicyWarmPool, PooledCommandsAndTheRunnerForScripts) {
                           R"({"version": 1, "backend": "e2b", "warm_pool": {"max": 2}})"})
     EXPECT_FALSE(load_text(t, bad).ok()) << bad;
   EXPECT_TRUE(load_text(t, R"({"version": 1, "warm_pool": null})").ok());
+}
+
+// warm_pool.preload: dotted module names only (they become the runner's
+// arguments), each once, at most 64; [] preloads nothing; the list is in
+// the fingerprint.
+TEST(PolicyWarmPool, PreloadNamesModulesOnly) {
+  TempDir t;
+  const std::string runner = t.write("runner/toolsandbox_runner.py", "def run(): pass\n");
+  auto p = load_text(t, R"({"version": 1, "warm_pool": {"max": 2, "preload": ["numpy", "email.mime.text", "_ssl"]}})");
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  EXPECT_EQ(p->warm.preload, (std::vector<std::string>{"numpy", "email.mime.text", "_ssl"}));
+  auto none = load_text(t, R"({"version": 1, "warm_pool": {"max": 2, "preload": []}})");
+  auto dflt = load_text(t, R"({"version": 1, "warm_pool": {"max": 2}})");
+  ASSERT_TRUE(none.ok() && dflt.ok());
+  EXPECT_TRUE(none->warm.preload.empty());
+  EXPECT_NE(none->fingerprint, dflt->fingerprint);
+  EXPECT_NE(p->fingerprint, dflt->fingerprint);
+  auto sp = to_spawn_policy(*none, runner);
+  ASSERT_TRUE(sp.ok()) << sp.error().message;
+  EXPECT_EQ(sp->modes[static_cast<int>(spawn::RunMode::Tool)].pooled_argv.back(), std::string(kRunnerPooledBoot));
+  for (const char* bad : {"\"-c\"", "\"os; import x\"", "\"a..b\"", "\".a\"", "\"a.\"", "\"1abc\"", "\"a b\"",
+                          "\"\"", "\"numpy\", \"numpy\"", "3", "\"caf\u00e9\""}) {
+    const std::string doc = std::string(R"({"version": 1, "warm_pool": {"max": 2, "preload": [)") + bad + "]}}";
+    auto r = load_text(t, doc);
+    EXPECT_FALSE(r.ok()) << doc;
+    if (!r.ok()) {
+      EXPECT_NE(r.error().message.find("p.json:1:"), std::string::npos) << r.error().message;
+    }
+  }
+  std::string many = R"({"version": 1, "warm_pool": {"max": 2, "preload": [)";
+  for (int i = 0; i < 65; ++i) many += (i ? ", \"m" : "\"m") + std::to_string(i) + "\"";
+  EXPECT_FALSE(load_text(t, many + "]}}").ok()) << "65 modules";
+  EXPECT_FALSE(load_text(t, R"({"version": 1, "warm_pool": {"max": 2, "preload": [")" + std::string(129, 'a') + "\"]}}").ok());
 }
 
 // ---------------------------------------------------------------------------

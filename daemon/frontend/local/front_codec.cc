@@ -104,7 +104,6 @@ Result<Ended> decode_ended(std::string_view b) {
   o.oom_kills = r.u64();
   o.pids_max_hits = r.u64();
   o.engine_error = r.str(kMaxValue);
-  o.cleanup_error = r.str(kMaxValue);
   o.setup_path = r.str(kMaxValue);
   o.moved_aside = r.strs(64, kMaxValue);
   return finish_message(r, std::move(m), "ended");

@@ -93,6 +93,17 @@ class _Environ:
         _environ_block = buf  # the kernel reads it from here on, for the life of the process
 
 
+def _preload(modules):
+    """Imports each module, as a tool's `import` would; one that cannot be
+    imported ends the sandbox before it is ready (the pool counts it lost):
+    a module half imported is not what a cold run would find."""
+    for name in modules:
+        try:
+            __import__(name)
+        except BaseException as e:  # noqa: B036  (its import may raise anything, SystemExit included)
+            raise Fatal("cannot preload module %s: %s: %s" % (name, type(e).__name__, e)) from None
+
+
 def _await_hand_over(tool=False):
     """A pooled runner's wait: the channel taken off fd 0, what the run
     needs loaded, "ready" written, then the request's environment adopted.
@@ -103,9 +114,11 @@ def _await_hand_over(tool=False):
     one, whose code never runs before the declaration."""
     chan = _take_channel()
     environ = _Environ()
-    # The standard library modules Letta's namespace (_run_tool) and Letta's
-    # generated scripts import: loaded now, they cost the run nothing.
-    import base64, hashlib, pickle, typing  # noqa: F401,E401
+    # The policy's warm_pool.preload (by default what Letta's generated
+    # scripts import) follows the program in argv: emptied, as a cold
+    # start's is, then imported after the venv's site-packages are set up.
+    preload = sys.argv[1:]
+    del sys.argv[1:]
 
     # An interpreter's first compile sets up the parser (most of a
     # millisecond): done now, for the declaration's parse and the tool's
@@ -122,6 +135,7 @@ def _await_hand_over(tool=False):
         from . import letta_models, unpickler  # noqa: F401
 
         _tool_process_setup()
+    _preload(preload)
     _write_all(chan, CHANNEL_READY)
     try:
         environ.adopt(_read_part(chan))
