@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""A tool call after quiet: the daemon as shipped (its embedded default
-policy and warm pool, nothing kept awake) against bare Python and
+"""A tool call after quiet: the daemon as shipped (the shipped policies,
+copied as they are, and their warm pool, nothing kept awake) against bare Python and
 bubblewrap, after 0.02, 0.1, 1 and 10 s of an idle host between calls.
 
 Letta's traffic is sparse: a tool call between two model calls, seconds
@@ -188,8 +188,9 @@ def main() -> int:
         sys.exit("bwrap is not installed (scripts/lib.sh installs bubblewrap)")
     gaps = [float(g) for g in args.gaps.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="tsb-gap-", dir="/run" if os.access("/run", os.W_OK) else None))
+    pol = write_policies(tmp, args.heavy)
     proc, sock = start_daemon(args.build, tmp, 16, tag="-gap",
-                              extra={"policies_dir": str(write_policies(tmp, args.heavy))})
+                              extra={"policies_dir": str(pol), "organizations": str(pol / "organizations.json")})
     results = {}
     try:
         print("# gap_bench: the daemon as shipped, after quiet (%s, %d CPUs)" % (time.strftime("%Y-%m-%d %H:%M"),

@@ -10,6 +10,7 @@
 
 #include "daemon/common/quote.h"
 #include "daemon/compile/host.h"
+#include "daemon/compile/prepare.h"
 #include "daemon/compile/spawn_policy.h"
 #include "daemon/compile/set_codec.h"
 #include "daemon/wire/compiled.h"
@@ -49,6 +50,7 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
   // capability: the spawner's root process creates none of it.
   if (setup) {
     if (auto st = tsb::policy::prepare_engine(out.engine, ::getppid()); !st.ok()) return std::move(st).error().wrap("engine");
+    if (const std::string note = isolate::cgroup_v1_note(); !note.empty()) spdlog::warn("{}", note);
   }
   auto init = tsb::policy::compile_init_filter();
   if (!init.ok()) return std::move(init).error().wrap("compiling the init filter");

@@ -644,7 +644,8 @@ void Spawner::finish(Live& l) {
   Ended e;
   e.id = l.id;
   e.wall = Clock::now() - l.started;
-  (void)sb.reap();
+  pollfd exited{sb.pidfd(), POLLIN, 0};
+  if (::poll(&exited, 1, 0) == 1) (void)sb.reap();  // else init is still exiting: reaped with the engine's clean-up
   e.run_id = sb.run_id();
   e.host_uid = sb.host_uid();
   sb.read_reports(l.obs);
@@ -804,6 +805,7 @@ Spawner::Watched Spawner::watch_list() const {
   w.fds.push_back({spawn_thread_->fd(), POLLIN, 0});
   for (const auto& [id, l] : runs_) {
     w.fds.push_back({l.sb->pidfd(), POLLIN, 0});
+    w.fds.push_back({l.sb->report_fd(), POLLIN, 0});
     w.runs.push_back(id);
   }
   for (const auto& [key, pool] : pools_)
@@ -860,13 +862,19 @@ void Spawner::read_front_end() {
 // is lost; one whose runner wrote on its socket is ready.
 void Spawner::watch_sandboxes(const Watched& w, Clock::time_point now) {
   for (std::size_t i = 0; i < w.runs.size(); ++i) {
-    if (!(w.fds[Watched::kFirstRun + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    const pollfd* fd = &w.fds[Watched::kFirstRun + 2 * i];
+    const bool exited = fd[0].revents & (POLLIN | POLLHUP | POLLERR);
     auto it = runs_.find(w.runs[i]);
-    if (it == runs_.end()) continue;
+    if (it == runs_.end() || !(exited || fd[1].revents)) continue;
+    // init's last report is the tool's status: the run has ended, and its
+    // Ended goes now, not after init's own exit (the namespaces' teardown,
+    // a millisecond or more), which the engine reaps later.
+    if (!exited) it->second.sb->read_reports(it->second.obs);
+    if (!exited && !it->second.obs.have_tool_status && !(fd[1].revents & (POLLHUP | POLLERR))) continue;
     finish(it->second);
     runs_.erase(it);
   }
-  for (std::size_t i = 0, at = Watched::kFirstRun + w.runs.size(); i < w.warm.size(); ++i, at += 2) {
+  for (std::size_t i = 0, at = Watched::kFirstRun + 2 * w.runs.size(); i < w.warm.size(); ++i, at += 2) {
     auto found = pools_.find(w.warm[i].first);
     if (found == pools_.end()) continue;  // ended by a reload or the stop
     Pool* pool = &found->second;

@@ -123,6 +123,9 @@ class Sandbox {
   const std::string& run_id() const noexcept { return run_id_; }
   pid_t pid() const noexcept { return pid_; }
   int pidfd() const noexcept { return pidfd_.get(); }
+  // Readable when init has reported: its last report is the tool's status,
+  // after which it only exits (isolate/init/init.cc).
+  int report_fd() const noexcept { return report_r_.get(); }
   std::uint32_t host_uid() const noexcept { return host_uid_; }
   const Limits& limits() const noexcept { return limits_; }
   std::chrono::steady_clock::time_point started() const noexcept { return started_; }
@@ -137,8 +140,8 @@ class Sandbox {
   UniqueFd take_stderr() noexcept { return std::move(stderr_r_); }
   // Network egress: the socket the proxy's listener arrives on (plan.h).
   UniqueFd take_egress() noexcept { return std::move(egress_); }
-  // After the pidfd became readable: what the sandbox's init and its
-  // clone3 child reported (isolate/engine/stage.h) into `o`.
+  // What the sandbox's init and its clone3 child reported so far
+  // (isolate/engine/stage.h), added to `o`; never blocks.
   void read_reports(Observations& o) const;
 
   // SIGKILL the whole tree now (pid namespace and cgroup). Idempotent.
