@@ -787,7 +787,7 @@ void Spawner::reload() {
 
 // What one turn of run()'s loop waits for, in this order: the signals, the
 // front end's socket and its pidfd, the spawn thread's eventfd, each run's
-// pidfd, then each warm sandbox's pidfd and its socket.
+// pidfd and report pipe, then each warm sandbox's pidfd and its socket.
 struct Spawner::Watched {
   std::vector<pollfd> fds;
   std::vector<std::uint64_t> runs;  // by id
