@@ -50,7 +50,6 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
   // capability: the spawner's root process creates none of it.
   if (setup) {
     if (auto st = tsb::policy::prepare_engine(out.engine, ::getppid()); !st.ok()) return std::move(st).error().wrap("engine");
-    if (const std::string note = isolate::cgroup_v1_note(); !note.empty()) spdlog::warn("{}", note);
   }
   auto init = tsb::policy::compile_init_filter();
   if (!init.ok()) return std::move(init).error().wrap("compiling the init filter");

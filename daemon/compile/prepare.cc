@@ -26,7 +26,6 @@ struct Mounted {
   };
   std::vector<V1> v1;
   std::string own_v2;
-  bool v1_favordynmods = false;  // a v1 hierarchy mounted with it (the kernel's switch is global)
 };
 
 // /proc/self/mountinfo and /proc/self/cgroup.
@@ -53,7 +52,6 @@ Result<Mounted> read_mounted() {
       std::istringstream opts(superopts);
       std::string opt;
       while (std::getline(opts, opt, ',')) {
-        m.v1_favordynmods = m.v1_favordynmods || opt == "favordynmods";
         for (const char* c : kV1Controllers)
           if (opt == c && std::none_of(m.v1.begin(), m.v1.end(), [&](const auto& h) { return h.controller == c; }))
             m.v1.push_back({c, mnt, "/"});
@@ -88,15 +86,6 @@ void chain(const std::string& mount, const std::string& dir, std::vector<std::st
 }
 
 }  // namespace
-
-std::string cgroup_v1_note() {
-  auto m = read_mounted();
-  const bool v1_memory = m.ok() && std::any_of(m->v1.begin(), m->v1.end(), [](const auto& h) { return h.controller == "memory"; });
-  if (!v1_memory || m->v1_favordynmods) return "";
-  return "cgroup v1 without favordynmods: a cold run's move into its cgroup waits 9-23 ms after a quiet moment "
-         "(warm sandboxes are made off the run path); the cgroup mount option favordynmods (Linux 6.0+) removes the "
-         "wait, for the whole host until it reboots (docs/BENCHMARKS.md, \"After quiet\")";
-}
 
 Result<CgroupPlacement> prepare_cgroups(const std::string& parent_in) {
   const bool self_mode = parent_in == "self";

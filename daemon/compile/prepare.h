@@ -30,12 +30,6 @@ namespace tsb::isolate {
 // missing (a controller, a hierarchy, the delegation).
 Result<CgroupPlacement> prepare_cgroups(const std::string& parent);
 
-// On a v1 host whose hierarchies lack favordynmods: a sentence for the
-// daemon's log, saying what a cold run's start waits for and the kernel's
-// way around it (global to the host: the daemon recommends it, never sets
-// it). "" elsewhere.
-std::string cgroup_v1_note();
-
 // The engine's state directory: itself (0711), the staging root (0755),
 // the overlays' empty lowest layer (0555) and the engines' lock directory
 // (0700), with these modes whatever the umask. Sandboxes resolve the

@@ -659,11 +659,9 @@ void Spawner::finish(Live& l) {
   e.observations = std::move(l.obs);
   if (!l.orphan) send(encode(e));
   last_activity_ = Clock::now();
-  // After the Ended, and not while the spawn thread works: removing a leaf
-  // waits for the kernel's cgroup lock, which a spawn may hold through an
-  // RCU grace period (v1). One attempt; a leaf still busy, or left for
-  // later, goes to the engine's pending clean-up with the Sandbox.
-  if (spawn_thread_->busy()) return;
+  // After the Ended (a removal takes the kernel's cgroup lock). One
+  // attempt; a leaf still busy goes to the engine's pending clean-up with
+  // the Sandbox.
   if (auto done = sb.try_remove_cgroup(); !done.ok()) spdlog::warn("run {}: {}", e.run_id, done.error().message);
 }
 
@@ -946,7 +944,7 @@ int Spawner::run() {
     // engine's pending clean-up.
     check_limits(now);
     tend_pools(now, n == 0 || !(w.fds[1].revents & POLLIN));
-    if (!spawn_thread_->busy()) (void)engine_->collect_retired();
+    (void)engine_->collect_retired();
   }
   end_pools();
   spawn_thread_.reset();  // a spawn under way finishes, and its sandbox ends

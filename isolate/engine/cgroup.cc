@@ -46,11 +46,15 @@ std::uint64_t parse_u64(const std::string& text) {
   return v;
 }
 
+// A counter file's text; "" (so 0) when it cannot be read.
+std::string text_of(const std::string& path) {
+  auto t = read_text_file(path);
+  return t.ok() ? std::move(t).value() : std::string();
+}
+
 std::vector<pid_t> list_pids(const std::string& procs_file) {
   std::vector<pid_t> pids;
-  auto text = read_text_file(procs_file);
-  if (!text.ok()) return pids;
-  std::istringstream in(*text);
+  std::istringstream in(text_of(procs_file));
   pid_t p;
   while (in >> p) pids.push_back(p);
   return pids;
@@ -210,12 +214,15 @@ std::string CgroupLeaf::file(const char* controller, const char* f) const {
   return path(0) + "/" + f;
 }
 
-Status CgroupLeaf::attach_from_parent(pid_t pid) {
-  if (owner_->mode_ == CgroupMode::V2) return {};
-  std::string p = std::to_string(pid);
-  for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i)
-    TSB_TRY(write_text_file(path(i) + "/cgroup.procs", p), "moving the sandbox into its cgroup");
-  return {};
+Result<std::vector<UniqueFd>> CgroupLeaf::join_fds() const {
+  std::vector<UniqueFd> fds;
+  if (owner_->mode_ == CgroupMode::V2) return fds;
+  for (std::size_t i = 0; i < owner_->hierarchies_.size(); ++i) {
+    const std::string tasks = path(i) + "/tasks";
+    fds.emplace_back(::open(tasks.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fds.back()) return Error::from_errno("open '" + tasks + "'");
+  }
+  return fds;
 }
 
 Status CgroupLeaf::kill_all() {
@@ -238,41 +245,30 @@ Status CgroupLeaf::kill_all() {
 }
 
 std::chrono::nanoseconds CgroupLeaf::cpu_usage() const {
-  if (owner_->mode_ == CgroupMode::V2) {
-    auto t = read_text_file(path(0) + "/cpu.stat");
-    return t.ok() ? std::chrono::microseconds(keyed_value(*t, "usage_usec")) : std::chrono::nanoseconds(0);
-  }
-  auto t = read_text_file(file("cpuacct", "cpuacct.usage"));
-  return std::chrono::nanoseconds(t.ok() ? parse_u64(*t) : 0);
+  if (owner_->mode_ == CgroupMode::V2) return std::chrono::microseconds(keyed_value(text_of(path(0) + "/cpu.stat"), "usage_usec"));
+  return std::chrono::nanoseconds(parse_u64(text_of(file("cpuacct", "cpuacct.usage"))));
 }
 
 bool CgroupLeaf::socket_limit_reached() const {
   if (owner_->mode_ == CgroupMode::V2 || !owner_->has_kmem_tcp_) return false;
-  auto limit = read_text_file(file("memory", "memory.kmem.tcp.limit_in_bytes"));
-  auto peak = read_text_file(file("memory", "memory.kmem.tcp.max_usage_in_bytes"));
-  return limit.ok() && peak.ok() && parse_u64(*peak) >= parse_u64(*limit);
+  const std::string limit = text_of(file("memory", "memory.kmem.tcp.limit_in_bytes"));
+  const std::string peak = text_of(file("memory", "memory.kmem.tcp.max_usage_in_bytes"));
+  return !limit.empty() && !peak.empty() && parse_u64(peak) >= parse_u64(limit);
 }
 
 CgroupStats CgroupLeaf::stats() const {
   CgroupStats s;
   s.cpu = cpu_usage();
   if (owner_->mode_ == CgroupMode::V2) {
-    if (owner_->has_memory_peak_) {
-      auto t = read_text_file(path(0) + "/memory.peak");
-      if (t.ok()) s.peak_memory_bytes = parse_u64(*t);
-    }
-    auto ev = read_text_file(path(0) + "/memory.events");
-    if (ev.ok()) s.oom_kills = keyed_value(*ev, "oom_kill") + keyed_value(*ev, "oom_group_kill");
-    auto pe = read_text_file(path(0) + "/pids.events");
-    if (pe.ok()) s.pids_max_hits = keyed_value(*pe, "max");
+    if (owner_->has_memory_peak_) s.peak_memory_bytes = parse_u64(text_of(path(0) + "/memory.peak"));
+    const std::string events = text_of(path(0) + "/memory.events");
+    s.oom_kills = keyed_value(events, "oom_kill") + keyed_value(events, "oom_group_kill");
+    s.pids_max_hits = keyed_value(text_of(path(0) + "/pids.events"), "max");
     return s;
   }
-  auto peak = read_text_file(file("memory", "memory.max_usage_in_bytes"));
-  if (peak.ok()) s.peak_memory_bytes = parse_u64(*peak);
-  auto oom = read_text_file(file("memory", "memory.oom_control"));
-  if (oom.ok()) s.oom_kills = keyed_value(*oom, "oom_kill");
-  auto pe = read_text_file(file("pids", "pids.events"));
-  if (pe.ok()) s.pids_max_hits = keyed_value(*pe, "max");
+  s.peak_memory_bytes = parse_u64(text_of(file("memory", "memory.max_usage_in_bytes")));
+  s.oom_kills = keyed_value(text_of(file("memory", "memory.oom_control")), "oom_kill");
+  s.pids_max_hits = keyed_value(text_of(file("pids", "pids.events")), "max");
   return s;
 }
 

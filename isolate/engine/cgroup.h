@@ -110,8 +110,14 @@ class CgroupLeaf {
 
   // v2: an O_DIRECTORY fd of the leaf for clone3(CLONE_INTO_CGROUP); -1 on v1.
   int clone_fd() const noexcept { return v2_fd_.get(); }
-  // v1 only: move `pid` into the leaf of every hierarchy (v2 never migrates).
-  Status attach_from_parent(pid_t pid);
+  // v1 only: every hierarchy's `tasks` file of the leaf, opened for writing
+  // (close-on-exec), for the clone3 child to move itself in by writing "0"
+  // (child.cc): a task that moves only itself is the one migration that
+  // skips the kernel's global threadgroup lock, whose write side waits an
+  // RCU grace period (~10 ms here after quiet; docs/BENCHMARKS.md). The
+  // write is checked against the opener's credentials (root's). None on v2,
+  // where clone3 places the child (CLONE_INTO_CGROUP).
+  Result<std::vector<UniqueFd>> join_fds() const;
   // Kill every process in the leaf: cgroup.kill on v2; on v1 freeze, SIGKILL
   // each listed task, thaw, until the leaf is empty.
   Status kill_all();

@@ -85,6 +85,16 @@ int open_proc_file(int proc, const char* path) noexcept {
     ::close(fd);
   }
 
+  // v1: into the run's leaf, each hierarchy's, by writing "0" (this task
+  // only) to its `tasks` file, opened by the engine: the kernel checks the
+  // opener's credentials, and a task moving only itself takes no global
+  // lock (cgroup.h, join_fds). Before anything of the run is charged; the
+  // descriptors close at the execve, so nothing of the sandbox ever holds
+  // one. On v2 clone3 placed us (CLONE_INTO_CGROUP) and there are none.
+  // (No handler is set: no EINTR.)
+  for (std::size_t i = 0; i < c.njoin; ++i)
+    if (::write(c.join[i].get(), "0", 1) != 1) fail(c, Stage::CgroupJoin);
+
   // Wait until the parent has written our uid/gid maps (setgroups is
   // denied first, so no supplementary group can ever be dropped or added).
   char sync = 0;

@@ -1,7 +1,7 @@
 // The engine's clone3 child (child.cc): pid 1 of the new pid namespace,
 // from clone3 until it executes toolsandbox-init, which builds the sandbox
-// (isolate/init/). It only waits for its id maps, becomes the namespace's
-// root and executes init: everything else happens in init's fresh address
+// (isolate/init/). It only moves itself into its cgroup leaf (v1), waits
+// for its id maps, becomes the namespace's root and executes init: everything else happens in init's fresh address
 // space, outside the root process.
 //
 // It runs between clone3 and execve in a copy of the engine, so: no
@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstddef>
+
+#include "isolate/base/unique_fd.h"
 
 namespace tsb::isolate {
 
@@ -22,6 +24,8 @@ struct ChildStart {
   int proc_fd;     // the engine's /proc, checked (open_proc_file)
   const int* keep;  // descriptors init gets (the plan names them), made inheritable here
   std::size_t nkeep;
+  const UniqueFd* join;  // v1: the leaf's `tasks` files (CgroupLeaf::join_fds), close-on-exec
+  std::size_t njoin;
   bool memfd_noexec;  // write vm.memfd_noexec=2 for the new pid namespace
   char report_arg[16];  // init's arguments: the report pipe's and the plan's descriptors
   char plan_arg[16];

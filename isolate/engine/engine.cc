@@ -501,6 +501,7 @@ struct Engine::Launch {
   PreparedFs fs;
   UniqueFd plan;
   std::vector<int> keep;  // what init gets across its execve: the descriptors the plan names
+  std::vector<UniqueFd> join;  // v1: the leaf's `tasks` files, for the child (closed after the clone)
 
   // The Sandbox, with the run's uid slot and its cgroup leaf.
   Status reserve() {
@@ -525,6 +526,9 @@ struct Engine::Launch {
     auto leaf = engine.core_->cgroups->create_leaf(name, limits);
     if (!leaf.ok()) return std::move(leaf).error().wrap("creating the run's cgroup");
     sb->leaf_ = std::move(leaf).value();
+    auto join_fds = sb->leaf_->join_fds();
+    if (!join_fds.ok()) return std::move(join_fds).error().wrap("cgroup v1: the run's leaf");
+    join = std::move(join_fds).value();
     return {};
   }
 
@@ -597,8 +601,9 @@ struct Engine::Launch {
   }
 
   // clone3 into new namespaces; on v2 the child is born in its leaf
-  // (CLONE_INTO_CGROUP): no migration, which would cost milliseconds after
-  // idle (docs/BENCHMARKS.md). Every signal is blocked across clone3, and
+  // (CLONE_INTO_CGROUP), on v1 it moves itself in first thing (join_fds):
+  // either way no migration by the parent, whose global lock waits an RCU
+  // grace period (~10 ms after quiet; docs/BENCHMARKS.md). Every signal is blocked across clone3, and
   // CLONE_CLEAR_SIGHAND gives the child default handlers: no handler of
   // the engine can ever run in the child, which then resets its mask and
   // dispositions itself (systemd's safe_fork_full does the same around
@@ -606,6 +611,7 @@ struct Engine::Launch {
   Status clone_child() {
     ChildStart start{.sync_fd = sync.r.get(), .sync_w_fd = sync.w.get(), .report_fd = rep.w.get(),
                      .init_fd = engine.init_exe_.get(), .proc_fd = engine.proc_.get(), .keep = keep.data(), .nkeep = keep.size(),
+                     .join = join.data(), .njoin = join.size(),
                      .memfd_noexec = engine.features_.memfd_noexec, .report_arg = {}, .plan_arg = {}};
     std::snprintf(start.report_arg, sizeof start.report_arg, "%d", rep.w.get());
     std::snprintf(start.plan_arg, sizeof start.plan_arg, "%d", plan.get());
@@ -625,6 +631,7 @@ struct Engine::Launch {
     if (pid == 0) child_main(start);  // never returns
     int clone_errno = errno;
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    join.clear();
     if (pid < 0) return Error::from_errno(clone_errno, "clone3");
     sb->pid_ = static_cast<pid_t>(pid);
     sb->pidfd_.reset(pidfd);
@@ -664,26 +671,21 @@ struct Engine::Launch {
     TSB_TRY(write_proc(engine.proc_.get(), sb->pid_, "setgroups", "deny"), "writing id maps");
     TSB_TRY(write_proc(engine.proc_.get(), sb->pid_, "uid_map", map), "writing id maps");
     TSB_TRY(write_proc(engine.proc_.get(), sb->pid_, "gid_map", map), "writing id maps");
-    if (int e = signal_child(kSyncMaps)) return unless_gone(Error::from_errno(e, "signalling the sandbox"));
-    // v1: migrate while the child builds its file system (the two overlap);
-    // on v2 it was born in its leaf, and this does nothing.
-    if (auto st = sb->leaf_->attach_from_parent(sb->pid_); !st.ok())
-      return unless_gone(std::move(st).error().wrap("cgroup v1"));
-    if (int e = signal_child(kSyncCgroup)) return unless_gone(Error::from_errno(e, "signalling the sandbox"));
-    return {};
-  }
-
-  // One byte on the sync pipe: 0, or the write's errno.
-  int signal_child(char c) {
+    // Both bytes at once: kSyncMaps for the child, kSyncCgroup for init (a
+    // later image of the same process, which then roots its cgroup
+    // namespace). The child sits in its leaf before it reads the first (v1:
+    // it moved itself in; v2: born there).
+    const char bytes[] = {kSyncMaps, kSyncCgroup};
     ssize_t n;
-    do n = ::write(sync.w.get(), &c, 1);
+    do n = ::write(sync.w.get(), bytes, sizeof bytes);
     while (n < 0 && errno == EINTR);
-    return n == 1 ? 0 : errno;
+    if (n != static_cast<ssize_t>(sizeof bytes)) return unless_gone(Error::from_errno("signalling the sandbox"));
+    return {};
   }
 
   // A child that failed early (a missing venv is found by its first mount
   // steps) has exited by the time the parent signals it: EPIPE on the sync
-  // pipe, ESRCH when moving it into its cgroup. That is not an engine
+  // pipe, ESRCH writing its /proc files. That is not an engine
   // error: the child's own report says what failed, and supervise() reads
   // it. Returning the engine's "Broken pipe" instead hid the real cause.
   static Status unless_gone(Error e) { return e.code == EPIPE || e.code == ESRCH ? Status() : Status(std::move(e)); }

@@ -42,6 +42,7 @@ enum class Stage : int {
   Plan,            // toolsandbox-init reading the plan the engine wrote
   Egress,          // the egress proxy's listener, made and handed over
   Landlock,        // the tool's Landlock ruleset, made and enforced
+  CgroupJoin,      // v1: the child moving itself into the run's leaf
   kCount
 };
 

@@ -469,11 +469,12 @@ void build_sandbox(const Plan& plan) noexcept {
             Stage::RemountRoot);
   }
 
-  // 8. Wait until we sit in the run's cgroup leaf (v1 migrates us; on v2
-  //    clone3 placed us there). Limits apply before the tool exists. Then
-  //    root a cgroup namespace at the leaf, so /proc/self/cgroup shows "/"
-  //    and nothing of the host's hierarchy (a cgroup namespace is rooted at
-  //    its creator's cgroup, which is only now the leaf on v1).
+  // 8. The engine's word that we sit in the run's cgroup leaf (on v1 the
+  //    clone3 child moved itself in before this image ran; on v2 clone3
+  //    placed us there). Limits apply before the tool exists. Then root a
+  //    cgroup namespace at the leaf, so /proc/self/cgroup shows "/" and
+  //    nothing of the host's hierarchy (a cgroup namespace is rooted at its
+  //    creator's cgroup: the leaf, by now, on v1 as on v2).
   wait_sync(plan, kSyncCgroup);
   FAIL_IF(::unshare(CLONE_NEWCGROUP) != 0, Stage::Cgroupns);
 }

@@ -41,6 +41,7 @@ const char* stage_name(Stage s) noexcept {
     case Stage::Plan: return "plan";
     case Stage::Egress: return "egress-listener";
     case Stage::Landlock: return "landlock";
+    case Stage::CgroupJoin: return "cgroup-join";
     case Stage::kCount: break;
   }
   return "unknown";

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -452,6 +453,48 @@ if hold: time.sleep(30)
   auto held = with(4 * limit, "hold");
   ASSERT_EQ(held.reason, EndReason::MemoryLimit) << describe(held);
   EXPECT_LT(held.wall, std::chrono::seconds(10)) << describe(held);
+}
+
+// v1: the clone3 child moves itself into the run's leaf (CgroupLeaf::join_fds)
+// before it executes init. Every process of the run sits in the leaf of
+// every hierarchy (limits and the whole-tree kill see all of them), and no
+// descriptor of a leaf's `tasks` file reaches the sandbox: with one, a tool
+// could move host processes into its leaf (the kernel checks the opener).
+TEST_F(EngineTest, V1ChildJoinsEveryHierarchysLeafAndKeepsNoTasksFile) {
+  if (engine_->cgroups().mode() != tsb::isolate::CgroupMode::V1) GTEST_SKIP() << "cgroup v2 here: clone3 places the child";
+  auto sb = engine_->spawn(spec({"/bin/sh", "-c", "ls -l /proc/self/fd/ /proc/1/fd/ 2>&1; exec sleep 3600"}));
+  ASSERT_TRUE(sb.ok()) << sb.error().message;
+  const auto slurp = [](const std::string& p) {
+    std::ifstream f(p);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const auto& hs = engine_->config().cgroups.hierarchies;
+  ASSERT_GE(hs.size(), 5u);
+  std::set<pid_t> first;
+  for (int i = 0; i < 1000 && first.size() < 2; ++i) {  // init and sleep
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::istringstream in(slurp(hs[0].base + "/" + (*sb)->cgroup().name() + "/tasks"));
+    first.clear();
+    for (pid_t p; in >> p;) first.insert(p);
+  }
+  ASSERT_EQ(first.size(), 2u) << hs[0].controller;
+  EXPECT_TRUE(first.count((*sb)->pid())) << "init is not in the " << hs[0].controller << " leaf";
+  for (const auto& h : hs) {
+    std::istringstream in(slurp(h.base + "/" + (*sb)->cgroup().name() + "/tasks"));
+    std::set<pid_t> here;
+    for (pid_t p; in >> p;) here.insert(p);
+    EXPECT_EQ(here, first) << "the " << h.controller << " leaf holds other tasks";
+  }
+  // From the host: no descriptor of init or the tool names a cgroup file.
+  for (pid_t p : first) {
+    const std::string dir = "/proc/" + std::to_string(p) + "/fd";
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      std::error_code ec;
+      const auto target = std::filesystem::read_symlink(e.path(), ec).string();
+      EXPECT_EQ(target.find("/sys/fs/cgroup"), std::string::npos) << "pid " << p << " holds " << target;
+    }
+  }
+  (*sb)->kill();
 }
 
 // Under memory pressure the kernel takes a run, not the daemon or anything
