@@ -23,12 +23,18 @@ Variants:
                pkg_resources, which every venv has) and returns, bare
   heavy        the same tool through the daemon, policy "heavy": the shipped
                default with the module added to warm_pool.preload
+  run_tool-cold, execute-cold
+               run_tool and execute under policy "cold": the shipped default
+               without a warm pool, so every call starts a sandbox
 
 For the daemon's variants the table gives the median of every call, the
 median of the warm ones and of the cold ones, how many were warm, and the
 daemon's own record.wall_ms of the warm ones (from the hand-over to the
-run's end); ratios are against bare (and heavy's against heavy-bare) of
-the same gap. The load average before and after each gap is printed.
+run's end); ratios are against bare of the same gap, but heavy's against
+heavy-bare and the cold variants' against bare-letta: a cold call is
+compared with the process letta-server would start for the same call. CPU: for the bare
+variants the child's user+system time (getrusage), for the daemon's the
+run's cgroup (record.cpu_ms: the sandbox's processes, not the daemon's). The load average before and after each gap is printed.
 
 Standard library only, as root:
   /usr/bin/python3 bench/gap_bench.py [--build build] [--n 20] [--n-long 8]
@@ -41,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -84,12 +91,16 @@ class Bench:
         return wall
 
     def process(self, name: str, argv: list[str], stdin: bytes = b"", expect: bytes = b"5") -> float:
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter_ns()
         r = subprocess.run(argv, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         wall = (time.perf_counter_ns() - t0) / 1e6
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         if r.returncode != 0 or expect not in r.stdout:
             raise RuntimeError("%s: the run failed (status %d)" % (name, r.returncode))
-        return self.keep(name, wall)
+        self.keep(name, wall)
+        self.samples[name][-1]["cpu_ms"] = ((ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)) * 1e3
+        return wall
 
     def daemon(self, name: str, mode: str, policy: str = "default") -> float:
         t0 = time.perf_counter_ns()
@@ -120,6 +131,8 @@ class Bench:
             "execute": lambda: self.daemon("execute", "execute"),
             "heavy-bare": lambda: self.process("heavy-bare", [VENV_PY, "-c", heavy_script], expect=b"ok"),
             "heavy": lambda: self.daemon("heavy", "heavy", policy="heavy"),
+            "run_tool-cold": lambda: self.daemon("run_tool-cold", "run_tool", policy="cold"),
+            "execute-cold": lambda: self.daemon("execute-cold", "execute", policy="cold"),
         }
 
 
@@ -131,8 +144,10 @@ def write_policies(tmp: Path, heavy: str) -> Path:
     (pol / "heavy.json").write_text(json.dumps({"version": 1, "include": "default.json",
                                                 "warm_pool": {"max": 4, "min": 1, "idle": "300s",
                                                               "preload": from_default + [heavy]}}))
+    (pol / "cold.json").write_text(json.dumps({"version": 1, "include": "default.json",
+                                               "warm_pool": {"max": 0, "min": 0}}))
     (pol / "organizations.json").write_text(json.dumps({
-        "version": 1, "default": {"privileged": False, "policy": "default", "allowed_policies": ["default", "heavy"]}}))
+        "version": 1, "default": {"privileged": False, "policy": "default", "allowed_policies": ["default", "heavy", "cold"]}}))
     return pol
 
 
@@ -144,10 +159,15 @@ def summarize(gap: float, samples: dict[str, list[dict]]) -> dict:
     out: dict[str, dict] = {}
     bare = median([s["wall_ms"] for s in samples["bare"]])
     heavy_bare = median([s["wall_ms"] for s in samples["heavy-bare"]])
+    bare_letta = median([s["wall_ms"] for s in samples["bare-letta"]])
+    cpu_ref = {k: median([s["cpu_ms"] for s in samples[k]]) for k in ("bare", "bare-letta", "heavy-bare")}
     for name, ss in samples.items():
-        ref = heavy_bare if name == "heavy" else bare
+        ref_name = "heavy-bare" if name == "heavy" else "bare-letta" if name.endswith("-cold") else "bare"
+        ref = {"heavy-bare": heavy_bare, "bare-letta": bare_letta}.get(ref_name, bare)
         walls = [s["wall_ms"] for s in ss]
-        e = {"n": len(ss), "median_ms": median(walls), "p90_ms": interleave.pct(walls, 0.9), "ratio": median(walls) / ref}
+        cpu = median([s["cpu_ms"] for s in ss if "cpu_ms" in s])
+        e = {"n": len(ss), "median_ms": median(walls), "p90_ms": interleave.pct(walls, 0.9), "ratio": median(walls) / ref,
+             "ref": ref_name, "cpu_ms": cpu, "cpu_ratio": cpu / cpu_ref[ref_name]}
         if ss and "warm" in ss[0]:
             warm = [s for s in ss if s["warm"]]
             cold = [s for s in ss if not s["warm"]]
@@ -162,15 +182,17 @@ def summarize(gap: float, samples: dict[str, list[dict]]) -> dict:
 
 def print_gap(gap: float, res: dict, load: tuple) -> None:
     print("\n## after %g s of quiet (load %.2f before, %.2f after)\n" % (gap, load[0], load[1]))
-    print("| variant | n | median ms | / bare | warm | warm ms | warm / bare | record ms (warm) | cold ms | cold / bare |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| variant | n | median ms | / ref | ref | CPU ms | CPU / ref | warm | warm ms | warm / ref | record ms (warm) "
+          "| cold ms | cold / ref |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, e in res.items():
+        head = "| %s | %d | %.2f | %.2f | %s | %.2f | %.2f |" % (name, e["n"], e["median_ms"], e["ratio"], e["ref"],
+                                                                 e["cpu_ms"], e["cpu_ratio"])
         if "warm" in e:
-            print("| %s | %d | %.2f | %.2f | %d | %.2f | %.3f | %.2f | %.2f | %.2f |" % (
-                name, e["n"], e["median_ms"], e["ratio"], e["warm"], e["warm_ms"], e["warm_ratio"], e["warm_record_ms"],
-                e["cold_ms"], e["cold_ratio"]))
+            print(head + " %d | %.2f | %.3f | %.2f | %.2f | %.2f |" % (
+                e["warm"], e["warm_ms"], e["warm_ratio"], e["warm_record_ms"], e["cold_ms"], e["cold_ratio"]))
         else:
-            print("| %s | %d | %.2f | %.2f | | | | | | |" % (name, e["n"], e["median_ms"], e["ratio"]))
+            print(head + " | | | | | |")
 
 
 def main() -> int:

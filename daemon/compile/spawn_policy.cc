@@ -323,8 +323,8 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
       tool.pooled_argv = flags;
       tool.pooled_argv.emplace_back(kRunnerPooledBoot);
       script.pooled_argv = {p.interpreter, "-c", script_launcher(true)};
-      for (auto* argv : {&tool.pooled_argv, &script.pooled_argv})
-        argv->insert(argv->end(), p.warm.preload.begin(), p.warm.preload.end());
+      tool.pooled_argv.insert(tool.pooled_argv.end(), p.warm.tool_preload.begin(), p.warm.tool_preload.end());
+      script.pooled_argv.insert(script.pooled_argv.end(), p.warm.preload.begin(), p.warm.preload.end());
       script.fs = tool.fs;
     }
   } else {

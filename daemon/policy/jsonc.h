@@ -17,7 +17,7 @@
 
 #include "daemon/common/quote.h"  // quoted_for_message, for every user of located errors
 
-#include <map>
+#include <unordered_map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,9 +38,9 @@ struct JsonLocation {
 struct LocatedJson {
   nlohmann::json value;
   // JSON pointer (RFC 6901, "" for the root) -> position of that value.
-  std::map<std::string, JsonLocation> locations;
+  std::unordered_map<std::string, JsonLocation> locations;
   // JSON pointer of an object member -> position of its key.
-  std::map<std::string, JsonLocation> key_locations;
+  std::unordered_map<std::string, JsonLocation> key_locations;
   std::string source;  // file path or "<inline>", for messages
 
   // "source:line:col" of the value at `pointer`, or "source: <pointer>"

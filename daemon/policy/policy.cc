@@ -343,7 +343,7 @@ Status parse_warm_pool(ObjectReader o, WarmPool& w) {
       if (!python_module_name(m)) return o.error("preload", "not a dotted Python module name: " + quoted_for_message(m));
       if (std::count(mods->begin(), mods->end(), m) > 1) return o.error("preload", "names " + m + " twice");
     }
-    w.preload = std::move(mods).value();
+    w.preload = w.tool_preload = std::move(mods).value();
   }
   return o.done();
 }
@@ -881,12 +881,15 @@ Result<ReadProfile> read_profile_file(const SeccompChoice& c, const PolicyContex
   }
   if (!text.ok()) return Error::invalid(c.where_profile + ": seccomp profile: " + text.error().message, text.error().code);
   p.seccomp_source = full;
-  r.profile = policy::parse_seccomp_profile(*text, full);
-  if (r.profile.ok()) {
-    auto located = parse_jsonc(*text, full);
-    r.canon = json{{"profile", located.ok() ? located->value : json()}};
-    if (located.ok()) r.default_action_at = located->where("/defaultAction");
+  // One parse: the profile, and its document for the canonical policy.
+  auto located = parse_jsonc(*text, full);
+  if (!located.ok()) {
+    r.profile = std::move(located).error();
+    return r;
   }
+  r.profile = policy::parse_seccomp_profile(*located);
+  r.canon = json{{"profile", located->value}};
+  r.default_action_at = located->where("/defaultAction");
   return r;
 }
 
@@ -996,7 +999,8 @@ void set_canonical_and_fingerprint(Policy& p, const json& seccomp_canon) {
   }
   if (p.warm.max > 0)
     p.canonical["warm_pool"] = {
-        {"max", p.warm.max}, {"min", p.warm.min}, {"idle", format_duration(p.warm.idle)}, {"preload", p.warm.preload}};
+        {"max", p.warm.max}, {"min", p.warm.min}, {"idle", format_duration(p.warm.idle)}, {"preload", p.warm.preload},
+        {"tool_preload", p.warm.tool_preload}};
   p.fingerprint = "sha256:" + sha256_hex(p.canonical.dump());
 }
 

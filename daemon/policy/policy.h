@@ -99,15 +99,20 @@ inline constexpr std::string_view kAcornPath = "/usr/share/nodejs/acorn";
 // grows by one on every run that finds it empty, keeps at least `min`, and
 // shrinks by one for every `idle` without a run.
 // What Letta's generated scripts import (letta/services/tool_sandbox,
-// every generation): a warm pool's default preload.
+// every generation): a warm pool's default preload for scripts.
 inline const std::vector<std::string> kLettaPreload = {"base64", "hashlib", "json", "pickle", "struct", "sys", "typing"};
 
 struct WarmPool {
   std::uint32_t min = 0, max = 0;  // max 0: no pool
   std::chrono::milliseconds idle{300'000};
   // Modules a warm sandbox imports before its hand-over (dotted names of
-  // the policy's venv or the standard library).
+  // the policy's venv or the standard library), per mode. A policy's list
+  // goes to both. Without one, scripts (execute) get Letta's imports, and
+  // tools (run_tool) nothing: the runner takes the place of Letta's
+  // script and imports none of them (hashlib and pickle alone cost a warm
+  // sandbox ~6 ms of CPU that no run of it would use).
   std::vector<std::string> preload = kLettaPreload;
+  std::vector<std::string> tool_preload;
 };
 
 struct Policy {

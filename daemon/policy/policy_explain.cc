@@ -577,10 +577,15 @@ void explain_warm_pool(std::ostream& out, const Policy& p) {
       << format_duration(p.warm.idle) << " without a run, and none older\n";
   out << "  waiting   the policy's fixed environment only: the request's variables, code, arguments and\n"
          "            agent_state arrive at the hand-over; timeout and CPU time count from it\n";
-  std::string mods;
-  for (const auto& m : p.warm.preload) mods += (mods.empty() ? "" : ", ") + m;
-  out << "  preload   " << (mods.empty() ? "nothing" : mods) << ": imported before the hand-over,\n"
-         "            with the policy's fixed environment only (a run that imports them pays nothing)\n";
+  const auto list = [](const std::vector<std::string>& v) {
+    std::string mods;
+    for (const auto& m : v) mods += (mods.empty() ? "" : ", ") + m;
+    return mods.empty() ? std::string("nothing") : mods;
+  };
+  out << "  preload   scripts: " << list(p.warm.preload) << "\n"
+      << "            tools: " << list(p.warm.tool_preload) << "\n"
+      << "            imported before the hand-over, with the policy's fixed environment only\n"
+         "            (a run that imports them pays nothing)\n";
   out << "  scripts   see the runner read-only at /opt/toolsandbox/runner, cold or warm\n";
 }
 

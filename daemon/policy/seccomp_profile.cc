@@ -895,6 +895,16 @@ Result<SeccompProfile> parse_seccomp_profile(std::string_view text, std::string_
   return parse_seccomp_profile(text, source, SeccompParseOptions{});
 }
 
+Result<SeccompProfile> parse_seccomp_profile(const LocatedJson& doc) {
+  try {
+    return ProfileParser(doc, SeccompParseOptions{}).run();
+  } catch (const std::bad_alloc&) {
+    return Error::invalid(doc.source + ": out of memory while parsing the profile", ENOMEM);
+  } catch (const std::exception& e) {
+    return Error::invalid(doc.source + ": " + e.what());
+  }
+}
+
 Result<SeccompProfile> load_seccomp_profile_file(const std::string& path, const SeccompParseOptions& options) {
   auto text = read_file(path, {.max_bytes = kMaxProfileBytes, .regular_only = true});
   if (!text.ok()) return std::move(text).error();

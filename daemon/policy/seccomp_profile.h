@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "daemon/policy/jsonc.h"
 #include "isolate/base/result.h"
 #include "isolate/engine/engine.h"
 #include "isolate/engine/seccomp.h"
@@ -82,6 +83,9 @@ using isolate::SeccompProgram;
 Result<SeccompProfile> parse_seccomp_profile(std::string_view text, std::string_view source);
 Result<SeccompProfile> parse_seccomp_profile(std::string_view text, std::string_view source,
                                              const SeccompParseOptions& options);
+// The same, from a document parse_jsonc already read (one parse where the
+// caller also needs the document itself).
+Result<SeccompProfile> parse_seccomp_profile(const LocatedJson& doc);
 Result<SeccompProfile> load_seccomp_profile_file(const std::string& path);
 Result<SeccompProfile> load_seccomp_profile_file(const std::string& path,
                                                  const SeccompParseOptions& options);

@@ -66,9 +66,10 @@ POOLED_BOOT = ("import sys\nsys.path.append(%r)\nimport toolsandbox_runner\n"
                "toolsandbox_runner.run_pooled()\n" % os.path.dirname(RUNNER))
 PROGRAM = ["-c", BOOT]
 CHANNEL_PROGRAM = ["-c", CHANNEL_BOOT]
-# The daemon's pooled command ends with the policy's warm_pool.preload, by
-# default what Letta's generated scripts import (kLettaPreload in
-# daemon/policy/policy.h).
+# The daemon's pooled command ends with the modules of the policy's
+# warm_pool.preload (a tool's by default none, a script's what Letta's
+# generated scripts import: kLettaPreload in daemon/policy/policy.h); these
+# tests give the tool runner Letta's list, so that its preloading is run.
 LETTA_PRELOAD = ["base64", "hashlib", "json", "pickle", "struct", "sys", "typing"]
 POOLED_PROGRAM = ["-c", POOLED_BOOT, *LETTA_PRELOAD]
 # A warm runner's ready line (kChannelReady in daemon/frontend/letta/letta.h).

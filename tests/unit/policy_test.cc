@@ -1201,22 +1201,30 @@ TEST(PolicyWarmPool, PooledCommandsAndTheRunnerForScripts) {
   EXPECT_EQ(p->warm.min, 1u);
   EXPECT_EQ(p->warm.idle.count(), 90'000);
   EXPECT_NE(p->fingerprint, cold->fingerprint);
-  EXPECT_EQ(p->canonical["warm_pool"],
-            (nlohmann::json{{"max", 3}, {"min", 1}, {"idle", "90s"}, {"preload", kLettaPreload}}));
+  EXPECT_EQ(p->canonical["warm_pool"], (nlohmann::json{{"max", 3}, {"min", 1}, {"idle", "90s"}, {"preload", kLettaPreload},
+                                                      {"tool_preload", nlohmann::json::array()}}));
   EXPECT_FALSE(cold->canonical.contains("warm_pool")) << "no pool: the fingerprints of policies without one stay";
   auto sp = to_spawn_policy(*p, runner);
   ASSERT_TRUE(sp.ok()) << sp.error().message;
   EXPECT_EQ(sp->warm_max, 3u);
   const auto& tool = sp->modes[static_cast<int>(spawn::RunMode::Tool)];
   const auto& script = sp->modes[static_cast<int>(spawn::RunMode::Script)];
-  // The program, then the modules to preload (by default Letta's imports).
+  // The program, then the modules to preload: by default Letta's imports
+  // for scripts, none for tools (the runner replaces Letta's script).
   const std::size_t n = kLettaPreload.size();
-  ASSERT_GT(tool.pooled_argv.size(), n);
   ASSERT_GT(script.pooled_argv.size(), n);
-  EXPECT_EQ(tool.pooled_argv[tool.pooled_argv.size() - n - 1], std::string(kRunnerPooledBoot));
+  EXPECT_EQ(tool.pooled_argv.back(), std::string(kRunnerPooledBoot));
   EXPECT_EQ(script.pooled_argv[script.pooled_argv.size() - n - 1], script_launcher(true));
-  EXPECT_EQ(std::vector<std::string>(tool.pooled_argv.end() - n, tool.pooled_argv.end()), kLettaPreload);
   EXPECT_EQ(std::vector<std::string>(script.pooled_argv.end() - n, script.pooled_argv.end()), kLettaPreload);
+  // A policy's own list goes to both modes.
+  auto own = load_text(t, R"({"version": 1, "warm_pool": {"max": 1, "preload": ["json", "email.mime.text"]}})");
+  ASSERT_TRUE(own.ok()) << own.error().message;
+  auto own_sp = to_spawn_policy(*own, runner);
+  ASSERT_TRUE(own_sp.ok()) << own_sp.error().message;
+  const std::vector<std::string> listed = {"json", "email.mime.text"};
+  for (const auto& m : own_sp->modes)
+    EXPECT_EQ(std::vector<std::string>(m.pooled_argv.end() - 2, m.pooled_argv.end()), listed);
+  EXPECT_NE(own->fingerprint, p->fingerprint);
   EXPECT_EQ(script.argv.back(), script_launcher(false));
   EXPECT_NE(script_launcher(true).find("await_script()"), std::string::npos);
   EXPECT_NE(script_launcher(false).find("sys.stdin.buffer.read()"), std::string::npos);

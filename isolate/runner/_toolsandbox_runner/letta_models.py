@@ -11,8 +11,9 @@ values are not re-validated on assignment, except a Block's value, which
 must be a string and loses NUL characters as in Letta. Memory.compile()
 (prompt rendering) is not offered.
 
-Imported by the tool's process only when its function declares agent_state
-(a warm runner has it loaded before its hand-over)."""
+Imported by the tool's process only when its function declares agent_state,
+warm or cold (a warm sandbox does not load it ahead: most of its runs would
+not use it)."""
 
 import json
 

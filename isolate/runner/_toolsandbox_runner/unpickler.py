@@ -20,8 +20,7 @@ or a dict key that was not a string, "types" says so (_types; the
 daemon's record.pickle_types, PROTOCOL.md 13.1), so that a client can
 rebuild the values letta-server's pickle.loads gave it.
 
-Imported only for an unpickle request (a warm runner has it loaded before
-its hand-over)."""
+Imported only for an unpickle request, warm or cold."""
 
 from .base import _ExactIntegers, _error_line, _error_payload, _safe_str
 from .tool import _MAX_RESULT_DEPTH, _json_key, _jsonable, _payload_bytes, _serialize_result

@@ -108,7 +108,9 @@ def _await_hand_over(tool=False):
     """A pooled runner's wait: the channel taken off fd 0, what the run
     needs loaded, "ready" written, then the request's environment adopted.
     Returns the channel. For a tool also the standard library's modules the
-    runner uses, and the venv's site-packages set up now, which the cold
+    runner uses (not its parts for agent_state and pickles, which a run
+    that needs them imports, as a cold one does), and the venv's
+    site-packages set up now, which the cold
     runner's tool process does after its declaration: warm sandboxes have
     the policy's own venv only (the operator's, root's), never a per-tool
     one, whose code never runs before the declaration."""
@@ -129,10 +131,6 @@ def _await_hand_over(tool=False):
         import _ast  # noqa: F401  (_declared_params)
         import atexit  # noqa: F401  (_lean_exit)
         import keyword  # noqa: F401  (_validate_request)
-
-        # The runner's parts a cold run imports only when it needs them: a
-        # tool's agent_state, a pickle to decode.
-        from . import letta_models, unpickler  # noqa: F401
 
         _tool_process_setup()
     _preload(preload)
