@@ -26,6 +26,13 @@ namespace {
 
 using policy::SeccompAction;
 
+// "a, b, c"; `empty` for none.
+std::string comma_list(const std::vector<std::string>& items, const std::string& empty = "") {
+  std::string s;
+  for (const auto& i : items) s += (s.empty() ? "" : ", ") + i;
+  return s.empty() ? empty : s;
+}
+
 // ---------------------------------------------------------------------------
 // Names for syscall arguments and their values, so conditions read as the
 // man pages write them. Values are the kernel's ABI numbers (the numbers a
@@ -501,9 +508,7 @@ void explain_egress(std::ostream& out, const Policy& p, const std::vector<Policy
          "            (UDP and DNS, ICMP, raw sockets, TCP not through the proxy) has no route\n";
   if (e.allow.empty() && e.public_ports.empty()) out << "  allow     (nothing: every request is refused)\n";
   for (const auto& r : e.allow) {
-    std::string hosts;
-    for (const auto& h : r.hosts) hosts += (hosts.empty() ? "" : ", ") + h;
-    out << "  allow     " << hosts << " on port " << ports_text(r.ports) << "\n";
+    out << "  allow     " << comma_list(r.hosts) << " on port " << ports_text(r.ports) << "\n";
   }
   bool public_flagged = false;
   for (const auto& r : risks) public_flagged = public_flagged || r.pointer == "/egress/public";
@@ -530,8 +535,7 @@ void explain_egress(std::ostream& out, const Policy& p, const std::vector<Policy
 void explain_packages(std::ostream& out, const Policy& p, const std::vector<PolicyRisk>& risks) {
   if (!p.packages.enabled) return;
   const PackagesPolicy& k = p.packages;
-  std::string allow;
-  for (const auto& a : k.allow) allow += (allow.empty() ? "" : ", ") + a;
+  const std::string allow = comma_list(k.allow);
   bool src_flagged = false;
   for (const auto& r : risks) src_flagged = src_flagged || r.pointer == "/packages/source_builds";
   out << "\nPackages (a run with pip requirements gets a venv of its own at /venv)\n";
@@ -577,13 +581,8 @@ void explain_warm_pool(std::ostream& out, const Policy& p) {
       << format_duration(p.warm.idle) << " without a run, and none older\n";
   out << "  waiting   the policy's fixed environment only: the request's variables, code, arguments and\n"
          "            agent_state arrive at the hand-over; timeout and CPU time count from it\n";
-  const auto list = [](const std::vector<std::string>& v) {
-    std::string mods;
-    for (const auto& m : v) mods += (mods.empty() ? "" : ", ") + m;
-    return mods.empty() ? std::string("nothing") : mods;
-  };
-  out << "  preload   scripts: " << list(p.warm.preload) << "\n"
-      << "            tools: " << list(p.warm.tool_preload) << "\n"
+  out << "  preload   scripts: " << comma_list(p.warm.preload, "nothing") << "\n"
+      << "            tools: " << comma_list(p.warm.tool_preload, "nothing") << "\n"
       << "            imported before the hand-over, with the policy's fixed environment only\n"
          "            (a run that imports them pays nothing)\n";
   out << "  scripts   see the runner read-only at /opt/toolsandbox/runner, cold or warm\n";
@@ -803,9 +802,7 @@ void explain_seccomp(std::ostream& out, const Policy& p) {
   out << line(default_runs, " " + pad("default", 15) + policy::seccomp_action_name(view.default_action, view.default_data) +
                                 ": every syscall not listed below " +
                                 (default_runs ? "is ALLOWED (a deny-list)" : "gets " + action_effect(view.default_action, view.default_data)));
-  std::string arches;
-  for (const auto& a : prof->architectures) arches += (arches.empty() ? "" : ", ") + a;
-  kv(out, "architectures", arches + "; a syscall from any other ABI kills the process");
+  kv(out, "architectures", comma_list(prof->architectures) + "; a syscall from any other ABI kills the process");
   explain_allowed_syscalls(out, view, default_runs);
   explain_refused_syscalls(out, view);
   out << line(default_runs, " every other syscall: " + action_effect(view.default_action, view.default_data));
@@ -937,15 +934,10 @@ std::string compare_profiles(const Policy& p, const policy::SeccompProfile& othe
     return out.str();
   }
   const ProfileView here = view_profile(*mine), there = view_profile(other);
-  const auto arches = [](const policy::SeccompProfile& prof) {
-    std::string s;
-    for (const auto& a : prof.architectures) s += (s.empty() ? "" : ", ") + a;
-    return s;
-  };
   out << "  here                " << p.seccomp_source << ": default "
-      << policy::seccomp_action_name(here.default_action, here.default_data) << "; " << arches(*mine) << "\n";
+      << policy::seccomp_action_name(here.default_action, here.default_data) << "; " << comma_list(mine->architectures) << "\n";
   out << "  there               " << other_label << ": default "
-      << policy::seccomp_action_name(there.default_action, there.default_data) << "; " << arches(other) << "\n";
+      << policy::seccomp_action_name(there.default_action, there.default_data) << "; " << comma_list(other.architectures) << "\n";
   if (!other.skipped_syscalls.empty()) {
     out << "  skipped from there: names this libseccomp does not know, dropped from allow rules (only stricter):\n";
     std::vector<std::string> skipped = other.skipped_syscalls;

@@ -158,15 +158,6 @@ bool valid_syscall_name(std::string_view name) {
   });
 }
 
-std::string join(const std::vector<std::string_view>& items) {
-  std::string s;
-  for (const auto& item : items) {
-    if (!s.empty()) s += ", ";
-    s += item;
-  }
-  return s;
-}
-
 struct KernelVersion {
   int major = 0;
   int minor = 0;
@@ -878,31 +869,26 @@ std::string seccomp_native_arch() {
   return "SCMP_ARCH_UNKNOWN";
 }
 
-Result<SeccompProfile> parse_seccomp_profile(std::string_view text, std::string_view source,
-                                             const SeccompParseOptions& options) {
+Result<SeccompProfile> parse_seccomp_profile(const LocatedJson& doc, const SeccompParseOptions& options) {
   try {
-    auto doc = parse_jsonc(text, source);
-    if (!doc) return std::move(doc).error();
-    return ProfileParser(*doc, options).run();
-  } catch (const std::bad_alloc&) {
-    return Error::invalid(std::string(source) + ": out of memory while parsing the profile", ENOMEM);
-  } catch (const std::exception& e) {
-    return Error::invalid(std::string(source) + ": " + e.what());
-  }
-}
-
-Result<SeccompProfile> parse_seccomp_profile(std::string_view text, std::string_view source) {
-  return parse_seccomp_profile(text, source, SeccompParseOptions{});
-}
-
-Result<SeccompProfile> parse_seccomp_profile(const LocatedJson& doc) {
-  try {
-    return ProfileParser(doc, SeccompParseOptions{}).run();
+    return ProfileParser(doc, options).run();
   } catch (const std::bad_alloc&) {
     return Error::invalid(doc.source + ": out of memory while parsing the profile", ENOMEM);
   } catch (const std::exception& e) {
     return Error::invalid(doc.source + ": " + e.what());
   }
+}
+
+// (parse_jsonc answers its own failures, out of memory included.)
+Result<SeccompProfile> parse_seccomp_profile(std::string_view text, std::string_view source,
+                                             const SeccompParseOptions& options) {
+  auto doc = parse_jsonc(text, source);
+  if (!doc) return std::move(doc).error();
+  return parse_seccomp_profile(*doc, options);
+}
+
+Result<SeccompProfile> parse_seccomp_profile(std::string_view text, std::string_view source) {
+  return parse_seccomp_profile(text, source, SeccompParseOptions{});
 }
 
 Result<SeccompProfile> load_seccomp_profile_file(const std::string& path, const SeccompParseOptions& options) {

@@ -85,7 +85,7 @@ Result<SeccompProfile> parse_seccomp_profile(std::string_view text, std::string_
                                              const SeccompParseOptions& options);
 // The same, from a document parse_jsonc already read (one parse where the
 // caller also needs the document itself).
-Result<SeccompProfile> parse_seccomp_profile(const LocatedJson& doc);
+Result<SeccompProfile> parse_seccomp_profile(const LocatedJson& doc, const SeccompParseOptions& options = {});
 Result<SeccompProfile> load_seccomp_profile_file(const std::string& path);
 Result<SeccompProfile> load_seccomp_profile_file(const std::string& path,
                                                  const SeccompParseOptions& options);
