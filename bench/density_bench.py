@@ -10,7 +10,8 @@ the shipped default with a longer wall timeout, for the sleepers):
   2. fill     --sleepers runs of "sleepy", each on its own connection,
               that sleep until told to end (their stdin is never read; they
               end when their connection closes, as a client that goes away);
-              the bench waits until the daemon's status counts them all
+              the bench waits until the daemon's status counts them all in
+              flight, then until the host is quiet (every sleeper asleep)
   3. held     --n small runs again, same gap, while every sleeper still runs
   4. drain    the sleepers' connections close; the bench times how long
               until the daemon counts no run in flight
@@ -129,6 +130,18 @@ def summary(samples: list[dict]) -> dict:
             "max_ms": max(walls)}
 
 
+def cpu_busy(interval: float = 1.0) -> float:
+    """The host's busy fraction over `interval` (/proc/stat)."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # all, idle + iowait
+    t0, i0 = sample()
+    time.sleep(interval)
+    t1, i1 = sample()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
 def in_flight(client: Client) -> int:
     return int(client.status().get("runs_in_flight", 0))
 
@@ -171,7 +184,13 @@ def main() -> int:
                 raise RuntimeError("only %d of %d sleepers started in 600 s" % (in_flight(client), s))
             time.sleep(0.5)
         report["fill_s"] = time.monotonic() - t0
-        time.sleep(2)  # the pool refills after the fill
+        # Counted in flight once admitted: their interpreters may still be
+        # starting. Held means asleep: the host quiet again (under 10 %
+        # busy over a second), the pool refilled.
+        while cpu_busy() > 0.10:
+            if time.monotonic() - t0 > 900:
+                raise RuntimeError("the host did not become quiet with the sleepers started")
+        report["settled_s"] = time.monotonic() - t0
         held_mem = mem_available_kib()
         held_fds = {k: fds(v) for k, v in pids.items()}
         report["held"] = {"load": os.getloadavg(), "fds": held_fds, "mem_available_kib": held_mem,
@@ -208,8 +227,9 @@ def main() -> int:
     print("small run, %d sleeping runs held: %.2f ms median (%d/%d warm, record %.2f ms): %.2fx idle" % (
         s, report["held_runs"]["median_ms"], report["held_runs"]["warm"], args.n,
         report["held_runs"]["record_median_ms"], report["ratio_held_idle"]))
-    print("per sleeping run: %.0f KiB of host memory, descriptors %s; filled in %.1f s, drained in %.1f s" % (
-        report["per_sleeper"]["mem_kib"], report["per_sleeper"]["fds"], report["fill_s"], report["drain_s"]))
+    print("per sleeping run: %.0f KiB of host memory, descriptors %s; admitted in %.1f s, all asleep (host quiet) "
+          "after %.1f s, drained in %.1f s" % (report["per_sleeper"]["mem_kib"], report["per_sleeper"]["fds"],
+                                              report["fill_s"], report["settled_s"], report["drain_s"]))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0

@@ -83,7 +83,6 @@ class Spawner {
     std::chrono::nanoseconds cpu_before{0};         // a warm sandbox's CPU time before its hand-over
     std::chrono::steady_clock::time_point wall_deadline;
     std::chrono::steady_clock::time_point next_cpu_check;
-    std::chrono::steady_clock::time_point next_socket_check;
     bool cpu_limited = false;
     bool socket_limited = false;
     bool orphan = false;  // its front end is gone: no one to tell
@@ -162,6 +161,7 @@ class Spawner {
   bool fe_ready_ = false;  // the current front end said READY=1
   bool stopping_ = false;
   std::chrono::steady_clock::time_point stop_deadline_{};
+  std::chrono::steady_clock::time_point next_socket_sweep_{};  // v1: the runs' socket checks, together
   int fe_exit_ = 0;
   std::vector<std::chrono::steady_clock::time_point> restarts_;
   std::chrono::steady_clock::time_point restart_at_{};  // when the next front end may start

@@ -251,9 +251,8 @@ std::chrono::nanoseconds CgroupLeaf::cpu_usage() const {
 
 bool CgroupLeaf::socket_limit_reached() const {
   if (owner_->mode_ == CgroupMode::V2 || !owner_->has_kmem_tcp_) return false;
-  const std::string limit = text_of(file("memory", "memory.kmem.tcp.limit_in_bytes"));
-  const std::string peak = text_of(file("memory", "memory.kmem.tcp.max_usage_in_bytes"));
-  return !limit.empty() && !peak.empty() && parse_u64(peak) >= parse_u64(limit);
+  const std::uint64_t limit = parse_u64(text_of(file("memory", "memory.kmem.tcp.limit_in_bytes")));  // 0: unread
+  return limit > 0 && parse_u64(text_of(file("memory", "memory.kmem.tcp.max_usage_in_bytes"))) >= limit;
 }
 
 CgroupStats CgroupLeaf::stats() const {
