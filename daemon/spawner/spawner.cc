@@ -688,9 +688,11 @@ void Spawner::check_limits(Clock::time_point now) {
     // sends stall; such a run is ended (classify names it memory_limit).
     if (l.socket_limited && now >= next_socket_sweep_ && l.sb->cgroup().socket_limit_reached()) l.sb->kill();
   }
-  // One sweep every 100 ms for every run: hundreds of runs cost ten turns
-  // a second, not ten each (a turn polls every run's descriptors).
-  if (now >= next_socket_sweep_) next_socket_sweep_ = now + milliseconds(100);
+  // One sweep a second for every run: two cgroup files read per run (~20
+  // us each, path walk included), so 500 runs hold the loop ~20 ms a sweep;
+  // checked each on its own, every 100 ms, they woke it 5,000 times a
+  // second and kept a CPU a quarter busy (docs/BENCHMARKS.md, density).
+  if (now >= next_socket_sweep_) next_socket_sweep_ = now + milliseconds(1000);
 }
 
 milliseconds Spawner::poll_timeout(Clock::time_point now) {
