@@ -318,6 +318,56 @@ TEST_F(EngineTest, DaemonReloadWithBrokenPolicyKeepsTheOldSet) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// A run whose loopback TCP buffers reach its memory limit and that then
+// waits is ended through the daemon (not only by the engine alone,
+// containment_test.cc), soon, not at its timeout: on v2 the kernel's OOM
+// kill; on v1 the spawner's sweep of the runs' socket counters (once a
+// second for all of them). Both say memory_limit.
+TEST_F(EngineTest, DaemonEndsARunHeldAtItsSocketLimit) {
+  std::string dir = "/tmp/tsb-e2e-sock-" + tsb::random_hex(4);
+  std::string text = copy_policies(dir);
+  ASSERT_FALSE(text.empty());
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"\"memory\": \"512MiB\"", "\"memory\": \"48MiB\""},
+                                 {"\"open_files\": 256", "\"open_files\": 1024"}}) {
+    ASSERT_NE(text.find(from), std::string::npos) << from;
+    text.replace(text.find(from), from.size(), to);
+  }
+  std::ofstream(dir + "/default.json") << text;
+  Daemon d(json{{"policies_dir", dir}, {"organizations", dir + "/organizations.json"}});
+  const std::string script = R"PY(
+import socket, errno, time
+target = 4 * (48 << 20)
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(256)
+conns, queued, chunk = [], 0, b"x" * 65536
+try:
+    for i in range(400):
+        c = socket.create_connection(srv.getsockname())
+        a, _ = srv.accept()
+        c.setblocking(False)
+        conns.append((c, a))
+        while queued < target:
+            try:
+                queued += c.send(chunk[:target - queued])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                if e.errno in (errno.ENOBUFS, errno.ENOMEM): break
+                raise
+        if queued >= target: break
+except OSError:
+    pass
+print(queued, flush=True)
+time.sleep(50)
+)PY";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = d.request(execute(script));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(r.value("ok", false)) << r.dump().substr(0, 2000) << d.log_text();
+  EXPECT_EQ(r["result"]["record"]["end_reason"], "memory_limit") << r.dump().substr(0, 2000);
+  EXPECT_LT(took, std::chrono::seconds(20)) << r.dump().substr(0, 2000);
+  std::system(("rm -rf " + dir).c_str());
+}
+
 TEST_F(EngineTest, DaemonAuditLineHasNoSecrets) {
   Daemon d;
   auto r = d.request(run_tool("def f(x):\n    return 1\n", "f", {{"x", "ARG-SECRET"}},
