@@ -398,33 +398,7 @@ except OSError as e:
 // every service of the host shares).
 TEST_F(EngineTest, SocketBuffersAreChargedToTheRun) {
   ASSERT_TRUE(engine_->features().tcp_memory_limit) << "no way to charge socket memory on this host";
-  // Queues `target` bytes in loopback TCP connections nobody reads, then
-  // exits, or with "hold" sleeps, keeping them queued.
-  const char* script = R"PY(
-import socket, sys, errno, time
-target, hold = int(sys.argv[1]), sys.argv[2] == "hold"
-srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(256)
-conns, queued, chunk = [], 0, b"x" * 65536
-try:
-    for i in range(400):
-        c = socket.create_connection(srv.getsockname())
-        a, _ = srv.accept()
-        c.setblocking(False)
-        conns.append((c, a))
-        while queued < target:
-            try:
-                queued += c.send(chunk[:target - queued])
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as e:
-                if e.errno in (errno.ENOBUFS, errno.ENOMEM): break
-                raise
-        if queued >= target: break
-except OSError as e:
-    print("stopped", e.errno, file=sys.stderr)
-print(queued, flush=True)
-if hold: time.sleep(30)
-)PY";
+  const char* script = tsb::testing::kQueueLoopbackTcp;  // argv: target bytes, "exit" or "hold"
   const std::uint64_t limit = 48ull << 20;
   auto s = spec({"/venv/bin/python3", "-c", script, "0", "exit"});
   s.limits.memory_bytes = limit;

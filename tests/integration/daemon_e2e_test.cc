@@ -334,31 +334,9 @@ TEST_F(EngineTest, DaemonEndsARunHeldAtItsSocketLimit) {
   }
   std::ofstream(dir + "/default.json") << text;
   Daemon d(json{{"policies_dir", dir}, {"organizations", dir + "/organizations.json"}});
-  const std::string script = R"PY(
-import socket, errno, time
-target = 4 * (48 << 20)
-srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(256)
-conns, queued, chunk = [], 0, b"x" * 65536
-try:
-    for i in range(400):
-        c = socket.create_connection(srv.getsockname())
-        a, _ = srv.accept()
-        c.setblocking(False)
-        conns.append((c, a))
-        while queued < target:
-            try:
-                queued += c.send(chunk[:target - queued])
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as e:
-                if e.errno in (errno.ENOBUFS, errno.ENOMEM): break
-                raise
-        if queued >= target: break
-except OSError:
-    pass
-print(queued, flush=True)
-time.sleep(50)
-)PY";
+  // The shared program (harness.h), its arguments set in the script.
+  const std::string script = "import sys\nsys.argv = ['q', '" + std::to_string(4 * (48 << 20)) + "', 'hold']\n" +
+                             tsb::testing::kQueueLoopbackTcp;
   const auto t0 = std::chrono::steady_clock::now();
   auto r = d.request(execute(script));
   const auto took = std::chrono::steady_clock::now() - t0;

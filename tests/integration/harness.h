@@ -26,6 +26,34 @@ namespace tsb::testing {
 
 inline constexpr const char* kProbeDir = "/opt/tsb";
 inline constexpr const char* kProbe = "/opt/tsb/tsb-probe";
+// A Python program that queues argv[1] bytes in loopback TCP connections
+// nobody reads, prints how many it queued, and exits, or with argv[2]
+// "hold" sleeps 30 s keeping them queued (the socket-buffer limit tests).
+inline constexpr const char* kQueueLoopbackTcp = R"PY(
+import socket, sys, errno, time
+target, hold = int(sys.argv[1]), sys.argv[2] == "hold"
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(256)
+conns, queued, chunk = [], 0, b"x" * 65536
+try:
+    for i in range(400):
+        c = socket.create_connection(srv.getsockname())
+        a, _ = srv.accept()
+        c.setblocking(False)
+        conns.append((c, a))
+        while queued < target:
+            try:
+                queued += c.send(chunk[:target - queued])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                if e.errno in (errno.ENOBUFS, errno.ENOMEM): break
+                raise
+        if queued >= target: break
+except OSError as e:
+    print("stopped", e.errno, file=sys.stderr)
+print(queued, flush=True)
+if hold: time.sleep(30)
+)PY";
 // The host directory holding a copy of the probe (made by EngineTest).
 std::string probe_dir();
 
