@@ -1,8 +1,9 @@
 // The engine's clone3 child (child.cc): pid 1 of the new pid namespace,
 // from clone3 until it executes toolsandbox-init, which builds the sandbox
 // (isolate/init/). It only moves itself into its cgroup leaf (v1), waits
-// for its id maps, becomes the namespace's root and executes init: everything else happens in init's fresh address
-// space, outside the root process.
+// for its id maps, becomes the namespace's root and executes init:
+// everything else happens in init's fresh address space, outside the root
+// process.
 //
 // It runs between clone3 and execve in a copy of the engine, so: no
 // allocation, no logging, no locks, async-signal-safe calls only. Every

@@ -603,7 +603,8 @@ struct Engine::Launch {
   // clone3 into new namespaces; on v2 the child is born in its leaf
   // (CLONE_INTO_CGROUP), on v1 it moves itself in first thing (join_fds):
   // either way no migration by the parent, whose global lock waits an RCU
-  // grace period (~10 ms after quiet; docs/BENCHMARKS.md). Every signal is blocked across clone3, and
+  // grace period (~10 ms after quiet; docs/BENCHMARKS.md). Every signal is
+  // blocked across clone3, and
   // CLONE_CLEAR_SIGHAND gives the child default handlers: no handler of
   // the engine can ever run in the child, which then resets its mask and
   // dispositions itself (systemd's safe_fork_full does the same around
