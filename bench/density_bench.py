@@ -19,10 +19,10 @@ The small runs of 1 and 3 are the same call; the report gives their
 medians and the ratio held / idle, with the daemon's own record.wall_ms.
 
 Costs, taken while the sleepers are held: host memory (MemAvailable)
-per sleeping run, the descriptors the spawner and the front end hold per
-run, and, from the daemon's own status before any run, what its idle warm
-sandboxes hold (uid slots, descriptors, memory by MemAvailable difference
-with the pool emptied).
+per sleeping run and the descriptors the spawner and the front end hold
+per run; the daemon's warm_pool status before any run is kept in the
+report (an idle warm sandbox's own cost is in README.md and
+docs/BENCHMARKS.md, not measured here).
 
 Standard library only, as root:
   /usr/bin/python3 bench/density_bench.py [--build build] [--sleepers 500]
@@ -40,7 +40,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -221,6 +220,7 @@ def main() -> int:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(report, indent=2))
     print("\nsmall run, idle daemon: %.2f ms median (%d/%d warm, record %.2f ms)" % (
         report["idle_runs"]["median_ms"], report["idle_runs"]["warm"], args.n, report["idle_runs"]["record_median_ms"]))
