@@ -586,13 +586,9 @@ void Spawner::handle_message(const std::string& msg, std::vector<UniqueFd>& fds)
   // it is ended, and what it sent is closed without waiting (a socket with
   // a long SO_LINGER would otherwise hold this loop in close()).
   if (!fds.empty()) {
-    for (auto& fd : fds) {
-      struct stat st{};
-      if (::fstat(fd.get(), &st) == 0 && S_ISSOCK(st.st_mode)) {
-        linger no_wait{1, 0};
-        (void)::setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &no_wait, sizeof no_wait);
-      }
-    }
+    const linger no_wait{1, 0};
+    for (auto& fd : fds)  // on anything but a socket it fails (ENOTSOCK), changing nothing
+      (void)::setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &no_wait, sizeof no_wait);
     fds.clear();
     spdlog::error("the front end (pid {}) sent descriptors: ending it", fe_pid_);
     if (fe_pid_ > 0) ::kill(fe_pid_, SIGKILL);

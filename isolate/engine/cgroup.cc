@@ -233,12 +233,15 @@ Status CgroupLeaf::kill_all() {
   }
   // v1 has no cgroup.kill. Freezing first means nothing in the leaf can fork
   // between listing and killing; SIGKILL is delivered when it is thawed.
+  // Another round only for a process not killed yet: one killed is exiting
+  // (its memory takes a while) and can fork no more.
   std::string freezer = file("freezer", "freezer.state");
-  for (int round = 0; round < 8; ++round) {
-    auto pids = list_pids(file("pids", "cgroup.procs"));
-    if (pids.empty()) break;
+  std::vector<pid_t> killed;
+  auto not_killed = [&](pid_t p) { return std::ranges::count(killed, p) == 0; };
+  for (int round = 0; round < 8 && std::ranges::any_of(list_pids(file("pids", "cgroup.procs")), not_killed); ++round) {
     (void)write_text_file(freezer, "FROZEN");
-    for (pid_t p : list_pids(file("freezer", "cgroup.procs"))) ::kill(p, SIGKILL);
+    killed = list_pids(file("freezer", "cgroup.procs"));
+    for (pid_t p : killed) ::kill(p, SIGKILL);
     (void)write_text_file(freezer, "THAWED");
   }
   return {};

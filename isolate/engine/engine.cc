@@ -577,6 +577,7 @@ struct Engine::Launch {
     w.u32(static_cast<std::uint32_t>((wall + slack).count() / 1000 + 1));
     w.u8(spec.network == NetworkMode::Host ? kNetworkHost : !egress_init ? kNetworkOwn : kNetworkEgress);
     w.u8(engine.config_.landlock ? kLandlockAuto : 0);
+    w.u8(spec.end_note ? 1 : 0);
     w.cstr(engine.staging_root_);
     w.cstr(spec.hostname);
     w.cstr(spec.workdir);

@@ -19,6 +19,7 @@
 //         (bring lo up), 2 egress (lo up, then a listener on
 //         127.0.0.1:kEgressProxyPort sent over the egress socket)
 //   u8    Landlock: 0 off, 1 as far as the kernel's ABI goes (kLandlockAuto)
+//   u8    end note: 1 gives the tool a pipe to pid 1 as fd 3 (RunSpec::end_note)
 //   text  staging directory (where the root tmpfs is attached, a host path)
 //   text  hostname, working directory
 //   u32   the tool's uid, gid (inside the sandbox)

@@ -120,6 +120,7 @@ constexpr int kReportFd = 3;
 constexpr int kWatchFd = 4;
 constexpr int kReadyFd = 5;
 constexpr int kLeaseFd = 6;
+constexpr int kEndFd = 7;  // a plan with an end note only
 
 void report(int kind, int stage, int value) {
   Report r{kReportMagic, kind, stage, value};
@@ -197,15 +198,26 @@ int main(int argc, char** argv) {
 
   // Fork the tool. It drops its privileges while we do the same, then waits
   // on `ready` until this process runs with its filter loaded.
-  int ready[2];
-  if (pipe2(ready, O_CLOEXEC) != 0) fail_at(report_fd, Stage::Fork, errno, 1);
+  //
+  // The end note (plan.end_note; warm sandboxes): a pipe whose write end
+  // the tool keeps as fd 3. One byte on it is the tool's exit status, which
+  // the runner writes after its output is written and its descriptors are
+  // closed, just before its _exit: the run ends then, not once the kernel
+  // has torn the process's memory down (a millisecond and more for an
+  // interpreter). It lets the tool do nothing it could not already: exit
+  // with any status it likes; pid 1's exit then ends every process left.
+  int ready[2], end[2] = {-1, -1};
+  if (pipe2(ready, O_CLOEXEC) != 0 || (plan.end_note && pipe2(end, O_CLOEXEC) != 0))
+    fail_at(report_fd, Stage::Fork, errno, 1);
   const pid_t tool = fork();
   if (tool < 0) fail_at(report_fd, Stage::Fork, errno, 1);
   if (tool == 0) {
     close(ready[1]);
-    tool_main(plan, ready[0]);
+    if (end[0] >= 0) close(end[0]);
+    tool_main(plan, ready[0], end[1]);
   }
   close(ready[0]);
+  if (end[1] >= 0) close(end[1]);
   // From here a failure must stop the tool too: a byte on `ready` makes it
   // exit before it runs anything (EOF alone would let it go on). The report
   // goes first: a tool that has exited already makes the write to `ready`
@@ -213,19 +225,21 @@ int main(int argc, char** argv) {
 
   // pid 1 keeps no end of the tool's pipes (EOF must mean the tool and its
   // descendants are done) and gets /dev/null as stdio. What it keeps goes
-  // to fixed numbers (report 3, watch 4, ready 5, lease 6), each first
-  // copied above 9 so that no dup3 below clobbers one not placed yet.
+  // to fixed numbers (report 3, watch 4, ready 5, lease 6, the end note's
+  // read end 7), each first copied above 9 so that no dup3 below clobbers
+  // one not placed yet.
   int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (devnull < 0) fail_after_fork(report_fd, ready[1], Stage::Fds);
   for (int fd = 0; fd < 3; ++fd)
     if (dup2(devnull, fd) < 0) fail_after_fork(report_fd, ready[1], Stage::Fds);
-  const int sources[] = {report_fd, plan.watch_fd, ready[1], plan.lease_fd};
-  int high[4];
-  for (int i = 0; i < 4; ++i)
+  const int sources[] = {report_fd, plan.watch_fd, ready[1], plan.lease_fd, end[0]};
+  const int kept = end[0] >= 0 ? 5 : 4;
+  int high[5];
+  for (int i = 0; i < kept; ++i)
     if ((high[i] = fcntl(sources[i], F_DUPFD_CLOEXEC, 10)) < 0) fail_after_fork(report_fd, ready[1], Stage::Fds);
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < kept; ++i)
     if (dup3(high[i], kReportFd + i, 0) < 0) fail_after_fork(high[0], high[2], Stage::Fds);
-  if (close_range(kLeaseFd + 1, ~0U, 0) != 0) fail_after_fork(kReportFd, kReadyFd, Stage::Fds);
+  if (close_range(kReportFd + kept, ~0U, 0) != 0) fail_after_fork(kReportFd, kReadyFd, Stage::Fds);
 
   // pid 1 keeps uid 0 of the namespace (so the tool, another uid, can
   // neither signal nor inspect it) but holds no capability at all.
@@ -254,6 +268,7 @@ int main(int argc, char** argv) {
   // Ready: the tool may run now.
   close(kReadyFd);
 
+  bool end_open = plan.end_note;
   for (;;) {
     // Reap everything that has exited: the tool, and orphans reparented to us.
     for (;;) {
@@ -273,8 +288,8 @@ int main(int argc, char** argv) {
       }
       break;  // r == 0: children remain, none exited
     }
-    pollfd fds[2] = {{sfd, POLLIN, 0}, {kWatchFd, POLLIN, 0}};
-    int n = poll(fds, 2, -1);
+    pollfd fds[3] = {{sfd, POLLIN, 0}, {kWatchFd, POLLIN, 0}, {end_open ? kEndFd : -1, POLLIN, 0}};
+    int n = poll(fds, 3, -1);
     if (n < 0) {
       if (errno == EINTR) continue;
       _exit(3);
@@ -285,6 +300,18 @@ int main(int argc, char** argv) {
     if (fds[1].revents != 0) {
       report(Report::kEngineGone, 0, 0);
       _exit(2);
+    }
+    // The end note: its byte is the tool's exit status (the tool is in its
+    // _exit). Closed without one (the tool's process ended without a
+    // word, or gave fd 3 up): its own exit says how it ended.
+    if (fds[2].revents != 0) {
+      unsigned char status = 0;
+      const ssize_t got = read(kEndFd, &status, 1);
+      if (got == 1) {
+        report(Report::kToolStatus, 0, status << 8);
+        _exit(0);  // the kernel now kills the rest of the namespace
+      }
+      if (got == 0 || errno != EINTR) end_open = false;
     }
     if (fds[0].revents & POLLIN) {
       signalfd_siginfo si;

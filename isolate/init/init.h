@@ -34,8 +34,9 @@ void build_sandbox(const Plan& plan) noexcept;
 // The tool process, forked by pid 1 once the file system is final: drops
 // every privilege, waits for `ready_fd` (EOF: pid 1 runs with its filter
 // loaded; a byte: the sandbox is being torn down), loads the tool's filter
-// and executes the tool. Never returns.
-[[noreturn]] void tool_main(const Plan& plan, int ready_fd) noexcept;
+// and executes the tool with `end_fd` (the end note's write end, or -1:
+// init.cc) as its fd 3. Never returns.
+[[noreturn]] void tool_main(const Plan& plan, int ready_fd, int end_fd) noexcept;
 
 // Privilege steps shared by pid 1 and the tool; each returns 0 or -1 with
 // errno set. Securebits locked (so no exec of a uid-0 program grants

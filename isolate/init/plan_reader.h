@@ -45,6 +45,7 @@ struct Plan {
   uint32_t backstop_s;
   uint8_t network;  // kNetworkHost, kNetworkOwn, kNetworkEgress
   uint8_t landlock;  // 0 (off) or kLandlockAuto
+  uint8_t end_note;  // 1: the tool's fd 3 is a pipe to pid 1 (init.cc, "end note")
   const char* staging;
   const char* hostname;
   const char* workdir;
@@ -138,6 +139,7 @@ inline bool read_plan(const char* buf, size_t len, Plan* p) {
   p->backstop_s = c.u32();
   p->network = c.u8();
   p->landlock = c.u8();
+  p->end_note = c.u8();
   p->staging = c.cstr(true);
   p->hostname = c.cstr(true);
   p->workdir = c.cstr(true);
@@ -150,7 +152,7 @@ inline bool read_plan(const char* buf, size_t len, Plan* p) {
   // The tool is never uid or gid 0 (pid 1's) or the overflow ids; the
   // backstop is at most about half a year, as the engine computes it.
   // An egress socket exactly when the network is egress.
-  if (!c.ok() || p->network > kNetworkEgress || p->landlock > kLandlockAuto || (p->network == kNetworkEgress) != (p->egress_fd >= 0) ||
+  if (!c.ok() || p->network > kNetworkEgress || p->landlock > kLandlockAuto || p->end_note > 1 || (p->network == kNetworkEgress) != (p->egress_fd >= 0) ||
       p->egress_fd < -1 || p->staging[0] != '/' || p->workdir[0] != '/' || p->hostname[0] == '\0' ||
       p->tool_uid == 0 || p->tool_uid >= 65534 || p->tool_gid == 0 || p->tool_gid >= 65534 || p->backstop_s > (1u << 24))
     return false;

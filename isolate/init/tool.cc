@@ -62,8 +62,8 @@ int set_rlimit(int resource, uint64_t value) noexcept {
 
 }  // namespace
 
-[[noreturn]] void tool_main(const Plan& plan, int ready_fd) noexcept {
-  int rep = plan.report_fd;  // moves to fd 3 below
+[[noreturn]] void tool_main(const Plan& plan, int ready_fd, int end_fd) noexcept {
+  int rep = plan.report_fd;  // moves to fd 4 below
   auto fail = [&rep](Stage s) { fail_at(rep, s, errno, 127); };
 
   // A session of its own: no controlling terminal of whoever started the
@@ -72,23 +72,29 @@ int set_rlimit(int resource, uint64_t value) noexcept {
   // If pid 1 dies, so does the tool (the pid namespace would kill it anyway).
   if (arm_death_signal() != 0) fail(Stage::DeathSignal);
 
-  // Exactly the three pipes as 0-2; the report pipe (CLOEXEC: execve closes
-  // it, and EOF on it tells the engine the exec happened) as 3 and `ready`
-  // as 4; everything else is closed here. The two kept descriptors are
-  // first copied above 9, so that placing one cannot close the other, and
-  // the pipes are copied there too before 0-2 are overwritten (the engine
-  // keeps its own 0-2 open, so they are above 2, but a plan may name any).
+  // Exactly the three pipes as 0-2; the end note's pipe (a plan with one:
+  // init.cc) as 3, the only other descriptor the tool keeps; the report
+  // pipe (CLOEXEC: execve closes it, and EOF on it tells the engine the
+  // exec happened) as 4 and `ready` as 5; everything else is closed here.
+  // The kept descriptors are first copied above 9, so that placing one
+  // cannot close another, and the pipes are copied there too before 0-2
+  // are overwritten (the engine keeps its own 0-2 open, so they are above
+  // 2, but a plan may name any).
   int io[3] = {::fcntl(plan.stdin_fd, F_DUPFD, 10), ::fcntl(plan.stdout_fd, F_DUPFD, 10),
                ::fcntl(plan.stderr_fd, F_DUPFD, 10)};
   int rep_high = ::fcntl(rep, F_DUPFD_CLOEXEC, 10);
   int ready_high = ::fcntl(ready_fd, F_DUPFD_CLOEXEC, 10);
-  if (io[0] < 0 || io[1] < 0 || io[2] < 0 || rep_high < 0 || ready_high < 0) fail(Stage::Fds);
+  int end_high = end_fd < 0 ? -1 : ::fcntl(end_fd, F_DUPFD, 10);
+  if (io[0] < 0 || io[1] < 0 || io[2] < 0 || rep_high < 0 || ready_high < 0 || (end_fd >= 0 && end_high < 0))
+    fail(Stage::Fds);
   for (int fd = 0; fd < 3; ++fd)
     if (::dup2(io[fd], fd) < 0) fail(Stage::Fds);
-  if (::dup3(rep_high, 3, O_CLOEXEC) < 0) fail(Stage::Fds);
-  rep = 3;
-  if (::dup3(ready_high, 4, O_CLOEXEC) < 0) fail(Stage::Fds);
-  if (::close_range(5, ~0U, 0) != 0) fail(Stage::Fds);
+  if (end_high < 0) ::close(3);                            // nothing there after the execve
+  else if (::dup2(end_high, 3) < 0) fail(Stage::Fds);  // dup2: not close-on-exec
+  if (::dup3(rep_high, 4, O_CLOEXEC) < 0) fail(Stage::Fds);
+  rep = 4;
+  if (::dup3(ready_high, 5, O_CLOEXEC) < 0) fail(Stage::Fds);
+  if (::close_range(6, ~0U, 0) != 0) fail(Stage::Fds);
 
   // Resource limits per process (the cgroup holds the run-wide ones): no
   // core dumps, file size, open files; RLIMIT_NPROC counts exactly this
@@ -149,12 +155,12 @@ int set_rlimit(int resource, uint64_t value) noexcept {
   // that caused it is reported already).
   for (;;) {
     char c;
-    ssize_t n = ::read(4, &c, 1);
+    ssize_t n = ::read(5, &c, 1);
     if (n == 0) break;
     if (n > 0) ::_exit(127);
     if (errno != EINTR) fail(Stage::InitReady);
   }
-  ::close(4);
+  ::close(5);
 
   // Seccomp comes last: every step above may use syscalls the filter
   // refuses. The program was compiled once for the policy, by the engine's

@@ -82,6 +82,30 @@ TEST_F(EngineTest, ExitCodesAndSignalsPassThrough) {
   EXPECT_EQ(r.signal, SIGSEGV);
 }
 
+// The end note (RunSpec::end_note, warm sandboxes' runner): fd 3 is a pipe
+// to pid 1, and one byte on it ends the run with that exit status while
+// the process still runs (it is killed with the sandbox); closed without a
+// byte, the process's own exit counts. Without the note there is no fd 3.
+TEST_F(EngineTest, EndNoteEndsTheRunWithItsStatus) {
+  auto noted = [this](const char* script) {
+    auto s = spec({"/bin/sh", "-c", script});
+    s.end_note = true;
+    return run(s);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = noted("printf '\\052' >&3; exec sleep 30");
+  EXPECT_EQ(r.reason, EndReason::Exited) << describe(r);
+  EXPECT_EQ(r.exit_code, 42);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s) << "the run waited for the process, not the note";
+  r = noted("exec 3>&-; exit 7");
+  EXPECT_EQ(r.reason, EndReason::Exited) << describe(r);
+  EXPECT_EQ(r.exit_code, 7);
+  r = noted("exec 2>/dev/null; if true >&3; then exit 3; fi; exit 4");
+  EXPECT_EQ(r.exit_code, 3) << describe(r);
+  r = run(spec({"/bin/sh", "-c", "exec 2>/dev/null; if true >&3; then exit 3; fi; exit 4"}));
+  EXPECT_EQ(r.exit_code, 4) << "a run without the note has an fd 3: " << describe(r);
+}
+
 TEST_F(EngineTest, ConcurrentRunsGetDistinctHostUids) {
   auto a = engine_->spawn(spec({"/bin/sleep", "1"}));
   auto b = engine_->spawn(spec({"/bin/sleep", "1"}));

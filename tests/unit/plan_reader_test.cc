@@ -32,6 +32,7 @@ struct PlanIn {
   std::uint32_t backstop = 70;
   std::uint8_t network = tsb::isolate::kNetworkOwn;
   std::uint8_t landlock = tsb::isolate::kLandlockAuto;
+  std::uint8_t end_note = 1;
   std::string staging = "/run/toolsandbox/root", hostname = "sandbox", workdir = "/work";
   std::vector<std::string> argv = {"/venv/bin/python3", "-c", "pass"}, envp = {"PATH=/venv/bin:/usr/bin", "HOME=/work"};
   std::string tool_filter = std::string(sizeof(sock_filter) * 2, '\x01'), init_filter = std::string(sizeof(sock_filter), '\x02');
@@ -54,6 +55,7 @@ struct PlanIn {
     w.u32(backstop);
     w.u8(network);
     w.u8(landlock);
+    w.u8(end_note);
     w.cstr(staging);
     w.cstr(hostname);
     w.cstr(workdir);
@@ -113,6 +115,7 @@ TEST(PlanReader, ReadsThePlanAsDocumented) {
   EXPECT_EQ(p.tool_filter.len, 2);
   EXPECT_EQ(p.init_filter.len, 1);
   EXPECT_EQ(p.landlock, tsb::isolate::kLandlockAuto);
+  EXPECT_EQ(p.end_note, 1);
   ASSERT_EQ(p.nsteps, 7u);
   EXPECT_EQ(p.steps[0].op, Op::kAttach);
   EXPECT_TRUE(p.steps[0].dir);
@@ -176,6 +179,7 @@ TEST(PlanReader, RefusesAnythingElse) {
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[0].stage = Stage::kCount; })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[0].flags = 16; })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.landlock = 2; })));
+  EXPECT_FALSE(reads(variant([](PlanIn& p) { p.end_note = 2; })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[0].path = "usr"; }))) << "a step outside the sandbox's root";
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[3].source = std::string("/.m\0asked", 9); })));
   EXPECT_FALSE(reads(variant([](PlanIn& p) { p.steps[4].fd = -1; }))) << "a copy without its host file";

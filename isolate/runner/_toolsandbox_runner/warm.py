@@ -7,7 +7,7 @@ import sys
 
 from .base import EXIT_NO_FRAME, Fatal, _as_program, _error_line, _flush_std, _read_all, _stdin_mode, _write_all
 from .channel import _channel_main, _read_part, _take_channel
-from .lean_exit import _script_end, _watch_written_files
+from .lean_exit import _script_end, _take_end_note, _watch_written_files
 from .tool import _tool_process_setup
 
 # Written on the channel once a pooled runner is ready for its request.
@@ -82,6 +82,8 @@ class _Environ:
             if (not isinstance(v, str) or not k or "=" in k or "\0" in k or "\0" in v or k in os.environ):
                 raise Fatal("the hand-over's environment holds a name or value a start could not have")
             os.environ[k] = v
+        if not environ:
+            return  # the block the process started with is what execve would have made
         # What execve would have made of the policy's variables, then the
         # request's: the block the process started with, and the new ones.
         block = self._started_with + b"".join(
@@ -115,6 +117,7 @@ def _await_hand_over(tool=False):
     the policy's own venv only (the operator's, root's), never a per-tool
     one, whose code never runs before the declaration."""
     chan = _take_channel()
+    _take_end_note()
     environ = _Environ()
     # The policy's warm_pool.preload (by default what Letta's generated
     # scripts import) follows the program in argv: emptied, as a cold
