@@ -50,8 +50,9 @@ BUDGETS = {
     # Raised from 800: the tool's Landlock ruleset, made from the plan's
     # steps (landlock.h), and the kernel's interface up to ABI 7; the mask
     # objects init makes itself and the move aside of what a tool left at a
-    # file's mount point.
-    "isolate/init": 1000,
+    # file's mount point. Then from 1000: the end note of warm sandboxes
+    # (its pipe, its place among the tool's descriptors, pid 1's read of it).
+    "isolate/init": 1020,
     # Raised from 125: the log lines' formatter and escaped() (log.h,
     # quote.h), the one place every log line and terminal text is escaped;
     # then from 150: print_line() and print_block(), the command line's one
