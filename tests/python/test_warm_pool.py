@@ -58,6 +58,28 @@ MARK_TOOL = (
 SECRET_TOOL = "def keep(secret: str) -> int:\n    global KEPT\n    KEPT = secret * 4\n    return len(KEPT)\n"
 SLEEP_TOOL = "import time\n\ndef nap(s: float) -> str:\n    time.sleep(s)\n    return 'rested'\n"
 ADD_TOOL = "def add(a: int, b: int) -> int:\n    return a + b\n"
+# The end note (docs/SECURITY.md, "Warm sandboxes"): what a tool sees of it
+# and what it can do with it.
+FDS_TOOL = (
+    "import subprocess\n\n"
+    "def fds() -> list:\n"
+    "    ls = subprocess.run(['/bin/ls', '/proc/self/fd'], capture_output=True, text=True, close_fds=False)\n"
+    "    return sorted(int(n) for n in ls.stdout.split())\n"
+)
+NOTE_TOOL = (
+    "import os, sys, time\n\n"
+    "def note(status: int) -> str:\n"
+    "    os.write(sys.modules['_toolsandbox_runner.lean_exit']._end_note, bytes([status]))\n"
+    "    time.sleep(30)\n"
+    "    return 'not reached'\n"
+)
+LINGER_TOOL = (
+    "import subprocess\n\n"
+    "def linger() -> str:\n"
+    "    subprocess.Popen(['/bin/sh', '-c', 'sleep 20; echo late'])\n"
+    "    print('early')\n"
+    "    return 'done'\n"
+)
 SCRIPT_VIEW = (
     "import os, sys\n"
     "print(repr(sys.argv[0].startswith(os.getcwd() + '/tmp')), __name__, os.environ.get('WARM_VAR'))\n"
@@ -256,6 +278,39 @@ class WarmPool(unittest.TestCase):
                                 env={"PYTHONPATH": "/from-request"})
         self.assertFalse(r.record["warm"])
         self.assertEqual(r.stdout, ["/from-request\n"])
+
+    def test_the_end_note_ends_only_its_own_run(self):
+        # The note is close-on-exec before the tool runs: a program the tool
+        # starts (descriptors kept) inherits what a cold run's would.
+        seen = {}
+        for policy in ("warm", "cold"):
+            self.wait_warm()
+            r = self.tool(FDS_TOOL, "fds", {}, policy=policy)
+            self.assertEqual(r.status, "success", r.stderr)
+            self.assertEqual(r.record["warm"], policy == "warm")
+            seen[policy] = r.func_return
+        self.assertEqual(seen["warm"], seen["cold"])
+        self.assertEqual(seen["cold"], [0, 1, 2, 3], "0-2 and ls's own /proc/self/fd")
+        # A tool that writes the note itself ends its run with that status,
+        # and its process with it, as os._exit would.
+        self.wait_warm()
+        t0 = time.monotonic()
+        r = self.tool(NOTE_TOOL, "note", {"status": 7})
+        self.assertLess(time.monotonic() - t0, 15, "the run went on after its note")
+        self.assertTrue(r.record["warm"], r.record)
+        self.assertEqual((r.record["end_reason"], r.record["exit_code"]), ("exited", 7), r.record)
+        self.assertEqual(r.status, "error")
+        # A tool that leaves a program running: the run ends with the tool
+        # (the program is killed with the sandbox), its output complete.
+        for policy in ("warm", "cold"):
+            self.wait_warm()
+            t0 = time.monotonic()
+            r = self.tool(LINGER_TOOL, "linger", {}, policy=policy)
+            self.assertLess(time.monotonic() - t0, 15, "a %s run waited for what its tool left running" % policy)
+            self.assertEqual((r.status, r.func_return), ("success", "done"), r.stderr)
+            self.assertEqual(r.stdout, ["early\n"])
+        self.wait_warm()
+        self.assertEqual(self.tool(ADD_TOOL, "add", {"a": 2, "b": 3}).func_return, 5)
 
     def test_limits_count_from_the_hand_over(self):
         st = self.wait_warm(policy="short")
