@@ -233,8 +233,12 @@ Status CgroupLeaf::kill_all() {
   }
   // v1 has no cgroup.kill. Freezing first means nothing in the leaf can fork
   // between listing and killing; SIGKILL is delivered when it is thawed.
-  // Another round only for a process not killed yet: one killed is exiting
-  // (its memory takes a while) and can fork no more.
+  // Another round only for a process not killed yet: one killed already is
+  // exiting (its memory takes a while). A fork it had past its last check
+  // for a pending SIGKILL can still add a child after the last listing: that
+  // child is in pid 1's namespace, which the kernel kills whole (the first
+  // fence), and in the leaf, which then cannot be removed, so the pending
+  // clean-up sweeps it again.
   std::string freezer = file("freezer", "freezer.state");
   std::vector<pid_t> killed;
   auto not_killed = [&](pid_t p) { return std::ranges::count(killed, p) == 0; };

@@ -41,7 +41,7 @@
 
 namespace tsb::isolate {
 
-inline constexpr std::uint32_t kPlanMagic = 0x70627374;  // "tsbp"
+inline constexpr std::uint32_t kPlanMagic = 0x32627374;  // "tsb2": the layout with the end note
 // A plan larger than this is refused by init (an environment is a few
 // MiB; host files travel as descriptors, not in the plan).
 inline constexpr std::uint64_t kMaxPlanBytes = 64ull << 20;

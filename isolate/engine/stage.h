@@ -23,7 +23,7 @@ enum class Stage : int {
   Hostname,        // sethostname in the new uts namespace
   Loopback,        // bringing lo up in the new net namespace
   Fork,            // forking the tool from the sandbox init
-  Fds,             // arranging 0-2 and closing everything else
+  Fds,             // arranging 0-2 (and the end note, 3) and closing everything else
   Rlimits,         // setrlimit
   Session,         // setsid, parent-death signal
   Securebits,      // locking securebits

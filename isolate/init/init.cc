@@ -17,7 +17,8 @@
 //      (pid_namespaces(7)); every way out below is an exit.
 //
 // It ends the run when:
-//   - the tool exits (its status goes to the report pipe);
+//   - the tool exits (its status goes to the report pipe), or, with an end
+//     note, the tool writes its status there (it is in its _exit);
 //   - the engine is gone: the engine's end of the watch pipe closed (the
 //     engine died, however it died), or the parent-death signal (SIGKILL)
 //     arrived;

@@ -87,6 +87,7 @@ int set_rlimit(int resource, uint64_t value) noexcept {
   int end_high = end_fd < 0 ? -1 : ::fcntl(end_fd, F_DUPFD, 10);
   if (io[0] < 0 || io[1] < 0 || io[2] < 0 || rep_high < 0 || ready_high < 0 || (end_fd >= 0 && end_high < 0))
     fail(Stage::Fds);
+  rep = rep_high;  // the old number may be overwritten below
   for (int fd = 0; fd < 3; ++fd)
     if (::dup2(io[fd], fd) < 0) fail(Stage::Fds);
   if (end_high < 0) ::close(3);                            // nothing there after the execve

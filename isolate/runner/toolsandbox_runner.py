@@ -193,7 +193,9 @@ holds (daemon/frontend/letta/letta.h, "The result channel"). The runner moves it
    non-daemon threads joined, atexit handlers run, stdio and every file
    object left open for writing flushed, the source file removed, os._exit
    with the exit status above (what it skips: __del__ of objects still
-   alive, see _lean_exit in lean_exit.py).
+   alive, see _lean_exit in lean_exit.py); in a warm sandbox, first every
+   other descriptor closed and the status written on the end note, fd 3
+   at the start (_exit in lean_exit.py).
 
 stdout and stderr carry the tool's output only: nothing in them is the
 result. A request the runner cannot read ends it with status 3 and no

@@ -283,5 +283,60 @@ class InASandbox(unittest.TestCase):
         self.check(warm=True)
 
 
+class EndNote(unittest.TestCase):
+    """lean_exit._exit in a warm sandbox's runner (isolate/init/init.cc, "end
+    note"), outside any sandbox: the program gets a pipe as fd 3, as init
+    gives it, and the test reads what arrives there."""
+
+    def note(self, body):
+        """(the bytes the pipe got, the program's exit status) for `body`,
+        run after _take_end_note."""
+        r, w = os.pipe()
+        code = ("import os, sys\nos.dup2(%d, 3)\nos.close(%d)\nsys.path.insert(0, %r)\n"
+                "from _toolsandbox_runner import lean_exit\nlean_exit._take_end_note()\n" % (w, w, SOURCE)) + body
+        proc = subprocess.Popen([PYTHON, *FLAGS, "-c", code], pass_fds=(w,), stdout=subprocess.DEVNULL)
+        os.close(w)
+        with os.fdopen(r, "rb") as pipe:
+            got = pipe.read()
+        return got, proc.wait(timeout=TIMEOUT)
+
+    def test_the_status_goes_on_the_note_after_every_other_descriptor_is_closed(self):
+        body = ("other = os.open('/dev/null', os.O_RDONLY)\n"
+                "os.set_inheritable(other, True)\n"
+                "import atexit\n"
+                "atexit.register(lambda: None)\n"
+                "def gone(fd):\n"
+                "    try:\n"
+                "        os.fstat(fd)\n"
+                "        return False\n"
+                "    except OSError:\n"
+                "        return True\n"
+                "real_write = os.write\n"
+                "def checked(fd, data):\n"
+                "    assert fd == lean_exit._end_note[0] and all(gone(n) for n in (0, 1, 2, other)), 'open'\n"
+                "    return real_write(fd, data)\n"
+                "os.write = checked\n"
+                "lean_exit._exit(5)\n")
+        self.assertEqual(self.note(body), (b"\x05", 5))
+
+    def test_a_forked_child_writes_no_note(self):
+        body = ("pid = os.fork()\n"
+                "if pid == 0:\n"
+                "    lean_exit._exit(3)\n"
+                "os.waitpid(pid, 0)\n"
+                "lean_exit._exit(4)\n")
+        self.assertEqual(self.note(body), (b"\x04", 4))
+
+    def test_no_byte_lands_in_a_file_opened_under_the_note_s_number(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "f")
+            body = ("f = os.open(%r, os.O_WRONLY | os.O_CREAT, 0o600)\n"
+                    "os.dup2(f, lean_exit._end_note[0])  # the note's number now names the file\n"
+                    "lean_exit._exit(6)\n" % path)
+            self.assertEqual(self.note(body), (b"", 6))
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(), b"")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -69,9 +69,18 @@ FDS_TOOL = (
 NOTE_TOOL = (
     "import os, sys, time\n\n"
     "def note(status: int) -> str:\n"
-    "    os.write(sys.modules['_toolsandbox_runner.lean_exit']._end_note, bytes([status]))\n"
+    "    os.write(sys.modules['_toolsandbox_runner.lean_exit']._end_note[0], bytes([status]))\n"
     "    time.sleep(30)\n"
     "    return 'not reached'\n"
+)
+FORK_SCRIPT = (
+    "import os\n"
+    "pid = os.fork()\n"
+    "if pid:\n"
+    "    os.waitpid(pid, 0)\n"
+    "    print('parent', flush=True)\n"
+    "else:\n"
+    "    print('child', flush=True)\n"
 )
 LINGER_TOOL = (
     "import subprocess\n\n"
@@ -309,6 +318,25 @@ class WarmPool(unittest.TestCase):
             self.assertLess(time.monotonic() - t0, 15, "a %s run waited for what its tool left running" % policy)
             self.assertEqual((r.status, r.func_return), ("success", "done"), r.stderr)
             self.assertEqual(r.stdout, ["early\n"])
+        # A script that forks: the child runs to the script's end too, and
+        # ends as a cold one would (a note of its own would end the run
+        # before the parent prints).
+        runs = []
+        for policy in ("warm", "cold"):
+            self.wait_warm(mode="execute")
+            runs.append(self.client.execute(FORK_SCRIPT, tool_name="s", organization_id=ORG, policy=policy))
+        self.assertEqual([r.record["warm"] for r in runs], [True, False])
+        for r in runs:
+            self.assertEqual((r.record["end_reason"], r.record["exit_code"]), ("exited", 0), r.record)
+            self.assertEqual(r.stdout, ["child\nparent\n"], r.record)
+        # A request without variables: the environment block stays the one
+        # the process started with, which is what a cold start shows.
+        self.wait_warm()
+        warm = self.tool(ENV_TOOL, "env_view", {})
+        cold = self.tool(ENV_TOOL, "env_view", {}, policy="cold")
+        self.assertTrue(warm.record["warm"])
+        self.assertEqual(warm.func_return["proc"], cold.func_return["proc"])
+        self.assertEqual(warm.func_return["environ"], cold.func_return["environ"])
         self.wait_warm()
         self.assertEqual(self.tool(ADD_TOOL, "add", {"a": 2, "b": 3}).func_return, 5)
 

@@ -8,35 +8,49 @@ import sys
 
 from .base import _flush_std
 
-_end_note = None  # a warm sandbox's end note (_take_end_note), close-on-exec
+_end_note = None  # a warm sandbox's end note (_take_end_note): (fd, pid, (st_dev, st_ino), fd bound)
 
 
 def _take_end_note():
     """A warm sandbox's fd 3: the end note, a pipe to pid 1
     (isolate/init/init.cc). Moved to a close-on-exec descriptor, so that no
-    program the tool runs inherits it, before any code of a request runs."""
+    program the tool runs inherits it, before any code of a request runs;
+    kept with this process's pid (a process the tool forks ends as a cold
+    one, without a note: its note would end the whole run) and the pipe's
+    identity (a tool that closed it and opened a file under its number
+    gets no byte in that file)."""
     global _end_note
     try:
-        if not stat.S_ISFIFO(os.fstat(3).st_mode):
-            return
+        st = os.fstat(3)
     except OSError:
         return
-    _end_note = os.dup(3)  # Python's descriptors are close-on-exec
+    if not stat.S_ISFIFO(st.st_mode):
+        return
+    import resource
+
+    fd = os.dup(3)  # Python's descriptors are close-on-exec
     os.close(3)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # every descriptor is below it (init set it)
+    bound = hard if 0 < hard < (1 << 20) else 1 << 20
+    _end_note = (fd, os.getpid(), (st.st_dev, st.st_ino), bound)
 
 
 def _exit(code):
-    """os._exit(code); with an end note, first every other descriptor closed
-    (the daemon's readers see the end of stdout and stderr now) and the
-    status written on it: the run ends there, not once the kernel has torn
-    this process's memory down (a millisecond and more). A program the tool
-    started and left running holds its own copies and ends with the run,
-    as it would at this process's exit."""
-    if _end_note is not None:
+    """os._exit(code); in the process that took the end note, with the note
+    still where it was, first every other descriptor closed (the daemon's
+    readers see the end of stdout and stderr now) and the status written
+    on it: the run ends there, not once the kernel has torn this process's
+    memory down (a millisecond and more). A program the tool started and
+    left running holds its own copies and ends with the run, as it would
+    at this process's exit."""
+    if _end_note is not None and _end_note[1] == os.getpid():
+        fd, _, ident, bound = _end_note
         try:
-            os.closerange(0, _end_note)
-            os.closerange(_end_note + 1, 1 << 20)
-            os.write(_end_note, bytes([code & 0xFF]))
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == ident:
+                os.closerange(0, fd)
+                os.closerange(fd + 1, max(fd + 1, bound))
+                os.write(fd, bytes([code & 0xFF]))
         except OSError:
             pass
     os._exit(code)
