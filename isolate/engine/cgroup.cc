@@ -231,8 +231,10 @@ Status CgroupLeaf::kill_all() {
     for (pid_t p : list_pids(path(0) + "/cgroup.procs")) ::kill(p, SIGKILL);
     return {};
   }
-  // v1 has no cgroup.kill. Freezing first means nothing in the leaf can fork
-  // between listing and killing; SIGKILL is delivered when it is thawed.
+  // v1 has no cgroup.kill. Freezing first stops the leaf's processes
+  // forking between listing and killing, once they are frozen (the write of
+  // FROZEN returns while the leaf may still be freezing); SIGKILL is
+  // delivered when it is thawed.
   // Another round only for a process not killed yet: one killed already is
   // exiting (its memory takes a while). A fork it had past its last check
   // for a pending SIGKILL can still add a child after the last listing: that
