@@ -915,10 +915,10 @@ const std::vector<std::string>& init_filter_syscalls() {
   // What the sandbox init does after loading its filter (isolate/init/init.cc):
   // close `ready`, wait in poll on its signalfd, the engine's watch pipe and
   // the end note, read a signal or the note's byte, reap children, write one
-  // report record, exit. The
-  // allocator-facing calls (brk, mmap, munmap) are for libc internals of the
-  // static binary; mmap cannot gain anything that execve would, and execve
-  // itself is absent. It signals nobody: it ends the sandbox by exiting.
+  // report record, exit. The allocator-facing calls (brk, mmap, munmap) are
+  // for libc internals of the static binary; mmap cannot gain anything that
+  // execve would, and execve itself is absent. It signals nobody: it ends
+  // the sandbox by exiting.
   static const std::vector<std::string> names = {
       "brk",   "clock_gettime", "close", "exit",    "exit_group",      "mmap",         "munmap",
       "poll",  "ppoll",         "read",  "restart_syscall", "rt_sigreturn", "wait4", "waitid", "write",
