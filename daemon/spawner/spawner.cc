@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -278,10 +279,7 @@ Status Spawner::start_front_end() {
   UniqueFd key = open_key_file();
   std::vector<std::string> args = {opts_.front_end, "--serve",   "--config", opts_.config_path, "--listen-fd",
                                    "3",              "--control-fd", "4",      "--sources-fd",    "5"};
-  if (key) {
-    args.emplace_back("--e2b-key-fd");
-    args.emplace_back("6");
-  }
+  if (key) args.insert(args.end(), {"--e2b-key-fd", "6"});
   const uid_t uid = set_.front_end_uid;
   std::vector<std::pair<int, int>> fds = {{listener_.get(), 3}, {theirs.get(), 4}, {sources_.get(), 5}};
   if (key) fds.emplace_back(key.get(), 6);
@@ -300,13 +298,8 @@ Status Spawner::start_front_end() {
   fe_ready_ = false;
   spdlog::info("front end started: pid {} as {} (uid {})", pid, q(set_.front_end_user), uid);
   // The engine's facts, for the front end's status.
-  Hello h;
-  h.instance = engine_->instance();
-  h.cgroup_mode = isolate::to_string(engine_->cgroups().mode());
-  h.cgroup_summary = engine_->cgroups().describe();
-  h.features = engine_->features();
-  h.notes = engine_->startup_notes();
-  send(encode(h));
+  send(encode(Hello{engine_->instance(), isolate::to_string(engine_->cgroups().mode()), engine_->cgroups().describe(),
+                    engine_->features(), engine_->startup_notes()}));
   return {};
 }
 
@@ -373,9 +366,7 @@ void Spawner::handle_run(const std::string& msg) {
   if (auto problem = check_environment(p->env_set, p->env_allow, o.env, &bad); problem != EnvProblem::kOk)
     return refuse(o.id, RefuseCode::OutOfBounds,
                   std::string("environment: ") + kEnvProblems[static_cast<int>(problem)] + " (policy '" + p->name + "')");
-  std::size_t live = 0;
-  for (const auto& [id, l] : runs_) live += l.orphan ? 0 : 1;
-  if (live >= set_.max_concurrent_runs)
+  if (live_runs() >= set_.max_concurrent_runs)
     return refuse(o.id, RefuseCode::Busy, "max_concurrent_runs (" + std::to_string(set_.max_concurrent_runs) + ") reached");
 
   // A per-tool venv: a key of the cache the policy's venv row names (the
@@ -421,23 +412,26 @@ void Spawner::handle_run(const std::string& msg) {
       pool->target = std::min<std::uint32_t>(pool->target + 1, p->warm_max);
   }
   const bool warm = l.sb != nullptr;
+  auto failed = [&](const Error& why) {  // a sandbox made is destroyed (killed)
+    spdlog::error("spawn failed: {}", why.message);
+    Ended e;
+    e.id = o.id;
+    e.observations.engine_error = why.message;
+    e.observations.engine_errno = why.code;
+    send(encode(e));
+  };
   if (!warm) {
     isolate::RunSpec spec = run_spec_from(*p, o.mode, o.venv, false, o.node_modules);
     spec.limits.wall_timeout = o.timeout;
     spec.env = environment_of(p->env_set, o.env);
     auto spawned = engine_->spawn(spec);
-    if (!spawned.ok()) {
-      spdlog::error("spawn failed: {}", spawned.error().message);
-      Ended e;
-      e.id = o.id;
-      e.observations.engine_error = spawned.error().message;
-      e.observations.engine_errno = spawned.error().code;
-      send(encode(e));
-      return;
-    }
+    if (!spawned.ok()) return failed(spawned.error());
     l.sb = std::move(spawned).value();
     in = l.sb->take_stdin(), out = l.sb->take_stdout(), err = l.sb->take_stderr(), egress = l.sb->take_egress();
+  } else {
+    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, in.get(), nullptr);  // the front end's from now on
   }
+  if (auto st = watch(*l.sb, l.sb->report_fd()); !st.ok()) return failed(st.error());
   const auto now = Clock::now();
   l.started = warm ? now : l.sb->started();
   l.wall_deadline = l.started + o.timeout;
@@ -495,6 +489,11 @@ void Spawner::take_filled(Clock::time_point now) {
   w.seq = ++pooled_seq_;
   w.sb = std::move(done->sandbox).value();
   w.in = w.sb->take_stdin(), w.out = w.sb->take_stdout(), w.err = w.sb->take_stderr(), w.egress = w.sb->take_egress();
+  if (auto st = watch(*w.sb, w.in.get()); !st.ok()) {  // destroyed (killed) here
+    spdlog::error("warm pool of policy {}: {}", q(pool.policy->name), st.error().message);
+    ++pool.lost;
+    return;
+  }
   pool.idle.push_back(std::move(w));
 }
 
@@ -551,8 +550,7 @@ Spawner::Pool* Spawner::next_to_fill(Clock::time_point now, Clock::time_point& d
   // with no message waiting (tend_pools), none while stopping, at most
   // max_concurrent_runs warm in all.
   const Clock::time_point never = due = Clock::time_point::max();
-  std::size_t live = 0;
-  for (const auto& [id, l] : runs_) live += l.orphan ? 0 : 1;
+  const std::size_t live = live_runs();
   // Warm sandboxes hold uid slots too: never so many that runs lack one.
   const std::size_t room = std::min<std::size_t>(set_.max_concurrent_runs,
                                                  set_.engine.uid_slots - std::min(set_.engine.uid_slots, set_.max_concurrent_runs));
@@ -780,38 +778,18 @@ void Spawner::reload() {
   send(encode_reload(applied), applied ? fds : nullptr, applied ? (key ? 2 : 1) : 0);
 }
 
-// What one turn of run()'s loop waits for, in this order: the signals, the
-// front end's socket and its pidfd, the spawn thread's eventfd, each run's
-// pidfd and report pipe, then each warm sandbox's pidfd and its socket.
-struct Spawner::Watched {
-  std::vector<pollfd> fds;
-  std::vector<std::uint64_t> runs;  // by id
-  // By pool key and seq: a reload or a stop on this turn ends every pool.
-  std::vector<std::pair<std::string, std::uint64_t>> warm;
-  static constexpr std::size_t kFirstRun = 4;
-};
-
-// The descriptors of this turn, in Watched's order.
-Spawner::Watched Spawner::watch_list() const {
-  Watched w;
-  w.fds.push_back({signals_.get(), POLLIN, 0});
-  w.fds.push_back({control_ ? control_.get() : -1, POLLIN, 0});
-  w.fds.push_back({fe_pidfd_ ? fe_pidfd_.get() : -1, POLLIN, 0});
-  w.fds.push_back({spawn_thread_->fd(), POLLIN, 0});
-  for (const auto& [id, l] : runs_) {
-    w.fds.push_back({l.sb->pidfd(), POLLIN, 0});
-    w.fds.push_back({l.sb->report_fd(), POLLIN, 0});
-    w.runs.push_back(id);
-  }
-  for (const auto& [key, pool] : pools_)
-    for (const Pooled& p : pool.idle) {
-      w.fds.push_back({p.sb->pidfd(), POLLIN, 0});
-      // Readable: its ready line (never read here); hung up: its runner
-      // is gone, even while init still lives.
-      w.fds.push_back({p.in.get(), static_cast<short>(p.ready ? POLLRDHUP : POLLIN | POLLRDHUP), 0});
-      w.warm.emplace_back(key, p.seq);
-    }
-  return w;
+// A sandbox's pidfd and its second descriptor (a run's report pipe, a warm
+// sandbox's socket) join the epoll set, edge-triggered, tagged with the
+// Sandbox's address: an event only names a sandbox to look at again
+// (watch_sandboxes polls its descriptors), so one left over from a sandbox
+// gone (a spawn's child held its descriptors a moment) changes nothing.
+Status Spawner::watch(const isolate::Sandbox& sb, int second) {
+  const auto tag = reinterpret_cast<std::uintptr_t>(&sb);
+  epoll_event pid{EPOLLIN | EPOLLET, {.u64 = tag}}, other{EPOLLIN | EPOLLRDHUP | EPOLLET, {.u64 = tag}};
+  if ((::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, sb.pidfd(), &pid) != 0 && errno != EEXIST) ||
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, second, &other) != 0)
+    return Error::from_errno("epoll_ctl");
+  return {};
 }
 
 // Every signal waiting on the signalfd: SIGHUP reloads; SIGTERM and SIGINT
@@ -851,38 +829,49 @@ void Spawner::read_front_end() {
   }
 }
 
-// Runs whose pid 1 exited: their Ended (finish). Then warm sandboxes, found
-// again by key and seq (a message this turn may have handed one over, a
-// reload or a stop ended them all): one that ended before its hand-over
-// is lost; one whose runner wrote on its socket is ready.
-void Spawner::watch_sandboxes(const Watched& w, Clock::time_point now) {
-  for (std::size_t i = 0; i < w.runs.size(); ++i) {
-    const pollfd* fd = &w.fds[Watched::kFirstRun + 2 * i];
-    const bool exited = fd[0].revents & (POLLIN | POLLHUP | POLLERR);
-    auto it = runs_.find(w.runs[i]);
-    if (it == runs_.end() || !(exited || fd[1].revents)) continue;
+// The sandboxes the epoll set named since the last turn, looked at again
+// (their descriptors polled): runs whose pid 1 exited, or whose init
+// reported the tool's status, get their Ended (finish); a warm sandbox that
+// ended before its hand-over is lost; one whose runner wrote on its socket
+// is ready. At most 256 a turn; the rest wait in the set for the next.
+void Spawner::watch_sandboxes(Clock::time_point now) {
+  epoll_event ev[256];
+  const int n = ::epoll_wait(epoll_.get(), ev, 256, 0);
+  std::vector<std::uintptr_t> named;
+  for (int i = 0; i < n; ++i) named.push_back(ev[i].data.u64);
+  if (named.empty()) return;
+  std::sort(named.begin(), named.end());
+  auto is_named = [&](const std::unique_ptr<isolate::Sandbox>& sb) {
+    return std::binary_search(named.begin(), named.end(), reinterpret_cast<std::uintptr_t>(sb.get()));
+  };
+  for (auto it = runs_.begin(); it != runs_.end();) {
+    Live& l = it->second;
+    pollfd fd[2] = {{l.sb->pidfd(), POLLIN, 0}, {l.sb->report_fd(), POLLIN, 0}};
+    const bool look = is_named(l.sb) && ::poll(fd, 2, 0) > 0;
     // init's last report is the tool's status: the run has ended, and its
     // Ended goes now, not after init's own exit (the namespaces' teardown,
     // a millisecond or more), which the engine reaps later.
-    if (!exited) it->second.sb->read_reports(it->second.obs);
-    if (!exited && !it->second.obs.have_tool_status && !(fd[1].revents & (POLLHUP | POLLERR))) continue;
-    finish(it->second);
-    runs_.erase(it);
+    const bool exited = fd[0].revents & (POLLIN | POLLHUP | POLLERR);
+    if (look && !exited) l.sb->read_reports(l.obs);
+    const bool ended = look && (exited || l.obs.have_tool_status || (fd[1].revents & (POLLHUP | POLLERR)));
+    if (ended) finish(l);
+    it = ended ? runs_.erase(it) : std::next(it);
   }
-  for (std::size_t i = 0, at = Watched::kFirstRun + 2 * w.runs.size(); i < w.warm.size(); ++i, at += 2) {
-    auto found = pools_.find(w.warm[i].first);
-    if (found == pools_.end()) continue;  // ended by a reload or the stop
-    Pool* pool = &found->second;
-    auto it = std::find_if(pool->idle.begin(), pool->idle.end(), [&](const Pooled& p) { return p.seq == w.warm[i].second; });
-    if (it == pool->idle.end()) continue;  // handed over meanwhile
-    if ((w.fds[at].revents & (POLLIN | POLLHUP | POLLERR)) || (w.fds[at + 1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-      pool->idle.erase(it);  // ended before its hand-over
-      lose(*pool, now);
-    } else if (w.fds[at + 1].revents & POLLIN) {
-      it->ready = true;
-      pool->lost_in_a_row = 0;
+  for (auto& [key, pool] : pools_)
+    for (auto it = pool.idle.begin(); it != pool.idle.end();) {
+      // Readable: its ready line (never read here); hung up: its runner is
+      // gone, even while init still lives.
+      const short in = it->ready ? POLLRDHUP : POLLIN | POLLRDHUP;
+      pollfd fd[2] = {{it->sb->pidfd(), POLLIN, 0}, {it->in.get(), in, 0}};
+      if (is_named(it->sb) && ::poll(fd, 2, 0) > 0 &&
+          ((fd[0].revents & (POLLIN | POLLHUP | POLLERR)) || (fd[1].revents & (POLLRDHUP | POLLHUP | POLLERR)))) {
+        it = pool.idle.erase(it);  // ended before its hand-over
+        lose(pool, now);
+        continue;
+      }
+      if (fd[1].revents & POLLIN) it->ready = true, pool.lost_in_a_row = 0;
+      ++it;
     }
-  }
 }
 
 int Spawner::run() {
@@ -895,6 +884,8 @@ int Spawner::run() {
   ::signal(SIGPIPE, SIG_IGN);
   signals_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!signals_) return critical(Error::from_errno("signalfd").message);
+  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_) return critical(Error::from_errno("epoll_create1").message);
   auto thread = SpawnThread::start(*engine_);
   if (!thread.ok()) return critical(thread.error().message);
   spawn_thread_ = std::move(thread).value();
@@ -913,24 +904,30 @@ int Spawner::run() {
         fe_exit_ = 1;
       }
     }
-    // 2. The wait.
-    Watched w = watch_list();
+    // 2. The wait: the signals, the front end's socket and its pidfd, the
+    // spawn thread's eventfd, and the epoll set of the sandboxes (watch()):
+    // a turn costs the same with 500 runs asleep as with none.
+    pollfd fds[5] = {{signals_.get(), POLLIN, 0},
+                     {control_ ? control_.get() : -1, POLLIN, 0},
+                     {fe_pidfd_ ? fe_pidfd_.get() : -1, POLLIN, 0},
+                     {spawn_thread_->fd(), POLLIN, 0},
+                     {epoll_.get(), POLLIN, 0}};
     auto now = Clock::now();
     auto timeout = poll_timeout(now);
     if (fe_pid_ < 0 && !stopping_) timeout = std::min(timeout, std::chrono::ceil<milliseconds>(restart_at_ - now));
-    int n = ::poll(w.fds.data(), w.fds.size(), static_cast<int>(std::max<long long>(0, timeout.count())));
+    int n = ::poll(fds, 5, static_cast<int>(std::max<long long>(0, timeout.count())));
     if (n < 0 && errno != EINTR) return critical(Error::from_errno("poll").message);
     now = Clock::now();
     // 3. Signals: SIGHUP reloads, the others stop.
-    if (w.fds[0].revents & POLLIN) take_signals(now);
+    if (fds[0].revents & POLLIN) take_signals(now);
     // 4. The front end's messages (at most 64 a turn).
-    if (control_ && (w.fds[1].revents & (POLLIN | POLLHUP | POLLERR))) read_front_end();
+    if (control_ && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) read_front_end();
     // 5. Runs that ended; warm sandboxes that ended or became ready, or
     // that the spawn thread made.
-    watch_sandboxes(w, now);
-    if (w.fds[3].revents & POLLIN) take_filled(now);
+    if (fds[4].revents & POLLIN) watch_sandboxes(now);
+    if (fds[3].revents & POLLIN) take_filled(now);
     // 6. The front end's end: its runs killed, another one due, or the stop.
-    if (fe_pidfd_ && (w.fds[2].revents & POLLIN)) front_end_gone(now);
+    if (fe_pidfd_ && (fds[2].revents & POLLIN)) front_end_gone(now);
     // 7. A front end that does not stop in time is killed.
     if (stopping_ && fe_pid_ > 0 && now >= stop_deadline_) {
       spdlog::warn("the front end did not stop in time: killing it");
@@ -940,7 +937,7 @@ int Spawner::run() {
     // 8. The runs' limits, the warm pools (refilled on a quiet turn), the
     // engine's pending clean-up.
     check_limits(now);
-    tend_pools(now, n == 0 || !(w.fds[1].revents & POLLIN));
+    tend_pools(now, n == 0 || !(fds[1].revents & POLLIN));
     (void)engine_->collect_retired();
   }
   end_pools();

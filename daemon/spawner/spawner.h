@@ -32,6 +32,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -118,12 +119,12 @@ class Spawner {
 
   Status start_front_end();
   // The steps of one turn of run()'s loop, in the order it takes them.
-  struct Watched;
-  Watched watch_list() const;  // what to poll
+  // A sandbox joins the epoll set: its pidfd and `second`.
+  Status watch(const isolate::Sandbox& sb, int second);
   void take_signals(std::chrono::steady_clock::time_point now);  // SIGHUP reloads, SIGTERM and SIGINT stop
   void read_front_end();  // the front end's messages, at most 64
   // Runs whose pid 1 exited (finish); warm sandboxes ended or ready.
-  void watch_sandboxes(const Watched& w, std::chrono::steady_clock::time_point now);
+  void watch_sandboxes(std::chrono::steady_clock::time_point now);
   // The front end has exited: reaped, its runs killed; another one is due
   // at restart_at_, or the spawner stops (one that never became ready, or
   // too many ends in a minute).
@@ -132,6 +133,9 @@ class Spawner {
   void handle_run(const std::string& msg);
   void refuse(std::uint64_t id, RefuseCode code, const std::string& why);
   void finish(Live& l);
+  std::size_t live_runs() const {  // not orphans
+    return std::count_if(runs_.begin(), runs_.end(), [](const auto& r) { return !r.second.orphan; });
+  }
   void check_limits(std::chrono::steady_clock::time_point now);
   void reload();
   void send(const std::string& msg, const int* fds = nullptr, std::size_t nfds = 0);
@@ -155,6 +159,7 @@ class Spawner {
   dev_t socket_dev_ = 0;
   ino_t socket_ino_ = 0;
   UniqueFd signals_;  // signalfd: SIGTERM, SIGINT, SIGHUP
+  UniqueFd epoll_;    // the sandboxes' descriptors (watch)
   UniqueFd control_;  // our end of the current front end's socketpair
   UniqueFd fe_pidfd_;
   pid_t fe_pid_ = -1;
