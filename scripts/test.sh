@@ -44,7 +44,7 @@ tier "unit tests" unit
 # The root spawner's code may shrink, never grow unnoticed: raising this
 # ceiling is a change a reviewer sees (docs/SECURITY.md, "Privilege
 # separation", says what the lines are).
-"$TSB_ROOT/scripts/count-root-code.sh" --build "$TSB_BUILD" --max 3433
+"$TSB_ROOT/scripts/count-root-code.sh" --build "$TSB_BUILD" --max 3432
 # The tree is the trust map: the root's folders hold what the root runs and
 # nothing else, each folder of the unprivileged side keeps to its line
 # budget, and no function grows past what a reviewer can hold.

@@ -479,19 +479,20 @@ void Spawner::take_filled(Clock::time_point now) {
   // Made for pools a reload or the stop ended: destroyed (killed) here.
   if (done->tag != pools_generation_ || found == pools_.end()) return;
   Pool& pool = found->second;
-  if (!done->sandbox.ok()) {
-    spdlog::error("warm pool of policy {}: spawn failed: {}", q(pool.policy->name), done->sandbox.error().message);
-    ++pool.lost;
-    pool.paused_until = now + std::chrono::seconds(10);
-    return;
-  }
+  // A spawn that failed, or a sandbox the epoll set cannot take (destroyed,
+  // so killed, here): the pool pauses.
   Pooled w;
-  w.seq = ++pooled_seq_;
-  w.sb = std::move(done->sandbox).value();
-  w.in = w.sb->take_stdin(), w.out = w.sb->take_stdout(), w.err = w.sb->take_stderr(), w.egress = w.sb->take_egress();
-  if (auto st = watch(*w.sb, w.in.get()); !st.ok()) {  // destroyed (killed) here
+  Status st = done->sandbox.ok() ? Status() : Status(std::move(done->sandbox).error().wrap("spawn failed"));
+  if (st.ok()) {
+    w.seq = ++pooled_seq_;
+    w.sb = std::move(done->sandbox).value();
+    w.in = w.sb->take_stdin(), w.out = w.sb->take_stdout(), w.err = w.sb->take_stderr(), w.egress = w.sb->take_egress();
+    st = watch(*w.sb, w.in.get());
+  }
+  if (!st.ok()) {
     spdlog::error("warm pool of policy {}: {}", q(pool.policy->name), st.error().message);
     ++pool.lost;
+    pool.paused_until = now + std::chrono::seconds(10);
     return;
   }
   pool.idle.push_back(std::move(w));
@@ -782,7 +783,8 @@ void Spawner::reload() {
 // sandbox's socket) join the epoll set, edge-triggered, tagged with the
 // Sandbox's address: an event only names a sandbox to look at again
 // (watch_sandboxes polls its descriptors), so one left over from a sandbox
-// gone (a spawn's child held its descriptors a moment) changes nothing.
+// gone (its pidfd kept by the engine's clean-up until init is reaped, or a
+// spawn's child holding a copy until its exec) changes nothing.
 Status Spawner::watch(const isolate::Sandbox& sb, int second) {
   const auto tag = reinterpret_cast<std::uintptr_t>(&sb);
   epoll_event pid{EPOLLIN | EPOLLET, {.u64 = tag}}, other{EPOLLIN | EPOLLRDHUP | EPOLLET, {.u64 = tag}};
@@ -906,7 +908,7 @@ int Spawner::run() {
     }
     // 2. The wait: the signals, the front end's socket and its pidfd, the
     // spawn thread's eventfd, and the epoll set of the sandboxes (watch()):
-    // a turn costs the same with 500 runs asleep as with none.
+    // a turn no longer makes a system call per run.
     pollfd fds[5] = {{signals_.get(), POLLIN, 0},
                      {control_ ? control_.get() : -1, POLLIN, 0},
                      {fe_pidfd_ ? fe_pidfd_.get() : -1, POLLIN, 0},
