@@ -325,8 +325,10 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
       script.pooled_argv = {p.interpreter, "-c", script_launcher(true)};
       tool.pooled_argv.insert(tool.pooled_argv.end(), p.warm.tool_preload.begin(), p.warm.tool_preload.end());
       script.pooled_argv.insert(script.pooled_argv.end(), p.warm.preload.begin(), p.warm.preload.end());
-      script.fs = tool.fs;
     }
+    // Scripts see the runner too, cold or warm: a cold one's launcher
+    // takes its end from there, a warm one its hand-over.
+    script.fs = tool.fs;
   } else {
     tool.fs = script.fs;
   }
@@ -348,17 +350,33 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
 }
 
 std::string script_launcher(bool pooled) {
-  // Cold: the script is stdin. Pooled: the runner (at the sandbox path of
-  // isolate::kRunnerSandboxPath's directory, first on sys.path for the
-  // import only, then forgotten, as await_script forgets its package's
-  // modules) waits for the hand-over and returns it.
-  static constexpr std::string_view kRead = "    source = sys.stdin.buffer.read()\n";
+  // Cold: the script is stdin; the end of a script that runs to its end
+  // (_script_end, isolate/runner/_toolsandbox_runner/lean_exit.py: a
+  // program's end without the interpreter's teardown) comes from the
+  // runner's directory alone (the whole of sys.path for that import, so
+  // nothing of the working directory stands in), or, where no runner is
+  // installed, is the interpreter's own. Pooled: the runner (at the
+  // sandbox path of isolate::kRunnerSandboxPath's directory, first on
+  // sys.path for the import only, then forgotten, as await_script forgets
+  // its package's modules) waits for the hand-over and returns it.
+  static constexpr std::string_view kRead =
+      "    source = sys.stdin.buffer.read()\n"
+      "    saved, sys.path = sys.path, ['/opt/toolsandbox/runner']\n"
+      "    try:\n"
+      "        from _toolsandbox_runner.lean_exit import _watch_script as watch\n"
+      "    except ImportError:\n"
+      "        watch = lambda: lambda: None\n"
+      "    sys.path = saved\n"
+      "    for name in [n for n in sys.modules if n.partition('.')[0] == '_toolsandbox_runner']:\n"
+      "        del sys.modules[name]\n";
   static constexpr std::string_view kAwait =
       "    sys.path.insert(0, '/opt/toolsandbox/runner')\n"
       "    import toolsandbox_runner\n"
       "    del sys.path[0], sys.modules['toolsandbox_runner']\n"
       "    source, watch = toolsandbox_runner.await_script()\n"
       "    del toolsandbox_runner\n";
+  // The script runs as __main__ from a file of the working directory, as
+  // Letta's does; one that ran to its end ends as a program does (end()).
   static constexpr std::string_view kRun = R"PY(    path = os.path.join(os.getcwd(), "tmp%s.py" % os.urandom(4).hex())
     try:
         with open(path, "xb") as f:
@@ -370,15 +388,12 @@ std::string script_launcher(bool pooled) {
     main = sys.modules["__main__"]
     del main._toolsandbox_main
     main.__file__ = path
+    end = watch()
     exec(compile(source, path, "exec"), main.__dict__)
+    end()
 )PY";
-  // A warm script that ran to its end ends as a program does, without the
-  // interpreter's teardown (_script_end, isolate/runner/_toolsandbox_runner/lean_exit.py).
-  static constexpr std::string_view kEnd = "    end()\n";
-  std::string run(kRun);
-  if (pooled) run.insert(run.find("    exec("), "    end = watch()\n");
-  return "def _toolsandbox_main():\n    import os, sys\n" + std::string(pooled ? kAwait : kRead) + run +
-         std::string(pooled ? kEnd : "") + "_toolsandbox_main()\n";
+  return "def _toolsandbox_main():\n    import os, sys\n" + std::string(pooled ? kAwait : kRead) + std::string(kRun) +
+         "_toolsandbox_main()\n";
 }
 
 isolate::RunSpec run_spec_from(const Policy& p) { return spawn::run_spec_from(spawn_policy_fields(p), spawn::RunMode::Script); }

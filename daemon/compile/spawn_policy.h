@@ -21,13 +21,14 @@ namespace tsb::core {
 // script), and runs it as __main__ with that __file__, sys.argv[0] and
 // sys.path[0] (the script's directory, as for `python3 FILE`). Its
 // own names stay in a function, so the script's namespace is a fresh main
-// module's. `pooled`: the same, started before its request in a warm
-// sandbox, with the runner read-only at /opt/toolsandbox/runner: it takes
-// the hand-over there (the request's environment, then the script on the
-// channel that is its stdin; toolsandbox_runner.await_script) and then does
-// what the cold one does, except that a script that ran to its end (no
-// exception, no sys.exit) ends without the interpreter's teardown
-// (_script_end, isolate/runner/_toolsandbox_runner/lean_exit.py).
+// module's. A script that ran to its end (no exception, no sys.exit) ends
+// without the interpreter's teardown (_script_end,
+// isolate/runner/_toolsandbox_runner/lean_exit.py, from the runner,
+// read-only at /opt/toolsandbox/runner; where no runner is installed, with
+// the interpreter's own). `pooled`: the same, started before its request
+// in a warm sandbox: it takes the hand-over from the runner (the request's
+// environment, then the script on the channel that is its stdin;
+// toolsandbox_runner.await_script) and then does what the cold one does.
 std::string script_launcher(bool pooled);
 
 // Tool mode's program (-c, after -I -S -B -u -X utf8): the runner imported
@@ -77,7 +78,8 @@ std::vector<std::string> find_runner_files(const std::string& runner);
 // What the root spawner keeps of a policy (daemon/wire/compiled.h): per
 // mode the command (script mode: script_launcher; tool mode: kRunnerBoot, the
 // runner at isolate::kRunnerSandboxPath with its package and bytecode
-// (find_runner_files), none when `runner` is "") and the table.
+// (find_runner_files), none when `runner` is "") and the table (both modes
+// show the runner).
 // A policy with "packages" gets a keyed /venv row: a run naming a venv key
 // has `venv_cache`/<key> there (daemon/venv/cache.h). A policy with
 // "typescript.packages" gets a keyed, optional /node_modules row

@@ -201,7 +201,7 @@ class PartsPerMode(unittest.TestCase):
         self.assertIn(b"<<TSB-RESULT-" + nonce.encode(), proc.stdout)
         self.assertEqual(self.runner_parts(proc.stderr.decode()),
                          {"toolsandbox_runner", PACKAGE} | {PACKAGE + "." + p for p in ("base", "request", "tool",
-                                                                                       "nonce")})
+                                                                                       "nonce", "lean_exit")})
 
 
 class AsAScript(unittest.TestCase):

@@ -1105,9 +1105,9 @@ TEST(PolicyRunner, ToolModeImportsTheRunnerAndShowsItsBytecode) {
   EXPECT_EQ(rows.contains("/opt/toolsandbox/runner/__pycache__/toolsandbox_runner.cpython-311.pyc"), root);
   EXPECT_FALSE(rows.contains("/opt/toolsandbox/runner/__pycache__/toolsandbox_runner.cpython-312.pyc"));
   EXPECT_FALSE(rows.contains("/opt/toolsandbox/runner/__pycache__/other.cpython-311.pyc"));
-  // Script mode has neither.
-  for (const auto& e : *sp->modes[static_cast<int>(spawn::RunMode::Script)].fs)
-    EXPECT_EQ(e.path.find("/opt/toolsandbox/runner"), std::string::npos) << e.path;
+  // Script mode shows the same rows, without a pool too: its launcher
+  // takes a script's end from the runner (script_launcher).
+  EXPECT_EQ(sp->modes[static_cast<int>(spawn::RunMode::Script)].fs, tool.fs);
 }
 
 // The runner's package beside it: each module shown at its path below the
@@ -1231,10 +1231,12 @@ TEST(PolicyWarmPool, PooledCommandsAndTheRunnerForScripts) {
   bool runner_row = false;
   for (const auto& e : *script.fs) runner_row = runner_row || e.path == isolate::kRunnerSandboxPath;
   EXPECT_TRUE(runner_row) << "a pooled script takes its hand-over through the runner";
-  // Without a pool: no pooled command, and script runs see no runner.
+  // Without a pool: no pooled command; script runs see the runner all the
+  // same (a cold script's end comes from there).
   auto csp = to_spawn_policy(*cold, runner);
   ASSERT_TRUE(csp.ok());
   EXPECT_TRUE(csp->modes[0].pooled_argv.empty() && csp->modes[1].pooled_argv.empty());
+  EXPECT_EQ(csp->modes[0].fs, csp->modes[1].fs);
   for (const char* bad : {R"({"version": 1, "warm_pool": {"max": 65}})", R"({"version": 1, "warm_pool": {"max": 2, "min": 3}})",
                           R"({"version": 1, "warm_pool": {"max": 2, "idle": "0.5s"}})",
                           R"({"version": 1, "warm_pool": {"max": 2, "size": 3}})",

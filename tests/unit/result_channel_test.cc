@@ -224,23 +224,38 @@ TEST(ResultChannelEndToEnd, AToolErrorIsTheRunnersErrorPayload) {
 // Script mode's launcher, cold (the script on a pipe) and warm (the
 // hand-over on a socket pair: ready, the environ part, the script): the
 // same output, exit status and error line for a script that ends, exits
-// or raises; the warm one's short end (no teardown) still joins threads,
-// runs atexit handlers and flushes what the script left open.
+// or raises; the short end (no teardown) still joins threads, runs atexit
+// handlers and flushes what the script left open. `runner`: the runner's
+// directory where the sandbox has it (a cold launcher without one ends
+// with the interpreter's teardown).
+// A file of `text`, made anew.
+bool write_file(const std::string& path, std::string_view text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const bool ok = fd >= 0 && write_all(fd, text);
+  if (fd >= 0) ::close(fd);
+  return ok;
+}
+
 struct ScriptRun {
   std::string out, err, log;  // log: what the script left in log.txt
   int exit_code = -1;
 };
 
-ScriptRun run_launcher(bool warm, const std::string& script) {
+ScriptRun run_launcher(bool warm, const std::string& script, bool runner = true, bool planted = false) {
   std::string launcher = core::script_launcher(warm);
   const std::string at = "/opt/toolsandbox/runner";
-  if (warm) launcher.replace(launcher.find(at), at.size(), TSB_SOURCE_DIR "/isolate/runner");
+  if (runner) launcher.replace(launcher.find(at), at.size(), TSB_SOURCE_DIR "/isolate/runner");
   int in[2], out[2], err[2];
   if ((warm ? ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) : ::pipe2(in, O_CLOEXEC)) != 0 ||
       ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
     return {};
   char dir[] = "/tmp/tsb-launcher-XXXXXX";
   if (!::mkdtemp(dir)) return {};
+  // `planted`: a package of the runner's name in the working directory.
+  const std::string fake = std::string(dir) + "/_toolsandbox_runner";
+  if (planted && (::mkdir(fake.c_str(), 0755) != 0 || !write_file(fake + "/__init__.py", "print('planted')\n") ||
+                  !write_file(fake + "/lean_exit.py", "print('planted')\n")))
+    return {};
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(warm ? in[1] : in[0], 0);
@@ -310,7 +325,38 @@ TEST(WarmScriptLauncher, EndsAsTheColdOne) {
     EXPECT_EQ(cold.log, "left open");
     EXPECT_EQ(last_line(warm.err), err_line) << warm.err;
     EXPECT_EQ(last_line(cold.err), err_line) << cold.err;
+    const ScriptRun bare = run_launcher(false, common + tail, /*runner=*/false);
+    EXPECT_EQ(bare.exit_code, code) << bare.err;
+    EXPECT_EQ(bare.out, cold.out) << tail;
+    EXPECT_EQ(bare.log, "left open");
+    EXPECT_EQ(last_line(bare.err), err_line) << bare.err;
   }
+}
+
+// The short end skips the interpreter's teardown (a module global's
+// __del__ is not run), and only for a script that ran to its end; a cold
+// launcher with no runner in its sandbox ends with the teardown. The
+// runner's package is not left in sys.modules for the script, and nothing
+// of the working directory is imported in its place.
+TEST(WarmScriptLauncher, TheShortEndSkipsOnlyTheTeardown) {
+  TSB_REQUIRE_PYTHON();
+  const std::string script =
+      "import sys\n"
+      "print(sorted(n for n in sys.modules if 'toolsandbox' in n))\n"
+      "class Noisy:\n    def __del__(self):\n        print('teardown')\n"
+      "noisy = Noisy()\n";
+  for (bool warm : {false, true}) {
+    const ScriptRun r = run_launcher(warm, script);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "[]\n") << (warm ? "warm" : "cold") << ": " << r.err;
+  }
+  const ScriptRun bare = run_launcher(false, script, /*runner=*/false);
+  EXPECT_EQ(bare.out, "[]\nteardown\n") << bare.err;
+  const ScriptRun planted = run_launcher(false, script, /*runner=*/false, /*planted=*/true);
+  EXPECT_EQ(planted.out, "[]\nteardown\n") << planted.err;
+  const ScriptRun raised = run_launcher(false, script + "raise SystemExit(4)\n");
+  EXPECT_EQ(raised.exit_code, 4) << raised.err;
+  EXPECT_EQ(raised.out, "[]\nteardown\n") << raised.err;
 }
 #endif  // TSB_SOURCE_DIR
 

@@ -8,7 +8,8 @@ is the program, its docstring the protocol. Standard library only.
                  the call, its result as JSON
     channel      channel mode (run_channel): the request in two parts and the
                  declaration between them, the result on the socket
-    lean_exit    the end of a process without the interpreter's teardown
+    lean_exit    the end of a process without the interpreter's teardown (it
+                 imports nothing: a cold script's launcher imports it alone)
     letta_models the stand-ins for Letta's AgentState, Memory and Block
     unpickler    the restricted unpickler of a legacy pickle payload
     warm         a pooled runner's hand-over (run_pooled, await_script)

@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+from .lean_exit import _flush_std  # noqa: F401 (the modes' flush, from the module with no import of its own)
+
 
 EXIT_OK = 0
 EXIT_TOOL_ERROR = 1
@@ -92,14 +94,6 @@ class _ExactIntegers:
 def _loads_request(data):
     with _ExactIntegers():
         return json.loads(data)
-
-
-def _flush_std():
-    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            f.flush()
-        except Exception:
-            pass
 
 
 def _safe_str(value):

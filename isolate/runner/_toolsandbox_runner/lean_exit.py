@@ -1,12 +1,15 @@
-"""The end of a tool's or a warm script's process as a program ends, without
+"""The end of a tool's or a script's process as a program ends, without
 the interpreter's teardown: non-daemon threads joined, atexit handlers
-run, stdio and the file objects left open for writing flushed, _exit."""
+run, stdio and the file objects left open for writing flushed, _exit.
+
+It imports nothing of the package and only modules the interpreter has
+built in or frozen: a cold script's launcher (daemon/compile/spawn_policy.cc,
+script_launcher) imports it with the runner's directory as the whole of
+sys.path, so that nothing of the run's working directory can stand in."""
 
 import os
 import stat
 import sys
-
-from .base import _flush_std
 
 _end_note = None  # a warm sandbox's end note (_take_end_note): (fd, pid, (st_dev, st_ino), fd bound)
 
@@ -54,6 +57,14 @@ def _exit(code):
         except OSError:
             pass
     os._exit(code)
+
+
+def _flush_std():
+    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            f.flush()
+        except Exception:
+            pass
 
 
 def _watch_written_files():
@@ -120,20 +131,28 @@ def _lean_exit(code, source_file, files_opened):
     _exit(code)
 
 
+def _watch_script():
+    """From here on the script's: the file objects it opens for writing are
+    watched (_watch_written_files). Returns the script's end."""
+    files_opened = _watch_written_files()
+    return lambda: _script_end(files_opened)
+
+
 def _script_end(files_opened):
-    """A warm script that ran to its end: the end of a Python program (what
-    Py_FinalizeEx does that a program can see: non-daemon threads joined,
-    atexit handlers run, stdio and every file object left open for writing
-    flushed), then _exit(0) without the interpreter's teardown (the
-    modules the hand-over loaded made it the longest part of a short
-    script's run). What it skips: __del__ of objects still alive, which
-    Python does not promise at exit either, and flushing what C code left
-    in C stdio's buffers of files it opened (stdout and stderr are
-    unbuffered under -u or PYTHONUNBUFFERED, which the shipped policies
-    set). A script that raises, or calls
-    sys.exit, never gets here: the interpreter ends it as a cold one, with
-    the same traceback and status; so does one whose stdio cannot be
-    flushed (the interpreter then reports that, with status 120)."""
+    """A script, warm or cold, that ran to its end: the end of a Python
+    program (what Py_FinalizeEx does that a program can see: non-daemon
+    threads joined, atexit handlers run, stdio and every file object left
+    open for writing flushed), then _exit(0) without the interpreter's
+    teardown (freeing every module: 3-4 ms of a Letta script's 23, and
+    longer for a warm one, whose hand-over loaded more). What it skips:
+    __del__ of objects still alive, which Python does not promise at exit
+    either, and flushing what C code left in C stdio's buffers of files it
+    opened (stdout and stderr are unbuffered under -u or PYTHONUNBUFFERED,
+    which the shipped policies set). A script that raises, or calls
+    sys.exit, never gets here: the interpreter ends it with the full
+    teardown, the traceback and the status of a bare run; so does one
+    whose stdio cannot be flushed (the interpreter then reports that, with
+    status 120)."""
     threading = sys.modules.get("threading")
     if threading is not None:
         try:

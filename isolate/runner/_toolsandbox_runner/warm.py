@@ -7,7 +7,7 @@ import sys
 
 from .base import EXIT_NO_FRAME, Fatal, _as_program, _error_line, _flush_std, _read_all, _stdin_mode, _write_all
 from .channel import _channel_main, _read_part, _take_channel
-from .lean_exit import _script_end, _take_end_note, _watch_written_files
+from .lean_exit import _take_end_note, _watch_script
 from .tool import _tool_process_setup
 
 # Written on the channel once a pooled runner is ready for its request.
@@ -143,13 +143,6 @@ def _await_hand_over(tool=False):
     except (OSError, EOFError, ValueError, RecursionError, MemoryError) as e:
         raise Fatal("cannot read the hand-over: %s" % e) from None
     return chan
-
-
-def _watch_script():
-    """From here on the script's: the file objects it opens for writing are
-    watched (_watch_written_files). Returns the script's end."""
-    files_opened = _watch_written_files()
-    return lambda: _script_end(files_opened)
 
 
 def run_pooled():
