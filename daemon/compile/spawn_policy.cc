@@ -352,10 +352,11 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
 std::string script_launcher(bool pooled) {
   // Cold: the script is stdin; the end of a script that runs to its end
   // (_script_end, isolate/runner/_toolsandbox_runner/lean_exit.py: a
-  // program's end without the interpreter's teardown) comes from the
+  // program's end without the interpreter's teardown, at the end note, fd
+  // 3, which _script_start takes just before the script) comes from the
   // runner's directory alone (the whole of sys.path for that import, so
   // nothing of the working directory stands in), or, where no runner is
-  // installed, is the interpreter's own. Pooled: the runner (at the
+  // installed, is the interpreter's own (and fd 3 is closed, unused). Pooled: the runner (at the
   // sandbox path of isolate::kRunnerSandboxPath's directory, first on
   // sys.path for the import only, then forgotten, as await_script forgets
   // its package's modules) waits for the hand-over and returns it.
@@ -363,12 +364,18 @@ std::string script_launcher(bool pooled) {
       "    source = sys.stdin.buffer.read()\n"
       "    saved, sys.path = sys.path, ['/opt/toolsandbox/runner']\n"
       "    try:\n"
-      "        from _toolsandbox_runner.lean_exit import _watch_script as watch\n"
+      "        from _toolsandbox_runner.lean_exit import _script_start as watch\n"
       "    except ImportError:\n"
-      "        watch = lambda: lambda: None\n"
+      "        watch = None\n"
       "    sys.path = saved\n"
       "    for name in [n for n in sys.modules if n.partition('.')[0] == '_toolsandbox_runner']:\n"
-      "        del sys.modules[name]\n";
+      "        del sys.modules[name]\n"
+      "    if watch is None:\n"
+      "        try:\n"
+      "            os.close(3)\n"
+      "        except OSError:\n"
+      "            pass\n"
+      "        watch = lambda: lambda: None\n";
   static constexpr std::string_view kAwait =
       "    sys.path.insert(0, '/opt/toolsandbox/runner')\n"
       "    import toolsandbox_runner\n"
@@ -396,7 +403,11 @@ std::string script_launcher(bool pooled) {
          "_toolsandbox_main()\n";
 }
 
-isolate::RunSpec run_spec_from(const Policy& p) { return spawn::run_spec_from(spawn_policy_fields(p), spawn::RunMode::Script); }
+isolate::RunSpec run_spec_from(const Policy& p) {
+  isolate::RunSpec s = spawn::run_spec_from(spawn_policy_fields(p), spawn::RunMode::Script);
+  s.end_note = false;  // the command is the caller's, not script mode's launcher: no fd 3 for it to inherit
+  return s;
+}
 
 std::string find_runner(const std::string& configured) {
   std::vector<std::string> candidates;

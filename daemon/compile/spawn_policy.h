@@ -120,7 +120,8 @@ inline constexpr std::string_view kTsRunnerSandboxPath = "/opt/toolsandbox/runne
 std::string find_ts_runner(const std::string& runner);
 // A RunSpec carrying everything the policy decides, for a command the
 // caller gives (argv, env, stdin and the file-system table left to the
-// caller: build_fs_table(fs_inputs_from(p)), plus what it adds).
+// caller: build_fs_table(fs_inputs_from(p)), plus what it adds), and no
+// end note.
 isolate::RunSpec run_spec_from(const Policy& p);
 
 // Where the trusted tool runner lives on the host ("" when not found): the

@@ -173,7 +173,7 @@ isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::st
   s.hostname = p.hostname;
   s.workdir = p.workdir;
   s.stdin_socket = mode == RunMode::Tool || pooled;  // the runner's result channel (daemon/frontend/letta/letta.h)
-  s.end_note = pooled;  // both modes' pooled program is the runner, which writes it
+  s.end_note = pooled || mode == RunMode::Script;  // the runner, or a script's launcher, writes it
   return s;
 }
 

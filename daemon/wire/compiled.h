@@ -56,7 +56,8 @@ struct SpawnPolicy {
 // The RunSpec of a run of `p` in `mode`: everything the policy decides
 // (env and stdin left to the run). The one place a policy becomes an
 // engine's spec. `pooled`: a warm sandbox's (its pooled command; stdin the
-// hand-over's socket in both modes; the policy's own venv).
+// hand-over's socket in both modes; the policy's own venv). Warm sandboxes
+// and script mode (whose command is script_launcher) get the end note.
 // `node_modules`: a key for the keyed row at isolate::kNodeModulesPath.
 isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv = "", bool pooled = false,
                                const std::string& node_modules = "");

@@ -55,8 +55,9 @@ struct RunSpec {
   bool stdin_socket = false;
   // The tool gets fd 3, the write end of a pipe to pid 1: one byte on it is
   // the tool's exit status, and the run ends then, before the process's
-  // own teardown (isolate/init/init.cc, "end note"). Warm sandboxes' runner
-  // writes it (isolate/runner/_toolsandbox_runner/lean_exit.py).
+  // own teardown (isolate/init/init.cc, "end note"). The runner of a warm
+  // sandbox, and script mode's launcher, write it
+  // (isolate/runner/_toolsandbox_runner/lean_exit.py).
   bool end_note = false;
   // The file system, row by row (daemon/policy/fs_table.h builds it): required.
   std::shared_ptr<const FsTable> fs;

@@ -82,6 +82,20 @@ FORK_SCRIPT = (
     "else:\n"
     "    print('child', flush=True)\n"
 )
+# A script's own descriptors past stdio (the directory listdir opens
+# left out): each one's kind and whether a program it starts inherits it.
+FDS_SCRIPT = (
+    "import fcntl, os, stat\n"
+    "own = sorted(int(n) for n in os.listdir('/proc/self/fd') if int(n) > 2)\n"
+    "seen = []\n"
+    "for n in own:\n"
+    "    try:\n"
+    "        mode = os.fstat(n).st_mode\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    seen.append((stat.S_ISFIFO(mode), bool(fcntl.fcntl(n, fcntl.F_GETFD) & fcntl.FD_CLOEXEC)))\n"
+    "print(seen)\n"
+)
 LINGER_TOOL = (
     "import subprocess\n\n"
     "def linger() -> str:\n"
@@ -329,6 +343,15 @@ class WarmPool(unittest.TestCase):
         for r in runs:
             self.assertEqual((r.record["end_reason"], r.record["exit_code"]), ("exited", 0), r.record)
             self.assertEqual(r.stdout, ["child\nparent\n"], r.record)
+        # A cold script takes its note as a warm one does: the same
+        # descriptors, the note's close-on-exec, none inherited.
+        runs = []
+        for policy in ("warm", "cold"):
+            self.wait_warm(mode="execute")
+            runs.append(self.client.execute(FDS_SCRIPT, tool_name="s", organization_id=ORG, policy=policy))
+        self.assertEqual([r.record["warm"] for r in runs], [True, False])
+        self.assertEqual(runs[0].stdout, runs[1].stdout)
+        self.assertIn("(True, True)", runs[1].stdout[0], "the cold script's note, close-on-exec")
         # A request without variables: the environment block stays the one
         # the process started with, which is what a cold start shows.
         self.wait_warm()

@@ -1237,6 +1237,13 @@ TEST(PolicyWarmPool, PooledCommandsAndTheRunnerForScripts) {
   ASSERT_TRUE(csp.ok());
   EXPECT_TRUE(csp->modes[0].pooled_argv.empty() && csp->modes[1].pooled_argv.empty());
   EXPECT_EQ(csp->modes[0].fs, csp->modes[1].fs);
+  // The end note: a warm sandbox's runner and script mode's launcher take
+  // it; a cold tool run and a command of toolsandbox run get none.
+  EXPECT_TRUE(spawn::run_spec_from(*sp, spawn::RunMode::Tool, "", /*pooled=*/true).end_note);
+  EXPECT_TRUE(spawn::run_spec_from(*sp, spawn::RunMode::Script, "", /*pooled=*/true).end_note);
+  EXPECT_TRUE(spawn::run_spec_from(*csp, spawn::RunMode::Script).end_note);
+  EXPECT_FALSE(spawn::run_spec_from(*csp, spawn::RunMode::Tool).end_note);
+  EXPECT_FALSE(run_spec_from(*cold).end_note);
   for (const char* bad : {R"({"version": 1, "warm_pool": {"max": 65}})", R"({"version": 1, "warm_pool": {"max": 2, "min": 3}})",
                           R"({"version": 1, "warm_pool": {"max": 2, "idle": "0.5s"}})",
                           R"({"version": 1, "warm_pool": {"max": 2, "size": 3}})",

@@ -11,11 +11,11 @@ import os
 import stat
 import sys
 
-_end_note = None  # a warm sandbox's end note (_take_end_note): (fd, pid, (st_dev, st_ino), fd bound)
+_end_note = None  # the end note (_take_end_note): (fd, pid, (st_dev, st_ino), fd bound)
 
 
 def _take_end_note():
-    """A warm sandbox's fd 3: the end note, a pipe to pid 1
+    """fd 3 of a warm sandbox or a script run: the end note, a pipe to pid 1
     (isolate/init/init.cc). Moved to a close-on-exec descriptor, so that no
     program the tool runs inherits it, before any code of a request runs;
     kept with this process's pid (a process the tool forks ends as a cold
@@ -29,12 +29,13 @@ def _take_end_note():
         return
     if not stat.S_ISFIFO(st.st_mode):
         return
-    import resource
-
     fd = os.dup(3)  # Python's descriptors are close-on-exec
     os.close(3)
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # every descriptor is below it (init set it)
-    bound = hard if 0 < hard < (1 << 20) else 1 << 20
+    # RLIMIT_NOFILE: every descriptor is below it. init set its soft and
+    # hard limits alike, and no code of the request has run yet, so the
+    # soft one (sysconf) is the hard one.
+    limit = os.sysconf("SC_OPEN_MAX")
+    bound = limit if 0 < limit < (1 << 20) else 1 << 20
     _end_note = (fd, os.getpid(), (st.st_dev, st.st_ino), bound)
 
 
@@ -136,6 +137,13 @@ def _watch_script():
     watched (_watch_written_files). Returns the script's end."""
     files_opened = _watch_written_files()
     return lambda: _script_end(files_opened)
+
+
+def _script_start():
+    """A cold script's launcher, just before the script: the end note taken,
+    as a warm sandbox's hand-over takes it; returns the script's end."""
+    _take_end_note()
+    return _watch_script()
 
 
 def _script_end(files_opened):
