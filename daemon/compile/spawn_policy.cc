@@ -356,10 +356,11 @@ std::string script_launcher(bool pooled) {
   // 3, which _script_start takes just before the script) comes from the
   // runner's directory alone (the whole of sys.path for that import, so
   // nothing of the working directory stands in), or, where no runner is
-  // installed, is the interpreter's own (and fd 3 is closed, unused). Pooled: the runner (at the
-  // sandbox path of isolate::kRunnerSandboxPath's directory, first on
-  // sys.path for the import only, then forgotten, as await_script forgets
-  // its package's modules) waits for the hand-over and returns it.
+  // installed, is the interpreter's own (and fd 3 is closed, unused).
+  // Pooled: the runner (at the sandbox path of isolate::kRunnerSandboxPath's
+  // directory, first on sys.path for the import only, then forgotten, as
+  // await_script forgets its package's modules) waits for the hand-over
+  // and returns it.
   static constexpr std::string_view kRead =
       "    source = sys.stdin.buffer.read()\n"
       "    saved, sys.path = sys.path, ['/opt/toolsandbox/runner']\n"
