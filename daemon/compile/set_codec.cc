@@ -96,6 +96,7 @@ std::string encode_compiled_set(const CompiledSet& s) {
     for (const auto& m : p.modes) {
       w.strs(m.argv);
       w.strs(m.pooled_argv);
+      w.u8(m.end_note ? 1 : 0);
       put_table(w, m.fs ? *m.fs : isolate::FsTable{});
     }
     w.u8(static_cast<std::uint8_t>(p.warm_max));

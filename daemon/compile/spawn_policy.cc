@@ -297,6 +297,7 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
   spawn::SpawnPolicy s = spawn_policy_fields(p);
   auto& script = s.modes[static_cast<int>(spawn::RunMode::Script)];
   script.argv = {p.interpreter, "-c", script_launcher(false)};
+  script.end_note = true;  // the launcher takes it
   isolate::FsInputs in = fs_inputs_from(p, runner);
   isolate::resolve_host_paths(in);
   const std::string resolved_runner = in.runner;
@@ -366,9 +367,10 @@ std::string script_launcher(bool pooled) {
       "    saved, sys.path = sys.path, ['/opt/toolsandbox/runner']\n"
       "    try:\n"
       "        from _toolsandbox_runner.lean_exit import _script_start as watch\n"
-      "    except ImportError:\n"
+      "    except Exception:\n"
       "        watch = None\n"
-      "    sys.path = saved\n"
+      "    finally:\n"
+      "        sys.path = saved\n"
       "    for name in [n for n in sys.modules if n.partition('.')[0] == '_toolsandbox_runner']:\n"
       "        del sys.modules[name]\n"
       "    if watch is None:\n"
@@ -405,9 +407,8 @@ std::string script_launcher(bool pooled) {
 }
 
 isolate::RunSpec run_spec_from(const Policy& p) {
-  isolate::RunSpec s = spawn::run_spec_from(spawn_policy_fields(p), spawn::RunMode::Script);
-  s.end_note = false;  // the command is the caller's, not script mode's launcher: no fd 3 for it to inherit
-  return s;
+  // No mode's command (the caller's, not a launcher): no end note either.
+  return spawn::run_spec_from(spawn_policy_fields(p), spawn::RunMode::Script);
 }
 
 std::string find_runner(const std::string& configured) {

@@ -585,7 +585,7 @@ void explain_warm_pool(std::ostream& out, const Policy& p) {
       << "            tools: " << comma_list(p.warm.tool_preload, "nothing") << "\n"
       << "            imported before the hand-over, with the policy's fixed environment only\n"
          "            (a run that imports them pays nothing)\n";
-  out << "  scripts   see the runner read-only at /opt/toolsandbox/runner, cold or warm\n";
+  out << "  scripts   see the runner read-only at /opt/toolsandbox/runner, cold or warm, with or without a pool\n";
 }
 
 // What every run gets from the engine, whatever the policy says, and

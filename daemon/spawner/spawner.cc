@@ -481,10 +481,9 @@ void Spawner::take_filled(Clock::time_point now) {
   Pool& pool = found->second;
   // A spawn that failed, or a sandbox the epoll set cannot take (destroyed,
   // so killed, here): the pool pauses.
-  Pooled w;
+  Pooled w{++pooled_seq_};
   Status st = done->sandbox.ok() ? Status() : Status(std::move(done->sandbox).error().wrap("spawn failed"));
   if (st.ok()) {
-    w.seq = ++pooled_seq_;
     w.sb = std::move(done->sandbox).value();
     w.in = w.sb->take_stdin(), w.out = w.sb->take_stdout(), w.err = w.sb->take_stderr(), w.egress = w.sb->take_egress();
     st = watch(*w.sb, w.in.get());
@@ -838,9 +837,8 @@ void Spawner::read_front_end() {
 // is ready. At most 256 a turn; the rest wait in the set for the next.
 void Spawner::watch_sandboxes(Clock::time_point now) {
   epoll_event ev[256];
-  const int n = ::epoll_wait(epoll_.get(), ev, 256, 0);
   std::vector<std::uintptr_t> named;
-  for (int i = 0; i < n; ++i) named.push_back(ev[i].data.u64);
+  for (int i = 0, n = ::epoll_wait(epoll_.get(), ev, 256, 0); i < n; ++i) named.push_back(ev[i].data.u64);
   if (named.empty()) return;
   std::sort(named.begin(), named.end());
   auto is_named = [&](const std::unique_ptr<isolate::Sandbox>& sb) {

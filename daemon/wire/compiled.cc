@@ -135,6 +135,7 @@ Result<CompiledSet> decode_compiled_set(std::string_view bytes) {
     for (auto& m : p.modes) {
       m.argv = r.strs(64, kMaxValue);
       m.pooled_argv = r.strs(64, kMaxValue);
+      m.end_note = r.flag();
       m.fs = get_table(r);
     }
     p.warm_max = r.upto(64);
@@ -173,7 +174,7 @@ isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::st
   s.hostname = p.hostname;
   s.workdir = p.workdir;
   s.stdin_socket = mode == RunMode::Tool || pooled;  // the runner's result channel (daemon/frontend/letta/letta.h)
-  s.end_note = pooled || mode == RunMode::Script;  // the runner, or a script's launcher, writes it
+  s.end_note = pooled || m.end_note;  // the runner, or a script's launcher, writes it
   return s;
 }
 

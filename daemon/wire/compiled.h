@@ -46,6 +46,7 @@ struct SpawnPolicy {
     std::vector<std::string> argv;
     std::vector<std::string> pooled_argv;  // the command of a warm sandbox of this mode; none: no pool
     std::shared_ptr<const isolate::FsTable> fs;
+    bool end_note = false;  // argv takes the end note (RunSpec::end_note): script_launcher
   };
   Mode modes[2];
   // Warm sandboxes (core::WarmPool): per mode, at most warm_max.
@@ -57,7 +58,7 @@ struct SpawnPolicy {
 // (env and stdin left to the run). The one place a policy becomes an
 // engine's spec. `pooled`: a warm sandbox's (its pooled command; stdin the
 // hand-over's socket in both modes; the policy's own venv). Warm sandboxes
-// and script mode (whose command is script_launcher) get the end note.
+// and a mode whose command takes it (Mode::end_note) get the end note.
 // `node_modules`: a key for the keyed row at isolate::kNodeModulesPath.
 isolate::RunSpec run_spec_from(const SpawnPolicy& p, RunMode mode, const std::string& venv = "", bool pooled = false,
                                const std::string& node_modules = "");

@@ -60,7 +60,7 @@ inline constexpr std::size_t kMaxEnvVars = 4096 + 2;
 // The largest value (an environment value, a message).
 inline constexpr std::size_t kMaxValue = 1u << 20;
 // The first bytes of a compiled set: its format and version.
-inline constexpr std::string_view kSetMagic = "TSBSET3\n";
+inline constexpr std::string_view kSetMagic = "TSBSET4\n";
 
 // What a run is: the trusted tool runner reading a request on stdin, or a
 // Python script on stdin to the script launcher (script_launcher,

@@ -200,12 +200,11 @@ int main(int argc, char** argv) {
   // Fork the tool. It drops its privileges while we do the same, then waits
   // on `ready` until this process runs with its filter loaded.
   //
-  // The end note (plan.end_note; warm sandboxes): a pipe whose write end
-  // the tool keeps as fd 3. One byte on it is the tool's exit status, which
-  // the runner writes after its output is written and its descriptors are
-  // closed, just before its _exit: the run ends then, not once the kernel
-  // has torn the process's memory down (a millisecond and more for an
-  // interpreter). It lets the tool do nothing it could not already: exit
+  // The end note (plan.end_note): a pipe whose write end the tool keeps as
+  // fd 3. One byte on it is the tool's exit status, which the runner (or a
+  // script's launcher) writes after its output and just before its _exit:
+  // the run ends then, not once the kernel has torn the process's memory
+  // down (a millisecond and more for an interpreter). It lets the tool do nothing it could not already: exit
   // with any status it likes; pid 1's exit then ends every process left.
   int ready[2], end[2] = {-1, -1};
   if (pipe2(ready, O_CLOEXEC) != 0 || (plan.end_note && pipe2(end, O_CLOEXEC) != 0))

@@ -82,7 +82,8 @@ TEST_F(EngineTest, ExitCodesAndSignalsPassThrough) {
   EXPECT_EQ(r.signal, SIGSEGV);
 }
 
-// The end note (RunSpec::end_note, warm sandboxes' runner): fd 3 is a pipe
+// The end note (RunSpec::end_note: warm sandboxes' runner, script mode's
+// launcher): fd 3 is a pipe
 // to pid 1, and one byte on it ends the run with that exit status while
 // the process still runs (it is killed with the sandbox); closed without a
 // byte, the process's own exit counts. Without the note there is no fd 3.

@@ -244,7 +244,7 @@ struct ScriptRun {
 ScriptRun run_launcher(bool warm, const std::string& script, bool runner = true, bool planted = false) {
   std::string launcher = core::script_launcher(warm);
   const std::string at = "/opt/toolsandbox/runner";
-  if (runner) launcher.replace(launcher.find(at), at.size(), TSB_SOURCE_DIR "/isolate/runner");
+  launcher.replace(launcher.find(at), at.size(), runner ? TSB_SOURCE_DIR "/isolate/runner" : "/nonexistent/tsb-runner");
   int in[2], out[2], err[2];
   if ((warm ? ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) : ::pipe2(in, O_CLOEXEC)) != 0 ||
       ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
@@ -261,7 +261,7 @@ ScriptRun run_launcher(bool warm, const std::string& script, bool runner = true,
     ::dup2(warm ? in[1] : in[0], 0);
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
-    if (::chdir(dir) != 0) ::_exit(127);
+    if (::close_range(3, ~0U, 0) != 0 || ::chdir(dir) != 0) ::_exit(127);
     char lang[] = "LANG=C.UTF-8";
     char* env[] = {lang, nullptr};
     ::execle(kPython, kPython, "-c", launcher.c_str(), static_cast<char*>(nullptr), env);

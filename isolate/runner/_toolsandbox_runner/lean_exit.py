@@ -32,8 +32,10 @@ def _take_end_note():
     fd = os.dup(3)  # Python's descriptors are close-on-exec
     os.close(3)
     # RLIMIT_NOFILE: every descriptor is below it. init set its soft and
-    # hard limits alike, and no code of the request has run yet, so the
-    # soft one (sysconf) is the hard one.
+    # hard limits alike, and nothing that runs before this (the
+    # interpreter's start, a venv's .pth files) has a reason to change
+    # them, so the soft one (sysconf) is the hard one; a lower one only
+    # leaves a descriptor above it open until the run's end.
     limit = os.sysconf("SC_OPEN_MAX")
     bound = limit if 0 < limit < (1 << 20) else 1 << 20
     _end_note = (fd, os.getpid(), (st.st_dev, st.st_ino), bound)
@@ -141,8 +143,13 @@ def _watch_script():
 
 def _script_start():
     """A cold script's launcher, just before the script: the end note taken,
-    as a warm sandbox's hand-over takes it; returns the script's end."""
-    _take_end_note()
+    as a warm sandbox's hand-over takes it (a descriptor it cannot copy
+    leaves the note where it is: the run then ends at the process's exit);
+    returns the script's end."""
+    try:
+        _take_end_note()
+    except OSError:
+        pass
     return _watch_script()
 
 
@@ -167,9 +174,12 @@ def _script_end(files_opened):
             threading._shutdown()
         except BaseException:
             pass  # as the interpreter's teardown, which ignores it
-    import atexit
+    try:
+        import atexit
 
-    atexit._run_exitfuncs()
+        atexit._run_exitfuncs()  # reports a handler's exception itself, as at the interpreter's exit
+    except BaseException:
+        pass
     if files_opened[0]:
         _flush_files()
     for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
