@@ -17,7 +17,7 @@ Two ways, one per place the runner runs:
     /venv/bin/python3 -I -S -B -u -X utf8 -c "<import and run_channel()>" <&result-channel
     python3 -I -S -B -u -X utf8 toolsandbox_runner.py < request-pipe      (run())
 
-In a local sandbox, the -c line (kRunnerBoot in daemon/policy/policy.h)
+In a local sandbox, the -c line (kRunnerBoot in daemon/compile/spawn_policy.h)
 appends /opt/toolsandbox/runner to the end of sys.path (after the standard
 library), imports this module and calls run_channel(): the "channel mode",
 one process, request and result on the stream socket that is its stdin
@@ -321,7 +321,7 @@ def run_pooled():
 
 def await_script():
     """Script mode in a pooled sandbox (the launcher of
-    daemon/policy/policy.h, script_launcher(true)): the hand-over as for a
+    daemon/compile/spawn_policy.h, script_launcher(true)): the hand-over as for a
     tool, then the script. Returns its bytes and the function the launcher
     calls just before it runs the script (_toolsandbox_runner.warm)."""
     from _toolsandbox_runner import warm

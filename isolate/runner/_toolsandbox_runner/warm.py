@@ -160,7 +160,7 @@ def run_pooled():
 
 def await_script():
     """Script mode in a pooled sandbox (the launcher of
-    daemon/policy/policy.h, script_launcher(true)): the hand-over as for a
+    daemon/compile/spawn_policy.h, script_launcher(true)): the hand-over as for a
     tool, then the script, read to EOF. Returns its bytes and _watch_script,
     which the launcher calls just before it runs the script (as a cold
     start's launcher would), for the function it calls when the script has
