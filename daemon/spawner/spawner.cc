@@ -6,9 +6,9 @@
 #include <linux/securebits.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>

@@ -17,7 +17,9 @@ _end_note = None  # the end note (_take_end_note): (fd, pid, (st_dev, st_ino), f
 def _take_end_note():
     """fd 3 of a warm sandbox or a script run: the end note, a pipe to pid 1
     (isolate/init/init.cc). Moved to a close-on-exec descriptor, so that no
-    program the tool runs inherits it, before any code of a request runs;
+    program the tool runs inherits it, before the tool's or the script's
+    code runs (a per-tool venv's .pth files run earlier, at the
+    interpreter's start);
     kept with this process's pid (a process the tool forks ends as a cold
     one, without a note: its note would end the whole run) and the pipe's
     identity (a tool that closed it and opened a file under its number
