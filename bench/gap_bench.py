@@ -34,7 +34,11 @@ run's end); ratios are against bare of the same gap, but heavy's against
 heavy-bare and the cold variants' against bare-letta: a cold call is
 compared with the process letta-server would start for the same call. CPU: for the bare
 variants the child's user+system time (getrusage), for the daemon's the
-run's cgroup (record.cpu_ms: the sandbox's processes, not the daemon's). The load average before and after each gap is printed.
+run's cgroup (record.cpu_ms: the sandbox's processes, not the daemon's;
+of a warm run, from its hand-over). "CPU in all" adds, for a warm run,
+what its sandbox used before the hand-over (record.warm_start_cpu_ms: the
+interpreter's start, the runner, the preloads), to set against a cold
+run's. The load average before and after each gap is printed.
 
 Standard library only, as root:
   /usr/bin/python3 bench/gap_bench.py [--build build] [--n 20] [--n-long 8]
@@ -87,6 +91,7 @@ class Bench:
         if record is not None:
             s.update(warm=bool(record.get("warm")), record_wall_ms=float(record.get("wall_ms", 0)),
                      cpu_ms=float(record.get("cpu_ms", 0)))
+            s["all_cpu_ms"] = s["cpu_ms"] + float(record.get("warm_start_cpu_ms", 0))
         self.samples.setdefault(name, []).append(s)
         return wall
 
@@ -175,6 +180,8 @@ def summarize(gap: float, samples: dict[str, list[dict]]) -> dict:
                      warm_ratio=median([s["wall_ms"] for s in warm]) / ref,
                      warm_record_ms=median([s["record_wall_ms"] for s in warm]),
                      warm_cpu_ms=median([s["cpu_ms"] for s in warm]),
+                     warm_all_cpu_ms=median([s["all_cpu_ms"] for s in warm]),
+                     cold_all_cpu_ms=median([s["all_cpu_ms"] for s in cold]),
                      cold_ms=median([s["wall_ms"] for s in cold]), cold_ratio=median([s["wall_ms"] for s in cold]) / ref)
         out[name] = e
     return out
@@ -183,16 +190,17 @@ def summarize(gap: float, samples: dict[str, list[dict]]) -> dict:
 def print_gap(gap: float, res: dict, load: tuple) -> None:
     print("\n## after %g s of quiet (load %.2f before, %.2f after)\n" % (gap, load[0], load[1]))
     print("| variant | n | median ms | / ref | ref | CPU ms | CPU / ref | warm | warm ms | warm / ref | record ms (warm) "
-          "| cold ms | cold / ref |")
-    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| CPU in all (warm) | cold ms | cold / ref | CPU (cold) |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, e in res.items():
         head = "| %s | %d | %.2f | %.2f | %s | %.2f | %.2f |" % (name, e["n"], e["median_ms"], e["ratio"], e["ref"],
                                                                  e["cpu_ms"], e["cpu_ratio"])
         if "warm" in e:
-            print(head + " %d | %.2f | %.3f | %.2f | %.2f | %.2f |" % (
-                e["warm"], e["warm_ms"], e["warm_ratio"], e["warm_record_ms"], e["cold_ms"], e["cold_ratio"]))
+            print(head + " %d | %.2f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+                e["warm"], e["warm_ms"], e["warm_ratio"], e["warm_record_ms"], e["warm_all_cpu_ms"], e["cold_ms"],
+                e["cold_ratio"], e["cold_all_cpu_ms"]))
         else:
-            print(head + " | | | | | |")
+            print(head + " | | | | | | | |")
 
 
 def main() -> int:

@@ -647,7 +647,8 @@ void Spawner::finish(Live& l) {
   l.obs.pids_max_hits = cs.pids_max_hits;
   l.obs.socket_limit_reached = sb.cgroup().socket_limit_reached();
   l.obs.cancelled = sb.cancelled();
-  e.cpu = cs.cpu - std::min(cs.cpu, l.cpu_before);
+  e.warm_start_cpu = std::min(cs.cpu, l.cpu_before);
+  e.cpu = cs.cpu - e.warm_start_cpu;
   e.peak_memory_bytes = cs.peak_memory_bytes;
   e.observations = std::move(l.obs);
   if (!l.orphan) send(encode(e));

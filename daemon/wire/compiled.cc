@@ -288,8 +288,7 @@ std::string encode(const Ended& m) {
   w.u64(m.id);
   w.str(m.run_id);
   w.u32(m.host_uid);
-  w.u64(static_cast<std::uint64_t>(m.wall.count()));
-  w.u64(static_cast<std::uint64_t>(m.cpu.count()));
+  for (auto t : {m.wall, m.cpu, m.warm_start_cpu}) w.u64(static_cast<std::uint64_t>(t.count()));
   w.u64(m.peak_memory_bytes);
   for (bool f : {o.have_tool_status, o.have_setup_error, o.timed_out, o.output_exceeded, o.cpu_exceeded, o.cancelled,
                  o.backstop, o.socket_limit_reached})

@@ -143,12 +143,14 @@ struct Refused {
 // The end of a run: what the spawner measured and observed (the front end
 // classifies it, isolate/supervise/outcome.h, and read the output itself from the
 // pipes). Also the answer to an order the engine could not start
-// (observations.engine_error).
+// (observations.engine_error). A warm run's cpu is from its hand-over;
+// warm_start_cpu, what its sandbox used before (the interpreter's start,
+// the preloads), 0 for a cold run.
 struct Ended {
   std::uint64_t id = 0;
   std::string run_id;
   std::uint32_t host_uid = 0;
-  std::chrono::nanoseconds wall{0}, cpu{0};
+  std::chrono::nanoseconds wall{0}, cpu{0}, warm_start_cpu{0};
   std::uint64_t peak_memory_bytes = 0;
   isolate::Observations observations;
 };

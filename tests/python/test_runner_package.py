@@ -185,10 +185,53 @@ class PartsPerMode(unittest.TestCase):
         every = {module_name(rel) for rel in runner_files()}
         rare = {PACKAGE + ".letta_models", PACKAGE + ".unpickler"}
         self.assertEqual(self.runner_parts(err), every - {PACKAGE + ".nonce"} - rare)
+        # The hand-over's prctl through _ctypes, not the ctypes package.
+        self.assertIn("_ctypes", imported(err))
+        self.assertNotIn("ctypes", imported(err))
         result, err = channel_run(d, {"tool_name": "f", "source_code": STATE_TOOL}, {"agent_state": {"id": "a-1"}},
                                   pooled=True)
         self.assertEqual(result["results"], "a-1")
         self.assertEqual(self.runner_parts(err), every - {PACKAGE + ".nonce", PACKAGE + ".unpickler"})
+
+    def test_a_warm_script_imports_only_its_hand_over(self):
+        # Script mode's pooled launcher (daemon/compile/spawn_policy.cc,
+        # script_launcher(true)) up to the script: none of the channel mode,
+        # the tool's process or ctypes, which a cold script never imports.
+        d = installed()
+        code = ("import sys\nsys.path.insert(0, %r)\nimport toolsandbox_runner\n"
+                "source, watch = toolsandbox_runner.await_script()\nprint(source.decode())\n" % d)
+        ours, theirs = socket.socketpair()
+        with tempfile.TemporaryDirectory() as cwd, ours:
+            with theirs:
+                proc = subprocess.Popen([PYTHON, "-X", "importtime", "-c", code], stdin=theirs,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
+            ours.settimeout(TIMEOUT)
+            self.assertEqual(ours.recv(11, socket.MSG_WAITALL), b"TSB1 ready\n")
+            ours.sendall(part({"environ": {"TSB_PART_TEST": "1"}}) + b"print('hi')\n")
+            ours.shutdown(socket.SHUT_WR)
+            out, err = proc.communicate(timeout=TIMEOUT)
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertEqual(out, b"print('hi')\n\n")
+        names = imported(err.decode())
+        self.assertEqual(self.runner_parts(err.decode()),
+                         {"toolsandbox_runner", PACKAGE} | {PACKAGE + "." + p for p in ("base", "lean_exit", "warm")})
+        self.assertIn("_ctypes", names)
+        self.assertNotIn("ctypes", names)
+
+    def test_the_hand_over_s_environment_with_and_without_ctypes(self):
+        # The environment /proc/self/environ shows after a hand-over, set
+        # through _ctypes, and through the ctypes package where _ctypes
+        # lacks what the short way uses.
+        d = installed()
+        for cut in ("", "import _ctypes\ndel _ctypes.dlsym\n"):
+            code = (cut + "import sys\nsys.path.insert(0, %r)\nfrom _toolsandbox_runner.warm import _Environ\n"
+                    "_Environ().adopt({'environ': {'TSB_PART_TEST': 'a b'}})\n"
+                    "print('ctypes' in sys.modules, open('/proc/self/environ', 'rb').read().split(b'\\0')[-2])\n"
+                    % d)
+            proc = subprocess.run([PYTHON, "-I", "-S", "-c", code], capture_output=True, timeout=TIMEOUT,
+                                  env={"A": "1"})
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertEqual(proc.stdout, b"%s b'TSB_PART_TEST=a b'\n" % (b"True" if cut else b"False"))
 
     def test_the_nonce_mode_imports_no_part_of_the_channel(self):
         d = installed()

@@ -284,6 +284,23 @@ class WarmPool(unittest.TestCase):
             self.assertEqual(r.status, "success", r.stderr)
             self.assertFalse(r.record["warm"], var)
 
+    def test_a_warm_run_s_record_counts_its_sandbox_s_start(self):
+        # cpu_ms of a warm run is from its hand-over; what its sandbox used
+        # before (the interpreter's start, the runner) is warm_start_cpu_ms,
+        # which a cold run (its whole start in cpu_ms) does not have.
+        for mode in ("run_tool", "execute"):
+            self.wait_warm(mode=mode)
+            runs = [self.tool(ADD_TOOL, "add", {"a": 1, "b": 2}, policy=p) if mode == "run_tool" else
+                    self.client.execute("print(3)\n", tool_name="s", organization_id=ORG, policy=p)
+                    for p in ("warm", "cold")]
+            warm, cold = runs
+            self.assertEqual((warm.status, cold.status), ("success", "success"), (warm.stderr, cold.stderr))
+            self.assertTrue(warm.record["warm"])
+            # An interpreter's start alone is several milliseconds of CPU.
+            self.assertGreater(warm.record["warm_start_cpu_ms"], 1.0, warm.record)
+            self.assertNotIn("warm_start_cpu_ms", cold.record)
+            self.assertGreater(cold.record["cpu_ms"], 1.0, cold.record)
+
     def test_a_warm_script_runs_as_a_cold_one(self):
         self.wait_warm(mode="execute")
         env = {"WARM_VAR": "x"}

@@ -170,9 +170,15 @@ TEST(SpawnWire, MessagesRoundTripAndRefuseOtherTypes) {
   ended.observations.have_tool_status = true;
   ended.observations.tool_status = 9;  // killed by SIGKILL
   ended.observations.oom_kills = 3;
+  ended.wall = std::chrono::milliseconds(7);
+  ended.cpu = std::chrono::microseconds(1500);
+  ended.warm_start_cpu = std::chrono::microseconds(24100);
   auto e = s::decode_ended(s::encode(ended));
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(s::encode(*e), s::encode(ended));
+  EXPECT_EQ(e->wall, ended.wall);
+  EXPECT_EQ(e->cpu, ended.cpu);
+  EXPECT_EQ(e->warm_start_cpu, ended.warm_start_cpu);
   const tsb::isolate::RunResult r = s::run_result_from(*e);
   EXPECT_EQ(r.run_id, "r1");
   EXPECT_EQ(r.reason, tsb::isolate::EndReason::Timeout);

@@ -814,7 +814,10 @@ asio::awaitable<void> LocalBackend::run_order(PreparedRun& p, Order& o, BackendR
   out.audit += " landlock=" + isolate::landlock_summary(out.run.landlock);
   if (out.run.landlock >= 0) last_landlock_ = out.run.landlock;
   out.record["warm"] = ran.warm;
-  if (ran.warm) out.audit += " warm=yes";
+  if (ran.warm) {
+    out.record["warm_start_cpu_ms"] = std::chrono::duration<double, std::milli>(ran.warm_start_cpu).count();
+    out.audit += " warm=yes";
+  }
   if (out.run.reason == isolate::EndReason::SetupFailed && !out.run.error.empty())
     spdlog::error("run {}: {}", out.run.run_id.empty() ? "-" : out.run.run_id, out.run.error);
 }

@@ -51,6 +51,7 @@ struct SpawnerLink::Pending {
   bool kill_sent = false;
   bool no_stdio = false;  // Started came without its descriptors
   bool warm = false;      // Started said: a warm sandbox
+  std::chrono::nanoseconds warm_start_cpu{0};  // Ended said
   // run() gave up on it (the spawner overdue) and returned: what it lent
   // the run's coroutines (the request, the stdout sink) may be gone.
   bool abandoned = false;
@@ -228,6 +229,7 @@ asio::awaitable<void> SpawnerLink::receive_loop() {
         it->second->answered = true;
         it->second->ended = true;
         it->second->result = spawn::run_result_from(*e);
+        it->second->warm_start_cpu = e->warm_start_cpu;
         it->second->poke();
         break;
       }
@@ -505,6 +507,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
   output->merge_into(r);
   if (outcome) out.channel = std::move(*outcome);
   out.result = std::move(r);
+  out.warm_start_cpu = p->warm_start_cpu;
   co_return out;
 }
 

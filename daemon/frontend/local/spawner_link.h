@@ -47,6 +47,7 @@ struct LinkRun {
   isolate::RunResult result;              // otherwise: what happened, output included
   std::optional<ChannelOutcome> channel;  // with a ChannelExchange
   bool warm = false;                      // a warm sandbox of the policy's pool ran it
+  std::chrono::nanoseconds warm_start_cpu{0};  // what that sandbox used before its hand-over
 };
 
 class SpawnerLink {

@@ -1,8 +1,9 @@
 """The trusted tool runner's parts; toolsandbox_runner.py beside this package
 is the program, its docstring the protocol. Standard library only.
 
-    base         exit statuses, the two errors, raw descriptor I/O, integers
-                 of any size in the request, how a mode starts and ends
+    base         exit statuses, the two errors, raw descriptor I/O, the
+                 channel's framed parts, integers of any size in the
+                 request, how a mode starts and ends
     request      a request's checks, and the parameters its function declares
     tool         the tool's process: its module, namespace and environment,
                  the call, its result as JSON

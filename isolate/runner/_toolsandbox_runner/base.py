@@ -1,13 +1,15 @@
 """What every mode of the runner shares: exit statuses, the two errors, raw
-descriptor I/O (it keeps working whatever sys.stdout has become), integers
-of any size while a request is read, and how a mode starts and ends as a
-program."""
+descriptor I/O (it keeps working whatever sys.stdout has become), the
+channel's framed parts (channel mode's request, a pooled runner's
+hand-over), integers of any size while a request is read, and how a mode
+starts and ends as a program."""
 
 # Only cheap modules at the top of any part of the runner: imports before
 # the tool runs sit on every run's critical path. The rest is imported
 # where needed, in the one process that needs it.
 import json
 import os
+import struct
 import sys
 
 from .lean_exit import _flush_std  # noqa: F401 (the modes' flush, from the module with no import of its own)
@@ -104,6 +106,44 @@ def _safe_str(value):
             return "<unprintable %s object>" % type(value).__name__
         except Exception:
             return "<unprintable object>"
+
+
+# A channel's request parts, and a pooled runner's hand-over (warm): a
+# 4-byte big-endian length, then that many bytes of one JSON object.
+_PART_HEADER = struct.Struct(">I")
+_MAX_PART_BYTES = 1 << 30  # the daemon sends far less (its request limit)
+
+
+def _read_exact(fd, n):
+    chunks = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError("the request ended early")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_part(fd):
+    """One part of a channel request: a 4-byte big-endian length, then that
+    many bytes of one JSON object."""
+    (n,) = _PART_HEADER.unpack(_read_exact(fd, _PART_HEADER.size))
+    if n > _MAX_PART_BYTES:
+        raise ValueError("a request part of %d bytes (at most %d)" % (n, _MAX_PART_BYTES))
+    part = _loads_request(_read_exact(fd, n))
+    if not isinstance(part, dict):
+        raise ValueError("a request part is not a JSON object")
+    return part
+
+
+def _take_channel():
+    """The result channel, moved off fd 0 (close-on-exec: no program the
+    tool runs inherits it); the tool reads EOF from stdin, as in the nonce
+    mode."""
+    chan = os.dup(0)
+    _empty_stdin()
+    return chan
 
 
 def _empty_stdin():

@@ -4,10 +4,9 @@ mode")."""
 
 import os
 import stat
-import struct
 
-from .base import (EXIT_OK, EXIT_REQUEST_ERROR, EXIT_TOOL_ERROR, Fatal, RequestError, _as_program, _empty_stdin,
-                   _error_line, _error_payload, _loads_request, _safe_str, _stdin_mode, _write_all)
+from .base import (EXIT_OK, EXIT_REQUEST_ERROR, EXIT_TOOL_ERROR, Fatal, RequestError, _as_program, _error_line,
+                   _error_payload, _read_part, _safe_str, _stdin_mode, _take_channel, _write_all)
 from .lean_exit import _lean_exit, _watch_written_files
 from .request import _declared_params, _validate_request, _validate_unpickle_request
 from .tool import _encode_result, _payload_bytes, _run_request, _source_path, _tool_process_setup
@@ -15,32 +14,7 @@ from .tool import _encode_result, _payload_bytes, _run_request, _source_path, _t
 # The request in two parts, the declaration between them.
 _FIRST_PART_FIELDS = frozenset(["tool_name", "source_code"])
 _SECOND_PART_FIELDS = frozenset(["args", "json_schema", "agent_state", "agent_id", "env"])
-_PART_HEADER = struct.Struct(">I")
-_MAX_PART_BYTES = 1 << 30  # the daemon sends far less (its request limit)
 CHANNEL_DECLARATION = b"TSB1 agent_state=%d\n"
-
-
-def _read_exact(fd, n):
-    chunks = []
-    while n:
-        chunk = os.read(fd, min(n, 1 << 20))
-        if not chunk:
-            raise EOFError("the request ended early")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def _read_part(fd):
-    """One part of a channel request: a 4-byte big-endian length, then that
-    many bytes of one JSON object."""
-    (n,) = _PART_HEADER.unpack(_read_exact(fd, _PART_HEADER.size))
-    if n > _MAX_PART_BYTES:
-        raise ValueError("a request part of %d bytes (at most %d)" % (n, _MAX_PART_BYTES))
-    part = _loads_request(_read_exact(fd, n))
-    if not isinstance(part, dict):
-        raise ValueError("a request part is not a JSON object")
-    return part
 
 
 def _first_part_params(first):
@@ -66,15 +40,6 @@ def _channel_request(first, second, params):
     req = dict(first)
     req.update(second)
     return _validate_request(req, params)
-
-
-def _take_channel():
-    """The result channel, moved off fd 0 (close-on-exec: no program the
-    tool runs inherits it); the tool reads EOF from stdin, as in the nonce
-    mode."""
-    chan = os.dup(0)
-    _empty_stdin()
-    return chan
 
 
 def _channel_main(chan=None):

@@ -5,10 +5,13 @@ import os
 import stat
 import sys
 
-from .base import EXIT_NO_FRAME, Fatal, _as_program, _error_line, _flush_std, _read_all, _stdin_mode, _write_all
-from .channel import _channel_main, _read_part, _take_channel
+from .base import (EXIT_NO_FRAME, Fatal, _as_program, _error_line, _flush_std, _read_all, _read_part, _stdin_mode,
+                   _take_channel, _write_all)
 from .lean_exit import _take_end_note, _watch_script
-from .tool import _tool_process_setup
+
+# A warm script imports no more of the runner than this (what its hand-over
+# reads with); a warm tool also the channel mode and the tool's process,
+# before its hand-over (run_pooled).
 
 # Written on the channel once a pooled runner is ready for its request.
 CHANNEL_READY = b"TSB1 ready\n"
@@ -35,19 +38,8 @@ class _Environ:
                "arg_start", "arg_end", "env_start", "env_end", "auxv")
 
     def __init__(self):
-        import ctypes
-
-        self._ct = ctypes
-        self._libc = ctypes.CDLL(None, use_errno=True)
-        self._libc.sbrk.restype = ctypes.c_void_p
-        self._libc.sbrk.argtypes = [ctypes.c_ssize_t]
-        self._libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-
-        class MmMap(ctypes.Structure):
-            _fields_ = [(n, ctypes.c_uint64) for n in self._FIELDS] + [
-                ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
-
-        self._map = m = MmMap()
+        self._c = c = _c_calls()
+        self._map = m = c.MmMap()
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
         # The block execve made, as it was (not os.environ, which the
@@ -67,10 +59,10 @@ class _Environ:
     def _set(self, start, end):
         m = self._map
         m.env_start, m.env_end = start, end
-        m.brk = self._libc.sbrk(0)  # the current break, read last: nothing allocates between
-        if self._libc.prctl(_PR_SET_MM, _PR_SET_MM_MAP, self._ct.addressof(m), self._ct.sizeof(m), 0) != 0:
-            raise Fatal("cannot set the process environment (prctl PR_SET_MM_MAP): %s"
-                        % os.strerror(self._ct.get_errno()))
+        c = self._c
+        m.brk = c.sbrk(0)  # the current break, read last: nothing allocates between
+        if c.prctl(_PR_SET_MM, _PR_SET_MM_MAP, c.addressof(m), c.sizeof(m), 0) != 0:
+            raise Fatal("cannot set the process environment (prctl PR_SET_MM_MAP): %s" % os.strerror(c.get_errno()))
 
     def adopt(self, part):
         """The environ part of a hand-over: {"environ": {"NAME": "value"}},
@@ -88,11 +80,82 @@ class _Environ:
         # request's: the block the process started with, and the new ones.
         block = self._started_with + b"".join(
             os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in environ.items())
-        buf = self._ct.create_string_buffer(block, max(1, len(block)))
-        start = self._ct.addressof(buf)
+        buf = self._c.buffer(block)
+        start = self._c.addressof(buf)
         self._set(start, start + len(block))
         global _environ_block
         _environ_block = buf  # the kernel reads it from here on, for the life of the process
+
+
+class _CCalls:
+    """prctl and sbrk of the C library, struct prctl_mm_map, and what they
+    need (addressof, sizeof, get_errno, a buffer that stays where it is)."""
+
+
+def _c_calls():
+    """The C calls _Environ makes, bound through _ctypes, the C module
+    under ctypes: the ctypes package itself (its classes, struct,
+    ctypes._endian) takes about a millisecond of CPU to import, on every
+    warm sandbox's start, where a cold run imports none of it. An
+    interpreter whose _ctypes lacks what this uses gets ctypes'."""
+    c = _CCalls()
+    try:
+        import _ctypes as ct
+
+        class Int(ct._SimpleCData):
+            _type_ = "i"
+
+        class ULong(ct._SimpleCData):
+            _type_ = "L"
+
+        class SSize(ct._SimpleCData):  # ssize_t: a long on Linux
+            _type_ = "l"
+
+        class VoidP(ct._SimpleCData):
+            _type_ = "P"
+
+        class U64(ct._SimpleCData):
+            _type_ = "Q"
+
+        class U32(ct._SimpleCData):
+            _type_ = "I"
+
+        class Char(ct._SimpleCData):
+            _type_ = "c"
+
+        class Prctl(ct.CFuncPtr):
+            _flags_ = ct.FUNCFLAG_CDECL | ct.FUNCFLAG_USE_ERRNO
+            _restype_ = Int
+
+        class Sbrk(ct.CFuncPtr):
+            _flags_ = ct.FUNCFLAG_CDECL
+            _restype_ = VoidP
+
+        libc = ct.dlopen(None, os.RTLD_NOW)
+        c.prctl = Prctl(ct.dlsym(libc, "prctl"))
+        c.prctl.argtypes = (Int, ULong, VoidP, ULong, ULong)
+        c.sbrk = Sbrk(ct.dlsym(libc, "sbrk"))
+        c.sbrk.argtypes = (SSize,)
+        c.addressof, c.sizeof, c.get_errno = ct.addressof, ct.sizeof, ct.get_errno
+        c.buffer = lambda data: (Char * max(1, len(data))).from_buffer_copy(data.ljust(1, b"\0"))
+    except (ImportError, AttributeError, TypeError, OSError):
+        import ctypes as ct
+
+        libc = ct.CDLL(None, use_errno=True)
+        c.prctl, c.sbrk = libc.prctl, libc.sbrk
+        c.prctl.argtypes = [ct.c_int, ct.c_ulong, ct.c_void_p, ct.c_ulong, ct.c_ulong]
+        c.sbrk.restype, c.sbrk.argtypes = ct.c_void_p, [ct.c_ssize_t]
+        c.addressof, c.sizeof, c.get_errno = ct.addressof, ct.sizeof, ct.get_errno
+        c.buffer = lambda data: ct.create_string_buffer(data, max(1, len(data)))
+        U64, U32, Structure = ct.c_uint64, ct.c_uint32, ct.Structure
+    else:
+        Structure = ct.Structure
+
+    class MmMap(Structure):
+        _fields_ = [(n, U64) for n in _Environ._FIELDS] + [("auxv_size", U32), ("exe_fd", U32)]
+
+    c.MmMap = MmMap
+    return c
 
 
 def _preload(modules):
@@ -135,6 +198,8 @@ def _await_hand_over(tool=False):
         import atexit  # noqa: F401  (_lean_exit)
         import keyword  # noqa: F401  (_validate_request)
 
+        from .tool import _tool_process_setup
+
         _tool_process_setup()
     _preload(preload)
     _write_all(chan, CHANNEL_READY)
@@ -149,6 +214,8 @@ def run_pooled():
     """The runner in a pooled sandbox (kRunnerPooledBoot): started before
     any request exists, it waits on its channel for the hand-over, then is
     the channel mode's runner. Never returns."""
+
+    from .channel import _channel_main
 
     def body():
         if not stat.S_ISSOCK(_stdin_mode()):
