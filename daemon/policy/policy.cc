@@ -888,8 +888,9 @@ Result<ReadProfile> read_profile_file(const SeccompChoice& c, const PolicyContex
     return r;
   }
   r.profile = policy::parse_seccomp_profile(*located);
-  r.canon = json{{"profile", located->value}};
   r.default_action_at = located->where("/defaultAction");
+  r.canon = json::object();
+  r.canon["profile"] = std::move(located->value);  // moved, not copied: a profile is tens of kilobytes
   return r;
 }
 
@@ -973,7 +974,7 @@ Status read_hostname(ObjectReader& root, Policy& p) {
 
 // The effective policy, every value explicit, the profile's text resolved
 // in: what the fingerprint covers, so an auditor can tie a run to it.
-void set_canonical_and_fingerprint(Policy& p, const json& seccomp_canon) {
+void set_canonical_and_fingerprint(Policy& p, json seccomp_canon) {
   json binds = json::array();
   for (const auto& b : p.binds)
     binds.push_back({{"source", b.source}, {"target", b.target}, {"writable", b.writable}, {"optional", b.optional}});
@@ -984,10 +985,10 @@ void set_canonical_and_fingerprint(Policy& p, const json& seccomp_canon) {
                      {"filesystem", {{"venv", p.venv.empty() ? json() : json(p.venv)}, {"workdir", p.workdir}, {"binds", binds}}},
                      {"network", to_string(p.network)},
                      {"environment", {{"set", p.env_set}, {"allow", p.env_allow}}},
-                     {"seccomp", seccomp_canon},
                      {"user", {{"uid", p.uid}, {"gid", p.gid}}},
                      {"interpreter", p.interpreter},
                      {"hostname", p.hostname}};
+  p.canonical["seccomp"] = std::move(seccomp_canon);  // moved in, as read_seccomp made it
   if (p.network == isolate::NetworkMode::Egress) p.canonical["egress"] = egress_json(p.egress);
   if (p.packages.enabled) p.canonical["packages"] = packages_json(p.packages);
   if (p.typescript.enabled) {
@@ -1030,7 +1031,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   if (auto st = read_hostname(root, p); !st.ok()) return std::move(st).error();
   TSB_TRY(root.done(), "policy");
 
-  set_canonical_and_fingerprint(p, *seccomp_canon);
+  set_canonical_and_fingerprint(p, std::move(seccomp_canon).value());
   return p;
 }
 
