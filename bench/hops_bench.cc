@@ -28,17 +28,28 @@ namespace {
   std::exit(2);
 }
 
-// A positive number from an option's value, or the usage.
-double number(const char* s) {
+// A positive number of seconds from an option's value, or the usage.
+double seconds(const std::string& s) {
   char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  if (end == s || *end != '\0' || !(v > 0)) usage();
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !(v > 0) || v > 3600) usage();
   return v;
 }
 
+// A whole number in [lo, hi], or the usage.
+int whole(const char* s, int lo, int hi) {
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (end == s || *end != '\0' || v < lo || v > hi) usage();
+  return static_cast<int>(v);
+}
+
+// As Python's statistics.median (bench/gap_bench.py): the mean of the two
+// middle values of an even count.
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
 }  // namespace
@@ -50,20 +61,19 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (i + 1 >= argc) usage();
     const char* v = argv[++i];
-    if (a == "--hops") hops = static_cast<int>(number(v));
-    else if (a == "--n") n = static_cast<int>(number(v));
-    else if (a == "--n-long") n_long = static_cast<int>(number(v));
+    if (a == "--hops") hops = whole(v, 2, 64);
+    else if (a == "--n") n = whole(v, 1, 100000);
+    else if (a == "--n-long") n_long = whole(v, 1, 100000);
     else if (a == "--gaps") {
       gaps.clear();
       std::string s = v;
       for (std::size_t at = 0; at <= s.size();) {
         const std::size_t comma = std::min(s.find(',', at), s.size());
-        gaps.push_back(number(s.substr(at, comma - at).c_str()));
+        gaps.push_back(seconds(s.substr(at, comma - at)));
         at = comma + 1;
       }
     } else usage();
   }
-  if (hops < 2 || hops > 64) usage();
   // Pipe i feeds process i; process 0 is this one, the others pass the byte on.
   std::vector<int> rd(hops), wr(hops);
   for (int i = 0; i < hops; ++i) {

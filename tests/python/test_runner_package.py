@@ -218,6 +218,32 @@ class PartsPerMode(unittest.TestCase):
         self.assertIn("_ctypes", names)
         self.assertNotIn("ctypes", names)
 
+    def test_a_warm_script_s_environment_outlives_the_runner_s_modules(self):
+        # The launcher forgets the runner's modules once the script is in
+        # (daemon/compile/spawn_policy.cc, script_launcher(true)); a
+        # collection then, and memory used again, must leave the block
+        # /proc/self/environ shows as the hand-over made it.
+        d = installed()
+        code = ("import sys\nsys.path.insert(0, %r)\nimport toolsandbox_runner\n"
+                "del sys.path[0], sys.modules['toolsandbox_runner']\n"
+                "source, watch = toolsandbox_runner.await_script()\ndel toolsandbox_runner\n"
+                "for name in [n for n in sys.modules if n.partition('.')[0] == '_toolsandbox_runner']:\n"
+                "    del sys.modules[name]\n"
+                "import gc\ngc.collect()\njunk = [bytes([7]) * 300 for _ in range(20000)]\n"
+                "sys.stdout.buffer.write(open('/proc/self/environ', 'rb').read())\n" % d)
+        ours, theirs = socket.socketpair()
+        with tempfile.TemporaryDirectory() as cwd, ours:
+            with theirs:
+                proc = subprocess.Popen([PYTHON, "-c", code], stdin=theirs, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, cwd=cwd, env={"A": "1"})
+            ours.settimeout(TIMEOUT)
+            self.assertEqual(ours.recv(11, socket.MSG_WAITALL), b"TSB1 ready\n")
+            ours.sendall(part({"environ": {"TSB_PART_TEST": "x" * 300}}) + b"pass\n")
+            ours.shutdown(socket.SHUT_WR)
+            out, err = proc.communicate(timeout=TIMEOUT)
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertEqual(out, b"A=1\0TSB_PART_TEST=" + b"x" * 300 + b"\0")
+
     def test_the_hand_over_s_environment_with_and_without_ctypes(self):
         # The environment /proc/self/environ shows after a hand-over, set
         # through _ctypes, and through the ctypes package where _ctypes

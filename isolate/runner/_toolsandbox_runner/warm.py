@@ -3,6 +3,7 @@ it loads what a run needs, says it is ready, and takes the hand-over."""
 
 import os
 import stat
+import struct
 import sys
 
 from .base import (EXIT_NO_FRAME, Fatal, _as_program, _error_line, _flush_std, _read_all, _read_part, _stdin_mode,
@@ -17,7 +18,10 @@ from .lean_exit import _take_end_note, _watch_script
 CHANNEL_READY = b"TSB1 ready\n"
 _PR_SET_MM = 35
 _PR_SET_MM_MAP = 14
-_environ_block = None  # the environment /proc/self/environ shows after a hand-over
+# struct prctl_mm_map (linux/prctl.h): twelve u64 (start_code, end_code,
+# start_data, end_data, start_brk, brk, start_stack, arg_start, arg_end,
+# env_start, env_end, auxv), then auxv_size and exe_fd, u32 each.
+_MM_MAP = struct.Struct("=12QII")
 
 
 class _Environ:
@@ -33,13 +37,8 @@ class _Environ:
     kernel refuses it, the pooled sandbox ends before any request reaches
     it."""
 
-    # struct prctl_mm_map (linux/prctl.h)
-    _FIELDS = ("start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
-               "arg_start", "arg_end", "env_start", "env_end", "auxv")
-
     def __init__(self):
-        self._c = c = _c_calls()
-        self._map = m = c.MmMap()
+        self._c = _c_calls()
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
         # The block execve made, as it was (not os.environ, which the
@@ -50,18 +49,22 @@ class _Environ:
         def field(n):  # proc(5) numbers them from 1; `fields` starts at 3 (state)
             return int(fields[n - 3])
 
-        m.start_code, m.end_code, m.start_stack = field(26), field(27), field(28)
-        (m.start_data, m.end_data, m.start_brk, m.arg_start, m.arg_end, m.env_start,
-         m.env_end) = (field(n) for n in range(45, 52))
-        m.exe_fd = 0xFFFFFFFF  # -1: /proc/self/exe unchanged (that one needs a capability)
-        self._set(m.env_start, m.env_end)
+        # The layout as the kernel has it, but for the break (read at each
+        # call) and the environment's bounds.
+        self._code = (field(26), field(27))  # start_code, end_code
+        self._data = (field(45), field(46), field(47))  # start_data, end_data, start_brk
+        self._stack = field(28)  # start_stack
+        self._args = (field(48), field(49))  # arg_start, arg_end
+        self._set(field(50), field(51))  # env_start, env_end
 
     def _set(self, start, end):
-        m = self._map
-        m.env_start, m.env_end = start, end
         c = self._c
-        m.brk = c.sbrk(0)  # the current break, read last: nothing allocates between
-        if c.prctl(_PR_SET_MM, _PR_SET_MM_MAP, c.addressof(m), c.sizeof(m), 0) != 0:
+        # brk: the current break, read last (nothing allocates between it
+        # and the call); auxv left as it is (size 0); exe_fd -1: the
+        # executable link unchanged (that one needs a capability).
+        mm = c.buffer(_MM_MAP.pack(*self._code, *self._data, c.sbrk(0), self._stack, *self._args, start, end,
+                                   0, 0, 0xFFFFFFFF))
+        if c.prctl(_PR_SET_MM, _PR_SET_MM_MAP, c.addressof(mm), _MM_MAP.size, 0) != 0:
             raise Fatal("cannot set the process environment (prctl PR_SET_MM_MAP): %s" % os.strerror(c.get_errno()))
 
     def adopt(self, part):
@@ -81,15 +84,19 @@ class _Environ:
         block = self._started_with + b"".join(
             os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in environ.items())
         buf = self._c.buffer(block)
+        # The kernel reads it from here on, for the life of the process: a
+        # reference no one drops (a module global would not do: a warm
+        # script's launcher forgets the runner's modules, and a collection
+        # would free the block under /proc/self/environ).
+        self._c.keep(buf)
         start = self._c.addressof(buf)
         self._set(start, start + len(block))
-        global _environ_block
-        _environ_block = buf  # the kernel reads it from here on, for the life of the process
 
 
 class _CCalls:
-    """prctl and sbrk of the C library, struct prctl_mm_map, and what they
-    need (addressof, sizeof, get_errno, a buffer that stays where it is)."""
+    """prctl and sbrk of the C library, and what they need: addressof,
+    get_errno, a buffer of given bytes that stays where it is, and keep(),
+    which makes an object live as long as the process."""
 
 
 def _c_calls():
@@ -114,12 +121,6 @@ def _c_calls():
         class VoidP(ct._SimpleCData):
             _type_ = "P"
 
-        class U64(ct._SimpleCData):
-            _type_ = "Q"
-
-        class U32(ct._SimpleCData):
-            _type_ = "I"
-
         class Char(ct._SimpleCData):
             _type_ = "c"
 
@@ -136,7 +137,7 @@ def _c_calls():
         c.prctl.argtypes = (Int, ULong, VoidP, ULong, ULong)
         c.sbrk = Sbrk(ct.dlsym(libc, "sbrk"))
         c.sbrk.argtypes = (SSize,)
-        c.addressof, c.sizeof, c.get_errno = ct.addressof, ct.sizeof, ct.get_errno
+        c.addressof, c.get_errno, c.keep = ct.addressof, ct.get_errno, ct.Py_INCREF
         c.buffer = lambda data: (Char * max(1, len(data))).from_buffer_copy(data.ljust(1, b"\0"))
     except (ImportError, AttributeError, TypeError, OSError):
         import ctypes as ct
@@ -145,17 +146,17 @@ def _c_calls():
         c.prctl, c.sbrk = libc.prctl, libc.sbrk
         c.prctl.argtypes = [ct.c_int, ct.c_ulong, ct.c_void_p, ct.c_ulong, ct.c_ulong]
         c.sbrk.restype, c.sbrk.argtypes = ct.c_void_p, [ct.c_ssize_t]
-        c.addressof, c.sizeof, c.get_errno = ct.addressof, ct.sizeof, ct.get_errno
+        c.addressof, c.get_errno = ct.addressof, ct.get_errno
         c.buffer = lambda data: ct.create_string_buffer(data, max(1, len(data)))
-        U64, U32, Structure = ct.c_uint64, ct.c_uint32, ct.Structure
-    else:
-        Structure = ct.Structure
-
-    class MmMap(Structure):
-        _fields_ = [(n, U64) for n in _Environ._FIELDS] + [("auxv_size", U32), ("exe_fd", U32)]
-
-    c.MmMap = MmMap
+        try:
+            c.keep = ct.pythonapi.Py_IncRef
+            c.keep.argtypes, c.keep.restype = [ct.py_object], None
+        except AttributeError:  # no C API to call (not CPython): held here, for as long as this module
+            c.keep = _kept.append
     return c
+
+
+_kept = []
 
 
 def _preload(modules):
