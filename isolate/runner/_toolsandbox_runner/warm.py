@@ -55,15 +55,17 @@ class _Environ:
         self._data = (field(45), field(46), field(47))  # start_data, end_data, start_brk
         self._stack = field(28)  # start_stack
         self._args = (field(48), field(49))  # arg_start, arg_end
+        self._mm = self._c.buffer(bytes(_MM_MAP.size))  # made once: _set allocates nothing on the C heap
         self._set(field(50), field(51))  # env_start, env_end
 
     def _set(self, start, end):
-        c = self._c
-        # brk: the current break, read last (nothing allocates between it
-        # and the call); auxv left as it is (size 0); exe_fd -1: the
-        # executable link unchanged (that one needs a capability).
-        mm = c.buffer(_MM_MAP.pack(*self._code, *self._data, c.sbrk(0), self._stack, *self._args, start, end,
-                                   0, 0, 0xFFFFFFFF))
+        c, mm = self._c, self._mm
+        # brk: the current break, read last (written in place into the
+        # buffer made before: nothing extends the heap between the read and
+        # the call); auxv left as it is (size 0); exe_fd -1: the executable
+        # link unchanged (that one needs a capability).
+        _MM_MAP.pack_into(mm, 0, *self._code, *self._data, c.sbrk(0), self._stack, *self._args, start, end, 0, 0,
+                          0xFFFFFFFF)
         if c.prctl(_PR_SET_MM, _PR_SET_MM_MAP, c.addressof(mm), _MM_MAP.size, 0) != 0:
             raise Fatal("cannot set the process environment (prctl PR_SET_MM_MAP): %s" % os.strerror(c.get_errno()))
 
