@@ -104,7 +104,8 @@ int main(int argc, char** argv) {
     if (j != 1) ::close(wr[j]);
   }
   std::printf("# tsb-bench-hops: one byte through %d processes after quiet\n\n", hops);
-  std::printf("| quiet | n | median ms | per wake-up, us | fastest ms | slowest ms |\n|---|---:|---:|---:|---:|---:|\n");
+  std::printf("| quiet | n | median ms | per wake-up, us | fastest ms | slowest ms |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|\n");
   for (double gap : gaps) {
     const int rounds = gap < 1 ? n : n_long;
     std::vector<double> ms;

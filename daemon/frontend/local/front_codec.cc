@@ -92,7 +92,8 @@ Result<Ended> decode_ended(std::string_view b) {
   m.id = r.u64();
   m.run_id = r.str(kMaxName);
   m.host_uid = r.u32();
-  for (auto* t : {&m.wall, &m.cpu, &m.warm_start_cpu}) *t = std::chrono::nanoseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
+  for (auto* t : {&m.wall, &m.cpu, &m.warm_start_cpu})
+    *t = std::chrono::nanoseconds(static_cast<std::int64_t>(r.u64() & INT64_MAX));
   m.peak_memory_bytes = r.u64();
   for (bool* f : {&o.have_tool_status, &o.have_setup_error, &o.timed_out, &o.output_exceeded, &o.cpu_exceeded,
                   &o.cancelled, &o.backstop, &o.socket_limit_reached})
