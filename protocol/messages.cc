@@ -24,7 +24,7 @@ struct Slice {
 constexpr std::string_view kRequestFields[] = {
     "id",       "v",          "type",       "tool_name",   "organization_id", "policy", "env", "timeout", "sandbox_config",
     "agent_id", "project_id", "script",     "source_code", "args",            "json_schema", "agent_state",
-    "pip_requirements", "json_dialect", "e2b", "source_type", "npm_requirements"};
+    "pip_requirements", "json_dialect", "e2b", "source_type", "npm_requirements", "command"};
 constexpr std::string_view kSandboxConfigFields[] = {"type", "config", "organization_id"};
 constexpr std::string_view kE2BFields[] = {"sandbox_config", "env"};
 
@@ -252,6 +252,29 @@ void decode_requirements(Decoder& d, const Slice& p, const char* field, std::siz
   });
 }
 
+// A session's command: 1-256 strings, none empty or with a NUL, at most
+// 64 KiB together.
+void decode_command(Decoder& d, const Slice& p, std::vector<std::string>& out) {
+  bool failed = false;
+  std::size_t total = 0;
+  for_each_child(p.text, [&](const JsonChild& e) {
+    if (failed) return;
+    std::string v = e.kind == JsonKind::String ? json_string_value(e.value) : std::string();
+    total += v.size() + 1;
+    if (out.size() >= kMaxCommandArgs || total > kMaxCommandBytes) {
+      d.fail(d.where + ": \"command\" holds more than " + std::to_string(kMaxCommandArgs) + " arguments or " +
+             std::to_string(kMaxCommandBytes) + " bytes");
+      failed = true;
+    } else if (e.kind != JsonKind::String || (out.empty() && v.empty()) || v.find('\0') != std::string::npos) {
+      d.fail(d.where + ": \"command\" must be strings without NUL bytes, the first not empty");
+      failed = true;
+    } else {
+      out.push_back(std::move(v));
+    }
+  });
+  if (!failed && out.empty()) d.fail(d.where + ": \"command\" must name a program");
+}
+
 void decode_common(Decoder& d, CommonRunFields& c) {
   auto name = d.str("tool_name", true, 256);
   if (name) {
@@ -311,7 +334,8 @@ std::string_view Request::type_name() const {
   switch (body.index()) {
     case 0: return "execute";
     case 1: return "run_tool";
-    default: return "status";
+    case 2: return "status";
+    default: return "session";
   }
 }
 
@@ -403,13 +427,29 @@ std::variant<Request, ProtocolError> decode_request(std::string_view line, std::
     req.body = std::move(r);
   } else if (*type == "status") {
     req.body = StatusRequest{};
+  } else if (*type == "session") {
+    SessionRequest r;
+    if (auto o = d.str("organization_id", true, 256)) r.organization_id = *o;
+    r.policy = d.str("policy", false, 128);
+    if (const Slice* c = d.get("command", JsonKind::Array, true)) decode_command(d, *c, r.command);
+    if (const Slice* env = d.get("env", JsonKind::Object, false)) decode_env(d, *env, r.env);
+    r.agent_id = d.str("agent_id", false, 256);
+    req.body = std::move(r);
   } else {
     return ProtocolError{ErrorCode::BadRequest, "unknown request type \"" + type->substr(0, 32) +
-                                                    "\" (execute, run_tool, status)"};
+                                                    "\" (execute, run_tool, status, session)"};
   }
   d.no_unknown();
   if (d.err) return *d.err;
   return req;
+}
+
+std::string session_frame(char kind, std::string_view payload) {
+  const auto n = static_cast<std::uint32_t>(payload.size());
+  std::string f{kind, static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8),
+                static_cast<char>(n)};
+  f.append(payload);
+  return f;
 }
 
 std::string encode_error(std::string_view id, ErrorCode code, std::string_view message) {

@@ -34,6 +34,14 @@ inline constexpr std::size_t kMaxEnvVariables = 4096;        // env entries
 inline constexpr std::size_t kMaxPipRequirements = 1024;     // pip_requirements elements
 inline constexpr std::size_t kMaxNpmRequirements = 1024;     // npm_requirements elements
 inline constexpr std::size_t kMaxSandboxConfigBytes = 1u << 20;  // sandbox_config, as sent
+inline constexpr std::size_t kMaxCommandArgs = 256;          // a session's command, program included
+inline constexpr std::size_t kMaxCommandBytes = 64u << 10;   // its strings together, a NUL each
+
+// A session's frames, daemon to client, after its answer line (PROTOCOL.md,
+// "Sessions"): a kind byte, a 4-byte big-endian length, the payload.
+inline constexpr char kSessionStdout = 'o', kSessionStderr = 'e', kSessionEnd = 'x';
+inline constexpr std::size_t kMaxSessionFrame = 64u << 10;  // a payload's most
+std::string session_frame(char kind, std::string_view payload);
 
 // Stable error codes. Clients switch on these, never on messages.
 enum class ErrorCode {
@@ -121,9 +129,20 @@ struct RunToolRequest {
 
 struct StatusRequest {};
 
+// session: one long-lived sandbox under a policy with "sessions", running
+// `command` (PROTOCOL.md, "Sessions"); its answer turns the connection into
+// the command's stdin and its framed stdout and stderr.
+struct SessionRequest {
+  std::string organization_id;        // selects the policy, as for a run
+  std::optional<std::string> policy;  // must be allowed for the organization
+  std::vector<std::string> command;   // the program (a path or a name the policy allows) and its arguments
+  std::map<std::string, std::string> env;
+  std::optional<std::string> agent_id;
+};
+
 struct Request {
   std::string id;
-  std::variant<ExecuteRequest, RunToolRequest, StatusRequest> body;
+  std::variant<ExecuteRequest, RunToolRequest, StatusRequest, SessionRequest> body;
   std::string_view type_name() const;
 };
 

@@ -58,8 +58,9 @@ BUDGETS = {
     # then from 150: print_line() and print_block(), the command line's one
     # way to write text for a person.
     "daemon/common": 170,
-    # Raised from 850: the npm build policy of TypeScript tools' node_modules.
-    "daemon/compile": 950,
+    # Raised from 850: the npm build policy of TypeScript tools' node_modules;
+    # then from 950: the session policy and its launcher (sessions).
+    "daemon/compile": 1020,
     # Raised from 5000: the egress proxy's reading of a host and its deny
     # list moved here (egress_host.cc, from daemon/frontend/egress, whose
     # budget went down as much), so a policy is checked against them; then
@@ -67,13 +68,16 @@ BUDGETS = {
     # what E2B cannot run as written is refused when a policy is read, and
     # the delegated organizations' check (registry.cc); limits.result, the
     # result channel's own limit; and typescript.packages (npm_packages.cc).
-    "daemon/policy": 5550,
+    # Then from 5550: a policy's "sessions" (sessions.cc) and its explain.
+    "daemon/policy": 5700,
     # Raised from 1100: npm requirements of TypeScript tools (npm_requirements.cc);
     # then from 1250: a node_modules' key, and trees in the cache.
     "daemon/venv": 1300,
-    # Raised from 1250: `toolsandbox venv` shows and builds node_modules too.
-    "daemon/cli": 1280,
-    "daemon/frontend": 950,
+    # Raised from 1250: `toolsandbox venv` shows and builds node_modules too;
+    # then from 1280: `toolsandbox session`, the stdio bridge to a session.
+    "daemon/cli": 1510,
+    # Raised from 950: a session request's placement and checks.
+    "daemon/frontend": 1010,
     # Set with the folder: per-peer fairness, about 10 % above its size (346).
     "daemon/frontend/admission": 380,
     # Raised from 350: a TypeScript run's checks (prepare_typescript).
@@ -81,8 +85,11 @@ BUDGETS = {
     # Raised from 1400: TypeScript rules of the local backend; then from
     # 1420: a TypeScript run's order (the policy's TypeScript policy, its
     # channel in both modes), the check of its runtime on this host, and a
-    # TypeScript tool's node_modules, found or built like a venv.
-    "daemon/frontend/local": 1640,
+    # TypeScript tool's node_modules, found or built like a venv; then from
+    # 1640: a session's stdio handed over (SpawnerLink::run's take_stdio).
+    "daemon/frontend/local": 1660,
+    # Set with the folder: sessions, about 10 % above its size.
+    "daemon/frontend/session": 370,
     # Lowered from 1700: its steps return Result<T, Fail>. Raised from 1630:
     # TypeScript tools (npm installs, the source handling, the tool-mode cells).
     "daemon/frontend/e2b": 1850,
@@ -91,7 +98,8 @@ BUDGETS = {
     # Raised from 1800: Letta's last edge cases (a pickle's types checked,
     # tool mode's output decoded up front, the seed's strict decode).
     "daemon/frontend/letta": 1860,
-    "protocol": 1350,
+    # Raised from 1350: the session request and its frames.
+    "protocol": 1400,
 }
 
 MAX_FUNCTION_LINES = 150

@@ -18,6 +18,7 @@ int cmd_run(const std::vector<std::string>& args);
 int cmd_policy(const std::vector<std::string>& args);
 int cmd_client(const std::string& verb, const std::vector<std::string>& args);
 int cmd_venv(const std::vector<std::string>& args);
+int cmd_session(const std::vector<std::string>& args);
 
 // One request to toolsandboxd and its answer line (protocol/PROTOCOL.md).
 Result<nlohmann::json> roundtrip(const std::string& socket_path, const nlohmann::json& request);

@@ -3,6 +3,7 @@
 //   toolsandbox run [options] -- CMD ARGS...   one command through the engine (root)
 //   toolsandbox policy check|explain|fingerprint|lint ...
 //   toolsandbox venv list|show|gc|build ...     the per-tool venv cache
+//   toolsandbox session [options] -- CMD ARGS...  a stdio bridge to a session of the daemon
 //   toolsandbox version
 //
 // Errors in the invocation are one clear line on stderr and exit status 2.
@@ -28,6 +29,8 @@ void usage(std::FILE* out) {
       "       toolsandbox exec SCRIPT.py [--org ID] [--env NAME=VALUE]... [--timeout S] [--socket PATH] [--json]\n"
       "       toolsandbox call TOOL.py [--args JSON] [--function NAME] [--agent-state FILE] [--org ID] [--json]\n"
       "       toolsandbox status [--socket PATH] [--json]\n"
+      "       toolsandbox session [--org ID] [--policy NAME] [--env NAME=VALUE]... [--agent-id ID] [--record FILE]\n"
+      "                           [--socket PATH] -- COMMAND [ARGS...]\n"
       "       toolsandbox policy check FILE... [--e2b]\n"
       "       toolsandbox policy explain NAME|FILE [--compare PROFILE] [--no-host]\n"
       "       toolsandbox policy fingerprint FILE...\n"
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
   if (verb == "run") return tsb::cli::cmd_run(args);
   if (verb == "policy") return tsb::cli::cmd_policy(args);
   if (verb == "venv") return tsb::cli::cmd_venv(args);
+  if (verb == "session") return tsb::cli::cmd_session(args);
   if (verb == "exec" || verb == "call" || verb == "status") return tsb::cli::cmd_client(verb, args);
   if (verb == "version" || verb == "--version") {
     tsb::print_line(stdout, "toolsandbox %s", TSB_VERSION);

@@ -80,7 +80,10 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
     if (auto k = tsb::core::read_e2b_api_key(cfg.e2b.api_key_file); !k.ok())
       return std::move(k).error().wrap("e2b.api_key_file");
   const std::string runner = tsb::core::find_runner(cfg.runner_path);
-  out.max_concurrent_runs = cfg.max_concurrent_runs;
+  // Runs and sessions together: the front end keeps each within its own
+  // bound (max_concurrent_runs, max_sessions), so sessions never take a
+  // run's place.
+  out.max_concurrent_runs = cfg.max_concurrent_runs + cfg.max_sessions;
   out.shutdown_grace = cfg.shutdown_grace;
   for (const auto& [name, p] : set.policies) {
     if (!p->seccomp) return Error::invalid("policy " + quoted_for_message(name) + " has no compiled seccomp program");
@@ -107,6 +110,13 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
       if (!tp.ok()) return std::move(tp).error().wrap("policy " + quoted_for_message(name) + "'s TypeScript runs");
       out.policies.push_back(std::move(tp).value());
       out.policies.back().name = name + "/typescript";
+    }
+    // Sessions: the policy's long-lived sandboxes.
+    if (p->sessions.enabled && p->backend == tsb::core::Backend::Local) {
+      auto sp = tsb::core::to_session_spawn_policy(*p);
+      if (!sp.ok()) return std::move(sp).error().wrap("policy " + quoted_for_message(name) + "'s sessions");
+      out.policies.push_back(std::move(sp).value());
+      out.policies.back().name = tsb::core::session_policy_name(name);
     }
     // TypeScript tools' node_modules: the policy's npm build policy.
     if (p->npm_packages.enabled && p->backend == tsb::core::Backend::Local && !builder.empty()) {

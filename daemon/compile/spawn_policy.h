@@ -115,6 +115,19 @@ inline constexpr std::string_view kBuilderSandboxPath = "/opt/toolsandbox/builde
 // /node_modules row (a run's own node_modules).
 Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std::string& ts_runner,
                                                       const std::string& venv_cache = "");
+// The session policy of a policy with "sessions" (daemon/policy/sessions.h):
+// the policy's table, network, environment rules, seccomp and user, the
+// section's limits (wall_timeout its max_lifetime), no warm pool, and one
+// command in script mode: session_launcher(), which takes the command to
+// start on its stdin and starts it only when it is one of the section's.
+Result<spawn::SpawnPolicy> to_session_spawn_policy(const Policy& p);
+// The session launcher's `python3 -c` program. Its arguments are the
+// allowed commands; on stdin, first, the frame the front end writes
+// (session_command_frame), then the session's bytes, left unread for the
+// command it executes.
+std::string session_launcher();
+// The frame: a 4-byte big-endian length, then argv joined by NUL bytes.
+std::string session_command_frame(const std::vector<std::string>& argv);
 inline constexpr std::string_view kTsRunnerSandboxPath = "/opt/toolsandbox/runner/toolsandbox_ts_runner.js";
 // The TypeScript runner installed beside `runner` (root_owned_readonly_file), or "".
 std::string find_ts_runner(const std::string& runner);

@@ -213,6 +213,8 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
   // A peer's first connection or its last one changes every share: runs
   // queued past the old share may start.
   shares_.on_peers_changed = [this] { local_->shares_changed(); };
+  sessions_ = std::make_unique<Sessions>(io_, *link_, local_->egress_service());
+  sessions_->set_limits({cfg_.max_sessions, cfg_.max_sessions_per_organization});
   link_->on_reload = [this](bool applied, UniqueFd sources, UniqueFd key) {
     if (applied) return reload(std::move(sources), std::move(key));
     // The spawner kept its set (its log says why): so does this side, and
@@ -511,6 +513,13 @@ asio::awaitable<void> Server::serve(socket_t sock, Peer peer, std::unique_ptr<Pe
         std::string reply;
         if (auto* perr = std::get_if<protocol::ProtocolError>(&decoded)) {
           reply = protocol::encode_error(id, perr->code, perr->message);
+        } else if (auto* sr = std::get_if<protocol::SessionRequest>(&std::get<protocol::Request>(decoded).body)) {
+          // A session has the connection to itself until it ends, and then
+          // the connection closes (a refusal is its one line).
+          reply = co_await session_request(std::get<protocol::Request>(decoded).id, *sr, peer, sock);
+          if (!reply.empty()) co_await write_line(sock, reply);
+          hold.release(len);
+          co_return;
         } else {
           reply = co_await dispatch(std::get<protocol::Request>(decoded), peer, sock);
         }
@@ -625,6 +634,47 @@ asio::awaitable<std::string> Server::run_request(const protocol::Request& req, c
   co_return line;
 }
 
+asio::awaitable<std::string> Server::session_request(const std::string& id, const protocol::SessionRequest& req,
+                                                     const Peer& peer, socket_t& sock) {
+  using protocol::ErrorCode;
+  if (shutting_down_) co_return protocol::encode_error(id, ErrorCode::Unavailable, "the daemon is shutting down");
+  auto placement = place_run(*policies_, req.organization_id, req.policy, cfg_.e2b.enabled);
+  if (!placement.ok()) co_return protocol::encode_error(id, ErrorCode::PolicyDenied, placement.error().message);
+  const Policy& pol = *placement->policy;
+  if (placement->backend != Backend::Local)
+    co_return protocol::encode_error(id, ErrorCode::PolicyDenied,
+                                     "sessions run on this host only, and organization " + q(req.organization_id) +
+                                         " is placed on E2B");
+  if (!pol.sessions.enabled)
+    co_return protocol::encode_error(id, ErrorCode::PolicyDenied,
+                                     "policy " + q(pol.name) + " has no \"sessions\": it opens none");
+  if (cfg_.max_sessions == 0)
+    co_return protocol::encode_error(id, ErrorCode::PolicyDenied, "this daemon opens no sessions (max_sessions is 0)");
+  SessionOpen open;
+  open.argv = req.command;
+  open.argv[0] = resolve_session_command(pol.sessions, req.command[0]);
+  if (open.argv[0].empty()) {
+    std::string allowed;
+    for (const std::string& c : pol.sessions.commands) allowed += (allowed.empty() ? "" : ", ") + c;
+    co_return protocol::encode_error(id, ErrorCode::PolicyDenied,
+                                     "policy " + q(pol.name) + " does not allow the command " + q(req.command[0]) +
+                                         " in sessions (it allows: " + allowed + ")");
+  }
+  if (auto env = build_environment(pol, req.env); !env.ok())
+    co_return protocol::encode_error(id, ErrorCode::PolicyDenied, env.error().message);
+  open.policy = placement->policy;
+  open.env = req.env;
+  open.request_id = id;
+  open.organization_id = req.organization_id;
+  open.agent_id = req.agent_id.value_or("");
+  open.peer = peer;
+  const int fd = sock.native_handle();
+  open.client_gone = [fd] { return peer_hung_up(fd); };
+  open.write_timeout = cfg_.write_timeout;
+  auto refused = co_await sessions_->run(open, sock);
+  co_return refused ? protocol::encode_error(id, refused->code, refused->message) : std::string();
+}
+
 json Server::fairness_json() const {
   // Each share as it is now (FairShare: max(pool / peers, floor)), and what
   // peers over their share gave up for others since start.
@@ -666,6 +716,7 @@ json Server::status_json(json warm_pool) const {
           {"engine", local_->engine_status()},
           {"egress", local_->egress_status()},
           {"venvs", local_->venv_status()},
+          {"sessions", sessions_->status()},
           {"warm_pool", std::move(warm_pool)},
           {"policies", pols},
           {"e2b_configured", cfg_.e2b.enabled},
@@ -716,6 +767,7 @@ void Server::reload(UniqueFd sources, UniqueFd e2b_key) {
   // smaller one lets the runs in flight finish.
   shares_.set_limits(pool_limits(cfg_));
   local_->shares_changed();
+  sessions_->set_limits({cfg_.max_sessions, cfg_.max_sessions_per_organization});
   // A policy that now installs packages: the cache opens (its place and cap
   // are read at start only, as the engine's settings).
   if (std::any_of(policies_->policies.begin(), policies_->policies.end(),
@@ -740,13 +792,19 @@ asio::awaitable<void> Server::shutdown_sequence() {
   shutting_down_ = true;
   asio::error_code ec;
   if (acceptor_) acceptor_->close(ec);
-  // Queued requests will not start.
+  // Queued requests will not start; sessions end now.
   local_->stop_taking_runs();
+  sessions_->end_all();
   // In-flight runs may finish within the grace period, then are killed.
   auto deadline = std::chrono::steady_clock::now() + cfg_.shutdown_grace;
   if (e2b_) co_await e2b_->shutdown(cfg_.shutdown_grace);
   co_await local_->finish_runs(deadline);
   asio::steady_timer t(io_);
+  // The sessions' ends (Kill at end_all) and their records, bounded.
+  for (int i = 0; i < 500 && !sessions_->empty(); ++i) {
+    t.expires_after(std::chrono::milliseconds(20));
+    co_await t.async_wait(tuple_awaitable);
+  }
   // Let the last responses go out, then close every connection (idle
   // clients wait in a read; a client that does not read, in a write) and
   // wait for their handlers to end: they hold budget and counters of this

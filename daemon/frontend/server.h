@@ -26,6 +26,7 @@
 #include "daemon/frontend/pipeline/pipeline.h"
 #include "daemon/policy/registry.h"
 #include "daemon/frontend/local/spawner_link.h"
+#include "daemon/frontend/session/session.h"
 #include "protocol/messages.h"
 
 namespace tsb::core {
@@ -88,6 +89,10 @@ class Server {
   // execute / run_tool: admission, the pipeline (daemon/frontend/pipeline/pipeline.h)
   // on the backend the placement names, the client watched meanwhile.
   asio::awaitable<std::string> run_request(const protocol::Request& req, const Peer& peer, socket_t& sock);
+  // session: placed and checked here, then relayed by the local backend
+  // until it ends; a refusal's line, or "" (everything was sent).
+  asio::awaitable<std::string> session_request(const std::string& id, const protocol::SessionRequest& req,
+                                               const Peer& peer, socket_t& sock);
   asio::awaitable<void> signal_loop();
   asio::awaitable<void> shutdown_sequence();
   bool peer_allowed(const Peer& p) const;
@@ -112,6 +117,7 @@ class Server {
   // The connections, request bytes, run slots and queue, shared by peers.
   FairShare shares_;
   std::unique_ptr<LocalBackend> local_;
+  std::unique_ptr<Sessions> sessions_;
   std::shared_ptr<const PolicySet> policies_;
   std::string runner_path_;
   std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;

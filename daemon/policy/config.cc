@@ -104,6 +104,10 @@ Status read_bounds(ObjectReader& w, DaemonConfig& c) {
   c.max_concurrent_runs = static_cast<unsigned>(n);
   TRY_SET(n, w.number("max_queued_runs", c.max_queued_runs, 0, 65536));
   c.max_queued_runs = static_cast<unsigned>(n);
+  TRY_SET(n, w.number("max_sessions", c.max_sessions, 0, 4096));
+  c.max_sessions = static_cast<unsigned>(n);
+  TRY_SET(n, w.number("max_sessions_per_organization", c.max_sessions_per_organization, 1, 4096));
+  c.max_sessions_per_organization = static_cast<unsigned>(n);
   if (const json* f = w.get("max_frame_bytes")) {
     auto s = parse_size(*f);
     if (!s.ok() || *s < 4096 || *s > (1ull << 30))

@@ -45,6 +45,10 @@ struct DaemonConfig {
   std::vector<gid_t> allowed_gids;
   unsigned max_concurrent_runs = 8;
   unsigned max_queued_runs = 32;
+  // Sessions (policies/README.md, "sessions") open at once, in all and per
+  // organization; 0: none. Apart from the run slots.
+  unsigned max_sessions = 8;
+  unsigned max_sessions_per_organization = 4;
   std::size_t max_frame_bytes = 32u << 20;
   // Connections open at once; beyond it a new peer gets `busy` and is closed.
   unsigned max_connections = 256;

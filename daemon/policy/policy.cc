@@ -730,6 +730,16 @@ Status read_typescript(ObjectReader& root, const LocatedJson& doc, Policy& p) {
   return {};
 }
 
+// "sessions" (null: none): long-lived sandboxes of the local backend.
+Status read_sessions(ObjectReader& root, const LocatedJson& doc, Policy& p) {
+  const json* v = root.get("sessions");
+  if (!v || v->is_null()) return {};
+  TSB_TRY(parse_sessions(ObjectReader(doc, *v, "/sessions"), p.sessions), "policy");
+  TSB_TRY(expect(p.backend == Backend::Local, root.where("sessions"),
+                 "applies to the local backend (sessions run on this host)"), "policy");
+  return {};
+}
+
 // "warm_pool" (null: none): a pool with a size is for the local backend.
 Status read_warm_pool(ObjectReader& root, const LocatedJson& doc, Policy& p) {
   const json* v = root.get("warm_pool");
@@ -1002,6 +1012,7 @@ void set_canonical_and_fingerprint(Policy& p, json seccomp_canon) {
     p.canonical["warm_pool"] = {
         {"max", p.warm.max}, {"min", p.warm.min}, {"idle", format_duration(p.warm.idle)}, {"preload", p.warm.preload},
         {"tool_preload", p.warm.tool_preload}};
+  if (p.sessions.enabled) p.canonical["sessions"] = sessions_json(p.sessions);
   p.fingerprint = "sha256:" + sha256_hex(p.canonical.dump());
 }
 
@@ -1022,6 +1033,7 @@ Result<Policy> parse_document(const LocatedJson& doc, const std::string& path, c
   if (auto st = read_packages(root, doc, p); !st.ok()) return std::move(st).error();
   if (auto st = read_typescript(root, doc, p); !st.ok()) return std::move(st).error();
   if (auto st = read_warm_pool(root, doc, p); !st.ok()) return std::move(st).error();
+  if (auto st = read_sessions(root, doc, p); !st.ok()) return std::move(st).error();
   if (auto st = read_environment(root, doc, p); !st.ok()) return std::move(st).error();
   if (auto st = set_egress_proxy_variables(doc, p); !st.ok()) return std::move(st).error();
   auto seccomp_canon = read_seccomp(root, doc, path, ctx, seccomp_file, p);

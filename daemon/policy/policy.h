@@ -18,6 +18,7 @@
 #include "daemon/policy/seccomp_profile.h"
 #include "daemon/policy/fs_table.h"
 #include "daemon/policy/npm_packages.h"
+#include "daemon/policy/sessions.h"
 
 namespace tsb {
 class ObjectReader;  // daemon/policy/jsonc.h
@@ -135,6 +136,7 @@ struct Policy {
   TypeScriptPolicy typescript;
   NpmPackagesPolicy npm_packages;              // "typescript": {"packages"} (npm_packages.h)
   WarmPool warm;
+  SessionsPolicy sessions;                     // "sessions" (sessions.h)
   std::map<std::string, std::string> env_set;  // fixed values, always present
   std::vector<std::string> env_allow;          // names (or PREFIX_*) a request may set
   std::string seccomp_source;                  // profile path, or "<inline>"

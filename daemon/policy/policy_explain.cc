@@ -588,6 +588,23 @@ void explain_warm_pool(std::ostream& out, const Policy& p) {
   out << "  scripts   see the runner read-only at /opt/toolsandbox/runner, cold or warm, with or without a pool\n";
 }
 
+// Sessions (when enabled): what a session may start, for how long, and
+// what it shares with the policy's runs.
+void explain_sessions(std::ostream& out, const Policy& p) {
+  if (!p.sessions.enabled) return;
+  const SessionsPolicy& k = p.sessions;
+  out << "\nSessions (one command each, an MCP server over stdio, on this host)\n";
+  out << "  commands  " << comma_list(k.commands, "none") << "\n"
+      << "            (a request names one by its path or its last component; nothing else starts)\n";
+  out << "  limits    memory " << format_size(k.memory) << ", " << k.pids << " processes, CPU time "
+      << format_duration(k.cpu_time) << ", at most " << format_duration(k.max_lifetime) << ", ended after "
+      << format_duration(k.idle_timeout) << " without a byte, " << format_size(k.stream_bytes)
+      << " through the stream\n";
+  out << "  sandbox   this policy's: its file system, network, environment rules, seccomp filter and user;\n"
+         "            its writable directories are tmpfs that end with the session; the whole tree is\n"
+         "            killed when the client goes away, at any limit and at the daemon's stop\n";
+}
+
 // What every run gets from the engine, whatever the policy says, and
 // what depends on the kernel of the host.
 void explain_every_run(std::ostream& out, const Policy& p, const ExplainOptions& options) {
@@ -851,6 +868,7 @@ std::string explain_policy(const Policy& p, const ExplainOptions& options) {
   explain_packages(out, p, risks);
   explain_typescript(out, p);
   explain_warm_pool(out, p);
+  explain_sessions(out, p);
   explain_every_run(out, p, options);
   explain_file_system(out, p, options);
   explain_limits(out, p, risks);

@@ -1500,3 +1500,64 @@ TEST(PolicyEnvironment, NamesFollowTheSpawnersRule) {
 
 }  // namespace
 }  // namespace tsb::core
+
+namespace tsb::core {
+namespace {
+
+// "sessions": the programs a session may start (below /usr or /venv), its
+// limits, in the fingerprint; its session policy runs the launcher with
+// that list and nothing else, under the section's limits.
+TEST(PolicySessions, CommandsLimitsAndTheSessionPolicy) {
+  TempDir t;
+  auto none = load_text(t, R"({"version": 1})");
+  auto p = load_text(t, R"({"version": 1, "sessions": {"commands": ["/usr/bin/node", "/venv/bin/python3"],
+      "memory": "256MiB", "pids": 32, "cpu_time": "2m", "idle_timeout": "30s", "max_lifetime": "10m",
+      "stream_bytes": "8MiB"}})");
+  ASSERT_TRUE(p.ok() && none.ok()) << (p.ok() ? none.error().message : p.error().message);
+  p->name = "s";
+  EXPECT_FALSE(none->sessions.enabled);
+  EXPECT_FALSE(none->canonical.contains("sessions")) << "no sessions: the fingerprints of policies without them stay";
+  EXPECT_NE(p->fingerprint, none->fingerprint);
+  const SessionsPolicy& k = p->sessions;
+  EXPECT_EQ(k.memory, 256ull << 20);
+  EXPECT_EQ(k.pids, 32u);
+  EXPECT_EQ(k.idle_timeout.count(), 30'000);
+  EXPECT_EQ(p->canonical["sessions"]["max_lifetime"], "10m");
+  EXPECT_EQ(resolve_session_command(k, "node"), "/usr/bin/node");
+  EXPECT_EQ(resolve_session_command(k, "python3"), "/venv/bin/python3");
+  EXPECT_EQ(resolve_session_command(k, "/usr/bin/node"), "/usr/bin/node");
+  for (const char* no : {"", "sh", "/usr/bin/python3", "bin/node", "/usr/bin/../bin/node", "node "})
+    EXPECT_EQ(resolve_session_command(k, no), "") << no;
+  auto sp = to_session_spawn_policy(*p);
+  ASSERT_TRUE(sp.ok()) << sp.error().message;
+  EXPECT_EQ(sp->name, "s/session");
+  EXPECT_EQ(sp->fingerprint, p->fingerprint);
+  EXPECT_EQ(sp->warm_max, 0u);
+  EXPECT_EQ(sp->limits.memory_bytes, 256ull << 20);
+  EXPECT_EQ(sp->limits.pids, 32u);
+  EXPECT_EQ(sp->limits.cpu_time.count(), 120'000);
+  EXPECT_EQ(sp->limits.wall_timeout.count(), 600'000);
+  const auto& script = sp->modes[static_cast<int>(spawn::RunMode::Script)];
+  ASSERT_GE(script.argv.size(), 8u);
+  EXPECT_EQ(script.argv[0], "/usr/bin/python3");
+  EXPECT_EQ(script.argv[5], session_launcher());
+  EXPECT_EQ(std::vector<std::string>(script.argv.end() - 2, script.argv.end()), k.commands);
+  EXPECT_FALSE(script.end_note);
+  EXPECT_TRUE(sp->modes[static_cast<int>(spawn::RunMode::Tool)].argv.empty()) << "tool mode does not run here";
+  EXPECT_EQ(sp->modes[0].fs, sp->modes[1].fs);
+  EXPECT_EQ(session_command_frame({"/usr/bin/node", "a b", ""}), std::string("\0\0\0\x12/usr/bin/node\0a b\0", 22));
+  for (const char* bad : {R"({"version": 1, "sessions": {}})", R"({"version": 1, "sessions": {"commands": []}})",
+                          R"({"version": 1, "sessions": {"commands": ["/opt/node"]}})",
+                          R"({"version": 1, "sessions": {"commands": ["/usr/bin/../../bin/sh"]}})",
+                          R"({"version": 1, "sessions": {"commands": ["node"]}})",
+                          R"({"version": 1, "sessions": {"commands": ["/usr/bin/node", "/usr/bin/node"]}})",
+                          R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "memory": "1MiB"}})",
+                          R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "idle_timeout": "2h", "max_lifetime": "1h"}})",
+                          R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "workspace": "1GiB"}})",
+                          R"({"version": 1, "backend": "e2b", "sessions": {"commands": ["/usr/bin/node"]}})"})
+    EXPECT_FALSE(load_text(t, bad).ok()) << bad;
+  EXPECT_TRUE(load_text(t, R"({"version": 1, "sessions": null})").ok());
+}
+
+}  // namespace
+}  // namespace tsb::core

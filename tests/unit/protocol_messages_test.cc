@@ -539,7 +539,8 @@ TEST(DecodeRequest, SourceTypeAndNpmRequirements) {
     Decoded plain = decode(j);
     ASSERT_TRUE(plain.req);
     const auto& pc = std::visit([](const auto& b) -> const CommonRunFields* {
-      if constexpr (std::is_same_v<std::decay_t<decltype(b)>, StatusRequest>) return nullptr;
+      if constexpr (std::is_same_v<std::decay_t<decltype(b)>, StatusRequest> ||
+                    std::is_same_v<std::decay_t<decltype(b)>, SessionRequest>) return nullptr;
       else return &b.common;
     }, plain.req->body);
     EXPECT_EQ(pc->source_type, SourceType::Python);
@@ -548,7 +549,8 @@ TEST(DecodeRequest, SourceTypeAndNpmRequirements) {
     Decoded d = decode(j);
     ASSERT_TRUE(d.req) << d.err->message;
     const CommonRunFields* c = std::visit([](const auto& b) -> const CommonRunFields* {
-      if constexpr (std::is_same_v<std::decay_t<decltype(b)>, StatusRequest>) return nullptr;
+      if constexpr (std::is_same_v<std::decay_t<decltype(b)>, StatusRequest> ||
+                    std::is_same_v<std::decay_t<decltype(b)>, SessionRequest>) return nullptr;
       else return &b.common;
     }, d.req->body);
     ASSERT_TRUE(c);
@@ -1046,6 +1048,61 @@ TEST(EncodeOk, RoundTripsThroughDecoderIds) {
     json resp = parse_line(encode_ok(d.req->id, "status", json::object()));
     EXPECT_EQ(resp["id"], id);
   }
+}
+
+}  // namespace
+}  // namespace tsb::protocol
+
+namespace tsb::protocol {
+namespace {
+
+// session: organization and command required; the command's strings
+// bounded, none with a NUL, the program not empty; nothing of a run's
+// fields (tool_name, timeout, script) is accepted.
+TEST(DecodeRequest, Session) {
+  json j = {{"v", 1}, {"id", "s"}, {"type", "session"}, {"organization_id", "o"}, {"command", {"node", "x.js", ""}},
+            {"env", {{"A", "1"}}}, {"policy", "default"}, {"agent_id", "agent-1"}};
+  Decoded d = decode(j);
+  ASSERT_TRUE(d.req) << d.err->message;
+  const auto* s = std::get_if<SessionRequest>(&d.req->body);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(d.req->type_name(), "session");
+  EXPECT_EQ(s->command, (std::vector<std::string>{"node", "x.js", ""}));
+  EXPECT_EQ(s->env.at("A"), "1");
+  EXPECT_EQ(s->policy, "default");
+  EXPECT_EQ(s->agent_id, "agent-1");
+  json no_cmd = j;
+  no_cmd.erase("command");
+  EXPECT_BAD_REQUEST(no_cmd, "missing field \"command\"");
+  for (json bad_cmd : {json::array(), json::array({""}), json::array({1}), json::array({std::string("a\0b", 3)}),
+                       json("node")}) {
+    json b = j;
+    b["command"] = bad_cmd;
+    EXPECT_BAD_REQUEST(b, "\"command\"");
+  }
+  json many = j;
+  many["command"] = json::array();
+  for (int i = 0; i < 257; ++i) many["command"].push_back("a");
+  EXPECT_BAD_REQUEST(many, "more than 256 arguments");
+  json big = j;
+  big["command"] = json::array({std::string(70000, 'a')});
+  EXPECT_BAD_REQUEST(big, "65536 bytes");
+  for (const char* run_field : {"tool_name", "timeout", "script"}) {
+    json b = j;
+    b[run_field] = run_field == std::string("timeout") ? json(1) : json("x");
+    EXPECT_BAD_REQUEST(b, "unknown field");
+  }
+  json no_org = j;
+  no_org.erase("organization_id");
+  EXPECT_BAD_REQUEST(no_org, "organization_id");
+}
+
+TEST(SessionFrame, KindLengthPayload) {
+  EXPECT_EQ(session_frame(kSessionStdout, "hi"), std::string("o\0\0\0\x02hi", 7));
+  const std::string big(70000, 'z');
+  const std::string f = session_frame(kSessionEnd, big);
+  EXPECT_EQ(f.substr(0, 5), std::string("x\0\x01\x11\x70", 5));
+  EXPECT_EQ(f.size(), 5 + big.size());
 }
 
 }  // namespace

@@ -285,9 +285,11 @@ std::vector<std::string> enumerators(const std::string& header, const std::strin
   return out;
 }
 
-const char* const kRequestFiles[] = {"request-execute.json", "request-run_tool.json", "request-status.json"};
+const char* const kRequestFiles[] = {"request-execute.json", "request-run_tool.json", "request-status.json",
+                                     "request-session.json"};
 const char* const kResponseFiles[] = {"response.json", "response-result.json", "response-status.json",
-                                      "response-error.json", "run-record.json", "tool-execution-result.json"};
+                                      "response-session.json", "response-error.json", "run-record.json",
+                                      "session-record.json", "tool-execution-result.json"};
 
 // ---------------------------------------------------------------------------
 // The schema files themselves
@@ -295,8 +297,9 @@ const char* const kResponseFiles[] = {"response.json", "response-result.json", "
 
 TEST(Schema, EveryExpectedFileExists) {
   std::set<std::string> want = {"request.json", "request-execute.json", "request-run_tool.json", "request-status.json",
-                                "response.json", "response-result.json", "response-status.json", "response-error.json",
-                                "run-record.json", "tool-execution-result.json"};
+                                "request-session.json", "response.json", "response-result.json", "response-status.json",
+                                "response-session.json", "response-error.json", "run-record.json", "session-record.json",
+                                "tool-execution-result.json"};
   EXPECT_EQ(keys_of(json(schemas().docs())), want);
 }
 
@@ -381,6 +384,11 @@ TEST(Schema, ExamplesInSchemasValidate) {
 
 json minimal(const std::string& type) {
   json j = {{"v", 1}, {"id", "x"}, {"type", type}};
+  if (type == "session") {
+    j["organization_id"] = "org";
+    j["command"] = json::array({"node", "server.js"});
+    return j;
+  }
   if (type != "status") {
     j["tool_name"] = "f";
     j["organization_id"] = "org";

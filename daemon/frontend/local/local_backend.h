@@ -71,6 +71,8 @@ class LocalBackend final : public RunBackend {
   void open_venv_cache(const std::string& dir, std::uint64_t max_bytes);
   // The venv cache's part of `status`.
   nlohmann::json venv_status() const;
+  // The egress proxy's service, shared with sessions (daemon/frontend/session/).
+  egress::Service& egress_service() noexcept { return egress_; }
   // Removes venvs no run holds, least recently used first, down to
   // `target` bytes (0: all of them); the keys removed.
   std::vector<std::string> venv_gc(std::uint64_t target);

@@ -421,7 +421,7 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
                                           std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
                                           CancelSignal& cancel, egress::RunProxy* egress,
                                           StdoutSink stdout_sink, std::optional<ChannelExchange> channel,
-                                          std::uint64_t frame_cap) {
+                                          std::uint64_t frame_cap, TakeStdio take_stdio) {
   // 1. The run is known under its id until this ends (Forget).
   auto p = std::make_shared<Pending>(io_);
   const std::uint64_t id = order.id = ++next_id_;
@@ -467,31 +467,16 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
     out.result = std::move(r);
     co_return out;
   }
-  // 5. stdin: a warm sandbox's hand-over comes first (the run's
-  // environment, once its runner said it is ready), then what a cold run's
-  // stdin gets; or the result channel, a reader like stdout and stderr.
-  // Any failure of the channel (the runner died, it sent something else)
-  // ends the exchange; what came so far is what the shaping sees.
-  std::string handover = p->warm ? runner_environ_part(order.env) : std::string();
+  // 5-6, a session's: its stdio goes to the session's relay.
+  std::shared_ptr<Output> output;
   std::shared_ptr<ChannelOutcome> outcome;
-  if (channel) {
-    outcome = std::make_shared<ChannelOutcome>();
-    ++p->readers;
-    asio::co_spawn(io_, exchange_channel(io_, std::move(p->fds[0]), std::move(*channel), p, outcome, std::move(handover)),
-                   asio::detached);
+  if (take_stdio) {
+    take_stdio(r.run_id, std::move(p->fds));
+    p->fds.clear();
   } else {
-    asio::co_spawn(io_, write_stdin(io_, std::move(p->fds[0]), std::move(stdin_data), std::move(handover)), asio::detached);
+    start_stdio(p, id, order, std::move(stdin_data), stdout_cap, stderr_cap, std::move(stdout_frame_tokens),
+                std::move(stdout_sink), std::move(channel), frame_cap, output, outcome);
   }
-  // 6. stdout, stderr: the first `cap` bytes kept, and past them only a
-  // result frame (capped_output.h); the run goes on, and the rest is read
-  // and dropped, so this process's memory stays bounded.
-  auto output = std::make_shared<Output>(Output{{CappedOutput(stdout_cap, std::move(stdout_frame_tokens), frame_cap),
-                                                 CappedOutput(stderr_cap, {})},
-                                                std::move(stdout_sink)});
-  p->readers += 2;
-  for (int i = 0; i < 2; ++i)
-    asio::co_spawn(io_, read_output(id, std::move(p->fds[1 + i]), p, output, i), asio::detached);
-  p->fds.clear();
   // 7. The spawner's Ended; then the readers' last bytes. Every writer is
   // gone once pid 1 has exited: the pipes reach EOF at once. Bounded anyway
   // (a pipe held open by something that escaped).
@@ -504,11 +489,42 @@ asio::awaitable<LinkRun> SpawnerLink::run(spawn::RunOrder order, std::string std
     }
   }
   // 8. What the readers kept, into the result Ended brought.
-  output->merge_into(r);
+  if (output) output->merge_into(r);
   if (outcome) out.channel = std::move(*outcome);
   out.result = std::move(r);
   out.warm_start_cpu = p->warm_start_cpu;
   co_return out;
+}
+
+void SpawnerLink::start_stdio(const std::shared_ptr<Pending>& p, std::uint64_t id, const spawn::RunOrder& order,
+                              std::string stdin_data, std::uint64_t stdout_cap, std::uint64_t stderr_cap,
+                              std::vector<std::string> stdout_frame_tokens, StdoutSink stdout_sink,
+                              std::optional<ChannelExchange> channel, std::uint64_t frame_cap,
+                              std::shared_ptr<Output>& output, std::shared_ptr<ChannelOutcome>& outcome) {
+  // 5. stdin: a warm sandbox's hand-over comes first (the run's
+  // environment, once its runner said it is ready), then what a cold run's
+  // stdin gets; or the result channel, a reader like stdout and stderr.
+  // Any failure of the channel (the runner died, it sent something else)
+  // ends the exchange; what came so far is what the shaping sees.
+  std::string handover = p->warm ? runner_environ_part(order.env) : std::string();
+  if (channel) {
+    outcome = std::make_shared<ChannelOutcome>();
+    ++p->readers;
+    asio::co_spawn(io_, exchange_channel(io_, std::move(p->fds[0]), std::move(*channel), p, outcome, std::move(handover)),
+                   asio::detached);
+  } else {
+    asio::co_spawn(io_, write_stdin(io_, std::move(p->fds[0]), std::move(stdin_data), std::move(handover)), asio::detached);
+  }
+  // 6. stdout, stderr: the first `cap` bytes kept, and past them only a
+  // result frame (capped_output.h); the run goes on, and the rest is read
+  // and dropped, so this process's memory stays bounded.
+  output = std::make_shared<Output>(Output{{CappedOutput(stdout_cap, std::move(stdout_frame_tokens), frame_cap),
+                                            CappedOutput(stderr_cap, {})},
+                                           std::move(stdout_sink)});
+  p->readers += 2;
+  for (int i = 0; i < 2; ++i)
+    asio::co_spawn(io_, read_output(id, std::move(p->fds[1 + i]), p, output, i), asio::detached);
+  p->fds.clear();
 }
 
 }  // namespace tsb::core

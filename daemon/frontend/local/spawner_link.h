@@ -73,11 +73,17 @@ class SpawnerLink {
   // one) first gets the hand-over: the order's environment, after its
   // runner said it is ready (daemon/frontend/letta/letta.h, kChannelReady).
   // `frame_cap`: what is kept of a frame past stdout's cap (capped_output.h).
+  // `take_stdio` (a session, daemon/frontend/local/session.cc): the run's
+  // stdin, stdout and stderr go to it once it started, with its run id,
+  // instead of being written and read here; the run's end is as above,
+  // without output.
   using StdoutSink = std::function<bool(std::string_view)>;
+  using TakeStdio = std::function<void(const std::string& run_id, std::vector<UniqueFd> fds)>;
   asio::awaitable<LinkRun> run(spawn::RunOrder order, std::string stdin_data, std::uint64_t stdout_cap,
                                std::uint64_t stderr_cap, std::vector<std::string> stdout_frame_tokens,
                                CancelSignal& cancel, egress::RunProxy* egress = nullptr, StdoutSink stdout_sink = {},
-                               std::optional<ChannelExchange> channel = std::nullopt, std::uint64_t frame_cap = 0);
+                               std::optional<ChannelExchange> channel = std::nullopt, std::uint64_t frame_cap = 0,
+                               TakeStdio take_stdio = {});
   // The spawner's warm pools as they are now; nullopt when it did not
   // answer within 2 s.
   asio::awaitable<std::optional<spawn::PoolState>> pool_state();
@@ -125,6 +131,13 @@ class SpawnerLink {
   static asio::awaitable<void> exchange_channel(asio::io_context& io, UniqueFd fd, ChannelExchange ex,
                                                 std::shared_ptr<Pending> p, std::shared_ptr<ChannelOutcome> o,
                                                 std::string handover);
+  // Steps 5 and 6 of run(): stdin written (or the result channel), stdout
+  // and stderr read, by coroutines of their own.
+  void start_stdio(const std::shared_ptr<Pending>& p, std::uint64_t id, const spawn::RunOrder& order,
+                   std::string stdin_data, std::uint64_t stdout_cap, std::uint64_t stderr_cap,
+                   std::vector<std::string> stdout_frame_tokens, StdoutSink stdout_sink,
+                   std::optional<ChannelExchange> channel, std::uint64_t frame_cap, std::shared_ptr<Output>& output,
+                   std::shared_ptr<ChannelOutcome>& outcome);
   // Reads stdout (i 0) or stderr (i 1) to its end, into `o`.
   asio::awaitable<void> read_output(std::uint64_t id, UniqueFd fd, std::shared_ptr<Pending> p, std::shared_ptr<Output> o,
                                     int i);

@@ -1,0 +1,328 @@
+// A session's relay (session.h): the client's bytes to the command's stdin,
+// its stdout and stderr to the client as frames, the session's watches, and
+// its end.
+#include "daemon/frontend/session/session.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <deque>
+
+#include "daemon/common/quote.h"
+#include "daemon/compile/spawn_policy.h"
+#include "daemon/frontend/egress/proxy.h"
+#include "daemon/frontend/local/spawner_link.h"
+#include "protocol/messages.h"
+#include "protocol/record.h"
+
+namespace tsb::core {
+
+using protocol::ErrorCode;
+
+namespace {
+
+using stream = asio::posix::stream_descriptor;
+using namespace asio::experimental::awaitable_operators;
+constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+constexpr std::size_t kChunk = protocol::kMaxSessionFrame;
+// Frames waiting for the client: past this, the command's pipes are not
+// read until the client takes some (the command then waits on its pipe).
+constexpr std::size_t kQueueBytes = 256u << 10;
+
+}  // namespace
+
+// One open session: its pipes, its frames waiting for the client, its
+// counts, and why it ended. Shared by its coroutines; the last one's
+// release frees it.
+struct Sessions::Session {
+  Session(asio::io_context& io, Sessions::ClientSocket& c, SessionOpen o)
+      : io(io), client(c), open(std::move(o)), wake(io, std::chrono::steady_clock::time_point::max()),
+        room(io, std::chrono::steady_clock::time_point::max()), stdin_pipe(io) {}
+  asio::io_context& io;
+  Sessions::ClientSocket& client;
+  const SessionOpen open;  // a copy: the coroutines may outlive the request's
+  CancelSignal cancel;
+  std::string run_id;
+  asio::steady_timer wake;  // cancelled: a frame was queued, or the session is over
+  asio::steady_timer room;  // cancelled: the queue has room again
+  stream stdin_pipe;
+  std::deque<std::string> queue;
+  std::size_t queued = 0;
+  std::uint64_t bytes_in = 0, bytes_out = 0, bytes_err = 0;
+  std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+  std::string ended_by;       // the first reason the daemon ended it for; "" when the command did
+  bool over = false;          // the run ended (its Ended came): the watches stop
+  bool client_failed = false;  // a write to the client failed or timed out
+  int readers = 0;            // stdout and stderr pumps still reading
+
+  void end(const char* why) {
+    if (ended_by.empty()) ended_by = why;
+    cancel.request();
+  }
+  void push(char kind, std::string_view data) {
+    std::string f = protocol::session_frame(kind, data);
+    queued += f.size();
+    queue.push_back(std::move(f));
+    wake.cancel();
+  }
+  // Counted through the stream; past the policy's bound, the session ends.
+  void count(std::uint64_t& c, std::size_t n) {
+    c += n;
+    last = std::chrono::steady_clock::now();
+    if (bytes_in + bytes_out + bytes_err > open.policy->sessions.stream_bytes) end("stream_limit");
+  }
+};
+
+namespace {
+
+// The client's bytes to stdin; its shutdown(SHUT_WR) closes stdin, and a
+// client gone entirely ends the session.
+asio::awaitable<void> pump_in(std::shared_ptr<Sessions::Session> s) {
+  std::array<char, kChunk> buf;
+  for (;;) {
+    auto [ec, n] = co_await s->client.async_read_some(asio::buffer(buf), tuple_awaitable);
+    if (s->over) break;
+    if (ec) {
+      s->stdin_pipe.close();  // the command's EOF
+      if (ec != asio::error::eof) s->end("client");
+      break;
+    }
+    s->count(s->bytes_in, n);
+    if (s->stdin_pipe.is_open()) {
+      auto [wec, wn] = co_await asio::async_write(s->stdin_pipe, asio::buffer(buf.data(), n), tuple_awaitable);
+      if (wec) s->stdin_pipe.close();  // the command closed its stdin: the rest is dropped
+    }
+  }
+  // After a half-close: the client may still read; gone entirely, the
+  // session ends (looked at every 200 ms).
+  asio::steady_timer tick(s->io);
+  while (!s->over) {
+    if (s->open.client_gone()) {
+      s->end("client");
+      break;
+    }
+    tick.expires_after(std::chrono::milliseconds(200));
+    co_await tick.async_wait(tuple_awaitable);
+  }
+}
+
+// stdout (kind 'o') or stderr ('e') to the client, as frames.
+asio::awaitable<void> pump_out(std::shared_ptr<Sessions::Session> s, UniqueFd fd, char kind) {
+  stream sd(s->io, fd.release());
+  std::array<char, kChunk> buf;
+  for (;;) {
+    while (s->queued >= kQueueBytes && !s->client_failed) co_await s->room.async_wait(tuple_awaitable);
+    auto [ec, n] = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
+    if (ec) break;
+    s->count(kind == protocol::kSessionStdout ? s->bytes_out : s->bytes_err, n);
+    if (!s->client_failed) s->push(kind, std::string_view(buf.data(), n));
+  }
+  --s->readers;
+  s->wake.cancel();
+}
+
+// One write to the client, within write_timeout.
+asio::awaitable<bool> write_client(Sessions::Session& s, std::string_view bytes) {
+  asio::steady_timer deadline(s.io, s.open.write_timeout);
+  auto r = co_await (asio::async_write(s.client, asio::buffer(bytes), tuple_awaitable) ||
+                     deadline.async_wait(tuple_awaitable));
+  co_return r.index() == 0 && !std::get<0>(std::get<0>(r));
+}
+
+// The queue to the client, in order, until the pumps are done and it is
+// empty. A client that does not take a frame in time ends the session.
+asio::awaitable<void> writer(std::shared_ptr<Sessions::Session> s) {
+  for (;;) {
+    while (!s->queue.empty() && !s->client_failed) {
+      std::string f = std::move(s->queue.front());
+      s->queue.pop_front();
+      if (!co_await write_client(*s, f)) {
+        s->client_failed = true;
+        s->end("client");
+      }
+      s->queued -= f.size();
+      if (s->queued < kQueueBytes) s->room.cancel();
+    }
+    if (s->client_failed) {
+      s->queue.clear();
+      s->queued = 0;
+      s->room.cancel();
+    }
+    if (s->over && s->readers == 0) break;
+    s->wake.expires_at(std::chrono::steady_clock::time_point::max());
+    if (s->queue.empty()) co_await s->wake.async_wait(tuple_awaitable);
+  }
+}
+
+// Idle: no byte either way for idle_timeout.
+asio::awaitable<void> idle_watch(std::shared_ptr<Sessions::Session> s) {
+  asio::steady_timer t(s->io);
+  const auto idle = s->open.policy->sessions.idle_timeout;
+  while (!s->over) {
+    const auto due = s->last + idle;
+    if (std::chrono::steady_clock::now() >= due) {
+      s->end("idle");
+      break;
+    }
+    t.expires_at(std::min(due, std::chrono::steady_clock::now() + std::chrono::milliseconds(500)));
+    co_await t.async_wait(tuple_awaitable);
+  }
+}
+
+}  // namespace
+
+unsigned Sessions::open_of(const std::string& org) const {
+  auto it = orgs_.find(org);
+  return it == orgs_.end() ? 0 : it->second;
+}
+
+nlohmann::json Sessions::status() const {
+  return {{"open", open_.size()},
+          {"max", limits_.max},
+          {"max_per_organization", limits_.per_organization},
+          {"total", total_},
+          {"refused_busy", refused_}};
+}
+
+asio::awaitable<std::optional<Refusal>> Sessions::run(const SessionOpen& open, ClientSocket& client) {
+  const Policy& pol = *open.policy;
+  if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
+  if (open_.size() >= limits_.max || open_of(open.organization_id) >= limits_.per_organization) {
+    ++refused_;
+    co_return Refusal{ErrorCode::Busy, open_.size() >= limits_.max
+                                           ? "max_sessions (" + std::to_string(limits_.max) + ") are open; retry later"
+                                           : "this organization has max_sessions_per_organization (" +
+                                                 std::to_string(limits_.per_organization) + ") open; retry later"};
+  }
+  auto s = std::make_shared<Session>(io_, client, open);
+  open_.insert(s.get());
+  ++orgs_[open.organization_id];
+  ++total_;
+  struct Close {
+    Sessions& b;
+    Session* s;
+    const std::string& org;
+    ~Close() {
+      b.open_.erase(s);
+      if (--b.orgs_[org] == 0) b.orgs_.erase(org);
+    }
+  } close{*this, s.get(), open.organization_id};
+
+  spawn::RunOrder order;
+  order.policy = session_policy_name(pol.name);
+  order.fingerprint = pol.fingerprint;
+  order.mode = spawn::RunMode::Script;
+  order.env = open.env;
+  order.timeout = pol.sessions.max_lifetime;
+  std::shared_ptr<egress::RunProxy> proxy;
+  if (pol.network == isolate::NetworkMode::Egress)
+    proxy = std::make_shared<egress::RunProxy>(egress_, pol.egress,
+                                               egress::RunLabels{open.request_id, open.organization_id, "session"});
+  struct StopProxy {
+    const std::shared_ptr<egress::RunProxy>& proxy;
+    ~StopProxy() {
+      if (proxy) proxy->stop();
+    }
+  } stop_proxy{proxy};
+  const auto t0 = std::chrono::steady_clock::now();
+  bool started = false;
+  auto take = [&](const std::string& run_id, std::vector<UniqueFd> fds) {
+    started = true;
+    s->run_id = run_id;
+    s->stdin_pipe.assign(fds[0].release());
+    // The answer line first, then the command for the launcher.
+    nlohmann::json answer = {{"session_id", run_id}, {"policy", pol.name}, {"policy_fingerprint", pol.fingerprint},
+                             {"command", open.argv}};
+    std::string line = protocol::encode_ok(open.request_id, "session", answer);
+    s->queued += line.size();
+    s->queue.push_back(std::move(line));
+    const std::string frame = session_command_frame(open.argv);
+    asio::co_spawn(io_, [s, frame]() -> asio::awaitable<void> {
+      auto [ec, n] = co_await asio::async_write(s->stdin_pipe, asio::buffer(frame), tuple_awaitable);
+      if (!ec) co_await pump_in(s);
+    }, asio::detached);
+    s->readers = 2;
+    asio::co_spawn(io_, pump_out(s, std::move(fds[1]), protocol::kSessionStdout), asio::detached);
+    asio::co_spawn(io_, pump_out(s, std::move(fds[2]), protocol::kSessionStderr), asio::detached);
+    asio::co_spawn(io_, writer(s), asio::detached);
+    asio::co_spawn(io_, idle_watch(s), asio::detached);
+  };
+  LinkRun ran = co_await link_.run(std::move(order), "", 0, 0, {}, s->cancel, proxy.get(), {}, std::nullopt, 0, take);
+  if (ran.refused) {
+    s->over = true;
+    co_return Refusal{ran.refused->code == spawn::RefuseCode::Busy ? ErrorCode::Busy : ErrorCode::Unavailable,
+                      "the session could not start: " + ran.refused->message};
+  }
+  if (!started) {
+    s->over = true;
+    co_return Refusal{ErrorCode::Internal, "the session's sandbox could not be set up: " +
+                                               (ran.result.error.empty() ? std::string("its log says why") : ran.result.error)};
+  }
+  // The run ended: the pumps read their pipes to EOF (every writer is gone
+  // with pid 1), the writer sends what is queued; bounded by write_timeout
+  // per frame, and the pipes by 5 s.
+  s->over = true;
+  s->wake.cancel();
+  asio::steady_timer t(io_);
+  const auto drain_until = std::chrono::steady_clock::now() + std::chrono::seconds(5) + open.write_timeout;
+  while ((s->readers > 0 || !s->queue.empty()) && !s->client_failed && std::chrono::steady_clock::now() < drain_until) {
+    t.expires_after(std::chrono::milliseconds(10));
+    co_await t.async_wait(tuple_awaitable);
+  }
+  if (ran.result.reason == isolate::EndReason::Timeout && s->ended_by.empty()) s->ended_by = "lifetime";
+  if (ran.result.reason != isolate::EndReason::Exited && ran.result.reason != isolate::EndReason::Cancelled &&
+      s->ended_by.empty())
+    s->ended_by = "limit";
+  const std::string ended_by = s->ended_by.empty() ? "exit" : s->ended_by;
+  nlohmann::json record = run_record_json(ran.result);
+  for (const char* k : {"run_id", "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes"}) record.erase(k);
+  record["session_id"] = s->run_id;
+  record["ended_by"] = ended_by;
+  record["end_reason"] = std::string(isolate::to_string(ran.result.reason));
+  record["policy"] = pol.name;
+  record["policy_fingerprint"] = pol.fingerprint;
+  record["bytes_in"] = s->bytes_in;
+  record["bytes_out"] = s->bytes_out;
+  record["bytes_err"] = s->bytes_err;
+  record["landlock"] = isolate::landlock_summary(ran.result.landlock);
+  if (proxy) {
+    proxy->stop();
+    record["egress"] = proxy->summary();
+  }
+  const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info(
+      "audit session_id={} request_id={} peer_uid={} peer_pid={} org={} agent={} command={} policy={} "
+      "policy_fingerprint={} duration_ms={:.1f} ended_by={} end_reason={} exit_code={} bytes_in={} bytes_out={} "
+      "bytes_err={}{}",
+      s->run_id.empty() ? "-" : s->run_id, quoted_for_message(open.request_id), open.peer.uid, open.peer.pid,
+      quoted_for_message(open.organization_id), open.agent_id.empty() ? "-" : quoted_for_message(open.agent_id),
+      quoted_for_message(open.argv[0]), quoted_for_message(pol.name), pol.fingerprint, ms, ended_by,
+      isolate::to_string(ran.result.reason), ran.result.exit_code, s->bytes_in, s->bytes_out, s->bytes_err,
+      proxy ? proxy->audit_fields() : std::string());
+  // The end frame, then the connection closes (the caller's).
+  if (!s->client_failed) co_await write_client(*s, protocol::session_frame(protocol::kSessionEnd, record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
+  // Nothing of the session touches the client once this returns (the
+  // caller closes it): what is still running sees client_failed and over.
+  s->client_failed = true;
+  s->queue.clear();
+  s->room.cancel();
+  s->wake.cancel();
+  s->client.cancel();  // pump_in's read, if any
+  s->stdin_pipe.close();
+  co_return std::nullopt;
+}
+
+void Sessions::end_all() {
+  stopping_ = true;
+  for (Session* s : open_) s->end("shutdown");
+}
+
+}  // namespace tsb::core

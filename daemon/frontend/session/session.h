@@ -1,0 +1,87 @@
+// Sessions (protocol/PROTOCOL.md, "Sessions"; policies/README.md,
+// "sessions"): one long-lived sandbox of a policy's session policy that runs
+// one command, an MCP server over stdio, with the client's connection as its
+// stdio. After the answer line the client's bytes are the command's stdin
+// (its shutdown(SHUT_WR) the stdin's end), and the daemon's are frames: the
+// command's stdout and stderr as they come, then the session's end with its
+// record. The session ends, its whole tree with it, when the command exits,
+// when the client goes away, after idle_timeout without a byte either way,
+// at max_lifetime, past stream_bytes or another of its limits, and at the
+// daemon's stop.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <asio/awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <asio/local/stream_protocol.hpp>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "daemon/frontend/pipeline/pipeline.h"
+#include "daemon/policy/policy.h"
+
+namespace tsb::egress {
+class Service;
+}
+
+namespace tsb::core {
+
+class SpawnerLink;
+
+struct SessionOpen {
+  std::shared_ptr<const Policy> policy;      // placed for the organization, with "sessions"
+  std::vector<std::string> argv;             // argv[0] resolved (resolve_session_command)
+  std::map<std::string, std::string> env;    // the request's, checked (build_environment)
+  std::string request_id, organization_id, agent_id;
+  Peer peer;
+  std::function<bool()> client_gone;         // the client closed its end entirely
+  std::chrono::milliseconds write_timeout{30'000};  // for each write to the client
+};
+
+// How many sessions may be open: in all, and per organization.
+struct SessionLimits {
+  unsigned max = 8, per_organization = 4;
+};
+
+// The open sessions: each one's order to the spawner, its relay on the
+// client's connection, its watches, its end record and audit line; the
+// bounds; their part of `status`.
+class Sessions {
+ public:
+  using ClientSocket = asio::local::stream_protocol::socket;
+  Sessions(asio::io_context& io, SpawnerLink& link, egress::Service& egress) : io_(io), link_(link), egress_(egress) {}
+
+  // Opens a session and relays it on `client` until it ends: nothing, or
+  // why it did not open (the client is then owed an error line; it was
+  // sent nothing).
+  asio::awaitable<std::optional<Refusal>> run(const SessionOpen& open, ClientSocket& client);
+  void set_limits(SessionLimits l) { limits_ = l; }
+  // Shutdown: nothing new opens, and every session ends now (sessions
+  // have no grace); then wait until none is open.
+  void end_all();
+  bool empty() const noexcept { return open_.empty(); }
+  nlohmann::json status() const;
+
+  struct Session;
+
+ private:
+  unsigned open_of(const std::string& org) const;
+
+  asio::io_context& io_;
+  SpawnerLink& link_;
+  egress::Service& egress_;
+  SessionLimits limits_;
+  bool stopping_ = false;
+  std::set<Session*> open_;
+  std::map<std::string, unsigned> orgs_;  // open sessions per organization
+  std::uint64_t total_ = 0, refused_ = 0;
+};
+
+}  // namespace tsb::core
