@@ -89,6 +89,26 @@ make_venv() {
   fi
 }
 
+# Test-only: the MCP SDK and the reference MCP servers the session tests
+# drive (tests/sessions), from the npm registry, exactly as
+# tests/sessions/mcp/package-lock.json pins them (npm ci, no install
+# scripts), into a directory of their own that nothing else reads. Done
+# again only when the lock changes; the tests then run offline.
+TSB_TEST_MCP_DIR=/var/lib/toolsandbox-test/mcp
+install_test_mcp() {
+  local lock="$TSB_ROOT/tests/sessions/mcp/package-lock.json" stamp="$TSB_TEST_MCP_DIR/.lock.sha256" want
+  want=$(sha256sum "$lock" | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$TSB_TEST_MCP_DIR/node_modules" ]; then return 0; fi
+  log "installing the MCP SDK and reference servers (test-only) into $TSB_TEST_MCP_DIR"
+  rm -rf "$TSB_TEST_MCP_DIR"
+  install -d -m 0755 "$TSB_TEST_MCP_DIR"
+  cp "$TSB_ROOT/tests/sessions/mcp/package.json" "$lock" "$TSB_TEST_MCP_DIR/"
+  (cd "$TSB_TEST_MCP_DIR" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+  # Readable by the sandboxes' ids, writable by root only.
+  chmod -R go-w,a+rX "$TSB_TEST_MCP_DIR"
+  echo "$want" >"$stamp"
+}
+
 # The users of systemd/toolsandboxd.sysusers, for runs outside systemd (the
 # tests, the command line): the toolsandboxd user, whose uid the daemon's
 # unprivileged front end runs as, and the toolsandbox group of the socket.
@@ -215,6 +235,17 @@ run_egress_tier() {
   local build=${1:-$TSB_BUILD}
   TSB_BUILD=$build "$TSB_ROOT/tests/guard/run-guarded" --net --mem $((4 << 30)) --pids 4096 --ro "$TSB_ROOT" \
     --ro "$build" -- /usr/bin/python3 -m pytest -q -p no:cacheprovider "$TSB_ROOT/tests/egress"
+}
+
+# run_sessions_tier [BUILD]: the session tests (tests/sessions: the raw
+# protocol, toolsandbox session, the MCP SDK and reference servers, and
+# commands that fork, flood or never read), inside the outer guard with a
+# network namespace of its own (only lo): nothing of them reaches the host's
+# processes or network. The MCP packages (install_test_mcp) are read there.
+run_sessions_tier() {
+  local build=${1:-$TSB_BUILD}
+  TSB_BUILD=$build "$TSB_ROOT/tests/guard/run-guarded" --net --mem $((4 << 30)) --pids 4096 --ro "$TSB_ROOT" \
+    --ro "$build" --ro "$TSB_TEST_MCP_DIR" -- /usr/bin/python3 -m pytest -q -p no:cacheprovider "$TSB_ROOT/tests/sessions"
 }
 
 # The integration tests the sanitizer tier runs: the engine's parent side

@@ -8,8 +8,9 @@
 #   2. the installed systemd units, checked without booting (tests/systemd/verify.sh),
 #   3. the outer guard's selftest (tests/guard/selftest.sh),
 #   4. root integration tests: real sandboxes, inside the outer guard,
-#   5. Python tests of the runner and the client, and the egress
-#      reachability tests (tests/egress, inside the guard, network
+#   5. Python tests of the runner and the client, the session tests
+#      (tests/sessions: MCP servers over stdio, inside the guard), and the
+#      egress reachability tests (tests/egress, inside the guard, network
 #      namespaces of their own),
 #   6. sanitizers: a second tree ($TSB_BUILD-asan, -DTSB_SANITIZE=address,undefined)
 #      runs the unit tests and an integration subset (scripts/lib.sh says which),
@@ -26,6 +27,7 @@
 # measured time of each tier.
 source "$(dirname "$0")/lib.sh"
 setup_all
+install_test_mcp
 
 if [ "${CI:-}" = "true" ]; then export TOOLSANDBOXD_TESTS_MUST_RUN="${TOOLSANDBOXD_TESTS_MUST_RUN:-root}"; fi
 
@@ -89,6 +91,10 @@ else
   /usr/bin/python3 "$TSB_ROOT/tests/readme/check_readme.py"
   tier_done
 fi
+
+tier "sessions: MCP servers over stdio (inside the outer guard, only loopback)" sessions
+run_sessions_tier "$TSB_BUILD"
+tier_done
 
 tier "egress reachability (inside the outer guard, in network namespaces of its own)" egress
 run_egress_tier "$TSB_BUILD"

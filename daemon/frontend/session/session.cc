@@ -123,6 +123,9 @@ asio::awaitable<void> pump_out(std::shared_ptr<Sessions::Session> s, UniqueFd fd
     auto [ec, n] = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
     if (ec) break;
     s->count(kind == protocol::kSessionStdout ? s->bytes_out : s->bytes_err, n);
+    // Past stream_bytes nothing more is read or goes out: the session is
+    // being ended, and its command waits on a full pipe meanwhile.
+    if (s->ended_by == "stream_limit") break;
     if (!s->client_failed) s->push(kind, std::string_view(buf.data(), n));
   }
   --s->readers;

@@ -1,0 +1,512 @@
+"""Sessions: long-lived sandboxes over the client's connection (protocol
+section 6.8), through the raw protocol, `toolsandbox session` and the real
+MCP SDK client with the reference MCP servers from npm.
+
+    tests/guard/run-guarded ... -- /usr/bin/python3 -m pytest tests/sessions
+
+Hostile commands (forks that try to outlive their session, floods, a
+command that never reads) run here, inside the outer guard
+(scripts/lib.sh, run_sessions_tier). The MCP packages are the ones
+scripts/lib.sh installs from tests/sessions/mcp/package-lock.json into
+/var/lib/toolsandbox-test/mcp; the tests use them offline.
+
+Needs root (tests/python/daemon_fixture.py): skipped otherwise, failed
+under CI=true.
+"""
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import unittest
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+import daemon_fixture as F  # noqa: E402
+
+MCP_DIR = "/var/lib/toolsandbox-test/mcp"
+MCP_IN_SANDBOX = "/opt/mcp"
+SERVERS = MCP_IN_SANDBOX + "/node_modules/@modelcontextprotocol"
+ORG = "org-sessions"
+ORG_FEW = "org-sessions-few"
+
+
+def tsb_cli():
+    return os.path.join(os.path.dirname(F.daemon_binary()), "toolsandbox")
+
+
+def write_policies(tmp):
+    pol = os.path.join(tmp, "policies")
+    os.mkdir(pol)
+    base = os.path.join(F.REPO, "policies", "default.json")
+    mcp = {"filesystem": {"binds": [{"source": MCP_DIR, "target": MCP_IN_SANDBOX}]}}
+    policies = {
+        "default": dict(mcp),
+        "short": dict(mcp, sessions={"commands": ["/usr/bin/python3"], "idle_timeout": "1s", "max_lifetime": "4s",
+                                     "stream_bytes": "1MiB"}),
+        "nosess": {"sessions": None},
+        "missing": {"sessions": {"commands": ["/usr/bin/toolsandbox-not-installed"]}},
+    }
+    for name, extra in policies.items():
+        with open(os.path.join(pol, name + ".json"), "w") as f:
+            json.dump({"version": 1, "include": base, **extra}, f)
+    allowed = sorted(policies)
+    orgs = {"version": 1,
+            "default": {"privileged": False, "policy": "default", "allowed_policies": allowed},
+            "organizations": {ORG_FEW: {"policy": "default", "allowed_policies": allowed}}}
+    with open(os.path.join(pol, "organizations.json"), "w") as f:
+        json.dump(orgs, f)
+    return pol
+
+
+def marked(tag):
+    """Processes of the host whose command line holds `tag`."""
+    out = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout.split()
+    return [p for p in out if int(p) != os.getpid()]
+
+
+def wait_gone(tag, timeout):
+    deadline = time.monotonic() + timeout
+    while marked(tag):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class Raw:
+    """One session on the raw protocol: the request, the answer line, frames."""
+
+    def __init__(self, path, command, org=ORG, policy=None, env=None):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(path)
+        req = {"v": 1, "id": "s-" + uuid.uuid4().hex[:8], "type": "session", "organization_id": org, "command": command}
+        if policy:
+            req["policy"] = policy
+        if env:
+            req["env"] = env
+        self.sock.sendall(json.dumps(req).encode() + b"\n")
+        self.buf = b""
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise AssertionError("closed before the answer")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        self.answer = json.loads(line)
+        self.out, self.err, self.record = b"", b"", None
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def end_stdin(self):
+        self.sock.shutdown(socket.SHUT_WR)
+
+    def read_frame(self, timeout=30):
+        """One frame (kind, payload), or None at the connection's end."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(self.buf) >= 5:
+                kind, n = self.buf[:1], struct.unpack(">I", self.buf[1:5])[0]
+                if len(self.buf) >= 5 + n:
+                    payload, self.buf = self.buf[5:5 + n], self.buf[5 + n:]
+                    if kind == b"o":
+                        self.out += payload
+                    elif kind == b"e":
+                        self.err += payload
+                    elif kind == b"x":
+                        self.record = json.loads(payload)
+                    else:
+                        raise AssertionError("unknown frame kind %r" % kind)
+                    return kind, payload
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("no frame within %ss" % timeout)
+            self.sock.settimeout(left)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self.buf += chunk
+
+    def read_until(self, pred, timeout=30):
+        deadline = time.monotonic() + timeout
+        while not pred():
+            if self.read_frame(max(0.1, deadline - time.monotonic())) is None:
+                break
+        return pred()
+
+    def finish(self, timeout=30):
+        """Reads to the end record; returns it."""
+        while self.record is None:
+            if self.read_frame(timeout) is None:
+                break
+        return self.record
+
+    def close(self):
+        self.sock.close()
+
+
+class Sessions(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        F.require_daemon()
+        if not os.path.isdir(os.path.join(MCP_DIR, "node_modules", "@modelcontextprotocol", "sdk")):
+            raise AssertionError("%s lacks the MCP packages (scripts/lib.sh, install_test_mcp)" % MCP_DIR)
+        cls.tmp = tempfile.mkdtemp(prefix="tsb-sessions-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
+        os.chmod(cls.tmp, 0o755)
+        policies = write_policies(cls.tmp)
+        cls.daemon = F.Daemon(policies_dir=policies, organizations=os.path.join(policies, "organizations.json"),
+                              bind_allowlist=[MCP_DIR], max_sessions=6, max_sessions_per_organization=2)
+        cls.addClassCleanup(cls.daemon.stop)
+        cls.daemon.start()
+
+    def raw(self, command, **kw):
+        r = Raw(self.daemon.socket_path, command, **kw)
+        self.addCleanup(r.close)
+        return r
+
+    def cli(self, command, *opts, input=b"", timeout=60, org=ORG):
+        rec = os.path.join(self.tmp, "rec-%s.json" % uuid.uuid4().hex[:8])
+        p = subprocess.run([tsb_cli(), "session", "--socket", self.daemon.socket_path, "--org", org, "--record", rec,
+                            *opts, "--", *command], input=input, capture_output=True, timeout=timeout)
+        record = json.load(open(rec)) if os.path.exists(rec) else None
+        return p, record
+
+    def wait_no_session(self, timeout=5):
+        self.daemon.wait_for(lambda st: st["sessions"]["open"] == 0, timeout, "no session open")
+
+    # --- the stream and the end -----------------------------------------------
+
+    def test_stdin_stdout_stderr_and_the_exit_status(self):
+        script = ("import sys\nfor l in sys.stdin: print('echo', l.strip(), flush=True)\n"
+                  "print('bye', file=sys.stderr)\nsys.exit(3)")
+        p, rec = self.cli(["python3", "-c", script], input=b"one\ntwo\n")
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertEqual(p.stdout, b"echo one\necho two\n")
+        self.assertEqual(p.stderr, b"bye\n")
+        self.assertEqual((rec["ended_by"], rec["end_reason"], rec["exit_code"]), ("exit", "exited", 3))
+        self.assertEqual((rec["bytes_in"], rec["bytes_out"], rec["bytes_err"]), (8, 18, 4))
+        self.assertEqual(rec["policy"], "default")
+        st = self.daemon.status()["sessions"]
+        self.assertGreaterEqual(st["total"], 1)
+        self.assertIn("audit session_id=%s" % rec["session_id"], self.daemon.log())
+
+    def test_the_answer_names_the_command_as_started(self):
+        r = self.raw(["python3", "-c", "print(42)"])
+        self.assertTrue(r.answer["ok"], r.answer)
+        s = r.answer["session"]
+        self.assertEqual(s["command"], ["/venv/bin/python3", "-c", "print(42)"])
+        self.assertEqual(s["policy"], "default")
+        rec = r.finish()
+        self.assertEqual(r.out, b"42\n")
+        self.assertEqual(rec["session_id"], s["session_id"])
+
+    def test_a_signal_ends_stdin_then_the_session(self):
+        # As an MCP client ends its server: SIGTERM to the bridge closes the
+        # server's stdin; a server that exits on it ends the session.
+        tag = "tsb-sig-" + uuid.uuid4().hex[:8]
+        script = "import sys\nprint('ready', flush=True)\nsys.stdin.read()\nprint('stdin ended', flush=True)\n# %s" % tag
+        proc = subprocess.Popen([tsb_cli(), "session", "--socket", self.daemon.socket_path, "--org", ORG, "--",
+                                 "python3", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.assertEqual(proc.stdout.readline(), b"ready\n")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=10)
+        self.assertEqual(out, b"stdin ended\n")
+        self.assertEqual(proc.returncode, 0)
+        self.assertTrue(wait_gone(tag, 2))
+
+    def _wait_marked(self, tag, timeout=10):
+        deadline = time.monotonic() + timeout
+        while not marked(tag):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    # --- refusals ----------------------------------------------------------------
+
+    def test_refusals_say_why_and_start_nothing(self):
+        cases = [
+            (["sh", "-c", "id"], {}, "policy_denied", "does not allow the command"),
+            (["/usr/bin/python3x"], {}, "policy_denied", "does not allow the command"),
+            (["python3", "-c", "pass"], {"policy": "nosess"}, "policy_denied", "has no \"sessions\""),
+            (["python3", "-c", "pass"], {"env": {"PATH": "/tmp"}}, "policy_denied", "PATH"),
+            (["python3", "-c", "pass"], {"policy": "nope"}, "policy_denied", ""),
+        ]
+        for command, kw, code, words in cases:
+            r = self.raw(command, **kw)
+            self.assertFalse(r.answer["ok"], (command, kw))
+            self.assertEqual(r.answer["error"]["code"], code, r.answer)
+            self.assertIn(words, r.answer["error"]["message"])
+            self.assertEqual(r.sock.recv(10), b"", "the connection closes after a refusal")
+        p, rec = self.cli(["sh", "-c", "id"])
+        self.assertEqual(p.returncode, 125)
+        self.assertIn(b"policy_denied", p.stderr)
+        self.assertIsNone(rec)
+
+    def test_a_program_that_is_not_there_fails_its_start(self):
+        # Listed by the policy, absent from the sandbox: the launcher says so.
+        r = self.raw(["toolsandbox-not-installed"], policy="missing")
+        self.assertTrue(r.answer["ok"], r.answer)
+        rec = r.finish()
+        self.assertEqual((rec["ended_by"], rec["exit_code"]), ("exit", 127), rec)
+        self.assertIn(b"cannot start /usr/bin/toolsandbox-not-installed", r.err)
+
+    # --- ends the daemon decides ---------------------------------------------
+
+    def test_idle_timeout(self):
+        t0 = time.monotonic()
+        r = self.raw(["python3", "-c", "import time\ntime.sleep(60)"], policy="short")
+        rec = r.finish(timeout=10)
+        self.assertEqual(rec["ended_by"], "idle", rec)
+        self.assertLess(time.monotonic() - t0, 5)
+
+    def test_bytes_keep_a_session_alive_until_its_lifetime(self):
+        # A byte every 0.3 s: never idle; max_lifetime (4 s) ends it.
+        r = self.raw(["python3", "-c", "import time\nwhile True:\n    print('.', flush=True)\n    time.sleep(0.3)"],
+                     policy="short")
+        rec = r.finish(timeout=15)
+        self.assertEqual((rec["ended_by"], rec["end_reason"]), ("lifetime", "timeout"), rec)
+        self.assertGreater(r.out.count(b"."), 5)
+        p, _ = self.cli(["python3", "-c", "import time\nwhile True:\n    print('.', flush=True)\n    time.sleep(0.3)"],
+                        "--policy", "short", timeout=20)
+        self.assertEqual(p.returncode, 124)
+        self.assertIn(b"lifetime", p.stderr)
+
+    def test_stream_limit(self):
+        r = self.raw(["python3", "-c", "import os\nwhile True:\n    os.write(1, b'x' * 65536)"], policy="short")
+        rec = r.finish(timeout=15)
+        self.assertEqual(rec["ended_by"], "stream_limit", rec)
+        # Counted as it comes: what the pipe and one read held past the bound
+        # at most, and nothing of it reached the client.
+        self.assertLess(rec["bytes_out"], (1 << 20) + (1 << 18))
+        self.assertLessEqual(len(r.out), 1 << 20)
+
+    def test_a_disconnect_kills_the_whole_tree_within_a_second(self):
+        tag = "tsb-disc-" + uuid.uuid4().hex[:8]
+        script = textwrap.dedent("""\
+            import os, time
+            if os.fork() == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    os.execv('/usr/bin/python3', ['python3', '-c', 'import time; time.sleep(1000)', '%s'])
+                os._exit(0)
+            print('forked', flush=True)
+            time.sleep(1000)
+            """ % tag)
+        r = self.raw(["python3", "-c", script])
+        self.assertTrue(r.read_until(lambda: b"forked" in r.out))
+        self.assertTrue(self._wait_marked(tag))
+        r.close()
+        t0 = time.monotonic()
+        self.assertTrue(wait_gone(tag, 1.0), "a process of the session outlived its client by a second")
+        self.assertLess(time.monotonic() - t0, 1.0)
+        self.wait_no_session()
+
+    def test_a_half_close_keeps_the_session_and_a_full_close_ends_it(self):
+        tag = "tsb-half-" + uuid.uuid4().hex[:8]
+        r = self.raw(["python3", "-c", "import time\nprint('up', flush=True)\ntime.sleep(1000)\n# " + tag])
+        self.assertTrue(r.read_until(lambda: b"up" in r.out))
+        r.end_stdin()
+        time.sleep(0.6)
+        self.assertTrue(marked(tag), "a half-close is not going away")
+        r.close()
+        self.assertTrue(wait_gone(tag, 1.0))
+
+    def test_a_command_that_never_reads_stdin_still_talks(self):
+        # The client writes megabytes the command never reads; its output
+        # still comes, and the daemon holds neither side's bytes unbounded.
+        r = self.raw(["python3", "-c", "import time\nwhile True:\n    print('alive', flush=True)\n    time.sleep(0.1)"])
+        stop = threading.Event()
+
+        def flood():
+            r.sock.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    r.sock.send(b"z" * 65536)
+                except (socket.timeout, BlockingIOError):
+                    pass
+                except OSError:
+                    return
+        t = threading.Thread(target=flood, daemon=True)
+        t.start()
+        try:
+            n0 = r.out.count(b"alive")
+            self.assertTrue(r.read_until(lambda: r.out.count(b"alive") >= n0 + 10, timeout=10))
+        finally:
+            stop.set()
+            t.join(5)
+
+    def test_a_client_that_does_not_read_holds_the_command_not_the_daemon(self):
+        tag = "tsb-flood-" + uuid.uuid4().hex[:8]
+        r = self.raw(["python3", "-c", "import os\nwhile True:\n    os.write(1, b'y' * 65536)\n# " + tag])
+        self.assertTrue(self._wait_marked(tag))
+        front = subprocess.run(["pgrep", "-f", "toolsandboxd-frontend --serve"], capture_output=True, text=True).stdout.split()
+        rss = [int(open("/proc/%s/status" % p).read().split("VmRSS:")[1].split()[0]) for p in front]
+        time.sleep(2)  # the command writes as fast as it can; nobody reads
+        rss2 = [int(open("/proc/%s/status" % p).read().split("VmRSS:")[1].split()[0]) for p in front]
+        self.assertTrue(all(b - a < 16 * 1024 for a, b in zip(rss, rss2)), (rss, rss2))
+        r.close()
+        self.assertTrue(wait_gone(tag, 1.0))
+
+    # --- isolation --------------------------------------------------------------
+
+    def test_sessions_see_neither_each_other_nor_the_host(self):
+        a = self.raw(["python3", "-c", "import os,time\nopen('/tmp/mine','w').write('a')\n"
+                                       "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), flush=True)\n"
+                                       "time.sleep(30)"])
+        self.assertTrue(a.read_until(lambda: b"]" in a.out))
+        b = self.raw(["python3", "-c", "import os\nprint(os.path.exists('/tmp/mine'), os.path.exists('%s'), "
+                                       "os.getuid(), open('/proc/self/status').read().split('CapEff:')[1].split()[0])"
+                                       % self.tmp])
+        b.finish()
+        self.assertEqual(b.out.split(), [b"False", b"False", b"1000", b"0000000000000000"])
+        self.assertLessEqual(len(json.loads(a.out)), 3, a.out)  # init, the command (and its launcher's exec)
+        a.close()
+
+    def test_bounds_per_organization(self):
+        rs = [self.raw(["python3", "-c", "import time\ntime.sleep(30)"], org=ORG_FEW) for _ in range(2)]
+        self.assertTrue(all(r.answer["ok"] for r in rs))
+        third = self.raw(["python3", "-c", "pass"], org=ORG_FEW)
+        self.assertEqual(third.answer["error"]["code"], "busy", third.answer)
+        self.assertIn("max_sessions_per_organization", third.answer["error"]["message"])
+        other = self.raw(["python3", "-c", "print(1)"])  # another organization is not held up
+        self.assertEqual(other.finish()["exit_code"], 0)
+        for r in rs:
+            r.close()
+        self.wait_no_session()
+        # A run is never held up by sessions either.
+        c = self.daemon.client()
+        self.assertEqual(c.run_tool("def f():\n    return 1\n", tool_name="f", args={}, organization_id=ORG).status,
+                         "success")
+
+    # --- the real MCP SDK and reference servers ---------------------------------
+
+    def sdk_client(self, server_args, steps, policy=None, env=None):
+        """Runs the TypeScript SDK's stdio client (node, on the host) with
+        `toolsandbox session -- node <server>` as its server command; `steps`
+        is the body of an async function of `client`; returns its JSON."""
+        opts = ["--socket", self.daemon.socket_path, "--org", ORG]
+        if policy:
+            opts += ["--policy", policy]
+        for k, v in (env or {}).items():
+            opts += ["--env", "%s=%s" % (k, v)]
+        sdk = MCP_DIR + "/node_modules/@modelcontextprotocol/sdk/dist/esm"
+        script = textwrap.dedent("""\
+            import { Client } from "%s/client/index.js";
+            import { StdioClientTransport } from "%s/client/stdio.js";
+            const transport = new StdioClientTransport({ command: %s, args: %s, stderr: "inherit" });
+            const client = new Client({ name: "toolsandbox-tests", version: "1.0.0" });
+            await client.connect(transport);
+            const out = await (async (client) => { %s })(client);
+            await client.close();
+            console.log(JSON.stringify(out));
+            """) % (sdk, sdk, json.dumps(tsb_cli()), json.dumps(["session"] + opts + ["--", "node"] + server_args), steps)
+        path = os.path.join(self.tmp, "client-%s.mjs" % uuid.uuid4().hex[:8])
+        with open(path, "w") as f:
+            f.write(script)
+        p = subprocess.run(["/usr/bin/node", path], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    def test_mcp_sdk_drives_server_everything(self):
+        out = self.sdk_client([SERVERS + "/server-everything/dist/index.js", "stdio"], """
+            const tools = await client.listTools();
+            const echo = await client.callTool({ name: "echo", arguments: { message: "through the sandbox" } });
+            const sum = await client.callTool({ name: tools.tools.some(t => t.name === "get-sum") ? "get-sum" : "add",
+                                                arguments: { a: 2, b: 40 } });
+            return { names: tools.tools.map(t => t.name), echo: echo.content, sum: sum.content };""")
+        self.assertIn("echo", out["names"])
+        self.assertIn("through the sandbox", json.dumps(out["echo"]))
+        self.assertIn("42", json.dumps(out["sum"]))
+        self.wait_no_session()
+
+    def test_mcp_filesystem_server_sees_only_its_sandbox(self):
+        secret = os.path.join(self.tmp, "host-secret.txt")
+        with open(secret, "w") as f:
+            f.write("host only")
+        os.chmod(secret, 0o644)
+        out = self.sdk_client([SERVERS + "/server-filesystem/dist/index.js", "/work"], """
+            const call = (name, args) => client.callTool({ name, arguments: args });
+            await call("write_file", { path: "/work/notes.txt", content: "in the sandbox" });
+            const back = await call("read_text_file", { path: "/work/notes.txt" });
+            const host = await call("read_text_file", { path: %s });
+            const dirs = await call("list_allowed_directories", {});
+            return { back: back.content, host: host, dirs: dirs.content };""" % json.dumps(secret))
+        self.assertIn("in the sandbox", json.dumps(out["back"]))
+        self.assertTrue(out["host"].get("isError"), out["host"])
+        self.assertNotIn("host only", json.dumps(out["host"]))
+        self.assertIn("/work", json.dumps(out["dirs"]))
+
+    def test_mcp_memory_server_state_lasts_for_its_session_only(self):
+        server = [SERVERS + "/server-memory/dist/index.js"]
+        env = {"MEMORY_FILE_PATH": "/work/memory.jsonl"}
+        out = self.sdk_client(server, """
+            await client.callTool({ name: "create_entities", arguments: { entities: [
+                { name: "toolsandbox", entityType: "project", observations: ["sandboxes MCP servers"] }] } });
+            const g = await client.callTool({ name: "read_graph", arguments: {} });
+            return g.content;""", env=env)
+        self.assertIn("sandboxes MCP servers", json.dumps(out))
+        again = self.sdk_client(server, """
+            const g = await client.callTool({ name: "read_graph", arguments: {} });
+            return g.content;""", env=env)
+        self.assertNotIn("toolsandbox", json.dumps(again), "a new session starts from nothing")
+
+
+class SessionsAndTheDaemonsEnd(unittest.TestCase):
+    """The daemon's stop ends every session (with its record); its death
+    (SIGKILL) leaves no process of any session behind."""
+
+    def start(self):
+        F.require_daemon()
+        d = F.Daemon(max_sessions=4, shutdown_grace="5s")
+        d.start()
+        self.addCleanup(d.stop)
+        return d
+
+    def test_shutdown_ends_sessions_with_their_record(self):
+        d = self.start()
+        tag = "tsb-stop-" + uuid.uuid4().hex[:8]
+        r = Raw(d.socket_path, ["python3", "-c", "import time\nprint('up', flush=True)\ntime.sleep(1000)\n# " + tag])
+        self.addCleanup(r.close)
+        self.assertTrue(r.read_until(lambda: b"up" in r.out))
+        t0 = time.monotonic()
+        d.proc.send_signal(signal.SIGTERM)
+        rec = r.finish(timeout=10)
+        self.assertEqual(rec["ended_by"], "shutdown", rec)
+        self.assertLess(time.monotonic() - t0, 3, "sessions get no grace")
+        self.assertTrue(wait_gone(tag, 2))
+        d.proc.wait(10)
+
+    def test_sigkill_of_the_daemon_leaves_no_session_behind(self):
+        d = self.start()
+        tag = "tsb-kill-" + uuid.uuid4().hex[:8]
+        r = Raw(d.socket_path, ["python3", "-c", "import os,time\nif os.fork()==0:\n    os.setsid()\n"
+                                "print('up', flush=True)\ntime.sleep(1000)\n# " + tag])
+        self.addCleanup(r.close)
+        self.assertTrue(r.read_until(lambda: b"up" in r.out))
+        self.assertTrue(marked(tag))
+        d.proc.kill()
+        d.proc.wait(10)
+        self.assertTrue(wait_gone(tag, 3), "a session outlived the daemon")
+        frames = []
+        while (f := r.read_frame(5)) is not None:
+            frames.append(f[0])
+        self.assertNotIn(b"x", frames, "the client reads the end of the connection, without an end frame")
+
+
+if __name__ == "__main__":
+    unittest.main()
