@@ -489,5 +489,56 @@ class CommandLine(unittest.TestCase):
                 _guess_tool_name(src, "z.py")
 
 
+
+class SessionFrames(unittest.TestCase):
+    """The session request and frames as the client builds and reads them
+    (PROTOCOL.md, section 6.8), and a server's stderr as a log shows it."""
+
+    def test_request(self):
+        r = P.session_request(["node", "s.js"], organization_id="o", env={"A": "1"}, agent_id="a")
+        self.assertEqual((r["type"], r["command"], r["env"], r["agent_id"]), ("session", ["node", "s.js"], {"A": "1"}, "a"))
+        for bad in ([], [""], ["node", 3], "node"):
+            with self.assertRaises((ValueError, TypeError)):
+                P.session_request(bad, organization_id="o")
+
+    def test_frames_are_taken_whole(self):
+        buf = bytearray(b"o\x00\x00\x00\x02hie\x00\x00")
+        self.assertEqual(P.take_session_frame(buf), ("stdout", b"hi"))
+        self.assertIsNone(P.take_session_frame(buf))
+        buf += b"\x00\x01!"
+        self.assertEqual(P.take_session_frame(buf), ("stderr", b"!"))
+        self.assertEqual(buf, bytearray())
+        with self.assertRaises(T.ResponseError):
+            P.take_session_frame(bytearray(b"q\x00\x00\x00\x00"))
+        with self.assertRaises(T.ResponseError):
+            P.take_session_frame(bytearray(b"o\x00\x01\x00\x01"))
+
+    def test_a_session_against_a_fake_daemon(self):
+        answer = {"v": 1, "ok": True, "session": {"session_id": "s1", "command": ["/usr/bin/node"], "policy": "p",
+                                                   "policy_fingerprint": "sha256:x"}}
+
+        def handler(req, conn):
+            answer["id"] = req["id"]
+            return (json.dumps(answer) + "\n").encode() + b"o\x00\x00\x00\x03out" + b"x\x00\x00\x00\x14" + \
+                json.dumps({"ended_by": "exit"}).encode()[:20].ljust(20)
+        d = FakeDaemon(handler)
+        try:
+            s = T.Client(d.path, timeout=5).open_session(["node"], organization_id="o")
+            self.assertEqual((s.session_id, s.command), ("s1", ["/usr/bin/node"]))
+            self.assertEqual(s.read(5), ("stdout", b"out"))
+            self.assertIsNone(s.read(5))
+            self.assertEqual(s.record, {"ended_by": "exit"})
+            s.close()
+        finally:
+            d.stop()
+
+    def test_stderr_for_a_log_is_escaped(self):
+        from toolsandbox_client.mcp_stdio import escaped_for_log
+        self.assertEqual(escaped_for_log(b"ok\tline\n"), "ok\tline\n")
+        self.assertEqual(escaped_for_log(b"\x1b[31mred\r\x07"), "\\x1b[31mred\\x0d\\x07")
+        self.assertEqual(escaped_for_log("\u202eevil\u00e9".encode()), "\\u202eevil\u00e9")
+        self.assertEqual(escaped_for_log(b"\xff"), "\ufffd")
+
+
 if __name__ == "__main__":
     unittest.main()

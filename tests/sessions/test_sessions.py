@@ -466,6 +466,71 @@ class Sessions(unittest.TestCase):
         self.assertNotIn("toolsandbox", json.dumps(again), "a new session starts from nothing")
 
 
+class PythonClientSessions(unittest.TestCase):
+    """The Python client's sessions (Client.open_session, AsyncClient's,
+    toolsandbox_client.mcp_stdio.session_lines) speaking MCP's JSON-RPC to
+    the reference servers."""
+
+    @classmethod
+    def setUpClass(cls):
+        Sessions.setUpClass.__func__(cls)
+        sys.path.insert(0, F.CLIENT_DIR)
+
+    def rpc(self, i, method, params):
+        return (json.dumps({"jsonrpc": "2.0", "id": i, "method": method, "params": params}) + "\n").encode()
+
+    def initialize(self):
+        return self.rpc(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                          "clientInfo": {"name": "toolsandbox-tests", "version": "1"}}) + \
+            (json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n").encode()
+
+    def test_blocking_session_with_server_everything(self):
+        from toolsandbox_client import Client, PolicyDeniedError
+        c = Client(self.daemon.socket_path, timeout=30)
+        with c.open_session(["node", SERVERS + "/server-everything/dist/index.js", "stdio"], organization_id=ORG) as s:
+            self.assertEqual(s.command[0], "/usr/bin/node")
+            s.write(self.initialize() + self.rpc(2, "tools/call", {"name": "echo", "arguments": {"message": "py"}}))
+            out, replies = b"", []
+            while len(replies) < 2:  # the server's notifications come between its replies
+                kind, data = s.read(timeout=30)
+                if kind == "stdout":
+                    out += data
+                    replies = [r for r in map(json.loads, out.splitlines()) if "id" in r]
+            self.assertEqual([r["id"] for r in replies], [1, 2])
+            self.assertIn("py", json.dumps(replies[1]["result"]))
+            s.close_stdin()
+            rec = s.wait(timeout=30)
+        self.assertEqual((rec["ended_by"], rec["exit_code"]), ("exit", 0), rec)
+        with self.assertRaises(PolicyDeniedError):
+            c.open_session(["sh"], organization_id=ORG)
+
+    def test_async_session_lines_with_server_memory(self):
+        import asyncio
+        import io
+        from toolsandbox_client import AsyncClient
+        from toolsandbox_client.mcp_stdio import session_lines
+
+        async def go():
+            c = AsyncClient(self.daemon.socket_path, timeout=30)
+            s = await c.open_session(["node", SERVERS + "/server-memory/dist/index.js"], organization_id=ORG,
+                                     env={"MEMORY_FILE_PATH": "/work/m.jsonl"})
+            log = io.StringIO()
+            await s.write(self.initialize() + self.rpc(2, "tools/call", {"name": "read_graph", "arguments": {}}))
+            got = []
+            async for line in session_lines(s, log):
+                if "id" in json.loads(line):
+                    got.append(json.loads(line))
+                if len(got) == 2:
+                    s.close_stdin()
+            s.close()
+            return got, s.record, log.getvalue()
+
+        got, rec, log = asyncio.run(go())
+        self.assertEqual([g["id"] for g in got], [1, 2])
+        self.assertEqual(rec["ended_by"], "exit", rec)
+        self.assertIn("Knowledge Graph MCP Server", log)
+
+
 class SessionsAndTheDaemonsEnd(unittest.TestCase):
     """The daemon's stop ends every session (with its record); its death
     (SIGKILL) leaves no process of any session behind."""

@@ -30,6 +30,7 @@ from .errors import (
     UnavailableError,
 )
 from .protocol import DEFAULT_SOCKET_PATH, PROTOCOL_VERSION, ToolResult
+from .session import AsyncSession, Session
 
 __version__ = "0.1.0"
 
@@ -37,6 +38,8 @@ __all__ = [
     "Client",
     "AsyncClient",
     "ToolResult",
+    "Session",
+    "AsyncSession",
     "DEFAULT_SOCKET_PATH",
     "PROTOCOL_VERSION",
     "ToolSandboxError",

@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 from . import protocol as P
 from .client import DEFAULT_RUN_TIMEOUT_MARGIN, DEFAULT_VENV_BUILD_ALLOWANCE
 from .errors import ClientTimeoutError, DaemonConnectionError, ResponseError, TooLargeError
+from .session import AsyncSession
 
 __all__ = ["AsyncClient"]
 
@@ -121,6 +122,30 @@ class AsyncClient:
                                  project_id=project_id, pip_requirements=pip_requirements, e2b=e2b,
                                  source_type=source_type, npm_requirements=npm_requirements)
         return P.ToolResult.from_json(await self.request(req, "result", self._run_wait(timeout, req)), req["id"])
+
+    async def open_session(
+        self,
+        command: Iterable[str],
+        *,
+        organization_id: str,
+        policy: Optional[str] = None,
+        env: Optional[Mapping[str, Any]] = None,
+        agent_id: Optional[str] = None,
+        request_id: Optional[str] = None,
+    ) -> AsyncSession:
+        """Client.open_session, on the running event loop."""
+        req = P.session_request(command, organization_id=organization_id, policy=policy, env=env,
+                                agent_id=agent_id, request_id=request_id)
+        sock = await self._connect()
+        try:
+            answer, rest = await self._exchange(sock, P.encode_request(req), self.timeout)
+            payload = P.decode_response(answer, req["id"], "session")
+            if not isinstance(payload, dict):
+                raise ResponseError("\"session\" is not an object", request_id=req["id"])
+        except BaseException:
+            sock.close()
+            raise
+        return AsyncSession(sock, payload, rest)
 
     async def close(self) -> None:
         """Close the persistent connection, if any."""

@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from . import protocol as P
 from .errors import ClientTimeoutError, DaemonConnectionError, ResponseError, TooLargeError
+from .session import Session
 
 __all__ = ["Client"]
 
@@ -141,6 +142,33 @@ class Client:
                                  project_id=project_id, pip_requirements=pip_requirements, e2b=e2b,
                                  source_type=source_type, npm_requirements=npm_requirements)
         return P.ToolResult.from_json(self.request(req, "result", self._run_wait(timeout, req)), req["id"])
+
+    def open_session(
+        self,
+        command: Iterable[str],
+        *,
+        organization_id: str,
+        policy: Optional[str] = None,
+        env: Optional[Mapping[str, Any]] = None,
+        agent_id: Optional[str] = None,
+        request_id: Optional[str] = None,
+    ) -> Session:
+        """Opens a session (PROTOCOL.md, section 6.8) on a connection of its
+        own: `command` runs in a long-lived sandbox of the organization's
+        policy, with the returned Session as its stdio. Raises the error of a
+        refusal (PolicyDeniedError, BusyError, ...)."""
+        req = P.session_request(command, organization_id=organization_id, policy=policy, env=env,
+                                agent_id=agent_id, request_id=request_id)
+        sock = self._connect()
+        try:
+            answer, rest = self._exchange_raw(sock, P.encode_request(req), self.timeout)
+            payload = P.decode_response(answer, req["id"], "session")
+            if not isinstance(payload, dict):
+                raise ResponseError("\"session\" is not an object", request_id=req["id"])
+        except BaseException:
+            sock.close()
+            raise
+        return Session(sock, payload, rest)
 
     def close(self) -> None:
         """Close the persistent connection, if any."""

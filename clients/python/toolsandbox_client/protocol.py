@@ -21,7 +21,7 @@ import enum
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .errors import ResponseError, error_from_code
 
@@ -424,6 +424,61 @@ def _envelope(type_: str, request_id: Optional[str]) -> Dict[str, Any]:
 
 def status_request(*, request_id: Optional[str] = None) -> Dict[str, Any]:
     return _envelope("status", request_id)
+
+
+# A session's frames after its answer line (PROTOCOL.md, section 6.8): a
+# kind byte, a 4-byte big-endian length, the payload.
+SESSION_FRAME_KINDS = {ord("o"): "stdout", ord("e"): "stderr", ord("x"): "end"}
+MAX_SESSION_FRAME = 1 << 16
+
+
+def session_request(
+    command: Iterable[str],
+    *,
+    organization_id: str,
+    policy: Optional[str] = None,
+    env: Optional[Mapping[str, Any]] = None,
+    agent_id: Optional[str] = None,
+    request_id: Optional[str] = None,
+) -> Dict[str, Any]:
+    """A session request: `command` (a program the policy's sessions.commands
+    names, by path or last component, and its arguments) in a long-lived
+    sandbox whose stdio is the connection."""
+    if isinstance(command, (str, bytes)):
+        raise TypeError("a session's command is a list of strings (the program, then its arguments), not a string")
+    cmd = list(command)
+    if not cmd or not all(isinstance(a, str) for a in cmd) or not cmd[0]:
+        raise ValueError("a session's command is a non-empty list of strings, the program first")
+    req = _envelope("session", request_id)
+    req["organization_id"] = _check_str("organization_id", organization_id)
+    req["command"] = cmd
+    if policy is not None:
+        req["policy"] = _check_str("policy", policy)
+    e = _env(env)
+    if e:
+        req["env"] = e
+    if agent_id is not None:
+        req["agent_id"] = _check_str("agent_id", agent_id)
+    return req
+
+
+def take_session_frame(buf: bytearray) -> Optional[Tuple[str, bytes]]:
+    """The first whole frame of `buf` as (kind, payload), removed from it; None
+    while it is not whole. Raises ResponseError for what the protocol does not
+    allow."""
+    if len(buf) < 5:
+        return None
+    kind = SESSION_FRAME_KINDS.get(buf[0])
+    n = int.from_bytes(buf[1:5], "big")
+    if kind is None:
+        raise ResponseError("the daemon sent an unknown session frame (kind %r)" % bytes(buf[:1]))
+    if n > MAX_SESSION_FRAME:
+        raise ResponseError("the daemon sent a session frame of %d bytes (at most %d)" % (n, MAX_SESSION_FRAME))
+    if len(buf) < 5 + n:
+        return None
+    payload = bytes(buf[5:5 + n])
+    del buf[:5 + n]
+    return kind, payload
 
 
 def execute_request(
