@@ -24,7 +24,7 @@ struct Slice {
 constexpr std::string_view kRequestFields[] = {
     "id",       "v",          "type",       "tool_name",   "organization_id", "policy", "env", "timeout", "sandbox_config",
     "agent_id", "project_id", "script",     "source_code", "args",            "json_schema", "agent_state",
-    "pip_requirements", "json_dialect", "e2b", "source_type", "npm_requirements", "command"};
+    "pip_requirements", "json_dialect", "e2b", "source_type", "npm_requirements", "command", "session_id"};
 constexpr std::string_view kSandboxConfigFields[] = {"type", "config", "organization_id"};
 constexpr std::string_view kE2BFields[] = {"sandbox_config", "env"};
 
@@ -335,7 +335,9 @@ std::string_view Request::type_name() const {
     case 0: return "execute";
     case 1: return "run_tool";
     case 2: return "status";
-    default: return "session";
+    case 3: return "session";
+    case 4: return "session_list";
+    default: return "session_kill";
   }
 }
 
@@ -435,9 +437,15 @@ std::variant<Request, ProtocolError> decode_request(std::string_view line, std::
     if (const Slice* env = d.get("env", JsonKind::Object, false)) decode_env(d, *env, r.env);
     r.agent_id = d.str("agent_id", false, 256);
     req.body = std::move(r);
+  } else if (*type == "session_list") {
+    req.body = SessionListRequest{};
+  } else if (*type == "session_kill") {
+    SessionKillRequest r;
+    if (auto sid = d.str("session_id", true, 64)) r.session_id = *sid;
+    req.body = std::move(r);
   } else {
     return ProtocolError{ErrorCode::BadRequest, "unknown request type \"" + type->substr(0, 32) +
-                                                    "\" (execute, run_tool, status, session)"};
+                                                    "\" (execute, run_tool, status, session, session_list, session_kill)"};
   }
   d.no_unknown();
   if (d.err) return *d.err;

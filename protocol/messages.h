@@ -140,9 +140,17 @@ struct SessionRequest {
   std::optional<std::string> agent_id;
 };
 
+// session_list and session_kill: the operator's view of the open sessions
+// and the end of one (peers of uid 0 only; PROTOCOL.md, section 6.8).
+struct SessionListRequest {};
+struct SessionKillRequest {
+  std::string session_id;
+};
+
 struct Request {
   std::string id;
-  std::variant<ExecuteRequest, RunToolRequest, StatusRequest, SessionRequest> body;
+  std::variant<ExecuteRequest, RunToolRequest, StatusRequest, SessionRequest, SessionListRequest, SessionKillRequest>
+      body;
   std::string_view type_name() const;
 };
 

@@ -31,6 +31,7 @@ void usage(std::FILE* out) {
       "       toolsandbox status [--socket PATH] [--json]\n"
       "       toolsandbox session [--org ID] [--policy NAME] [--env NAME=VALUE]... [--agent-id ID] [--record FILE]\n"
       "                           [--socket PATH] -- COMMAND [ARGS...]\n"
+      "       toolsandbox session list [--json] [--socket PATH] | kill SESSION_ID [--socket PATH]   (as root)\n"
       "       toolsandbox policy check FILE... [--e2b]\n"
       "       toolsandbox policy explain NAME|FILE [--compare PROFILE] [--no-host]\n"
       "       toolsandbox policy fingerprint FILE...\n"

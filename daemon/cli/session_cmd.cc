@@ -242,9 +242,61 @@ int bridge(int fd, int sigfd, const std::string& record_file) {
   }
 }
 
+
+// toolsandbox session list | kill ID: the operator's requests.
+int operator_verb(const std::vector<std::string>& args) {
+  const std::string& verb = args[0];
+  std::string socket_path = kDefaultSocket;
+  bool as_json = false;
+  static const std::vector<OptionSpec> kOptions = {{"socket", "a path"}, {"json", nullptr}};
+  std::vector<std::string> operands;
+  auto err = parse_options(std::vector<std::string>(args.begin() + 1, args.end()), kOptions, false,
+                           [&](const std::string& name, const std::string& x) -> std::optional<std::string> {
+                             if (name == "socket") socket_path = x;
+                             else if (name == "json") as_json = true;
+                             return std::nullopt;
+                           },
+                           &operands);
+  if (err) return usage(*err);
+  if (operands.size() != (verb == "kill" ? 1u : 0u))
+    return usage(verb == "kill" ? "kill takes one session id" : "list takes no argument");
+  json req = {{"v", 1}, {"id", random_hex(8)}, {"type", verb == "kill" ? "session_kill" : "session_list"}};
+  if (verb == "kill") req["session_id"] = operands[0];
+  auto resp = roundtrip(socket_path, req);
+  if (!resp.ok()) {
+    print_line(stderr, "toolsandbox session %s: %s", verb.c_str(), resp.error().message.c_str());
+    return 1;
+  }
+  if (!resp->value("ok", false)) {
+    const json e = resp->value("error", json::object());
+    print_line(stderr, "toolsandbox session %s: %s: %s", verb.c_str(), e.value("code", "?").c_str(),
+               e.value("message", "").c_str());
+    return 1;
+  }
+  if (verb == "kill") {
+    print_line(stdout, "ending session %s", resp->value("killed", "").c_str());
+    return 0;
+  }
+  const json list = resp->value("sessions", json::array());
+  if (as_json) {
+    print_line(stdout, "%s", list.dump().c_str());
+    return 0;
+  }
+  print_line(stdout, "%-16s  %-20s  %-12s  %-24s  %8s  %8s  %10s  %10s", "SESSION", "ORGANIZATION", "POLICY", "PROGRAM",
+             "AGE", "IDLE", "IN", "OUT");
+  for (const json& s : list)
+    print_line(stdout, "%-16s  %-20s  %-12s  %-24s  %7.0fs  %7.0fs  %10llu  %10llu", s.value("session_id", "").c_str(),
+               s.value("organization_id", "").c_str(), s.value("policy", "").c_str(), s.value("program", "").c_str(),
+               s.value("age_s", 0.0), s.value("idle_s", 0.0),
+               static_cast<unsigned long long>(s.value("bytes_in", 0ull)),
+               static_cast<unsigned long long>(s.value("bytes_out", 0ull)));
+  return 0;
+}
+
 }  // namespace
 
 int cmd_session(const std::vector<std::string>& args) {
+  if (!args.empty() && (args[0] == "list" || args[0] == "kill")) return operator_verb(args);
   SessionArgs a;
   static const std::vector<OptionSpec> kOptions = {
       {"socket", "a path"}, {"org", "an organization id"}, {"policy", "a name"},

@@ -539,6 +539,17 @@ asio::awaitable<void> Server::serve(socket_t sock, Peer peer, std::unique_ptr<Pe
 asio::awaitable<std::string> Server::dispatch(const protocol::Request& req, const Peer& peer, socket_t& sock) {
   if (std::holds_alternative<protocol::StatusRequest>(req.body))
     co_return protocol::encode_ok(req.id, "status", status_json(co_await local_->warm_status()));
+  const bool listing = std::holds_alternative<protocol::SessionListRequest>(req.body);
+  if (const auto* kill = std::get_if<protocol::SessionKillRequest>(&req.body); kill || listing) {
+    // The operator's: another client's sessions are none of a client's business.
+    if (peer.uid != 0)
+      co_return protocol::encode_error(req.id, ErrorCode::Unauthorized,
+                                       std::string(req.type_name()) + " is for uid 0 (the operator)");
+    if (listing) co_return protocol::encode_ok(req.id, "sessions", sessions_->list());
+    if (!sessions_->kill(kill->session_id))
+      co_return protocol::encode_error(req.id, ErrorCode::BadRequest, "no open session " + q(kill->session_id));
+    co_return protocol::encode_ok(req.id, "killed", kill->session_id);
+  }
   co_return co_await run_request(req, peer, sock);
 }
 

@@ -54,7 +54,7 @@ def write_policies(tmp):
     policies = {
         "default": dict(mcp),
         "short": dict(mcp, sessions={"commands": ["/usr/bin/python3"], "idle_timeout": "1s", "max_lifetime": "4s",
-                                     "stream_bytes": "1MiB"}),
+                                     "stream_bytes": "1MiB", "memory": "128MiB"}),
         "nosess": {"sessions": None},
         "missing": {"sessions": {"commands": ["/usr/bin/toolsandbox-not-installed"]}},
     }
@@ -295,6 +295,12 @@ class Sessions(unittest.TestCase):
         self.assertLess(rec["bytes_out"], (1 << 20) + (1 << 18))
         self.assertLessEqual(len(r.out), 1 << 20)
 
+    def test_a_limit_ends_the_session(self):
+        # 128 MiB for the session: a command that takes more is OOM-killed.
+        r = self.raw(["python3", "-c", "b = b'x' * (512 << 20)\nprint(len(b))"], policy="short")
+        rec = r.finish(timeout=30)
+        self.assertEqual((rec["ended_by"], rec["end_reason"]), ("limit", "memory_limit"), rec)
+
     def test_a_disconnect_kills_the_whole_tree_within_a_second(self):
         tag = "tsb-disc-" + uuid.uuid4().hex[:8]
         script = textwrap.dedent("""\
@@ -529,6 +535,79 @@ class PythonClientSessions(unittest.TestCase):
         self.assertEqual([g["id"] for g in got], [1, 2])
         self.assertEqual(rec["ended_by"], "exit", rec)
         self.assertIn("Knowledge Graph MCP Server", log)
+
+
+def _as_uid(uid, fn):
+    """fn() in a child process of `uid` (and its group); its JSON result."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.write(w, json.dumps(fn()).encode())
+        except BaseException as e:  # noqa: B902 - the child never returns into the test runner
+            os.write(w, json.dumps({"error": repr(e)}).encode())
+            code = 1
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(out)
+
+
+class SessionsForOperators(unittest.TestCase):
+    """session_list and session_kill: uid 0's, not another peer's, even one
+    the daemon allows."""
+
+    NOBODY = 65534
+
+    def test_list_and_kill(self):
+        F.require_daemon()
+        import grp
+        d = F.Daemon(socket={"group": grp.getgrgid(self.NOBODY).gr_name, "mode": "0660"},
+                     allowed_uids=[0, self.NOBODY])
+        self.addCleanup(d.stop)
+        d.start()
+        path = d.socket_path
+
+        def peer_asks():
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(20)
+            s.connect(path)
+            s.sendall(b'{"v":1,"id":"l","type":"session_list"}\n')
+            return json.loads(s.makefile().readline())
+        answer = _as_uid(self.NOBODY, peer_asks)
+        self.assertEqual(answer.get("error", {}).get("code"), "unauthorized", answer)
+        self.assertIn("uid 0", answer["error"]["message"])
+
+        r = Raw(path, ["python3", "-c", "import time\nprint('up', flush=True)\ntime.sleep(1000)"], org="org-op")
+        self.addCleanup(r.close)
+        self.assertTrue(r.read_until(lambda: b"up" in r.out))
+        sid = r.answer["session"]["session_id"]
+        listed = subprocess.run([tsb_cli(), "session", "list", "--json", "--socket", path], capture_output=True,
+                                text=True, timeout=20)
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+        [mine] = [x for x in json.loads(listed.stdout) if x["session_id"] == sid]
+        self.assertEqual((mine["organization_id"], mine["program"], mine["peer_uid"], mine["bytes_out"]),
+                         ("org-op", "/venv/bin/python3", 0, 3))
+        self.assertNotIn("time.sleep", listed.stdout, "the arguments are not shown")
+        table = subprocess.run([tsb_cli(), "session", "list", "--socket", path], capture_output=True, text=True,
+                               timeout=20)
+        self.assertIn(sid, table.stdout)
+        killed = subprocess.run([tsb_cli(), "session", "kill", sid, "--socket", path], capture_output=True,
+                                text=True, timeout=20)
+        self.assertEqual(killed.returncode, 0, killed.stderr)
+        rec = r.finish(timeout=10)
+        self.assertEqual((rec["ended_by"], rec["end_reason"]), ("operator", "cancelled"), rec)
+        again = subprocess.run([tsb_cli(), "session", "kill", sid, "--socket", path], capture_output=True,
+                               text=True, timeout=20)
+        self.assertEqual(again.returncode, 1)
+        self.assertIn("no open session", again.stderr)
 
 
 class SessionsAndTheDaemonsEnd(unittest.TestCase):

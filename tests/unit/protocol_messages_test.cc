@@ -539,9 +539,8 @@ TEST(DecodeRequest, SourceTypeAndNpmRequirements) {
     Decoded plain = decode(j);
     ASSERT_TRUE(plain.req);
     const auto& pc = std::visit([](const auto& b) -> const CommonRunFields* {
-      if constexpr (std::is_same_v<std::decay_t<decltype(b)>, StatusRequest> ||
-                    std::is_same_v<std::decay_t<decltype(b)>, SessionRequest>) return nullptr;
-      else return &b.common;
+      if constexpr (requires { b.common; }) return &b.common;
+      else return nullptr;
     }, plain.req->body);
     EXPECT_EQ(pc->source_type, SourceType::Python);
     j["source_type"] = "typescript";
@@ -549,9 +548,8 @@ TEST(DecodeRequest, SourceTypeAndNpmRequirements) {
     Decoded d = decode(j);
     ASSERT_TRUE(d.req) << d.err->message;
     const CommonRunFields* c = std::visit([](const auto& b) -> const CommonRunFields* {
-      if constexpr (std::is_same_v<std::decay_t<decltype(b)>, StatusRequest> ||
-                    std::is_same_v<std::decay_t<decltype(b)>, SessionRequest>) return nullptr;
-      else return &b.common;
+      if constexpr (requires { b.common; }) return &b.common;
+      else return nullptr;
     }, d.req->body);
     ASSERT_TRUE(c);
     EXPECT_EQ(c->source_type, SourceType::TypeScript);
@@ -1095,6 +1093,17 @@ TEST(DecodeRequest, Session) {
   json no_org = j;
   no_org.erase("organization_id");
   EXPECT_BAD_REQUEST(no_org, "organization_id");
+  // The operator's two: a list with nothing else, a kill with an id.
+  Decoded l = decode(json{{"v", 1}, {"id", "l"}, {"type", "session_list"}});
+  ASSERT_TRUE(l.req) << l.err->message;
+  EXPECT_EQ(l.req->type_name(), "session_list");
+  EXPECT_BAD_REQUEST((json{{"v", 1}, {"id", "l"}, {"type", "session_list"}, {"session_id", "x"}}), "unknown field");
+  Decoded k = decode(json{{"v", 1}, {"id", "k"}, {"type", "session_kill"}, {"session_id", "abc"}});
+  ASSERT_TRUE(k.req) << k.err->message;
+  EXPECT_EQ(std::get<SessionKillRequest>(k.req->body).session_id, "abc");
+  EXPECT_BAD_REQUEST((json{{"v", 1}, {"id", "k"}, {"type", "session_kill"}}), "missing field \"session_id\"");
+  EXPECT_BAD_REQUEST((json{{"v", 1}, {"id", "k"}, {"type", "session_kill"}, {"session_id", std::string(65, 'a')}}),
+                     "longer than 64");
 }
 
 TEST(SessionFrame, KindLengthPayload) {

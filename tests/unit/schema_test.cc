@@ -286,9 +286,10 @@ std::vector<std::string> enumerators(const std::string& header, const std::strin
 }
 
 const char* const kRequestFiles[] = {"request-execute.json", "request-run_tool.json", "request-status.json",
-                                     "request-session.json"};
+                                     "request-session.json", "request-session_list.json", "request-session_kill.json"};
 const char* const kResponseFiles[] = {"response.json", "response-result.json", "response-status.json",
-                                      "response-session.json", "response-error.json", "run-record.json",
+                                      "response-session.json", "response-session_list.json",
+                                      "response-session_kill.json", "response-error.json", "run-record.json",
                                       "session-record.json", "tool-execution-result.json"};
 
 // ---------------------------------------------------------------------------
@@ -297,8 +298,10 @@ const char* const kResponseFiles[] = {"response.json", "response-result.json", "
 
 TEST(Schema, EveryExpectedFileExists) {
   std::set<std::string> want = {"request.json", "request-execute.json", "request-run_tool.json", "request-status.json",
-                                "request-session.json", "response.json", "response-result.json", "response-status.json",
-                                "response-session.json", "response-error.json", "run-record.json", "session-record.json",
+                                "request-session.json", "request-session_list.json", "request-session_kill.json",
+                                "response.json", "response-result.json", "response-status.json",
+                                "response-session.json", "response-session_list.json", "response-session_kill.json",
+                                "response-error.json", "run-record.json", "session-record.json",
                                 "tool-execution-result.json"};
   EXPECT_EQ(keys_of(json(schemas().docs())), want);
 }
@@ -389,6 +392,8 @@ json minimal(const std::string& type) {
     j["command"] = json::array({"node", "server.js"});
     return j;
   }
+  if (type == "session_kill") j["session_id"] = "4f2a9c1e0b7d3a55";
+  if (type == "session_list" || type == "session_kill") return j;
   if (type != "status") {
     j["tool_name"] = "f";
     j["organization_id"] = "org";

@@ -58,6 +58,8 @@ struct Sessions::Session {
   std::size_t queued = 0;
   std::uint64_t bytes_in = 0, bytes_out = 0, bytes_err = 0;
   std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+  const std::chrono::steady_clock::time_point opened = last;
+  const std::chrono::system_clock::time_point opened_at = std::chrono::system_clock::now();
   std::string ended_by;       // the first reason the daemon ended it for; "" when the command did
   bool over = false;          // the run ended (its Ended came): the watches stop
   bool client_failed = false;  // a write to the client failed or timed out
@@ -321,6 +323,37 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(const SessionOpen& open, C
   s->client.cancel();  // pump_in's read, if any
   s->stdin_pipe.close();
   co_return std::nullopt;
+}
+
+nlohmann::json Sessions::list() const {
+  using namespace std::chrono;
+  nlohmann::json out = nlohmann::json::array();
+  const auto now = steady_clock::now();
+  for (const Session* s : open_) {
+    if (s->run_id.empty()) continue;  // not started yet
+    out.push_back({{"session_id", s->run_id},
+                   {"organization_id", s->open.organization_id},
+                   {"agent_id", s->open.agent_id.empty() ? nlohmann::json() : nlohmann::json(s->open.agent_id)},
+                   {"policy", s->open.policy->name},
+                   {"program", s->open.argv[0]},
+                   {"peer_uid", s->open.peer.uid},
+                   {"opened_at", duration_cast<seconds>(s->opened_at.time_since_epoch()).count()},
+                   {"age_s", duration<double>(now - s->opened).count()},
+                   {"idle_s", duration<double>(now - s->last).count()},
+                   {"bytes_in", s->bytes_in},
+                   {"bytes_out", s->bytes_out},
+                   {"bytes_err", s->bytes_err}});
+  }
+  return out;
+}
+
+bool Sessions::kill(const std::string& session_id) {
+  for (Session* s : open_)
+    if (!s->run_id.empty() && s->run_id == session_id) {
+      s->end("operator");
+      return true;
+    }
+  return false;
 }
 
 void Sessions::end_all() {

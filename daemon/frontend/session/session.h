@@ -68,6 +68,12 @@ class Sessions {
   void end_all();
   bool empty() const noexcept { return open_.empty(); }
   nlohmann::json status() const;
+  // The operator's view (session_list): each open session's id, who opened
+  // it, what it runs (the program, not its arguments), its age and bytes.
+  nlohmann::json list() const;
+  // Ends an open session for the operator (its record says "operator");
+  // false when no session of that id is open.
+  bool kill(const std::string& session_id);
 
   struct Session;
 
