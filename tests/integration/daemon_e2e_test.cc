@@ -410,3 +410,89 @@ TEST_F(EngineTest, DaemonWarmPoolHandsOverOnce) {
   EXPECT_EQ(st["status"]["warm_pool"].value("hits", 0), 3) << st.dump();
   std::system(("rm -rf " + dir).c_str());
 }
+
+namespace {
+
+// A session's frames after its answer line (protocol/PROTOCOL.md, 6.8):
+// (kind, payload), or kind 0 at the connection's end.
+std::pair<char, std::string> read_frame(int fd) {
+  auto read_n = [fd](std::size_t n, std::string& out) {
+    out.resize(n);
+    for (std::size_t got = 0; got < n;) {
+      ssize_t r = ::read(fd, out.data() + got, n - got);
+      if (r <= 0) return false;
+      got += static_cast<std::size_t>(r);
+    }
+    return true;
+  };
+  std::string head, payload;
+  if (!read_n(5, head)) return {0, ""};
+  const std::uint32_t n = (std::uint32_t(std::uint8_t(head[1])) << 24) | (std::uint32_t(std::uint8_t(head[2])) << 16) |
+                          (std::uint32_t(std::uint8_t(head[3])) << 8) | std::uint8_t(head[4]);
+  if (n > (1u << 16) || !read_n(n, payload)) return {0, ""};
+  return {head[0], payload};
+}
+
+json session_request(std::vector<std::string> command) {
+  return {{"v", 1}, {"id", "s-1"}, {"type", "session"}, {"organization_id", "org-a"}, {"command", command}};
+}
+
+}  // namespace
+
+// A session under the shipped default policy: the answer line, the command's
+// stdout and stderr as frames, its stdin's end, the end record; then a
+// session whose client goes away is killed, tree and all, and one the
+// policy does not allow is refused.
+TEST_F(EngineTest, DaemonSessionRelaysItsStdioAndEnds) {
+  Daemon d;
+  int fd = d.connect();
+  Daemon::send_all(fd, session_request({"python3", "-c",
+                                        "import sys\nfor l in sys.stdin:\n    print(l.strip()[::-1], flush=True)\n"
+                                        "sys.stderr.write('done')\nsys.exit(5)"})
+                           .dump() + "\n");
+  json answer = Daemon::read_line(fd);
+  ASSERT_TRUE(answer.value("ok", false)) << answer.dump();
+  EXPECT_EQ(answer["session"]["command"][0], "/venv/bin/python3");
+  Daemon::send_all(fd, "abc\nxyz\n");
+  ASSERT_EQ(::shutdown(fd, SHUT_WR), 0);
+  std::string out, err;
+  json record;
+  for (;;) {
+    auto [kind, payload] = read_frame(fd);
+    if (kind == 'o') out += payload;
+    else if (kind == 'e') err += payload;
+    else if (kind == 'x') record = json::parse(payload, nullptr, false);
+    else break;
+  }
+  ::close(fd);
+  EXPECT_EQ(out, "cba\nzyx\n");
+  EXPECT_EQ(err, "done");
+  EXPECT_EQ(record.value("ended_by", ""), "exit") << record.dump();
+  EXPECT_EQ(record.value("exit_code", -1), 5) << record.dump();
+  EXPECT_EQ(record.value("bytes_in", 0), 8) << record.dump();
+
+  fd = d.connect();
+  Daemon::send_all(fd, session_request({"python3", "-c", "import time\nprint('up', flush=True)\ntime.sleep(60)"}).dump() +
+                           "\n");
+  ASSERT_TRUE(Daemon::read_line(fd).value("ok", false));
+  std::string up;  // (PYTHONUNBUFFERED: "up" and "\n" may come as two writes)
+  while (up.size() < 3) {
+    auto [kind, payload] = read_frame(fd);
+    if (kind != 'o') break;
+    up += payload;
+  }
+  EXPECT_EQ(up, "up\n");
+  EXPECT_EQ(d.status()["sessions"]["open"], 1);
+  ::close(fd);
+  json st;
+  for (int i = 0; i < 50; ++i) {
+    st = d.status();
+    if (st["sessions"]["open"] == 0) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(st["sessions"]["open"], 0) << st.dump();
+  EXPECT_NE(d.log_text().find("ended_by=client"), std::string::npos);
+
+  json refused = d.raw(session_request({"/bin/sh", "-c", "id"}).dump() + "\n");
+  EXPECT_EQ(refused["error"]["code"], "policy_denied") << refused.dump();
+}
