@@ -74,8 +74,9 @@ BUDGETS = {
     # then from 1250: a node_modules' key, and trees in the cache.
     "daemon/venv": 1300,
     # Raised from 1250: `toolsandbox venv` shows and builds node_modules too;
-    # then from 1280: `toolsandbox session`, the stdio bridge to a session.
-    "daemon/cli": 1510,
+    # then from 1280: `toolsandbox session`, the stdio bridge to a session,
+    # and its operator's verbs (list, kill).
+    "daemon/cli": 1570,
     # Raised from 950: a session request's placement and checks.
     "daemon/frontend": 1010,
     # Set with the folder: per-peer fairness, about 10 % above its size (346).
@@ -88,8 +89,8 @@ BUDGETS = {
     # TypeScript tool's node_modules, found or built like a venv; then from
     # 1640: a session's stdio handed over (SpawnerLink::run's take_stdio).
     "daemon/frontend/local": 1660,
-    # Set with the folder: sessions, about 10 % above its size.
-    "daemon/frontend/session": 370,
+    # Set with the folder: sessions, about 10 % above its size (409).
+    "daemon/frontend/session": 450,
     # Lowered from 1700: its steps return Result<T, Fail>. Raised from 1630:
     # TypeScript tools (npm installs, the source handling, the tool-mode cells).
     "daemon/frontend/e2b": 1850,

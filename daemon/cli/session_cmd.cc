@@ -53,14 +53,14 @@ bool write_all(int fd, const char* p, std::size_t n) {
 }
 
 // A frame's payload to stdout or stderr: the bytes themselves to a pipe or
-// a file (the server's protocol), escaped on a terminal.
-void emit(int fd, std::string_view data) {
+// a file (the server's protocol), escaped on a terminal. False when it
+// could not be written (the reader is gone).
+bool emit(int fd, std::string_view data) {
   if (::isatty(fd)) {
     print_block(fd == STDOUT_FILENO ? stdout : stderr, std::string(data));
-    std::fflush(fd == STDOUT_FILENO ? stdout : stderr);
-  } else {
-    (void)write_all(fd, data.data(), data.size());
+    return std::fflush(fd == STDOUT_FILENO ? stdout : stderr) == 0;
   }
+  return write_all(fd, data.data(), data.size());
 }
 
 long long now_ms() {
@@ -158,9 +158,11 @@ struct Incoming {
       const char kind = in[0];
       const std::string_view payload = std::string_view(in).substr(5, n);
       if (kind == protocol::kSessionStdout) {
-        emit(STDOUT_FILENO, payload);
+        // Whoever reads this process's stdout is gone: so is the session
+        // (this process's end closes the connection).
+        if (!emit(STDOUT_FILENO, payload)) return 128 + SIGPIPE;
       } else if (kind == protocol::kSessionStderr) {
-        emit(STDERR_FILENO, payload);
+        (void)emit(STDERR_FILENO, payload);
       } else if (kind == protocol::kSessionEnd) {
         json rec = protocol::parse_json_bounded(payload);
         if (rec.is_discarded() || !rec.is_object()) {
@@ -186,6 +188,7 @@ int bridge(int fd, int sigfd, const std::string& record_file) {
   std::string out;
   bool stdin_open = true, sent_eof = false;
   long long grace_until = -1;
+  int signal_number = 0;  // the first signal's
   char buf[65536];
   auto end_stdin = [&] {
     stdin_open = false;
@@ -204,11 +207,12 @@ int bridge(int fd, int sigfd, const std::string& record_file) {
       print_line(stderr, "toolsandbox session: poll: %s", std::strerror(errno));
       return kExitSetup;
     }
-    if (grace_until >= 0 && now_ms() >= grace_until) return 128 + SIGTERM;
+    if (grace_until >= 0 && now_ms() >= grace_until) return 128 + signal_number;
     if (p[0].revents & POLLIN) {
       signalfd_siginfo si{};
       if (::read(sigfd, &si, sizeof si) == sizeof si) {
         if (grace_until >= 0) return 128 + static_cast<int>(si.ssi_signo);
+        signal_number = static_cast<int>(si.ssi_signo);
         grace_until = now_ms() + kSignalGraceMs;
         out.clear();
         end_stdin();

@@ -516,7 +516,11 @@ asio::awaitable<void> Server::serve(socket_t sock, Peer peer, std::unique_ptr<Pe
         } else if (auto* sr = std::get_if<protocol::SessionRequest>(&std::get<protocol::Request>(decoded).body)) {
           // A session has the connection to itself until it ends, and then
           // the connection closes (a refusal is its one line).
-          reply = co_await session_request(std::get<protocol::Request>(decoded).id, *sr, peer, sock);
+          // What came after the request line is the start of the command's stdin.
+          std::string early(buf.data, buf.size);
+          hold.release(buf.size);
+          buf.consume(buf.size);
+          reply = co_await session_request(std::get<protocol::Request>(decoded).id, *sr, peer, sock, std::move(early));
           if (!reply.empty()) co_await write_line(sock, reply);
           hold.release(len);
           co_return;
@@ -646,7 +650,7 @@ asio::awaitable<std::string> Server::run_request(const protocol::Request& req, c
 }
 
 asio::awaitable<std::string> Server::session_request(const std::string& id, const protocol::SessionRequest& req,
-                                                     const Peer& peer, socket_t& sock) {
+                                                     const Peer& peer, socket_t& sock, std::string early_input) {
   using protocol::ErrorCode;
   if (shutting_down_) co_return protocol::encode_error(id, ErrorCode::Unavailable, "the daemon is shutting down");
   auto placement = place_run(*policies_, req.organization_id, req.policy, cfg_.e2b.enabled);
@@ -682,6 +686,7 @@ asio::awaitable<std::string> Server::session_request(const std::string& id, cons
   const int fd = sock.native_handle();
   open.client_gone = [fd] { return peer_hung_up(fd); };
   open.write_timeout = cfg_.write_timeout;
+  open.early_input = std::move(early_input);
   auto refused = co_await sessions_->run(open, sock);
   co_return refused ? protocol::encode_error(id, refused->code, refused->message) : std::string();
 }

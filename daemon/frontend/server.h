@@ -89,10 +89,11 @@ class Server {
   // execute / run_tool: admission, the pipeline (daemon/frontend/pipeline/pipeline.h)
   // on the backend the placement names, the client watched meanwhile.
   asio::awaitable<std::string> run_request(const protocol::Request& req, const Peer& peer, socket_t& sock);
-  // session: placed and checked here, then relayed by the local backend
+  // session: placed and checked here, then relayed (daemon/frontend/session/)
   // until it ends; a refusal's line, or "" (everything was sent).
+  // `early_input`: what the client sent after the request line.
   asio::awaitable<std::string> session_request(const std::string& id, const protocol::SessionRequest& req,
-                                               const Peer& peer, socket_t& sock);
+                                               const Peer& peer, socket_t& sock, std::string early_input);
   asio::awaitable<void> signal_loop();
   asio::awaitable<void> shutdown_sequence();
   bool peer_allowed(const Peer& p) const;

@@ -173,6 +173,11 @@ class Sessions(unittest.TestCase):
         cls.addClassCleanup(cls.daemon.stop)
         cls.daemon.start()
 
+    def setUp(self):
+        # Each test's sessions end before the next one opens any (the
+        # bounds per organization are per daemon). Registered first, run last.
+        self.addCleanup(self.wait_no_session)
+
     def raw(self, command, **kw):
         r = Raw(self.daemon.socket_path, command, **kw)
         self.addCleanup(r.close)
@@ -203,6 +208,45 @@ class Sessions(unittest.TestCase):
         st = self.daemon.status()["sessions"]
         self.assertGreaterEqual(st["total"], 1)
         self.assertIn("audit session_id=%s" % rec["session_id"], self.daemon.log())
+
+    def test_bytes_sent_with_the_request_are_the_first_input(self):
+        # An MCP client may send its first message with the request line.
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(s.close)
+        s.settimeout(30)
+        s.connect(self.daemon.socket_path)
+        req = {"v": 1, "id": "early", "type": "session", "organization_id": ORG,
+               "command": ["python3", "-c", "import sys\nprint(sys.stdin.readline().strip()[::-1], flush=True)"]}
+        s.sendall(json.dumps(req).encode() + b"\nhello early\n")
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        answer, frames = data.split(b"\n", 1)
+        self.assertTrue(json.loads(answer)["ok"])
+        self.assertIn(b"ylrae olleh", frames)
+
+    def test_a_large_last_output_comes_whole_before_the_end(self):
+        # The command writes 3 MiB and exits while the client is not reading
+        # yet: every byte comes, in frames, before the end frame.
+        r = self.raw(["python3", "-c", "import os\nfor i in range(48):\n    os.write(1, bytes([65 + i % 26]) * 65536)"])
+        time.sleep(1.5)
+        # Then slowly: the daemon is in the middle of a frame when the
+        # command ends, and most of the output is still to come.
+        while True:
+            chunk = r.sock.recv(8192)
+            if not chunk:
+                break
+            r.buf += chunk
+            time.sleep(0.002)
+        rec = r.finish(timeout=30)
+        self.assertEqual(rec["ended_by"], "exit", rec)
+        self.assertEqual(len(r.out), 48 * 65536)
+        self.assertEqual(r.out, b"".join(bytes([65 + i % 26]) * 65536 for i in range(48)))
+        self.assertIsNone(r.read_frame(5), "nothing after the end frame")
 
     def test_the_answer_names_the_command_as_started(self):
         r = self.raw(["python3", "-c", "print(42)"])

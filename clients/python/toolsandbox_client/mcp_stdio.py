@@ -31,6 +31,7 @@ from typing import Any, AsyncIterator, Iterable, List, Optional, TextIO
 
 from . import protocol as P
 from .aio import AsyncClient
+from .errors import DaemonConnectionError
 from .session import AsyncSession
 
 __all__ = ["sandboxed_stdio_client", "session_lines", "session_command", "ToolSandboxStdioMCPClient",
@@ -138,12 +139,12 @@ async def sandboxed_stdio_client(server: Any, *, organization_id: Optional[str] 
                         await read_stream_writer.send(exc)
                         continue
                     await read_stream_writer.send(SessionMessage(message))
-        except anyio.ClosedResourceError:
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             await anyio.lowlevel.checkpoint()
         except Exception as exc:  # the connection ended without a record
             try:
                 await read_stream_writer.send(exc)
-            except anyio.ClosedResourceError:
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass
         finally:
             reader_done.set()
@@ -154,7 +155,9 @@ async def sandboxed_stdio_client(server: Any, *, organization_id: Optional[str] 
                 async for session_message in write_stream_reader:
                     text = session_message.message.model_dump_json(by_alias=True, exclude_none=True)
                     await session.write((text + "\n").encode(encoding, errors))
-        except anyio.ClosedResourceError:
+        except (anyio.ClosedResourceError, DaemonConnectionError):
+            # The session ended (its reader says how); what is left unsent
+            # has no server to go to.
             await anyio.lowlevel.checkpoint()
 
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import socket
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -58,7 +59,12 @@ class _Opened:
 
 class Session(_Opened):
     """A session on a blocking socket. Not thread-safe for concurrent reads;
-    one thread may write while another reads."""
+    one thread may write while another reads (the socket stays blocking:
+    a read's timeout is a select(), never the socket's own)."""
+
+    def __init__(self, sock: socket.socket, answer: Dict[str, Any], rest: bytes):
+        super().__init__(sock, answer, rest)
+        sock.settimeout(None)
 
     def read(self, timeout: Optional[float] = None) -> Optional[Tuple[str, bytes]]:
         """The next ("stdout" | "stderr", bytes), or None once the session
@@ -72,16 +78,22 @@ class Session(_Opened):
                 return f
             if self.record is not None:
                 return None
-            self._sock.settimeout(timeout)
-            chunk = self._sock.recv(_CHUNK)
+            if timeout is not None and not select.select([self._sock], [], [], timeout)[0]:
+                raise socket.timeout("no output from the session within %s s" % timeout)
+            try:
+                chunk = self._sock.recv(_CHUNK)
+            except OSError as e:
+                raise DaemonConnectionError("reading the session failed: %s" % (e.strerror or e)) from e
             if not chunk:
                 raise self._closed_early()
             self._buf += chunk
 
     def write(self, data: bytes) -> None:
         """Bytes to the command's stdin (blocks while the daemon has no room)."""
-        self._sock.settimeout(None)
-        self._sock.sendall(data)
+        try:
+            self._sock.sendall(data)
+        except OSError as e:
+            raise DaemonConnectionError("writing to the session failed: %s" % (e.strerror or e)) from e
 
     def close_stdin(self) -> None:
         """The command's stdin ends (an MCP server then exits); reading goes on."""

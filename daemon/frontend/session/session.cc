@@ -41,18 +41,22 @@ constexpr std::size_t kQueueBytes = 256u << 10;
 
 // One open session: its pipes, its frames waiting for the client, its
 // counts, and why it ended. Shared by its coroutines; the last one's
-// release frees it.
+// release frees it. Only the writer writes to the client, and Sessions::run
+// returns (the client's socket is then closed by its owner) only once the
+// writer and the client's reader have ended.
 struct Sessions::Session {
   Session(asio::io_context& io, Sessions::ClientSocket& c, SessionOpen o)
       : io(io), client(c), open(std::move(o)), wake(io, std::chrono::steady_clock::time_point::max()),
-        room(io, std::chrono::steady_clock::time_point::max()), stdin_pipe(io) {}
+        room(io, std::chrono::steady_clock::time_point::max()),
+        exited(io, std::chrono::steady_clock::time_point::max()), stdin_pipe(io) {}
   asio::io_context& io;
   Sessions::ClientSocket& client;
   const SessionOpen open;  // a copy: the coroutines may outlive the request's
   CancelSignal cancel;
   std::string run_id;
-  asio::steady_timer wake;  // cancelled: a frame was queued, or the session is over
-  asio::steady_timer room;  // cancelled: the queue has room again
+  asio::steady_timer wake;    // cancelled: a frame was queued, or the end is
+  asio::steady_timer room;    // cancelled: the queue has room again
+  asio::steady_timer exited;  // cancelled: a task of the session (the writer, a reader, a pump) ended
   stream stdin_pipe;
   std::deque<std::string> queue;
   std::size_t queued = 0;
@@ -60,12 +64,16 @@ struct Sessions::Session {
   std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
   const std::chrono::steady_clock::time_point opened = last;
   const std::chrono::system_clock::time_point opened_at = std::chrono::system_clock::now();
-  std::string ended_by;       // the first reason the daemon ended it for; "" when the command did
-  bool over = false;          // the run ended (its Ended came): the watches stop
+  std::string ended_by;        // the first reason the daemon ended it for; "" when the command did
+  bool started = false;        // Started came: the relay runs
+  bool over = false;           // the run ended (its Ended came): the watches stop
+  bool end_queued = false;     // the end frame is queued (or will never be sent): the writer ends once the queue is out
   bool client_failed = false;  // a write to the client failed or timed out
-  int readers = 0;            // stdout and stderr pumps still reading
+  int readers = 0;             // stdout and stderr pumps still reading
+  bool writing = false, reading = false;  // the writer, the client's reader (pump_in) run
 
   void end(const char* why) {
+    if (over) return;  // it ended on its own first: the record says so
     if (ended_by.empty()) ended_by = why;
     cancel.request();
   }
@@ -81,15 +89,26 @@ struct Sessions::Session {
     last = std::chrono::steady_clock::now();
     if (bytes_in + bytes_out + bytes_err > open.policy->sessions.stream_bytes) end("stream_limit");
   }
+  bool past_stream_limit() const { return ended_by == "stream_limit"; }
 };
 
 namespace {
 
-// The client's bytes to stdin; its shutdown(SHUT_WR) closes stdin, and a
-// client gone entirely ends the session.
-asio::awaitable<void> pump_in(std::shared_ptr<Sessions::Session> s) {
+// The client's bytes to stdin (after the command frame and what came with
+// the request line); its shutdown(SHUT_WR) closes stdin, and a client gone
+// entirely ends the session. Reads the client until the session is over.
+asio::awaitable<void> pump_in(std::shared_ptr<Sessions::Session> s, std::string first) {
+  struct Done {
+    Sessions::Session& s;
+    ~Done() {
+      s.reading = false;
+      s.exited.cancel();
+    }
+  } done{*s};
   std::array<char, kChunk> buf;
-  for (;;) {
+  if (auto [ec, n] = co_await asio::async_write(s->stdin_pipe, asio::buffer(first), tuple_awaitable); ec)
+    s->stdin_pipe.close();
+  while (!s->over) {
     auto [ec, n] = co_await s->client.async_read_some(asio::buffer(buf), tuple_awaitable);
     if (s->over) break;
     if (ec) {
@@ -98,21 +117,11 @@ asio::awaitable<void> pump_in(std::shared_ptr<Sessions::Session> s) {
       break;
     }
     s->count(s->bytes_in, n);
-    if (s->stdin_pipe.is_open()) {
+    // Past stream_bytes, or once the command closed its stdin: dropped.
+    if (s->stdin_pipe.is_open() && !s->past_stream_limit()) {
       auto [wec, wn] = co_await asio::async_write(s->stdin_pipe, asio::buffer(buf.data(), n), tuple_awaitable);
-      if (wec) s->stdin_pipe.close();  // the command closed its stdin: the rest is dropped
+      if (wec) s->stdin_pipe.close();
     }
-  }
-  // After a half-close: the client may still read; gone entirely, the
-  // session ends (looked at every 200 ms).
-  asio::steady_timer tick(s->io);
-  while (!s->over) {
-    if (s->open.client_gone()) {
-      s->end("client");
-      break;
-    }
-    tick.expires_after(std::chrono::milliseconds(200));
-    co_await tick.async_wait(tuple_awaitable);
   }
 }
 
@@ -121,17 +130,18 @@ asio::awaitable<void> pump_out(std::shared_ptr<Sessions::Session> s, UniqueFd fd
   stream sd(s->io, fd.release());
   std::array<char, kChunk> buf;
   for (;;) {
-    while (s->queued >= kQueueBytes && !s->client_failed) co_await s->room.async_wait(tuple_awaitable);
+    while (s->queued >= kQueueBytes && !s->client_failed && !s->end_queued) co_await s->room.async_wait(tuple_awaitable);
     auto [ec, n] = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
     if (ec) break;
     s->count(kind == protocol::kSessionStdout ? s->bytes_out : s->bytes_err, n);
     // Past stream_bytes nothing more is read or goes out: the session is
     // being ended, and its command waits on a full pipe meanwhile.
-    if (s->ended_by == "stream_limit") break;
-    if (!s->client_failed) s->push(kind, std::string_view(buf.data(), n));
+    if (s->past_stream_limit()) break;
+    if (!s->client_failed && !s->end_queued) s->push(kind, std::string_view(buf.data(), n));
   }
   --s->readers;
   s->wake.cancel();
+  s->exited.cancel();
 }
 
 // One write to the client, within write_timeout.
@@ -142,9 +152,17 @@ asio::awaitable<bool> write_client(Sessions::Session& s, std::string_view bytes)
   co_return r.index() == 0 && !std::get<0>(std::get<0>(r));
 }
 
-// The queue to the client, in order, until the pumps are done and it is
-// empty. A client that does not take a frame in time ends the session.
+// The queue to the client, in order, the only writer of the client's
+// socket; it ends once the end frame is out (or the client failed). A
+// client that does not take a frame in time ends the session.
 asio::awaitable<void> writer(std::shared_ptr<Sessions::Session> s) {
+  struct Done {
+    Sessions::Session& s;
+    ~Done() {
+      s.writing = false;
+      s.exited.cancel();
+    }
+  } done{*s};
   for (;;) {
     while (!s->queue.empty() && !s->client_failed) {
       std::string f = std::move(s->queue.front());
@@ -161,65 +179,115 @@ asio::awaitable<void> writer(std::shared_ptr<Sessions::Session> s) {
       s->queued = 0;
       s->room.cancel();
     }
-    if (s->over && s->readers == 0) break;
+    if (s->end_queued && s->queue.empty()) break;
     s->wake.expires_at(std::chrono::steady_clock::time_point::max());
     if (s->queue.empty()) co_await s->wake.async_wait(tuple_awaitable);
   }
 }
 
-// Idle: no byte either way for idle_timeout.
-asio::awaitable<void> idle_watch(std::shared_ptr<Sessions::Session> s) {
+// Before the start, the client's going away; after it, idle (no byte
+// either way for idle_timeout) and the client's going away too (a reader
+// blocked on a full stdin pipe does not see it).
+asio::awaitable<void> watch(std::shared_ptr<Sessions::Session> s) {
   asio::steady_timer t(s->io);
   const auto idle = s->open.policy->sessions.idle_timeout;
   while (!s->over) {
-    const auto due = s->last + idle;
-    if (std::chrono::steady_clock::now() >= due) {
+    const auto now = std::chrono::steady_clock::now();
+    if (s->open.client_gone()) {
+      s->end("client");
+      break;
+    }
+    if (s->started && now >= s->last + idle) {
       s->end("idle");
       break;
     }
-    t.expires_at(std::min(due, std::chrono::steady_clock::now() + std::chrono::milliseconds(500)));
+    t.expires_at(std::min(s->started ? s->last + idle : now + std::chrono::seconds(1), now + std::chrono::milliseconds(500)));
     co_await t.async_wait(tuple_awaitable);
   }
+}
+
+// Until `done` holds (looked at whenever a task of the session ends: the
+// session's `exited` is cancelled then), or until `deadline`; whether it
+// holds.
+template <typename Pred>
+asio::awaitable<bool> wait_until(Sessions::Session& s, Pred done, std::chrono::steady_clock::time_point deadline) {
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
+    s.exited.expires_at(deadline);
+    if (done()) break;
+    co_await s.exited.async_wait(tuple_awaitable);
+  }
+  co_return done();
 }
 
 }  // namespace
 
 unsigned Sessions::open_of(const std::string& org) const {
-  auto it = orgs_.find(org);
-  return it == orgs_.end() ? 0 : it->second;
+  auto it = reg_->orgs.find(org);
+  return it == reg_->orgs.end() ? 0 : it->second;
 }
 
 nlohmann::json Sessions::status() const {
-  return {{"open", open_.size()},
+  return {{"open", reg_->open.size()},
           {"max", limits_.max},
           {"max_per_organization", limits_.per_organization},
           {"total", total_},
           {"refused_busy", refused_}};
 }
 
+namespace {
+
+// A spawner's refusal as the client's error code, as a run's (local_backend.cc).
+ErrorCode refusal_code(spawn::RefuseCode rc) {
+  using spawn::RefuseCode;
+  return rc == RefuseCode::Busy                                              ? ErrorCode::Busy
+         : rc == RefuseCode::Unavailable || rc == RefuseCode::UnknownPolicy ? ErrorCode::Unavailable
+         : rc == RefuseCode::OutOfBounds                                     ? ErrorCode::PolicyDenied
+                                                                             : ErrorCode::Internal;
+}
+
+// The end record (PROTOCOL.md, section 6.8; protocol/schema/session-record.json).
+nlohmann::json end_record(const Sessions::Session& s, const Policy& pol, const isolate::RunResult& r,
+                          const std::string& ended_by) {
+  nlohmann::json record = run_record_json(r);
+  for (const char* k : {"run_id", "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes"}) record.erase(k);
+  record["session_id"] = s.run_id;
+  record["ended_by"] = ended_by;
+  record["policy"] = pol.name;
+  record["policy_fingerprint"] = pol.fingerprint;
+  record["bytes_in"] = s.bytes_in;
+  record["bytes_out"] = s.bytes_out;
+  record["bytes_err"] = s.bytes_err;
+  record["landlock"] = isolate::landlock_summary(r.landlock);
+  return record;
+}
+
+}  // namespace
+
 asio::awaitable<std::optional<Refusal>> Sessions::run(const SessionOpen& open, ClientSocket& client) {
   const Policy& pol = *open.policy;
   if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
-  if (open_.size() >= limits_.max || open_of(open.organization_id) >= limits_.per_organization) {
+  if (reg_->open.size() >= limits_.max || open_of(open.organization_id) >= limits_.per_organization) {
     ++refused_;
-    co_return Refusal{ErrorCode::Busy, open_.size() >= limits_.max
+    co_return Refusal{ErrorCode::Busy, reg_->open.size() >= limits_.max
                                            ? "max_sessions (" + std::to_string(limits_.max) + ") are open; retry later"
                                            : "this organization has max_sessions_per_organization (" +
                                                  std::to_string(limits_.per_organization) + ") open; retry later"};
   }
   auto s = std::make_shared<Session>(io_, client, open);
-  open_.insert(s.get());
-  ++orgs_[open.organization_id];
+  reg_->open.insert(s.get());
+  ++reg_->orgs[open.organization_id];
   ++total_;
+  // (The registry, not this object: a frame destroyed with the event loop,
+  // after the Sessions, still finds it.)
   struct Close {
-    Sessions& b;
+    std::shared_ptr<Registry> reg;
     Session* s;
-    const std::string& org;
+    std::string org;
     ~Close() {
-      b.open_.erase(s);
-      if (--b.orgs_[org] == 0) b.orgs_.erase(org);
+      reg->open.erase(s);
+      if (--reg->orgs[org] == 0) reg->orgs.erase(org);
     }
-  } close{*this, s.get(), open.organization_id};
+  } close{reg_, s.get(), open.organization_id};
 
   spawn::RunOrder order;
   order.policy = session_policy_name(pol.name);
@@ -238,66 +306,46 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(const SessionOpen& open, C
     }
   } stop_proxy{proxy};
   const auto t0 = std::chrono::steady_clock::now();
-  bool started = false;
+  asio::co_spawn(io_, watch(s), asio::detached);  // the client's going away, from now on
   auto take = [&](const std::string& run_id, std::vector<UniqueFd> fds) {
-    started = true;
+    s->started = true;
+    s->last = std::chrono::steady_clock::now();
     s->run_id = run_id;
     s->stdin_pipe.assign(fds[0].release());
-    // The answer line first, then the command for the launcher.
+    // The answer line first; on stdin, the command for the launcher, then
+    // what came with the request line.
     nlohmann::json answer = {{"session_id", run_id}, {"policy", pol.name}, {"policy_fingerprint", pol.fingerprint},
                              {"command", open.argv}};
     std::string line = protocol::encode_ok(open.request_id, "session", answer);
     s->queued += line.size();
     s->queue.push_back(std::move(line));
-    const std::string frame = session_command_frame(open.argv);
-    asio::co_spawn(io_, [s, frame]() -> asio::awaitable<void> {
-      auto [ec, n] = co_await asio::async_write(s->stdin_pipe, asio::buffer(frame), tuple_awaitable);
-      if (!ec) co_await pump_in(s);
-    }, asio::detached);
+    s->bytes_in += open.early_input.size();
+    s->writing = s->reading = true;
     s->readers = 2;
+    asio::co_spawn(io_, pump_in(s, session_command_frame(open.argv) + open.early_input), asio::detached);
     asio::co_spawn(io_, pump_out(s, std::move(fds[1]), protocol::kSessionStdout), asio::detached);
     asio::co_spawn(io_, pump_out(s, std::move(fds[2]), protocol::kSessionStderr), asio::detached);
     asio::co_spawn(io_, writer(s), asio::detached);
-    asio::co_spawn(io_, idle_watch(s), asio::detached);
   };
   LinkRun ran = co_await link_.run(std::move(order), "", 0, 0, {}, s->cancel, proxy.get(), {}, std::nullopt, 0, take);
-  if (ran.refused) {
-    s->over = true;
-    co_return Refusal{ran.refused->code == spawn::RefuseCode::Busy ? ErrorCode::Busy : ErrorCode::Unavailable,
-                      "the session could not start: " + ran.refused->message};
-  }
-  if (!started) {
-    s->over = true;
+  const bool started = s->started;
+  s->over = true;
+  if (ran.refused)
+    co_return Refusal{refusal_code(ran.refused->code), "the session could not start: " + ran.refused->message};
+  if (!started)
     co_return Refusal{ErrorCode::Internal, "the session's sandbox could not be set up: " +
                                                (ran.result.error.empty() ? std::string("its log says why") : ran.result.error)};
-  }
-  // The run ended: the pumps read their pipes to EOF (every writer is gone
-  // with pid 1), the writer sends what is queued; bounded by write_timeout
-  // per frame, and the pipes by 5 s.
-  s->over = true;
+  // 1. The pumps read the pipes to their end (every writer is gone with
+  // pid 1; bounded all the same): all the output is queued, in order.
   s->wake.cancel();
-  asio::steady_timer t(io_);
-  const auto drain_until = std::chrono::steady_clock::now() + std::chrono::seconds(5) + open.write_timeout;
-  while ((s->readers > 0 || !s->queue.empty()) && !s->client_failed && std::chrono::steady_clock::now() < drain_until) {
-    t.expires_after(std::chrono::milliseconds(10));
-    co_await t.async_wait(tuple_awaitable);
-  }
+  co_await wait_until(*s, [&] { return s->readers == 0; }, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  // 2. The record and the audit line.
   if (ran.result.reason == isolate::EndReason::Timeout && s->ended_by.empty()) s->ended_by = "lifetime";
   if (ran.result.reason != isolate::EndReason::Exited && ran.result.reason != isolate::EndReason::Cancelled &&
-      s->ended_by.empty())
+      ran.result.reason != isolate::EndReason::Signaled && s->ended_by.empty())
     s->ended_by = "limit";
   const std::string ended_by = s->ended_by.empty() ? "exit" : s->ended_by;
-  nlohmann::json record = run_record_json(ran.result);
-  for (const char* k : {"run_id", "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes"}) record.erase(k);
-  record["session_id"] = s->run_id;
-  record["ended_by"] = ended_by;
-  record["end_reason"] = std::string(isolate::to_string(ran.result.reason));
-  record["policy"] = pol.name;
-  record["policy_fingerprint"] = pol.fingerprint;
-  record["bytes_in"] = s->bytes_in;
-  record["bytes_out"] = s->bytes_out;
-  record["bytes_err"] = s->bytes_err;
-  record["landlock"] = isolate::landlock_summary(ran.result.landlock);
+  nlohmann::json record = end_record(*s, pol, ran.result, ended_by);
   if (proxy) {
     proxy->stop();
     record["egress"] = proxy->summary();
@@ -312,16 +360,26 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(const SessionOpen& open, C
       quoted_for_message(open.argv[0]), quoted_for_message(pol.name), pol.fingerprint, ms, ended_by,
       isolate::to_string(ran.result.reason), ran.result.exit_code, s->bytes_in, s->bytes_out, s->bytes_err,
       proxy ? proxy->audit_fields() : std::string());
-  // The end frame, then the connection closes (the caller's).
-  if (!s->client_failed) co_await write_client(*s, protocol::session_frame(protocol::kSessionEnd, record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
-  // Nothing of the session touches the client once this returns (the
-  // caller closes it): what is still running sees client_failed and over.
-  s->client_failed = true;
-  s->queue.clear();
-  s->room.cancel();
+  // 3. The end frame, last in the writer's queue: the writer sends
+  // everything before it, then ends. A client that does not take it all
+  // within write_timeout (and a margin) is cut off.
+  if (!s->client_failed)
+    s->push(protocol::kSessionEnd, record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  s->end_queued = true;
   s->wake.cancel();
-  s->client.cancel();  // pump_in's read, if any
+  s->room.cancel();
+  if (!co_await wait_until(*s, [&] { return !s->writing; },
+                           std::chrono::steady_clock::now() + open.write_timeout + std::chrono::seconds(5))) {
+    s->client_failed = true;
+    s->client.cancel();
+    co_await wait_until(*s, [&] { return !s->writing; }, std::chrono::steady_clock::time_point::max());
+  }
+  // 4. The client's reader stops (its read, or its write to a stdin pipe
+  // that no one reads any more). Nothing of the session touches the client
+  // once this returns: its owner closes it.
   s->stdin_pipe.close();
+  s->client.cancel();
+  co_await wait_until(*s, [&] { return !s->reading; }, std::chrono::steady_clock::time_point::max());
   co_return std::nullopt;
 }
 
@@ -329,7 +387,7 @@ nlohmann::json Sessions::list() const {
   using namespace std::chrono;
   nlohmann::json out = nlohmann::json::array();
   const auto now = steady_clock::now();
-  for (const Session* s : open_) {
+  for (const Session* s : reg_->open) {
     if (s->run_id.empty()) continue;  // not started yet
     out.push_back({{"session_id", s->run_id},
                    {"organization_id", s->open.organization_id},
@@ -348,7 +406,7 @@ nlohmann::json Sessions::list() const {
 }
 
 bool Sessions::kill(const std::string& session_id) {
-  for (Session* s : open_)
+  for (Session* s : reg_->open)
     if (!s->run_id.empty() && s->run_id == session_id) {
       s->end("operator");
       return true;
@@ -358,7 +416,7 @@ bool Sessions::kill(const std::string& session_id) {
 
 void Sessions::end_all() {
   stopping_ = true;
-  for (Session* s : open_) s->end("shutdown");
+  for (Session* s : reg_->open) s->end("shutdown");
 }
 
 }  // namespace tsb::core

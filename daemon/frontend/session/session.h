@@ -43,6 +43,9 @@ struct SessionOpen {
   Peer peer;
   std::function<bool()> client_gone;         // the client closed its end entirely
   std::chrono::milliseconds write_timeout{30'000};  // for each write to the client
+  // What the client sent after its request line, read with it: the first
+  // bytes of the command's stdin (after the launcher's command frame).
+  std::string early_input;
 };
 
 // How many sessions may be open: in all, and per organization.
@@ -66,7 +69,7 @@ class Sessions {
   // Shutdown: nothing new opens, and every session ends now (sessions
   // have no grace); then wait until none is open.
   void end_all();
-  bool empty() const noexcept { return open_.empty(); }
+  bool empty() const noexcept { return reg_->open.empty(); }
   nlohmann::json status() const;
   // The operator's view (session_list): each open session's id, who opened
   // it, what it runs (the program, not its arguments), its age and bytes.
@@ -85,8 +88,11 @@ class Sessions {
   egress::Service& egress_;
   SessionLimits limits_;
   bool stopping_ = false;
-  std::set<Session*> open_;
-  std::map<std::string, unsigned> orgs_;  // open sessions per organization
+  struct Registry {
+    std::set<Session*> open;
+    std::map<std::string, unsigned> orgs;  // open sessions per organization
+  };
+  std::shared_ptr<Registry> reg_ = std::make_shared<Registry>();
   std::uint64_t total_ = 0, refused_ = 0;
 };
 
