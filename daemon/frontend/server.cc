@@ -687,7 +687,7 @@ asio::awaitable<std::string> Server::session_request(const std::string& id, cons
   open.client_gone = [fd] { return peer_hung_up(fd); };
   open.write_timeout = cfg_.write_timeout;
   open.early_input = std::move(early_input);
-  auto refused = co_await sessions_->run(open, sock);
+  auto refused = co_await sessions_->run(std::move(open), sock);
   co_return refused ? protocol::encode_error(id, refused->code, refused->message) : std::string();
 }
 

@@ -312,18 +312,22 @@ class Sessions(unittest.TestCase):
     # --- ends the daemon decides ---------------------------------------------
 
     def test_idle_timeout(self):
+        tag = "tsb-idle-" + uuid.uuid4().hex[:8]
         t0 = time.monotonic()
-        r = self.raw(["python3", "-c", "import time\ntime.sleep(60)"], policy="short")
+        r = self.raw(["python3", "-c", "import time\ntime.sleep(60)\n# " + tag], policy="short")
         rec = r.finish(timeout=10)
         self.assertEqual(rec["ended_by"], "idle", rec)
         self.assertLess(time.monotonic() - t0, 5)
+        self.assertTrue(wait_gone(tag, 1))
 
     def test_bytes_keep_a_session_alive_until_its_lifetime(self):
         # A byte every 0.3 s: never idle; max_lifetime (4 s) ends it.
-        r = self.raw(["python3", "-c", "import time\nwhile True:\n    print('.', flush=True)\n    time.sleep(0.3)"],
+        tag = "tsb-life-" + uuid.uuid4().hex[:8]
+        r = self.raw(["python3", "-c", "import time\nwhile True:\n    print('.', flush=True)\n    time.sleep(0.3)\n# " + tag],
                      policy="short")
         rec = r.finish(timeout=15)
         self.assertEqual((rec["ended_by"], rec["end_reason"]), ("lifetime", "timeout"), rec)
+        self.assertTrue(wait_gone(tag, 1))
         self.assertGreater(r.out.count(b"."), 5)
         p, _ = self.cli(["python3", "-c", "import time\nwhile True:\n    print('.', flush=True)\n    time.sleep(0.3)"],
                         "--policy", "short", timeout=20)
@@ -331,9 +335,11 @@ class Sessions(unittest.TestCase):
         self.assertIn(b"lifetime", p.stderr)
 
     def test_stream_limit(self):
-        r = self.raw(["python3", "-c", "import os\nwhile True:\n    os.write(1, b'x' * 65536)"], policy="short")
+        tag = "tsb-stream-" + uuid.uuid4().hex[:8]
+        r = self.raw(["python3", "-c", "import os\nwhile True:\n    os.write(1, b'x' * 65536)\n# " + tag], policy="short")
         rec = r.finish(timeout=15)
         self.assertEqual(rec["ended_by"], "stream_limit", rec)
+        self.assertTrue(wait_gone(tag, 1))
         # Counted as it comes: what the pipe and one read held past the bound
         # at most, and nothing of it reached the client.
         self.assertLess(rec["bytes_out"], (1 << 20) + (1 << 18))
@@ -341,9 +347,12 @@ class Sessions(unittest.TestCase):
 
     def test_a_limit_ends_the_session(self):
         # 128 MiB for the session: a command that takes more is OOM-killed.
-        r = self.raw(["python3", "-c", "b = b'x' * (512 << 20)\nprint(len(b))"], policy="short")
+        tag = "tsb-oom-" + uuid.uuid4().hex[:8]
+        r = self.raw(["python3", "-c", "import os\nif os.fork() == 0:\n    os.execv('/usr/bin/python3', ['python3', '-c', "
+                                       "'import time; time.sleep(60)', '%s'])\nb = b'x' * (512 << 20)" % tag], policy="short")
         rec = r.finish(timeout=30)
         self.assertEqual((rec["ended_by"], rec["end_reason"]), ("limit", "memory_limit"), rec)
+        self.assertTrue(wait_gone(tag, 1), "a child of an OOM-killed session outlived it")
 
     def test_a_disconnect_kills_the_whole_tree_within_a_second(self):
         tag = "tsb-disc-" + uuid.uuid4().hex[:8]
@@ -631,7 +640,7 @@ class SessionsForOperators(unittest.TestCase):
 
         r = Raw(path, ["python3", "-c", "import time\nprint('up', flush=True)\ntime.sleep(1000)"], org="org-op")
         self.addCleanup(r.close)
-        self.assertTrue(r.read_until(lambda: b"up" in r.out))
+        self.assertTrue(r.read_until(lambda: b"up\n" in r.out))  # (unbuffered: "up" and "\n" may come apart)
         sid = r.answer["session"]["session_id"]
         listed = subprocess.run([tsb_cli(), "session", "list", "--json", "--socket", path], capture_output=True,
                                 text=True, timeout=20)

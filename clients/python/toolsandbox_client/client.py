@@ -162,9 +162,7 @@ class Client:
         sock = self._connect()
         try:
             answer, rest = self._exchange_raw(sock, P.encode_request(req), self.timeout)
-            payload = P.decode_response(answer, req["id"], "session")
-            if not isinstance(payload, dict):
-                raise ResponseError("\"session\" is not an object", request_id=req["id"])
+            payload = P.decode_session_answer(answer, req["id"])
         except BaseException:
             sock.close()
             raise

@@ -462,6 +462,15 @@ def session_request(
     return req
 
 
+def decode_session_answer(line: bytes, request_id: str) -> Dict[str, Any]:
+    """The payload of the answer to a session request (its "session" object);
+    raises as decode_response does, or ResponseError when it is no object."""
+    payload = decode_response(line, request_id, "session")
+    if not isinstance(payload, dict):
+        raise ResponseError("\"session\" is not an object", request_id=request_id)
+    return payload
+
+
 def take_session_frame(buf: bytearray) -> Optional[Tuple[str, bytes]]:
     """The first whole frame of `buf` as (kind, payload), removed from it; None
     while it is not whole. Raises ResponseError for what the protocol does not

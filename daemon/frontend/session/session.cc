@@ -15,6 +15,7 @@
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 #include <deque>
+#include <utility>
 
 #include "daemon/common/quote.h"
 #include "daemon/compile/spawn_policy.h"
@@ -170,6 +171,9 @@ asio::awaitable<void> writer(std::shared_ptr<Sessions::Session> s) {
       if (!co_await write_client(*s, f)) {
         s->client_failed = true;
         s->end("client");
+        s->exited.cancel();  // run() may be waiting for the pumps, which now drop what they read
+      } else {
+        s->last = std::chrono::steady_clock::now();  // output still going out is not idle
       }
       s->queued -= f.size();
       if (s->queued < kQueueBytes) s->room.cancel();
@@ -201,7 +205,7 @@ asio::awaitable<void> watch(std::shared_ptr<Sessions::Session> s) {
       s->end("idle");
       break;
     }
-    t.expires_at(std::min(s->started ? s->last + idle : now + std::chrono::seconds(1), now + std::chrono::milliseconds(500)));
+    t.expires_after(std::chrono::milliseconds(500));  // the client and idleness, looked at twice a second
     co_await t.async_wait(tuple_awaitable);
   }
 }
@@ -263,8 +267,9 @@ nlohmann::json end_record(const Sessions::Session& s, const Policy& pol, const i
 
 }  // namespace
 
-asio::awaitable<std::optional<Refusal>> Sessions::run(const SessionOpen& open, ClientSocket& client) {
+asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSocket& client) {
   const Policy& pol = *open.policy;
+  std::string early_input = std::move(open.early_input);  // held by the reader alone, once started
   if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
   if (reg_->open.size() >= limits_.max || open_of(open.organization_id) >= limits_.per_organization) {
     ++refused_;
@@ -274,6 +279,11 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(const SessionOpen& open, C
                                                  std::to_string(limits_.per_organization) + ") open; retry later"};
   }
   auto s = std::make_shared<Session>(io_, client, open);
+  // However this ends (an exception too), the session's watches stop.
+  struct Over {
+    Session& s;
+    ~Over() { s.over = true; }
+  } over_at_end{*s};
   reg_->open.insert(s.get());
   ++reg_->orgs[open.organization_id];
   ++total_;
@@ -308,10 +318,17 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(const SessionOpen& open, C
   const auto t0 = std::chrono::steady_clock::now();
   asio::co_spawn(io_, watch(s), asio::detached);  // the client's going away, from now on
   auto take = [&](const std::string& run_id, std::vector<UniqueFd> fds) {
+    s->run_id = run_id;
+    asio::error_code ec;
+    s->stdin_pipe.assign(fds[0].get(), ec);
+    if (ec) {  // (the event loop cannot watch one more descriptor)
+      spdlog::error("session {}: its stdin cannot be relayed: {}", run_id, ec.message());
+      s->end("daemon");
+      return;  // the pipes close here; the kill is on its way
+    }
+    (void)fds[0].release();
     s->started = true;
     s->last = std::chrono::steady_clock::now();
-    s->run_id = run_id;
-    s->stdin_pipe.assign(fds[0].release());
     // The answer line first; on stdin, the command for the launcher, then
     // what came with the request line.
     nlohmann::json answer = {{"session_id", run_id}, {"policy", pol.name}, {"policy_fingerprint", pol.fingerprint},
@@ -319,10 +336,10 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(const SessionOpen& open, C
     std::string line = protocol::encode_ok(open.request_id, "session", answer);
     s->queued += line.size();
     s->queue.push_back(std::move(line));
-    s->bytes_in += open.early_input.size();
+    s->count(s->bytes_in, early_input.size());
     s->writing = s->reading = true;
     s->readers = 2;
-    asio::co_spawn(io_, pump_in(s, session_command_frame(open.argv) + open.early_input), asio::detached);
+    asio::co_spawn(io_, pump_in(s, session_command_frame(open.argv) + std::exchange(early_input, {})), asio::detached);
     asio::co_spawn(io_, pump_out(s, std::move(fds[1]), protocol::kSessionStdout), asio::detached);
     asio::co_spawn(io_, pump_out(s, std::move(fds[2]), protocol::kSessionStderr), asio::detached);
     asio::co_spawn(io_, writer(s), asio::detached);
@@ -337,10 +354,16 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(const SessionOpen& open, C
                                                (ran.result.error.empty() ? std::string("its log says why") : ran.result.error)};
   // 1. The pumps read the pipes to their end (every writer is gone with
   // pid 1; bounded all the same): all the output is queued, in order.
+  // A client that pauses holds the pumps (the queue is full): as long as
+  // its writer may still be waiting for it, and 5 s for the pipes.
   s->wake.cancel();
-  co_await wait_until(*s, [&] { return s->readers == 0; }, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  co_await wait_until(*s, [&] { return s->readers == 0 || s->client_failed; },
+                      std::chrono::steady_clock::now() + std::chrono::seconds(5) + open.write_timeout);
   // 2. The record and the audit line.
   if (ran.result.reason == isolate::EndReason::Timeout && s->ended_by.empty()) s->ended_by = "lifetime";
+  // Cancelled with no reason of the daemon's: the link gave up on a spawner
+  // that did not end it (SpawnerLink::give_up).
+  if (ran.result.reason == isolate::EndReason::Cancelled && s->ended_by.empty()) s->ended_by = "daemon";
   if (ran.result.reason != isolate::EndReason::Exited && ran.result.reason != isolate::EndReason::Cancelled &&
       ran.result.reason != isolate::EndReason::Signaled && s->ended_by.empty())
     s->ended_by = "limit";
@@ -371,14 +394,16 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(const SessionOpen& open, C
   if (!co_await wait_until(*s, [&] { return !s->writing; },
                            std::chrono::steady_clock::now() + open.write_timeout + std::chrono::seconds(5))) {
     s->client_failed = true;
-    s->client.cancel();
+    asio::error_code ignored;  // (closed already at the daemon's stop)
+    s->client.cancel(ignored);
     co_await wait_until(*s, [&] { return !s->writing; }, std::chrono::steady_clock::time_point::max());
   }
   // 4. The client's reader stops (its read, or its write to a stdin pipe
   // that no one reads any more). Nothing of the session touches the client
   // once this returns: its owner closes it.
-  s->stdin_pipe.close();
-  s->client.cancel();
+  asio::error_code ignored;
+  s->stdin_pipe.close(ignored);
+  s->client.cancel(ignored);
   co_await wait_until(*s, [&] { return !s->reading; }, std::chrono::steady_clock::time_point::max());
   co_return std::nullopt;
 }

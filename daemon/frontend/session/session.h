@@ -64,7 +64,7 @@ class Sessions {
   // Opens a session and relays it on `client` until it ends: nothing, or
   // why it did not open (the client is then owed an error line; it was
   // sent nothing).
-  asio::awaitable<std::optional<Refusal>> run(const SessionOpen& open, ClientSocket& client);
+  asio::awaitable<std::optional<Refusal>> run(SessionOpen open, ClientSocket& client);
   void set_limits(SessionLimits l) { limits_ = l; }
   // Shutdown: nothing new opens, and every session ends now (sessions
   // have no grace); then wait until none is open.
