@@ -81,9 +81,11 @@ std::string policy_set_warning(const DaemonConfig& cfg, const PolicySet& set) {
   std::string names;
   for (const auto& [name, p] : set.policies)
     if (p->backend == Backend::Local && p->warm.max > 0) names += (names.empty() ? "\"" : ", \"") + name + "\"";
-  if (names.empty() || cfg.engine.uid_slots > cfg.max_concurrent_runs) return "";
+  // (The spawner's bound: runs and sessions together, daemon/compile/helper.cc.)
+  const unsigned held = cfg.max_concurrent_runs + cfg.max_sessions;
+  if (names.empty() || cfg.engine.uid_slots > held) return "";
   return "the warm pools of " + names + " stay empty: engine.uid_slots (" + std::to_string(cfg.engine.uid_slots) +
-         ") leaves no uid slot beyond max_concurrent_runs (" + std::to_string(cfg.max_concurrent_runs) +
+         ") leaves no uid slot beyond max_concurrent_runs plus max_sessions (" + std::to_string(held) +
          "), and every warm sandbox holds one; raise engine.uid_slots";
 }
 

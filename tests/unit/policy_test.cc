@@ -401,12 +401,14 @@ TEST_F(PlaceRun, AnE2BPolicyAlwaysGoesToE2B) {
 // and runs keep max_concurrent_runs of them) is said, not left silent.
 TEST_F(PlaceRun, WarmPoolWithoutSpareUidSlotsIsWarnedAbout) {
   DaemonConfig cfg;
-  cfg.max_concurrent_runs = 64;
+  cfg.max_concurrent_runs = 56;
+  cfg.max_sessions = 8;  // sessions hold uid slots too
   cfg.engine.uid_slots = 64;
   // The shipped policies have pools.
   EXPECT_EQ(policy_set_warning(cfg, set_),
             "the warm pools of \"default\", \"privileged\" stay empty: engine.uid_slots (64) leaves no uid slot "
-            "beyond max_concurrent_runs (64), and every warm sandbox holds one; raise engine.uid_slots");
+            "beyond max_concurrent_runs plus max_sessions (64), and every warm sandbox holds one; raise "
+            "engine.uid_slots");
   for (const char* name : {"default", "privileged"}) {
     Policy cold = *set_.policies.at(name);
     cold.warm.max = 0;
@@ -419,9 +421,11 @@ TEST_F(PlaceRun, WarmPoolWithoutSpareUidSlotsIsWarnedAbout) {
   set_.policies["warm"] = std::make_shared<const Policy>(warm);
   EXPECT_EQ(policy_set_warning(cfg, set_),
             "the warm pools of \"warm\" stay empty: engine.uid_slots (64) leaves no uid slot beyond "
-            "max_concurrent_runs (64), and every warm sandbox holds one; raise engine.uid_slots");
+            "max_concurrent_runs plus max_sessions (64), and every warm sandbox holds one; raise engine.uid_slots");
   cfg.engine.uid_slots = 65;
   EXPECT_EQ(policy_set_warning(cfg, set_), "");
+  cfg.max_sessions = 9;
+  EXPECT_NE(policy_set_warning(cfg, set_), "") << "the slots sessions hold are no warm sandbox's";
 }
 
 TEST(Organizations, StrictWithPositions) {
