@@ -1,4 +1,4 @@
-// Sessions (protocol/PROTOCOL.md, "Sessions"; policies/README.md,
+// Sessions (protocol/PROTOCOL.md, section 6.8; policies/README.md,
 // "sessions"): one long-lived sandbox of a policy's session policy that runs
 // one command, an MCP server over stdio, with the client's connection as its
 // stdio. After the answer line the client's bytes are the command's stdin
@@ -10,19 +10,19 @@
 // daemon's stop.
 #pragma once
 
+#include <asio/awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <asio/local/stream_protocol.hpp>
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
-#include <asio/awaitable.hpp>
-#include <asio/io_context.hpp>
-#include <asio/local/stream_protocol.hpp>
 #include <nlohmann/json.hpp>
-#include <optional>
-#include <set>
 
 #include "daemon/frontend/pipeline/pipeline.h"
 #include "daemon/policy/policy.h"
