@@ -29,8 +29,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -43,6 +41,7 @@ sys.path.insert(0, str(REPO / "clients" / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import interleave  # noqa: E402
 from daemon_bench import start_daemon  # noqa: E402
+from toolsandbox_client import Client  # noqa: E402
 
 MCP_DIR = "/var/lib/toolsandbox-test/mcp"
 EVERYTHING = "/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
@@ -56,54 +55,22 @@ INIT = (json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
 BWRAP = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--die-with-parent"]
 
 
-class SessionConn:
-    """A session on the raw protocol: the request, the answer line, frames."""
-
-    def __init__(self, sock_path: str, command: list[str]):
-        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.s.connect(sock_path)
-        req = {"v": 1, "id": "b", "type": "session", "organization_id": "bench", "command": command}
-        self.s.sendall(json.dumps(req).encode() + b"\n")
-        self.buf = b""
-        while b"\n" not in self.buf:
-            chunk = self.s.recv(65536)
-            if not chunk:
-                raise RuntimeError("the daemon closed the session before its answer")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        answer = json.loads(line)
-        if not answer.get("ok"):
-            raise RuntimeError("session refused: %s" % answer.get("error"))
-
-    def stdout(self) -> bytes:
-        """The next stdout frame's payload (stderr frames skipped)."""
-        while True:
-            if len(self.buf) >= 5:
-                n = struct.unpack(">I", self.buf[1:5])[0]
-                if len(self.buf) >= 5 + n:
-                    kind, payload, self.buf = self.buf[:1], self.buf[5:5 + n], self.buf[5 + n:]
-                    if kind == b"o":
-                        return payload
-                    if kind == b"x":
-                        raise RuntimeError("the session ended: %s" % payload[:300])
-                    continue
-            chunk = self.s.recv(1 << 16)
-            if not chunk:
-                raise RuntimeError("the session's connection ended")
-            self.buf += chunk
-
-    def close(self) -> None:
-        self.s.close()
+def stdout_of(session) -> bytes:
+    """The session's next stdout payload (stderr skipped)."""
+    while True:
+        frame = session.read()
+        if frame is None:
+            raise RuntimeError("the session ended: %s" % session.record)
+        if frame[0] == "stdout":
+            return frame[1]
 
 
 def first_response_session(sock: str, command: list[str], line: bytes) -> float:
     t0 = time.perf_counter()
-    c = SessionConn(sock, command)
-    c.s.sendall(line)
-    c.stdout()
-    ms = (time.perf_counter() - t0) * 1000
-    c.close()
-    return ms
+    with Client(sock).open_session(command, organization_id="bench") as s:
+        s.write(line)
+        stdout_of(s)
+        return (time.perf_counter() - t0) * 1000
 
 
 def first_response_process(argv: list[str], line: bytes) -> float:
@@ -195,9 +162,8 @@ def main() -> int:
             samples = []
             for _ in range(3):
                 if name == "session":
-                    c = SessionConn(sock, ["python3", "-c", COPY])
-                    secs = throughput(c.s.sendall, c.stdout, total)
-                    c.close()
+                    with Client(sock).open_session(["python3", "-c", COPY], organization_id="bench") as c:
+                        secs = throughput(c.write, lambda: stdout_of(c), total)
                 else:
                     p = subprocess.Popen([VENV_PY, "-c", COPY], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                     secs = throughput(p.stdin.write, lambda: os.read(p.stdout.fileno(), 1 << 16), total)

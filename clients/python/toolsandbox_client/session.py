@@ -53,6 +53,17 @@ class _Opened:
             self.record = rec
         return f
 
+    def close_stdin(self) -> None:
+        """The command's stdin ends (an MCP server then exits); reading goes on."""
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Ends the session now (the daemon kills its tree) unless it ended."""
+        self._sock.close()
+
     def _closed_early(self) -> DaemonConnectionError:
         return DaemonConnectionError("toolsandboxd closed the session without its end record (the daemon stopped?)")
 
@@ -95,23 +106,12 @@ class Session(_Opened):
         except OSError as e:
             raise DaemonConnectionError("writing to the session failed: %s" % (e.strerror or e)) from e
 
-    def close_stdin(self) -> None:
-        """The command's stdin ends (an MCP server then exits); reading goes on."""
-        try:
-            self._sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
     def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """Reads (and drops) output until the end; the end record."""
         while self.read(timeout) is not None:
             pass
         assert self.record is not None
         return self.record
-
-    def close(self) -> None:
-        """Ends the session now (the daemon kills its tree) unless it ended."""
-        self._sock.close()
 
     def __enter__(self) -> "Session":
         return self
@@ -145,20 +145,11 @@ class AsyncSession(_Opened):
         except OSError as e:
             raise DaemonConnectionError("writing to the session failed: %s" % (e.strerror or e)) from e
 
-    def close_stdin(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
     async def wait(self) -> Dict[str, Any]:
         while await self.read() is not None:
             pass
         assert self.record is not None
         return self.record
-
-    def close(self) -> None:
-        self._sock.close()
 
     async def __aenter__(self) -> "AsyncSession":
         return self
