@@ -24,7 +24,7 @@ struct Slice {
 constexpr std::string_view kRequestFields[] = {
     "id",       "v",          "type",       "tool_name",   "organization_id", "policy", "env", "timeout", "sandbox_config",
     "agent_id", "project_id", "script",     "source_code", "args",            "json_schema", "agent_state",
-    "pip_requirements", "json_dialect", "e2b", "source_type", "npm_requirements", "command", "session_id"};
+    "pip_requirements", "json_dialect", "e2b", "source_type", "npm_requirements", "command", "session_id", "workspace"};
 constexpr std::string_view kSandboxConfigFields[] = {"type", "config", "organization_id"};
 constexpr std::string_view kE2BFields[] = {"sandbox_config", "env"};
 
@@ -436,6 +436,9 @@ std::variant<Request, ProtocolError> decode_request(std::string_view line, std::
     if (const Slice* c = d.get("command", JsonKind::Array, true)) decode_command(d, *c, r.command);
     if (const Slice* env = d.get("env", JsonKind::Object, false)) decode_env(d, *env, r.env);
     r.agent_id = d.str("agent_id", false, 256);
+    r.workspace = d.str("workspace", false, 128);
+    if (r.workspace && (r.workspace->empty() || r.workspace->find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-") != std::string::npos))
+      d.fail(d.where + ": field \"workspace\" must be 1 to 128 of A-Z a-z 0-9 . _ : -");
     req.body = std::move(r);
   } else if (*type == "session_list") {
     req.body = SessionListRequest{};

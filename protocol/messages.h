@@ -138,6 +138,9 @@ struct SessionRequest {
   std::vector<std::string> command;   // the program (a path or a name the policy allows) and its arguments
   std::map<std::string, std::string> env;
   std::optional<std::string> agent_id;
+  // A workspace of the organization's, by name: the session runs in its
+  // kept sandbox (policies/README.md, "sessions"; PROTOCOL.md, section 6.8).
+  std::optional<std::string> workspace;
 };
 
 // session_list and session_kill: the operator's view of the open sessions

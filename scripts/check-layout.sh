@@ -68,8 +68,9 @@ BUDGETS = {
     # what E2B cannot run as written is refused when a policy is read, and
     # the delegated organizations' check (registry.cc); limits.result, the
     # result channel's own limit; and typescript.packages (npm_packages.cc).
-    # Then from 5550: a policy's "sessions" (sessions.cc) and its explain.
-    "daemon/policy": 5700,
+    # Then from 5550: a policy's "sessions" (sessions.cc) and its explain;
+    # then from 5700: the sessions' "workspace" and its explain.
+    "daemon/policy": 5740,
     # Raised from 1100: npm requirements of TypeScript tools (npm_requirements.cc);
     # then from 1250: a node_modules' key, and trees in the cache.
     "daemon/venv": 1300,
@@ -77,8 +78,9 @@ BUDGETS = {
     # then from 1280: `toolsandbox session`, the stdio bridge to a session,
     # and its operator's verbs (list, kill).
     "daemon/cli": 1570,
-    # Raised from 950: a session request's placement and checks.
-    "daemon/frontend": 1010,
+    # Raised from 950: a session request's placement and checks; then from
+    # 1010: a workspace's check and the operator's list of workspaces.
+    "daemon/frontend": 1030,
     # Set with the folder: per-peer fairness, about 10 % above its size (346).
     "daemon/frontend/admission": 380,
     # Raised from 350: a TypeScript run's checks (prepare_typescript).
@@ -89,8 +91,10 @@ BUDGETS = {
     # TypeScript tool's node_modules, found or built like a venv; then from
     # 1640: a session's stdio handed over (SpawnerLink::run's take_stdio).
     "daemon/frontend/local": 1660,
-    # Set with the folder: sessions, about 10 % above its size (409).
-    "daemon/frontend/session": 450,
+    # Set with the folder: sessions, about 10 % above its size (409); raised
+    # from 450: workspaces kept between sessions (workspace.cc: the keeper's
+    # sandbox, its messages, its TTL; a session's relay on pipes made here).
+    "daemon/frontend/session": 880,
     # Lowered from 1700: its steps return Result<T, Fail>. Raised from 1630:
     # TypeScript tools (npm installs, the source handling, the tool-mode cells).
     "daemon/frontend/e2b": 1850,

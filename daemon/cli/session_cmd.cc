@@ -86,7 +86,7 @@ int status_of(const json& rec) {
 namespace {
 
 struct SessionArgs {
-  std::string socket_path = kDefaultSocket, org = "default", policy, agent_id, record_file;
+  std::string socket_path = kDefaultSocket, org = "default", policy, agent_id, workspace, record_file;
   std::map<std::string, std::string> env;
   std::vector<std::string> cmd;
 };
@@ -107,6 +107,7 @@ std::variant<UniqueFd, int> open_session(const SessionArgs& a) {
   if (!a.policy.empty()) req["policy"] = a.policy;
   if (!a.env.empty()) req["env"] = a.env;
   if (!a.agent_id.empty()) req["agent_id"] = a.agent_id;
+  if (!a.workspace.empty()) req["workspace"] = a.workspace;
   const std::string line = req.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
   if (!write_all(fd.get(), line.data(), line.size())) {
     print_line(stderr, "toolsandbox session: sending the request: %s", std::strerror(errno));
@@ -278,12 +279,13 @@ int operator_verb(const std::vector<std::string>& args) {
     return 1;
   }
   if (verb == "kill") {
-    print_line(stdout, "ending session %s", resp->value("killed", "").c_str());
+    print_line(stdout, "ending %s", resp->value("killed", "").c_str());
     return 0;
   }
   const json list = resp->value("sessions", json::array());
+  const json kept = resp->value("workspaces", json::array());
   if (as_json) {
-    print_line(stdout, "%s", list.dump().c_str());
+    print_line(stdout, "%s", json{{"sessions", list}, {"workspaces", kept}}.dump().c_str());
     return 0;
   }
   print_line(stdout, "%-16s  %-20s  %-12s  %-24s  %8s  %8s  %10s  %10s", "SESSION", "ORGANIZATION", "POLICY", "PROGRAM",
@@ -294,6 +296,15 @@ int operator_verb(const std::vector<std::string>& args) {
                s.value("age_s", 0.0), s.value("idle_s", 0.0),
                static_cast<unsigned long long>(s.value("bytes_in", 0ull)),
                static_cast<unsigned long long>(s.value("bytes_out", 0ull)));
+  if (kept.empty()) return 0;
+  print_line(stdout, "%s", "");
+  print_line(stdout, "%-16s  %-20s  %-20s  %-12s  %8s  %8s  %8s", "WORKSPACE", "ORGANIZATION", "NAME", "POLICY",
+             "SESSIONS", "AGE", "IDLE");
+  for (const json& w : kept)
+    print_line(stdout, "%-16s  %-20s  %-20s  %-12s  %8llu  %7.0fs  %7.0fs", w.value("workspace_id", "").c_str(),
+               w.value("organization_id", "").c_str(), w.value("name", "").c_str(), w.value("policy", "").c_str(),
+               static_cast<unsigned long long>(w.value("sessions", 0ull)), w.value("age_s", 0.0),
+               w.value("in_use", false) ? 0.0 : w.value("idle_s", 0.0));
   return 0;
 }
 
@@ -305,6 +316,7 @@ int cmd_session(const std::vector<std::string>& args) {
   static const std::vector<OptionSpec> kOptions = {
       {"socket", "a path"}, {"org", "an organization id"}, {"policy", "a name"},
       {"env", "NAME=VALUE"}, {"agent-id", "an id"},        {"record", "a file"},
+      {"workspace", "a name"},
   };
   auto err = parse_options(args, kOptions, /*operands_after_dashdash_only=*/true,
                            [&](const std::string& name, const std::string& x) -> std::optional<std::string> {
@@ -312,6 +324,7 @@ int cmd_session(const std::vector<std::string>& args) {
                              else if (name == "org") a.org = x;
                              else if (name == "policy") a.policy = x;
                              else if (name == "agent-id") a.agent_id = x;
+                             else if (name == "workspace") a.workspace = x;
                              else if (name == "record") a.record_file = x;
                              else if (name == "env") {
                                if (x.find('=') == std::string::npos || x[0] == '=') return "--env needs NAME=VALUE";

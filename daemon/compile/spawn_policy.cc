@@ -13,6 +13,7 @@
 #include "daemon/compile/prepare.h"
 #include "daemon/policy/fs_table.h"
 #include "isolate/engine/plan.h"
+#include "workspace_keeper.h"  // generated (daemon/compile/CMakeLists.txt)
 
 namespace tsb::core {
 
@@ -287,8 +288,18 @@ Result<spawn::SpawnPolicy> to_session_spawn_policy(const Policy& p) {
   script.argv = {"/usr/bin/python3", "-I", "-S", "-B", "-c", session_launcher()};
   script.argv.insert(script.argv.end(), k.commands.begin(), k.commands.end());
   script.fs = std::move(fs).value();
-  // Tool mode does not run here (no command); its table is the same.
-  s.modes[static_cast<int>(spawn::RunMode::Tool)].fs = script.fs;
+  // Tool mode: a workspace's keeper (isolate/runner/toolsandbox_workspace.py),
+  // its stdin the front end's socket, its /work the workspace's size.
+  auto& keeper = s.modes[static_cast<int>(spawn::RunMode::Tool)];
+  keeper.fs = script.fs;
+  if (k.workspace) {
+    in.work_bytes = k.workspace_size;
+    auto wfs = isolate::build_fs_table(in);
+    if (!wfs.ok()) return std::move(wfs).error().wrap("policy '" + s.name + "' (its workspace)");
+    keeper.fs = std::move(wfs).value();
+    keeper.argv = {"/usr/bin/python3", "-I", "-S", "-B", "-c", std::string(embedded::kWorkspaceKeeper)};
+    keeper.argv.insert(keeper.argv.end(), k.commands.begin(), k.commands.end());
+  }
   return s;
 }
 

@@ -549,7 +549,11 @@ asio::awaitable<std::string> Server::dispatch(const protocol::Request& req, cons
     if (peer.uid != 0)
       co_return protocol::encode_error(req.id, ErrorCode::Unauthorized,
                                        std::string(req.type_name()) + " is for uid 0 (the operator)");
-    if (listing) co_return protocol::encode_ok(req.id, "sessions", sessions_->list());
+    if (listing) {
+      json answer = {{"v", protocol::kProtocolVersion}, {"id", req.id}, {"ok", true},
+                     {"sessions", sessions_->list()}, {"workspaces", sessions_->list_workspaces()}};
+      co_return answer.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    }
     if (!sessions_->kill(kill->session_id))
       co_return protocol::encode_error(req.id, ErrorCode::BadRequest, "no open session " + q(kill->session_id));
     co_return protocol::encode_ok(req.id, "killed", kill->session_id);
@@ -677,6 +681,10 @@ asio::awaitable<std::string> Server::session_request(const std::string& id, cons
   }
   if (auto env = build_environment(pol, req.env); !env.ok())
     co_return protocol::encode_error(id, ErrorCode::PolicyDenied, env.error().message);
+  if (req.workspace && !pol.sessions.workspace)
+    co_return protocol::encode_error(id, ErrorCode::PolicyDenied,
+                                     "policy " + q(pol.name) + " keeps no workspaces (its \"sessions\" has no \"workspace\")");
+  open.workspace = req.workspace.value_or("");
   open.policy = placement->policy;
   open.env = req.env;
   open.request_id = id;

@@ -601,8 +601,19 @@ void explain_sessions(std::ostream& out, const Policy& p) {
       << format_duration(k.idle_timeout) << " without a byte, " << format_size(k.stream_bytes)
       << " through the stream\n";
   out << "  sandbox   this policy's: its file system, network, environment rules, seccomp filter and user;\n"
-         "            its writable directories are tmpfs that end with the session; the whole tree is\n"
+         "            its writable directories are tmpfs that end with the session (a workspace's with it); the tree is\n"
          "            killed when the client goes away, at any limit and at the daemon's stop\n";
+  if (!k.workspace) {
+    out << "  workspace none: a request that names one is refused\n";
+    return;
+  }
+  out << "  workspace a request may name one: the organization's sandbox of that name, kept between its\n"
+         "            sessions (one at a time), its /work (" << format_size(k.workspace_size)
+      << ", counted in memory) outliving each command;\n"
+         "            every process of a session is killed at its end; the sandbox, its files and its CPU time\n"
+         "            go on, until "
+      << format_duration(k.workspace_idle_ttl) << " without a session, " << format_duration(k.max_lifetime)
+      << " after its start, a limit or the daemon's stop\n";
 }
 
 // What every run gets from the engine, whatever the policy says, and

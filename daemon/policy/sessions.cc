@@ -71,6 +71,19 @@ Status parse_sessions(ObjectReader o, SessionsPolicy& s) {
   if (auto st = session_size(o, "stream_bytes", 1ull << 20, 1ull << 40, s.stream_bytes); !st.ok()) return st;
   if (s.idle_timeout > s.max_lifetime)
     return o.error("idle_timeout", "is longer than max_lifetime (" + format_duration(s.max_lifetime) + ")");
+  if (const json* w = o.get("workspace"); w && !w->is_null()) {
+    ObjectReader r(o.doc(), *w, o.pointer("workspace"));
+    TSB_TRY(r.object("\"workspace\""), "sessions");
+    s.workspace = true;
+    // context: the reader names file:line:col and the key
+    if (auto st = session_size(r, "size", 1ull << 20, 16ull << 30, s.workspace_size); !st.ok()) return st;
+    // context: the reader names file:line:col and the key
+    if (auto st = session_duration(r, "idle_ttl", s.workspace_idle_ttl); !st.ok()) return st;
+    // (Longer than max_lifetime: never reached, as max_lifetime ends a
+    // workspace in any case; allowed, so that a policy that includes
+    // another and shortens max_lifetime need not restate the workspace.)
+    TSB_TRY(r.done(), "sessions");
+  }
   return o.done();
 }
 
@@ -81,7 +94,10 @@ json sessions_json(const SessionsPolicy& s) {
           {"cpu_time", format_duration(s.cpu_time)},
           {"idle_timeout", format_duration(s.idle_timeout)},
           {"max_lifetime", format_duration(s.max_lifetime)},
-          {"stream_bytes", format_size(s.stream_bytes)}};
+          {"stream_bytes", format_size(s.stream_bytes)},
+          {"workspace", s.workspace ? json{{"size", format_size(s.workspace_size)},
+                                           {"idle_ttl", format_duration(s.workspace_idle_ttl)}}
+                                    : json()}};
 }
 
 std::string resolve_session_command(const SessionsPolicy& s, std::string_view name) {

@@ -30,6 +30,14 @@ struct SessionsPolicy {
   std::chrono::milliseconds idle_timeout{600'000};  // no byte either way for this long: ended
   std::chrono::milliseconds max_lifetime{3'600'000};
   std::uint64_t stream_bytes = 1ull << 30;  // bytes through the stream, both ways and stderr together
+  // "workspace": a session may name one (its request's "workspace"): a
+  // sandbox kept between that organization's sessions of that name, one at
+  // a time, whose /work (workspace_size bytes) outlives each session's
+  // command; removed after workspace_idle_ttl with no session, and at
+  // max_lifetime from its first.
+  bool workspace = false;
+  std::uint64_t workspace_size = 256ull << 20;
+  std::chrono::milliseconds workspace_idle_ttl{1'800'000};
 };
 
 // "sessions": the object `o` into `s`.

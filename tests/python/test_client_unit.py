@@ -500,6 +500,12 @@ class SessionFrames(unittest.TestCase):
         for bad in ([], [""], ["node", 3], "node"):
             with self.assertRaises((ValueError, TypeError)):
                 P.session_request(bad, organization_id="o")
+        self.assertNotIn("workspace", r)
+        w = P.session_request(["node"], organization_id="o", workspace="agent-1.x_y:z")
+        self.assertEqual(w["workspace"], "agent-1.x_y:z")
+        for bad in ("", "a b", "../x", "a" * 129, 3):
+            with self.assertRaises(ValueError):
+                P.session_request(["node"], organization_id="o", workspace=bad)
 
     def test_frames_are_taken_whole(self):
         buf = bytearray(b"o\x00\x00\x00\x02hie\x00\x00")

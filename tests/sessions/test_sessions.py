@@ -88,7 +88,7 @@ def wait_gone(tag, timeout):
 class Raw:
     """One session on the raw protocol: the request, the answer line, frames."""
 
-    def __init__(self, path, command, org=ORG, policy=None, env=None):
+    def __init__(self, path, command, org=ORG, policy=None, env=None, workspace=None):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(30)
         self.sock.connect(path)
@@ -97,6 +97,8 @@ class Raw:
             req["policy"] = policy
         if env:
             req["env"] = env
+        if workspace:
+            req["workspace"] = workspace
         self.sock.sendall(json.dumps(req).encode() + b"\n")
         self.buf = b""
         while b"\n" not in self.buf:
@@ -645,7 +647,7 @@ class SessionsForOperators(unittest.TestCase):
         listed = subprocess.run([tsb_cli(), "session", "list", "--json", "--socket", path], capture_output=True,
                                 text=True, timeout=20)
         self.assertEqual(listed.returncode, 0, listed.stderr)
-        [mine] = [x for x in json.loads(listed.stdout) if x["session_id"] == sid]
+        [mine] = [x for x in json.loads(listed.stdout)["sessions"] if x["session_id"] == sid]
         self.assertEqual((mine["organization_id"], mine["program"], mine["peer_uid"], mine["bytes_out"]),
                          ("org-op", "/venv/bin/python3", 0, 3))
         self.assertNotIn("time.sleep", listed.stdout, "the arguments are not shown")

@@ -1563,5 +1563,54 @@ TEST(PolicySessions, CommandsLimitsAndTheSessionPolicy) {
   EXPECT_TRUE(load_text(t, R"({"version": 1, "sessions": null})").ok());
 }
 
+// "sessions"."workspace": its size and idle TTL, in the fingerprint; the
+// session policy's tool mode is the keeper, with that list of programs and
+// a /work of that size, and only with a workspace.
+TEST(PolicySessions, WorkspaceKeeperAndItsWork) {
+  TempDir t;
+  auto none = load_text(t, R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"]}})");
+  auto p = load_text(t, R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "max_lifetime": "10m",
+      "workspace": {"size": "32MiB", "idle_ttl": "1h"}}})");
+  auto dflt = load_text(t, R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "workspace": {}}})");
+  ASSERT_TRUE(p.ok() && none.ok() && dflt.ok()) << (p.ok() ? none.error().message : p.error().message);
+  EXPECT_FALSE(none->sessions.workspace);
+  EXPECT_TRUE(none->canonical["sessions"]["workspace"].is_null());
+  EXPECT_TRUE(p->sessions.workspace);
+  EXPECT_EQ(p->sessions.workspace_size, 32ull << 20);
+  EXPECT_EQ(p->sessions.workspace_idle_ttl.count(), 3'600'000) << "longer than max_lifetime: allowed, never reached";
+  EXPECT_EQ(p->canonical["sessions"]["workspace"], (nlohmann::json{{"size", "32MiB"}, {"idle_ttl", "1h"}}));
+  EXPECT_EQ(dflt->sessions.workspace_size, 256ull << 20);
+  EXPECT_EQ(dflt->sessions.workspace_idle_ttl.count(), 1'800'000);
+  EXPECT_NE(p->fingerprint, none->fingerprint);
+  EXPECT_NE(p->fingerprint, dflt->fingerprint);
+  auto sp = to_session_spawn_policy(*p);
+  auto sn = to_session_spawn_policy(*none);
+  ASSERT_TRUE(sp.ok() && sn.ok());
+  EXPECT_TRUE(sn->modes[static_cast<int>(spawn::RunMode::Tool)].argv.empty()) << "no workspace: no keeper";
+  const auto& keeper = sp->modes[static_cast<int>(spawn::RunMode::Tool)];
+  ASSERT_EQ(keeper.argv.size(), 7u);
+  EXPECT_EQ(std::vector<std::string>(keeper.argv.begin(), keeper.argv.begin() + 5),
+            (std::vector<std::string>{"/usr/bin/python3", "-I", "-S", "-B", "-c"}));
+  EXPECT_NE(keeper.argv[5].find("kill(-1, signal.SIGKILL)"), std::string::npos) << "the keeper's program";
+  EXPECT_EQ(keeper.argv[5].find("toolsandbox_workspace.py: the keeper"), std::string::npos) << "without its comment";
+  EXPECT_EQ(keeper.argv[6], "/usr/bin/node");
+  auto work = [](const isolate::FsTable& fs) {
+    for (const auto& e : fs)
+      if (e.path == "/work") return e.size;
+    return std::uint64_t{0};
+  };
+  EXPECT_EQ(work(*keeper.fs), 32ull << 20);
+  EXPECT_NE(work(*sp->modes[static_cast<int>(spawn::RunMode::Script)].fs), 32ull << 20) << "a session's own /work";
+  for (const char* bad : {R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "workspace": {"size": "512KiB"}}})",
+                          R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "workspace": {"size": "32GiB"}}})",
+                          R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "workspace": {"idle_ttl": "0s"}}})",
+                          R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "workspace": {"ttl": "1m"}}})",
+                          R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "workspace": true}})"})
+    EXPECT_FALSE(load_text(t, bad).ok()) << bad;
+  auto unknown = load_text(t, R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "workspace": {"ttl": "1m"}}})");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.error().message.find("ttl"), std::string::npos) << unknown.error().message;
+}
+
 }  // namespace
 }  // namespace tsb::core

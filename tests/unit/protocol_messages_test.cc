@@ -1069,6 +1069,16 @@ TEST(DecodeRequest, Session) {
   EXPECT_EQ(s->env.at("A"), "1");
   EXPECT_EQ(s->policy, "default");
   EXPECT_EQ(s->agent_id, "agent-1");
+  EXPECT_FALSE(s->workspace);
+  json ws = j;
+  ws["workspace"] = "agent-1.a_b:c";
+  Decoded w = decode(ws);
+  ASSERT_TRUE(w.req) << w.err->message;
+  EXPECT_EQ(std::get<SessionRequest>(w.req->body).workspace, "agent-1.a_b:c");
+  for (json bad : {json(""), json("a b"), json("../x"), json("a/b"), json(std::string(129, 'a')), json(1)}) {
+    ws["workspace"] = bad;
+    EXPECT_BAD_REQUEST(ws, "\"workspace\"");
+  }
   json no_cmd = j;
   no_cmd.erase("command");
   EXPECT_BAD_REQUEST(no_cmd, "missing field \"command\"");

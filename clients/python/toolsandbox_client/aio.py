@@ -131,11 +131,12 @@ class AsyncClient:
         policy: Optional[str] = None,
         env: Optional[Mapping[str, Any]] = None,
         agent_id: Optional[str] = None,
+        workspace: Optional[str] = None,
         request_id: Optional[str] = None,
     ) -> AsyncSession:
         """Client.open_session, on the running event loop."""
         req = P.session_request(command, organization_id=organization_id, policy=policy, env=env,
-                                agent_id=agent_id, request_id=request_id)
+                                agent_id=agent_id, workspace=workspace, request_id=request_id)
         sock = await self._connect()
         try:
             answer, rest = await self._exchange(sock, P.encode_request(req), self.timeout)

@@ -151,14 +151,17 @@ class Client:
         policy: Optional[str] = None,
         env: Optional[Mapping[str, Any]] = None,
         agent_id: Optional[str] = None,
+        workspace: Optional[str] = None,
         request_id: Optional[str] = None,
     ) -> Session:
         """Opens a session (PROTOCOL.md, section 6.8) on a connection of its
         own: `command` runs in a long-lived sandbox of the organization's
-        policy, with the returned Session as its stdio. Raises the error of a
+        policy, with the returned Session as its stdio. `workspace` names the
+        organization's workspace to run in (kept between its sessions, one at
+        a time: PROTOCOL.md, section 6.8, "Workspaces"). Raises the error of a
         refusal (PolicyDeniedError, BusyError, ...)."""
         req = P.session_request(command, organization_id=organization_id, policy=policy, env=env,
-                                agent_id=agent_id, request_id=request_id)
+                                agent_id=agent_id, workspace=workspace, request_id=request_id)
         sock = self._connect()
         try:
             answer, rest = self._exchange_raw(sock, P.encode_request(req), self.timeout)

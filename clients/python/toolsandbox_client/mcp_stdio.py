@@ -103,8 +103,8 @@ def _organization(organization_id: Optional[str]) -> str:
 @asynccontextmanager
 async def sandboxed_stdio_client(server: Any, *, organization_id: Optional[str] = None,
                                  socket_path: str = P.DEFAULT_SOCKET_PATH, policy: Optional[str] = None,
-                                 agent_id: Optional[str] = None, errlog: TextIO = sys.stderr,
-                                 client: Optional[AsyncClient] = None):
+                                 agent_id: Optional[str] = None, workspace: Optional[str] = None,
+                                 errlog: TextIO = sys.stderr, client: Optional[AsyncClient] = None):
     """mcp.client.stdio.stdio_client(server), in a toolsandboxd session.
 
     `server` is the SDK's StdioServerParameters (command, args, env,
@@ -113,7 +113,8 @@ async def sandboxed_stdio_client(server: Any, *, organization_id: Optional[str] 
     variables, which the policy's environment rules check (the daemon's own
     environment never reaches the server). A refusal raises the client's
     error (PolicyDeniedError, BusyError, ...), as the SDK raises OSError for
-    a program it cannot start."""
+    a program it cannot start. `workspace`: the organization's workspace to
+    run in (its /work kept between sessions, one at a time), by name."""
     import anyio
     import anyio.lowlevel
     from mcp import types
@@ -124,7 +125,7 @@ async def sandboxed_stdio_client(server: Any, *, organization_id: Optional[str] 
     c = client or AsyncClient(socket_path)
     session = await c.open_session(session_command(server.command, server.args),
                                    organization_id=_organization(organization_id), policy=policy,
-                                   env=getattr(server, "env", None), agent_id=agent_id)
+                                   env=getattr(server, "env", None), agent_id=agent_id, workspace=workspace)
     read_stream_writer, read_stream = anyio.create_memory_object_stream(0)
     write_stream, write_stream_reader = anyio.create_memory_object_stream(0)
     reader_done = anyio.Event()
@@ -189,11 +190,12 @@ def _letta_client_class() -> Any:
 
         def __init__(self, server_config: Any, oauth_provider: Any = None, agent_id: Optional[str] = None, *,
                      organization_id: Optional[str] = None, socket_path: str = P.DEFAULT_SOCKET_PATH,
-                     policy: Optional[str] = None):
+                     policy: Optional[str] = None, workspace: Optional[str] = None):
             super().__init__(server_config, oauth_provider, agent_id)
             self.organization_id = organization_id
             self.socket_path = socket_path
             self.policy = policy
+            self.workspace = workspace
 
         async def _initialize_connection(self, server_config: Any) -> None:
             # Letta splits each argument on whitespace; so does this.
@@ -201,7 +203,7 @@ def _letta_client_class() -> Any:
             params = StdioServerParameters(command=server_config.command, args=args, env=server_config.env)
             self.stdio, self.write = await self.exit_stack.enter_async_context(
                 sandboxed_stdio_client(params, organization_id=self.organization_id, socket_path=self.socket_path,
-                                       policy=self.policy, agent_id=self.agent_id))
+                                       policy=self.policy, agent_id=self.agent_id, workspace=self.workspace))
             self.session = await self.exit_stack.enter_async_context(ClientSession(self.stdio, self.write))
 
     return _ToolSandboxStdioMCPClient

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
@@ -439,11 +440,13 @@ def session_request(
     policy: Optional[str] = None,
     env: Optional[Mapping[str, Any]] = None,
     agent_id: Optional[str] = None,
+    workspace: Optional[str] = None,
     request_id: Optional[str] = None,
 ) -> Dict[str, Any]:
     """A session request: `command` (a program the policy's sessions.commands
     names, by path or last component, and its arguments) in a long-lived
-    sandbox whose stdio is the connection."""
+    sandbox whose stdio is the connection; in the organization's workspace
+    `workspace` when given."""
     if isinstance(command, (str, bytes)):
         raise TypeError("a session's command is a list of strings (the program, then its arguments), not a string")
     cmd = list(command)
@@ -459,7 +462,14 @@ def session_request(
         req["env"] = e
     if agent_id is not None:
         req["agent_id"] = _check_str("agent_id", agent_id)
+    if workspace is not None:
+        if not isinstance(workspace, str) or not _WORKSPACE_NAME.fullmatch(workspace):
+            raise ValueError("a workspace is named by 1 to 128 of A-Z a-z 0-9 . _ : -, not %r" % (workspace,))
+        req["workspace"] = workspace
     return req
+
+
+_WORKSPACE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def decode_session_answer(line: bytes, request_id: str) -> Dict[str, Any]:

@@ -3,8 +3,10 @@
 // its end.
 #include "daemon/frontend/session/session.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <array>
 #include <asio/co_spawn.hpp>
@@ -14,6 +16,7 @@
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
+#include <cstring>
 #include <deque>
 #include <utility>
 
@@ -21,6 +24,7 @@
 #include "daemon/compile/spawn_policy.h"
 #include "daemon/frontend/egress/proxy.h"
 #include "daemon/frontend/local/spawner_link.h"
+#include "daemon/frontend/session/workspace.h"
 #include "protocol/messages.h"
 #include "protocol/record.h"
 
@@ -232,6 +236,7 @@ unsigned Sessions::open_of(const std::string& org) const {
 
 nlohmann::json Sessions::status() const {
   return {{"open", reg_->open.size()},
+          {"workspaces", reg_->workspaces.size()},
           {"max", limits_.max},
           {"max_per_organization", limits_.per_organization},
           {"total", total_},
@@ -240,18 +245,9 @@ nlohmann::json Sessions::status() const {
 
 namespace {
 
-// A spawner's refusal as the client's error code, as a run's (local_backend.cc).
-ErrorCode refusal_code(spawn::RefuseCode rc) {
-  using spawn::RefuseCode;
-  return rc == RefuseCode::Busy                                              ? ErrorCode::Busy
-         : rc == RefuseCode::Unavailable || rc == RefuseCode::UnknownPolicy ? ErrorCode::Unavailable
-         : rc == RefuseCode::OutOfBounds                                     ? ErrorCode::PolicyDenied
-                                                                             : ErrorCode::Internal;
-}
-
 // The end record (PROTOCOL.md, section 6.8; protocol/schema/session-record.json).
 nlohmann::json end_record(const Sessions::Session& s, const Policy& pol, const isolate::RunResult& r,
-                          const std::string& ended_by) {
+                          const std::string& ended_by, const Workspace* ws) {
   nlohmann::json record = run_record_json(r);
   for (const char* k : {"run_id", "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes"}) record.erase(k);
   record["session_id"] = s.run_id;
@@ -261,90 +257,150 @@ nlohmann::json end_record(const Sessions::Session& s, const Policy& pol, const i
   record["bytes_in"] = s.bytes_in;
   record["bytes_out"] = s.bytes_out;
   record["bytes_err"] = s.bytes_err;
-  record["landlock"] = isolate::landlock_summary(r.landlock);
+  if (ws) {
+    // The sandbox's memory and Landlock are the workspace's, in its own
+    // audit line; the CPU is what the keeper saw its command's tree use.
+    record.erase("peak_memory_bytes");
+    record["workspace"] = {{"name", ws->name}, {"workspace_id", ws->id}};
+  } else {
+    record["landlock"] = isolate::landlock_summary(r.landlock);
+  }
   return record;
 }
 
-}  // namespace
-
-asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSocket& client) {
-  const Policy& pol = *open.policy;
-  std::string early_input = std::move(open.early_input);  // held by the reader alone, once started
-  if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
-  if (reg_->open.size() >= limits_.max || open_of(open.organization_id) >= limits_.per_organization) {
-    ++refused_;
-    co_return Refusal{ErrorCode::Busy, reg_->open.size() >= limits_.max
-                                           ? "max_sessions (" + std::to_string(limits_.max) + ") are open; retry later"
-                                           : "this organization has max_sessions_per_organization (" +
-                                                 std::to_string(limits_.per_organization) + ") open; retry later"};
+// The relay of a session whose pipes are ready: the answer line (with
+// `answer`'s members), then `first` on stdin and the client's bytes after
+// it, the command's output as frames, and the writer.
+void start_relay(asio::io_context& io, const std::shared_ptr<Sessions::Session>& s, const std::string& session_id,
+                 std::vector<UniqueFd> fds, std::string first, nlohmann::json answer) {
+  s->run_id = session_id;
+  asio::error_code ec;
+  s->stdin_pipe.assign(fds[0].get(), ec);
+  if (ec) {  // (the event loop cannot watch one more descriptor)
+    spdlog::error("session {}: its stdin cannot be relayed: {}", session_id, ec.message());
+    s->end("daemon");
+    return;  // the pipes close here; the end is on its way
   }
-  auto s = std::make_shared<Session>(io_, client, open);
-  // However this ends (an exception too), the session's watches stop.
-  struct Over {
-    Session& s;
-    ~Over() { s.over = true; }
-  } over_at_end{*s};
-  reg_->open.insert(s.get());
-  ++reg_->orgs[open.organization_id];
-  ++total_;
-  // (The registry, not this object: a frame destroyed with the event loop,
-  // after the Sessions, still finds it.)
-  struct Close {
-    std::shared_ptr<Registry> reg;
-    Session* s;
-    std::string org;
-    ~Close() {
-      reg->open.erase(s);
-      if (--reg->orgs[org] == 0) reg->orgs.erase(org);
-    }
-  } close{reg_, s.get(), open.organization_id};
+  (void)fds[0].release();
+  s->started = true;
+  s->last = std::chrono::steady_clock::now();
+  const Policy& pol = *s->open.policy;
+  answer["session_id"] = session_id;
+  answer["policy"] = pol.name;
+  answer["policy_fingerprint"] = pol.fingerprint;
+  answer["command"] = s->open.argv;
+  std::string line = protocol::encode_ok(s->open.request_id, "session", answer);
+  s->queued += line.size();
+  s->queue.push_back(std::move(line));
+  s->writing = s->reading = true;
+  s->readers = 2;
+  asio::co_spawn(io, pump_in(s, std::move(first)), asio::detached);
+  asio::co_spawn(io, pump_out(s, std::move(fds[1]), protocol::kSessionStdout), asio::detached);
+  asio::co_spawn(io, pump_out(s, std::move(fds[2]), protocol::kSessionStderr), asio::detached);
+  asio::co_spawn(io, writer(s), asio::detached);
+}
 
+// Until the workspace started or ended (its `changed`), or `deadline`.
+asio::awaitable<void> wait_for_workspace(Workspace& ws, bool until_ended, std::chrono::steady_clock::time_point deadline) {
+  while (!(until_ended ? ws.ended : ws.started || ws.ended) && std::chrono::steady_clock::now() < deadline) {
+    ws.changed.expires_at(deadline);
+    co_await ws.changed.async_wait(tuple_awaitable);
+  }
+}
+
+// A session in a workspace: its command started by the keeper on pipes
+// made here, the relay, and the keeper's answer once the command and the
+// rest of the session's processes are gone. `result` gets what the record
+// says of the command; the refusal when the session did not start.
+asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, std::shared_ptr<Sessions::Session> s,
+                                                         std::shared_ptr<Workspace> ws, std::string early_input,
+                                                         isolate::RunResult& result) {
+  const bool made = ws->sessions == 0 && !ws->started;
+  co_await wait_for_workspace(*ws, false, std::chrono::steady_clock::time_point::max());
+  if (ws->ended || !ws->started)
+    co_return ws->refused.value_or(Refusal{ErrorCode::Unavailable, "the workspace ended before the session started; retry"});
+  int p[6];
+  if (::pipe2(p, O_CLOEXEC) != 0 || ::pipe2(p + 2, O_CLOEXEC) != 0 || ::pipe2(p + 4, O_CLOEXEC) != 0)
+    co_return Refusal{ErrorCode::Busy, std::string("the session's pipes could not be made: ") + std::strerror(errno)};
+  UniqueFd in_r(p[0]), in_w(p[1]), out_r(p[2]), out_w(p[3]), err_r(p[4]), err_w(p[5]);
+  nlohmann::json env = nlohmann::json::object();
+  for (const auto& [k, v] : s->open.env) env[k] = v;
+  const int theirs[3] = {in_r.get(), out_w.get(), err_w.get()};
+  if (!send_to_keeper(*ws, {{"argv", s->open.argv}, {"env", env}}, theirs)) {
+    ws->end("keeper");  // a keeper that does not take a session is not kept
+    co_return Refusal{ErrorCode::Internal, "the workspace's keeper did not take the session"};
+  }
+  in_r.reset(), out_w.reset(), err_w.reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string session_id = ws->id + "." + std::to_string(++ws->sessions);
+  s->count(s->bytes_in, early_input.size());
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(in_w)), fds.push_back(std::move(out_r)), fds.push_back(std::move(err_r));
+  start_relay(io, s, session_id, std::move(fds), std::move(early_input),
+              {{"workspace", {{"name", ws->name}, {"workspace_id", ws->id}, {"new", made}}}});
+  // Whatever ends the session (the client, idle, the stream's bound, the
+  // operator, the stop) has the keeper end the command and the rest.
+  // A keeper that does not answer within 2 s (a command stopped it, say)
+  // ends its workspace: the session ends all the same.
+  auto answered = std::make_shared<bool>(false);
+  const int hook = s->cancel.add_hook([ws, answered] {
+    if (!send_to_keeper(*ws, {{"end", true}})) return ws->end("keeper");
+    asio::co_spawn(
+        ws->keeper.get_executor(),
+        [ws, answered]() -> asio::awaitable<void> {
+          asio::steady_timer t(ws->keeper.get_executor(), std::chrono::seconds(2));
+          co_await t.async_wait(tuple_awaitable);
+          if (!*answered) ws->end("keeper");
+        },
+        asio::detached);
+  });
+  auto st = co_await read_keeper_status(*ws);
+  *answered = true;
+  s->cancel.remove_hook(hook);
+  result.wall = std::chrono::steady_clock::now() - t0;
+  if (st) {
+    result.reason = st->signal ? isolate::EndReason::Signaled : isolate::EndReason::Exited;
+    result.exit_code = st->exit_code;
+    result.signal = st->signal;
+    result.cpu = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(st->cpu_ms));
+    co_return std::nullopt;
+  }
+  // The sandbox ended under the session (its lifetime, a limit, the
+  // daemon's stop: the spawner's Ended follows, and says which), or its
+  // keeper broke the protocol: then the workspace ends.
+  co_await wait_for_workspace(*ws, true, std::chrono::steady_clock::now() + std::chrono::seconds(2));
+  if (!ws->ended) ws->end("keeper");
+  co_await wait_for_workspace(*ws, true, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  const std::string why = ws->ended_by;
+  result.reason = isolate::EndReason::Cancelled;
+  if (s->ended_by.empty())
+    s->ended_by = why == "lifetime" || why == "limit" || why == "shutdown" || why == "operator" ? why : "daemon";
+  co_return std::nullopt;
+}
+
+// A session in a sandbox of its own: the order to the spawner, its
+// launcher given the command on stdin, the relay once it started. `result`
+// gets the run's end, and the session its ended_by.
+asio::awaitable<std::optional<Refusal>> run_alone(asio::io_context& io, SpawnerLink& link, egress::Service& egress,
+                                                  std::shared_ptr<Sessions::Session> s, std::string early_input,
+                                                  isolate::RunResult& result, std::shared_ptr<egress::RunProxy>& proxy) {
+  const Policy& pol = *s->open.policy;
   spawn::RunOrder order;
   order.policy = session_policy_name(pol.name);
   order.fingerprint = pol.fingerprint;
   order.mode = spawn::RunMode::Script;
-  order.env = open.env;
+  order.env = s->open.env;
   order.timeout = pol.sessions.max_lifetime;
-  std::shared_ptr<egress::RunProxy> proxy;
   if (pol.network == isolate::NetworkMode::Egress)
-    proxy = std::make_shared<egress::RunProxy>(egress_, pol.egress,
-                                               egress::RunLabels{open.request_id, open.organization_id, "session"});
-  struct StopProxy {
-    const std::shared_ptr<egress::RunProxy>& proxy;
-    ~StopProxy() {
-      if (proxy) proxy->stop();
-    }
-  } stop_proxy{proxy};
-  const auto t0 = std::chrono::steady_clock::now();
-  asio::co_spawn(io_, watch(s), asio::detached);  // the client's going away, from now on
+    proxy = std::make_shared<egress::RunProxy>(egress, pol.egress,
+                                               egress::RunLabels{s->open.request_id, s->open.organization_id, "session"});
   auto take = [&](const std::string& run_id, std::vector<UniqueFd> fds) {
-    s->run_id = run_id;
-    asio::error_code ec;
-    s->stdin_pipe.assign(fds[0].get(), ec);
-    if (ec) {  // (the event loop cannot watch one more descriptor)
-      spdlog::error("session {}: its stdin cannot be relayed: {}", run_id, ec.message());
-      s->end("daemon");
-      return;  // the pipes close here; the kill is on its way
-    }
-    (void)fds[0].release();
-    s->started = true;
-    s->last = std::chrono::steady_clock::now();
-    // The answer line first; on stdin, the command for the launcher, then
-    // what came with the request line.
-    nlohmann::json answer = {{"session_id", run_id}, {"policy", pol.name}, {"policy_fingerprint", pol.fingerprint},
-                             {"command", open.argv}};
-    std::string line = protocol::encode_ok(open.request_id, "session", answer);
-    s->queued += line.size();
-    s->queue.push_back(std::move(line));
+    // On stdin, the command for the launcher, then what came with the request line.
     s->count(s->bytes_in, early_input.size());
-    s->writing = s->reading = true;
-    s->readers = 2;
-    asio::co_spawn(io_, pump_in(s, session_command_frame(open.argv) + std::exchange(early_input, {})), asio::detached);
-    asio::co_spawn(io_, pump_out(s, std::move(fds[1]), protocol::kSessionStdout), asio::detached);
-    asio::co_spawn(io_, pump_out(s, std::move(fds[2]), protocol::kSessionStderr), asio::detached);
-    asio::co_spawn(io_, writer(s), asio::detached);
+    start_relay(io, s, run_id, std::move(fds), session_command_frame(s->open.argv) + std::exchange(early_input, {}),
+                nlohmann::json::object());
   };
-  LinkRun ran = co_await link_.run(std::move(order), "", 0, 0, {}, s->cancel, proxy.get(), {}, std::nullopt, 0, take);
+  LinkRun ran = co_await link.run(std::move(order), "", 0, 0, {}, s->cancel, proxy.get(), {}, std::nullopt, 0, take);
   const bool started = s->started;
   s->over = true;
   if (ran.refused)
@@ -352,23 +408,128 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
   if (!started)
     co_return Refusal{ErrorCode::Internal, "the session's sandbox could not be set up: " +
                                                (ran.result.error.empty() ? std::string("its log says why") : ran.result.error)};
+  result = std::move(ran.result);
+  if (result.reason == isolate::EndReason::Timeout && s->ended_by.empty()) s->ended_by = "lifetime";
+  // Cancelled with no reason of the daemon's: the link gave up on a
+  // spawner that did not end it (SpawnerLink::give_up).
+  if (result.reason == isolate::EndReason::Cancelled && s->ended_by.empty()) s->ended_by = "daemon";
+  if (result.reason != isolate::EndReason::Exited && result.reason != isolate::EndReason::Cancelled &&
+      result.reason != isolate::EndReason::Signaled && s->ended_by.empty())
+    s->ended_by = "limit";
+  co_return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<Workspace>& ws, bool& own_slot) {
+  // A kept workspace holds a slot of its own; a session in it takes none.
+  const std::string key = workspace_key(open.organization_id, open.policy->name, open.workspace);
+  if (!open.workspace.empty())
+    if (auto it = reg_->workspaces.find(key); it != reg_->workspaces.end()) ws = it->second;
+  if (ws && ws->busy) {
+    ++refused_;
+    return Refusal{ErrorCode::Busy, "workspace " + quoted_for_message(open.workspace) +
+                                        " has a session open (one at a time); retry when it ends"};
+  }
+  if (!ws && (reg_->slots >= limits_.max || open_of(open.organization_id) >= limits_.per_organization)) {
+    ++refused_;
+    return Refusal{ErrorCode::Busy, reg_->slots >= limits_.max
+                                           ? "max_sessions (" + std::to_string(limits_.max) +
+                                                 ") are open or kept as workspaces; retry later"
+                                           : "this organization has max_sessions_per_organization (" +
+                                                 std::to_string(limits_.per_organization) +
+                                                 ") open or kept as workspaces; retry later"};
+  }
+  own_slot = !ws && open.workspace.empty();
+  if (!ws && !open.workspace.empty()) {
+    ws = std::make_shared<Workspace>(io_);
+    ws->key = key;
+    ws->organization_id = open.organization_id;
+    ws->name = open.workspace;
+    ws->policy = open.policy;
+    reg_->workspaces.emplace(key, ws);
+    ++reg_->slots;
+    ++reg_->orgs[open.organization_id];
+    auto gone = [reg = reg_](Workspace& w) {
+      if (auto it = reg->workspaces.find(w.key); it != reg->workspaces.end() && it->second.get() == &w)
+        reg->workspaces.erase(it);
+      --reg->slots;
+      if (--reg->orgs[w.organization_id] == 0) reg->orgs.erase(w.organization_id);
+    };
+    asio::co_spawn(io_, keep_workspace(ws, link_, egress_, std::move(gone)), asio::detached);
+  }
+  return std::nullopt;
+}
+
+asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSocket& client) {
+  const Policy& pol = *open.policy;
+  std::string early_input = std::move(open.early_input);  // held by the reader alone, once started
+  if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
+  std::shared_ptr<Workspace> ws;
+  bool own_slot = false;
+  if (auto refused = admit(open, ws, own_slot)) co_return refused;
+  if (ws) ws->busy = true;
+  auto s = std::make_shared<Session>(io_, client, open);
+  // However this ends (an exception too), the session's watches stop.
+  struct Over {
+    Session& s;
+    ~Over() { s.over = true; }
+  } over_at_end{*s};
+  reg_->open.insert(s.get());
+  if (own_slot) {
+    ++reg_->slots;
+    ++reg_->orgs[open.organization_id];
+  }
+  ++total_;
+  // (The registry, not this object: a frame destroyed with the event loop,
+  // after the Sessions, still finds it.)
+  struct Close {
+    std::shared_ptr<Registry> reg;
+    Session* s;
+    std::string org;
+    bool own_slot;
+    std::shared_ptr<Workspace> ws;
+    ~Close() {
+      reg->open.erase(s);
+      if (ws) {
+        ws->busy = false;
+        ws->last_used = std::chrono::steady_clock::now();
+      }
+      if (!own_slot) return;
+      --reg->slots;
+      if (--reg->orgs[org] == 0) reg->orgs.erase(org);
+    }
+  } close{reg_, s.get(), open.organization_id, own_slot, ws};
+
+  const auto t0 = std::chrono::steady_clock::now();
+  asio::co_spawn(io_, watch(s), asio::detached);  // the client's going away, from now on
+  isolate::RunResult result;
+  std::shared_ptr<egress::RunProxy> proxy;
+  struct StopProxy {
+    const std::shared_ptr<egress::RunProxy>& proxy;
+    ~StopProxy() {
+      if (proxy) proxy->stop();
+    }
+  } stop_proxy{proxy};
+  if (ws) {
+    auto refused = co_await run_in_workspace(io_, s, ws, std::move(early_input), result);
+    s->over = true;
+    if (refused) co_return refused;
+  } else {
+    auto refused = co_await run_alone(io_, link_, egress_, s, std::move(early_input), result, proxy);
+    if (refused) co_return refused;
+  }
   // 1. The pumps read the pipes to their end (every writer is gone with
-  // pid 1; bounded all the same): all the output is queued, in order.
-  // A client that pauses holds the pumps (the queue is full): as long as
-  // its writer may still be waiting for it, and 5 s for the pipes.
+  // the command's processes; bounded all the same): all the output is
+  // queued, in order. A client that pauses holds the pumps (the queue is
+  // full): as long as its writer may still be waiting for it, and 5 s for
+  // the pipes.
   s->wake.cancel();
   co_await wait_until(*s, [&] { return s->readers == 0 || s->client_failed; },
                       std::chrono::steady_clock::now() + std::chrono::seconds(5) + open.write_timeout);
   // 2. The record and the audit line.
-  if (ran.result.reason == isolate::EndReason::Timeout && s->ended_by.empty()) s->ended_by = "lifetime";
-  // Cancelled with no reason of the daemon's: the link gave up on a spawner
-  // that did not end it (SpawnerLink::give_up).
-  if (ran.result.reason == isolate::EndReason::Cancelled && s->ended_by.empty()) s->ended_by = "daemon";
-  if (ran.result.reason != isolate::EndReason::Exited && ran.result.reason != isolate::EndReason::Cancelled &&
-      ran.result.reason != isolate::EndReason::Signaled && s->ended_by.empty())
-    s->ended_by = "limit";
   const std::string ended_by = s->ended_by.empty() ? "exit" : s->ended_by;
-  nlohmann::json record = end_record(*s, pol, ran.result, ended_by);
+  nlohmann::json record = end_record(*s, pol, result, ended_by, ws.get());
   if (proxy) {
     proxy->stop();
     record["egress"] = proxy->summary();
@@ -376,13 +537,13 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
   const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info(
       "audit session_id={} request_id={} peer_uid={} peer_pid={} org={} agent={} command={} policy={} "
-      "policy_fingerprint={} duration_ms={:.1f} ended_by={} end_reason={} exit_code={} bytes_in={} bytes_out={} "
-      "bytes_err={}{}",
+      "policy_fingerprint={} workspace={} duration_ms={:.1f} ended_by={} end_reason={} exit_code={} bytes_in={} "
+      "bytes_out={} bytes_err={}{}",
       s->run_id.empty() ? "-" : s->run_id, quoted_for_message(open.request_id), open.peer.uid, open.peer.pid,
       quoted_for_message(open.organization_id), open.agent_id.empty() ? "-" : quoted_for_message(open.agent_id),
-      quoted_for_message(open.argv[0]), quoted_for_message(pol.name), pol.fingerprint, ms, ended_by,
-      isolate::to_string(ran.result.reason), ran.result.exit_code, s->bytes_in, s->bytes_out, s->bytes_err,
-      proxy ? proxy->audit_fields() : std::string());
+      quoted_for_message(open.argv[0]), quoted_for_message(pol.name), pol.fingerprint,
+      ws ? quoted_for_message(ws->name) : std::string("-"), ms, ended_by, isolate::to_string(result.reason),
+      result.exit_code, s->bytes_in, s->bytes_out, s->bytes_err, proxy ? proxy->audit_fields() : std::string());
   // 3. The end frame, last in the writer's queue: the writer sends
   // everything before it, then ends. A client that does not take it all
   // within write_timeout (and a margin) is cut off.
@@ -425,15 +586,39 @@ nlohmann::json Sessions::list() const {
                    {"idle_s", duration<double>(now - s->last).count()},
                    {"bytes_in", s->bytes_in},
                    {"bytes_out", s->bytes_out},
-                   {"bytes_err", s->bytes_err}});
+                   {"bytes_err", s->bytes_err},
+                   {"workspace", s->open.workspace.empty() ? nlohmann::json() : nlohmann::json(s->open.workspace)}});
   }
   return out;
 }
 
-bool Sessions::kill(const std::string& session_id) {
+nlohmann::json Sessions::list_workspaces() const {
+  using namespace std::chrono;
+  nlohmann::json out = nlohmann::json::array();
+  const auto now = steady_clock::now();
+  for (const auto& [key, w] : reg_->workspaces) {
+    if (!w->started || w->ended) continue;
+    out.push_back({{"workspace_id", w->id},
+                   {"organization_id", w->organization_id},
+                   {"name", w->name},
+                   {"policy", w->policy->name},
+                   {"sessions", w->sessions},
+                   {"in_use", w->busy},
+                   {"age_s", duration<double>(now - w->created).count()},
+                   {"idle_s", w->busy ? 0.0 : duration<double>(now - w->last_used).count()}});
+  }
+  return out;
+}
+
+bool Sessions::kill(const std::string& id) {
   for (Session* s : reg_->open)
-    if (!s->run_id.empty() && s->run_id == session_id) {
+    if (!s->run_id.empty() && s->run_id == id) {
       s->end("operator");
+      return true;
+    }
+  for (const auto& [key, w] : reg_->workspaces)
+    if (w->started && w->id == id) {
+      w->end("operator");
       return true;
     }
   return false;
@@ -442,6 +627,9 @@ bool Sessions::kill(const std::string& session_id) {
 void Sessions::end_all() {
   stopping_ = true;
   for (Session* s : reg_->open) s->end("shutdown");
+  std::vector<std::shared_ptr<Workspace>> kept;
+  for (const auto& [key, w] : reg_->workspaces) kept.push_back(w);
+  for (const auto& w : kept) w->end("shutdown");
 }
 
 }  // namespace tsb::core

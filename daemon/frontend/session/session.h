@@ -34,6 +34,7 @@ class Service;
 namespace tsb::core {
 
 class SpawnerLink;
+struct Workspace;
 
 struct SessionOpen {
   std::shared_ptr<const Policy> policy;      // placed for the organization, with "sessions"
@@ -46,9 +47,12 @@ struct SessionOpen {
   // What the client sent after its request line, read with it: the first
   // bytes of the command's stdin (after the launcher's command frame).
   std::string early_input;
+  // The organization's workspace to run in (workspace.h), by name; "": none.
+  std::string workspace;
 };
 
-// How many sessions may be open: in all, and per organization.
+// How many sessions may be open, a kept workspace counting as one (a
+// session in it takes no other): in all, and per organization.
 struct SessionLimits {
   unsigned max = 8, per_organization = 4;
 };
@@ -69,19 +73,24 @@ class Sessions {
   // Shutdown: nothing new opens, and every session ends now (sessions
   // have no grace); then wait until none is open.
   void end_all();
-  bool empty() const noexcept { return reg_->open.empty(); }
+  bool empty() const noexcept { return reg_->open.empty() && reg_->workspaces.empty(); }
   nlohmann::json status() const;
   // The operator's view (session_list): each open session's id, who opened
-  // it, what it runs (the program, not its arguments), its age and bytes.
+  // it, what it runs (the program, not its arguments), its age and bytes;
+  // and each kept workspace's.
   nlohmann::json list() const;
-  // Ends an open session for the operator (its record says "operator");
-  // false when no session of that id is open.
-  bool kill(const std::string& session_id);
+  nlohmann::json list_workspaces() const;
+  // Ends an open session, or a kept workspace (and the session in it), for
+  // the operator (the records say "operator"); false when none has that id.
+  bool kill(const std::string& id);
 
   struct Session;
 
  private:
   unsigned open_of(const std::string& org) const;
+  // A session's slot, or its workspace (found, or made and started here):
+  // nothing, or why it may not open.
+  std::optional<Refusal> admit(const SessionOpen& open, std::shared_ptr<Workspace>& ws, bool& own_slot);
 
   asio::io_context& io_;
   SpawnerLink& link_;
@@ -90,7 +99,9 @@ class Sessions {
   bool stopping_ = false;
   struct Registry {
     std::set<Session*> open;
-    std::map<std::string, unsigned> orgs;  // open sessions per organization
+    std::map<std::string, std::shared_ptr<Workspace>> workspaces;  // by workspace_key
+    unsigned slots = 0;                    // sessions outside workspaces, and workspaces
+    std::map<std::string, unsigned> orgs;  // the same, per organization
   };
   std::shared_ptr<Registry> reg_ = std::make_shared<Registry>();
   std::uint64_t total_ = 0, refused_ = 0;

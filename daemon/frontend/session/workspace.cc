@@ -1,0 +1,196 @@
+// A session workspace's sandbox and its keeper (workspace.h).
+#include "daemon/frontend/session/workspace.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/read.hpp>
+#include <asio/use_awaitable.hpp>
+#include <cmath>
+#include <cstring>
+
+#include "daemon/common/quote.h"
+#include "daemon/frontend/egress/proxy.h"
+#include "daemon/frontend/local/spawner_link.h"
+#include "daemon/policy/sessions.h"
+#include "protocol/json_limits.h"
+
+namespace tsb::core {
+
+using protocol::ErrorCode;
+
+namespace {
+
+constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+constexpr std::uint32_t kMaxKeeperAnswer = 4096;
+
+// The keeper's own stdout or stderr (nothing, unless the protocol between
+// it and this process broke): logged, escaped, the first 4 KiB.
+asio::awaitable<void> log_keeper_output(std::shared_ptr<Workspace> ws, UniqueFd fd) {
+  asio::posix::stream_descriptor sd(ws->keeper.get_executor(), fd.release());
+  std::array<char, 4096> buf;
+  std::size_t logged = 0;
+  for (;;) {
+    auto [ec, n] = co_await sd.async_read_some(asio::buffer(buf), tuple_awaitable);
+    if (ec) break;
+    if (logged < buf.size())
+      spdlog::warn("workspace {}: its keeper says {}", ws->id, quoted_for_message(std::string_view(buf.data(), n)));
+    logged += n;
+  }
+}
+
+// Ends the workspace once it has had no session for the policy's idle_ttl.
+asio::awaitable<void> expire(std::shared_ptr<Workspace> ws) {
+  asio::steady_timer t(ws->keeper.get_executor());
+  const auto ttl = ws->policy->sessions.workspace_idle_ttl;
+  while (!ws->ended) {
+    if (ws->started && !ws->busy && std::chrono::steady_clock::now() >= ws->last_used + ttl) {
+      ws->end("ttl");
+      break;
+    }
+    t.expires_after(std::chrono::milliseconds(500));
+    co_await t.async_wait(tuple_awaitable);
+  }
+}
+
+}  // namespace
+
+std::string workspace_key(const std::string& organization_id, const std::string& policy, const std::string& name) {
+  return organization_id + '\0' + policy + '\0' + name;
+}
+
+ErrorCode refusal_code(spawn::RefuseCode rc) {
+  using spawn::RefuseCode;
+  return rc == RefuseCode::Busy                                              ? ErrorCode::Busy
+         : rc == RefuseCode::Unavailable || rc == RefuseCode::UnknownPolicy ? ErrorCode::Unavailable
+         : rc == RefuseCode::OutOfBounds                                     ? ErrorCode::PolicyDenied
+                                                                             : ErrorCode::Internal;
+}
+
+std::optional<KeeperStatus> parse_keeper_status(std::string_view body) {
+  // (At most kMaxKeeperAnswer bytes, from the sandbox: bounded parse.)
+  nlohmann::json j = protocol::parse_json_bounded(body);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  KeeperStatus st;
+  const auto exit = j.find("exit"), sig = j.find("signal"), cpu = j.find("cpu_ms");
+  if ((exit == j.end()) == (sig == j.end())) return std::nullopt;  // one of them
+  if (exit != j.end()) {
+    if (!exit->is_number_integer() || exit->get<long long>() < 0 || exit->get<long long>() > 255) return std::nullopt;
+    st.exit_code = exit->get<int>();
+  } else {
+    if (!sig->is_number_integer() || sig->get<long long>() < 1 || sig->get<long long>() > 64) return std::nullopt;
+    st.signal = sig->get<int>();
+  }
+  if (cpu == j.end() || !cpu->is_number() || !std::isfinite(cpu->get<double>()) || cpu->get<double>() < 0)
+    return std::nullopt;
+  st.cpu_ms = cpu->get<double>();
+  return st;
+}
+
+bool send_to_keeper(Workspace& ws, const nlohmann::json& message, std::span<const int> fds) {
+  if (!ws.keeper.is_open() || fds.size() > 3) return false;
+  const std::string body = message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const auto n = static_cast<std::uint32_t>(body.size());
+  std::string m{static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8), static_cast<char>(n)};
+  m += body;
+  iovec iov{m.data(), m.size()};
+  msghdr h{};
+  h.msg_iov = &iov;
+  h.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int))] = {};
+  if (!fds.empty()) {
+    h.msg_control = control;
+    h.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&h);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
+  }
+  // Small, to a keeper that reads each one: it fits in the socket's buffer.
+  return ::sendmsg(ws.keeper.native_handle(), &h, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(m.size());
+}
+
+asio::awaitable<std::optional<KeeperStatus>> read_keeper_status(Workspace& ws) {
+  std::array<unsigned char, 4> head{};
+  if (auto [ec, n] = co_await asio::async_read(ws.keeper, asio::buffer(head), tuple_awaitable); ec) co_return std::nullopt;
+  const std::uint32_t len = (std::uint32_t{head[0]} << 24) | (std::uint32_t{head[1]} << 16) |
+                            (std::uint32_t{head[2]} << 8) | head[3];
+  if (len > kMaxKeeperAnswer) co_return std::nullopt;
+  std::string body(len, '\0');
+  if (auto [ec, n] = co_await asio::async_read(ws.keeper, asio::buffer(body), tuple_awaitable); ec) co_return std::nullopt;
+  co_return parse_keeper_status(body);
+}
+
+asio::awaitable<void> keep_workspace(std::shared_ptr<Workspace> ws, SpawnerLink& link, egress::Service& egress,
+                                     std::function<void(Workspace&)> gone) {
+  const Policy& pol = *ws->policy;
+  spawn::RunOrder order;
+  order.policy = session_policy_name(pol.name);
+  order.fingerprint = pol.fingerprint;
+  order.mode = spawn::RunMode::Tool;  // the keeper (daemon/compile/spawn_policy.cc)
+  order.timeout = pol.sessions.max_lifetime;
+  std::shared_ptr<egress::RunProxy> proxy;
+  if (pol.network == isolate::NetworkMode::Egress)
+    proxy = std::make_shared<egress::RunProxy>(egress, pol.egress,
+                                               egress::RunLabels{"workspace", ws->organization_id, "workspace"});
+  struct StopProxy {
+    const std::shared_ptr<egress::RunProxy>& proxy;
+    ~StopProxy() {
+      if (proxy) proxy->stop();
+    }
+  } stop_proxy{proxy};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto take = [&](const std::string& run_id, std::vector<UniqueFd> fds) {
+    ws->id = run_id;
+    asio::error_code ec;
+    ws->keeper.assign(asio::local::stream_protocol(), fds[0].get(), ec);
+    if (ec) {  // (the event loop cannot watch one more descriptor)
+      spdlog::error("workspace {}: its keeper cannot be reached: {}", run_id, ec.message());
+      ws->end("daemon");
+      return;
+    }
+    (void)fds[0].release();
+    for (int i = 1; i <= 2; ++i) asio::co_spawn(ws->keeper.get_executor(), log_keeper_output(ws, std::move(fds[i])), asio::detached);
+    ws->started = true;
+    ws->last_used = std::chrono::steady_clock::now();
+    ws->changed.cancel();
+  };
+  asio::co_spawn(ws->keeper.get_executor(), expire(ws), asio::detached);
+  LinkRun ran = co_await link.run(std::move(order), "", 0, 0, {}, ws->cancel, proxy.get(), {}, std::nullopt, 0, take);
+  if (ran.refused)
+    ws->refused = Refusal{refusal_code(ran.refused->code), "the workspace's sandbox could not start: " + ran.refused->message};
+  else if (!ws->started)
+    ws->refused = Refusal{ErrorCode::Internal, "the workspace's sandbox could not be set up: " +
+                                                   (ran.result.error.empty() ? std::string("its log says why") : ran.result.error)};
+  const auto reason = ran.result.reason;
+  std::string ended_by = ws->ended_by;
+  if (ended_by.empty())
+    ended_by = reason == isolate::EndReason::Timeout     ? "lifetime"
+               : reason == isolate::EndReason::Cancelled ? "daemon"
+               : reason == isolate::EndReason::Exited || reason == isolate::EndReason::Signaled ? "keeper"
+                                                                                               : "limit";
+  ws->ended_by = ended_by;
+  ws->ended = true;
+  asio::error_code ignored;
+  ws->keeper.close(ignored);
+  gone(*ws);
+  ws->changed.cancel();
+  if (proxy) proxy->stop();
+  if (ran.refused || !ws->started) co_return;
+  const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info(
+      "audit workspace workspace_id={} org={} name={} policy={} policy_fingerprint={} sessions={} duration_ms={:.1f} "
+      "ended_by={} end_reason={} cpu_ms={:.1f} peak_memory_bytes={}{}",
+      ws->id, quoted_for_message(ws->organization_id), quoted_for_message(ws->name), quoted_for_message(pol.name),
+      pol.fingerprint, ws->sessions, ms, ended_by, isolate::to_string(reason),
+      std::chrono::duration<double, std::milli>(ran.result.cpu).count(), ran.result.peak_memory_bytes,
+      proxy ? proxy->audit_fields() : std::string());
+}
+
+}  // namespace tsb::core

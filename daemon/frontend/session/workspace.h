@@ -1,0 +1,91 @@
+// A session workspace (policies/README.md, "sessions"; PROTOCOL.md, section
+// 6.8): an organization's sandbox of the session policy, kept by name
+// between its sessions, one at a time. Its one long-lived process is the
+// keeper (isolate/runner/toolsandbox_workspace.py), started in the session
+// policy's tool mode with a socket for stdin: each session's command is
+// started by it on pipes the front end makes and sends, and ended, with
+// every other process of the sandbox, when the session ends; the sandbox
+// and its /work stay. The workspace ends after the policy's idle_ttl with
+// no session, at max_lifetime from its start, at a limit of the sandbox's,
+// at the daemon's stop, or by the operator.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <asio/local/stream_protocol.hpp>
+#include <asio/steady_timer.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/frontend/pipeline/pipeline.h"
+#include "daemon/policy/policy.h"
+#include "daemon/wire/compiled.h"
+
+namespace tsb::egress {
+class Service;
+}
+
+namespace tsb::core {
+
+class SpawnerLink;
+
+struct Workspace {
+  explicit Workspace(asio::io_context& io)
+      : keeper(io), changed(io, std::chrono::steady_clock::time_point::max()) {}
+  std::string key;  // the organization, the policy and the name (workspace_key)
+  std::string organization_id, name;
+  std::shared_ptr<const Policy> policy;
+  std::string id;  // its sandbox's run id, once started
+  asio::local::stream_protocol::socket keeper;
+  CancelSignal cancel;          // ends the sandbox
+  asio::steady_timer changed;   // cancelled when it started, and when it ended
+  bool started = false, ended = false;
+  bool busy = false;            // a session runs in it
+  // Why it ended: "ttl", "shutdown", "operator", "daemon" (it could not be
+  // kept), "keeper" (its keeper exited, broke the protocol or did not
+  // answer), "lifetime", "limit"; "" while it lives.
+  std::string ended_by;
+  std::optional<Refusal> refused;  // it never started: why
+  unsigned sessions = 0;        // sessions it has served
+  std::chrono::steady_clock::time_point last_used = std::chrono::steady_clock::now();
+  const std::chrono::steady_clock::time_point created = last_used;
+
+  void end(const char* why) {
+    if (ended_by.empty()) ended_by = why;
+    cancel.request();
+  }
+};
+
+// The registry's key of an organization's workspace `name` under a policy.
+std::string workspace_key(const std::string& organization_id, const std::string& policy, const std::string& name);
+
+// What the keeper said of a session's command: its exit status or signal,
+// and the CPU time it and the processes it waited for used.
+struct KeeperStatus {
+  int exit_code = -1;
+  int signal = 0;
+  double cpu_ms = 0;
+};
+// A keeper's answer (JSON text), checked: nullopt when it is not one.
+std::optional<KeeperStatus> parse_keeper_status(std::string_view body);
+// One message to the keeper: a 4-byte big-endian length, `message`, and
+// `fds` attached (SCM_RIGHTS); false when it could not go whole at once.
+bool send_to_keeper(Workspace& ws, const nlohmann::json& message, std::span<const int> fds = {});
+// The keeper's next answer; nullopt when the socket failed or closed (the
+// sandbox ended) or the answer is not one.
+asio::awaitable<std::optional<KeeperStatus>> read_keeper_status(Workspace& ws);
+
+// A spawner's refusal as the client's error code, as a run's.
+protocol::ErrorCode refusal_code(spawn::RefuseCode rc);
+
+// Starts the workspace's sandbox and keeps it until it ends; then `gone`
+// (out of the registry), the end marked (ended, changed) and its audit line.
+asio::awaitable<void> keep_workspace(std::shared_ptr<Workspace> ws, SpawnerLink& link, egress::Service& egress,
+                                     std::function<void(Workspace&)> gone);
+
+}  // namespace tsb::core

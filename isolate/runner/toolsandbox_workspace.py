@@ -1,0 +1,150 @@
+# toolsandbox_workspace.py: the keeper of a session workspace (policies/
+# README.md, "sessions"; docs/ARCHITECTURE.md, "A workspace"). Run by the
+# compiled session policy's tool mode as `python3 -I -S -B -c <this file>
+# PROGRAM...`, the programs the policy's sessions may start; embedded into
+# the daemon at build time, without this comment block.
+#
+# It is the sandbox's only long-lived process. Its stdin is a stream socket
+# to the front end, which sends, for each session, one message: a 4-byte
+# big-endian length, then JSON {"argv": [...], "env": {...}}, with the
+# session's three pipe ends (stdin, stdout, stderr) attached as SCM_RIGHTS.
+# It starts the command on them (argv[0] must be one of its own arguments),
+# and when the command exits, or when the front end sends {"end": true}, it
+# kills every other process of the sandbox (kill(-1): all but pid 1 and
+# itself), so no process of a session outlives it, and answers with
+# {"exit": N} or {"signal": N} and the session's CPU time ("cpu_ms").
+# A socket that closes (the daemon let the workspace go) ends it, and with
+# it the sandbox. Its own stdout and stderr are the sandbox's: the front end
+# logs what it writes there (nothing, unless the protocol is broken).
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+
+ALLOWED = sys.argv[1:]
+# Not dumpable: a session's command (the same uid) can neither read nor
+# write this process's memory (/proc/PID/mem) nor open its descriptors
+# (/proc/PID/fd), so none reaches the socket that starts the next session.
+if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+    os.write(2, b"toolsandbox workspace: prctl(PR_SET_DUMPABLE) failed\n")
+    os._exit(125)
+MAX_MESSAGE = 1 << 20
+sock = socket.socket(fileno=0)
+wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+signal.set_wakeup_fd(wake_w)
+
+
+def fail(why):
+    os.write(2, ("toolsandbox workspace: %s\n" % why).encode("utf-8", "replace"))
+    os._exit(125)
+
+
+def receive():
+    """The next message and the descriptors that came with it; (None, fds) at EOF."""
+    fds, data = [], b""
+    need = 4
+    while len(data) < need:
+        chunk, got, _, _ = socket.recv_fds(sock, need - len(data), 4)
+        fds.extend(got)
+        if not chunk:
+            return None, fds
+        data += chunk
+        if need == 4 and len(data) == 4:
+            need = 4 + int.from_bytes(data, "big")
+            if need - 4 > MAX_MESSAGE:
+                fail("a message of %d bytes" % (need - 4))
+    try:
+        return json.loads(data[4:]), fds
+    except ValueError:
+        fail("a message that is not JSON")
+
+
+def send(message):
+    body = json.dumps(message).encode()
+    sock.sendall(len(body).to_bytes(4, "big") + body)
+
+
+def end_the_rest():
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def start(argv, env, fds):
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for number, fd in enumerate(fds):
+            os.dup2(fd, number)
+        os.closerange(3, 65536)
+        os.execve(argv[0], argv, env)
+    except OSError as e:
+        os.write(2, ("toolsandbox session: cannot start %s: %s\n" % (argv[0], e.strerror)).encode("utf-8", "replace"))
+    os._exit(127)
+
+
+def cpu_ms():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (r.ru_utime + r.ru_stime) * 1000.0
+
+
+def session(request, fds):
+    argv = request.get("argv")
+    env = dict(os.environ)
+    env.update(request.get("env") or {})
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or len(fds) != 3:
+        fail("a session message without a command and three descriptors")
+    if argv[0] not in ALLOWED:
+        os.write(fds[2], b"toolsandbox session: this command is not one the policy allows\n")
+        for fd in fds:
+            os.close(fd)
+        return {"exit": 126, "cpu_ms": 0.0}
+    before = cpu_ms()
+    pid = start(argv, env, fds)
+    for fd in fds:
+        os.close(fd)
+    status = None
+    while status is None:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+            break
+        ready, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                pass
+        if sock in ready:
+            message, extra = receive()
+            for fd in extra:
+                os.close(fd)
+            end_the_rest()
+            _, status = os.waitpid(pid, 0)
+            if message is None:
+                os._exit(0)
+    end_the_rest()
+    result = {"exit": os.WEXITSTATUS(status)} if os.WIFEXITED(status) else {"signal": os.WTERMSIG(status)}
+    result["cpu_ms"] = max(0.0, cpu_ms() - before)
+    return result
+
+
+while True:
+    message, descriptors = receive()
+    if message is None:
+        end_the_rest()
+        os._exit(0)
+    if "argv" not in message:
+        for fd in descriptors:
+            os.close(fd)
+        continue  # an end that came after the command's own: nothing runs
+    send(session(message, descriptors))
