@@ -6,7 +6,9 @@ MCP server today) and under bubblewrap.
 
 Open to first response: from the start (the connect and the request; for
 bare and bwrap, the spawn) to the first byte of the command's reply to one
-line on its stdin. Two commands: python3 echoing one line (the floor), and
+line on its stdin, in a new session's own sandbox and in a session of a
+kept workspace (its sandbox started by an earlier session: the keeper
+starts the command). Two commands: python3 echoing one line (the floor), and
 the MCP reference server server-everything answering `initialize` (an MCP
 server's real start, node and its modules), when its package is installed
 (scripts/lib.sh, install_test_mcp). The session runs under the shipped
@@ -68,6 +70,15 @@ def stdout_of(session) -> bytes:
 def first_response_session(sock: str, command: list[str], line: bytes) -> float:
     t0 = time.perf_counter()
     with Client(sock).open_session(command, organization_id="bench") as s:
+        s.write(line)
+        stdout_of(s)
+        return (time.perf_counter() - t0) * 1000
+
+
+def first_response_workspace(sock: str, command: list[str], line: bytes, workspace: str) -> float:
+    """As first_response_session, in a kept workspace: no sandbox to start."""
+    t0 = time.perf_counter()
+    with Client(sock).open_session(command, organization_id="bench", workspace=workspace) as s:
         s.write(line)
         stdout_of(s)
         return (time.perf_counter() - t0) * 1000
@@ -136,6 +147,7 @@ def main() -> int:
             "bare python3": lambda: first_response_process([VENV_PY, "-c", ECHO], b"ping\n"),
             "bwrap python3": lambda: first_response_process(BWRAP + [VENV_PY, "-c", ECHO], b"ping\n"),
             "session python3": lambda: first_response_session(sock, ["python3", "-c", ECHO], b"ping\n"),
+            "workspace python3": lambda: first_response_workspace(sock, ["python3", "-c", ECHO], b"ping\n", "py"),
         }
         if os.path.exists(MCP_DIR + EVERYTHING):
             variants.update({
@@ -145,6 +157,8 @@ def main() -> int:
                     BWRAP + ["/usr/bin/node", MCP_DIR + EVERYTHING, "stdio"], INIT),
                 "session server-everything": lambda: first_response_session(
                     sock, ["node", "/opt/mcp" + EVERYTHING, "stdio"], INIT),
+                "workspace server-everything": lambda: first_response_workspace(
+                    sock, ["node", "/opt/mcp" + EVERYTHING, "stdio"], INIT, "node"),
             })
         gapped = {k: (lambda f: lambda: (time.sleep(args.gap), f())[1])(v) for k, v in variants.items()}
         res = interleave.rounds(gapped, args.n, warmups=2)

@@ -169,6 +169,17 @@ class Workspaces(unittest.TestCase):
         opened, rec, out = self.run_in("busy-one", "print('next')")
         self.assertEqual((out.strip(), opened["workspace"]["new"]), ("next", False))
 
+    def test_the_next_session_waits_for_the_last_ones_end(self):
+        # As letta-server does: a session per call, the next one opened as
+        # soon as the last one's client let go.
+        for i in range(5):
+            r = self.raw(["python3", "-c", "import sys\nprint('call', flush=True)\nsys.stdin.read()"], "calls")
+            self.assertTrue(r.answer.get("ok"), (i, r.answer))
+            self.assertTrue(r.read_until(lambda: b"call" in r.out))
+            r.close()
+        [w] = self.listing()["workspaces"]
+        self.assertEqual(w["sessions"], 5)
+
     def test_a_disconnect_ends_the_command_within_a_second_and_keeps_the_workspace(self):
         tag = "tsb-ws-disc-" + uuid.uuid4().hex[:8]
         script = textwrap.dedent("""\

@@ -316,6 +316,13 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
                                                          std::shared_ptr<Workspace> ws, std::string early_input,
                                                          isolate::RunResult& result) {
   const bool made = ws->sessions == 0 && !ws->started;
+  ws->ending = false;
+  ws->end_if_client_gone = [weak = std::weak_ptr<Sessions::Session>(s)] {
+    auto held = weak.lock();
+    if (!held || !held->open.client_gone()) return false;
+    held->end("client");
+    return true;
+  };
   co_await wait_for_workspace(*ws, false, std::chrono::steady_clock::time_point::max());
   if (ws->ended || !ws->started)
     co_return ws->refused.value_or(Refusal{ErrorCode::Unavailable, "the workspace ended before the session started; retry"});
@@ -344,6 +351,7 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
   // ends its workspace: the session ends all the same.
   auto answered = std::make_shared<bool>(false);
   const int hook = s->cancel.add_hook([ws, answered] {
+    ws->ending = true;
     if (!send_to_keeper(*ws, {{"end", true}})) return ws->end("keeper");
     asio::co_spawn(
         ws->keeper.get_executor(),
@@ -356,6 +364,7 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
   });
   auto st = co_await read_keeper_status(*ws);
   *answered = true;
+  ws->ending = true;
   s->cancel.remove_hook(hook);
   result.wall = std::chrono::steady_clock::now() - t0;
   if (st) {
@@ -422,6 +431,7 @@ asio::awaitable<std::optional<Refusal>> run_alone(asio::io_context& io, SpawnerL
 }  // namespace
 
 std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<Workspace>& ws, bool& own_slot) {
+  if (stopping_) return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
   // A kept workspace holds a slot of its own; a session in it takes none.
   const std::string key = workspace_key(open.organization_id, open.policy->name, open.workspace);
   if (!open.workspace.empty())
@@ -465,6 +475,22 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
   const Policy& pol = *open.policy;
   std::string early_input = std::move(open.early_input);  // held by the reader alone, once started
   if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
+  // A client that opens its next session in a workspace as soon as its
+  // last one ended (as letta-server does, a session per call) waits for
+  // that one's end, a few milliseconds, instead of being refused.
+  if (!open.workspace.empty()) {
+    const std::string key = workspace_key(open.organization_id, pol.name, open.workspace);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    asio::steady_timer tick(io_);
+    for (auto it = reg_->workspaces.find(key); it != reg_->workspaces.end() && it->second->busy &&
+                                               std::chrono::steady_clock::now() < deadline;
+         it = reg_->workspaces.find(key)) {
+      Workspace& w = *it->second;
+      if (!w.ending && !(w.end_if_client_gone && w.end_if_client_gone())) break;  // in use: admit refuses
+      tick.expires_after(std::chrono::milliseconds(5));
+      co_await tick.async_wait(tuple_awaitable);
+    }
+  }
   std::shared_ptr<Workspace> ws;
   bool own_slot = false;
   if (auto refused = admit(open, ws, own_slot)) co_return refused;
@@ -493,6 +519,7 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
       reg->open.erase(s);
       if (ws) {
         ws->busy = false;
+        ws->end_if_client_gone = nullptr;
         ws->last_used = std::chrono::steady_clock::now();
       }
       if (!own_slot) return;

@@ -46,6 +46,10 @@ struct Workspace {
   asio::steady_timer changed;   // cancelled when it started, and when it ended
   bool started = false, ended = false;
   bool busy = false;            // a session runs in it
+  bool ending = false;          // and that session is ending: the next may wait for it
+  // Ends that session when its client has gone (true then), as its watch
+  // would within 500 ms: a client's next session need not wait that long.
+  std::function<bool()> end_if_client_gone;
   // Why it ended: "ttl", "shutdown", "operator", "daemon" (it could not be
   // kept), "keeper" (its keeper exited, broke the protocol or did not
   // answer), "lifetime", "limit"; "" while it lives.
