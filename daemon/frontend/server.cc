@@ -555,7 +555,8 @@ asio::awaitable<std::string> Server::dispatch(const protocol::Request& req, cons
       co_return answer.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
     }
     if (!sessions_->kill(kill->session_id))
-      co_return protocol::encode_error(req.id, ErrorCode::BadRequest, "no open session " + q(kill->session_id));
+      co_return protocol::encode_error(req.id, ErrorCode::BadRequest,
+                                       "no open session or kept workspace " + q(kill->session_id));
     co_return protocol::encode_ok(req.id, "killed", kill->session_id);
   }
   co_return co_await run_request(req, peer, sock);

@@ -85,10 +85,12 @@ def start(argv, env, fds):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for number, fd in enumerate(fds):
             os.dup2(fd, number)
-        os.closerange(3, 65536)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         os.execve(argv[0], argv, env)
     except OSError as e:
         os.write(2, ("toolsandbox session: cannot start %s: %s\n" % (argv[0], e.strerror)).encode("utf-8", "replace"))
+    except BaseException:  # never back into the keeper's loop: this is the child
+        os.write(2, ("toolsandbox session: cannot start %s\n" % argv[0]).encode("utf-8", "replace"))
     os._exit(127)
 
 

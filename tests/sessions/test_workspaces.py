@@ -273,6 +273,22 @@ class Workspaces(unittest.TestCase):
         self.assertTrue(wait_gone(tag, 4), "a command that stopped its keeper outlived its session")
         self.daemon.wait_for(lambda st: st["sessions"]["workspaces"] == 0, 5, "the workspace of a stuck keeper removed")
 
+    def test_a_session_right_after_the_workspace_was_removed_gets_a_new_one(self):
+        _, _, _ = self.run_in("again", "open('/work/f', 'w').write('x')")
+        [w] = self.listing()["workspaces"]
+        self.operator({"type": "session_kill", "session_id": w["workspace_id"]})
+        opened, rec, out = self.run_in("again", "import os; print(os.listdir('/work'))")
+        self.assertEqual((opened["workspace"]["new"], rec["ended_by"], out.strip()), (True, "exit", "[]"), rec)
+        self.assertNotEqual(opened["workspace"]["workspace_id"], w["workspace_id"])
+
+    def test_a_large_environment_goes_whole_and_keeps_the_workspace(self):
+        self.run_in("env", "open('/work/f', 'w').write('kept')")
+        env = {"BIG_%d" % i: chr(ord("a") + i) * 100_000 for i in range(3)}
+        opened, rec, out = self.run_in(
+            "env", "import os; print(sum(len(os.environ['BIG_%d' % i]) for i in range(3)), open('/work/f').read())",
+            env=env)
+        self.assertEqual((out.strip(), opened["workspace"]["new"]), ("300000 kept", False), rec)
+
     def test_workspaces_hold_session_slots(self):
         for i in range(3):  # max_sessions_per_organization
             self.run_in("slot-%d" % i, "pass")
@@ -329,12 +345,47 @@ class Workspaces(unittest.TestCase):
 
 
 class WorkspacesAtTheDaemonsEnd(unittest.TestCase):
-    def start(self):
+    def start(self, **kw):
         F.require_daemon()
-        d = F.Daemon(max_sessions=4, shutdown_grace="5s")
+        d = F.Daemon(max_sessions=4, shutdown_grace="5s", **kw)
         d.start()
         self.addCleanup(d.stop)
         return d
+
+    def test_a_reload_that_changes_the_policy_gives_the_next_session_a_new_workspace(self):
+        tmp = tempfile.mkdtemp(prefix="tsb-ws-reload-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        os.chmod(tmp, 0o755)
+        path = os.path.join(tmp, "default.json")
+
+        def write(generation):
+            with open(path, "w") as f:
+                json.dump({"version": 1, "include": os.path.join(F.REPO, "policies", "default.json"),
+                           "environment": {"set": {"GENERATION": generation, "PATH": "/usr/bin:/bin"}}}, f)
+        write("old")
+        orgs = os.path.join(tmp, "organizations.json")
+        with open(orgs, "w") as f:
+            json.dump({"version": 1, "default": {"privileged": False, "policy": "default"}}, f)
+        d = self.start(policies_dir=tmp, organizations=orgs)
+        script = "import os; open('/work/f', 'a').write('x'); print(os.environ['GENERATION'], open('/work/f').read())"
+
+        def session():
+            r = Raw(d.socket_path, ["python3", "-c", script], org=ORG, workspace="gen")
+            self.addCleanup(r.close)
+            r.end_stdin()
+            rec = r.finish()
+            return r.answer["session"], rec, r.out.decode().strip()
+        _, _, out = session()
+        self.assertEqual(out, "old x")
+        old_fp = d.status()["policies"]["default"]
+        write("new")
+        d.proc.send_signal(signal.SIGHUP)
+        st = d.wait_for(lambda s: s["policies"]["default"] != old_fp, 30, "the reload")
+        opened, rec, out = session()
+        self.assertEqual(out, "new x", "a session runs under the policy in force, in a new workspace")
+        self.assertTrue(opened["workspace"]["new"])
+        self.assertEqual(opened["policy_fingerprint"], st["policies"]["default"])
+        d.wait_for(lambda s: s["sessions"]["workspaces"] == 1, 5, "the old workspace removed")
 
     def keep_one(self, d):
         r = Raw(d.socket_path, ["python3", "-c", "open('/work/f', 'w').write('x')"], org=ORG, workspace="end")

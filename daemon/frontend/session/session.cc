@@ -324,16 +324,23 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
     return true;
   };
   co_await wait_for_workspace(*ws, false, std::chrono::steady_clock::time_point::max());
-  if (ws->ended || !ws->started)
+  if (ws->ended || !ws->started || ws->cancel.requested())
     co_return ws->refused.value_or(Refusal{ErrorCode::Unavailable, "the workspace ended before the session started; retry"});
+  // A client gone while the workspace started: nothing runs for it.
+  if (s->cancel.requested()) co_return Refusal{ErrorCode::Unavailable, "the session ended before it started"};
   int p[6];
   if (::pipe2(p, O_CLOEXEC) != 0 || ::pipe2(p + 2, O_CLOEXEC) != 0 || ::pipe2(p + 4, O_CLOEXEC) != 0)
     co_return Refusal{ErrorCode::Busy, std::string("the session's pipes could not be made: ") + std::strerror(errno)};
   UniqueFd in_r(p[0]), in_w(p[1]), out_r(p[2]), out_w(p[3]), err_r(p[4]), err_w(p[5]);
   nlohmann::json env = nlohmann::json::object();
   for (const auto& [k, v] : s->open.env) env[k] = v;
+  const std::string message = nlohmann::json{{"argv", s->open.argv}, {"env", env}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (message.size() > kMaxKeeperMessage)
+    co_return Refusal{ErrorCode::TooLarge, "a session in a workspace takes a command and environment of at most " +
+                                               std::to_string(kMaxKeeperMessage >> 20) + " MiB together"};
   const int theirs[3] = {in_r.get(), out_w.get(), err_w.get()};
-  if (!send_to_keeper(*ws, {{"argv", s->open.argv}, {"env", env}}, theirs)) {
+  if (!co_await send_session_to_keeper(*ws, message, theirs)) {
     ws->end("keeper");  // a keeper that does not take a session is not kept
     co_return Refusal{ErrorCode::Internal, "the workspace's keeper did not take the session"};
   }
@@ -345,6 +352,7 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
   fds.push_back(std::move(in_w)), fds.push_back(std::move(out_r)), fds.push_back(std::move(err_r));
   start_relay(io, s, session_id, std::move(fds), std::move(early_input),
               {{"workspace", {{"name", ws->name}, {"workspace_id", ws->id}, {"new", made}}}});
+  const bool relayed = s->started;  // else the relay could not start: the keeper ends the command at once
   // Whatever ends the session (the client, idle, the stream's bound, the
   // operator, the stop) has the keeper end the command and the rest.
   // A keeper that does not answer within 2 s (a command stopped it, say)
@@ -352,7 +360,7 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
   auto answered = std::make_shared<bool>(false);
   const int hook = s->cancel.add_hook([ws, answered] {
     ws->ending = true;
-    if (!send_to_keeper(*ws, {{"end", true}})) return ws->end("keeper");
+    if (!send_end_to_keeper(*ws)) return ws->end("keeper");
     asio::co_spawn(
         ws->keeper.get_executor(),
         [ws, answered]() -> asio::awaitable<void> {
@@ -367,6 +375,7 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
   ws->ending = true;
   s->cancel.remove_hook(hook);
   result.wall = std::chrono::steady_clock::now() - t0;
+  if (!relayed) co_return Refusal{ErrorCode::Internal, "the session's stdio could not be relayed (the log says why)"};
   if (st) {
     result.reason = st->signal ? isolate::EndReason::Signaled : isolate::EndReason::Exited;
     result.exit_code = st->exit_code;
@@ -436,6 +445,11 @@ std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<
   const std::string key = workspace_key(open.organization_id, open.policy->name, open.workspace);
   if (!open.workspace.empty())
     if (auto it = reg_->workspaces.find(key); it != reg_->workspaces.end()) ws = it->second;
+  // One being removed is none. One made under the policy before a reload
+  // changed it is removed now (its files with it): a session runs under the
+  // policy in force, and its answer names that one.
+  if (ws && !ws->busy && ws->policy->fingerprint != open.policy->fingerprint) ws->end("policy_changed");
+  if (ws && (ws->ended || ws->cancel.requested())) ws.reset();
   if (ws && ws->busy) {
     ++refused_;
     return Refusal{ErrorCode::Busy, "workspace " + quoted_for_message(open.workspace) +
@@ -457,7 +471,7 @@ std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<
     ws->organization_id = open.organization_id;
     ws->name = open.workspace;
     ws->policy = open.policy;
-    reg_->workspaces.emplace(key, ws);
+    reg_->workspaces[key] = ws;  // (in place of one being removed)
     ++reg_->slots;
     ++reg_->orgs[open.organization_id];
     auto gone = [reg = reg_](Workspace& w) {

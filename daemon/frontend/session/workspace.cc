@@ -10,6 +10,7 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/read.hpp>
+#include <asio/write.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cmath>
 #include <cstring>
@@ -92,13 +93,19 @@ std::optional<KeeperStatus> parse_keeper_status(std::string_view body) {
   return st;
 }
 
-bool send_to_keeper(Workspace& ws, const nlohmann::json& message, std::span<const int> fds) {
-  if (!ws.keeper.is_open() || fds.size() > 3) return false;
-  const std::string body = message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+namespace {
+
+std::string keeper_message(std::string_view body) {
   const auto n = static_cast<std::uint32_t>(body.size());
   std::string m{static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8), static_cast<char>(n)};
   m += body;
-  iovec iov{m.data(), m.size()};
+  return m;
+}
+
+// One sendmsg of `m` with `fds` attached, without waiting: the bytes sent,
+// or -1 (errno set).
+ssize_t send_with_fds(int sock, std::string_view m, std::span<const int> fds) {
+  iovec iov{const_cast<char*>(m.data()), m.size()};
   msghdr h{};
   h.msg_iov = &iov;
   h.msg_iovlen = 1;
@@ -112,8 +119,29 @@ bool send_to_keeper(Workspace& ws, const nlohmann::json& message, std::span<cons
     c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
     std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
   }
-  // Small, to a keeper that reads each one: it fits in the socket's buffer.
-  return ::sendmsg(ws.keeper.native_handle(), &h, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(m.size());
+  return ::sendmsg(sock, &h, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+}  // namespace
+
+asio::awaitable<bool> send_session_to_keeper(Workspace& ws, const std::string& body, std::span<const int> fds) {
+  if (!ws.keeper.is_open() || fds.size() > 3 || body.size() > kMaxKeeperMessage) co_return false;
+  const std::string m = keeper_message(body);
+  // The descriptors go with the first bytes; the keeper reads the rest as
+  // they come (an environment may be larger than the socket's buffer).
+  ssize_t n;
+  while ((n = send_with_fds(ws.keeper.native_handle(), m, fds)) < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) co_return false;
+    auto [ec] = co_await ws.keeper.async_wait(asio::socket_base::wait_write, tuple_awaitable);
+    if (ec) co_return false;
+  }
+  auto [ec, written] = co_await asio::async_write(ws.keeper, asio::buffer(m.data() + n, m.size() - n), tuple_awaitable);
+  co_return !ec;
+}
+
+bool send_end_to_keeper(Workspace& ws) {
+  const std::string m = keeper_message(R"({"end": true})");
+  return ws.keeper.is_open() && send_with_fds(ws.keeper.native_handle(), m, {}) == static_cast<ssize_t>(m.size());
 }
 
 asio::awaitable<std::optional<KeeperStatus>> read_keeper_status(Workspace& ws) {
@@ -138,7 +166,7 @@ asio::awaitable<void> keep_workspace(std::shared_ptr<Workspace> ws, SpawnerLink&
   std::shared_ptr<egress::RunProxy> proxy;
   if (pol.network == isolate::NetworkMode::Egress)
     proxy = std::make_shared<egress::RunProxy>(egress, pol.egress,
-                                               egress::RunLabels{"workspace", ws->organization_id, "workspace"});
+                                               egress::RunLabels{"workspace:" + ws->name, ws->organization_id, "workspace"});
   struct StopProxy {
     const std::shared_ptr<egress::RunProxy>& proxy;
     ~StopProxy() {

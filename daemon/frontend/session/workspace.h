@@ -77,9 +77,16 @@ struct KeeperStatus {
 };
 // A keeper's answer (JSON text), checked: nullopt when it is not one.
 std::optional<KeeperStatus> parse_keeper_status(std::string_view body);
-// One message to the keeper: a 4-byte big-endian length, `message`, and
-// `fds` attached (SCM_RIGHTS); false when it could not go whole at once.
-bool send_to_keeper(Workspace& ws, const nlohmann::json& message, std::span<const int> fds = {});
+// The most a message to the keeper may hold (its MAX_MESSAGE): a session's
+// command and environment beyond it are refused before anything is sent.
+inline constexpr std::size_t kMaxKeeperMessage = 1u << 20;
+// A session's message to the keeper: a 4-byte big-endian length, `body`
+// (JSON), the pipe ends `fds` attached (SCM_RIGHTS) to its first bytes,
+// the rest written as the keeper reads; false when the socket failed.
+asio::awaitable<bool> send_session_to_keeper(Workspace& ws, const std::string& body, std::span<const int> fds);
+// The end of the session in it, at once (4 + 13 bytes, which a socket the
+// keeper reads always has room for); false when it could not go.
+bool send_end_to_keeper(Workspace& ws);
 // The keeper's next answer; nullopt when the socket failed or closed (the
 // sandbox ended) or the answer is not one.
 asio::awaitable<std::optional<KeeperStatus>> read_keeper_status(Workspace& ws);
