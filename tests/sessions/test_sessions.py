@@ -85,6 +85,30 @@ def wait_gone(tag, timeout):
     return True
 
 
+def run_sdk_client(test, tmp, session_opts, server_args, steps):
+    """The TypeScript MCP SDK's stdio client (node, on the host) with
+    `toolsandbox session SESSION_OPTS -- node SERVER_ARGS` as its server
+    command; `steps` is the body of an async function of `client`; its JSON."""
+    sdk = MCP_DIR + "/node_modules/@modelcontextprotocol/sdk/dist/esm"
+    script = textwrap.dedent("""\
+        import { Client } from "%s/client/index.js";
+        import { StdioClientTransport } from "%s/client/stdio.js";
+        const transport = new StdioClientTransport({ command: %s, args: %s, stderr: "inherit" });
+        const client = new Client({ name: "toolsandbox-tests", version: "1.0.0" });
+        await client.connect(transport);
+        const out = await (async (client) => { %s })(client);
+        await client.close();
+        console.log(JSON.stringify(out));
+        """) % (sdk, sdk, json.dumps(tsb_cli()), json.dumps(["session"] + session_opts + ["--", "node"] + server_args),
+                steps)
+    path = os.path.join(tmp, "client-%s.mjs" % uuid.uuid4().hex[:8])
+    with open(path, "w") as f:
+        f.write(script)
+    p = subprocess.run(["/usr/bin/node", path], capture_output=True, text=True, timeout=120)
+    test.assertEqual(p.returncode, 0, p.stderr[-3000:])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 class Raw:
     """One session on the raw protocol: the request, the answer line, frames."""
 
@@ -465,23 +489,7 @@ class Sessions(unittest.TestCase):
             opts += ["--policy", policy]
         for k, v in (env or {}).items():
             opts += ["--env", "%s=%s" % (k, v)]
-        sdk = MCP_DIR + "/node_modules/@modelcontextprotocol/sdk/dist/esm"
-        script = textwrap.dedent("""\
-            import { Client } from "%s/client/index.js";
-            import { StdioClientTransport } from "%s/client/stdio.js";
-            const transport = new StdioClientTransport({ command: %s, args: %s, stderr: "inherit" });
-            const client = new Client({ name: "toolsandbox-tests", version: "1.0.0" });
-            await client.connect(transport);
-            const out = await (async (client) => { %s })(client);
-            await client.close();
-            console.log(JSON.stringify(out));
-            """) % (sdk, sdk, json.dumps(tsb_cli()), json.dumps(["session"] + opts + ["--", "node"] + server_args), steps)
-        path = os.path.join(self.tmp, "client-%s.mjs" % uuid.uuid4().hex[:8])
-        with open(path, "w") as f:
-            f.write(script)
-        p = subprocess.run(["/usr/bin/node", path], capture_output=True, text=True, timeout=120)
-        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
-        return json.loads(p.stdout.strip().splitlines()[-1])
+        return run_sdk_client(self, self.tmp, opts, server_args, steps)
 
     def test_mcp_sdk_drives_server_everything(self):
         out = self.sdk_client([SERVERS + "/server-everything/dist/index.js", "stdio"], """

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 import daemon_fixture as F  # noqa: E402
-from test_sessions import MCP_DIR, MCP_IN_SANDBOX, SERVERS, Raw, marked, tsb_cli, wait_gone  # noqa: E402
+from test_sessions import MCP_DIR, MCP_IN_SANDBOX, SERVERS, Raw, marked, run_sdk_client, tsb_cli, wait_gone  # noqa: E402
 
 ORG = "org-ws"
 OTHER = "org-ws-other"
@@ -54,10 +53,6 @@ def write_policies(tmp):
     with open(os.path.join(pol, "organizations.json"), "w") as f:
         json.dump(orgs, f)
     return pol
-
-
-def keepers():
-    return marked(KEEPER)
 
 
 class Workspaces(unittest.TestCase):
@@ -312,28 +307,10 @@ class Workspaces(unittest.TestCase):
     # --- a real MCP server keeps its state in a workspace ---------------------
 
     def test_mcp_memory_server_state_lasts_across_sessions_in_a_workspace(self):
-        sdk = MCP_DIR + "/node_modules/@modelcontextprotocol/sdk/dist/esm"
-
         def client(workspace, steps):
-            args = ["session", "--socket", self.daemon.socket_path, "--org", ORG, "--workspace", workspace,
-                    "--env", "MEMORY_FILE_PATH=/work/memory.jsonl", "--", "node",
-                    SERVERS + "/server-memory/dist/index.js"]
-            script = textwrap.dedent("""\
-                import { Client } from "%s/client/index.js";
-                import { StdioClientTransport } from "%s/client/stdio.js";
-                const transport = new StdioClientTransport({ command: %s, args: %s, stderr: "inherit" });
-                const client = new Client({ name: "toolsandbox-tests", version: "1.0.0" });
-                await client.connect(transport);
-                const out = await (async (client) => { %s })(client);
-                await client.close();
-                console.log(JSON.stringify(out));
-                """) % (sdk, sdk, json.dumps(tsb_cli()), json.dumps(args), steps)
-            path = os.path.join(self.tmp, "client-%s.mjs" % uuid.uuid4().hex[:8])
-            with open(path, "w") as f:
-                f.write(script)
-            p = subprocess.run(["/usr/bin/node", path], capture_output=True, text=True, timeout=120)
-            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
-            return json.loads(p.stdout.strip().splitlines()[-1])
+            opts = ["--socket", self.daemon.socket_path, "--org", ORG, "--workspace", workspace,
+                    "--env", "MEMORY_FILE_PATH=/work/memory.jsonl"]
+            return run_sdk_client(self, self.tmp, opts, [SERVERS + "/server-memory/dist/index.js"], steps)
 
         client("agent-mem", """
             await client.callTool({ name: "create_entities", arguments: { entities: [
