@@ -11,8 +11,12 @@
 # It starts the command on them (argv[0] must be one of its own arguments),
 # and when the command exits, or when the front end sends {"end": true}, it
 # kills every other process of the sandbox (kill(-1): all but pid 1 and
-# itself), so no process of a session outlives it, and answers with
-# {"exit": N} or {"signal": N} and the session's CPU time ("cpu_ms").
+# itself), reaps its own children, and checks that none is left, so no
+# process of a session outlives it; then it answers with {"exit": N} or
+# {"signal": N} and the session's CPU time ("cpu_ms"). A session that
+# changed what the keeper's children inherit (its resource limits, nice
+# value, CPUs: the command runs as its uid) ends the keeper, and with it
+# the workspace: nothing of one session's settings reaches the next.
 # A socket that closes (the daemon let the workspace go) ends it, and with
 # it the sandbox. Its own stdout and stderr are the sandbox's: the front end
 # logs what it writes there (nothing, unless the protocol is broken).
@@ -24,6 +28,7 @@ import select
 import signal
 import socket
 import sys
+import time
 
 ALLOWED = sys.argv[1:]
 # Not dumpable: a session's command (the same uid) can neither read nor
@@ -33,6 +38,7 @@ if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPAB
     os.write(2, b"toolsandbox workspace: prctl(PR_SET_DUMPABLE) failed\n")
     os._exit(125)
 MAX_MESSAGE = 1 << 20
+SELF = os.getpid()
 sock = socket.socket(fileno=0)
 wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 signal.signal(signal.SIGCHLD, lambda signum, frame: None)
@@ -69,11 +75,42 @@ def send(message):
     sock.sendall(len(body).to_bytes(4, "big") + body)
 
 
-def end_the_rest():
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def others():
+    return [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, SELF)]
+
+
+def end_the_rest(command=None):
+    """Kills every process but pid 1 and this one, reaps this one's children
+    (a clone(CLONE_PARENT) child of a command is one), and returns the
+    command's status if it was reaped here. Processes that remain after
+    repeated kills end the keeper, and so the workspace."""
+    status = None
+    for _ in range(200):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while True:
+            try:
+                pid, st = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if pid == command:
+                status = st
+        if not others():
+            return status
+        time.sleep(0.005)
+    fail("processes of a session remain after it ended")
+
+
+def settings():
+    """What a command (the same uid) can change of this process and its
+    children would inherit: the resource limits, the nice value, the CPUs."""
+    limits = [(name, resource.getrlimit(getattr(resource, name))) for name in sorted(dir(resource))
+              if name.startswith("RLIMIT_")]
+    return limits, os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0))
 
 
 def start(argv, env, fds):
@@ -130,8 +167,9 @@ def session(request, fds):
             message, extra = receive()
             for fd in extra:
                 os.close(fd)
-            end_the_rest()
-            _, status = os.waitpid(pid, 0)
+            status = end_the_rest(pid)
+            if status is None:
+                _, status = os.waitpid(pid, 0)
             if message is None:
                 os._exit(0)
     end_the_rest()
@@ -140,6 +178,7 @@ def session(request, fds):
     return result
 
 
+SETTINGS = settings()
 while True:
     message, descriptors = receive()
     if message is None:
@@ -150,3 +189,5 @@ while True:
             os.close(fd)
         continue  # an end that came after the command's own: nothing runs
     send(session(message, descriptors))
+    if settings() != SETTINGS:  # after the session's answer: it ended as it did
+        fail("a session changed the keeper's limits, nice value or CPUs: the workspace ends")

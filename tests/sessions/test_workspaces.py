@@ -284,6 +284,38 @@ class Workspaces(unittest.TestCase):
             env=env)
         self.assertEqual((out.strip(), opened["workspace"]["new"]), ("300000 kept", False), rec)
 
+    def test_children_a_command_gives_the_keeper_are_reaped(self):
+        # clone(CLONE_PARENT): the command's children are the keeper's own;
+        # each session's end reaps them, so none piles up as a zombie.
+        script = textwrap.dedent("""\
+            import ctypes, os
+            libc = ctypes.CDLL(None, use_errno=True)
+            for _ in range(20):
+                if libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0) == 0:  # clone(CLONE_PARENT | SIGCHLD)
+                    libc.syscall(60, 0)  # exit
+            zombies = 0
+            for p in os.listdir('/proc'):
+                if p.isdigit() and open('/proc/%s/stat' % p).read().rsplit(') ', 1)[1].startswith('Z'):
+                    zombies += 1
+            print(zombies)
+            """)
+        counts = [int(self.run_in("zombies", script)[2]) for _ in range(3)]
+        self.assertLessEqual(max(counts[1:]), 20, "zombies of one session outlived it: %s" % counts)
+
+    def test_a_session_that_changes_its_keepers_limits_ends_the_workspace(self):
+        script = textwrap.dedent("""\
+            import os, resource
+            resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (12, 12))
+            print('done')
+            """)
+        opened, rec, out = self.run_in("limits", script)
+        self.assertEqual((out.strip(), rec["ended_by"]), ("done", "exit"), rec)
+        self.daemon.wait_for(lambda st: st["sessions"]["workspaces"] == 0, 5,
+                             "the workspace of a keeper whose limits a session changed removed")
+        opened, rec, out = self.run_in("limits", "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+        self.assertTrue(opened["workspace"]["new"])
+        self.assertNotEqual(out.strip(), "12", "a session's limits reached the next one")
+
     def test_workspaces_hold_session_slots(self):
         for i in range(3):  # max_sessions_per_organization
             self.run_in("slot-%d" % i, "pass")
@@ -319,6 +351,39 @@ class Workspaces(unittest.TestCase):
         read = 'const g = await client.callTool({ name: "read_graph", arguments: {} }); return g.content;'
         self.assertIn("kept in a workspace", json.dumps(client("agent-mem", read)))
         self.assertNotIn("toolsandbox", json.dumps(client("agent-other", read)), "another workspace starts empty")
+
+
+class WorkspacesOfAnotherClient(unittest.TestCase):
+    """A workspace is its client uid's: the organization is what a client
+    claims, so another allowed uid naming the same one gets its own."""
+
+    NOBODY = 65534
+
+    def test_another_uid_never_reaches_a_workspace(self):
+        import grp
+        from test_sessions import _as_uid
+        F.require_daemon()
+        d = F.Daemon(socket={"group": grp.getgrgid(self.NOBODY).gr_name, "mode": "0660"},
+                     allowed_uids=[0, self.NOBODY])
+        d.start()
+        self.addCleanup(d.stop)
+
+        def session(script):
+            r = Raw(d.socket_path, ["python3", "-c", script], org="org-victim", workspace="agent-1")
+            try:
+                r.end_stdin()
+                r.finish()
+                return {"new": r.answer["session"]["workspace"]["new"], "out": r.out.decode().strip()}
+            finally:
+                r.close()
+        mine = session("open('/work/secret', 'w').write('s3cret'); print('written')")
+        self.assertEqual(mine, {"new": True, "out": "written"})
+        theirs = _as_uid(self.NOBODY, lambda: session("import os; print(os.listdir('/work'))"))
+        self.assertEqual(theirs, {"new": True, "out": "[]"}, theirs)
+        again = session("print(open('/work/secret').read())")
+        self.assertEqual(again, {"new": False, "out": "s3cret"})
+        listed = {(w["peer_uid"], w["name"]) for w in d.raw().request({"v": 1, "id": "l", "type": "session_list"})["workspaces"]}
+        self.assertEqual(listed, {(0, "agent-1"), (self.NOBODY, "agent-1")})
 
 
 class WorkspacesAtTheDaemonsEnd(unittest.TestCase):

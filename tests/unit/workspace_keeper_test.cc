@@ -25,10 +25,18 @@ TEST(KeeperStatus, AnExitOrASignalAndTheCpuTime) {
     EXPECT_FALSE(parse_keeper_status(bad)) << bad;
 }
 
-TEST(WorkspaceKey, OrganizationPolicyAndNameNeverRunTogether) {
-  EXPECT_NE(workspace_key("a", "b", "c"), workspace_key("a", "bc", ""));
-  EXPECT_NE(workspace_key("ab", "c", "d"), workspace_key("a", "bc", "d"));
-  EXPECT_EQ(workspace_key("o", "p", "n"), workspace_key("o", "p", "n"));
+TEST(WorkspaceKey, ClientOrganizationPolicyAndNameNeverRunTogether) {
+  EXPECT_NE(workspace_key(0, "a", "b", "c"), workspace_key(0, "a", "bc", ""));
+  EXPECT_NE(workspace_key(0, "ab", "c", "d"), workspace_key(0, "a", "bc", "d"));
+  EXPECT_NE(workspace_key(1, "o", "p", "n"), workspace_key(11, "o", "p", "n")) << "another client uid, another workspace";
+  EXPECT_NE(workspace_key(1, "1o", "p", "n"), workspace_key(11, "o", "p", "n"));
+  EXPECT_EQ(workspace_key(0, "o", "p", "n"), workspace_key(0, "o", "p", "n"));
+}
+
+TEST(KeeperMessage, TheCommandAndItsEnvironment) {
+  EXPECT_EQ(keeper_session_message({"/usr/bin/node", "a b"}, {{"K", "v"}}),
+            R"({"argv":["/usr/bin/node","a b"],"env":{"K":"v"}})");
+  EXPECT_EQ(keeper_session_message({"/usr/bin/node"}, {}), R"({"argv":["/usr/bin/node"],"env":{}})");
 }
 
 }  // namespace

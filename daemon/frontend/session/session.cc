@@ -317,6 +317,14 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
                                                          isolate::RunResult& result) {
   const bool made = ws->sessions == 0 && !ws->started;
   ws->ending = false;
+  // A workspace made for a session that then did not start (its client
+  // gone, a refusal) is not kept: it would hold a slot for idle_ttl.
+  struct Unused {
+    Workspace& ws;
+    ~Unused() {
+      if (ws.sessions == 0) ws.end("unused");
+    }
+  } unused{*ws};
   ws->end_if_client_gone = [weak = std::weak_ptr<Sessions::Session>(s)] {
     auto held = weak.lock();
     if (!held || !held->open.client_gone()) return false;
@@ -332,13 +340,7 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
   if (::pipe2(p, O_CLOEXEC) != 0 || ::pipe2(p + 2, O_CLOEXEC) != 0 || ::pipe2(p + 4, O_CLOEXEC) != 0)
     co_return Refusal{ErrorCode::Busy, std::string("the session's pipes could not be made: ") + std::strerror(errno)};
   UniqueFd in_r(p[0]), in_w(p[1]), out_r(p[2]), out_w(p[3]), err_r(p[4]), err_w(p[5]);
-  nlohmann::json env = nlohmann::json::object();
-  for (const auto& [k, v] : s->open.env) env[k] = v;
-  const std::string message = nlohmann::json{{"argv", s->open.argv}, {"env", env}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (message.size() > kMaxKeeperMessage)
-    co_return Refusal{ErrorCode::TooLarge, "a session in a workspace takes a command and environment of at most " +
-                                               std::to_string(kMaxKeeperMessage >> 20) + " MiB together"};
+  const std::string message = keeper_session_message(s->open.argv, s->open.env);  // (its size checked by run)
   const int theirs[3] = {in_r.get(), out_w.get(), err_w.get()};
   if (!co_await send_session_to_keeper(*ws, message, theirs)) {
     ws->end("keeper");  // a keeper that does not take a session is not kept
@@ -442,7 +444,7 @@ asio::awaitable<std::optional<Refusal>> run_alone(asio::io_context& io, SpawnerL
 std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<Workspace>& ws, bool& own_slot) {
   if (stopping_) return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
   // A kept workspace holds a slot of its own; a session in it takes none.
-  const std::string key = workspace_key(open.organization_id, open.policy->name, open.workspace);
+  const std::string key = workspace_key(open.peer.uid, open.organization_id, open.policy->name, open.workspace);
   if (!open.workspace.empty())
     if (auto it = reg_->workspaces.find(key); it != reg_->workspaces.end()) ws = it->second;
   // One being removed is none. One made under the policy before a reload
@@ -469,6 +471,7 @@ std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<
     ws = std::make_shared<Workspace>(io_);
     ws->key = key;
     ws->organization_id = open.organization_id;
+    ws->peer_uid = open.peer.uid;
     ws->name = open.workspace;
     ws->policy = open.policy;
     reg_->workspaces[key] = ws;  // (in place of one being removed)
@@ -493,7 +496,10 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
   // last one ended (as letta-server does, a session per call) waits for
   // that one's end, a few milliseconds, instead of being refused.
   if (!open.workspace.empty()) {
-    const std::string key = workspace_key(open.organization_id, pol.name, open.workspace);
+    if (keeper_session_message(open.argv, open.env).size() > kMaxKeeperMessage)
+      co_return Refusal{ErrorCode::TooLarge, "a session in a workspace takes a command and environment of at most " +
+                                                 std::to_string(kMaxKeeperMessage >> 20) + " MiB together"};
+    const std::string key = workspace_key(open.peer.uid, open.organization_id, pol.name, open.workspace);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     asio::steady_timer tick(io_);
     for (auto it = reg_->workspaces.find(key); it != reg_->workspaces.end() && it->second->busy &&
@@ -641,6 +647,7 @@ nlohmann::json Sessions::list_workspaces() const {
     if (!w->started || w->ended) continue;
     out.push_back({{"workspace_id", w->id},
                    {"organization_id", w->organization_id},
+                   {"peer_uid", w->peer_uid},
                    {"name", w->name},
                    {"policy", w->policy->name},
                    {"sessions", w->sessions},

@@ -61,8 +61,15 @@ asio::awaitable<void> expire(std::shared_ptr<Workspace> ws) {
 
 }  // namespace
 
-std::string workspace_key(const std::string& organization_id, const std::string& policy, const std::string& name) {
-  return organization_id + '\0' + policy + '\0' + name;
+std::string workspace_key(std::uint32_t peer_uid, const std::string& organization_id, const std::string& policy,
+                          const std::string& name) {
+  return std::to_string(peer_uid) + '\0' + organization_id + '\0' + policy + '\0' + name;
+}
+
+std::string keeper_session_message(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+  nlohmann::json e = nlohmann::json::object();
+  for (const auto& [k, v] : env) e[k] = v;
+  return nlohmann::json{{"argv", argv}, {"env", e}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 ErrorCode refusal_code(spawn::RefuseCode rc) {

@@ -15,10 +15,12 @@
 #include <asio/steady_timer.hpp>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -37,8 +39,9 @@ class SpawnerLink;
 struct Workspace {
   explicit Workspace(asio::io_context& io)
       : keeper(io), changed(io, std::chrono::steady_clock::time_point::max()) {}
-  std::string key;  // the organization, the policy and the name (workspace_key)
+  std::string key;  // the client's uid, the organization, the policy and the name (workspace_key)
   std::string organization_id, name;
+  std::uint32_t peer_uid = 0;  // the client uid whose it is
   std::shared_ptr<const Policy> policy;
   std::string id;  // its sandbox's run id, once started
   asio::local::stream_protocol::socket keeper;
@@ -65,8 +68,14 @@ struct Workspace {
   }
 };
 
-// The registry's key of an organization's workspace `name` under a policy.
-std::string workspace_key(const std::string& organization_id, const std::string& policy, const std::string& name);
+// The registry's key of an organization's workspace `name` under a policy,
+// for the clients of uid `peer_uid`: the organization is what a client
+// claims, so another uid never reaches it (its own workspace of that name
+// is another).
+std::string workspace_key(std::uint32_t peer_uid, const std::string& organization_id, const std::string& policy,
+                          const std::string& name);
+// The message that starts a session's command in the keeper (JSON).
+std::string keeper_session_message(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env);
 
 // What the keeper said of a session's command: its exit status or signal,
 // and the CPU time it and the processes it waited for used.
