@@ -310,11 +310,12 @@ asio::awaitable<void> wait_for_workspace(Workspace& ws, bool until_ended, std::c
 
 // A session in a workspace: its command started by the keeper on pipes
 // made here, the relay, and the keeper's answer once the command and the
-// rest of the session's processes are gone. `result` gets what the record
+// rest of the session's processes are gone. `message` (keeper_session_message, its
+// size checked) goes to the keeper. `result` gets what the record
 // says of the command; the refusal when the session did not start.
 asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, std::shared_ptr<Sessions::Session> s,
                                                          std::shared_ptr<Workspace> ws, std::string early_input,
-                                                         isolate::RunResult& result) {
+                                                         const std::string& message, isolate::RunResult& result) {
   const bool made = ws->sessions == 0 && !ws->started;
   ws->ending = false;
   // A workspace made for a session that then did not start (its client
@@ -340,7 +341,6 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
   if (::pipe2(p, O_CLOEXEC) != 0 || ::pipe2(p + 2, O_CLOEXEC) != 0 || ::pipe2(p + 4, O_CLOEXEC) != 0)
     co_return Refusal{ErrorCode::Busy, std::string("the session's pipes could not be made: ") + std::strerror(errno)};
   UniqueFd in_r(p[0]), in_w(p[1]), out_r(p[2]), out_w(p[3]), err_r(p[4]), err_w(p[5]);
-  const std::string message = keeper_session_message(s->open.argv, s->open.env);  // (its size checked by run)
   const int theirs[3] = {in_r.get(), out_w.get(), err_w.get()};
   if (!co_await send_session_to_keeper(*ws, message, theirs)) {
     ws->end("keeper");  // a keeper that does not take a session is not kept
@@ -495,8 +495,10 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
   // A client that opens its next session in a workspace as soon as its
   // last one ended (as letta-server does, a session per call) waits for
   // that one's end, a few milliseconds, instead of being refused.
+  std::string message;  // to the keeper, in a workspace
   if (!open.workspace.empty()) {
-    if (keeper_session_message(open.argv, open.env).size() > kMaxKeeperMessage)
+    message = keeper_session_message(open.argv, open.env);
+    if (message.size() > kMaxKeeperMessage)
       co_return Refusal{ErrorCode::TooLarge, "a session in a workspace takes a command and environment of at most " +
                                                  std::to_string(kMaxKeeperMessage >> 20) + " MiB together"};
     const std::string key = workspace_key(open.peer.uid, open.organization_id, pol.name, open.workspace);
@@ -559,7 +561,7 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
     }
   } stop_proxy{proxy};
   if (ws) {
-    auto refused = co_await run_in_workspace(io_, s, ws, std::move(early_input), result);
+    auto refused = co_await run_in_workspace(io_, s, ws, std::move(early_input), message, result);
     s->over = true;
     if (refused) co_return refused;
   } else {
