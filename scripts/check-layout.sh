@@ -59,8 +59,10 @@ BUDGETS = {
     # way to write text for a person.
     "daemon/common": 170,
     # Raised from 850: the npm build policy of TypeScript tools' node_modules;
-    # then from 950: the session policy and its launcher (sessions).
-    "daemon/compile": 1020,
+    # then from 950: the session policy and its launcher (sessions); then
+    # from 1020: the session policy's keyed /venv and /node_modules rows
+    # (a command's own packages), one helper for them with the run policy.
+    "daemon/compile": 1035,
     # Raised from 5000: the egress proxy's reading of a host and its deny
     # list moved here (egress_host.cc, from daemon/frontend/egress, whose
     # budget went down as much), so a policy is checked against them; then
@@ -93,8 +95,11 @@ BUDGETS = {
     "daemon/frontend/local": 1660,
     # Set with the folder: sessions, about 10 % above its size (409); raised
     # from 450: workspaces kept between sessions (workspace.cc: the keeper's
-    # sandbox, its messages, its TTL; a session's relay on pipes made here).
-    "daemon/frontend/session": 920,
+    # sandbox, its messages, its TTL; a session's relay on pipes made here);
+    # then from 920: a command's own packages (packages.cc: npx's and uvx's
+    # words read, the set checked and built as a tool's, the program found
+    # beneath its built tree).
+    "daemon/frontend/session": 1290,
     # Lowered from 1700: its steps return Result<T, Fail>. Raised from 1630:
     # TypeScript tools (npm installs, the source handling, the tool-mode cells).
     "daemon/frontend/e2b": 1850,

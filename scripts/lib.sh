@@ -127,8 +127,9 @@ make_users() {
 make_venv_cache() {
   install -d -m 0711 -o root -g root /var/cache/toolsandbox
   install -d -m 0755 -o toolsandboxd -g toolsandboxd /var/cache/toolsandbox/venvs
-  # The wheels the default policy's builds install from (packages.wheels).
-  install -d -m 0755 -o root -g root /var/lib/toolsandbox/wheels
+  # The wheels and npm tarballs the default policy's builds install from
+  # (packages.wheels, typescript.packages.tarballs).
+  install -d -m 0755 -o root -g root /var/lib/toolsandbox/wheels /var/lib/toolsandbox/npm
 }
 
 # The daemon's front end runs as the toolsandboxd user and reads the runner

@@ -113,7 +113,7 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
     }
     // Sessions: the policy's long-lived sandboxes.
     if (p->sessions.enabled && p->backend == tsb::core::Backend::Local) {
-      auto sp = tsb::core::to_session_spawn_policy(*p);
+      auto sp = tsb::core::to_session_spawn_policy(*p, cfg.venvs.cache_dir);
       if (!sp.ok()) return std::move(sp).error().wrap("policy " + quoted_for_message(name) + "'s sessions");
       out.policies.push_back(std::move(sp).value());
       out.policies.back().name = tsb::core::session_policy_name(name);

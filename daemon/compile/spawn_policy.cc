@@ -208,9 +208,31 @@ static void add_node_modules_row(spawn::SpawnPolicy::Mode& m, const std::string&
   e.keyed = true;
   e.optional = true;
   e.stage = isolate::Stage::MountBind;
-  e.reason = "a TypeScript tool's own node_modules, built from its npm requirements (" + venv_cache + "/<key>), read-only";
+  e.reason = "a TypeScript tool's (or a session's npx) own node_modules, built from its npm requirements (" + venv_cache +
+             "/<key>), read-only";
   t->push_back(std::move(e));
   m.fs = std::move(t);
+}
+
+// Per-tool venvs and node_modules: the /venv row keyed to the cache (a
+// run or session that names a key gets that venv there), and the keyed
+// /node_modules row.
+static void add_package_rows(const Policy& p, std::initializer_list<spawn::SpawnPolicy::Mode*> modes,
+                             const std::string& venv_cache) {
+  if (venv_cache.empty()) return;
+  for (auto* m : modes) {
+    if (p.packages.enabled) {
+      auto t = std::make_shared<isolate::FsTable>(*m->fs);
+      for (auto& e : *t)
+        if (e.kind == isolate::FsEntry::kHost && e.path == isolate::kVenvPath) {
+          e.keyed = true;
+          e.data = venv_cache;
+          e.reason += "; a tool (or a session's uvx) with requirements gets its own, built from them (" + venv_cache + "/<key>)";
+        }
+      m->fs = std::move(t);
+    }
+    if (p.npm_packages.enabled) add_node_modules_row(*m, venv_cache);
+  }
 }
 
 Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std::string& ts_runner,
@@ -270,7 +292,7 @@ std::string session_command_frame(const std::vector<std::string>& argv) {
   return frame + body;
 }
 
-Result<spawn::SpawnPolicy> to_session_spawn_policy(const Policy& p) {
+Result<spawn::SpawnPolicy> to_session_spawn_policy(const Policy& p, const std::string& venv_cache) {
   if (!p.sessions.enabled) return Error::invalid("policy '" + p.name + "' has no \"sessions\"");
   const SessionsPolicy& k = p.sessions;
   spawn::SpawnPolicy s = spawn_policy_fields(p);
@@ -300,6 +322,8 @@ Result<spawn::SpawnPolicy> to_session_spawn_policy(const Policy& p) {
     keeper.argv = {"/usr/bin/python3", "-I", "-S", "-B", "-c", std::string(embedded::kWorkspaceKeeper)};
     keeper.argv.insert(keeper.argv.end(), k.commands.begin(), k.commands.end());
   }
+  // A command's own packages (npx, uvx), in either mode.
+  add_package_rows(p, {&script, &keeper}, venv_cache);
   return s;
 }
 
@@ -404,20 +428,7 @@ Result<spawn::SpawnPolicy> to_spawn_policy(const Policy& p, const std::string& r
   } else {
     tool.fs = script.fs;
   }
-  // Per-tool venvs: the /venv row of both modes is keyed to the cache.
-  if (p.packages.enabled && !venv_cache.empty())
-    for (auto* m : {&script, &tool}) {
-      auto t = std::make_shared<isolate::FsTable>(*m->fs);
-      for (auto& e : *t)
-        if (e.kind == isolate::FsEntry::kHost && e.path == isolate::kVenvPath) {
-          e.keyed = true;
-          e.data = venv_cache;
-          e.reason += "; a tool with requirements gets its own, built from them (" + venv_cache + "/<key>)";
-        }
-      m->fs = std::move(t);
-    }
-  if (p.npm_packages.enabled && !venv_cache.empty())
-    for (auto* m : {&script, &tool}) add_node_modules_row(*m, venv_cache);
+  add_package_rows(p, {&script, &tool}, venv_cache);
   return s;
 }
 

@@ -120,7 +120,9 @@ Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std
 // section's limits (wall_timeout its max_lifetime), no warm pool, and one
 // command in script mode: session_launcher(), which takes the command to
 // start on its stdin and starts it only when it is one of the section's.
-Result<spawn::SpawnPolicy> to_session_spawn_policy(const Policy& p);
+// With "packages" or "typescript.packages" and a venv cache, the keyed
+// /venv and /node_modules rows (a command's own, from npx or uvx).
+Result<spawn::SpawnPolicy> to_session_spawn_policy(const Policy& p, const std::string& venv_cache = "");
 // The session launcher's `python3 -c` program. Its arguments are the
 // allowed commands; on stdin, first, the frame the front end writes
 // (session_command_frame), then the session's bytes, left unread for the

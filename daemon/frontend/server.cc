@@ -213,7 +213,7 @@ Server::Server(asio::io_context& io, std::string config_path, DaemonConfig cfg, 
   // A peer's first connection or its last one changes every share: runs
   // queued past the old share may start.
   shares_.on_peers_changed = [this] { local_->shares_changed(); };
-  sessions_ = std::make_unique<Sessions>(io_, *link_, local_->egress_service());
+  sessions_ = std::make_unique<Sessions>(io_, *link_, local_->egress_service(), *local_);
   sessions_->set_limits({cfg_.max_sessions, cfg_.max_sessions_per_organization});
   link_->on_reload = [this](bool applied, UniqueFd sources, UniqueFd key) {
     if (applied) return reload(std::move(sources), std::move(key));
@@ -672,7 +672,10 @@ asio::awaitable<std::string> Server::session_request(const std::string& id, cons
     co_return protocol::encode_error(id, ErrorCode::PolicyDenied, "this daemon opens no sessions (max_sessions is 0)");
   SessionOpen open;
   open.argv = req.command;
-  open.argv[0] = resolve_session_command(pol.sessions, req.command[0]);
+  // `npx` and `uvx` are a command's own packages (session/packages.h): the
+  // sessions resolve them.
+  if (req.command[0] != "npx" && req.command[0] != "uvx")
+    open.argv[0] = resolve_session_command(pol.sessions, req.command[0]);
   if (open.argv[0].empty()) {
     std::string allowed;
     for (const std::string& c : pol.sessions.commands) allowed += (allowed.empty() ? "" : ", ") + c;

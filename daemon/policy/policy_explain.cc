@@ -569,7 +569,24 @@ void explain_typescript(std::ostream& out, const Policy& p) {
   out << "  types     stripped by " << (t.strip_types == "esbuild" ? "esbuild " : "node-typescript ") << t.stripper()
       << "; parsed with " << kAcornPath << "\n";
   out << "  sandbox   this policy's: its file system (all of the above from the host's read-only /usr), seccomp\n"
-         "            filter, user, limits and network; always cold (no warm pool); no npm packages\n";
+         "            filter, user, limits and network; always cold (no warm pool)\n";
+  const NpmPackagesPolicy& k = p.npm_packages;
+  if (!k.enabled) {
+    out << "  npm       none: a run with npm_requirements is refused\n";
+    return;
+  }
+  out << "  npm       " << comma_list(k.allow, "none") << " (fnmatch over names); at most " << k.max_requirements
+      << " per run; registry packages only (no URLs, git, paths or aliases)\n";
+  if (!k.tarballs.empty())
+    out << "  source    the tarball directory " << k.tarballs << " (read-only to builds only); builds have no network\n";
+  else
+    out << "  source    the registry " << k.registry << "; builds reach " << k.registry_host << " on port "
+        << k.registry_port << " through the daemon's proxy, nothing else\n";
+  out << "  builds    npm " << (k.install_scripts ? "runs packages' install scripts, in the build sandbox only"
+                                                  : "runs no install script (--ignore-scripts)")
+      << "; a writable /build tmpfs of " << format_size(k.size) << "; " << format_duration(k.build_timeout) << " and "
+      << format_size(k.build_memory) << "\n";
+  out << "  cache     a node_modules per set, beside the venvs, bound read-only at /node_modules for its run\n";
 }
 
 // Warm pool (when it has a size): how many sandboxes wait, and what they
@@ -603,13 +620,23 @@ void explain_sessions(std::ostream& out, const Policy& p) {
   out << "  sandbox   this policy's: its file system, network, environment rules, seccomp filter and user;\n"
          "            its writable directories are tmpfs that end with the session (a workspace's with it); the tree is\n"
          "            killed when the client goes away, at any limit and at the daemon's stop\n";
+  const std::string node = resolve_session_command(k, "node");
+  const bool npx = p.npm_packages.enabled && !node.empty();
+  const bool uvx = p.packages.enabled && std::find(k.commands.begin(), k.commands.end(),
+                                                   std::string(isolate::kVenvPath) + "/bin/python3") != k.commands.end();
+  out << "  packages  " << (npx ? "`npx -y PACKAGE`: its node_modules as a TypeScript tool's, its bin run by " + node
+                                : std::string("`npx`: refused (no typescript.packages, or node is not a command)"))
+      << "\n            "
+      << (uvx ? std::string("`uvx PACKAGE`: its venv as a tool's, its console script run by /venv/bin/python3")
+              : std::string("`uvx`: refused (no packages, or /venv/bin/python3 is not a command)"))
+      << "\n            built before the session in a build sandbox, cached, read-only; npx and uvx never run\n";
   if (!k.workspace) {
     out << "  workspace none: a request that names one is refused\n";
     return;
   }
   out << "  workspace a request may name one: the organization's sandbox of that name, kept between its\n"
          "            sessions (one at a time), its /work (" << format_size(k.workspace_size)
-      << ", counted in memory) outliving each command;\n"
+      << ", counted in memory), /tmp and /dev/shm outliving each command;\n"
          "            every process of a session is killed at its end; the sandbox, its files and its CPU time\n"
          "            go on, until "
       << format_duration(k.workspace_idle_ttl) << " without a session, " << format_duration(k.max_lifetime)

@@ -218,10 +218,14 @@ class TypeScriptLocal(unittest.TestCase):
             self.assertIn("/usr/bin/node-not-installed-here", r.func_return)
             self.assertIn("is not installed on this host", r.func_return)
 
-    def test_npm_requirements_are_refused_here(self):
-        with self.assertRaises(PolicyDeniedError) as cm:
-            self.run_tool(AGENT_TOOL, {}, npm_requirements=["left-pad"])
-        self.assertIn("npm", str(cm.exception))
+    def test_npm_requirements_come_only_from_the_shipped_tarball_directory(self):
+        # The shipped policy builds a tool's node_modules offline from
+        # /var/lib/toolsandbox/npm alone: a package not there is a failed
+        # build, said in the result, and nothing ran.
+        r = self.run_tool(AGENT_TOOL, {}, npm_requirements=["tsb-not-in-the-shipped-directory"])
+        self.assertEqual(r.status, "error", r)
+        self.assertEqual(r.record.get("detail"), "node_modules_build_failed", r.record)
+        self.assertIn("/var/lib/toolsandbox/npm", r.record["error"])
 
     # --- the Letta adapter ----------------------------------------------------
 
@@ -246,9 +250,9 @@ class TypeScriptLocal(unittest.TestCase):
                 r = asyncio.run(go(mode, []))
                 self.assertEqual((r.status, r.func_return), ("success", want), r)
                 self.assertIsNone(r.agent_state)
-                # npm requirements travel with the tool; this backend refuses
-                # them (per-tool node_modules are another policy key's).
-                r = asyncio.run(go(mode, [SimpleNamespace(name="left-pad", version="1.3.0")]))
+                # npm requirements travel with the tool; the shipped policy
+                # finds none of these in its tarball directory.
+                r = asyncio.run(go(mode, [SimpleNamespace(name="tsb-not-in-the-shipped-directory", version="1.3.0")]))
                 self.assertEqual(r.status, "error", r)
                 self.assertIn("npm", r.func_return)
 

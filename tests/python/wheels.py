@@ -8,11 +8,12 @@ import os
 import zipfile
 
 
-def make_wheel(directory, name="tsbdemo", version="1.0", modules=None, requires=()):
+def make_wheel(directory, name="tsbdemo", version="1.0", modules=None, requires=(), scripts=None):
     """Writes `name`-`version`-py3-none-any.whl into `directory` and returns
     its path. `modules`: {"pkg/__init__.py": "source"}, by default one
     package `name` whose VALUE names the wheel; `requires`: Requires-Dist
-    lines (other wheels this one needs)."""
+    lines (other wheels this one needs); `scripts`: {"name": "module:function"},
+    console scripts pip makes in the venv's bin."""
     dist = name.replace("-", "_")
     if modules is None:
         modules = {dist + "/__init__.py": 'VALUE = "%s-from-the-test-index"\n' % name}
@@ -21,6 +22,9 @@ def make_wheel(directory, name="tsbdemo", version="1.0", modules=None, requires=
     metadata += "".join("Requires-Dist: %s\n" % r for r in requires)
     files = {path: text.encode() for path, text in modules.items()}
     files[info + "/METADATA"] = metadata.encode()
+    if scripts:
+        files[info + "/entry_points.txt"] = ("[console_scripts]\n" + "".join(
+            "%s = %s\n" % kv for kv in sorted(scripts.items()))).encode()
     files[info + "/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tsb-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     record = ""
     for path, data in files.items():

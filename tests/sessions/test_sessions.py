@@ -85,9 +85,9 @@ def wait_gone(tag, timeout):
     return True
 
 
-def run_sdk_client(test, tmp, session_opts, server_args, steps):
+def run_sdk_client(test, tmp, session_opts, server_args, steps, launcher=("node",)):
     """The TypeScript MCP SDK's stdio client (node, on the host) with
-    `toolsandbox session SESSION_OPTS -- node SERVER_ARGS` as its server
+    `toolsandbox session SESSION_OPTS -- LAUNCHER SERVER_ARGS` as its server
     command; `steps` is the body of an async function of `client`; its JSON."""
     sdk = MCP_DIR + "/node_modules/@modelcontextprotocol/sdk/dist/esm"
     script = textwrap.dedent("""\
@@ -99,7 +99,7 @@ def run_sdk_client(test, tmp, session_opts, server_args, steps):
         const out = await (async (client) => { %s })(client);
         await client.close();
         console.log(JSON.stringify(out));
-        """) % (sdk, sdk, json.dumps(tsb_cli()), json.dumps(["session"] + session_opts + ["--", "node"] + server_args),
+        """) % (sdk, sdk, json.dumps(tsb_cli()), json.dumps(["session"] + session_opts + ["--"] + list(launcher) + server_args),
                 steps)
     path = os.path.join(tmp, "client-%s.mjs" % uuid.uuid4().hex[:8])
     with open(path, "w") as f:

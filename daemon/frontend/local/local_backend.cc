@@ -123,8 +123,20 @@ std::vector<std::string> LocalBackend::venv_gc(std::uint64_t target) {
   return gone;
 }
 
-asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(PreparedRun& p, const venv::RequirementSet& set,
-                                                                  const std::string& key, bool npm) {
+LocalBackend::BuildFor LocalBackend::build_for(PreparedRun& p, const venv::RequirementSet* pip,
+                                               const std::vector<venv::NpmRequirement>* npm) const {
+  return BuildFor{p.policy(), pip, npm, p.request->id, p.common->organization_id, p.common->tool_name, *p.cancel};
+}
+
+std::string LocalBackend::venv_key(const Policy& p, const venv::RequirementSet& set) const {
+  return venv::venv_key(interpreter_id_, p.packages.index_settings(), set);
+}
+
+std::string LocalBackend::npm_key(const Policy& p, const std::vector<venv::NpmRequirement>& set) const {
+  return venv::npm_key(node_id_, p.npm_packages.source_settings(), set);
+}
+
+asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(const BuildFor& p, const std::string& key) {
   const auto t0 = Clock::now();
   for (;;) {
     VenvOutcome o;
@@ -169,10 +181,10 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(PreparedRun& p
       VenvOutcome r;
       try {
         // (Two statements: a co_await in each arm of ?: is not safe with GCC 12.)
-        if (npm)
+        if (p.npm)
           r = co_await build_node_modules(p, key);
         else
-          r = co_await build_venv(p, set, key);
+          r = co_await build_venv(p, key);
       } catch (const std::exception& e) {
         spdlog::error("venv {}: the build failed in the daemon: {}", key.substr(0, 12), e.what());
         r = VenvOutcome{};
@@ -191,10 +203,10 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(PreparedRun& p
     // to go away).
     auto b = it->second;
     {
-      CancelHook hook(*p.cancel, [b] { b->done.cancel(); });
+      CancelHook hook(p.cancel, [b] { b->done.cancel(); });
       if (!b->finished) co_await b->done.async_wait(tuple_awaitable);
     }
-    if (p.cancel->requested() || stopping_) {
+    if (p.cancel.requested() || stopping_) {
       o.failure = stopping_ ? "the daemon is shutting down" : "the client disconnected";
       o.cancelled = true;
       co_return o;
@@ -211,10 +223,10 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(PreparedRun& p
   }
 }
 
-asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun& p, const venv::RequirementSet& set,
-                                                                    const std::string& key) {
+asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(const BuildFor& p, const std::string& key) {
   VenvOutcome o;
-  const Policy& pol = p.policy();
+  const Policy& pol = p.policy;
+  const venv::RequirementSet& set = *p.pip;
   const PackagesPolicy& k = pol.packages;
   const auto t0 = Clock::now();
   ++venv_builds_;
@@ -249,14 +261,13 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun&
   order.fingerprint = pol.fingerprint;
   order.mode = spawn::RunMode::Tool;
   order.timeout = k.build_timeout;
-  const protocol::CommonRunFields& c = *p.common;
   std::shared_ptr<egress::RunProxy> proxy;
   if (!k.index.empty())
     proxy = std::make_shared<egress::RunProxy>(egress_, build_egress_rules(k),
-                                               egress::RunLabels{p.request->id + "/venv", c.organization_id, c.tool_name});
-  spdlog::info("venv {}: building for request {} (policy {}): {}", key.substr(0, 12), q(p.request->id), q(pol.name),
+                                               egress::RunLabels{p.request_id + "/venv", p.organization_id, p.tool});
+  spdlog::info("venv {}: building for request {} (policy {}): {}", key.substr(0, 12), q(p.request_id), q(pol.name),
                set.text().empty() ? "-" : reqs.dump());
-  LinkRun ran = co_await link_.run(std::move(order), request.dump(), 0, 256u << 10, {}, *p.cancel, proxy.get(), sink);
+  LinkRun ran = co_await link_.run(std::move(order), request.dump(), 0, 256u << 10, {}, p.cancel, proxy.get(), sink);
   if (proxy) proxy->stop();
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   const isolate::RunResult& r = ran.result;
@@ -315,9 +326,9 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(PreparedRun&
   co_return o;
 }
 
-asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_node_modules(PreparedRun& p, const std::string& key) {
+asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_node_modules(const BuildFor& p, const std::string& key) {
   VenvOutcome o;
-  const Policy& pol = p.policy();
+  const Policy& pol = p.policy;
   const NpmPackagesPolicy& k = pol.npm_packages;
   const auto t0 = Clock::now();
   ++venv_builds_;
@@ -339,7 +350,7 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_node_modules(Prep
     return true;
   };
   json reqs = json::array();
-  for (const auto& r : p.npm_requirements) reqs.push_back(r.text());
+  for (const auto& r : *p.npm) reqs.push_back(r.text());
   const json request = {{"kind", "npm"},
                         {"requirements", reqs},
                         {"tarballs", k.tarballs.empty() ? json() : json(std::string(kTarballsSandboxPath))},
@@ -351,14 +362,13 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_node_modules(Prep
   order.fingerprint = pol.fingerprint;
   order.mode = spawn::RunMode::Tool;
   order.timeout = k.build_timeout;
-  const protocol::CommonRunFields& c = *p.common;
   std::shared_ptr<egress::RunProxy> proxy;
   if (!k.registry.empty())
     proxy = std::make_shared<egress::RunProxy>(egress_, npm_build_egress_rules(k),
-                                               egress::RunLabels{p.request->id + "/node_modules", c.organization_id, c.tool_name});
-  spdlog::info("node_modules {}: building for request {} (policy {}): {}", key.substr(0, 12), q(p.request->id),
+                                               egress::RunLabels{p.request_id + "/node_modules", p.organization_id, p.tool});
+  spdlog::info("node_modules {}: building for request {} (policy {}): {}", key.substr(0, 12), q(p.request_id),
                q(pol.name), reqs.dump());
-  LinkRun ran = co_await link_.run(std::move(order), request.dump(), 0, 256u << 10, {}, *p.cancel, proxy.get(), sink);
+  LinkRun ran = co_await link_.run(std::move(order), request.dump(), 0, 256u << 10, {}, p.cancel, proxy.get(), sink);
   if (proxy) proxy->stop();
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   const isolate::RunResult& r = ran.result;
@@ -696,7 +706,9 @@ asio::awaitable<std::optional<Refusal>> LocalBackend::take_slot(PreparedRun& p) 
 asio::awaitable<bool> LocalBackend::prepare_venv(PreparedRun& p, const std::string& venv_key, Order& o,
                                                  BackendRun& out) {
   const venv::RequirementSet& reqs = p.requirements;
-  VenvOutcome venv = co_await venv_for(p, reqs, venv_key);
+  // (Named: GCC 12 does not keep a temporary argument of a co_await alive.)
+  const BuildFor b = build_for(p, &reqs, nullptr);
+  VenvOutcome venv = co_await venv_for(b, venv_key);
   json requirements = json::array();
   for (const auto& r : reqs.items) requirements.push_back(r.text());
   out.record["venv"] = {{"key", venv_key},
@@ -734,7 +746,8 @@ asio::awaitable<bool> LocalBackend::prepare_venv(PreparedRun& p, const std::stri
 
 asio::awaitable<bool> LocalBackend::prepare_node_modules(PreparedRun& p, const std::string& key, Order& o,
                                                          BackendRun& out) {
-  VenvOutcome nm = co_await venv_for(p, p.requirements, key, /*npm=*/true);
+  const BuildFor b = build_for(p, nullptr, &p.npm_requirements);
+  VenvOutcome nm = co_await venv_for(b, key);
   json requirements = json::array();
   for (const auto& r : p.npm_requirements) requirements.push_back(r.text());
   out.record["node_modules"] = {{"key", key},
@@ -841,9 +854,7 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   }
   // The run's requirements (prepare_run checked them): the venv is found
   // or built once the run holds its slot.
-  const std::string venv_key = p.requirements.items.empty()
-                                   ? ""
-                                   : venv::venv_key(interpreter_id_, p.policy().packages.index_settings(), p.requirements);
+  const std::string venv_key = p.requirements.items.empty() ? "" : this->venv_key(p.policy(), p.requirements);
   if ((out.refused = co_await take_slot(p))) co_return out;
   // The slot goes back once the pipeline has recorded the run (or when
   // `out` is dropped on any other path).
@@ -864,7 +875,7 @@ asio::awaitable<BackendRun> LocalBackend::run(PreparedRun& p) {
   // The key is a named variable of this frame, made once: prepare_node_modules
   // and the build it may start hold it by reference across their suspensions.
   const std::string nm_key = p.typescript && !p.npm_requirements.empty()
-                                 ? venv::npm_key(node_id_, p.policy().npm_packages.source_settings(), p.npm_requirements)
+                                 ? npm_key(p.policy(), p.npm_requirements)
                                  : "";
   if (!nm_key.empty() && !co_await prepare_node_modules(p, nm_key, o, out)) co_return out;
   co_await run_order(p, o, out);  // o (its venv hold) lives until the run is answered

@@ -77,6 +77,35 @@ class LocalBackend final : public RunBackend {
   // `target` bytes (0: all of them); the keys removed.
   std::vector<std::string> venv_gc(std::uint64_t target);
 
+  // A venv or node_modules, and who wants it: a run, or a session's
+  // command (daemon/frontend/session/packages.h).
+  struct BuildFor {
+    const Policy& policy;
+    const venv::RequirementSet* pip = nullptr;               // a venv of these
+    const std::vector<venv::NpmRequirement>* npm = nullptr;  // or a node_modules of these
+    std::string request_id, organization_id, tool;          // for the log and the build's proxy
+    CancelSignal& cancel;                                    // stops the wait and the build
+  };
+  // A venv or node_modules: held until its user ends, or why there is none.
+  struct VenvOutcome {
+    venv::Cache::Hold hold;
+    bool built = false;           // this run built it
+    double build_ms = 0;          // the build's time, or the wait for another's
+    std::string build_run_id;
+    std::string failure;          // set: none; the run does not start
+    std::string log_tail;         // the build's last lines of output
+    bool cancelled = false;       // the build was stopped (client gone, shutdown)
+  };
+  // Found in the venv cache (daemon/venv/cache.h) or built once in a build
+  // sandbox of the policy's, whoever else waits for the same key.
+  // `p` and `key` outlive the wait (a named variable of the caller's).
+  asio::awaitable<VenvOutcome> venv_for(const BuildFor& p, const std::string& key);
+  // The cache's keys of a set under a policy (venv::venv_key, venv::npm_key).
+  std::string venv_key(const Policy& p, const venv::RequirementSet& set) const;
+  std::string npm_key(const Policy& p, const std::vector<venv::NpmRequirement>& set) const;
+  // Where the cache keeps an entry on this host ("" without a cache).
+  std::string venv_path(const std::string& key) const { return venvs_ ? venvs_->dir() + "/" + key : ""; }
+
  private:
   // Script mode: a result frame whose payload is a pickle is decoded by the
   // runner in a second sandbox under the run's policy, in the run's slot.
@@ -107,21 +136,10 @@ class LocalBackend final : public RunBackend {
   asio::awaitable<bool> prepare_node_modules(PreparedRun& p, const std::string& key, Order& o, BackendRun& out);
   asio::awaitable<void> run_order(PreparedRun& p, Order& o, BackendRun& out);
 
-  // A run's venv: held until the run ends, or why there is none.
-  struct VenvOutcome {
-    venv::Cache::Hold hold;
-    bool built = false;           // this run built it
-    double build_ms = 0;          // the build's time, or the wait for another's
-    std::string build_run_id;
-    std::string failure;          // set: no venv; the run does not start
-    std::string log_tail;         // the build's last lines of output
-    bool cancelled = false;       // the build was stopped (client gone, shutdown)
-  };
-  // `npm`: the key is a node_modules' (build_node_modules), not a venv's.
-  asio::awaitable<VenvOutcome> venv_for(PreparedRun& p, const venv::RequirementSet& set, const std::string& key,
-                                        bool npm = false);
-  asio::awaitable<VenvOutcome> build_venv(PreparedRun& p, const venv::RequirementSet& set, const std::string& key);
-  asio::awaitable<VenvOutcome> build_node_modules(PreparedRun& p, const std::string& key);
+  asio::awaitable<VenvOutcome> build_venv(const BuildFor& p, const std::string& key);
+  asio::awaitable<VenvOutcome> build_node_modules(const BuildFor& p, const std::string& key);
+  BuildFor build_for(PreparedRun& p, const venv::RequirementSet* pip,
+                     const std::vector<venv::NpmRequirement>* npm) const;
 
   // Busy: the queue is full; BusyShare: the peer holds its share of it;
   // GaveUp: queued, it gave its place up to another peer's run.

@@ -2,6 +2,7 @@
 // its stdout and stderr to the client as frames, the session's watches, and
 // its end.
 #include "daemon/frontend/session/session.h"
+#include "daemon/frontend/session/packages.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -265,6 +266,7 @@ nlohmann::json end_record(const Sessions::Session& s, const Policy& pol, const i
   } else {
     record["landlock"] = isolate::landlock_summary(r.landlock);
   }
+  if (!s.open.packages.is_null()) record["packages"] = s.open.packages;
   return record;
 }
 
@@ -289,6 +291,7 @@ void start_relay(asio::io_context& io, const std::shared_ptr<Sessions::Session>&
   answer["policy"] = pol.name;
   answer["policy_fingerprint"] = pol.fingerprint;
   answer["command"] = s->open.argv;
+  if (!s->open.packages.is_null()) answer["packages"] = s->open.packages;
   std::string line = protocol::encode_ok(s->open.request_id, "session", answer);
   s->queued += line.size();
   s->queue.push_back(std::move(line));
@@ -411,6 +414,8 @@ asio::awaitable<std::optional<Refusal>> run_alone(asio::io_context& io, SpawnerL
   order.mode = spawn::RunMode::Script;
   order.env = s->open.env;
   order.timeout = pol.sessions.max_lifetime;
+  order.venv = s->open.venv;
+  order.node_modules = s->open.node_modules;
   if (pol.network == isolate::NetworkMode::Egress)
     proxy = std::make_shared<egress::RunProxy>(egress, pol.egress,
                                                egress::RunLabels{s->open.request_id, s->open.organization_id, "session"});
@@ -452,6 +457,14 @@ std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<
   // policy in force, and its answer names that one.
   if (ws && !ws->busy && ws->policy->fingerprint != open.policy->fingerprint) ws->end("policy_changed");
   if (ws && (ws->ended || ws->cancel.requested())) ws.reset();
+  if (ws && (!open.venv.empty() || !open.node_modules.empty()) &&
+      (ws->venv != open.venv || ws->node_modules != open.node_modules)) {
+    ++refused_;
+    return Refusal{ErrorCode::BadRequest, "workspace " + quoted_for_message(open.workspace) +
+                                              " was made with other packages than this command's (a workspace keeps "
+                                              "the packages of its first session); name another workspace, or end "
+                                              "this one (toolsandbox session kill " + ws->id + ")"};
+  }
   if (ws && ws->busy) {
     ++refused_;
     return Refusal{ErrorCode::Busy, "workspace " + quoted_for_message(open.workspace) +
@@ -474,6 +487,9 @@ std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<
     ws->peer_uid = open.peer.uid;
     ws->name = open.workspace;
     ws->policy = open.policy;
+    ws->venv = open.venv;
+    ws->node_modules = open.node_modules;
+    ws->packages_hold = open.packages_hold;
     reg_->workspaces[key] = ws;  // (in place of one being removed)
     ++reg_->slots;
     ++reg_->orgs[open.organization_id];
@@ -492,6 +508,24 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
   const Policy& pol = *open.policy;
   std::string early_input = std::move(open.early_input);  // held by the reader alone, once started
   if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
+  // The command's own packages (npx, uvx: packages.h), found or built
+  // first: at most max_sessions such preparations at once.
+  if (open.argv[0] == "npx" || open.argv[0] == "uvx") {
+    if (preparing_.size() >= limits_.max) {
+      ++refused_;
+      co_return Refusal{ErrorCode::Busy, "max_sessions (" + std::to_string(limits_.max) +
+                                             ") sessions' packages are being made; retry later"};
+    }
+    CancelSignal cancel;
+    preparing_.insert(&cancel);
+    struct Prepared {
+      std::set<CancelSignal*>& preparing;
+      CancelSignal* cancel;
+      ~Prepared() { preparing.erase(cancel); }
+    } prepared{preparing_, &cancel};
+    if (auto refused = co_await prepare_session_packages(local_, open, cancel)) co_return refused;
+    if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
+  }
   // A client that opens its next session in a workspace as soon as its
   // last one ended (as letta-server does, a session per call) waits for
   // that one's end, a few milliseconds, instead of being refused.
@@ -592,7 +626,9 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
       quoted_for_message(open.organization_id), open.agent_id.empty() ? "-" : quoted_for_message(open.agent_id),
       quoted_for_message(open.argv[0]), quoted_for_message(pol.name), pol.fingerprint,
       ws ? quoted_for_message(ws->name) : std::string("-"), ms, ended_by, isolate::to_string(result.reason),
-      result.exit_code, s->bytes_in, s->bytes_out, s->bytes_err, proxy ? proxy->audit_fields() : std::string());
+      result.exit_code, s->bytes_in, s->bytes_out, s->bytes_err,
+      (open.packages.is_null() ? std::string() : " packages=" + open.packages["key"].get<std::string>().substr(0, 16)) +
+          (proxy ? proxy->audit_fields() : std::string()));
   // 3. The end frame, last in the writer's queue: the writer sends
   // everything before it, then ends. A client that does not take it all
   // within write_timeout (and a margin) is cut off.
@@ -676,6 +712,7 @@ bool Sessions::kill(const std::string& id) {
 
 void Sessions::end_all() {
   stopping_ = true;
+  for (CancelSignal* c : preparing_) c->request();
   for (Session* s : reg_->open) s->end("shutdown");
   std::vector<std::shared_ptr<Workspace>> kept;
   for (const auto& [key, w] : reg_->workspaces) kept.push_back(w);

@@ -33,6 +33,7 @@ class Service;
 
 namespace tsb::core {
 
+class LocalBackend;
 class SpawnerLink;
 struct Workspace;
 
@@ -49,6 +50,12 @@ struct SessionOpen {
   std::string early_input;
   // The organization's workspace to run in (workspace.h), by name; "": none.
   std::string workspace;
+  // The command's own packages (packages.h): the cache keys bound at /venv
+  // and /node_modules ("": the policy's own venv, no node_modules), held
+  // while the session (or its workspace) runs; their part of the record.
+  std::string venv, node_modules;
+  std::shared_ptr<void> packages_hold;
+  nlohmann::json packages;
 };
 
 // How many sessions may be open, a kept workspace counting as one (a
@@ -63,7 +70,9 @@ struct SessionLimits {
 class Sessions {
  public:
   using ClientSocket = asio::local::stream_protocol::socket;
-  Sessions(asio::io_context& io, SpawnerLink& link, egress::Service& egress) : io_(io), link_(link), egress_(egress) {}
+  // `local`: the venv cache and its builds, for a command's own packages.
+  Sessions(asio::io_context& io, SpawnerLink& link, egress::Service& egress, LocalBackend& local)
+      : io_(io), link_(link), egress_(egress), local_(local) {}
 
   // Opens a session and relays it on `client` until it ends: nothing, or
   // why it did not open (the client is then owed an error line; it was
@@ -95,7 +104,9 @@ class Sessions {
   asio::io_context& io_;
   SpawnerLink& link_;
   egress::Service& egress_;
+  LocalBackend& local_;
   SessionLimits limits_;
+  std::set<CancelSignal*> preparing_;  // the packages being found or built for sessions
   bool stopping_ = false;
   struct Registry {
     std::set<Session*> open;

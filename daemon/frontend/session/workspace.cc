@@ -170,6 +170,8 @@ asio::awaitable<void> keep_workspace(std::shared_ptr<Workspace> ws, SpawnerLink&
   order.fingerprint = pol.fingerprint;
   order.mode = spawn::RunMode::Tool;  // the keeper (daemon/compile/spawn_policy.cc)
   order.timeout = pol.sessions.max_lifetime;
+  order.venv = ws->venv;
+  order.node_modules = ws->node_modules;
   std::shared_ptr<egress::RunProxy> proxy;
   if (pol.network == isolate::NetworkMode::Egress)
     proxy = std::make_shared<egress::RunProxy>(egress, pol.egress,

@@ -43,6 +43,9 @@ struct Workspace {
   std::string organization_id, name;
   std::uint32_t peer_uid = 0;  // the client uid whose it is
   std::shared_ptr<const Policy> policy;
+  // Its first session's packages (packages.h), bound for its whole life.
+  std::string venv, node_modules;
+  std::shared_ptr<void> packages_hold;
   std::string id;  // its sandbox's run id, once started
   asio::local::stream_protocol::socket keeper;
   CancelSignal cancel;          // ends the sandbox
