@@ -1,5 +1,7 @@
 #include "protocol/messages.h"
 
+#include <csignal>
+
 #include "protocol/json_limits.h"
 #include "protocol/json_scan.h"
 
@@ -24,7 +26,8 @@ struct Slice {
 constexpr std::string_view kRequestFields[] = {
     "id",       "v",          "type",       "tool_name",   "organization_id", "policy", "env", "timeout", "sandbox_config",
     "agent_id", "project_id", "script",     "source_code", "args",            "json_schema", "agent_state",
-    "pip_requirements", "json_dialect", "e2b", "source_type", "npm_requirements", "command", "session_id", "workspace"};
+    "pip_requirements", "json_dialect", "e2b", "source_type", "npm_requirements", "command", "session_id", "workspace",
+    "signal"};
 constexpr std::string_view kSandboxConfigFields[] = {"type", "config", "organization_id"};
 constexpr std::string_view kE2BFields[] = {"sandbox_config", "env"};
 
@@ -330,6 +333,15 @@ std::string_view error_code_name(ErrorCode c) {
   return "internal";
 }
 
+const SessionSignal kSessionSignals[7] = {{"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"USR1", SIGUSR1},
+                                          {"USR2", SIGUSR2}, {"TERM", SIGTERM}, {"WINCH", SIGWINCH}};
+
+std::string_view session_signal_name(int number) {
+  for (const SessionSignal& k : kSessionSignals)
+    if (k.number == number) return k.name;
+  return "";
+}
+
 std::string_view Request::type_name() const {
   switch (body.index()) {
     case 0: return "execute";
@@ -445,6 +457,11 @@ std::variant<Request, ProtocolError> decode_request(std::string_view line, std::
   } else if (*type == "session_kill") {
     SessionKillRequest r;
     if (auto sid = d.str("session_id", true, 64)) r.session_id = *sid;
+    if (auto sig = d.str("signal", false, 16)) {
+      for (const SessionSignal& k : kSessionSignals)
+        if (*sig == k.name) r.signal = k.number;
+      if (!r.signal) d.fail(d.where + ": field \"signal\" must be one of HUP, INT, QUIT, USR1, USR2, TERM, WINCH");
+    }
     req.body = std::move(r);
   } else {
     return ProtocolError{ErrorCode::BadRequest, "unknown request type \"" + type->substr(0, 32) +

@@ -148,7 +148,18 @@ struct SessionRequest {
 struct SessionListRequest {};
 struct SessionKillRequest {
   std::string session_id;
+  // A signal for the session's command instead of its end (one of
+  // kSessionSignals, by number): the session's own client may send one.
+  std::optional<int> signal;
 };
+// The signals a session's command may be sent (session_kill's "signal"),
+// by name as the request writes them.
+struct SessionSignal {
+  const char* name;
+  int number;
+};
+extern const SessionSignal kSessionSignals[7];
+std::string_view session_signal_name(int number);
 
 struct Request {
   std::string id;

@@ -78,8 +78,9 @@ BUDGETS = {
     "daemon/venv": 1300,
     # Raised from 1250: `toolsandbox venv` shows and builds node_modules too;
     # then from 1280: `toolsandbox session`, the stdio bridge to a session,
-    # and its operator's verbs (list, kill).
-    "daemon/cli": 1570,
+    # and its operator's verbs (list, kill); then from 1570: signals
+    # forwarded by the bridge, and `session kill --signal`.
+    "daemon/cli": 1600,
     # Raised from 950: a session request's placement and checks; then from
     # 1010: a workspace's check and the operator's list of workspaces.
     "daemon/frontend": 1030,
@@ -91,8 +92,10 @@ BUDGETS = {
     # 1420: a TypeScript run's order (the policy's TypeScript policy, its
     # channel in both modes), the check of its runtime on this host, and a
     # TypeScript tool's node_modules, found or built like a venv; then from
-    # 1640: a session's stdio handed over (SpawnerLink::run's take_stdio).
-    "daemon/frontend/local": 1660,
+    # 1640: a session's stdio handed over (SpawnerLink::run's take_stdio);
+    # then from 1660: venv_for for a session's packages too (BuildFor, the
+    # cache's keys, the installer's own refusal told apart).
+    "daemon/frontend/local": 1680,
     # Set with the folder: sessions, about 10 % above its size (409); raised
     # from 450: workspaces kept between sessions (workspace.cc: the keeper's
     # sandbox, its messages, its TTL; a session's relay on pipes made here);
@@ -108,8 +111,9 @@ BUDGETS = {
     # Raised from 1800: Letta's last edge cases (a pickle's types checked,
     # tool mode's output decoded up front, the seed's strict decode).
     "daemon/frontend/letta": 1860,
-    # Raised from 1350: the session request and its frames.
-    "protocol": 1400,
+    # Raised from 1350: the session request and its frames; then from 1400:
+    # session_kill's signal (the names a command may be sent).
+    "protocol": 1425,
 }
 
 MAX_FUNCTION_LINES = 150

@@ -32,6 +32,7 @@ void usage(std::FILE* out) {
       "       toolsandbox session [--org ID] [--policy NAME] [--env NAME=VALUE]... [--agent-id ID] [--record FILE]\n"
       "                           [--workspace NAME] [--socket PATH] -- COMMAND [ARGS...]\n"
       "       toolsandbox session list [--json] [--socket PATH] | kill SESSION_OR_WORKSPACE_ID [--socket PATH]   (as root)\n"
+      "       toolsandbox session kill --signal HUP|INT|QUIT|USR1|USR2|TERM|WINCH SESSION_ID [--socket PATH]   (its client, or root)\n"
       "       toolsandbox policy check FILE... [--e2b]\n"
       "       toolsandbox policy explain NAME|FILE [--compare PROFILE] [--no-host]\n"
       "       toolsandbox policy fingerprint FILE...\n"

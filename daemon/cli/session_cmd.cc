@@ -36,10 +36,14 @@ int usage(const std::string& msg) {
   return kExitUsage;
 }
 
-// After the first SIGINT, SIGTERM or SIGHUP the server's stdin ends (as an
-// MCP client ends its server) and the session has this long to end; then,
-// or at a second signal, the connection closes and the daemon kills it.
+// Signals are forwarded to the server (session_kill with "signal"). After
+// the first SIGINT, SIGTERM, SIGHUP or SIGQUIT the session has this long to
+// end; then, or at a second one, the connection closes and the daemon
+// kills it. A signal that cannot be forwarded (the session has not started
+// its command) ends the server's stdin instead, as an MCP client ends its
+// server. SIGUSR1, SIGUSR2 and SIGWINCH are only forwarded.
 constexpr int kSignalGraceMs = 2000;
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH};
 
 bool write_all(int fd, const char* p, std::size_t n) {
   while (n > 0) {
@@ -122,6 +126,7 @@ struct Incoming {
   std::string in;
   bool answered = false;
   const std::string& record_file;
+  std::string session_id;  // the answer's
 
   std::optional<int> take() {
     for (;;) {
@@ -144,6 +149,8 @@ struct Incoming {
           return kExitSetup;
         }
         answered = true;
+        if (a.contains("session") && a["session"].is_object() && a["session"].value("session_id", json()).is_string())
+          session_id = a["session"]["session_id"].get<std::string>();
         continue;
       }
       if (in.size() < 5) return std::nullopt;
@@ -184,8 +191,16 @@ struct Incoming {
 // The bridge: stdin to the connection (never more than one read ahead, so a
 // command that does not read its stdin never makes this stop reading its
 // output), the daemon's frames out, the signals.
-int bridge(int fd, int sigfd, const std::string& record_file) {
-  Incoming incoming{{}, false, record_file};
+int bridge(int fd, int sigfd, const std::string& socket_path, const std::string& record_file) {
+  Incoming incoming{{}, false, record_file, {}};
+  // A signal to the server's command, on a connection of its own.
+  auto forward = [&](int signo) {
+    if (incoming.session_id.empty()) return false;
+    const std::string_view name = protocol::session_signal_name(signo);
+    auto r = roundtrip(socket_path, {{"v", 1}, {"id", random_hex(8)}, {"type", "session_kill"},
+                                     {"session_id", incoming.session_id}, {"signal", std::string(name)}});
+    return r.ok() && r->value("ok", false);
+  };
   std::string out;
   bool stdin_open = true, sent_eof = false;
   long long grace_until = -1;
@@ -212,11 +227,18 @@ int bridge(int fd, int sigfd, const std::string& record_file) {
     if (p[0].revents & POLLIN) {
       signalfd_siginfo si{};
       if (::read(sigfd, &si, sizeof si) == sizeof si) {
-        if (grace_until >= 0) return 128 + static_cast<int>(si.ssi_signo);
-        signal_number = static_cast<int>(si.ssi_signo);
-        grace_until = now_ms() + kSignalGraceMs;
-        out.clear();
-        end_stdin();
+        const int signo = static_cast<int>(si.ssi_signo);
+        const bool ending = signo == SIGINT || signo == SIGTERM || signo == SIGHUP || signo == SIGQUIT;
+        if (ending && grace_until >= 0) return 128 + signo;
+        const bool forwarded = forward(signo);
+        if (ending) {
+          signal_number = signo;
+          grace_until = now_ms() + kSignalGraceMs;
+          if (!forwarded) {
+            out.clear();
+            end_stdin();
+          }
+        }
       }
     }
     if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
@@ -248,17 +270,20 @@ int bridge(int fd, int sigfd, const std::string& record_file) {
 }
 
 
-// toolsandbox session list | kill ID: the operator's requests.
+// toolsandbox session list | kill [--signal NAME] ID: the operator's requests
+// (a signal also the session's own client's).
 int operator_verb(const std::vector<std::string>& args) {
   const std::string& verb = args[0];
   std::string socket_path = kDefaultSocket;
   bool as_json = false;
-  static const std::vector<OptionSpec> kOptions = {{"socket", "a path"}, {"json", nullptr}};
+  std::string signal_name;
+  static const std::vector<OptionSpec> kOptions = {{"socket", "a path"}, {"json", nullptr}, {"signal", "a name"}};
   std::vector<std::string> operands;
   auto err = parse_options(std::vector<std::string>(args.begin() + 1, args.end()), kOptions, false,
                            [&](const std::string& name, const std::string& x) -> std::optional<std::string> {
                              if (name == "socket") socket_path = x;
                              else if (name == "json") as_json = true;
+                             else if (name == "signal") signal_name = x.starts_with("SIG") ? x.substr(3) : x;
                              return std::nullopt;
                            },
                            &operands);
@@ -266,7 +291,9 @@ int operator_verb(const std::vector<std::string>& args) {
   if (operands.size() != (verb == "kill" ? 1u : 0u))
     return usage(verb == "kill" ? "kill takes one session id" : "list takes no argument");
   json req = {{"v", 1}, {"id", random_hex(8)}, {"type", verb == "kill" ? "session_kill" : "session_list"}};
+  if (!signal_name.empty() && verb != "kill") return usage("--signal is for kill");
   if (verb == "kill") req["session_id"] = operands[0];
+  if (!signal_name.empty()) req["signal"] = signal_name;
   auto resp = roundtrip(socket_path, req);
   if (!resp.ok()) {
     print_line(stderr, "toolsandbox session %s: %s", verb.c_str(), resp.error().message.c_str());
@@ -279,7 +306,10 @@ int operator_verb(const std::vector<std::string>& args) {
     return 1;
   }
   if (verb == "kill") {
-    print_line(stdout, "ending %s", resp->value("killed", "").c_str());
+    if (!signal_name.empty())
+      print_line(stdout, "sent SIG%s to %s", resp->value("signal", "").c_str(), resp->value("killed", "").c_str());
+    else
+      print_line(stdout, "ending %s", resp->value("killed", "").c_str());
     return 0;
   }
   const json list = resp->value("sessions", json::array());
@@ -340,7 +370,7 @@ int cmd_session(const std::vector<std::string>& args) {
   // gone shows as a failed write.
   sigset_t sigs;
   sigemptyset(&sigs);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&sigs, s);
+  for (int s : kForwarded) sigaddset(&sigs, s);
   ::sigprocmask(SIG_BLOCK, &sigs, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
   UniqueFd sigfd(::signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK));
@@ -350,7 +380,7 @@ int cmd_session(const std::vector<std::string>& args) {
   }
   auto conn = open_session(a);
   if (auto* status = std::get_if<int>(&conn)) return *status;
-  return bridge(std::get<UniqueFd>(conn).get(), sigfd.get(), a.record_file);
+  return bridge(std::get<UniqueFd>(conn).get(), sigfd.get(), a.socket_path, a.record_file);
 }
 
 }  // namespace tsb::cli

@@ -111,12 +111,15 @@ tsb::Result<tsb::spawn::CompiledSet> compile(const tsb::core::DaemonConfig& cfg,
       out.policies.push_back(std::move(tp).value());
       out.policies.back().name = name + "/typescript";
     }
-    // Sessions: the policy's long-lived sandboxes.
+    // Sessions: the policy's long-lived sandboxes, and its kept workspaces'.
     if (p->sessions.enabled && p->backend == tsb::core::Backend::Local) {
-      auto sp = tsb::core::to_session_spawn_policy(*p, cfg.venvs.cache_dir);
-      if (!sp.ok()) return std::move(sp).error().wrap("policy " + quoted_for_message(name) + "'s sessions");
-      out.policies.push_back(std::move(sp).value());
-      out.policies.back().name = tsb::core::session_policy_name(name);
+      for (const bool workspace : {false, true}) {
+        if (workspace && !p->sessions.workspace) break;
+        auto sp = tsb::core::to_session_spawn_policy(*p, cfg.venvs.cache_dir, workspace);
+        if (!sp.ok()) return std::move(sp).error().wrap("policy " + quoted_for_message(name) + "'s sessions");
+        out.policies.push_back(std::move(sp).value());
+        out.policies.back().name = workspace ? tsb::core::workspace_policy_name(name) : tsb::core::session_policy_name(name);
+      }
     }
     // TypeScript tools' node_modules: the policy's npm build policy.
     if (p->npm_packages.enabled && p->backend == tsb::core::Backend::Local && !builder.empty()) {

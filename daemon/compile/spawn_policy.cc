@@ -255,75 +255,37 @@ Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std
   return s;
 }
 
-std::string session_launcher() {
-  // -I -S -B: no site, no user paths, no bytecode written. os.read alone
-  // (no buffered stdin), so every byte after the frame is the command's.
-  return "import os, sys\n"
-         "def read(n):\n"
-         "    b = b''\n"
-         "    while len(b) < n:\n"
-         "        c = os.read(0, n - len(b))\n"
-         "        if not c:\n"
-         "            os._exit(125)\n"
-         "        b += c\n"
-         "    return b\n"
-         "n = int.from_bytes(read(4), 'big')\n"
-         "if n > 1 << 20:\n"
-         "    os._exit(125)\n"
-         "argv = read(n).split(b'\\0')\n"
-         "if argv[0].decode('utf-8', 'replace') not in sys.argv[1:]:\n"
-         "    os.write(2, b'toolsandbox session: this command is not one the policy allows\\n')\n"
-         "    os._exit(126)\n"
-         "try:\n"
-         "    os.execv(argv[0], argv)\n"
-         "except OSError as e:\n"
-         "    os.write(2, ('toolsandbox session: cannot start %s: %s\\n' % (argv[0].decode('utf-8', 'replace'), e.strerror)).encode('utf-8', 'replace'))\n"
-         "    os._exit(127)\n";
-}
-
-std::string session_command_frame(const std::vector<std::string>& argv) {
-  std::string body;
-  for (const std::string& a : argv) {
-    if (!body.empty()) body += '\0';
-    body += a;
-  }
-  const auto n = static_cast<std::uint32_t>(body.size());
-  std::string frame{static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8), static_cast<char>(n)};
-  return frame + body;
-}
-
-Result<spawn::SpawnPolicy> to_session_spawn_policy(const Policy& p, const std::string& venv_cache) {
+Result<spawn::SpawnPolicy> to_session_spawn_policy(const Policy& p, const std::string& venv_cache, bool workspace) {
   if (!p.sessions.enabled) return Error::invalid("policy '" + p.name + "' has no \"sessions\"");
   const SessionsPolicy& k = p.sessions;
+  if (workspace && !k.workspace) return Error::invalid("policy '" + p.name + "' keeps no workspaces");
   spawn::SpawnPolicy s = spawn_policy_fields(p);
-  s.name = session_policy_name(p.name);
+  s.name = workspace ? workspace_policy_name(p.name) : session_policy_name(p.name);
   s.warm_min = s.warm_max = 0;
   s.limits.wall_timeout = k.max_lifetime;
   s.limits.cpu_time = k.cpu_time;
   s.limits.memory_bytes = k.memory;
   s.limits.pids = k.pids;
   isolate::FsInputs in = fs_inputs_from(p);
+  if (workspace) in.work_bytes = k.workspace_size;
   isolate::resolve_host_paths(in);
   auto fs = isolate::build_fs_table(in);
   if (!fs.ok()) return std::move(fs).error().wrap("policy '" + s.name + "'");
-  auto& script = s.modes[static_cast<int>(spawn::RunMode::Script)];
-  script.argv = {"/usr/bin/python3", "-I", "-S", "-B", "-c", session_launcher()};
-  script.argv.insert(script.argv.end(), k.commands.begin(), k.commands.end());
-  script.fs = std::move(fs).value();
-  // Tool mode: a workspace's keeper (isolate/runner/toolsandbox_workspace.py),
-  // its stdin the front end's socket, its /work the workspace's size.
+  // Tool mode: the keeper (isolate/runner/toolsandbox_workspace.py), its
+  // stdin the front end's socket, the allowed programs its arguments: it
+  // starts each session's command on pipes the front end sends, and ends
+  // all of it. A session's own sandbox has one session; a workspace's, one
+  // at a time, and its /work is the workspace's size. No script mode.
   auto& keeper = s.modes[static_cast<int>(spawn::RunMode::Tool)];
-  keeper.fs = script.fs;
-  if (k.workspace) {
-    in.work_bytes = k.workspace_size;
-    auto wfs = isolate::build_fs_table(in);
-    if (!wfs.ok()) return std::move(wfs).error().wrap("policy '" + s.name + "' (its workspace)");
-    keeper.fs = std::move(wfs).value();
-    keeper.argv = {"/usr/bin/python3", "-I", "-S", "-B", "-c", std::string(embedded::kWorkspaceKeeper)};
-    keeper.argv.insert(keeper.argv.end(), k.commands.begin(), k.commands.end());
-  }
-  // A command's own packages (npx, uvx), in either mode.
-  add_package_rows(p, {&script, &keeper}, venv_cache);
+  keeper.fs = std::move(fs).value();
+  keeper.argv = {"/usr/bin/python3", "-I", "-S", "-B", "-c", std::string(embedded::kWorkspaceKeeper)};
+  keeper.argv.insert(keeper.argv.end(), k.commands.begin(), k.commands.end());
+  // A command's own packages (npx, uvx).
+  add_package_rows(p, {&keeper}, venv_cache);
+  // (Every mode has a program: script mode is the same keeper, which the
+  // front end never asks for, and which ends at once on a stdin that is
+  // not a socket.)
+  s.modes[static_cast<int>(spawn::RunMode::Script)] = keeper;
   return s;
 }
 

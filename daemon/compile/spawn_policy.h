@@ -118,18 +118,14 @@ Result<spawn::SpawnPolicy> to_typescript_spawn_policy(const Policy& p, const std
 // The session policy of a policy with "sessions" (daemon/policy/sessions.h):
 // the policy's table, network, environment rules, seccomp and user, the
 // section's limits (wall_timeout its max_lifetime), no warm pool, and one
-// command in script mode: session_launcher(), which takes the command to
-// start on its stdin and starts it only when it is one of the section's.
-// With "packages" or "typescript.packages" and a venv cache, the keyed
-// /venv and /node_modules rows (a command's own, from npx or uvx).
-Result<spawn::SpawnPolicy> to_session_spawn_policy(const Policy& p, const std::string& venv_cache = "");
-// The session launcher's `python3 -c` program. Its arguments are the
-// allowed commands; on stdin, first, the frame the front end writes
-// (session_command_frame), then the session's bytes, left unread for the
-// command it executes.
-std::string session_launcher();
-// The frame: a 4-byte big-endian length, then argv joined by NUL bytes.
-std::string session_command_frame(const std::vector<std::string>& argv);
+// mode, tool mode: the keeper (isolate/runner/toolsandbox_workspace.py),
+// which starts a session's command from the front end's message only when
+// it is one of the section's commands. `workspace`: a workspace's
+// (workspace_policy_name), its /work the section's workspace size. With
+// "packages" or "typescript.packages" and a venv cache, the keyed /venv and
+// /node_modules rows (a command's own, from npx or uvx).
+Result<spawn::SpawnPolicy> to_session_spawn_policy(const Policy& p, const std::string& venv_cache = "",
+                                                   bool workspace = false);
 inline constexpr std::string_view kTsRunnerSandboxPath = "/opt/toolsandbox/runner/toolsandbox_ts_runner.js";
 // The TypeScript runner installed beside `runner` (root_owned_readonly_file), or "".
 std::string find_ts_runner(const std::string& runner);

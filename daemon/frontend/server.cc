@@ -544,6 +544,15 @@ asio::awaitable<std::string> Server::dispatch(const protocol::Request& req, cons
   if (std::holds_alternative<protocol::StatusRequest>(req.body))
     co_return protocol::encode_ok(req.id, "status", status_json(co_await local_->warm_status()));
   const bool listing = std::holds_alternative<protocol::SessionListRequest>(req.body);
+  if (const auto* kill = std::get_if<protocol::SessionKillRequest>(&req.body); kill && kill->signal) {
+    // A signal for a session's command: its own client's, or the operator's.
+    if (!sessions_->signal(kill->session_id, *kill->signal, peer.uid))
+      co_return protocol::encode_error(req.id, ErrorCode::BadRequest,
+                                       "no open session " + q(kill->session_id) + " of this client runs a command now");
+    json answer = {{"v", protocol::kProtocolVersion}, {"id", req.id}, {"ok", true}, {"killed", kill->session_id},
+                   {"signal", protocol::session_signal_name(*kill->signal)}};
+    co_return answer.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  }
   if (const auto* kill = std::get_if<protocol::SessionKillRequest>(&req.body); kill || listing) {
     // The operator's: another client's sessions are none of a client's business.
     if (peer.uid != 0)

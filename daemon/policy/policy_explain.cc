@@ -620,12 +620,12 @@ void explain_sessions(std::ostream& out, const Policy& p) {
   out << "  sandbox   this policy's: its file system, network, environment rules, seccomp filter and user;\n"
          "            its writable directories are tmpfs that end with the session (a workspace's with it); the tree is\n"
          "            killed when the client goes away, at any limit and at the daemon's stop\n";
-  const std::string node = resolve_session_command(k, "node");
-  const bool npx = p.npm_packages.enabled && !node.empty();
+  const std::string& node = p.typescript.node;
+  const bool npx = p.npm_packages.enabled && std::find(k.commands.begin(), k.commands.end(), node) != k.commands.end();
   const bool uvx = p.packages.enabled && std::find(k.commands.begin(), k.commands.end(),
                                                    std::string(isolate::kVenvPath) + "/bin/python3") != k.commands.end();
   out << "  packages  " << (npx ? "`npx -y PACKAGE`: its node_modules as a TypeScript tool's, its bin run by " + node
-                                : std::string("`npx`: refused (no typescript.packages, or node is not a command)"))
+                                : std::string("`npx`: refused (no typescript.packages, or its node is not a command)"))
       << "\n            "
       << (uvx ? std::string("`uvx PACKAGE`: its venv as a tool's, its console script run by /venv/bin/python3")
               : std::string("`uvx`: refused (no packages, or /venv/bin/python3 is not a command)"))

@@ -39,6 +39,7 @@ Status session_size(ObjectReader& o, const char* key, std::uint64_t lo, std::uin
 }  // namespace
 
 std::string session_policy_name(std::string_view policy) { return std::string(policy) + "/session"; }
+std::string workspace_policy_name(std::string_view policy) { return std::string(policy) + "/workspace"; }
 
 Status parse_sessions(ObjectReader o, SessionsPolicy& s) {
   TSB_TRY(o.object("\"sessions\""), "sessions");

@@ -44,8 +44,10 @@ struct SessionsPolicy {
 Status parse_sessions(ObjectReader o, SessionsPolicy& s);
 // Its part of the canonical policy.
 nlohmann::json sessions_json(const SessionsPolicy& s);
-// The name of the session policy of a policy with "sessions".
+// The names of the session policy of a policy with "sessions", and of its
+// workspaces' (a policy whose sessions keep them).
 std::string session_policy_name(std::string_view policy);
+std::string workspace_policy_name(std::string_view policy);
 // The command a request names, as the policy allows it: its absolute path
 // (a bare name is matched against the last components of `commands`), or
 // "" when the policy has no such command.

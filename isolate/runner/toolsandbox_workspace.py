@@ -13,12 +13,16 @@
 # kills every other process of the sandbox (kill(-1): all but pid 1 and
 # itself), reaps its own children, and checks that none is left, so no
 # process of a session outlives it; then it answers with {"exit": N} or
-# {"signal": N} and the session's CPU time ("cpu_ms"). A session that
+# {"signal": N} and the session's CPU time ("cpu_ms"). While the command
+# runs, {"signal": N} (one of FORWARDED) is delivered to it, as kill(2)
+# would, and the session goes on. A session that
 # changed what the keeper's children inherit (its resource limits, nice
 # value, CPUs: the command runs as its uid) ends the keeper, and with it
 # the workspace: nothing of one session's settings reaches the next.
-# A socket that closes (the daemon let the workspace go) ends it, and with
-# it the sandbox. Its own stdout and stderr are the sandbox's: the front end
+# A socket that closes (the daemon let the workspace go, or the session of
+# a one-shot sandbox ended) ends it, and with it the sandbox: it then exits
+# as the last command did (its status, or its signal), so that the
+# sandbox's end says how a session in a sandbox of its own ended. Its own stdout and stderr are the sandbox's: the front end
 # logs what it writes there (nothing, unless the protocol is broken).
 import ctypes
 import json
@@ -38,6 +42,10 @@ if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPAB
     os.write(2, b"toolsandbox workspace: prctl(PR_SET_DUMPABLE) failed\n")
     os._exit(125)
 MAX_MESSAGE = 1 << 20
+# The signals a client may send a session's command (toolsandbox session
+# forwards these); never one that stops it or that it cannot handle.
+FORWARDED = {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM,
+             signal.SIGWINCH}
 SELF = os.getpid()
 sock = socket.socket(fileno=0)
 wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -131,6 +139,17 @@ def start(argv, env, fds):
     os._exit(127)
 
 
+def exit_as(status):
+    """Ends this process as `status` (a wait status) says: its exit code, or
+    its signal; 0 for none."""
+    end_the_rest()
+    if status is not None and os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(SELF, sig)
+    os._exit(os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else 0)
+
+
 def cpu_ms():
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (r.ru_utime + r.ru_stime) * 1000.0
@@ -146,7 +165,7 @@ def session(request, fds):
         os.write(fds[2], b"toolsandbox session: this command is not one the policy allows\n")
         for fd in fds:
             os.close(fd)
-        return {"exit": 126, "cpu_ms": 0.0}
+        return {"exit": 126, "cpu_ms": 0.0}, 126 << 8
     before = cpu_ms()
     pid = start(argv, env, fds)
     for fd in fds:
@@ -167,27 +186,35 @@ def session(request, fds):
             message, extra = receive()
             for fd in extra:
                 os.close(fd)
+            sig = message.get("signal") if isinstance(message, dict) else None
+            if type(sig) is int and sig in FORWARDED:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+                continue
             status = end_the_rest(pid)
             if status is None:
                 _, status = os.waitpid(pid, 0)
             if message is None:
-                os._exit(0)
+                exit_as(status)
     end_the_rest()
     result = {"exit": os.WEXITSTATUS(status)} if os.WIFEXITED(status) else {"signal": os.WTERMSIG(status)}
     result["cpu_ms"] = max(0.0, cpu_ms() - before)
-    return result
+    return result, status
 
 
 SETTINGS = settings()
+last = None  # the last command's wait status
 while True:
     message, descriptors = receive()
     if message is None:
-        end_the_rest()
-        os._exit(0)
+        exit_as(last)
     if "argv" not in message:
         for fd in descriptors:
             os.close(fd)
         continue  # an end that came after the command's own: nothing runs
-    send(session(message, descriptors))
+    answer, last = session(message, descriptors)
+    send(answer)
     if settings() != SETTINGS:  # after the session's answer: it ended as it did
         fail("a session changed the keeper's limits, nice value or CPUs: the workspace ends")

@@ -89,7 +89,7 @@ class SessionPackages(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="tsb-session-pkgs-")
         cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
         os.chmod(cls.tmp, 0o755)
-        tarballs = os.path.join(cls.tmp, "tarballs")
+        tarballs = cls.tarballs = os.path.join(cls.tmp, "tarballs")
         wheel_dir = os.path.join(cls.tmp, "wheels")
         for d in (tarballs, wheel_dir):
             os.mkdir(d, 0o755)
@@ -189,10 +189,10 @@ class SessionPackages(unittest.TestCase):
 
     def test_what_npx_may_not_do(self):
         self.refused(["npx", "-c", "id"], "bad_request", "shell")
-        self.refused(["npx", "-y", "https://example.com/x.tgz"], "policy_denied", "")
+        self.refused(["npx", "-y", "https://example.com/x.tgz"], "policy_denied", "https://example.com/x.tgz")
         self.refused(["npx", "-y", "tsb-probe"], "policy_denied", "typescript.packages.allow", policy="narrow")
         self.refused(["npx", "-y", "tsb-probe"], "policy_denied", "installs no npm packages", policy="nonpm")
-        self.refused(["npx", "-y", "tsb-probe"], "policy_denied", "does not allow node", policy="nonode")
+        self.refused(["npx", "-y", "tsb-probe"], "policy_denied", "does not allow /usr/bin/node", policy="nonode")
         msg = self.refused(["npx", "-y", "tsb-not-in-the-directory"], "bad_request", "npm failed")
         self.assertIn("tarball directory", msg)
         self.assertEqual(self.daemon.status()["sessions"]["open"], 0)
@@ -213,6 +213,31 @@ class SessionPackages(unittest.TestCase):
         plain.finish()
         self.assertEqual(plain.out, b"true\n")
         self.refused(["npx", "-p", "tsb-two-bins", "a"], "bad_request", "other packages", workspace=ws)
+
+    def test_a_plain_workspace_takes_no_packages_later(self):
+        ws = "plain-" + uuid.uuid4().hex[:6]
+        first = self.raw(["node", "-e", "0"], workspace=ws)
+        first.finish()
+        self.refused(["npx", "-y", "tsb-probe"], "bad_request", "other packages", workspace=ws)
+
+    def test_a_build_goes_on_when_its_client_leaves(self):
+        # An MCP client that gives up on a slow first start (and retries)
+        # finds the build its first try started, not a new one.
+        name = "tsb-late-" + uuid.uuid4().hex[:6]
+        npm_tarballs.make_tarball(self.tarballs, name, "1.0.0", files={"cli.js": "console.log('late')"},
+                                  package_json={"bin": "cli.js"})
+        builds = self.daemon.status()["venvs"]["builds"]
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(self.daemon.socket_path)
+        s.sendall(json.dumps({"v": 1, "id": "gone", "type": "session", "organization_id": ORG,
+                              "command": ["npx", "-y", name]}).encode() + b"\n")
+        self.daemon.wait_for(lambda st: st["venvs"]["builds"] > builds, 10, "the build started")
+        s.close()
+        again = self.raw(["npx", "-y", name])
+        self.assertTrue(again.answer["ok"], again.answer)
+        self.assertFalse(again.answer["session"]["packages"]["built"], "the first build was not stopped")
+        again.finish()
+        self.assertEqual(again.out, b"late\n")
 
     # --- uvx ---------------------------------------------------------------------
 

@@ -280,23 +280,79 @@ class Sessions(unittest.TestCase):
         s = r.answer["session"]
         self.assertEqual(s["command"], ["/venv/bin/python3", "-c", "print(42)"])
         self.assertEqual(s["policy"], "default")
+        self.assertNotIn("workspace", s, "a sandbox of its own is no workspace")
         rec = r.finish()
         self.assertEqual(r.out, b"42\n")
         self.assertEqual(rec["session_id"], s["session_id"])
 
-    def test_a_signal_ends_stdin_then_the_session(self):
-        # As an MCP client ends its server: SIGTERM to the bridge closes the
-        # server's stdin; a server that exits on it ends the session.
-        tag = "tsb-sig-" + uuid.uuid4().hex[:8]
-        script = "import sys\nprint('ready', flush=True)\nsys.stdin.read()\nprint('stdin ended', flush=True)\n# %s" % tag
+    def test_the_bridge_forwards_signals_to_the_server(self):
+        # As tini or dumb-init do: the server itself gets SIGUSR1 (and goes
+        # on), then SIGTERM, which its handler answers by exiting.
+        script = textwrap.dedent("""\
+            import signal, sys, time
+            signal.signal(signal.SIGUSR1, lambda *a: print("got USR1", flush=True))
+            signal.signal(signal.SIGTERM, lambda *a: (print("got TERM", flush=True), sys.exit(7)))
+            print("ready", flush=True)
+            while True:
+                time.sleep(0.05)
+            """)
         proc = subprocess.Popen([tsb_cli(), "session", "--socket", self.daemon.socket_path, "--org", ORG, "--",
                                  "python3", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.assertEqual(proc.stdout.readline(), b"ready\n")
+        proc.send_signal(signal.SIGUSR1)
+        self.assertEqual(proc.stdout.readline(), b"got USR1\n")
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=10)
-        self.assertEqual(out, b"stdin ended\n")
-        self.assertEqual(proc.returncode, 0)
+        self.assertEqual(out, b"got TERM\n")
+        self.assertEqual(proc.returncode, 7, "the server's own status")
+
+    def test_a_signal_the_server_ignores_ends_the_session_2s_later(self):
+        tag = "tsb-sig-" + uuid.uuid4().hex[:8]
+        script = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+                  "time.sleep(60)  # %s" % tag)
+        proc = subprocess.Popen([tsb_cli(), "session", "--socket", self.daemon.socket_path, "--org", ORG, "--",
+                                 "python3", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.assertEqual(proc.stdout.readline(), b"ready\n")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM)
+        self.assertGreaterEqual(time.monotonic() - t0, 1.5)
         self.assertTrue(wait_gone(tag, 2))
+
+    def test_a_session_takes_the_signals_it_may_be_sent(self):
+        script = ("import signal, sys\nsignal.signal(signal.SIGHUP, lambda *a: sys.exit(3))\n"
+                  "print('ready', flush=True)\nsignal.pause()")
+        r = self.raw(["python3", "-c", script])
+        self.assertTrue(r.read_until(lambda: b"ready\n" in r.out))
+        sid = r.answer["session"]["session_id"]
+
+        def signal_it(name):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                c.settimeout(10)
+                c.connect(self.daemon.socket_path)
+                c.sendall(json.dumps({"v": 1, "id": "sig", "type": "session_kill", "session_id": sid,
+                                      "signal": name}).encode() + b"\n")
+                return json.loads(c.makefile().readline())
+        for bad in ("KILL", "STOP", "SIGTERM", "9", ""):
+            a = signal_it(bad)
+            self.assertEqual(a["error"]["code"], "bad_request", (bad, a))
+        self.assertIsNone(r.record)
+        a = signal_it("HUP")
+        self.assertEqual((a["ok"], a["killed"], a["signal"]), (True, sid, "HUP"), a)
+        rec = r.finish()
+        self.assertEqual((rec["ended_by"], rec["exit_code"]), ("exit", 3), rec)
+        self.assertEqual(signal_it("HUP")["error"]["code"], "bad_request", "an ended session takes none")
+
+    def test_the_python_client_sends_a_signal(self):
+        sys.path.insert(0, F.CLIENT_DIR)
+        from toolsandbox_client import Client
+        with Client(self.daemon.socket_path).open_session(
+                ["python3", "-c", "import signal, sys\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(5))\n"
+                                  "print('ready', flush=True)\nsignal.pause()"], organization_id=ORG) as s:
+            self.assertEqual(s.read(timeout=30), ("stdout", b"ready\n"))
+            s.send_signal("SIGUSR2")
+            self.assertEqual(s.wait(timeout=30)["exit_code"], 5)
 
     def _wait_marked(self, tag, timeout=10):
         deadline = time.monotonic() + timeout

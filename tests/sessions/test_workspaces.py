@@ -386,6 +386,40 @@ class WorkspacesOfAnotherClient(unittest.TestCase):
         self.assertEqual(listed, {(0, "agent-1"), (self.NOBODY, "agent-1")})
 
 
+    def test_another_uid_never_signals_a_session(self):
+        # A session's command takes a signal from its own client's uid (or
+        # the operator's), never from another allowed client.
+        import grp
+        import socket
+        from test_sessions import _as_uid
+        F.require_daemon()
+        d = F.Daemon(socket={"group": grp.getgrgid(self.NOBODY).gr_name, "mode": "0660"},
+                     allowed_uids=[0, self.NOBODY])
+        d.start()
+        self.addCleanup(d.stop)
+        r = Raw(d.socket_path, ["python3", "-c", "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *a: "
+                                "sys.exit(9))\nprint('ready', flush=True)\nsignal.pause()"], org="org-victim")
+        self.addCleanup(r.close)
+        self.assertTrue(r.read_until(lambda: b"ready\n" in r.out))
+
+        def signal_it():
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                c.settimeout(10)
+                c.connect(d.socket_path)
+                c.sendall(json.dumps({"v": 1, "id": "sig", "type": "session_kill", "signal": "TERM",
+                                      "session_id": r.answer["session"]["session_id"]}).encode() + b"\n")
+                return json.loads(c.makefile().readline())
+        theirs = _as_uid(self.NOBODY, signal_it)
+        self.assertEqual(theirs.get("error", {}).get("code"), "bad_request", theirs)
+        try:
+            frame = r.read_frame(1)
+        except (AssertionError, OSError):
+            frame = None  # no frame within 1 s: the session goes on
+        self.assertIsNone(frame, (frame, r.out, r.err))
+        self.assertTrue(signal_it()["ok"])
+        self.assertEqual(r.finish()["exit_code"], 9)
+
+
 class WorkspacesAtTheDaemonsEnd(unittest.TestCase):
     def start(self, **kw):
         F.require_daemon()

@@ -1541,15 +1541,15 @@ TEST(PolicySessions, CommandsLimitsAndTheSessionPolicy) {
   EXPECT_EQ(sp->limits.pids, 32u);
   EXPECT_EQ(sp->limits.cpu_time.count(), 120'000);
   EXPECT_EQ(sp->limits.wall_timeout.count(), 600'000);
-  const auto& script = sp->modes[static_cast<int>(spawn::RunMode::Script)];
-  ASSERT_GE(script.argv.size(), 8u);
-  EXPECT_EQ(script.argv[0], "/usr/bin/python3");
-  EXPECT_EQ(script.argv[5], session_launcher());
-  EXPECT_EQ(std::vector<std::string>(script.argv.end() - 2, script.argv.end()), k.commands);
-  EXPECT_FALSE(script.end_note);
-  EXPECT_TRUE(sp->modes[static_cast<int>(spawn::RunMode::Tool)].argv.empty()) << "tool mode does not run here";
-  EXPECT_EQ(sp->modes[0].fs, sp->modes[1].fs);
-  EXPECT_EQ(session_command_frame({"/usr/bin/node", "a b", ""}), std::string("\0\0\0\x12/usr/bin/node\0a b\0", 22));
+  // One mode: the keeper, given the allowed programs.
+  const auto& keeper = sp->modes[static_cast<int>(spawn::RunMode::Tool)];
+  ASSERT_EQ(keeper.argv.size(), 8u);
+  EXPECT_EQ(keeper.argv[0], "/usr/bin/python3");
+  EXPECT_NE(keeper.argv[5].find("kill(-1, signal.SIGKILL)"), std::string::npos) << "the keeper's program";
+  EXPECT_EQ(std::vector<std::string>(keeper.argv.end() - 2, keeper.argv.end()), k.commands);
+  EXPECT_FALSE(keeper.end_note);
+  EXPECT_EQ(sp->modes[static_cast<int>(spawn::RunMode::Script)].argv, keeper.argv) << "never asked for: the keeper";
+  EXPECT_FALSE(to_session_spawn_policy(*p, "", /*workspace=*/true).ok()) << "no workspace: no workspace policy";
   for (const char* bad : {R"({"version": 1, "sessions": {}})", R"({"version": 1, "sessions": {"commands": []}})",
                           R"({"version": 1, "sessions": {"commands": ["/opt/node"]}})",
                           R"({"version": 1, "sessions": {"commands": ["/usr/bin/../../bin/sh"]}})",
@@ -1564,8 +1564,8 @@ TEST(PolicySessions, CommandsLimitsAndTheSessionPolicy) {
 }
 
 // "sessions"."workspace": its size and idle TTL, in the fingerprint; the
-// session policy's tool mode is the keeper, with that list of programs and
-// a /work of that size, and only with a workspace.
+// workspace policy is the keeper, with that list of programs and a /work of
+// that size, and only with a workspace.
 TEST(PolicySessions, WorkspaceKeeperAndItsWork) {
   TempDir t;
   auto none = load_text(t, R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"]}})");
@@ -1583,10 +1583,11 @@ TEST(PolicySessions, WorkspaceKeeperAndItsWork) {
   EXPECT_EQ(dflt->sessions.workspace_idle_ttl.count(), 1'800'000);
   EXPECT_NE(p->fingerprint, none->fingerprint);
   EXPECT_NE(p->fingerprint, dflt->fingerprint);
-  auto sp = to_session_spawn_policy(*p);
-  auto sn = to_session_spawn_policy(*none);
-  ASSERT_TRUE(sp.ok() && sn.ok());
-  EXPECT_TRUE(sn->modes[static_cast<int>(spawn::RunMode::Tool)].argv.empty()) << "no workspace: no keeper";
+  auto sp = to_session_spawn_policy(*p, "", /*workspace=*/true);
+  auto own = to_session_spawn_policy(*p);
+  ASSERT_TRUE(sp.ok() && own.ok());
+  EXPECT_EQ(sp->name, workspace_policy_name(p->name));
+  EXPECT_EQ(own->name, session_policy_name(p->name));
   const auto& keeper = sp->modes[static_cast<int>(spawn::RunMode::Tool)];
   ASSERT_EQ(keeper.argv.size(), 7u);
   EXPECT_EQ(std::vector<std::string>(keeper.argv.begin(), keeper.argv.begin() + 5),
@@ -1600,7 +1601,8 @@ TEST(PolicySessions, WorkspaceKeeperAndItsWork) {
     return std::uint64_t{0};
   };
   EXPECT_EQ(work(*keeper.fs), 32ull << 20);
-  EXPECT_NE(work(*sp->modes[static_cast<int>(spawn::RunMode::Script)].fs), 32ull << 20) << "a session's own /work";
+  EXPECT_NE(work(*own->modes[static_cast<int>(spawn::RunMode::Tool)].fs), 32ull << 20) << "a session's own /work";
+  EXPECT_EQ(own->modes[static_cast<int>(spawn::RunMode::Tool)].argv, keeper.argv) << "the same keeper";
   for (const char* bad : {R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "workspace": {"size": "512KiB"}}})",
                           R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "workspace": {"size": "32GiB"}}})",
                           R"({"version": 1, "sessions": {"commands": ["/usr/bin/node"], "workspace": {"idle_ttl": "0s"}}})",

@@ -5,6 +5,8 @@
 #include "protocol/json_limits.h"
 
 #include <gtest/gtest.h>
+
+#include <csignal>
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1114,6 +1116,22 @@ TEST(DecodeRequest, Session) {
   EXPECT_BAD_REQUEST((json{{"v", 1}, {"id", "k"}, {"type", "session_kill"}}), "missing field \"session_id\"");
   EXPECT_BAD_REQUEST((json{{"v", 1}, {"id", "k"}, {"type", "session_kill"}, {"session_id", std::string(65, 'a')}}),
                      "longer than 64");
+  EXPECT_FALSE(std::get<SessionKillRequest>(k.req->body).signal) << "no signal: the session's end";
+  // A signal for the command instead, by its name without SIG: only those
+  // a command may be sent (never KILL or STOP, never a number).
+  Decoded t = decode(json{{"v", 1}, {"id", "k"}, {"type", "session_kill"}, {"session_id", "abc"}, {"signal", "TERM"}});
+  ASSERT_TRUE(t.req) << t.err->message;
+  EXPECT_EQ(std::get<SessionKillRequest>(t.req->body).signal, SIGTERM);
+  for (const auto& [name, number] : std::vector<std::pair<std::string, int>>{
+           {"HUP", SIGHUP}, {"INT", SIGINT}, {"QUIT", SIGQUIT}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"WINCH", SIGWINCH}}) {
+    Decoded d = decode(json{{"v", 1}, {"id", "k"}, {"type", "session_kill"}, {"session_id", "a"}, {"signal", name}});
+    ASSERT_TRUE(d.req) << name;
+    EXPECT_EQ(std::get<SessionKillRequest>(d.req->body).signal, number);
+    EXPECT_EQ(session_signal_name(number), name);
+  }
+  for (const json& bad : {json("KILL"), json("STOP"), json("SIGTERM"), json("term"), json(""), json(15)})
+    EXPECT_FALSE(decode(json{{"v", 1}, {"id", "k"}, {"type", "session_kill"}, {"session_id", "a"}, {"signal", bad}}).req)
+        << bad.dump();
 }
 
 TEST(SessionFrame, KindLengthPayload) {

@@ -72,7 +72,8 @@ TEST(SessionPackages, WhatIsNotALauncherOrNotTaken) {
            {"npx", "-p", "a", "../b"}, {"npx", "-p", "a", "b/c"}, {"npx", "--registry", "http://x", "a"},
            {"uvx"}, {"uvx", "--python", "3.8", "x"}, {"uvx", "-p", "3.8", "x"}, {"uvx", "--from"},
            {"uvx", "--from", "a", "--from", "b", "x"}, {"uvx", "--from", "a", "x@1"}, {"uvx", "../x"},
-           {"uvx", "x/y"}, {"uvx", "--index-url", "http://x", "y"}, {"uvx", ".hidden"}})
+           {"uvx", "x/y"}, {"uvx", "--index-url", "http://x", "y"}, {"uvx", ".hidden"}, {"uvx", "--from=", "x"},
+           {"uvx", "--from", "", "x"}, {"uvx", "x@"}})
     EXPECT_NE(refusal(c), "") << c.size() << " " << c.back();
   EXPECT_NE(refusal({"npx", "-c", "id"}).find("shell"), std::string::npos);
 }
@@ -108,6 +109,9 @@ TEST_F(SessionPackageTree, TheProgramNpxWouldRun) {
   EXPECT_EQ(*npm_program(dir, "three", ""), "/node_modules/three/x.js");  // its only bin
   file("four/package.json", R"({"bin": {"a": "a.js", "b": "b.js"}})");
   EXPECT_FALSE(npm_program(dir, "four", "").ok());  // which one?
+  file("aliases/package.json", R"({"bin": {"x": "./cli.js", "y": "cli.js"}})");
+  file("aliases/cli.js", "");
+  EXPECT_EQ(*npm_program(dir, "aliases", ""), "/node_modules/aliases/cli.js");  // one file, two names
   file("five/package.json", R"({"name": "five"})");
   EXPECT_NE(npm_program(dir, "five", "").error().message.find("no \"bin\""), std::string::npos);
   EXPECT_FALSE(npm_program(dir, "missing", "").ok());
@@ -127,9 +131,18 @@ TEST_F(SessionPackageTree, NeverAFileOutsideThePackage) {
   file("link/package.json", R"({"bin": "l.js"})");
   ASSERT_EQ(::symlink((dir + "/secret.js").c_str(), (dir + "/link/l.js").c_str()), 0);
   EXPECT_FALSE(npm_program(dir, "link", "").ok());  // no link followed
-  ASSERT_EQ(::symlink("/etc", (dir + "/etclink").c_str()), 0);
-  EXPECT_FALSE(npm_program(dir, "etclink", "").ok());
-  EXPECT_FALSE(npm_program(dir, "../" + dir.substr(dir.rfind('/') + 1) + "/one", "").ok());
+  // A whole package outside the tree, reached through a link or "..":
+  // never read (without the openat2 rules, both would resolve).
+  char out[] = "/tmp/tsb-pkgs-out-XXXXXX";
+  ASSERT_NE(::mkdtemp(out), nullptr);
+  const std::string outside = out;
+  (void)std::system(("mkdir -p '" + outside + "/pkg' && echo '{\"bin\": \"x.js\"}' > '" + outside +
+                     "/pkg/package.json' && touch '" + outside + "/pkg/x.js'").c_str());
+  ASSERT_TRUE(npm_program(outside, "pkg", "").ok()) << "the outside package is whole";
+  ASSERT_EQ(::symlink((outside + "/pkg").c_str(), (dir + "/linked").c_str()), 0);
+  EXPECT_FALSE(npm_program(dir, "linked", "").ok());
+  EXPECT_FALSE(npm_program(dir, "../" + outside.substr(outside.rfind('/') + 1) + "/pkg", "").ok());
+  (void)std::system(("rm -rf '" + outside + "'").c_str());
   file("big/package.json", "{\"bin\": \"" + std::string(2u << 20, 'x') + "\"}");
   EXPECT_FALSE(npm_program(dir, "big", "").ok());
   file("notjson/package.json", "bin: x");

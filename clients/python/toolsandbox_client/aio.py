@@ -144,7 +144,14 @@ class AsyncClient:
         except BaseException:
             sock.close()
             raise
-        return AsyncSession(sock, payload, rest)
+        session = AsyncSession(sock, payload, rest)
+        session._signaller = lambda name: self.signal_session(session.session_id, name)
+        return session
+
+    async def signal_session(self, session_id: str, signal: str) -> None:
+        """Client.signal_session's twin."""
+        req = P.session_signal_request(session_id, signal)
+        await self.request(req, "killed", self.timeout)
 
     async def close(self) -> None:
         """Close the persistent connection, if any."""

@@ -169,7 +169,17 @@ class Client:
         except BaseException:
             sock.close()
             raise
-        return Session(sock, payload, rest)
+        session = Session(sock, payload, rest)
+        session._signaller = lambda name: self.signal_session(session.session_id, name)
+        return session
+
+    def signal_session(self, session_id: str, signal: str) -> None:
+        """Sends the command of open session `session_id` a signal ("TERM",
+        "INT", "HUP", "QUIT", "USR1", "USR2", "WINCH"): this client's own
+        sessions, or any as the operator. Raises BadRequestError when no such
+        session runs a command now."""
+        req = P.session_signal_request(session_id, signal)
+        self.request(req, "killed", self.timeout)
 
     def close(self) -> None:
         """Close the persistent connection, if any."""

@@ -427,6 +427,24 @@ def status_request(*, request_id: Optional[str] = None) -> Dict[str, Any]:
     return _envelope("status", request_id)
 
 
+# The signals a session's command may be sent (PROTOCOL.md, section 6.8).
+SESSION_SIGNALS = ("HUP", "INT", "QUIT", "USR1", "USR2", "TERM", "WINCH")
+
+
+def session_signal_request(session_id: str, signal: str, *, request_id: Optional[str] = None) -> Dict[str, Any]:
+    """session_kill with "signal": `signal` ("TERM", or "SIGTERM") for the
+    command of session `session_id` (its own client's, or the operator's)."""
+    _check_str("session_id", session_id)
+    name = _check_str("signal", signal)
+    name = name[3:] if name.startswith("SIG") else name
+    if name not in SESSION_SIGNALS:
+        raise ValueError("signal must be one of %s" % ", ".join(SESSION_SIGNALS))
+    req = _envelope("session_kill", request_id)
+    req["session_id"] = session_id
+    req["signal"] = name
+    return req
+
+
 # A session's frames after its answer line (PROTOCOL.md, section 6.8): a
 # kind byte, a 4-byte big-endian length, the payload.
 SESSION_FRAME_KINDS = {ord("o"): "stdout", ord("e"): "stderr", ord("x"): "end"}

@@ -40,6 +40,7 @@ class _Opened:
         # The end record (PROTOCOL.md, section 6.8) once read: ended_by,
         # end_reason, exit_code, wall_ms, bytes_in, ...
         self.record: Optional[Dict[str, Any]] = None
+        self._signaller: Any = None  # the client's signal_session, for this session
 
     def _take(self) -> Optional[Tuple[str, bytes]]:
         f = P.take_session_frame(self._buf)
@@ -59,6 +60,14 @@ class _Opened:
             self._sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+    def send_signal(self, signal: str) -> Any:
+        """Sends the command a signal ("TERM", "INT", "HUP", "QUIT", "USR1",
+        "USR2", "WINCH") on a connection of its own; the session goes on
+        until the command ends. (AsyncSession's is a coroutine.)"""
+        if self._signaller is None:
+            raise ValueError("this session was not opened by a client")
+        return self._signaller(signal)
 
     def close(self) -> None:
         """Ends the session now (the daemon kills its tree) unless it ended."""

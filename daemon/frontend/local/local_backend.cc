@@ -196,6 +196,7 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(const BuildFor
       b->outcome.log_tail = r.log_tail;
       b->outcome.cancelled = r.cancelled;
       b->outcome.build_run_id = r.build_run_id;
+      b->outcome.refused_by_installer = r.refused_by_installer;
       r.build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       co_return r;
     }
@@ -217,6 +218,7 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::venv_for(const BuildFor
       o.failure = b->outcome.failure;
       o.log_tail = b->outcome.log_tail;
       o.build_run_id = b->outcome.build_run_id;
+      o.refused_by_installer = b->outcome.refused_by_installer;
       o.build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       co_return o;
     }
@@ -287,6 +289,7 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_venv(const BuildF
     o.failure = what + ": the build took longer than its limit (" + std::to_string(k.build_timeout.count() / 1000) +
                 "s) and was killed";
   } else if (r.reason != isolate::EndReason::Exited || r.exit_code != 0) {
+    o.refused_by_installer = r.reason == isolate::EndReason::Exited && r.exit_code == 2;
     o.failure = what + ": " +
                 (r.reason == isolate::EndReason::Exited && r.exit_code == 2
                      ? std::string("pip failed") + (k.wheels.empty() ? "" : " (packages come only from the wheel directory " + k.wheels + ")")
@@ -386,6 +389,7 @@ asio::awaitable<LocalBackend::VenvOutcome> LocalBackend::build_node_modules(cons
     o.failure = what + ": the build took longer than its limit (" + std::to_string(k.build_timeout.count() / 1000) +
                 "s) and was killed";
   } else if (r.reason != isolate::EndReason::Exited || r.exit_code != 0) {
+    o.refused_by_installer = r.reason == isolate::EndReason::Exited && r.exit_code == 2;
     o.failure = what + ": " +
                 (r.reason == isolate::EndReason::Exited && r.exit_code == 2
                      ? std::string("npm failed") + (k.tarballs.empty() ? "" : " (packages come only from the tarball directory " + k.tarballs + ")")

@@ -95,6 +95,7 @@ class LocalBackend final : public RunBackend {
     std::string failure;          // set: none; the run does not start
     std::string log_tail;         // the build's last lines of output
     bool cancelled = false;       // the build was stopped (client gone, shutdown)
+    bool refused_by_installer = false;  // npm or pip found no such set in the source (their exit status 2)
   };
   // Found in the venv cache (daemon/venv/cache.h) or built once in a build
   // sandbox of the policy's, whoever else waits for the same key.

@@ -8,10 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/use_awaitable.hpp>
-#include <asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
 #include "daemon/common/quote.h"
@@ -27,7 +23,6 @@ using nlohmann::json;
 using protocol::ErrorCode;
 
 constexpr std::size_t kMaxPackageJson = 1u << 20;
-constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
 std::string q(std::string_view s) { return quoted_for_message(s); }
 
 Error bad(const std::string& launcher, const std::string& why) {
@@ -93,13 +88,14 @@ Result<std::optional<PackageLaunch>> parse_uvx(const std::vector<std::string>& c
     }
     if (a == "-q" || a == "--quiet" || a == "--offline") continue;
     if (a == "--from" || a == "--with") {
-      if (i + 1 == c.size()) return bad("uvx", a + " needs a requirement");
+      if (i + 1 == c.size() || c[i + 1].empty()) return bad("uvx", a + " needs a requirement");
       if (a == "--from" && !from.empty()) return bad("uvx", "--from is given twice");
       (a == "--from" ? from : with.emplace_back()) = c[++i];
       continue;
     }
     if (a.starts_with("--from=") || a.starts_with("--with=")) {
       const std::string v = a.substr(7);
+      if (v.empty()) return bad("uvx", a + " needs a requirement");
       if (a[2] == 'f' && !from.empty()) return bad("uvx", "--from is given twice");
       (a[2] == 'f' ? from : with.emplace_back()) = v;
       continue;
@@ -115,6 +111,7 @@ Result<std::optional<PackageLaunch>> parse_uvx(const std::vector<std::string>& c
   if (auto at = command.find('@'); at != std::string::npos) {
     version = command.substr(at + 1);
     command.resize(at);
+    if (version.empty()) return bad("uvx", "the command " + quoted_for_message(c[i]) + " has an empty version");
     if (!from.empty()) return bad("uvx", "a version in the command and --from together");
   }
   if (!program_name_ok(command)) return bad("uvx", "the command " + quoted_for_message(c[i]) + " is not a program's name");
@@ -191,10 +188,15 @@ Result<std::string> npm_program(const std::string& tree, const std::string& name
   const std::pair<std::string, std::string>* pick = nullptr;
   for (const auto& b : bins)
     if (b.first == (program.empty() ? base : program)) pick = &b;
-  if (!pick && program.empty() && bins.size() == 1) pick = &bins.front();
+  // As npx: its only bin, or the one file all its bins name.
+  if (!pick && program.empty() && !bins.empty() &&
+      std::all_of(bins.begin(), bins.end(), [&](const auto& b) { return inside(b.second) == inside(bins[0].second); }))
+    pick = &bins.front();
   if (!pick) {
     std::string names;
-    for (const auto& b : bins) names += (names.empty() ? "" : ", ") + quoted_for_message(b.first);
+    for (std::size_t i = 0; i < bins.size() && i < 16; ++i)
+      names += (i ? ", " : "") + quoted_for_message(bins[i].first);
+    if (bins.size() > 16) names += ", ...";
     return Error::invalid("the npm package " + quoted_for_message(name) + " has no program " +
                           quoted_for_message(program.empty() ? base : program) +
                           (bins.empty() ? std::string(" (it has no \"bin\")") : " (its bins: " + names + ")"));
@@ -217,7 +219,7 @@ Result<std::string> venv_program(const std::string& tree, const std::string& pro
 }
 
 asio::awaitable<std::optional<Refusal>> prepare_session_packages(LocalBackend& local, SessionOpen& open,
-                                                                 CancelSignal& cancel) {
+                                                                 CancelSignal& stop) {
   auto parsed = parse_package_launch(open.argv);
   if (!parsed.ok()) co_return Refusal{ErrorCode::BadRequest, parsed.error().message};
   if (!*parsed) co_return std::nullopt;
@@ -226,13 +228,12 @@ asio::awaitable<std::optional<Refusal>> prepare_session_packages(LocalBackend& l
   const std::string launcher = l.npm ? "npx" : "uvx";
   // The runtime that runs the package's program: the policy's node, or the
   // venv's python, which the policy must allow as a session command.
-  const std::string runtime = l.npm ? resolve_session_command(pol.sessions, "node") : std::string(isolate::kVenvPath) + "/bin/python3";
-  if (runtime.empty() || std::find(pol.sessions.commands.begin(), pol.sessions.commands.end(), runtime) ==
-                             pol.sessions.commands.end())
-    co_return Refusal{ErrorCode::PolicyDenied,
-                      "policy " + q(pol.name) + " does not allow " +
-                          (l.npm ? std::string("node") : std::string(isolate::kVenvPath) + "/bin/python3") +
-                          " in sessions, which runs `" + launcher + "`'s packages"};
+  // (The policy's typescript.node: the one its node_modules are built for.)
+  const std::string runtime = l.npm ? pol.typescript.node : std::string(isolate::kVenvPath) + "/bin/python3";
+  if (std::find(pol.sessions.commands.begin(), pol.sessions.commands.end(), runtime) == pol.sessions.commands.end())
+    co_return Refusal{ErrorCode::PolicyDenied, "policy " + q(pol.name) + " does not allow " +
+                                                   (runtime.empty() ? std::string("node") : runtime) +
+                                                   " in sessions, which runs `" + launcher + "`'s packages"};
   json requirements = json::array();
   std::string key, tree, program;
   std::vector<venv::NpmRequirement> npm;
@@ -260,9 +261,11 @@ asio::awaitable<std::optional<Refusal>> prepare_session_packages(LocalBackend& l
       co_return Refusal{ErrorCode::BadRequest, "policy " + q(pol.name) + " allows at most " +
                                                    std::to_string(rules.max) + " pip requirements per session"};
     auto set = venv::canonical_set(l.requirements, rules.allow_urls);
-    if (!set.ok())
-      co_return Refusal{set.error().code == EINVAL ? ErrorCode::BadRequest : ErrorCode::PolicyDenied,
-                        set.error().message};
+    if (!set.ok()) {
+      std::string why = set.error().message;
+      if (set.error().code == venv::kUrlRefused && !rules.urls_hint.empty()) why += " (" + rules.urls_hint + ")";
+      co_return Refusal{set.error().code == EINVAL ? ErrorCode::BadRequest : ErrorCode::PolicyDenied, std::move(why)};
+    }
     pip = std::move(set).value();
     if (std::string no = venv::first_not_allowed(pip, rules.allow); !rules.allow.empty() && !no.empty())
       co_return Refusal{ErrorCode::PolicyDenied,
@@ -270,32 +273,11 @@ asio::awaitable<std::optional<Refusal>> prepare_session_packages(LocalBackend& l
     for (const auto& r : pip.items) requirements.push_back(r.text());
     key = local.venv_key(pol, pip);
   }
-  // Found or built, while the client is there to wait for it.
+  // Found or built; a build goes on when the client leaves (the next
+  // session finds it), and stops at the daemon's stop.
   const LocalBackend::BuildFor wanted{pol,     l.npm ? nullptr : &pip, l.npm ? &npm : nullptr, open.request_id,
-                                      open.organization_id, "session:" + launcher, cancel};
-  LocalBackend::VenvOutcome got;
-  bool done = false;
-  asio::steady_timer tick(co_await asio::this_coro::executor);
-  auto build = [&]() -> asio::awaitable<void> {
-    struct Done {
-      bool& done;
-      asio::steady_timer& tick;
-      ~Done() {
-        done = true;
-        tick.cancel();
-      }
-    } d{done, tick};
-    got = co_await local.venv_for(wanted, key);
-  };
-  auto watch = [&]() -> asio::awaitable<void> {
-    while (!done) {
-      if (open.client_gone && open.client_gone()) cancel.request();
-      tick.expires_after(std::chrono::milliseconds(250));
-      co_await tick.async_wait(tuple_awaitable);
-    }
-  };
-  using namespace asio::experimental::awaitable_operators;
-  co_await (build() && watch());
+                                      open.organization_id, "session:" + launcher, stop};
+  LocalBackend::VenvOutcome got = co_await local.venv_for(wanted, key);
   const std::string what = l.npm ? "node_modules" : "venv";
   open.packages = {{"kind", what},
                    {"key", key},
@@ -306,7 +288,7 @@ asio::awaitable<std::optional<Refusal>> prepare_session_packages(LocalBackend& l
   if (!got.failure.empty()) {
     // npm or pip refused the set (a package or version that is not there):
     // the request's; anything else (a timeout, the cache, shutdown): retry.
-    const bool theirs = !got.cancelled && got.failure.find(l.npm ? "npm failed" : "pip failed") != std::string::npos;
+    const bool theirs = !got.cancelled && got.refused_by_installer;
     std::string why = "the session's " + what + " (" + requirements.dump() + ") could not be made: " + got.failure;
     if (!got.log_tail.empty()) why += "; the build's last lines: " + escaped(got.log_tail);
     co_return Refusal{theirs ? ErrorCode::BadRequest : ErrorCode::Unavailable, std::move(why)};

@@ -55,7 +55,8 @@ Result<std::string> venv_program(const std::string& tree, const std::string& pro
 // packages ready: its command rewritten to the package's program, the key
 // and hold in `open`, its part of the end record. Nothing when the session
 // may go on; else why not (the client's error line).
+// `stop` stops a build (the daemon's stop); a client that leaves does not.
 asio::awaitable<std::optional<Refusal>> prepare_session_packages(LocalBackend& local, SessionOpen& open,
-                                                                 CancelSignal& cancel);
+                                                                 CancelSignal& stop);
 
 }  // namespace tsb::core

@@ -77,6 +77,7 @@ struct Sessions::Session {
   bool client_failed = false;  // a write to the client failed or timed out
   int readers = 0;             // stdout and stderr pumps still reading
   bool writing = false, reading = false;  // the writer, the client's reader (pump_in) run
+  std::weak_ptr<Workspace> keeper;  // the sandbox whose keeper runs its command, once started
 
   void end(const char* why) {
     if (over) return;  // it ended on its own first: the record says so
@@ -350,13 +351,16 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
     co_return Refusal{ErrorCode::Internal, "the workspace's keeper did not take the session"};
   }
   in_r.reset(), out_w.reset(), err_w.reset();
+  s->keeper = ws;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string session_id = ws->id + "." + std::to_string(++ws->sessions);
+  ++ws->sessions;
+  const std::string session_id = ws->one_shot ? ws->id : ws->id + "." + std::to_string(ws->sessions);
   s->count(s->bytes_in, early_input.size());
   std::vector<UniqueFd> fds;
   fds.push_back(std::move(in_w)), fds.push_back(std::move(out_r)), fds.push_back(std::move(err_r));
   start_relay(io, s, session_id, std::move(fds), std::move(early_input),
-              {{"workspace", {{"name", ws->name}, {"workspace_id", ws->id}, {"new", made}}}});
+              ws->one_shot ? nlohmann::json::object()
+                           : nlohmann::json{{"workspace", {{"name", ws->name}, {"workspace_id", ws->id}, {"new", made}}}});
   const bool relayed = s->started;  // else the relay could not start: the keeper ends the command at once
   // Whatever ends the session (the client, idle, the stream's bound, the
   // operator, the stop) has the keeper end the command and the rest.
@@ -401,46 +405,51 @@ asio::awaitable<std::optional<Refusal>> run_in_workspace(asio::io_context& io, s
   co_return std::nullopt;
 }
 
-// A session in a sandbox of its own: the order to the spawner, its
-// launcher given the command on stdin, the relay once it started. `result`
-// gets the run's end, and the session its ended_by.
+// A session in a sandbox of its own: a one-shot workspace (its keeper,
+// the same path), ended after the session. `result` is then the sandbox's
+// end (its CPU, peak memory, Landlock; a limit that ended it) with the
+// command's status as the keeper saw it.
 asio::awaitable<std::optional<Refusal>> run_alone(asio::io_context& io, SpawnerLink& link, egress::Service& egress,
                                                   std::shared_ptr<Sessions::Session> s, std::string early_input,
-                                                  isolate::RunResult& result, std::shared_ptr<egress::RunProxy>& proxy) {
-  const Policy& pol = *s->open.policy;
-  spawn::RunOrder order;
-  order.policy = session_policy_name(pol.name);
-  order.fingerprint = pol.fingerprint;
-  order.mode = spawn::RunMode::Script;
-  order.env = s->open.env;
-  order.timeout = pol.sessions.max_lifetime;
-  order.venv = s->open.venv;
-  order.node_modules = s->open.node_modules;
-  if (pol.network == isolate::NetworkMode::Egress)
-    proxy = std::make_shared<egress::RunProxy>(egress, pol.egress,
-                                               egress::RunLabels{s->open.request_id, s->open.organization_id, "session"});
-  auto take = [&](const std::string& run_id, std::vector<UniqueFd> fds) {
-    // On stdin, the command for the launcher, then what came with the request line.
-    s->count(s->bytes_in, early_input.size());
-    start_relay(io, s, run_id, std::move(fds), session_command_frame(s->open.argv) + std::exchange(early_input, {}),
-                nlohmann::json::object());
-  };
-  LinkRun ran = co_await link.run(std::move(order), "", 0, 0, {}, s->cancel, proxy.get(), {}, std::nullopt, 0, take);
-  const bool started = s->started;
-  s->over = true;
-  if (ran.refused)
-    co_return Refusal{refusal_code(ran.refused->code), "the session could not start: " + ran.refused->message};
-  if (!started)
-    co_return Refusal{ErrorCode::Internal, "the session's sandbox could not be set up: " +
-                                               (ran.result.error.empty() ? std::string("its log says why") : ran.result.error)};
-  result = std::move(ran.result);
-  if (result.reason == isolate::EndReason::Timeout && s->ended_by.empty()) s->ended_by = "lifetime";
-  // Cancelled with no reason of the daemon's: the link gave up on a
-  // spawner that did not end it (SpawnerLink::give_up).
-  if (result.reason == isolate::EndReason::Cancelled && s->ended_by.empty()) s->ended_by = "daemon";
-  if (result.reason != isolate::EndReason::Exited && result.reason != isolate::EndReason::Cancelled &&
-      result.reason != isolate::EndReason::Signaled && s->ended_by.empty())
-    s->ended_by = "limit";
+                                                  const std::string& message, isolate::RunResult& result,
+                                                  std::shared_ptr<Workspace>& ws) {
+  const SessionOpen& open = s->open;
+  ws = std::make_shared<Workspace>(io);
+  ws->one_shot = true;
+  ws->organization_id = open.organization_id;
+  ws->request_id = open.request_id;
+  ws->peer_uid = open.peer.uid;
+  ws->policy = open.policy;
+  ws->venv = open.venv;
+  ws->node_modules = open.node_modules;
+  asio::co_spawn(io, keep_workspace(ws, link, egress, [](Workspace&) {}), asio::detached);
+  // However this ends, the sandbox ends with the session, and is waited for.
+  struct End {
+    Workspace& ws;
+    ~End() { ws.end("session"); }
+  } end{*ws};
+  isolate::RunResult command;
+  auto refused = co_await run_in_workspace(io, s, ws, std::move(early_input), message, command);
+  // The keeper's socket closed: it exits as its command did, and the
+  // sandbox's end says how (an OOM kill, the pids limit, the CPU limit are
+  // the sandbox's to tell). One that does not exit within 2 s is ended.
+  asio::error_code ignored;
+  ws->keeper.close(ignored);
+  co_await wait_for_workspace(*ws, true, std::chrono::steady_clock::now() + std::chrono::seconds(2));
+  ws->end("session");
+  co_await wait_for_workspace(*ws, true, std::chrono::steady_clock::time_point::max());
+  if (refused) co_return refused;
+  result = ws->result;
+  using isolate::EndReason;
+  const EndReason r = result.reason;
+  if (r != EndReason::Exited && r != EndReason::Signaled && r != EndReason::Cancelled) {
+    if (s->ended_by.empty() || s->ended_by == "daemon") s->ended_by = r == EndReason::Timeout ? "lifetime" : "limit";
+  } else if (!s->ended_by.empty() || command.reason == EndReason::Cancelled) {
+    result.reason = EndReason::Cancelled;  // the daemon ended it (ended_by says why)
+    result.exit_code = -1;
+    result.signal = 0;
+  }
+  result.wall = command.wall;
   co_return std::nullopt;
 }
 
@@ -457,18 +466,18 @@ std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<
   // policy in force, and its answer names that one.
   if (ws && !ws->busy && ws->policy->fingerprint != open.policy->fingerprint) ws->end("policy_changed");
   if (ws && (ws->ended || ws->cancel.requested())) ws.reset();
+  if (ws && ws->busy) {
+    ++refused_;
+    return Refusal{ErrorCode::Busy, "workspace " + quoted_for_message(open.workspace) +
+                                        " has a session open (one at a time); retry when it ends"};
+  }
   if (ws && (!open.venv.empty() || !open.node_modules.empty()) &&
       (ws->venv != open.venv || ws->node_modules != open.node_modules)) {
     ++refused_;
     return Refusal{ErrorCode::BadRequest, "workspace " + quoted_for_message(open.workspace) +
                                               " was made with other packages than this command's (a workspace keeps "
-                                              "the packages of its first session); name another workspace, or end "
-                                              "this one (toolsandbox session kill " + ws->id + ")"};
-  }
-  if (ws && ws->busy) {
-    ++refused_;
-    return Refusal{ErrorCode::Busy, "workspace " + quoted_for_message(open.workspace) +
-                                        " has a session open (one at a time); retry when it ends"};
+                                              "the packages of its first session): name another workspace, or "
+                                              "start this one's command without npx or uvx"};
   }
   if (!ws && (reg_->slots >= limits_.max || open_of(open.organization_id) >= limits_.per_organization)) {
     ++refused_;
@@ -509,32 +518,33 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
   std::string early_input = std::move(open.early_input);  // held by the reader alone, once started
   if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
   // The command's own packages (npx, uvx: packages.h), found or built
-  // first: at most max_sessions such preparations at once.
+  // first. Meanwhile the session holds a slot (in all and of its
+  // organization), unless it goes to a kept workspace, which holds one.
   if (open.argv[0] == "npx" || open.argv[0] == "uvx") {
-    if (preparing_.size() >= limits_.max) {
+    const std::string key = workspace_key(open.peer.uid, open.organization_id, pol.name, open.workspace);
+    const bool kept = !open.workspace.empty() && reg_->workspaces.contains(key);
+    const unsigned of_org = open_of(open.organization_id) + reg_->preparing.count(open.organization_id);
+    if (!kept && (reg_->slots + reg_->preparing.size() >= limits_.max || of_org >= limits_.per_organization)) {
       ++refused_;
-      co_return Refusal{ErrorCode::Busy, "max_sessions (" + std::to_string(limits_.max) +
-                                             ") sessions' packages are being made; retry later"};
+      co_return Refusal{ErrorCode::Busy, "max_sessions (" + std::to_string(limits_.max) + ", " +
+                                             std::to_string(limits_.per_organization) +
+                                             " per organization) are open, kept or having their packages made; "
+                                             "retry later"};
     }
-    CancelSignal cancel;
-    preparing_.insert(&cancel);
     struct Prepared {
-      std::set<CancelSignal*>& preparing;
-      CancelSignal* cancel;
-      ~Prepared() { preparing.erase(cancel); }
-    } prepared{preparing_, &cancel};
-    if (auto refused = co_await prepare_session_packages(local_, open, cancel)) co_return refused;
+      std::shared_ptr<Registry> reg;
+      std::multiset<std::string>::iterator at;
+      ~Prepared() { reg->preparing.erase(at); }
+    } prepared{reg_, reg_->preparing.insert(open.organization_id)};
+    if (auto refused = co_await prepare_session_packages(local_, open, reg_->stop_builds)) co_return refused;
     if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
+    if (open.client_gone()) co_return Refusal{ErrorCode::Unavailable, "the client went away while its packages were made"};
   }
-  // A client that opens its next session in a workspace as soon as its
-  // last one ended (as letta-server does, a session per call) waits for
-  // that one's end, a few milliseconds, instead of being refused.
-  std::string message;  // to the keeper, in a workspace
+  const std::string message = keeper_session_message(open.argv, open.env);  // to the keeper
+  if (message.size() > kMaxKeeperMessage)
+    co_return Refusal{ErrorCode::TooLarge, "a session takes a command and environment of at most " +
+                                               std::to_string(kMaxKeeperMessage >> 20) + " MiB together"};
   if (!open.workspace.empty()) {
-    message = keeper_session_message(open.argv, open.env);
-    if (message.size() > kMaxKeeperMessage)
-      co_return Refusal{ErrorCode::TooLarge, "a session in a workspace takes a command and environment of at most " +
-                                                 std::to_string(kMaxKeeperMessage >> 20) + " MiB together"};
     const std::string key = workspace_key(open.peer.uid, open.organization_id, pol.name, open.workspace);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     asio::steady_timer tick(io_);
@@ -587,19 +597,14 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
   const auto t0 = std::chrono::steady_clock::now();
   asio::co_spawn(io_, watch(s), asio::detached);  // the client's going away, from now on
   isolate::RunResult result;
-  std::shared_ptr<egress::RunProxy> proxy;
-  struct StopProxy {
-    const std::shared_ptr<egress::RunProxy>& proxy;
-    ~StopProxy() {
-      if (proxy) proxy->stop();
-    }
-  } stop_proxy{proxy};
+  std::shared_ptr<Workspace> own;  // a session's own sandbox (one-shot)
   if (ws) {
     auto refused = co_await run_in_workspace(io_, s, ws, std::move(early_input), message, result);
     s->over = true;
     if (refused) co_return refused;
   } else {
-    auto refused = co_await run_alone(io_, link_, egress_, s, std::move(early_input), result, proxy);
+    auto refused = co_await run_alone(io_, link_, egress_, s, std::move(early_input), message, result, own);
+    s->over = true;
     if (refused) co_return refused;
   }
   // 1. The pumps read the pipes to their end (every writer is gone with
@@ -613,10 +618,7 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
   // 2. The record and the audit line.
   const std::string ended_by = s->ended_by.empty() ? "exit" : s->ended_by;
   nlohmann::json record = end_record(*s, pol, result, ended_by, ws.get());
-  if (proxy) {
-    proxy->stop();
-    record["egress"] = proxy->summary();
-  }
+  if (own && !own->egress.is_null()) record["egress"] = own->egress;
   const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info(
       "audit session_id={} request_id={} peer_uid={} peer_pid={} org={} agent={} command={} policy={} "
@@ -628,7 +630,7 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
       ws ? quoted_for_message(ws->name) : std::string("-"), ms, ended_by, isolate::to_string(result.reason),
       result.exit_code, s->bytes_in, s->bytes_out, s->bytes_err,
       (open.packages.is_null() ? std::string() : " packages=" + open.packages["key"].get<std::string>().substr(0, 16)) +
-          (proxy ? proxy->audit_fields() : std::string()));
+          (own ? own->egress_audit : std::string()));
   // 3. The end frame, last in the writer's queue: the writer sends
   // everything before it, then ends. A client that does not take it all
   // within write_timeout (and a margin) is cut off.
@@ -710,9 +712,18 @@ bool Sessions::kill(const std::string& id) {
   return false;
 }
 
+bool Sessions::signal(const std::string& id, int signal, std::uint32_t peer_uid) {
+  for (Session* s : reg_->open)
+    if (!s->run_id.empty() && s->run_id == id && (peer_uid == 0 || peer_uid == s->open.peer.uid) && !s->over) {
+      auto ws = s->keeper.lock();
+      return ws && !ws->ended && send_signal_to_keeper(*ws, signal);
+    }
+  return false;
+}
+
 void Sessions::end_all() {
   stopping_ = true;
-  for (CancelSignal* c : preparing_) c->request();
+  reg_->stop_builds.request();
   for (Session* s : reg_->open) s->end("shutdown");
   std::vector<std::shared_ptr<Workspace>> kept;
   for (const auto& [key, w] : reg_->workspaces) kept.push_back(w);

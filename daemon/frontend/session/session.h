@@ -82,7 +82,7 @@ class Sessions {
   // Shutdown: nothing new opens, and every session ends now (sessions
   // have no grace); then wait until none is open.
   void end_all();
-  bool empty() const noexcept { return reg_->open.empty() && reg_->workspaces.empty(); }
+  bool empty() const noexcept { return reg_->open.empty() && reg_->workspaces.empty() && reg_->preparing.empty(); }
   nlohmann::json status() const;
   // The operator's view (session_list): each open session's id, who opened
   // it, what it runs (the program, not its arguments), its age and bytes;
@@ -92,6 +92,10 @@ class Sessions {
   // Ends an open session, or a kept workspace (and the session in it), for
   // the operator (the records say "operator"); false when none has that id.
   bool kill(const std::string& id);
+  // Sends `signal` (one the keeper forwards) to the command of open session
+  // `id`, for its own client's uid or the operator (uid 0); false when no
+  // such session of theirs runs a command now.
+  bool signal(const std::string& id, int signal, std::uint32_t peer_uid);
 
   struct Session;
 
@@ -106,13 +110,17 @@ class Sessions {
   egress::Service& egress_;
   LocalBackend& local_;
   SessionLimits limits_;
-  std::set<CancelSignal*> preparing_;  // the packages being found or built for sessions
   bool stopping_ = false;
   struct Registry {
     std::set<Session*> open;
     std::map<std::string, std::shared_ptr<Workspace>> workspaces;  // by workspace_key
     unsigned slots = 0;                    // sessions outside workspaces, and workspaces
     std::map<std::string, unsigned> orgs;  // the same, per organization
+    // Sessions whose packages are being found or built (packages.h), by
+    // organization: each counts as a slot meanwhile. Their builds stop
+    // only at the daemon's stop (a client that leaves does not stop one).
+    std::multiset<std::string> preparing;
+    CancelSignal stop_builds;
   };
   std::shared_ptr<Registry> reg_ = std::make_shared<Registry>();
   std::uint64_t total_ = 0, refused_ = 0;

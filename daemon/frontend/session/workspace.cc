@@ -13,6 +13,7 @@
 #include <asio/write.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 
 #include "daemon/common/quote.h"
@@ -151,6 +152,17 @@ bool send_end_to_keeper(Workspace& ws) {
   return ws.keeper.is_open() && send_with_fds(ws.keeper.native_handle(), m, {}) == static_cast<ssize_t>(m.size());
 }
 
+bool forwarded_signal(int signal) {
+  return signal == SIGHUP || signal == SIGINT || signal == SIGQUIT || signal == SIGUSR1 || signal == SIGUSR2 ||
+         signal == SIGTERM || signal == SIGWINCH;
+}
+
+bool send_signal_to_keeper(Workspace& ws, int signal) {
+  if (!forwarded_signal(signal)) return false;
+  const std::string m = keeper_message(nlohmann::json{{"signal", signal}}.dump());
+  return ws.keeper.is_open() && send_with_fds(ws.keeper.native_handle(), m, {}) == static_cast<ssize_t>(m.size());
+}
+
 asio::awaitable<std::optional<KeeperStatus>> read_keeper_status(Workspace& ws) {
   std::array<unsigned char, 4> head{};
   if (auto [ec, n] = co_await asio::async_read(ws.keeper, asio::buffer(head), tuple_awaitable); ec) co_return std::nullopt;
@@ -166,7 +178,7 @@ asio::awaitable<void> keep_workspace(std::shared_ptr<Workspace> ws, SpawnerLink&
                                      std::function<void(Workspace&)> gone) {
   const Policy& pol = *ws->policy;
   spawn::RunOrder order;
-  order.policy = session_policy_name(pol.name);
+  order.policy = ws->one_shot ? session_policy_name(pol.name) : workspace_policy_name(pol.name);
   order.fingerprint = pol.fingerprint;
   order.mode = spawn::RunMode::Tool;  // the keeper (daemon/compile/spawn_policy.cc)
   order.timeout = pol.sessions.max_lifetime;
@@ -174,8 +186,10 @@ asio::awaitable<void> keep_workspace(std::shared_ptr<Workspace> ws, SpawnerLink&
   order.node_modules = ws->node_modules;
   std::shared_ptr<egress::RunProxy> proxy;
   if (pol.network == isolate::NetworkMode::Egress)
-    proxy = std::make_shared<egress::RunProxy>(egress, pol.egress,
-                                               egress::RunLabels{"workspace:" + ws->name, ws->organization_id, "workspace"});
+    proxy = std::make_shared<egress::RunProxy>(
+        egress, pol.egress,
+        ws->one_shot ? egress::RunLabels{ws->request_id, ws->organization_id, "session"}
+                     : egress::RunLabels{"workspace:" + ws->name, ws->organization_id, "workspace"});
   struct StopProxy {
     const std::shared_ptr<egress::RunProxy>& proxy;
     ~StopProxy() {
@@ -198,12 +212,13 @@ asio::awaitable<void> keep_workspace(std::shared_ptr<Workspace> ws, SpawnerLink&
     ws->last_used = std::chrono::steady_clock::now();
     ws->changed.cancel();
   };
-  asio::co_spawn(ws->keeper.get_executor(), expire(ws), asio::detached);
+  if (!ws->one_shot) asio::co_spawn(ws->keeper.get_executor(), expire(ws), asio::detached);
   LinkRun ran = co_await link.run(std::move(order), "", 0, 0, {}, ws->cancel, proxy.get(), {}, std::nullopt, 0, take);
+  const std::string whose = ws->one_shot ? "the session" : "the workspace's sandbox";
   if (ran.refused)
-    ws->refused = Refusal{refusal_code(ran.refused->code), "the workspace's sandbox could not start: " + ran.refused->message};
+    ws->refused = Refusal{refusal_code(ran.refused->code), whose + " could not start: " + ran.refused->message};
   else if (!ws->started)
-    ws->refused = Refusal{ErrorCode::Internal, "the workspace's sandbox could not be set up: " +
+    ws->refused = Refusal{ErrorCode::Internal, whose + " could not be set up: " +
                                                    (ran.result.error.empty() ? std::string("its log says why") : ran.result.error)};
   const auto reason = ran.result.reason;
   std::string ended_by = ws->ended_by;
@@ -213,21 +228,25 @@ asio::awaitable<void> keep_workspace(std::shared_ptr<Workspace> ws, SpawnerLink&
                : reason == isolate::EndReason::Exited || reason == isolate::EndReason::Signaled ? "keeper"
                                                                                                : "limit";
   ws->ended_by = ended_by;
+  ws->result = std::move(ran.result);
+  if (proxy) {
+    proxy->stop();
+    ws->egress = proxy->summary();
+    ws->egress_audit = proxy->audit_fields();
+  }
   ws->ended = true;
   asio::error_code ignored;
   ws->keeper.close(ignored);
   gone(*ws);
   ws->changed.cancel();
-  if (proxy) proxy->stop();
-  if (ran.refused || !ws->started) co_return;
+  if (ran.refused || !ws->started || ws->one_shot) co_return;
   const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info(
       "audit workspace workspace_id={} org={} name={} policy={} policy_fingerprint={} sessions={} duration_ms={:.1f} "
       "ended_by={} end_reason={} cpu_ms={:.1f} peak_memory_bytes={}{}",
       ws->id, quoted_for_message(ws->organization_id), quoted_for_message(ws->name), quoted_for_message(pol.name),
       pol.fingerprint, ws->sessions, ms, ended_by, isolate::to_string(reason),
-      std::chrono::duration<double, std::milli>(ran.result.cpu).count(), ran.result.peak_memory_bytes,
-      proxy ? proxy->audit_fields() : std::string());
+      std::chrono::duration<double, std::milli>(ws->result.cpu).count(), ws->result.peak_memory_bytes, ws->egress_audit);
 }
 
 }  // namespace tsb::core

@@ -39,8 +39,12 @@ class SpawnerLink;
 struct Workspace {
   explicit Workspace(asio::io_context& io)
       : keeper(io), changed(io, std::chrono::steady_clock::time_point::max()) {}
+  // A session's own sandbox, made for it and ended after it (not kept, no
+  // TTL, no audit line of its own): every session runs under a keeper.
+  bool one_shot = false;
   std::string key;  // the client's uid, the organization, the policy and the name (workspace_key)
   std::string organization_id, name;
+  std::string request_id;  // a one-shot's session request, for its egress proxy's labels
   std::uint32_t peer_uid = 0;  // the client uid whose it is
   std::shared_ptr<const Policy> policy;
   // Its first session's packages (packages.h), bound for its whole life.
@@ -61,6 +65,11 @@ struct Workspace {
   // answer), "lifetime", "limit"; "" while it lives.
   std::string ended_by;
   std::optional<Refusal> refused;  // it never started: why
+  // Once ended: the sandbox's end (its reason, CPU, peak memory, Landlock)
+  // and its egress proxy's summary and audit fields, if it had one.
+  isolate::RunResult result;
+  nlohmann::json egress;
+  std::string egress_audit;
   unsigned sessions = 0;        // sessions it has served
   std::chrono::steady_clock::time_point last_used = std::chrono::steady_clock::now();
   const std::chrono::steady_clock::time_point created = last_used;
@@ -99,6 +108,11 @@ asio::awaitable<bool> send_session_to_keeper(Workspace& ws, const std::string& b
 // The end of the session in it, at once (4 + 13 bytes, which a socket the
 // keeper reads always has room for); false when it could not go.
 bool send_end_to_keeper(Workspace& ws);
+// A signal for the session's command (one the keeper forwards: SIGHUP,
+// SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGTERM, SIGWINCH), likewise at once.
+bool send_signal_to_keeper(Workspace& ws, int signal);
+// Whether the keeper forwards `signal` (its FORWARDED).
+bool forwarded_signal(int signal);
 // The keeper's next answer; nullopt when the socket failed or closed (the
 // sandbox ended) or the answer is not one.
 asio::awaitable<std::optional<KeeperStatus>> read_keeper_status(Workspace& ws);
