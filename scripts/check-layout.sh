@@ -101,8 +101,10 @@ BUDGETS = {
     # sandbox, its messages, its TTL; a session's relay on pipes made here);
     # then from 920: a command's own packages (packages.cc: npx's and uvx's
     # words read, the set checked and built as a tool's, the program found
-    # beneath its built tree).
-    "daemon/frontend/session": 1290,
+    # beneath its built tree); then from 1290: every session under a keeper
+    # (a one-shot's end merged with its command's), signals for a
+    # session's command, and the slots of sessions whose packages are made.
+    "daemon/frontend/session": 1335,
     # Lowered from 1700: its steps return Result<T, Fail>. Raised from 1630:
     # TypeScript tools (npm installs, the source handling, the tool-mode cells).
     "daemon/frontend/e2b": 1850,

@@ -21,7 +21,8 @@ int cmd_venv(const std::vector<std::string>& args);
 int cmd_session(const std::vector<std::string>& args);
 
 // One request to toolsandboxd and its answer line (protocol/PROTOCOL.md).
-Result<nlohmann::json> roundtrip(const std::string& socket_path, const nlohmann::json& request);
+// `timeout_ms` > 0: each send and receive gives up after it.
+Result<nlohmann::json> roundtrip(const std::string& socket_path, const nlohmann::json& request, int timeout_ms = 0);
 
 // One long option of a verb. value_help: what its value is, for the message
 // when it is missing ("--policy needs a name"); nullptr for a flag.

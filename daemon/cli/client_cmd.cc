@@ -23,9 +23,14 @@ namespace tsb::cli {
 
 using nlohmann::json;
 
-Result<json> roundtrip(const std::string& socket_path, const json& request) {
+Result<json> roundtrip(const std::string& socket_path, const json& request, int timeout_ms) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return Error::from_errno("socket");
+  if (timeout_ms > 0) {
+    const timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    (void)::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    (void)::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  }
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket_path.size() >= sizeof addr.sun_path) return Error::invalid("socket path too long");

@@ -41,9 +41,10 @@ int usage(const std::string& msg) {
 // end; then, or at a second one, the connection closes and the daemon
 // kills it. A signal that cannot be forwarded (the session has not started
 // its command) ends the server's stdin instead, as an MCP client ends its
-// server. SIGUSR1, SIGUSR2 and SIGWINCH are only forwarded.
+// server. SIGUSR1 and SIGUSR2 are only forwarded. A forward that the
+// daemon does not answer within a second counts as not forwarded.
 constexpr int kSignalGraceMs = 2000;
-constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH};
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
 bool write_all(int fd, const char* p, std::size_t n) {
   while (n > 0) {
@@ -198,7 +199,8 @@ int bridge(int fd, int sigfd, const std::string& socket_path, const std::string&
     if (incoming.session_id.empty()) return false;
     const std::string_view name = protocol::session_signal_name(signo);
     auto r = roundtrip(socket_path, {{"v", 1}, {"id", random_hex(8)}, {"type", "session_kill"},
-                                     {"session_id", incoming.session_id}, {"signal", std::string(name)}});
+                                     {"session_id", incoming.session_id}, {"signal", std::string(name)}},
+                       1000);
     return r.ok() && r->value("ok", false);
   };
   std::string out;

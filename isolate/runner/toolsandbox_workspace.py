@@ -145,8 +145,13 @@ def exit_as(status):
     end_the_rest()
     if status is not None and os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(SELF, sig)
+        try:
+            if sig != signal.SIGKILL:  # (which has no handler to reset)
+                signal.signal(sig, signal.SIG_DFL)
+            os.kill(SELF, sig)
+        except (OSError, ValueError):
+            pass
+        os._exit(128 + sig)
     os._exit(os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else 0)
 
 

@@ -436,6 +436,26 @@ class Sessions(unittest.TestCase):
         self.assertEqual((rec["ended_by"], rec["end_reason"]), ("limit", "memory_limit"), rec)
         self.assertTrue(wait_gone(tag, 1), "a child of an OOM-killed session outlived it")
 
+    def test_the_record_says_how_the_command_ended(self):
+        # The command's own status or signal (its keeper exits as it did),
+        # and cancelled when the daemon ended it; the keeper says nothing.
+        for script, want in (("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", ("exit", "signaled", None, 9)),
+                             ("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", ("exit", "signaled", None, 15)),
+                             ("import sys\nsys.exit(42)", ("exit", "exited", 42, None))):
+            rec = self.raw(["python3", "-c", script]).finish()
+            self.assertEqual((rec["ended_by"], rec["end_reason"], rec["exit_code"], rec.get("signal")), want, rec)
+        r = self.raw(["python3", "-c", "import time\nprint('up', flush=True)\ntime.sleep(60)"])
+        self.assertTrue(r.read_until(lambda: b"up\n" in r.out))
+        r.send(b"")
+        kill = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        kill.connect(self.daemon.socket_path)
+        kill.sendall(json.dumps({"v": 1, "id": "k", "type": "session_kill",
+                                 "session_id": r.answer["session"]["session_id"]}).encode() + b"\n")
+        kill.close()
+        rec = r.finish()
+        self.assertEqual((rec["ended_by"], rec["end_reason"]), ("operator", "cancelled"), rec)
+        self.assertNotIn("its keeper says", self.daemon.log())
+
     def test_a_disconnect_kills_the_whole_tree_within_a_second(self):
         tag = "tsb-disc-" + uuid.uuid4().hex[:8]
         script = textwrap.dedent("""\

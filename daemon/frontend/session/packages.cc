@@ -219,7 +219,7 @@ Result<std::string> venv_program(const std::string& tree, const std::string& pro
 }
 
 asio::awaitable<std::optional<Refusal>> prepare_session_packages(LocalBackend& local, SessionOpen& open,
-                                                                 CancelSignal& stop) {
+                                                                 CancelSignal& stop, PackagesCheck check) {
   auto parsed = parse_package_launch(open.argv);
   if (!parsed.ok()) co_return Refusal{ErrorCode::BadRequest, parsed.error().message};
   if (!*parsed) co_return std::nullopt;
@@ -273,6 +273,8 @@ asio::awaitable<std::optional<Refusal>> prepare_session_packages(LocalBackend& l
     for (const auto& r : pip.items) requirements.push_back(r.text());
     key = local.venv_key(pol, pip);
   }
+  if (check)
+    if (auto refused = l.npm ? check("", key) : check(key, "")) co_return refused;
   // Found or built; a build goes on when the client leaves (the next
   // session finds it), and stops at the daemon's stop.
   const LocalBackend::BuildFor wanted{pol,     l.npm ? nullptr : &pip, l.npm ? &npm : nullptr, open.request_id,

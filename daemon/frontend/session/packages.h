@@ -13,6 +13,7 @@
 #pragma once
 
 #include <asio/awaitable.hpp>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,7 +57,10 @@ Result<std::string> venv_program(const std::string& tree, const std::string& pro
 // and hold in `open`, its part of the end record. Nothing when the session
 // may go on; else why not (the client's error line).
 // `stop` stops a build (the daemon's stop); a client that leaves does not.
+// `check`, given the keys (venv, node_modules) before anything is built:
+// a refusal, or nothing.
+using PackagesCheck = std::function<std::optional<Refusal>(const std::string&, const std::string&)>;
 asio::awaitable<std::optional<Refusal>> prepare_session_packages(LocalBackend& local, SessionOpen& open,
-                                                                 CancelSignal& stop);
+                                                                 CancelSignal& stop, PackagesCheck check = {});
 
 }  // namespace tsb::core

@@ -430,6 +430,9 @@ asio::awaitable<std::optional<Refusal>> run_alone(asio::io_context& io, SpawnerL
   } end{*ws};
   isolate::RunResult command;
   auto refused = co_await run_in_workspace(io, s, ws, std::move(early_input), message, command);
+  // The command has ended: nothing of the daemon's ends it any more.
+  const std::string by_daemon = s->ended_by;
+  s->over = true;
   // The keeper's socket closed: it exits as its command did, and the
   // sandbox's end says how (an OOM kill, the pids limit, the CPU limit are
   // the sandbox's to tell). One that does not exit within 2 s is ended.
@@ -439,13 +442,23 @@ asio::awaitable<std::optional<Refusal>> run_alone(asio::io_context& io, SpawnerL
   ws->end("session");
   co_await wait_for_workspace(*ws, true, std::chrono::steady_clock::time_point::max());
   if (refused) co_return refused;
+  // The sandbox's CPU, memory and Landlock; its end when a limit ended it
+  // (an OOM kill of the command, the pids or CPU limit, its lifetime);
+  // else the command's status as the keeper saw it, or, when the daemon
+  // ended the session, cancelled.
   result = ws->result;
   using isolate::EndReason;
   const EndReason r = result.reason;
-  if (r != EndReason::Exited && r != EndReason::Signaled && r != EndReason::Cancelled) {
-    if (s->ended_by.empty() || s->ended_by == "daemon") s->ended_by = r == EndReason::Timeout ? "lifetime" : "limit";
-  } else if (!s->ended_by.empty() || command.reason == EndReason::Cancelled) {
-    result.reason = EndReason::Cancelled;  // the daemon ended it (ended_by says why)
+  const bool limit = r != EndReason::Exited && r != EndReason::Signaled && r != EndReason::Cancelled;
+  const bool on_its_own = command.reason != EndReason::Cancelled && by_daemon.empty();
+  if (limit && (on_its_own || by_daemon == "limit" || by_daemon == "lifetime" || by_daemon == "daemon")) {
+    s->ended_by = r == EndReason::Timeout ? "lifetime" : "limit";
+  } else if (on_its_own) {
+    result.reason = command.reason;
+    result.exit_code = command.exit_code;
+    result.signal = command.signal;
+  } else {
+    result.reason = EndReason::Cancelled;  // ended_by says why
     result.exit_code = -1;
     result.signal = 0;
   }
@@ -455,7 +468,8 @@ asio::awaitable<std::optional<Refusal>> run_alone(asio::io_context& io, SpawnerL
 
 }  // namespace
 
-std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<Workspace>& ws, bool& own_slot) {
+std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<Workspace>& ws, bool& own_slot,
+                                       bool preparing) {
   if (stopping_) return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
   // A kept workspace holds a slot of its own; a session in it takes none.
   const std::string key = workspace_key(open.peer.uid, open.organization_id, open.policy->name, open.workspace);
@@ -479,9 +493,14 @@ std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<
                                               "the packages of its first session): name another workspace, or "
                                               "start this one's command without npx or uvx"};
   }
-  if (!ws && (reg_->slots >= limits_.max || open_of(open.organization_id) >= limits_.per_organization)) {
+  // (Sessions whose packages are being made hold slots too; this one's own
+  // is given to it here.)
+  const std::size_t taken = reg_->slots + reg_->preparing.size() - (preparing ? 1 : 0);
+  const std::size_t of_org = open_of(open.organization_id) + reg_->preparing.count(open.organization_id) -
+                             (preparing ? 1 : 0);
+  if (!ws && (taken >= limits_.max || of_org >= limits_.per_organization)) {
     ++refused_;
-    return Refusal{ErrorCode::Busy, reg_->slots >= limits_.max
+    return Refusal{ErrorCode::Busy, taken >= limits_.max
                                            ? "max_sessions (" + std::to_string(limits_.max) +
                                                  ") are open or kept as workspaces; retry later"
                                            : "this organization has max_sessions_per_organization (" +
@@ -513,33 +532,57 @@ std::optional<Refusal> Sessions::admit(const SessionOpen& open, std::shared_ptr<
   return std::nullopt;
 }
 
-asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSocket& client) {
-  const Policy& pol = *open.policy;
-  std::string early_input = std::move(open.early_input);  // held by the reader alone, once started
-  if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
-  // The command's own packages (npx, uvx: packages.h), found or built
-  // first. Meanwhile the session holds a slot (in all and of its
-  // organization), unless it goes to a kept workspace, which holds one.
-  if (open.argv[0] == "npx" || open.argv[0] == "uvx") {
-    const std::string key = workspace_key(open.peer.uid, open.organization_id, pol.name, open.workspace);
-    const bool kept = !open.workspace.empty() && reg_->workspaces.contains(key);
+struct Sessions::Prepared {
+  Prepared(std::shared_ptr<Registry> r, const std::string& org) : reg(std::move(r)), at(reg->preparing.insert(org)) {}
+  Prepared(const Prepared&) = delete;
+  Prepared& operator=(const Prepared&) = delete;
+  ~Prepared() { reg->preparing.erase(at); }
+  std::shared_ptr<Registry> reg;
+  std::multiset<std::string>::iterator at;
+};
+
+asio::awaitable<std::optional<Refusal>> Sessions::packages(SessionOpen& open, std::unique_ptr<Prepared>& prepared) {
+  // Meanwhile the session holds a slot (in all and of its organization),
+  // unless it goes to a kept workspace, which holds one.
+  const std::string key = workspace_key(open.peer.uid, open.organization_id, open.policy->name, open.workspace);
+  auto kept = open.workspace.empty() ? reg_->workspaces.end() : reg_->workspaces.find(key);
+  if (kept == reg_->workspaces.end()) {
     const unsigned of_org = open_of(open.organization_id) + reg_->preparing.count(open.organization_id);
-    if (!kept && (reg_->slots + reg_->preparing.size() >= limits_.max || of_org >= limits_.per_organization)) {
+    if (reg_->slots + reg_->preparing.size() >= limits_.max || of_org >= limits_.per_organization) {
       ++refused_;
       co_return Refusal{ErrorCode::Busy, "max_sessions (" + std::to_string(limits_.max) + ", " +
                                              std::to_string(limits_.per_organization) +
                                              " per organization) are open, kept or having their packages made; "
                                              "retry later"};
     }
-    struct Prepared {
-      std::shared_ptr<Registry> reg;
-      std::multiset<std::string>::iterator at;
-      ~Prepared() { reg->preparing.erase(at); }
-    } prepared{reg_, reg_->preparing.insert(open.organization_id)};
-    if (auto refused = co_await prepare_session_packages(local_, open, reg_->stop_builds)) co_return refused;
-    if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
-    if (open.client_gone()) co_return Refusal{ErrorCode::Unavailable, "the client went away while its packages were made"};
+    prepared = std::make_unique<Prepared>(reg_, open.organization_id);
   }
+  // A kept workspace's packages are known: another set is refused before
+  // anything is built for it.
+  std::weak_ptr<Workspace> in = kept == reg_->workspaces.end() ? nullptr : kept->second;
+  auto check = [in](const std::string& venv, const std::string& node_modules) -> std::optional<Refusal> {
+    auto w = in.lock();
+    if (!w || w->ended || (w->venv == venv && w->node_modules == node_modules)) return std::nullopt;
+    return Refusal{ErrorCode::BadRequest, "workspace " + quoted_for_message(w->name) +
+                                              " was made with other packages than this command's (a workspace keeps "
+                                              "the packages of its first session): name another workspace, or "
+                                              "start this one's command without npx or uvx"};
+  };
+  if (auto refused = co_await prepare_session_packages(local_, open, reg_->stop_builds, check)) co_return refused;
+  if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
+  if (open.client_gone()) co_return Refusal{ErrorCode::Unavailable, "the client went away while its packages were made"};
+  co_return std::nullopt;
+}
+
+asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSocket& client) {
+  const Policy& pol = *open.policy;
+  std::string early_input = std::move(open.early_input);  // held by the reader alone, once started
+  if (stopping_) co_return Refusal{ErrorCode::Unavailable, "the daemon is shutting down"};
+  // The command's own packages (npx, uvx: packages.h), found or built
+  // first, holding a slot meanwhile (until admitted).
+  std::unique_ptr<Prepared> prepared;
+  if (open.argv[0] == "npx" || open.argv[0] == "uvx")
+    if (auto refused = co_await packages(open, prepared)) co_return refused;
   const std::string message = keeper_session_message(open.argv, open.env);  // to the keeper
   if (message.size() > kMaxKeeperMessage)
     co_return Refusal{ErrorCode::TooLarge, "a session takes a command and environment of at most " +
@@ -559,7 +602,8 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
   }
   std::shared_ptr<Workspace> ws;
   bool own_slot = false;
-  if (auto refused = admit(open, ws, own_slot)) co_return refused;
+  if (auto refused = admit(open, ws, own_slot, prepared != nullptr)) co_return refused;
+  prepared.reset();  // its slot is the session's now
   if (ws) ws->busy = true;
   auto s = std::make_shared<Session>(io_, client, open);
   // However this ends (an exception too), the session's watches stop.
@@ -716,7 +760,7 @@ bool Sessions::signal(const std::string& id, int signal, std::uint32_t peer_uid)
   for (Session* s : reg_->open)
     if (!s->run_id.empty() && s->run_id == id && (peer_uid == 0 || peer_uid == s->open.peer.uid) && !s->over) {
       auto ws = s->keeper.lock();
-      return ws && !ws->ended && send_signal_to_keeper(*ws, signal);
+      return ws && !ws->ended && !ws->ending && send_signal_to_keeper(*ws, signal);
     }
   return false;
 }

@@ -103,7 +103,13 @@ class Sessions {
   unsigned open_of(const std::string& org) const;
   // A session's slot, or its workspace (found, or made and started here):
   // nothing, or why it may not open.
-  std::optional<Refusal> admit(const SessionOpen& open, std::shared_ptr<Workspace>& ws, bool& own_slot);
+  // A session's own packages (packages.h), while it holds a slot of
+  // Registry::preparing (`prepared`, until admitted).
+  struct Prepared;
+  asio::awaitable<std::optional<Refusal>> packages(SessionOpen& open, std::unique_ptr<Prepared>& prepared);
+  // `preparing`: the session holds a slot of Registry::preparing.
+  std::optional<Refusal> admit(const SessionOpen& open, std::shared_ptr<Workspace>& ws, bool& own_slot,
+                               bool preparing = false);
 
   asio::io_context& io_;
   SpawnerLink& link_;
