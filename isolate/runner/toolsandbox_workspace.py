@@ -17,7 +17,8 @@
 # runs, {"signal": N} (one of FORWARDED) is delivered to it, as kill(2)
 # would, and the session goes on. A session that
 # changed what the keeper's children inherit (its resource limits, nice
-# value, CPUs: the command runs as its uid) ends the keeper, and with it
+# value, CPUs, scheduling and I/O priority: the command runs as its uid)
+# ends the keeper, and with it
 # the workspace: nothing of one session's settings reaches the next.
 # A socket that closes (the daemon let the workspace go, or the session of
 # a one-shot sandbox ended) ends it, and with it the sandbox: it then exits
@@ -38,7 +39,8 @@ ALLOWED = sys.argv[1:]
 # Not dumpable: a session's command (the same uid) can neither read nor
 # write this process's memory (/proc/PID/mem) nor open its descriptors
 # (/proc/PID/fd), so none reaches the socket that starts the next session.
-if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+LIBC = ctypes.CDLL(None, use_errno=True)
+if LIBC.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
     os.write(2, b"toolsandbox workspace: prctl(PR_SET_DUMPABLE) failed\n")
     os._exit(125)
 MAX_MESSAGE = 1 << 20
@@ -113,12 +115,18 @@ def end_the_rest(command=None):
     fail("processes of a session remain after it ended")
 
 
+IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(os.uname().machine)
+
+
 def settings():
     """What a command (the same uid) can change of this process and its
-    children would inherit: the resource limits, the nice value, the CPUs."""
+    children would inherit: the resource limits, the nice value, the CPUs,
+    the scheduling policy and priority, the I/O priority."""
     limits = [(name, resource.getrlimit(getattr(resource, name))) for name in sorted(dir(resource))
               if name.startswith("RLIMIT_")]
-    return limits, os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0))
+    io = LIBC.syscall(IOPRIO_GET, 1, 0) if IOPRIO_GET else None  # IOPRIO_WHO_PROCESS, itself
+    return (limits, os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0)), os.sched_getscheduler(0),
+            os.sched_getparam(0).sched_priority, io)
 
 
 def start(argv, env, fds):
@@ -127,7 +135,16 @@ def start(argv, env, fds):
         return pid
     try:
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # Every signal as the engine gives it to a sandbox's first process:
+        # default, unblocked (Python ignores SIGPIPE and SIGXFSZ, and an
+        # ignored signal stays ignored across execve).
+        for number in range(1, signal.NSIG):
+            if number not in (signal.SIGKILL, signal.SIGSTOP):
+                try:
+                    signal.signal(number, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass  # (numbers no signal has)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         for number, fd in enumerate(fds):
             os.dup2(fd, number)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
@@ -222,4 +239,4 @@ while True:
     answer, last = session(message, descriptors)
     send(answer)
     if settings() != SETTINGS:  # after the session's answer: it ended as it did
-        fail("a session changed the keeper's limits, nice value or CPUs: the workspace ends")
+        fail("a session changed the keeper's limits, nice value, CPUs, scheduling or I/O priority: the workspace ends")

@@ -56,6 +56,7 @@ def write_policies(tmp):
         "short": dict(mcp, sessions={"commands": ["/usr/bin/python3"], "idle_timeout": "1s", "max_lifetime": "4s",
                                      "stream_bytes": "1MiB", "memory": "128MiB"}),
         "nosess": {"sessions": None},
+        "grep": dict(mcp, sessions={"commands": ["/usr/bin/grep"]}),
         "missing": {"sessions": {"commands": ["/usr/bin/toolsandbox-not-installed"]}},
     }
     for name, extra in policies.items():
@@ -350,7 +351,10 @@ class Sessions(unittest.TestCase):
         with Client(self.daemon.socket_path).open_session(
                 ["python3", "-c", "import signal, sys\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(5))\n"
                                   "print('ready', flush=True)\nsignal.pause()"], organization_id=ORG) as s:
-            self.assertEqual(s.read(timeout=30), ("stdout", b"ready\n"))
+            out = b""
+            while not out.endswith(b"ready\n"):  # (print may write it in two)
+                kind, data = s.read(timeout=30)
+                out += data if kind == "stdout" else b""
             s.send_signal("SIGUSR2")
             self.assertEqual(s.wait(timeout=30)["exit_code"], 5)
 
@@ -435,6 +439,14 @@ class Sessions(unittest.TestCase):
         rec = r.finish(timeout=30)
         self.assertEqual((rec["ended_by"], rec["end_reason"]), ("limit", "memory_limit"), rec)
         self.assertTrue(wait_gone(tag, 1), "a child of an OOM-killed session outlived it")
+
+    def test_the_command_starts_with_every_signal_default(self):
+        # As the engine starts a sandbox's first process: nothing ignored,
+        # nothing blocked (its keeper, a Python program, ignores SIGPIPE
+        # and SIGXFSZ; a program that does not set its own sees that).
+        r = self.raw(["grep", "^Sig[IB]", "/proc/self/status"], policy="grep")
+        r.finish()
+        self.assertEqual(r.out, b"SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n")
 
     def test_the_record_says_how_the_command_ended(self):
         # The command's own status or signal (its keeper exits as it did),

@@ -316,6 +316,22 @@ class Workspaces(unittest.TestCase):
         self.assertTrue(opened["workspace"]["new"])
         self.assertNotEqual(out.strip(), "12", "a session's limits reached the next one")
 
+    def test_a_session_that_changes_its_keepers_scheduling_ends_the_workspace(self):
+        # The scheduling policy and the I/O priority are inherited too.
+        for name, change, probe in (
+                ("sched", "os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))",
+                 "print(os.sched_getscheduler(0))"),
+                ("ioprio", "ctypes.CDLL(None).syscall(251, 1, os.getppid(), 3 << 13)",  # ioprio_set, IDLE (x86_64)
+                 "print(ctypes.CDLL(None).syscall(252, 1, 0))")):
+            kept = self.daemon.status()["sessions"]["workspaces"]
+            opened, rec, out = self.run_in(name, "import ctypes, os\n%s\nprint('done')" % change)
+            self.assertEqual((out.strip(), rec["ended_by"]), ("done", "exit"), rec)
+            self.daemon.wait_for(lambda st: st["sessions"]["workspaces"] == kept, 5,
+                                 "the workspace of a keeper whose %s a session changed removed" % name)
+            opened, rec, out = self.run_in(name, "import ctypes, os\n" + probe)
+            self.assertTrue(opened["workspace"]["new"], name)
+            self.assertEqual(out.strip(), "0", "a session's %s reached the next one" % name)
+
     def test_workspaces_hold_session_slots(self):
         for i in range(3):  # max_sessions_per_organization
             self.run_in("slot-%d" % i, "pass")

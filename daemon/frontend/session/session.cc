@@ -239,6 +239,7 @@ unsigned Sessions::open_of(const std::string& org) const {
 nlohmann::json Sessions::status() const {
   return {{"open", reg_->open.size()},
           {"workspaces", reg_->workspaces.size()},
+          {"preparing", reg_->preparing.size()},
           {"max", limits_.max},
           {"max_per_organization", limits_.per_organization},
           {"total", total_},
