@@ -15,16 +15,16 @@
 # process of a session outlives it; then it answers with {"exit": N} or
 # {"signal": N} and the session's CPU time ("cpu_ms"). While the command
 # runs, {"signal": N} (one of FORWARDED) is delivered to it, as kill(2)
-# would, and the session goes on. A session that
-# changed what the keeper's children inherit (its resource limits, nice
-# value, CPUs, scheduling and I/O priority: the command runs as its uid)
-# ends the keeper, and with it
+# would, and the session goes on. A session that changed what the keeper's
+# children inherit (its resource limits, nice value, CPUs, scheduling and
+# I/O priority: the command runs as its uid) ends the keeper, and with it
 # the workspace: nothing of one session's settings reaches the next.
 # A socket that closes (the daemon let the workspace go, or the session of
 # a one-shot sandbox ended) ends it, and with it the sandbox: it then exits
 # as the last command did (its status, or its signal), so that the
-# sandbox's end says how a session in a sandbox of its own ended. Its own stdout and stderr are the sandbox's: the front end
-# logs what it writes there (nothing, unless the protocol is broken).
+# sandbox's end says how a session in a sandbox of its own ended. Its own
+# stdout and stderr are the sandbox's: the front end logs what it writes
+# there (nothing, unless the protocol is broken).
 import ctypes
 import json
 import os
