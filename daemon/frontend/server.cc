@@ -1,4 +1,5 @@
 #include "daemon/frontend/server.h"
+#include "daemon/frontend/session/packages.h"
 
 #include <malloc.h>
 #include <spdlog/spdlog.h>
@@ -683,8 +684,7 @@ asio::awaitable<std::string> Server::session_request(const std::string& id, cons
   open.argv = req.command;
   // `npx` and `uvx` are a command's own packages (session/packages.h): the
   // sessions resolve them.
-  if (req.command[0] != "npx" && req.command[0] != "uvx")
-    open.argv[0] = resolve_session_command(pol.sessions, req.command[0]);
+  if (!is_package_launcher(req.command[0])) open.argv[0] = resolve_session_command(pol.sessions, req.command[0]);
   if (open.argv[0].empty()) {
     std::string allowed;
     for (const std::string& c : pol.sessions.commands) allowed += (allowed.empty() ? "" : ", ") + c;

@@ -16,6 +16,50 @@
 #include "daemon/frontend/letta/pyjson.h"
 
 namespace tsb::core {
+
+std::optional<Refusal> checked_pip_set(const RequirementRules& rules, const Policy& pol,
+                                       const std::vector<std::string>& names, std::string_view per,
+                                       venv::RequirementSet& out) {
+  if (names.size() > rules.max)
+    return Refusal{protocol::ErrorCode::BadRequest, "policy " + quoted_for_message(pol.name) + " allows at most " + std::to_string(rules.max) +
+                                              " pip requirements per " + std::string(per) + " (" +
+                                              std::to_string(names.size()) + " given)"};
+  auto set = venv::canonical_set(names, rules.allow_urls);
+  if (!set.ok()) {
+    const int code = set.error().code;
+    std::string why = std::move(set).error().message;
+    if (code == venv::kUrlRefused && !rules.urls_hint.empty()) why += " (" + rules.urls_hint + ")";
+    return Refusal{code == EINVAL ? protocol::ErrorCode::BadRequest : protocol::ErrorCode::PolicyDenied, std::move(why)};
+  }
+  out = std::move(set).value();
+  if (!rules.allow.empty())
+    if (std::string no = venv::first_not_allowed(out, rules.allow); !no.empty())
+      return Refusal{protocol::ErrorCode::PolicyDenied,
+                     "pip requirement " + quoted_for_message(no) + " is not allowed by policy " + quoted_for_message(pol.name) + " (packages.allow)"};
+  return std::nullopt;
+}
+
+std::optional<Refusal> checked_npm_set(const TypeScriptRules& rules, const Policy& pol,
+                                       const std::vector<std::string>& names, std::string_view per,
+                                       std::vector<venv::NpmRequirement>& out) {
+  if (names.size() > rules.max_npm)
+    return Refusal{protocol::ErrorCode::BadRequest, "policy " + quoted_for_message(pol.name) + " allows at most " + std::to_string(rules.max_npm) +
+                                              " npm requirements per " + std::string(per) + " (" +
+                                              std::to_string(names.size()) + " given)"};
+  auto set = venv::canonical_npm_set(names);
+  if (!set.ok()) {
+    const int code = set.error().code;
+    return Refusal{code == venv::kNpmForbidden ? protocol::ErrorCode::PolicyDenied : protocol::ErrorCode::BadRequest,
+                   std::move(set).error().message};
+  }
+  out = std::move(set).value();
+  if (!rules.allow.empty())
+    if (std::string no = venv::first_npm_not_allowed(out, rules.allow); !no.empty())
+      return Refusal{protocol::ErrorCode::PolicyDenied,
+                     "npm requirement " + quoted_for_message(no) + " is not allowed by policy " + quoted_for_message(pol.name) + " (typescript.packages.allow)"};
+  return std::nullopt;
+}
+
 namespace {
 
 using nlohmann::json;
@@ -50,23 +94,7 @@ std::optional<Refusal> prepare_requirements(PreparedRun& out, const std::string&
     return Refusal{ErrorCode::PolicyDenied, rules.refusal + ", and this run asks for " +
                                                 std::to_string(names.size()) + " pip requirement(s), the first " +
                                                 q(names.front())};
-  if (names.size() > rules.max)
-    return Refusal{ErrorCode::BadRequest, "policy " + q(pol.name) + " allows at most " + std::to_string(rules.max) +
-                                              " pip requirements per run (" + std::to_string(names.size()) +
-                                              " given)"};
-  auto set = venv::canonical_set(names, rules.allow_urls);
-  if (!set.ok()) {
-    const int code = set.error().code;
-    std::string why = std::move(set).error().message;
-    if (code == venv::kUrlRefused && !rules.urls_hint.empty()) why += " (" + rules.urls_hint + ")";
-    return Refusal{code == EINVAL ? ErrorCode::BadRequest : ErrorCode::PolicyDenied, std::move(why)};
-  }
-  out.requirements = std::move(set).value();
-  if (!rules.allow.empty())
-    if (std::string no = venv::first_not_allowed(out.requirements, rules.allow); !no.empty())
-      return Refusal{ErrorCode::PolicyDenied,
-                     "pip requirement " + q(no) + " is not allowed by policy " + q(pol.name) + " (packages.allow)"};
-  return std::nullopt;
+  return checked_pip_set(rules, pol, names, "run", out.requirements);
 }
 
 // A TypeScript tool's checks: that the backend runs TypeScript under the
@@ -93,22 +121,7 @@ std::optional<Refusal> prepare_typescript(PreparedRun& out) {
     return Refusal{ErrorCode::PolicyDenied, rules.npm_refusal + ", and this run asks for " +
                                                 std::to_string(c.npm_requirements.size()) +
                                                 " npm requirement(s), the first " + q(c.npm_requirements.front())};
-  if (c.npm_requirements.size() > rules.max_npm)
-    return Refusal{ErrorCode::BadRequest, "policy " + q(pol.name) + " allows at most " + std::to_string(rules.max_npm) +
-                                              " npm requirements per run (" +
-                                              std::to_string(c.npm_requirements.size()) + " given)"};
-  auto set = venv::canonical_npm_set(c.npm_requirements);
-  if (!set.ok()) {
-    const int code = set.error().code;
-    return Refusal{code == venv::kNpmForbidden ? ErrorCode::PolicyDenied : ErrorCode::BadRequest,
-                   std::move(set).error().message};
-  }
-  out.npm_requirements = std::move(set).value();
-  if (!rules.allow.empty())
-    if (std::string no = venv::first_npm_not_allowed(out.npm_requirements, rules.allow); !no.empty())
-      return Refusal{ErrorCode::PolicyDenied,
-                     "npm requirement " + q(no) + " is not allowed by policy " + q(pol.name) + " (typescript.packages.allow)"};
-  return std::nullopt;
+  return checked_npm_set(rules, pol, c.npm_requirements, "run", out.npm_requirements);
 }
 
 }  // namespace

@@ -77,6 +77,16 @@ struct TypeScriptRules {
   bool pip = false;                // whether a TypeScript run may also have pip requirements (E2B installs them)
 };
 
+// A run's (or a session's: `per`) pip or npm requirements checked against
+// a backend's rules, after their refusal: the count, the canonical set
+// (into `out`), the allow-list. Nothing, or the refusal.
+std::optional<Refusal> checked_pip_set(const RequirementRules& rules, const Policy& pol,
+                                       const std::vector<std::string>& names, std::string_view per,
+                                       venv::RequirementSet& out);
+std::optional<Refusal> checked_npm_set(const TypeScriptRules& rules, const Policy& pol,
+                                       const std::vector<std::string>& names, std::string_view per,
+                                       std::vector<venv::NpmRequirement>& out);
+
 class RunBackend;
 // The daemon's backends (null: not available) and whether E2B is
 // configured (organizations may then be placed there).

@@ -13,7 +13,6 @@
 #include "daemon/common/quote.h"
 #include "daemon/frontend/local/local_backend.h"
 #include "daemon/frontend/session/session.h"
-#include "daemon/policy/sessions.h"
 #include "protocol/json_limits.h"
 
 namespace tsb::core {
@@ -154,10 +153,8 @@ std::string inside(std::string_view p) {
 }  // namespace
 
 Result<std::optional<PackageLaunch>> parse_package_launch(const std::vector<std::string>& command) {
-  if (command.empty()) return std::optional<PackageLaunch>();
-  if (command[0] == "npx") return parse_npx(command);
-  if (command[0] == "uvx") return parse_uvx(command);
-  return std::optional<PackageLaunch>();
+  if (command.empty() || !is_package_launcher(command[0])) return std::optional<PackageLaunch>();
+  return command[0] == "npx" ? parse_npx(command) : parse_uvx(command);
 }
 
 Result<std::string> npm_program(const std::string& tree, const std::string& name, const std::string& program) {
@@ -235,41 +232,19 @@ asio::awaitable<std::optional<Refusal>> prepare_session_packages(LocalBackend& l
                                                    (runtime.empty() ? std::string("node") : runtime) +
                                                    " in sessions, which runs `" + launcher + "`'s packages"};
   json requirements = json::array();
-  std::string key, tree, program;
+  std::string key;
   std::vector<venv::NpmRequirement> npm;
   venv::RequirementSet pip;
   if (l.npm) {
     const TypeScriptRules rules = local.typescript_rules(pol);
     if (!rules.npm_refusal.empty()) co_return Refusal{ErrorCode::PolicyDenied, rules.npm_refusal + ", which `npx` needs"};
-    if (l.requirements.size() > rules.max_npm)
-      co_return Refusal{ErrorCode::BadRequest, "policy " + q(pol.name) + " allows at most " +
-                                                   std::to_string(rules.max_npm) + " npm requirements per session"};
-    auto set = venv::canonical_npm_set(l.requirements);
-    if (!set.ok())
-      co_return Refusal{set.error().code == venv::kNpmForbidden ? ErrorCode::PolicyDenied : ErrorCode::BadRequest,
-                        set.error().message};
-    npm = std::move(set).value();
-    if (std::string no = venv::first_npm_not_allowed(npm, rules.allow); !rules.allow.empty() && !no.empty())
-      co_return Refusal{ErrorCode::PolicyDenied,
-                        "npm requirement " + q(no) + " is not allowed by policy " + q(pol.name) + " (typescript.packages.allow)"};
+    if (auto refused = checked_npm_set(rules, pol, l.requirements, "session", npm)) co_return refused;
     for (const auto& r : npm) requirements.push_back(r.text());
     key = local.npm_key(pol, npm);
   } else {
     const RequirementRules rules = local.requirement_rules(pol);
     if (!rules.refusal.empty()) co_return Refusal{ErrorCode::PolicyDenied, rules.refusal + ", which `uvx` needs"};
-    if (l.requirements.size() > rules.max)
-      co_return Refusal{ErrorCode::BadRequest, "policy " + q(pol.name) + " allows at most " +
-                                                   std::to_string(rules.max) + " pip requirements per session"};
-    auto set = venv::canonical_set(l.requirements, rules.allow_urls);
-    if (!set.ok()) {
-      std::string why = set.error().message;
-      if (set.error().code == venv::kUrlRefused && !rules.urls_hint.empty()) why += " (" + rules.urls_hint + ")";
-      co_return Refusal{set.error().code == EINVAL ? ErrorCode::BadRequest : ErrorCode::PolicyDenied, std::move(why)};
-    }
-    pip = std::move(set).value();
-    if (std::string no = venv::first_not_allowed(pip, rules.allow); !rules.allow.empty() && !no.empty())
-      co_return Refusal{ErrorCode::PolicyDenied,
-                        "pip requirement " + q(no) + " is not allowed by policy " + q(pol.name) + " (packages.allow)"};
+    if (auto refused = checked_pip_set(rules, pol, l.requirements, "session", pip)) co_return refused;
     for (const auto& r : pip.items) requirements.push_back(r.text());
     key = local.venv_key(pol, pip);
   }

@@ -41,6 +41,9 @@ struct PackageLaunch {
 // daemon does not take (a shell command, another Python, an option it does
 // not know).
 Result<std::optional<PackageLaunch>> parse_package_launch(const std::vector<std::string>& command);
+// Whether a command's first word is a launcher's (`npx`, `uvx`): the
+// sessions resolve such a command, never the policy's list.
+inline bool is_package_launcher(std::string_view word) { return word == "npx" || word == "uvx"; }
 
 // The program of npm package `name` to run in a node_modules tree at
 // `tree` (a host directory), as npx picks it: `program` when it is one of

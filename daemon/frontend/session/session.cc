@@ -582,7 +582,7 @@ asio::awaitable<std::optional<Refusal>> Sessions::run(SessionOpen open, ClientSo
   // The command's own packages (npx, uvx: packages.h), found or built
   // first, holding a slot meanwhile (until admitted).
   std::unique_ptr<Prepared> prepared;
-  if (open.argv[0] == "npx" || open.argv[0] == "uvx")
+  if (is_package_launcher(open.argv[0]))
     if (auto refused = co_await packages(open, prepared)) co_return refused;
   const std::string message = keeper_session_message(open.argv, open.env);  // to the keeper
   if (message.size() > kMaxKeeperMessage)
